@@ -1,0 +1,32 @@
+# hoformer: `make demo` runs the main job, `make test` runs the default test suite.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_SPEC ?= torch==2.13.0
+export HOFORMER_DATA ?= $(abspath ../shared/data)
+
+.PHONY: install test test-slow demo bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[all]"
+	touch $@
+
+install: $(VENV)/.installed
+
+test: install
+	$(PY) -m pytest -q
+
+test-slow: install
+	$(PY) -m pytest -q -m "slow"
+
+demo: install
+	$(VENV)/bin/hoformer demo
+
+bench: install
+	$(PY) benchmarks/attention.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info src/*.egg-info .pytest_cache

@@ -1,0 +1,2 @@
+"""Stable ranks, attention maps, FLOPs."""
+from .stable_rank import *  # noqa: F401,F403

@@ -1,0 +1,3 @@
+"""Stable ranks."""
+
+__all__: list[str] = []

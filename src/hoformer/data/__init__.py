@@ -1,0 +1,7 @@
+"""Datasets and datamodules (download -> verify -> load; scalers fitted on the training split only)."""
+from .ltsf import *  # noqa: F401,F403
+from .medmnist import *  # noqa: F401,F403
+from .multispectral import *  # noqa: F401,F403
+from .traffic import *  # noqa: F401,F403
+from .text import *  # noqa: F401,F403
+from .datamodules import *  # noqa: F401,F403

@@ -1,0 +1,3 @@
+"""Lightning datamodules for the HOT tasks."""
+
+__all__: list[str] = []

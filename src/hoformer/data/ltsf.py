@@ -1,0 +1,3 @@
+"""Long-term forecasting CSV datasets."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""MedMNIST3D datasets."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""Multispectral segmentation datasets."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""Text classification datasets and tokenizers."""
+
+__all__: list[str] = []

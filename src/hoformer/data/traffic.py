@@ -1,0 +1,3 @@
+"""Traffic datasets."""
+
+__all__: list[str] = []

@@ -1,0 +1,350 @@
+"""Kronecker-structured attention (HOT, paper 000 sections 3-4; kernelized variant: paper 002 section 4.3).
+
+Axis legend
+-----------
+``b``  batch, ``h`` heads, ``n1..nk`` the k tensor modes, ``d`` per-head features, ``f`` random features.
+
+For a value tensor ``v (b, h, n1..nk, d)`` and one small attention matrix per mode ``S_m (b, h, nm, nm)``:
+
+* product (eq 3, 8):  ``y = (S_1 (x) ... (x) S_k) vec(v)``, i.e.
+  ``y[.., i1..ik, d] = sum_j prod_m S_m[i_m, j_m] v[.., j1..jk, d]`` (row-major flattening, mode 1 slowest);
+* sum (eq 4, 9):      ``y = (1/k) sum_m v x_m S_m`` (mode-m product), the Kronecker sum ``S_1 (+) ... (+) S_k``.
+
+Neither forms the ``prod(n) x prod(n)`` matrix. :func:`kron_apply` is also Weaver's P^Delta-KMV (paper 003,
+appendix F) and is the single fast primitive of the library: ``k`` batched matmuls on contiguous layouts, one per
+mode, each taking the *last* axis of a cyclically rotated layout and emitting it first (``S @ X^T``, which BLAS
+reads transposed for free), so that after ``k`` steps the layout is back to ``(n1..nk, d)``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "kron_apply",
+    "kron_sum_apply",
+    "kronecker_attention",
+    "mode_attention_factors",
+    "full_attention",
+    "elu_feature_map",
+    "kron_dense",
+    "kron_sum_dense",
+]
+
+FeatureMap = Callable[[torch.Tensor], torch.Tensor]
+
+
+# ----------------------------------------------------------------------------------------------- validation
+def _check_tensor(t, name: str, fn: str, min_ndim: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{fn}: `{name}` must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise TypeError(f"{fn}: `{name}` must be a floating-point tensor, got dtype {t.dtype}")
+    if t.ndim < min_ndim:
+        raise ValueError(f"{fn}: `{name}` must have at least {min_ndim} dims, got shape {tuple(t.shape)}")
+    if t.numel() == 0:
+        raise ValueError(f"{fn}: `{name}` is empty, got shape {tuple(t.shape)}")
+
+
+def _check_factors(factors, v: torch.Tensor, fn: str, *, square: bool = True) -> list[torch.Tensor]:
+    if isinstance(factors, torch.Tensor) or not isinstance(factors, Sequence) or len(factors) == 0:
+        raise TypeError(f"{fn}: `factors` must be a non-empty list of tensors, got {type(factors).__name__}")
+    _check_tensor(v, "v", fn, 4)
+    k = v.ndim - 3
+    if len(factors) != k:
+        raise ValueError(
+            f"{fn}: `v` of shape {tuple(v.shape)} has {k} modes (layout (B, H, N1..Nk, D)) but "
+            f"{len(factors)} factors were given"
+        )
+    out = []
+    for m, s in enumerate(factors):
+        _check_tensor(s, f"factors[{m}]", fn, 2)
+        n = v.shape[2 + m]
+        if s.ndim > 4 or s.shape[-1] != n or (square and s.shape[-2] != n):
+            raise ValueError(
+                f"{fn}: `factors[{m}]` must have shape (B, H, {n}, {n}) (size-1 B/H broadcast) to match mode {m + 1}"
+                f" of `v` {tuple(v.shape)}, got {tuple(s.shape)}"
+            )
+        lead = (1,) * (4 - s.ndim) + tuple(s.shape[:-2])
+        for dim, (a, b) in enumerate(zip(lead[-2:], v.shape[:2])):
+            if a not in (1, b):
+                raise ValueError(
+                    f"{fn}: `factors[{m}]` batch/head dims {tuple(s.shape[:-2])} do not broadcast to "
+                    f"`v` batch/head dims {tuple(v.shape[:2])}"
+                )
+        out.append(s.reshape(lead[-2:] + tuple(s.shape[-2:])))
+    return out
+
+
+def _flat_factor(s: torch.Tensor, b: int, h: int) -> torch.Tensor:
+    """``(B'|1, H'|1, n, m)`` -> ``(b*h, n, m)`` (expanding a broadcast factor costs only ``b*h*n*m``)."""
+    return s.expand(b, h, *s.shape[-2:]).reshape(b * h, *s.shape[-2:])
+
+
+# ------------------------------------------------------------------------------------------------ primitives
+def _kron_apply_cf(factors: list[torch.Tensor], vt: torch.Tensor, mode_sizes: Sequence[int]) -> torch.Tensor:
+    """Product application on a channels-first value ``vt (b, h, d, n1..nk)``; returns ``(b, h, n1..nk, d)``.
+
+    ``factors[m]`` is a callable ``X (bh, P, n_m) -> (bh, n_m, P)`` computing ``S_m X^T``.
+    """
+    b, h = vt.shape[:2]
+    sizes = list(mode_sizes)
+    total = vt[0, 0].numel()
+    x = vt.reshape(b * h, total)  # layout (d, n1..nk): one copy if vt is a strided view
+    for m in reversed(range(len(sizes))):  # layout (.., n_m) -> (n_m, ..)
+        n = sizes[m]
+        x = factors[m](x.view(b * h, total // n, n))
+    return x.view(b, h, *sizes, -1)
+
+
+def _matmul_op(s: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda x: torch.matmul(s, x.transpose(1, 2))
+
+
+def kron_apply(factors: Sequence[torch.Tensor], v: torch.Tensor) -> torch.Tensor:
+    """Apply ``S_1 (x) ... (x) S_k`` to every ``(b, h, :, d)`` fiber of ``v`` (HOT eq 8; Weaver P^Delta-KMV).
+
+    Args:
+        factors: ``k`` tensors ``(B, H, Ni, Ni)``; size-1 (or missing) batch/head dims broadcast.
+        v: ``(B, H, N1, ..., Nk, D)``.
+
+    Returns:
+        ``(B, H, N1, ..., Nk, D)`` with ``y[.., i1..ik, d] = sum_j prod_m S_m[i_m, j_m] v[.., j1..jk, d]``.
+    """
+    factors = _check_factors(factors, v, "kron_apply")
+    b, h = v.shape[:2]
+    ops = [_matmul_op(_flat_factor(s.to(v.dtype), b, h)) for s in factors]
+    return _kron_apply_cf(ops, v.movedim(-1, 2), v.shape[2:-1])
+
+
+def kron_sum_apply(factors: Sequence[torch.Tensor], v: torch.Tensor, normalize: bool = True) -> torch.Tensor:
+    """Apply the Kronecker sum ``S_1 (+) ... (+) S_k`` (HOT eq 9): ``sum_m v x_m S_m``, times ``1/k`` if ``normalize``.
+
+    Shapes as in :func:`kron_apply`.
+    """
+    factors = _check_factors(factors, v, "kron_sum_apply")
+    b, h = v.shape[:2]
+    ops = [_matmul_op(_flat_factor(s.to(v.dtype), b, h)) for s in factors]
+    return _kron_sum_ops(ops, v, normalize)
+
+
+def _kron_sum_ops(ops, v: torch.Tensor, normalize: bool) -> torch.Tensor:
+    b, h = v.shape[:2]
+    sizes = list(v.shape[2:-1])
+    k = len(sizes)
+    out = None
+    for m, op in enumerate(ops):
+        # (b, h, n_1.., n_m, .., d) -> (bh, P, n_m) with mode m last; op emits (bh, n_m, P)
+        xm = v.movedim(2 + m, -1)
+        rest = xm.shape[2:-1]
+        ym = op(xm.reshape(b * h, -1, sizes[m])).view(b, h, sizes[m], *rest).movedim(2, 2 + m)
+        out = ym if out is None else out + ym
+    return out / k if normalize and k > 1 else out
+
+
+# ------------------------------------------------------------------------------------------------ attention
+def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
+    """``elu(x) + 1``, the positive feature map of linear attention (Katharopoulos et al.)."""
+    return F.elu(x) + 1.0
+
+
+def mode_attention_factors(
+    q: Sequence[torch.Tensor],
+    k: Sequence[torch.Tensor],
+    *,
+    scale: float | None = None,
+    masks: Sequence[torch.Tensor | None] | None = None,
+    score_fn: Callable[..., torch.Tensor] | None = None,
+) -> list[torch.Tensor]:
+    """Per-mode attention matrices ``S_i = softmax(q_i k_i^T * scale + mask_i)`` (HOT eq 7), ``(B, H, Ni, Ni)``.
+
+    With ``score_fn`` (e.g. :func:`~hoformer.functional.tanimoto_scores`) the signed scores are used directly
+    as weights (Weaver valence attention); masked entries are then set to 0.
+    A row whose mask allows no key yields zeros (never NaN).
+    """
+    out = []
+    for i, (qi, ki) in enumerate(zip(q, k)):
+        mask = None if masks is None else masks[i]
+        if score_fn is not None:
+            s = score_fn(qi, ki)
+            if mask is not None:
+                s = s * mask
+        else:
+            sc = qi.shape[-1] ** -0.5 if scale is None else scale
+            logits = torch.matmul(qi, ki.transpose(-1, -2)) * sc
+            if mask is not None:
+                logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
+            s = logits.softmax(dim=-1)
+            if mask is not None:
+                s = s * mask  # exact zeros on masked keys; fully-masked rows become 0, not uniform
+        out.append(s)
+    return out
+
+
+def _check_qkv(q, k, v, masks, fn):
+    _check_tensor(v, "v", fn, 4)
+    nmodes = v.ndim - 3
+    for name, seq in (("q", q), ("k", k)):
+        if isinstance(seq, torch.Tensor) or not isinstance(seq, Sequence):
+            raise TypeError(f"{fn}: `{name}` must be a list of {nmodes} per-mode tensors (B, H, Ni, Dqk)")
+        if len(seq) != nmodes:
+            raise ValueError(
+                f"{fn}: `v` of shape {tuple(v.shape)} has {nmodes} modes but `{name}` has {len(seq)} tensors"
+            )
+    for i in range(nmodes):
+        n = v.shape[2 + i]
+        for name, t in ((f"q[{i}]", q[i]), (f"k[{i}]", k[i])):
+            _check_tensor(t, name, fn, 2)
+            if t.shape[-2] != n:
+                raise ValueError(
+                    f"{fn}: `{name}` must have shape (B, H, {n}, Dqk) to match mode {i + 1} of `v` "
+                    f"{tuple(v.shape)}, got {tuple(t.shape)}"
+                )
+        if q[i].shape[-1] != k[i].shape[-1]:
+            raise ValueError(f"{fn}: `q[{i}]` {tuple(q[i].shape)} and `k[{i}]` {tuple(k[i].shape)} differ in Dqk")
+    if masks is not None:
+        if len(masks) != nmodes:
+            raise ValueError(f"{fn}: `masks` must hold {nmodes} entries (one per mode, None allowed), got {len(masks)}")
+        for i, m in enumerate(masks):
+            if m is None:
+                continue
+            n = v.shape[2 + i]
+            if not isinstance(m, torch.Tensor) or m.dtype != torch.bool:
+                raise TypeError(f"{fn}: `masks[{i}]` must be a bool tensor (True = attend), got {getattr(m, 'dtype', type(m))}")
+            if m.ndim < 2 or m.shape[-2:] != (n, n):
+                raise ValueError(f"{fn}: `masks[{i}]` must have shape (..., {n}, {n}), got {tuple(m.shape)}")
+    return nmodes
+
+
+def kronecker_attention(
+    q: Sequence[torch.Tensor],
+    k: Sequence[torch.Tensor],
+    v: torch.Tensor,
+    *,
+    combine: str = "product",
+    kernel: str = "softmax",
+    scale: float | None = None,
+    masks: Sequence[torch.Tensor | None] | None = None,
+    feature_map: FeatureMap | None = None,
+    dropout_p: float = 0.0,
+    return_factors: bool = False,
+    score_fn: Callable[..., torch.Tensor] | None = None,
+):
+    """Kronecker-structured high-order attention (HOT eqs 3-9; linear kernel: paper 002 eqs 10-12).
+
+    Args:
+        q, k: ``k`` pooled per-mode queries / keys ``(B, H, Ni, Dqk)``.
+        v: values ``(B, H, N1..Nk, Dv)``.
+        combine: ``"product"`` (``S_1 (x) .. (x) S_k``) or ``"sum"`` (``(1/k) S_1 (+) .. (+) S_k``).
+        kernel: ``"softmax"`` or ``"linear"`` (``S_i = diag(phi(q_i) phi(k_i)^T 1)^-1 phi(q_i) phi(k_i)^T``, applied
+            by associativity without forming ``S_i``).
+        scale: softmax logit scale, keyword only; default ``Dqk ** -0.5``.
+        masks: per mode ``None`` or bool ``(..., Ni, Ni)``, True = may attend (SDPA convention). Softmax only.
+        feature_map: ``phi`` of the linear kernel (default ``elu(x) + 1``); it must return positive features.
+        dropout_p: dropout on the factor matrices (softmax kernel).
+        return_factors: also return the list of ``S_i`` (softmax / signed kernels).
+        score_fn: optional signed score kernel ``(q_i, k_i) -> (B, H, Ni, Ni)`` used as the factor instead of the
+            softmax (e.g. ``tanimoto_scores``); kernel must be ``"softmax"``.
+
+    Returns:
+        ``y (B, H, N1..Nk, Dv)`` or ``(y, factors)``.
+    """
+    fn = "kronecker_attention"
+    nmodes = _check_qkv(q, k, v, masks, fn)
+    if combine not in ("product", "sum"):
+        raise ValueError(f"{fn}: `combine` must be 'product' or 'sum', got {combine!r}")
+    if kernel not in ("softmax", "linear"):
+        raise ValueError(f"{fn}: `kernel` must be 'softmax' or 'linear', got {kernel!r}")
+    b, h = v.shape[:2]
+    if kernel == "linear":
+        if masks is not None and any(m is not None for m in masks):
+            raise ValueError(f"{fn}: `masks` are not supported with kernel='linear' (use kernel='softmax')")
+        if return_factors or score_fn is not None:
+            raise ValueError(f"{fn}: return_factors / score_fn need kernel='softmax' (linear never forms S_i)")
+        phi = feature_map or elu_feature_map
+        ops = [_linear_op(phi(qi), phi(ki), b, h, v.dtype) for qi, ki in zip(q, k)]
+        if combine == "product":
+            return _kron_apply_cf(ops, v.movedim(-1, 2), v.shape[2:-1])
+        return _kron_sum_ops(ops, v, True)
+
+    factors = mode_attention_factors(q, k, scale=scale, masks=masks, score_fn=score_fn)
+    factors = [s.to(v.dtype) for s in factors]
+    used = [F.dropout(s, p=dropout_p) for s in factors] if dropout_p > 0 else factors
+    y = kron_apply(used, v) if combine == "product" else kron_sum_apply(used, v, normalize=True)
+    return (y, factors) if return_factors else y
+
+
+def _linear_op(fq: torch.Tensor, fk: torch.Tensor, b: int, h: int, dtype) -> Callable:
+    """``X (bh, P, n) -> S X^T`` with ``S = diag(fq fk^T 1)^-1 fq fk^T``, never forming ``S`` (cost O(n f P))."""
+    fq = _flat_factor(fq.to(dtype), b, h)  # (bh, n, f)
+    fk = _flat_factor(fk.to(dtype), b, h)
+    denom = torch.matmul(fq, fk.sum(dim=1, keepdim=True).transpose(1, 2))  # (bh, n, 1)
+    inv = 1.0 / denom.clamp_min(torch.finfo(dtype).tiny)
+
+    def op(x: torch.Tensor) -> torch.Tensor:
+        kv = torch.matmul(fk.transpose(1, 2), x.transpose(1, 2))  # (bh, f, P)
+        return torch.matmul(fq, kv) * inv
+
+    return op
+
+
+def full_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """Non-factorized high-order attention (HOT eqs 1-2): flatten the modes and run SDPA.
+
+    ``q, k (B, H, N1..Nk, Dqk)``, ``v (B, H, N1..Nk, Dv)``, ``mask`` bool ``(..., prod N, prod N)`` True = attend.
+    """
+    fn = "full_attention"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(t, name, fn, 4)
+    if q.shape[:-1] != k.shape[:-1] or q.shape[:-1] != v.shape[:-1]:
+        raise ValueError(
+            f"{fn}: `q`, `k`, `v` must share (B, H, N1..Nk), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    b, h = v.shape[:2]
+    sizes = v.shape[2:-1]
+    n = math.prod(sizes)
+    if mask is not None and (mask.dtype != torch.bool or mask.shape[-2:] != (n, n)):
+        raise ValueError(f"{fn}: `mask` must be bool (..., {n}, {n}), got {mask.dtype} {tuple(mask.shape)}")
+    y = F.scaled_dot_product_attention(
+        q.reshape(b, h, n, -1), k.reshape(b, h, n, -1), v.reshape(b, h, n, -1),
+        attn_mask=mask, dropout_p=dropout_p, scale=scale,
+    )
+    if mask is not None:  # SDPA gives NaN on fully-masked rows: make them zero like the Kronecker path
+        y = y.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+    return y.view(b, h, *sizes, -1)
+
+
+# ------------------------------------------------------------------------------------- dense references
+def kron_dense(factors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Dense ``S_1 (x) ... (x) S_k`` batched over leading dims (reference / analysis only: O(prod(N)^2))."""
+    out = factors[0]
+    for s in factors[1:]:
+        lead = torch.broadcast_shapes(out.shape[:-2], s.shape[:-2])
+        a, c = out.expand(*lead, *out.shape[-2:]), s.expand(*lead, *s.shape[-2:])
+        out = (a[..., :, None, :, None] * c[..., None, :, None, :]).reshape(
+            *lead, a.shape[-2] * c.shape[-2], a.shape[-1] * c.shape[-1]
+        )
+    return out
+
+
+def kron_sum_dense(factors: Sequence[torch.Tensor], normalize: bool = False) -> torch.Tensor:
+    """Dense Kronecker sum ``sum_m I (x) .. (x) S_m (x) .. (x) I`` (times ``1/k`` if ``normalize``)."""
+    sizes = [s.shape[-1] for s in factors]
+    total = None
+    for m, s in enumerate(factors):
+        parts = [torch.eye(n, dtype=s.dtype, device=s.device) for n in sizes]
+        parts[m] = s
+        term = kron_dense(parts)
+        total = term if total is None else total + term
+    return total / len(factors) if normalize else total

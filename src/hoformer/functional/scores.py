@@ -1,0 +1,59 @@
+"""Attention score kernels: scaled dot product, Tanimoto (valence) and cosine.
+
+Weaver (paper 003) eq 29 / 47: the continuous Tanimoto coefficient
+    T(q, k) = q.k / (|q|^2 + |k|^2 - q.k + eps),   values in [-1/3, 1],
+equal to 1 for q = k and -1/3 for q = -k; eq 69: cosine similarity. Unlike softmax scores these are signed
+and are used *as* attention weights (no softmax), so attention can subtract messages.
+
+Axes: ``q (..., N, D)``, ``k (..., M, D)`` -> scores ``(..., N, M)``.
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["dot_scores", "tanimoto_scores", "cosine_scores", "get_score_fn", "SCORE_FNS"]
+
+
+def _check_qk(q: torch.Tensor, k: torch.Tensor, fn: str) -> None:
+    for name, t in (("q", q), ("k", k)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: `{name}` must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{fn}: `{name}` must be floating point, got dtype {t.dtype}")
+        if t.ndim < 2:
+            raise ValueError(f"{fn}: `{name}` must have shape (..., N, D), got {tuple(t.shape)}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"{fn}: feature sizes differ: q {tuple(q.shape)} vs k {tuple(k.shape)} (last dim)")
+
+
+def dot_scores(q: torch.Tensor, k: torch.Tensor, *, scale: float | None = None) -> torch.Tensor:
+    """Scaled dot-product logits ``q k^T * scale`` (scale default ``D ** -0.5``)."""
+    _check_qk(q, k, "dot_scores")
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return torch.matmul(q, k.transpose(-1, -2)) * scale
+
+
+def tanimoto_scores(q: torch.Tensor, k: torch.Tensor, *, eps: float = 1e-6) -> torch.Tensor:
+    """Continuous Tanimoto coefficient (Weaver eq 29/47), in ``[-1/3, 1]``."""
+    _check_qk(q, k, "tanimoto_scores")
+    qk = torch.matmul(q, k.transpose(-1, -2))
+    qq = q.pow(2).sum(-1, keepdim=True)  # (..., N, 1)
+    kk = k.pow(2).sum(-1).unsqueeze(-2)  # (..., 1, M)
+    return qk / (qq + kk - qk + eps)
+
+
+def cosine_scores(q: torch.Tensor, k: torch.Tensor, *, eps: float = 1e-6) -> torch.Tensor:
+    """Cosine similarity (Weaver eq 69), in ``[-1, 1]``."""
+    _check_qk(q, k, "cosine_scores")
+    qn = q / q.norm(dim=-1, keepdim=True).clamp_min(eps)
+    kn = k / k.norm(dim=-1, keepdim=True).clamp_min(eps)
+    return torch.matmul(qn, kn.transpose(-1, -2))
+
+
+SCORE_FNS = {"tanimoto": tanimoto_scores, "cosine": cosine_scores}
+
+
+def get_score_fn(name: str):
+    if name not in SCORE_FNS:
+        raise ValueError(f"unknown signed score kernel {name!r}; expected one of {sorted(SCORE_FNS)}")
+    return SCORE_FNS[name]

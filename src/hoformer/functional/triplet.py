@@ -1,0 +1,3 @@
+"""Triplet (3D) block attention (HOBA)."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""Weaver building blocks: phase dictionary, ATk-pooling."""
+
+__all__: list[str] = []

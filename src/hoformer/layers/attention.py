@@ -1,0 +1,3 @@
+"""Attention layers."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""Blocks, MLPs, patch embeddings."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""Positional encodings."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""HOBA layers."""
+
+__all__: list[str] = []

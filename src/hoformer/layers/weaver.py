@@ -1,0 +1,3 @@
+"""Weaver layers."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""HOBA text models."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""HOT task models."""
+
+__all__: list[str] = []

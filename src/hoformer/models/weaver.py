@@ -1,0 +1,3 @@
+"""Weaver models and traffic baselines."""
+
+__all__: list[str] = []

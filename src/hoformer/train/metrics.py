@@ -1,0 +1,3 @@
+"""Metrics."""
+
+__all__: list[str] = []

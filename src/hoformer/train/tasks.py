@@ -1,0 +1,3 @@
+"""HOT Lightning tasks and datamodules."""
+
+__all__: list[str] = []

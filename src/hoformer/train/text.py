@@ -1,0 +1,3 @@
+"""Text training task and distillation."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""Traffic training task."""
+
+__all__: list[str] = []

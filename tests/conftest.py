@@ -1,0 +1,34 @@
+"""Shared fixtures. Real data is read from ``$HOFORMER_DATA`` (default ``../shared/data``); tests that need it
+skip with a clear reason when it is absent."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def _data_root() -> Path | None:
+    env = os.environ.get("HOFORMER_DATA")
+    cands = [Path(env)] if env else []
+    cands.append(Path(__file__).resolve().parents[1].parent / "shared" / "data")
+    for c in cands:
+        if c.is_dir():
+            return c
+    return None
+
+
+@pytest.fixture(scope="session")
+def data_root() -> Path:
+    root = _data_root()
+    if root is None:
+        pytest.skip("real benchmark data not found: set HOFORMER_DATA to the shared data directory (e.g. ../shared/data)")
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
