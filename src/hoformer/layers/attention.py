@@ -1,3 +1,526 @@
-"""Attention layers."""
+"""Attention layers on channels-last tensors ``x (B, N1, ..., Nk, D)``, any number of modes ``k >= 1``.
 
-__all__: list[str] = []
+Axis legend: ``b`` batch, ``h`` heads, ``n1..nk`` modes, ``d`` model dim, ``e`` per-head dim, ``f`` random features.
+
+All layers share one call signature, so every model can swap attention by name (:func:`build_attention`)::
+
+    forward(x, masks=None, return_attention=False) -> y            (B, N1..Nk, D)
+                                                   -> (y, maps)     with return_attention=True
+
+``masks`` is a list with one entry per mode (``None`` or bool ``(.., Ni, Ni)``, True = may attend).
+
+* :class:`KroneckerAttention` - HOT (paper 000 eqs 3-9, 002 eqs 10-12): per-mode factors from pooled queries/keys,
+  combined as a Kronecker product or sum; softmax, FAVOR+ linear, Tanimoto or cosine (Weaver) kernels.
+* :class:`FullAttention` - flattened high-order attention (eqs 1-2) through SDPA.
+* :class:`AxialAttention` - attention along each mode for every fiber, summed (shared projections) or sequential.
+* :class:`DividedAttention` - TimeSformer's divided space-time attention: one mode, then the others jointly.
+
+:func:`record_attention` is a context manager that collects every layer's attention maps during a forward pass
+without changing outputs (the normal path pays one ``if`` per layer).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hoformer.functional.kronecker import full_attention, kronecker_attention
+from hoformer.functional.scores import get_score_fn
+
+from .pos import RotaryEmbedding, axial_rotary
+
+__all__ = [
+    "KroneckerAttention",
+    "FullAttention",
+    "AxialAttention",
+    "DividedAttention",
+    "FavorFeatures",
+    "build_attention",
+    "ATTENTION_TYPES",
+    "record_attention",
+]
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def _check_x(x, dim: int, name: str, nmodes: int | None = None) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: `x` must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name}: `x` must be floating point, got dtype {x.dtype}")
+    if x.ndim < 3:
+        raise ValueError(f"{name}: `x` must have shape (B, N1, ..., Nk, {dim}) with k >= 1, got {tuple(x.shape)}")
+    if x.shape[-1] != dim:
+        raise ValueError(f"{name}: `x` last dim must equal dim={dim}, got shape {tuple(x.shape)}")
+    if nmodes is not None and x.ndim - 2 != nmodes:
+        raise ValueError(f"{name}: expected {nmodes} modes, got x of shape {tuple(x.shape)}")
+    if x.numel() == 0:
+        raise ValueError(f"{name}: `x` has an empty mode, got shape {tuple(x.shape)}")
+
+
+def _check_masks(masks, sizes, name: str):
+    if masks is None:
+        return None
+    if isinstance(masks, torch.Tensor) or len(masks) != len(sizes):
+        raise ValueError(f"{name}: `masks` must be a list of {len(sizes)} per-mode entries (None or bool (.., Ni, Ni))")
+    out = []
+    for i, (m, n) in enumerate(zip(masks, sizes)):
+        if m is None:
+            out.append(None)
+            continue
+        if not isinstance(m, torch.Tensor) or m.dtype != torch.bool:
+            raise TypeError(f"{name}: `masks[{i}]` must be a bool tensor (True = attend), got {getattr(m, 'dtype', type(m))}")
+        if m.shape[-2:] != (n, n) or m.ndim > 4:
+            raise ValueError(f"{name}: `masks[{i}]` must have shape (B|1, H|1, {n}, {n}) or ({n}, {n}), got {tuple(m.shape)}")
+        out.append(m)
+    return out
+
+
+def _kron_and(masks: Sequence[torch.Tensor | None], sizes: Sequence[int], device) -> torch.Tensor | None:
+    """Dense mask over flattened tokens: token pair allowed iff allowed in every mode (matches the product)."""
+    if masks is None or all(m is None for m in masks):
+        return None
+    full = None
+    for m, n in zip(masks, sizes):
+        m = torch.ones(n, n, dtype=torch.bool, device=device) if m is None else m
+        if full is None:
+            full = m
+        else:
+            lead = torch.broadcast_shapes(full.shape[:-2], m.shape[:-2])
+            a, c = full.expand(*lead, *full.shape[-2:]), m.expand(*lead, *m.shape[-2:])
+            full = (a[..., :, None, :, None] & c[..., None, :, None, :]).reshape(
+                *lead, a.shape[-2] * n, a.shape[-1] * n
+            )
+    while full.ndim < 4:
+        full = full.unsqueeze(0)
+    return full
+
+
+class _Recordable(nn.Module):
+    """Mixin: ``record_attention`` sets ``_record`` to a list that receives ``(layer_name, maps)``."""
+
+    _record: list | None = None
+    _record_name: str = ""
+
+    def _maybe_record(self, maps) -> None:
+        if self._record is not None:
+            self._record.append((self._record_name, [m.detach() for m in maps]))
+
+
+@contextlib.contextmanager
+def record_attention(model: nn.Module):
+    """Collect the attention maps of every attention layer of ``model`` during the ``with`` block.
+
+    Yields a list of ``(layer_name, maps)`` in call order; ``maps`` is a list with one tensor per mode
+    (``KroneckerAttention``: the factors ``S_i (B, H, Ni, Ni)``; ``FullAttention``: the dense ``(B, H, N, N)``;
+    ``AxialAttention``: per mode ``(B, H, *fibers, Ni, Ni)``). Outputs are unchanged.
+    """
+    records: list = []
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, _Recordable)]
+    for n, m in layers:
+        m._record, m._record_name = records, n
+    try:
+        yield records
+    finally:
+        for _, m in layers:
+            m._record = None
+
+
+# --------------------------------------------------------------------------------------------- FAVOR+
+class FavorFeatures(nn.Module):
+    """Positive orthogonal random features of FAVOR+ (Performer "SMReg" softmax kernel).
+
+    ``phi(x) = exp(w^T x' - |x'|^2 / 2 - c) / sqrt(m)`` with ``x' = x * d^-1/4`` and orthogonal Gaussian ``w``, so
+    ``E[phi(q) phi(k)^T] ~ exp(q.k / sqrt(d))``. The projection is a buffer (checkpoints reproduce); call
+    :meth:`redraw` (done automatically every ``redraw_interval`` training forwards when > 0).
+    ``c`` is a stabiliser: the per-row max for queries, a global max for keys; both cancel in the row normalisation.
+    """
+
+    def __init__(self, dim: int, num_features: int | None = None, redraw_interval: int = 0) -> None:
+        super().__init__()
+        self.dim = dim
+        self.num_features = num_features or max(dim, int(dim * math.log(dim)))
+        self.redraw_interval = redraw_interval
+        self.register_buffer("projection", self._draw(), persistent=True)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long), persistent=True)
+
+    def _draw(self, device=None) -> torch.Tensor:
+        d, m = self.dim, self.num_features
+        blocks = []
+        for _ in range(math.ceil(m / d)):
+            g = torch.randn(d, d, device=device)
+            q, _ = torch.linalg.qr(g)
+            blocks.append(q.T)
+        w = torch.cat(blocks, 0)[:m]
+        norms = torch.randn(m, d, device=device).norm(dim=1)  # chi-distributed row norms
+        return w * norms[:, None]
+
+    @torch.no_grad()
+    def redraw(self) -> None:
+        self.projection.copy_(self._draw(self.projection.device))
+
+    def step(self) -> None:
+        if self.training and self.redraw_interval > 0:
+            if int(self.calls) > 0 and int(self.calls) % self.redraw_interval == 0:
+                self.redraw()
+            self.calls += 1
+
+    def forward(self, x: torch.Tensor, is_query: bool) -> torch.Tensor:
+        xs = x * self.dim ** -0.25
+        proj = torch.matmul(xs, self.projection.to(x.dtype).T)  # (.., n, f)
+        sq = xs.pow(2).sum(-1, keepdim=True) / 2
+        if is_query:
+            stab = proj.amax(dim=-1, keepdim=True)
+        else:
+            stab = proj.amax(dim=(-1, -2), keepdim=True)
+        return (torch.exp(proj - sq - stab.detach()) + 1e-6) / math.sqrt(self.num_features)
+
+
+# ----------------------------------------------------------------------------------------- Kronecker
+class KroneckerAttention(_Recordable):
+    """HOT multi-head Kronecker attention over ``x (B, N1..Nk, D)`` (paper 000 eqs 5-9).
+
+    For each head and mode ``i``: pool ``x`` over the other modes (``pool="sum"`` as in the paper, or ``"mean"``),
+    project with the mode's own query/key weights (pooling is linear, so pool-then-project equals the paper's
+    project-then-pool at ``1/prod(N_j, j != i)`` of the cost; the q/k projections have no bias so this is exact),
+    form ``S_i``, and apply ``S_1 (x) .. (x) S_k`` (``combine="product"``) or ``(1/k) S_1 (+) .. (+) S_k``
+    (``"sum"``) to shared value projections by mode products. Output projection shared.
+
+    Args:
+        dim: model dim ``D``. num_heads: ``H``. dim_head: per-head dim (default ``D // H``).
+        combine: ``"product"`` | ``"sum"``.
+        kernel: ``"softmax"`` | ``"linear"`` (FAVOR+ features) | ``"tanimoto"`` | ``"cosine"`` (signed, Weaver).
+        qk_norm: LayerNorm on per-head pooled q/k (keeps sum-pooled logits well scaled).
+        rope_modes: 0-based mode indices whose pooled q/k get rotary embeddings.
+        pool: ``"sum"`` | ``"mean"``. dropout: on the factors (softmax) and the output.
+        num_features / redraw_interval: FAVOR+ settings for ``kernel="linear"``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        combine: str = "product",
+        kernel: str = "softmax",
+        qk_norm: bool = True,
+        rope_modes: Sequence[int] = (),
+        dropout: float = 0.0,
+        dim_head: int | None = None,
+        pool: str = "sum",
+        num_modes: int | None = None,
+        num_features: int | None = None,
+        redraw_interval: int = 0,
+        rope_theta: float = 10000.0,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        if combine not in ("product", "sum"):
+            raise ValueError(f"KroneckerAttention: `combine` must be 'product' or 'sum', got {combine!r}")
+        if kernel not in ("softmax", "linear", "tanimoto", "cosine"):
+            raise ValueError(f"KroneckerAttention: `kernel` must be softmax|linear|tanimoto|cosine, got {kernel!r}")
+        if pool not in ("sum", "mean"):
+            raise ValueError(f"KroneckerAttention: `pool` must be 'sum' or 'mean', got {pool!r}")
+        if dim_head is None and dim % num_heads:
+            raise ValueError(f"KroneckerAttention: dim={dim} is not divisible by num_heads={num_heads}")
+        self.dim, self.heads = dim, num_heads
+        self.dim_head = dim_head or dim // num_heads
+        inner = self.heads * self.dim_head
+        self.combine, self.kernel, self.pool = combine, kernel, pool
+        self.rope_modes = tuple(rope_modes)
+        self.dropout = dropout
+        self.num_modes = num_modes
+        # per-mode q/k projections are created lazily for the first k seen unless num_modes is given
+        self.to_qk = nn.ModuleList()
+        if num_modes is not None:
+            self._ensure_modes(num_modes)
+        self.to_v = nn.Linear(dim, inner, bias=bias)
+        self.to_out = nn.Sequential(nn.Linear(inner, dim, bias=bias), nn.Dropout(dropout))
+        self.q_norm = nn.LayerNorm(self.dim_head) if qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(self.dim_head) if qk_norm else nn.Identity()
+        self.rotary = RotaryEmbedding(self.dim_head, rope_theta) if self.rope_modes else None
+        self.favor = FavorFeatures(self.dim_head, num_features, redraw_interval) if kernel == "linear" else None
+        self.score_fn = get_score_fn(kernel) if kernel in ("tanimoto", "cosine") else None
+
+    def _ensure_modes(self, k: int) -> None:
+        if len(self.to_qk) == 0:
+            inner = self.heads * self.dim_head
+            for _ in range(k):
+                self.to_qk.append(nn.Linear(self.dim, 2 * inner, bias=False))
+            self.num_modes = k
+        elif len(self.to_qk) != k:
+            raise ValueError(f"KroneckerAttention: built for {len(self.to_qk)} modes, got an input with {k} modes")
+
+    def pooled(self, x: torch.Tensor, mode: int) -> torch.Tensor:
+        """``g_pool^(i)(x)``: ``(B, N1..Nk, D) -> (B, Ni, D)``."""
+        k = x.ndim - 2
+        others = [1 + j for j in range(k) if j != mode]
+        if not others:
+            return x
+        return x.sum(dim=others) if self.pool == "sum" else x.mean(dim=others)
+
+    def mode_qk(self, x: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Pooled, projected, normalised (and rotated) per-mode queries / keys, each ``(B, H, Ni, E)``."""
+        qs, ks = [], []
+        for i, proj in enumerate(self.to_qk):
+            qk = proj(self.pooled(x, i))  # (b, n_i, 2*h*e)
+            q, k = qk.view(*qk.shape[:2], 2, self.heads, self.dim_head).permute(2, 0, 3, 1, 4)
+            q, k = self.q_norm(q), self.k_norm(k)
+            if self.rotary is not None and i in self.rope_modes:
+                q, k = self.rotary(q), self.rotary(k)
+            qs.append(q)
+            ks.append(k)
+        return qs, ks
+
+    def forward(self, x: torch.Tensor, masks=None, return_attention: bool = False):
+        _check_x(x, self.dim, "KroneckerAttention", self.num_modes)
+        self._ensure_modes(x.ndim - 2)
+        b, sizes = x.shape[0], tuple(x.shape[1:-1])
+        masks = _check_masks(masks, sizes, "KroneckerAttention")
+        qs, ks = self.mode_qk(x)
+        # values as a (b, h, n1..nk, e) *view* of the (b, n.., h*e) projection: kron_apply makes the one copy
+        v = self.to_v(x).view(b, *sizes, self.heads, self.dim_head).movedim(-2, 1)
+        want_maps = return_attention or self._record is not None
+        if self.kernel == "linear":
+            if self.favor is not None:
+                self.favor.step()
+            phi_q = [self.favor(q, is_query=True) for q in qs]
+            phi_k = [self.favor(k, is_query=False) for k in ks]
+            y = kronecker_attention(phi_q, phi_k, v, combine=self.combine, kernel="linear", masks=masks,
+                                    feature_map=_identity)
+            maps = None
+            if want_maps:  # materialise the (small) factors only when asked
+                maps = [_normalise_rows(torch.matmul(a, c.transpose(-1, -2))) for a, c in zip(phi_q, phi_k)]
+        else:
+            y, maps = kronecker_attention(
+                qs, ks, v, combine=self.combine, masks=masks, return_factors=True, score_fn=self.score_fn,
+                dropout_p=self.dropout if self.training else 0.0,
+            )
+        if maps is not None:
+            self._maybe_record(maps)
+        y = self.to_out(y.movedim(1, -2).reshape(b, *sizes, -1))
+        return (y, maps) if return_attention else y
+
+
+def _identity(x):
+    return x
+
+
+def _normalise_rows(a: torch.Tensor) -> torch.Tensor:
+    return a / a.sum(-1, keepdim=True)
+
+
+# ------------------------------------------------------------------------------------------- baselines
+class _QKV(_Recordable):
+    """Shared pieces of the dense baselines: one qkv projection, q/k norm, output projection."""
+
+    def __init__(self, dim, num_heads, qk_norm, dropout, dim_head, bias=True):
+        super().__init__()
+        if dim_head is None and dim % num_heads:
+            raise ValueError(f"{type(self).__name__}: dim={dim} is not divisible by num_heads={num_heads}")
+        self.dim, self.heads = dim, num_heads
+        self.dim_head = dim_head or dim // num_heads
+        inner = self.heads * self.dim_head
+        self.to_qkv = nn.Linear(dim, 3 * inner, bias=bias)
+        self.q_norm = nn.LayerNorm(self.dim_head) if qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(self.dim_head) if qk_norm else nn.Identity()
+        self.to_out = nn.Sequential(nn.Linear(inner, dim, bias=bias), nn.Dropout(dropout))
+        self.dropout = dropout
+
+    def qkv(self, x):
+        """``(B, N.., D)`` -> three ``(B, H, N.., E)`` tensors."""
+        q, k, v = self.to_qkv(x).view(*x.shape[:-1], 3, self.heads, self.dim_head).unbind(-3)
+        q, k, v = (t.movedim(-2, 1) for t in (q, k, v))
+        return self.q_norm(q), self.k_norm(k), v
+
+    def out(self, y):
+        """``(B, H, N.., E)`` -> ``(B, N.., D)``."""
+        return self.to_out(y.movedim(1, -2).flatten(-2))
+
+
+def _attend(q, k, v, mask, dropout_p, want_maps):
+    """SDPA over the second-to-last dim; dense maps only when asked (then computed explicitly)."""
+    if want_maps:
+        logits = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+        if mask is not None:
+            logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
+        a = logits.softmax(-1)
+        if mask is not None:
+            a = a * mask
+        return torch.matmul(F.dropout(a, dropout_p), v), a
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    if mask is not None:
+        y = y.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+    return y, None
+
+
+class FullAttention(_QKV):
+    """Flattened high-order attention (HOT eqs 1-2) with SDPA; per-mode masks are combined as a Kronecker AND.
+
+    ``rope_modes``: axial N-d RoPE on the flattened tokens (head dim split between those modes).
+    """
+
+    def __init__(self, dim, num_heads=8, qk_norm=True, rope_modes=(), dropout=0.0, dim_head=None, **_):
+        super().__init__(dim, num_heads, qk_norm, dropout, dim_head)
+        self.rope_modes = tuple(rope_modes)
+
+    def forward(self, x, masks=None, return_attention=False):
+        _check_x(x, self.dim, "FullAttention")
+        b, sizes = x.shape[0], tuple(x.shape[1:-1])
+        masks = _check_masks(masks, sizes, "FullAttention")
+        q, k, v = (t.reshape(b, self.heads, -1, self.dim_head) for t in self.qkv(x))
+        q, k = axial_rotary(q, sizes, self.rope_modes), axial_rotary(k, sizes, self.rope_modes)
+        mask = _kron_and(masks, sizes, x.device)
+        want = return_attention or self._record is not None
+        if not want:
+            y = full_attention(q.unsqueeze(2), k.unsqueeze(2), v.unsqueeze(2), mask=mask,
+                               dropout_p=self.dropout if self.training else 0.0).squeeze(2)
+            a = None
+        else:
+            y, a = _attend(q, k, v, mask, self.dropout if self.training else 0.0, True)
+            self._maybe_record([a])
+        y = self.out(y.view(b, self.heads, *sizes, self.dim_head))
+        return (y, [a]) if return_attention else y
+
+
+class AxialAttention(_QKV):
+    """Attention along each mode separately, for every fiber of the other modes (Ho et al. 2019).
+
+    ``combine="sum"``: one shared qkv projection, ``y = (1/k) sum_i attn_i(x)`` (the dense-fiber analogue of the
+    Kronecker sum). ``combine="sequential"``: per-mode qkv projections applied one mode after another.
+    """
+
+    def __init__(self, dim, num_heads=8, qk_norm=True, rope_modes=(), dropout=0.0, dim_head=None,
+                 combine="sum", num_modes=None, **_):
+        super().__init__(dim, num_heads, qk_norm, dropout, dim_head)
+        if combine not in ("sum", "sequential"):
+            raise ValueError(f"AxialAttention: `combine` must be 'sum' or 'sequential', got {combine!r}")
+        self.combine, self.rope_modes = combine, tuple(rope_modes)
+        self.rotary = RotaryEmbedding(self.dim_head) if self.rope_modes else None
+        self.extra = nn.ModuleList()  # sequential: qkv projections of modes 2..k
+        self.num_modes = num_modes
+        if combine == "sequential" and num_modes:
+            self._ensure(num_modes)
+
+    def _ensure(self, k):
+        if self.combine == "sequential" and len(self.extra) == 0 and k > 1:
+            inner = self.heads * self.dim_head
+            self.extra.extend(nn.Linear(self.dim, 3 * inner) for _ in range(k - 1))
+            self.num_modes = k
+
+    def _along(self, q, k, v, mode, mask, want):
+        # (b, h, n1..nk, e) -> mode last before e, attend over it for every fiber
+        q, k, v = (t.movedim(2 + mode, -2) for t in (q, k, v))
+        if self.rotary is not None and mode in self.rope_modes:
+            q, k = self.rotary(q), self.rotary(k)
+        if mask is not None:
+            while mask.ndim < 4:
+                mask = mask.unsqueeze(0)
+            mask = mask.view(*mask.shape[:2], *([1] * (q.ndim - 4)), *mask.shape[-2:])
+        y, a = _attend(q, k, v, mask, self.dropout if self.training else 0.0, want)
+        return y.movedim(-2, 2 + mode), a
+
+    def forward(self, x, masks=None, return_attention=False):
+        _check_x(x, self.dim, "AxialAttention", self.num_modes if self.combine == "sequential" else None)
+        sizes = tuple(x.shape[1:-1])
+        nm = len(sizes)
+        self._ensure(nm)
+        masks = _check_masks(masks, sizes, "AxialAttention") or [None] * nm
+        want = return_attention or self._record is not None
+        maps = []
+        q, k, v = self.qkv(x)
+        if self.combine == "sum":
+            y = None
+            for m in range(nm):
+                ym, a = self._along(q, k, v, m, masks[m], want)
+                y = ym if y is None else y + ym
+                maps.append(a)
+            y = y / nm
+        else:
+            y = v
+            for m in range(nm):
+                if m > 0:  # new queries/keys from the current representation, values = current
+                    cur = y.movedim(1, -2).flatten(-2)
+                    qkv = self.extra[m - 1](cur).view(*cur.shape[:-1], 3, self.heads, self.dim_head).unbind(-3)
+                    q, k, y = (t.movedim(-2, 1) for t in qkv)
+                    q, k = self.q_norm(q), self.k_norm(k)
+                y, a = self._along(q, k, y, m, masks[m], want)
+                maps.append(a)
+        if want:
+            self._maybe_record(maps)
+        y = self.out(y)
+        return (y, maps) if return_attention else y
+
+
+class DividedAttention(nn.Module):
+    """TimeSformer divided attention: full attention along ``first_mode``, then jointly over the other modes.
+
+    Returns ``T(x) + S(x + T(x))`` so that the block's residual reproduces TimeSformer's
+    ``x <- x + T(x); x <- x + S(x)``.
+    """
+
+    def __init__(self, dim, num_heads=8, qk_norm=True, rope_modes=(), dropout=0.0, dim_head=None,
+                 first_mode=0, **_):
+        super().__init__()
+        if first_mode < 0:
+            raise ValueError(f"DividedAttention: `first_mode` must be a non-negative mode index, got {first_mode}")
+        self.first_mode, self.dim = first_mode, dim
+        rope_rest = tuple(i - (i > first_mode) for i in rope_modes if i != first_mode)
+        self.first = AxialAttention(dim, num_heads, qk_norm, (0,) if first_mode in rope_modes else (), dropout, dim_head)
+        self.rest = FullAttention(dim, num_heads, qk_norm, rope_rest, dropout, dim_head)
+
+    def forward(self, x, masks=None, return_attention=False):
+        _check_x(x, self.dim, "DividedAttention")
+        sizes = tuple(x.shape[1:-1])
+        nm = len(sizes)
+        masks = _check_masks(masks, sizes, "DividedAttention") or [None] * nm
+        fm = self.first_mode
+        if fm >= nm:
+            raise ValueError(f"DividedAttention: first_mode={fm} but x {tuple(x.shape)} has only {nm} modes")
+        # attention along `first_mode` only: move it to mode 0, treat the others as fibers via axial on a 2-mode view
+        xt = x.movedim(1 + fm, 1)
+        b, n0 = xt.shape[:2]
+        rest_sizes = xt.shape[2:-1]
+        x2 = xt.reshape(b, n0, -1, self.dim)  # (b, n0, prod(rest), d)
+        q, k, v = self.first.qkv(x2)
+        want = return_attention or self.first._record is not None
+        t, a_t = self.first._along(q, k, v, 0, masks[fm], want)
+        t = self.first.out(t).view(xt.shape).movedim(1, 1 + fm)
+        h = x + t
+        # joint attention over the other modes, for every position of first_mode
+        hs = h.movedim(1 + fm, 1).reshape(b * n0, *rest_sizes, self.dim) if nm > 1 else h
+        rest_masks = [m for i, m in enumerate(masks) if i != fm] if nm > 1 else None
+        if rest_masks is not None and any(m is not None and m.ndim > 2 and m.shape[0] > 1 for m in rest_masks):
+            raise ValueError("DividedAttention: per-sample masks on the joint modes are not supported; use (Ni, Ni)")
+        if nm > 1:
+            s = self.rest(hs, masks=rest_masks, return_attention=return_attention)
+            s, a_s = s if return_attention else (s, None)
+            s = s.view(b, n0, *rest_sizes, self.dim).movedim(1, 1 + fm)
+        else:
+            s, a_s = self.rest(h, masks=masks, return_attention=True) if return_attention else (self.rest(h), None)
+        y = t + s
+        return (y, [a_t] + list(a_s or [])) if return_attention else y
+
+
+# ----------------------------------------------------------------------------------------- factory
+ATTENTION_TYPES = {
+    "kronecker_product": (KroneckerAttention, {"combine": "product"}),
+    "kronecker_sum": (KroneckerAttention, {"combine": "sum"}),
+    "kronecker_linear": (KroneckerAttention, {"combine": "product", "kernel": "linear"}),
+    "kronecker_tanimoto": (KroneckerAttention, {"combine": "product", "kernel": "tanimoto"}),
+    "kronecker_cosine": (KroneckerAttention, {"combine": "product", "kernel": "cosine"}),
+    "full": (FullAttention, {}),
+    "axial": (AxialAttention, {"combine": "sum"}),
+    "axial_sequential": (AxialAttention, {"combine": "sequential"}),
+    "divided": (DividedAttention, {}),
+}
+
+
+def build_attention(name: str, dim: int, num_heads: int = 8, **kwargs) -> nn.Module:
+    """Attention layer by name (see ``ATTENTION_TYPES``); ``kwargs`` override the preset (e.g. ``combine="sum"``)."""
+    if name not in ATTENTION_TYPES:
+        raise ValueError(f"build_attention: unknown attention {name!r}; expected one of {sorted(ATTENTION_TYPES)}")
+    cls, preset = ATTENTION_TYPES[name]
+    return cls(dim, num_heads=num_heads, **{**preset, **kwargs})

@@ -1,3 +1,165 @@
-"""Blocks, MLPs, patch embeddings."""
+"""Transformer building blocks for channels-last multiway tensors ``(B, N1..Nk, D)``.
 
-__all__: list[str] = []
+Axis legend: ``b`` batch, ``c`` input channels, ``n1..nk`` modes (patches), ``d`` model dim.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import build_attention
+
+__all__ = ["Mlp", "SwiGLU", "RMSNorm", "DropPath", "PatchEmbed", "Block", "Encoder"]
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm over the last dim (Zhang & Sennrich 2019)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+class Mlp(nn.Module):
+    """``Linear -> GELU -> Dropout -> Linear -> Dropout``."""
+
+    def __init__(self, dim: int, hidden: int, out: int | None = None, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, out or dim), nn.Dropout(dropout)
+        )
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class SwiGLU(nn.Module):
+    """``W2 (silu(W1 x) * W3 x)`` (Shazeer 2020); ``hidden`` is the gated width."""
+
+    def __init__(self, dim: int, hidden: int, out: int | None = None, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.w13 = nn.Linear(dim, 2 * hidden)
+        self.w2 = nn.Linear(hidden, out or dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x):
+        a, g = self.w13(x).chunk(2, dim=-1)
+        return self.drop(self.w2(self.drop(F.silu(a) * g)))
+
+
+class DropPath(nn.Module):
+    """Stochastic depth per sample."""
+
+    def __init__(self, p: float = 0.0) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        if self.p == 0.0 or not self.training:
+            return x
+        keep = 1 - self.p
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
+        return x * mask / keep
+
+
+class PatchEmbed(nn.Module):
+    """Non-overlapping patch embedding for 1-D/2-D/3-D inputs (conv with kernel = stride = patch).
+
+    ``(B, C, S1..Sn) -> (B, S1/p1, .., Sn/pn, D)`` (channels last). ``act="relu"`` follows the conv as in HOT.
+    """
+
+    def __init__(self, in_chans: int, dim: int, patch_size: int | Sequence[int], ndim: int = 2,
+                 act: str | None = None, bias: bool = True) -> None:
+        super().__init__()
+        if ndim not in (1, 2, 3):
+            raise ValueError(f"PatchEmbed: `ndim` must be 1, 2 or 3, got {ndim}")
+        ps = (patch_size,) * ndim if isinstance(patch_size, int) else tuple(patch_size)
+        if len(ps) != ndim:
+            raise ValueError(f"PatchEmbed: `patch_size` {patch_size} does not have {ndim} entries")
+        conv = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}[ndim]
+        self.in_chans, self.ndim, self.patch_size = in_chans, ndim, ps
+        self.proj = conv(in_chans, dim, kernel_size=ps, stride=ps, bias=bias)
+        if act not in (None, "relu", "gelu"):
+            raise ValueError(f"PatchEmbed: `act` must be None, 'relu' or 'gelu', got {act!r}")
+        self.act = {None: nn.Identity(), "relu": nn.ReLU(), "gelu": nn.GELU()}[act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.ndim != self.ndim + 2 or x.shape[1] != self.in_chans:
+            raise ValueError(
+                f"PatchEmbed: expected x of shape (B, {self.in_chans}, {', '.join(['S'] * self.ndim)}), got {tuple(x.shape)}"
+            )
+        bad = [s for s, p in zip(x.shape[2:], self.patch_size) if s % p]
+        if bad:
+            raise ValueError(f"PatchEmbed: spatial sizes {tuple(x.shape[2:])} must be divisible by patch {self.patch_size}")
+        return self.act(self.proj(x)).movedim(1, -1)
+
+
+def _norm(kind: str, dim: int) -> nn.Module:
+    if kind == "layernorm":
+        return nn.LayerNorm(dim)
+    if kind == "rmsnorm":
+        return RMSNorm(dim)
+    raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {kind!r}")
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: ``x + attn(norm(x)); x + mlp(norm(x))`` with any attention by name.
+
+    Args:
+        dim, num_heads: model width and heads.
+        attention: a name of :data:`~hoformer.layers.ATTENTION_TYPES`.
+        mlp_ratio: hidden width / dim. mlp: ``"gelu"`` | ``"swiglu"``. norm: ``"layernorm"`` | ``"rmsnorm"``.
+        drop_path: stochastic depth. dropout: MLP/attention output dropout.
+        **attn_kw: forwarded to the attention layer (e.g. ``num_modes``, ``rope_modes``, ``qk_norm``).
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, attention: str = "kronecker_product", mlp_ratio: float = 4.0,
+                 mlp: str = "gelu", norm: str = "layernorm", dropout: float = 0.0, drop_path: float = 0.0,
+                 **attn_kw) -> None:
+        super().__init__()
+        self.norm1 = _norm(norm, dim)
+        self.attn = build_attention(attention, dim, num_heads, dropout=dropout, **attn_kw)
+        self.norm2 = _norm(norm, dim)
+        hidden = int(dim * mlp_ratio)
+        if mlp == "gelu":
+            self.mlp = Mlp(dim, hidden, dropout=dropout)
+        elif mlp == "swiglu":
+            self.mlp = SwiGLU(dim, int(hidden * 2 / 3), dropout=dropout)
+        else:
+            raise ValueError(f"Block: `mlp` must be 'gelu' or 'swiglu', got {mlp!r}")
+        self.drop_path = DropPath(drop_path)
+
+    def forward(self, x, masks=None, return_attention: bool = False):
+        a = self.attn(self.norm1(x), masks=masks, return_attention=return_attention)
+        a, maps = a if return_attention else (a, None)
+        x = x + self.drop_path(a)
+        x = x + self.drop_path(self.mlp(self.norm2(x)))
+        return (x, maps) if return_attention else x
+
+
+class Encoder(nn.Module):
+    """``depth`` :class:`Block` s with linearly increasing drop-path and a final norm."""
+
+    def __init__(self, dim: int, depth: int, num_heads: int = 8, drop_path: float = 0.0, norm: str = "layernorm",
+                 **block_kw) -> None:
+        super().__init__()
+        rates = [drop_path * i / max(1, depth - 1) for i in range(depth)]
+        self.blocks = nn.ModuleList(Block(dim, num_heads, drop_path=r, norm=norm, **block_kw) for r in rates)
+        self.norm = _norm(norm, dim)
+
+    def forward(self, x, masks=None, return_attention: bool = False):
+        maps = []
+        for blk in self.blocks:
+            out = blk(x, masks=masks, return_attention=return_attention)
+            x, m = out if return_attention else (out, None)
+            maps.append(m)
+        x = self.norm(x)
+        return (x, maps) if return_attention else x

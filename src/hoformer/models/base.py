@@ -35,6 +35,10 @@ class HoformerModel(nn.Module):
 
     config: dict[str, Any]
 
+    def example_inputs(self, batch_size: int = 2) -> tuple[tuple, dict]:
+        """``(args, kwargs)`` of a valid ``forward`` call; drives the registry-wide tests."""
+        raise NotImplementedError(f"{type(self).__name__} must implement example_inputs(batch_size)")
+
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
         from safetensors.torch import save_file
 
