@@ -1,0 +1,211 @@
+"""hoformer.functional.kronecker against dense references (float64)."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from hoformer.functional import (
+    elu_feature_map,
+    full_attention,
+    kron_apply,
+    kron_dense,
+    kron_sum_apply,
+    kron_sum_dense,
+    kronecker_attention,
+    tanimoto_scores,
+)
+
+SHAPES = [(4,), (3, 5), (2, 3, 4), (2, 3, 2, 3)]
+f64 = torch.float64
+
+
+def _dense_apply(mat, v):
+    b, h = v.shape[:2]
+    return (mat @ v.reshape(b, h, -1, v.shape[-1])).view_as(v)
+
+
+@pytest.mark.parametrize("sizes", SHAPES)
+def test_kron_apply_matches_torch_kron(sizes):
+    b, h, d = 2, 3, 5
+    v = torch.randn(b, h, *sizes, d, dtype=f64)
+    fs = [torch.randn(b, h, n, n, dtype=f64) for n in sizes]
+    # reference built with torch.kron, entry by entry over (b, h)
+    ref = torch.empty_like(v)
+    for i, j in itertools.product(range(b), range(h)):
+        mat = fs[0][i, j]
+        for s in fs[1:]:
+            mat = torch.kron(mat, s[i, j])
+        ref[i, j] = (mat @ v[i, j].reshape(-1, d)).view(*sizes, d)
+    torch.testing.assert_close(kron_apply(fs, v), ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(kron_dense(fs), torch.stack([torch.stack([_kron_loop(fs, i, j) for j in range(h)]) for i in range(b)]))
+
+
+def _kron_loop(fs, i, j):
+    mat = fs[0][i, j]
+    for s in fs[1:]:
+        mat = torch.kron(mat, s[i, j])
+    return mat
+
+
+@pytest.mark.parametrize("sizes", SHAPES)
+@pytest.mark.parametrize("normalize", [True, False])
+def test_kron_sum_apply_matches_explicit_sum(sizes, normalize):
+    b, h, d = 2, 2, 3
+    v = torch.randn(b, h, *sizes, d, dtype=f64)
+    fs = [torch.randn(b, h, n, n, dtype=f64) for n in sizes]
+    # explicit Kronecker sum: sum_m I (x) .. (x) S_m (x) .. (x) I with torch.kron
+    ref = torch.zeros_like(v)
+    for i, j in itertools.product(range(b), range(h)):
+        total = 0
+        for m in range(len(sizes)):
+            mat = torch.ones(1, 1, dtype=f64)
+            for q, n in enumerate(sizes):
+                mat = torch.kron(mat, fs[q][i, j] if q == m else torch.eye(n, dtype=f64))
+            total = total + mat
+        if normalize:
+            total = total / len(sizes)
+        ref[i, j] = (total @ v[i, j].reshape(-1, d)).view(*sizes, d)
+    torch.testing.assert_close(kron_sum_apply(fs, v, normalize=normalize), ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(_dense_apply(kron_sum_dense(fs, normalize), v), ref)
+
+
+def test_broadcast_factors():
+    v = torch.randn(3, 4, 5, 6, 2, dtype=f64)
+    s1, s2 = torch.randn(5, 5, dtype=f64), torch.randn(1, 4, 6, 6, dtype=f64)
+    y = kron_apply([s1, s2], v)
+    ref = kron_apply([s1.expand(3, 4, 5, 5), s2.expand(3, 4, 6, 6)], v)
+    torch.testing.assert_close(y, ref)
+
+
+def _pooled_qk(sizes, b=2, h=3, dqk=4):
+    q = [torch.randn(b, h, n, dqk, dtype=f64) for n in sizes]
+    k = [torch.randn(b, h, n, dqk, dtype=f64) for n in sizes]
+    return q, k
+
+
+@pytest.mark.parametrize("sizes", SHAPES)
+@pytest.mark.parametrize("combine", ["product", "sum"])
+def test_softmax_attention_dense_and_row_stochastic(sizes, combine):
+    q, k = _pooled_qk(sizes)
+    v = torch.randn(2, 3, *sizes, 5, dtype=f64)
+    y, fs = kronecker_attention(q, k, v, combine=combine, return_factors=True)
+    ref_fs = [torch.softmax(qi @ ki.transpose(-1, -2) / 2.0, -1) for qi, ki in zip(q, k)]  # Dqk=4 -> scale 1/2
+    for a, r in zip(fs, ref_fs):
+        torch.testing.assert_close(a, r)
+    dense = kron_dense(ref_fs) if combine == "product" else kron_sum_dense(ref_fs, normalize=True)
+    # Theorem 4.1 / Corollary 4.2: product and (1/k) sum of row-stochastic factors are row-stochastic
+    torch.testing.assert_close(dense.sum(-1), torch.ones(dense.shape[:-1], dtype=f64))
+    torch.testing.assert_close(y, _dense_apply(dense, v))
+
+
+def test_scale_keyword_and_signed_score_fn():
+    q, k = _pooled_qk((3, 4))
+    v = torch.randn(2, 3, 3, 4, 2, dtype=f64)
+    y, fs = kronecker_attention(q, k, v, scale=0.1, return_factors=True)
+    torch.testing.assert_close(fs[0], torch.softmax(q[0] @ k[0].transpose(-1, -2) * 0.1, -1))
+    y, fs = kronecker_attention(q, k, v, score_fn=tanimoto_scores, return_factors=True)
+    torch.testing.assert_close(fs[1], tanimoto_scores(q[1], k[1]))
+    torch.testing.assert_close(y, _dense_apply(kron_dense(fs), v))
+
+
+def test_masks_and_fully_masked_rows():
+    sizes = (4, 5)
+    q, k = _pooled_qk(sizes)
+    v = torch.randn(2, 3, *sizes, 3, dtype=f64)
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    pad = torch.ones(2, 1, 4, 4, dtype=torch.bool)
+    pad[0, :, 1, :] = False  # row 1 of sample 0 may attend nothing
+    y, fs = kronecker_attention(q, k, v, masks=[pad, causal], return_factors=True)
+    assert torch.isfinite(y).all()
+    assert (fs[1].triu(1) == 0).all(), "causal mask must zero future keys"
+    torch.testing.assert_close(fs[1].sum(-1), torch.ones(2, 3, 5, dtype=f64))
+    assert (fs[0][0, :, 1] == 0).all() and (y[0, :, 1] == 0).all(), "fully masked rows give zeros"
+    ref0 = torch.softmax((q[0] @ k[0].transpose(-1, -2) / 2).masked_fill(~pad, float("-inf")), -1).nan_to_num(0.0)
+    torch.testing.assert_close(fs[0], ref0)
+    torch.testing.assert_close(y, _dense_apply(kron_dense(fs), v))
+    # gradients stay finite through fully-masked rows
+    qg = [t.clone().requires_grad_() for t in q]
+    kronecker_attention(qg, k, v, masks=[pad, causal]).sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in qg)
+
+
+@pytest.mark.parametrize("sizes", [(5,), (3, 4), (2, 3, 4)])
+@pytest.mark.parametrize("combine", ["product", "sum"])
+def test_linear_kernel_equals_dense_phi(sizes, combine):
+    q, k = _pooled_qk(sizes)
+    v = torch.randn(2, 3, *sizes, 2, dtype=f64)
+    y = kronecker_attention(q, k, v, combine=combine, kernel="linear")
+    fs = []
+    for qi, ki in zip(q, k):
+        a = elu_feature_map(qi) @ elu_feature_map(ki).transpose(-1, -2)
+        fs.append(a / a.sum(-1, keepdim=True))
+    dense = kron_dense(fs) if combine == "product" else kron_sum_dense(fs, normalize=True)
+    torch.testing.assert_close(y, _dense_apply(dense, v))
+    with pytest.raises(ValueError, match="masks"):
+        kronecker_attention(q, k, v, kernel="linear", masks=[torch.ones(n, n, dtype=torch.bool) for n in sizes])
+
+
+def test_gradcheck_product_sum_linear():
+    sizes = (2, 3)
+    q = [torch.randn(1, 2, n, 3, dtype=f64, requires_grad=True) for n in sizes]
+    k = [torch.randn(1, 2, n, 3, dtype=f64, requires_grad=True) for n in sizes]
+    v = torch.randn(1, 2, *sizes, 2, dtype=f64, requires_grad=True)
+    for combine, kernel in [("product", "softmax"), ("sum", "softmax"), ("product", "linear")]:
+        fn = lambda *a: kronecker_attention(list(a[:2]), list(a[2:4]), a[4], combine=combine, kernel=kernel)
+        assert torch.autograd.gradcheck(fn, (*q, *k, v))
+    fs = [torch.randn(1, 1, n, n, dtype=f64, requires_grad=True) for n in (2, 2, 3)]
+    vv = torch.randn(1, 1, 2, 2, 3, 2, dtype=f64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b, c, x: kron_apply([a, b, c], x), (*fs, vv))
+    assert torch.autograd.gradcheck(lambda a, b, c, x: kron_sum_apply([a, b, c], x), (*fs, vv))
+
+
+def test_full_attention_matches_flattened_softmax():
+    q, k, v = (torch.randn(2, 2, 3, 4, 5, dtype=f64) for _ in range(3))
+    y = full_attention(q, k, v)
+    a = torch.softmax(q.reshape(2, 2, 12, 5) @ k.reshape(2, 2, 12, 5).transpose(-1, -2) / 5**0.5, -1)
+    torch.testing.assert_close(y, (a @ v.reshape(2, 2, 12, 5)).view_as(v))
+    mask = torch.ones(12, 12, dtype=torch.bool)
+    mask[3] = False
+    ym = full_attention(q, k, v, mask=mask)
+    assert torch.isfinite(ym).all() and (ym.reshape(2, 2, 12, 5)[:, :, 3] == 0).all()
+
+
+def test_bf16_runs_and_is_close():
+    sizes = (6, 7)
+    q, k = _pooled_qk(sizes)
+    v = torch.randn(2, 3, *sizes, 4, dtype=f64)
+    ref = kronecker_attention(q, k, v)
+    y = kronecker_attention([t.bfloat16() for t in q], [t.bfloat16() for t in k], v.bfloat16())
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.double(), ref, rtol=5e-2, atol=5e-2)
+
+
+# --------------------------------------------------------------------------------------------- bad input
+def test_bad_inputs_name_the_argument():
+    v = torch.randn(2, 3, 4, 5, 6)
+    good = [torch.rand(4, 4), torch.rand(5, 5)]
+    with pytest.raises(ValueError, match=r"factors\[1\].*\(B, H, 5, 5\).*\(4, 4\)"):
+        kron_apply([good[0], torch.rand(4, 4)], v)
+    with pytest.raises(ValueError, match="has 2 modes.*3 factors"):
+        kron_apply(good + [torch.rand(2, 2)], v)
+    with pytest.raises(ValueError, match="`v` must have at least 4 dims"):
+        kron_apply(good, torch.randn(2, 4, 5))
+    with pytest.raises(TypeError, match="`v` must be a floating-point tensor"):
+        kron_apply(good, torch.ones(2, 3, 4, 5, 6, dtype=torch.long))
+    with pytest.raises(ValueError, match="empty"):
+        kron_apply([torch.rand(0, 0), good[1]], torch.randn(2, 3, 0, 5, 6))
+    with pytest.raises(ValueError, match="do not broadcast"):
+        kron_apply([torch.rand(3, 3, 4, 4), good[1]], v)
+    with pytest.raises(TypeError, match="factors"):
+        kron_apply(torch.rand(4, 4), v)
+    q = [torch.randn(2, 3, 4, 8), torch.randn(2, 3, 5, 8)]
+    with pytest.raises(ValueError, match=r"`k\[1\]` must have shape \(B, H, 5, Dqk\)"):
+        kronecker_attention(q, [q[0], torch.randn(2, 3, 6, 8)], v)
+    with pytest.raises(ValueError, match="combine"):
+        kronecker_attention(q, q, v, combine="outer")
+    with pytest.raises(TypeError, match=r"masks\[0\].*bool"):
+        kronecker_attention(q, q, v, masks=[torch.ones(4, 4), None])
+    with pytest.raises(ValueError, match=r"masks\[1\].*\(\.\.\., 5, 5\)"):
+        kronecker_attention(q, q, v, masks=[None, torch.ones(4, 4, dtype=torch.bool)])

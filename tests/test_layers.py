@@ -1,0 +1,166 @@
+"""hoformer.layers: KroneckerAttention semantics, baselines, positional encodings, blocks."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hoformer.functional import kron_apply, kron_sum_apply
+from hoformer.layers import (
+    ATTENTION_TYPES,
+    AbsolutePositionalEncoding,
+    Block,
+    Encoder,
+    FullAttention,
+    KroneckerAttention,
+    PatchEmbed,
+    RotaryEmbedding,
+    build_attention,
+    record_attention,
+)
+
+
+def test_one_mode_equals_standard_multihead_attention():
+    torch.manual_seed(0)
+    dim, heads = 16, 4
+    att = KroneckerAttention(dim, heads, qk_norm=False, num_modes=1).double()
+    x = torch.randn(2, 7, dim, dtype=torch.float64)
+    mha = torch.nn.MultiheadAttention(dim, heads, bias=True, batch_first=True).double()
+    wq, wk = att.to_qk[0].weight.chunk(2, 0)
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(torch.cat([wq, wk, att.to_v.weight]))
+        mha.in_proj_bias.copy_(torch.cat([torch.zeros(2 * dim, dtype=torch.float64), att.to_v.bias]))
+        mha.out_proj.weight.copy_(att.to_out[0].weight)
+        mha.out_proj.bias.copy_(att.to_out[0].bias)
+    ref, _ = mha(x, x, x)
+    torch.testing.assert_close(att(x), ref)
+
+
+@pytest.mark.parametrize("pool", ["sum", "mean"])
+def test_pool_then_project_equals_project_then_pool(pool):
+    att = KroneckerAttention(12, 3, num_modes=3, pool=pool, qk_norm=False).double()
+    x = torch.randn(2, 3, 4, 5, 12, dtype=torch.float64)
+    qs, ks = att.mode_qk(x)
+    for i in range(3):
+        full = att.to_qk[i](x)  # project at full resolution (paper eqs 5-6)
+        others = [1 + j for j in range(3) if j != i]
+        pooled = full.sum(others) if pool == "sum" else full.mean(others)
+        q, k = pooled.view(2, x.shape[1 + i], 2, 3, 4).permute(2, 0, 3, 1, 4)
+        torch.testing.assert_close(qs[i], q)
+        torch.testing.assert_close(ks[i], k)
+
+
+@pytest.mark.parametrize("combine", ["product", "sum"])
+def test_layer_output_reproduced_from_recorded_factors(combine):
+    att = KroneckerAttention(16, 2, combine=combine, num_modes=3, rope_modes=(2,)).double()
+    x = torch.randn(2, 3, 4, 5, 16, dtype=torch.float64)
+    with record_attention(att) as rec:
+        y = att(x)
+    (_, fs), = rec
+    v = att.to_v(x).view(2, 3, 4, 5, 2, 8).movedim(-2, 1)
+    z = kron_apply(fs, v) if combine == "product" else kron_sum_apply(fs, v)
+    torch.testing.assert_close(y, att.to_out(z.movedim(1, -2).reshape(2, 3, 4, 5, 16)))
+    torch.testing.assert_close(att(x), y)  # recording does not change outputs
+
+
+def test_rope_is_relative():
+    rot = RotaryEmbedding(8).double()
+    q, k = torch.randn(1, 8, dtype=torch.float64), torch.randn(1, 8, dtype=torch.float64)
+    def score(i, j):
+        pos = torch.tensor([i, j])
+        qq = rot(q.expand(2, 8), pos)[0]
+        kk = rot(k.expand(2, 8), pos)[1]
+        return qq @ kk
+    torch.testing.assert_close(score(3, 1), score(10, 8))
+    torch.testing.assert_close(score(0, 5), score(7, 12))
+    # inside the layer: with content constant along the rotated mode, logits depend only on j - i, so
+    # log S[i, j] - log S[i, j'] is invariant to shifting (i, j, j') together
+    att = KroneckerAttention(16, 2, num_modes=2, rope_modes=(1,)).double()
+    x = torch.randn(1, 3, 1, 16, dtype=torch.float64).expand(1, 3, 6, 16)
+    _, (_, s1) = att(x, return_attention=True)
+    ls = s1.log()
+    for i, j, jp, shift in [(0, 1, 3, 2), (1, 0, 4, 1), (2, 2, 0, 3)]:
+        torch.testing.assert_close(ls[..., i, j] - ls[..., i, jp], ls[..., i + shift, j + shift] - ls[..., i + shift, jp + shift])
+    att_norope = KroneckerAttention(16, 2, num_modes=2).double()
+    _, (_, s_flat) = att_norope(x, return_attention=True)
+    torch.testing.assert_close(s_flat, torch.full_like(s_flat, 1 / 6))  # no position info without RoPE
+
+
+def test_favor_features_buffer_and_redraw():
+    att = KroneckerAttention(16, 2, kernel="linear", num_modes=2, redraw_interval=2)
+    assert "favor.projection" in att.state_dict()
+    x = torch.randn(2, 4, 5, 16)
+    p0 = att.favor.projection.clone()
+    att.train()
+    att(x); att(x)
+    assert torch.equal(p0, att.favor.projection)
+    att(x)
+    assert not torch.equal(p0, att.favor.projection)
+    att.eval()
+    y1, y2 = att(x), att(x)
+    torch.testing.assert_close(y1, y2)
+    # FAVOR+ approximates softmax attention: factors are row-stochastic and positive
+    _, maps = att(x, return_attention=True)
+    for m in maps:
+        assert (m > 0).all()
+        torch.testing.assert_close(m.sum(-1), torch.ones_like(m.sum(-1)))
+
+
+@pytest.mark.parametrize("name", sorted(ATTENTION_TYPES))
+@pytest.mark.parametrize("sizes", [(6,), (3, 4), (2, 3, 4), (2, 2, 2, 3)])
+def test_every_attention_any_order(name, sizes):
+    kw = {"num_modes": len(sizes)} if name.startswith("kronecker") or name == "axial_sequential" else {}
+    att = build_attention(name, 16, 2, rope_modes=(len(sizes) - 1,), **kw)
+    x = torch.randn(2, *sizes, 16, requires_grad=True)
+    y, maps = att(x, return_attention=True)
+    assert y.shape == x.shape and torch.isfinite(y).all()
+    y.square().mean().backward()
+    assert torch.isfinite(x.grad).all()
+    for n, p in att.named_parameters():
+        assert p.grad is not None, f"{name}: {n} has no grad"
+    torch.testing.assert_close(att(x), y)  # return_attention does not change outputs
+
+
+def test_full_attention_mode_masks_are_kronecker_and():
+    att = FullAttention(8, 2).double().eval()
+    x = torch.randn(1, 3, 4, 8, dtype=torch.float64)
+    causal = torch.ones(4, 4, dtype=torch.bool).tril()
+    y, (a,) = att(x, masks=[None, causal], return_attention=True)
+    a = a.view(1, 2, 3, 4, 3, 4)
+    assert (a[..., :, :, :, :][:, :, :, 1, :, 2:] == 0).all()
+    torch.testing.assert_close(att(x, masks=[None, causal]), y)
+
+
+def test_blocks_patch_embed_positional():
+    emb = PatchEmbed(2, 16, (2, 4, 4), ndim=3, act="relu")
+    x = emb(torch.randn(2, 2, 4, 8, 8))
+    assert x.shape == (2, 2, 2, 2, 16)
+    pe = AbsolutePositionalEncoding((2, 2, 2), 16, kind="sincos")
+    pl = AbsolutePositionalEncoding((2, 2, 2), 16, kind="learned", modes=(1, 2))
+    enc = Encoder(16, depth=2, num_heads=2, attention="kronecker_sum", mlp="swiglu", num_modes=3, drop_path=0.1)
+    y, maps = enc(pl(pe(x)), return_attention=True)
+    assert y.shape == x.shape and len(maps) == 2 and len(maps[0]) == 3
+    with pytest.raises(ValueError, match="divisible"):
+        emb(torch.randn(2, 2, 5, 8, 8))
+    with pytest.raises(ValueError, match=r"\(B, 2, S, S, S\)"):
+        emb(torch.randn(2, 3, 4, 8, 8))
+
+
+def test_bad_inputs():
+    att = KroneckerAttention(16, 2, num_modes=2)
+    with pytest.raises(ValueError, match="last dim must equal dim=16"):
+        att(torch.randn(2, 3, 4, 8))
+    with pytest.raises(ValueError, match="expected 2 modes"):
+        att(torch.randn(2, 3, 4, 5, 16))
+    with pytest.raises(TypeError, match="floating point"):
+        att(torch.ones(2, 3, 4, 16, dtype=torch.long))
+    with pytest.raises(ValueError, match="empty mode"):
+        att(torch.randn(2, 0, 4, 16))
+    with pytest.raises(ValueError, match=r"masks\[1\]"):
+        att(torch.randn(2, 3, 4, 16), masks=[None, torch.ones(5, 5, dtype=torch.bool)])
+    with pytest.raises(ValueError, match="not divisible"):
+        KroneckerAttention(10, 3)
+    with pytest.raises(ValueError, match="unknown attention"):
+        build_attention("nope", 16, 2)
+    with pytest.raises(ValueError, match="mlp"):
+        Block(16, 2, mlp="relu", num_modes=1)

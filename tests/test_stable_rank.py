@@ -1,0 +1,58 @@
+"""Stable ranks (HOT eqs 10-12) against dense SVD."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hoformer.analysis import (
+    kron_product_stable_rank,
+    kron_sum_fro_sq,
+    kron_sum_stable_rank,
+    stable_rank,
+)
+from hoformer.functional import kron_dense, kron_sum_dense
+
+
+def _factors(sizes, temp, b=2, h=3):
+    return [(torch.randn(b, h, n, n, dtype=torch.float64) * temp).softmax(-1) for n in sizes]
+
+
+def test_stable_rank_definition():
+    a = torch.randn(4, 6, 5, dtype=torch.float64)
+    s = torch.linalg.svdvals(a)
+    torch.testing.assert_close(stable_rank(a), s.pow(2).sum(-1) / s[..., 0] ** 2)
+    assert torch.allclose(stable_rank(torch.eye(7, dtype=torch.float64)), torch.tensor(7.0, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("sizes", [(4, 5), (3, 4, 2), (2, 3, 2, 2)])
+def test_product_stable_rank_exact(sizes):
+    fs = _factors(sizes, 3.0)
+    torch.testing.assert_close(kron_product_stable_rank(fs), stable_rank(kron_dense(fs)), rtol=1e-9, atol=0)
+
+
+@pytest.mark.parametrize("sizes,temp", [((4, 5), 1.0), ((3, 4, 2), 4.0), ((8, 9), 10.0), ((20, 24), 25.0)])
+def test_sum_stable_rank_matches_dense_and_eq12_is_lower_bound(sizes, temp):
+    fs = _factors(sizes, temp)
+    dense = kron_sum_dense(fs, normalize=True)
+    ref = stable_rank(dense)
+    torch.testing.assert_close(kron_sum_fro_sq(fs) / len(sizes) ** 2, dense.pow(2).sum((-1, -2)))
+    exact = kron_sum_stable_rank(fs)
+    assert ((exact - ref).abs() / ref).max() < 1e-6
+    bound = kron_sum_stable_rank(fs, method="bound")
+    assert (bound <= ref * (1 + 1e-9)).all()
+
+
+def test_peaked_factors_bound_is_loose():
+    fs = _factors((16, 16), 30.0)
+    ref = stable_rank(kron_sum_dense(fs))
+    gap = (1 - kron_sum_stable_rank(fs, method="bound") / ref).max()
+    assert gap > 0.05  # eq 12 is strictly below the stable rank for peaked softmax factors
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="square"):
+        kron_sum_stable_rank([torch.rand(3, 4)])
+    with pytest.raises(ValueError, match="method"):
+        kron_sum_stable_rank([torch.rand(3, 3)], method="approx")
+    with pytest.raises(ValueError, match="leading dims"):
+        kron_product_stable_rank([torch.rand(2, 3, 3), torch.rand(3, 3, 3)])
