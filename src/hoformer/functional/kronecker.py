@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 __all__ = [
     "kron_apply",
@@ -232,6 +233,7 @@ def kronecker_attention(
     dropout_p: float = 0.0,
     return_factors: bool = False,
     score_fn: Callable[..., torch.Tensor] | None = None,
+    checkpoint: bool = False,
 ):
     """Kronecker-structured high-order attention (HOT eqs 3-9; linear kernel: paper 002 eqs 10-12).
 
@@ -248,6 +250,8 @@ def kronecker_attention(
         return_factors: also return the list of ``S_i`` (softmax / signed kernels).
         score_fn: optional signed score kernel ``(q_i, k_i) -> (B, H, Ni, Ni)`` used as the factor instead of the
             softmax (e.g. ``tanimoto_scores``); kernel must be ``"softmax"``.
+        checkpoint: keep only ``v`` and the factors for backward and recompute the ``k`` mode products there
+            (saves ``k`` value-sized activations for ~``k`` extra small matmuls).
 
     Returns:
         ``y (B, H, N1..Nk, Dv)`` or ``(y, factors)``.
@@ -273,7 +277,11 @@ def kronecker_attention(
     factors = mode_attention_factors(q, k, scale=scale, masks=masks, score_fn=score_fn)
     factors = [s.to(v.dtype) for s in factors]
     used = [F.dropout(s, p=dropout_p) for s in factors] if dropout_p > 0 else factors
-    y = kron_apply(used, v) if combine == "product" else kron_sum_apply(used, v, normalize=True)
+    apply = kron_apply if combine == "product" else kron_sum_apply
+    if checkpoint and torch.is_grad_enabled():
+        y = torch.utils.checkpoint.checkpoint(lambda *a: apply(list(a[:-1]), a[-1]), *used, v, use_reentrant=False)
+    else:
+        y = apply(used, v)
     return (y, factors) if return_factors else y
 
 

@@ -197,6 +197,7 @@ class KroneckerAttention(_Recordable):
         rope_modes: 0-based mode indices whose pooled q/k get rotary embeddings.
         pool: ``"sum"`` | ``"mean"``. dropout: on the factors (softmax) and the output.
         num_features / redraw_interval: FAVOR+ settings for ``kernel="linear"``.
+        checkpoint: recompute the mode products in backward instead of storing them (lower peak memory).
     """
 
     def __init__(
@@ -215,6 +216,7 @@ class KroneckerAttention(_Recordable):
         redraw_interval: int = 0,
         rope_theta: float = 10000.0,
         bias: bool = True,
+        checkpoint: bool = True,
     ) -> None:
         super().__init__()
         if combine not in ("product", "sum"):
@@ -231,6 +233,7 @@ class KroneckerAttention(_Recordable):
         self.combine, self.kernel, self.pool = combine, kernel, pool
         self.rope_modes = tuple(rope_modes)
         self.dropout = dropout
+        self.checkpoint = checkpoint
         self.num_modes = num_modes
         # per-mode q/k projections are created lazily for the first k seen unless num_modes is given
         self.to_qk = nn.ModuleList()
@@ -296,7 +299,7 @@ class KroneckerAttention(_Recordable):
         else:
             y, maps = kronecker_attention(
                 qs, ks, v, combine=self.combine, masks=masks, return_factors=True, score_fn=self.score_fn,
-                dropout_p=self.dropout if self.training else 0.0,
+                dropout_p=self.dropout if self.training else 0.0, checkpoint=self.checkpoint,
             )
         if maps is not None:
             self._maybe_record(maps)

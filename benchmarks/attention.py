@@ -1,0 +1,179 @@
+"""Speed and memory of KroneckerAttention vs the paper-equation baseline, full and axial attention.
+
+Run:  .venv/bin/python benchmarks/attention.py [--device cuda] [--batch 32] [--reps 3] [--quick]
+
+Everything is measured side by side in one run and reported as ratios (machines are noisy). Peak memory is the
+CUDA allocator's peak on GPU; on CPU it is the peak of live tensor bytes reconstructed from the profiler's
+allocation events (``torch.profiler`` with ``profile_memory=True``), both measured above the inputs.
+"Paper baseline" is a direct transcription of HOT eqs 5-9: per-mode query/key projections at full resolution,
+sum-pooled afterwards, one einsum mode product per mode.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from hoformer.functional import kronecker_attention
+from hoformer.layers import AxialAttention, FullAttention, KroneckerAttention
+
+SHAPES = [((21, 24), 128, 8), ((7, 7, 7), 128, 8), ((32, 32), 128, 8), ((16, 16, 16), 64, 4)]
+
+
+class PaperKronecker(nn.Module):
+    """Naive HOT eqs 5-9: full-resolution per-mode Q/K, sum pooling, per-mode einsum (product or sum)."""
+
+    def __init__(self, dim, heads, num_modes, combine="product"):
+        super().__init__()
+        self.h, self.e, self.combine = heads, dim // heads, combine
+        self.wq = nn.ModuleList(nn.Linear(dim, dim, bias=False) for _ in range(num_modes))
+        self.wk = nn.ModuleList(nn.Linear(dim, dim, bias=False) for _ in range(num_modes))
+        self.q_norm, self.k_norm = nn.LayerNorm(self.e), nn.LayerNorm(self.e)
+        self.wv, self.wo = nn.Linear(dim, dim), nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, sizes, k = x.shape[0], x.shape[1:-1], x.ndim - 2
+        v = self.wv(x).view(*x.shape[:-1], self.h, self.e)  # (b, n1..nk, h, e)
+        letters = "pqrstuvw"[:k]  # mode indices; b, h, e, y, z are reserved
+        out = v if self.combine == "product" else 0
+        for i in range(k):
+            others = [1 + j for j in range(k) if j != i]
+            q = self.wq[i](x).sum(others).view(b, sizes[i], self.h, self.e).transpose(1, 2)
+            kk = self.wk[i](x).sum(others).view(b, sizes[i], self.h, self.e).transpose(1, 2)
+            s = torch.softmax(self.q_norm(q) @ self.k_norm(kk).transpose(-1, -2) / math.sqrt(self.e), -1)
+            src = letters.replace(letters[i], "z")
+            eq = f"bhyz,b{src}he->b{letters.replace(letters[i], 'y')}he"
+            if self.combine == "product":
+                out = torch.einsum(eq, s, out)
+            else:
+                out = out + torch.einsum(eq, s, v)
+        if self.combine == "sum":
+            out = out / k
+        return self.wo(out.reshape(*x.shape))
+
+
+def cpu_peak_bytes(fn) -> int:
+    """Peak live tensor bytes during ``fn()`` from profiler allocation events (CPU)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    # allocations are attributed to the op that made them (self usage), frees are "[memory]" events
+    events = sorted((e for e in prof.events() if e.self_cpu_memory_usage), key=lambda e: e.time_range.start)
+    cur = peak = 0
+    for e in events:
+        cur += e.self_cpu_memory_usage
+        peak = max(peak, cur)
+    return peak
+
+
+def measure(fn, device, reps, warmup=1):
+    for _ in range(warmup):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t0)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+    else:
+        peak = cpu_peak_bytes(fn)
+    return min(ts), peak
+
+
+def flops_of(fn) -> int:
+    with FlopCounterMode(display=False) as fc:
+        fn()
+    return fc.get_total_flops()
+
+
+def matmul_peak(device, dtype, n=2048, reps=5) -> float:
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    t, _ = measure(lambda: a @ b, device, reps)
+    return 2 * n**3 / t / 1e9
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--quick", action="store_true", help="batch 4, 1 rep, skip full attention at 4096 tokens")
+    args = ap.parse_args()
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    if args.quick:
+        args.batch, args.reps = 4, 2
+    torch.manual_seed(0)
+    peak = matmul_peak(device, dtype)
+    print(f"device={device} dtype={args.dtype} threads={torch.get_num_threads()} batch={args.batch}")
+    print(f"measured matmul peak: {peak:.1f} GFLOP/s (2048^3)\n")
+    hdr = f"{'shape':>14} {'attention':>18} {'fwd+bwd ms':>11} {'peak MiB':>9} {'GFLOP/s':>8} {'t/paper':>8} {'mem/paper':>9}"
+    print(hdr)
+    print("-" * len(hdr))
+    summary = []
+    for sizes, dim, heads in SHAPES:
+        x = torch.randn(args.batch, *sizes, dim, device=device, dtype=dtype, requires_grad=True)
+        k = len(sizes)
+        variants = {
+            "paper_product": PaperKronecker(dim, heads, k, "product"),
+            "paper_sum": PaperKronecker(dim, heads, k, "sum"),
+            "kron_product": KroneckerAttention(dim, heads, combine="product", num_modes=k),
+            "kron_sum": KroneckerAttention(dim, heads, combine="sum", num_modes=k),
+            "kron_linear": KroneckerAttention(dim, heads, kernel="linear", num_modes=k),
+            "full": FullAttention(dim, heads),
+            "axial": AxialAttention(dim, heads),
+        }
+        if args.quick and math.prod(sizes) > 1024:
+            variants.pop("full")
+        res = {}
+        for name, mod in variants.items():
+            mod = mod.to(device=device, dtype=dtype)
+
+            def step():
+                x.grad = None
+                mod.zero_grad(set_to_none=True)
+                mod(x).float().square().mean().backward()
+
+            t, mem = measure(step, device, args.reps)
+            res[name] = (t, mem, flops_of(step))
+        for name, (t, mem, fl) in res.items():
+            base = res["paper_sum" if name == "kron_sum" else "paper_product"]
+            print(f"{str(sizes):>14} {name:>18} {t * 1e3:11.1f} {mem / 2**20:9.1f} {fl / t / 1e9:8.1f} "
+                  f"{t / base[0]:8.2f} {mem / max(base[1], 1):9.2f}")
+        if "full" in res:
+            summary.append((sizes, res["full"][0] / res["kron_product"][0], res["full"][0] / res["kron_sum"][0]))
+        print()
+
+    # functional core throughput at the largest shape: pooled q/k given, fwd+bwd of kronecker_attention
+    sizes, dim, heads = SHAPES[-1]
+    e = dim // heads
+    v = torch.randn(args.batch, heads, *sizes, e, device=device, dtype=dtype, requires_grad=True)
+    qs = [torch.randn(args.batch, heads, n, e, device=device, dtype=dtype, requires_grad=True) for n in sizes]
+    ks = [torch.randn(args.batch, heads, n, e, device=device, dtype=dtype, requires_grad=True) for n in sizes]
+    for combine in ("product", "sum"):
+        def core():
+            v.grad = None
+            kronecker_attention(qs, ks, v, combine=combine).float().sum().backward()
+
+        t, _ = measure(core, device, args.reps)
+        fl = flops_of(core)
+        print(f"functional core {combine:>7} at {sizes} (B={args.batch}, H={heads}, E={e}): {t * 1e3:.1f} ms, "
+              f"{fl / t / 1e9:.1f} GFLOP/s = {fl / t / 1e9 / peak:.0%} of matmul peak")
+    for sizes, rp, rs in summary:
+        print(f"full / kronecker time at {sizes}: product {rp:.1f}x, sum {rs:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
