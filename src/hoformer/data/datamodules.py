@@ -1,3 +1,202 @@
-"""Lightning datamodules for the HOT tasks."""
+"""Lightning datamodules for the HOT tasks (usable as ``data: {class_path: hoformer.data.LTSFDataModule, ...}``).
 
-__all__: list[str] = []
+Roots default to ``$HOFORMER_DATA/<sub>`` (``ltsf``, ``medmnist3d``, ``ssl4eo_l``); validation and test loaders never
+shuffle or drop a batch, so every evaluation window / volume / patch is scored.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from torch.utils.data import DataLoader, Dataset
+
+from ._utils import cache_dir, resolve_root
+from .ltsf import LTSF_DATASETS, LTSFDataset, SyntheticLTSF, _LOOKUP
+from .medmnist import MEDMNIST3D_INFO, MedMNIST3D, _flag
+from .multispectral import SSL4EO_SENSORS, CenterCrop, Compose, RandomCrop, RandomFlip, SSL4EOLDataset, \
+    make_synthetic_ssl4eo, _PRODUCTS
+
+__all__ = ["LTSFDataModule", "MedMNIST3DDataModule", "MultispectralDataModule"]
+
+try:
+    from lightning.pytorch import LightningDataModule
+except ImportError:  # keep `import hoformer.data` working without the `train` extra
+    class LightningDataModule:  # type: ignore[no-redef]
+        def __init__(self, *args, **kwargs):
+            raise ImportError("hoformer datamodules need lightning: pip install 'hoformer[train]'")
+
+
+class _Base(LightningDataModule):
+    def __init__(self, batch_size: int, num_workers: int, pin_memory: bool, eval_batch_size: int | None):
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_size, self.num_workers, self.pin_memory = batch_size, num_workers, pin_memory
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.datasets: dict[str, Dataset] = {}
+
+    def _make(self, split: str) -> Dataset:
+        raise NotImplementedError
+
+    def dataset(self, split: str) -> Dataset:
+        """The (cached) dataset of ``split`` ("train" | "val" | "test")."""
+        if split not in self.datasets:
+            self.datasets[split] = self._make(split)
+        return self.datasets[split]
+
+    def setup(self, stage: str | None = None) -> None:
+        splits = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("test",)}
+        for split in splits.get(stage, ("train", "val", "test")):
+            self.dataset(split)
+
+    def _loader(self, split: str, train: bool) -> DataLoader:
+        return DataLoader(self.dataset(split), batch_size=self.batch_size if train else self.eval_batch_size,
+                          shuffle=train, drop_last=False, num_workers=self.num_workers, pin_memory=self.pin_memory,
+                          persistent_workers=self.num_workers > 0)
+
+    def train_dataloader(self):
+        return self._loader("train", True)
+
+    def val_dataloader(self):
+        return self._loader("val", False)
+
+    def test_dataloader(self):
+        return self._loader("test", False)
+
+    def predict_dataloader(self):
+        return self._loader("test", False)
+
+
+class LTSFDataModule(_Base):
+    """Long-term forecasting data (:class:`~hoformer.data.LTSFDataset`, TSLib protocol) or, with ``synthetic=True``,
+    the built-in :class:`~hoformer.data.SyntheticLTSF` (``synthetic_length`` rows, ``num_variates`` variates).
+
+    ``root=None`` resolves to ``$HOFORMER_DATA/ltsf`` (or ``../shared/data/ltsf``). Batches are ``(x, y)``
+    (``(B, seq_len, C)``, ``(B, label_len + pred_len, C)``), plus ``(x_mark, y_mark)`` with ``time_features``.
+    ``inverse_transform`` maps normalised predictions back to the original scale.
+    """
+
+    def __init__(self, root: str | None = None, name: str = "ETTh1", seq_len: int = 96, pred_len: int = 96,
+                 batch_size: int = 32, num_workers: int = 0, synthetic: bool = False, label_len: int = 0,
+                 features: str = "M", target: str = "OT", scale: bool = True, time_features: bool = False,
+                 num_variates: int = 7, synthetic_length: int = 4000, seed: int = 0, verify: bool = True,
+                 download: bool = False, pin_memory: bool = False, eval_batch_size: int | None = None):
+        super().__init__(batch_size, num_workers, pin_memory, eval_batch_size)
+        self.save_hyperparameters()
+        self.name, self.seq_len, self.pred_len, self.synthetic = name, seq_len, pred_len, synthetic
+        self.root = None if synthetic else resolve_root(root, "ltsf", f"LTSF dataset {name!r}")
+
+    def _make(self, split: str) -> Dataset:
+        h = self.hparams
+        if self.synthetic:
+            return SyntheticLTSF(split, h.seq_len, h.pred_len, num_variates=h.num_variates,
+                                 length=h.synthetic_length, seed=h.seed, scale=h.scale, label_len=h.label_len,
+                                 time_features=h.time_features)
+        return LTSFDataset(self.root, h.name, split, h.seq_len, h.pred_len, h.scale, h.features,
+                           label_len=h.label_len, target=h.target, time_features=h.time_features, verify=h.verify,
+                           download=h.download)
+
+    @property
+    def num_variates(self) -> int:
+        """Input variates ``C`` (known without reading the file for the built-in datasets)."""
+        if self.synthetic:
+            return self.hparams.num_variates
+        if self.hparams.features == "S":
+            return 1
+        key = _LOOKUP.get(self.name.lower())
+        return LTSF_DATASETS[key].channels if key else self.dataset("train").num_variates
+
+    def inverse_transform(self, data):
+        return self.dataset("train").inverse_transform(data)
+
+
+class MedMNIST3DDataModule(_Base):
+    """MedMNIST3D volumes ``(B, 1, S, S, S)`` in [0, 1] with labels ``(B, 1)`` (int64). ``root=None`` resolves to
+    ``$HOFORMER_DATA/medmnist3d`` (or the download cache). ``flip_augment`` adds random flips along the three
+    spatial axes on the training split."""
+
+    def __init__(self, root: str | None = None, flag: str = "adrenalmnist3d", size: int = 28, batch_size: int = 32,
+                 num_workers: int = 0, download: bool = False, flip_augment: bool = False, pin_memory: bool = False,
+                 eval_batch_size: int | None = None):
+        super().__init__(batch_size, num_workers, pin_memory, eval_batch_size)
+        self.save_hyperparameters()
+        self.flag, self.size = _flag(flag), size
+        if root is None and not download:
+            root = resolve_root(None, "medmnist3d", f"MedMNIST3D {self.flag!r}")
+        self.root = Path(root) if root is not None else cache_dir("medmnist3d")
+
+    def _make(self, split: str) -> Dataset:
+        h = self.hparams
+        tf = _flip3d if (split == "train" and h.flip_augment) else None
+        return MedMNIST3D(self.root, self.flag, split, self.size, transform=tf, download=h.download)
+
+    @property
+    def num_classes(self) -> int:
+        return len(MEDMNIST3D_INFO[self.flag]["labels"])
+
+
+def _flip3d(image):
+    import torch
+
+    for dim in (-1, -2, -3):
+        if float(torch.rand(())) < 0.5:
+            image = image.flip(dim)
+    return image
+
+
+class MultispectralDataModule(_Base):
+    """SSL4EO-L land-cover segmentation: images ``(B, bands, crop, crop)`` float in [0, 1], masks
+    ``(B, crop, crop)`` int64. ``crop_size=None`` (default) keeps the full 264 x 264 patch; otherwise training uses a
+    random crop and evaluation a centre crop (torchgeo's SSL4EO-L datamodule uses 224). ``flip`` adds random flips on
+    the training split. ``root=None`` resolves to ``$HOFORMER_DATA/ssl4eo_l``. With ``synthetic=True``
+    ``synthetic_n`` patches from :func:`~hoformer.data.make_synthetic_ssl4eo` are written once under ``root`` (default
+    ``~/.cache/hoformer/synthetic_ssl4eo``) and used instead."""
+
+    def __init__(self, root: str | None = None, product: str = "nlcd", sensor: str = "oli_sr",
+                 crop_size: int | None = None, batch_size: int = 16, num_workers: int = 0, synthetic: bool = False,
+                 synthetic_n: int = 64, synthetic_size: int = 264, flip: bool = True, download: bool = False,
+                 seed: int = 0, pin_memory: bool = False, eval_batch_size: int | None = None):
+        super().__init__(batch_size, num_workers, pin_memory, eval_batch_size)
+        self.save_hyperparameters()
+        if product not in _PRODUCTS or sensor not in SSL4EO_SENSORS:
+            raise ValueError(f"product must be in {sorted(_PRODUCTS)} and sensor in {sorted(SSL4EO_SENSORS)}, got "
+                             f"{product!r}, {sensor!r}")
+        self.product, self.sensor = product, sensor
+        if synthetic:
+            root = Path(root) if root is not None else cache_dir(
+                f"synthetic_ssl4eo/{sensor}_{product}_n{synthetic_n}_s{synthetic_size}_seed{seed}")
+        elif root is None and not download:
+            root = resolve_root(None, "ssl4eo_l", "SSL4EO-L")
+        self.root = Path(root) if root is not None else cache_dir("ssl4eo_l")
+
+    def prepare_data(self) -> None:
+        h = self.hparams
+        marker = self.root / f"ssl4eo_l_{self.sensor}_benchmark"
+        if h.synthetic and not marker.is_dir():  # write elsewhere, then move in (image dir last = done marker)
+            self.root.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=self.root) as tmp:
+                make_synthetic_ssl4eo(tmp, h.synthetic_n, product=self.product, sensor=self.sensor,
+                                      size=h.synthetic_size, seed=h.seed)
+                for d in sorted(Path(tmp).iterdir(), key=lambda d: d.name == marker.name):
+                    if not (self.root / d.name).exists():
+                        os.replace(d, self.root / d.name)
+
+    def _make(self, split: str) -> Dataset:
+        h = self.hparams
+        self.prepare_data()  # idempotent; lets the datamodule be used outside a Trainer
+        tfs = []
+        if h.crop_size is not None:
+            tfs.append(RandomCrop(h.crop_size) if split == "train" else CenterCrop(h.crop_size))
+        if split == "train" and h.flip:
+            tfs.append(RandomFlip())
+        return SSL4EOLDataset(self.root, self.product, split, self.sensor, transform=Compose(tfs) if tfs else None,
+                              download=h.download)
+
+    @property
+    def in_channels(self) -> int:
+        return SSL4EO_SENSORS[self.sensor][0]
+
+    @property
+    def num_classes(self) -> int:
+        return len(_PRODUCTS[self.product])

@@ -1,3 +1,421 @@
-"""Text classification datasets and tokenizers."""
+"""Text classification data for HOBA (paper 004, Table 8): readers, WordPiece tokenizer, datasets, datamodule.
 
-__all__: list[str] = []
+Files are read from ``$HOFORMER_DATA/text/<name>/`` (or ``root=``), never downloaded here:
+
+* ``sst2``: GLUE SST-2 ``train.tsv`` / ``dev.tsv`` (``sentence<TAB>label`` with a header); ``test`` is
+  ``test_labeled_nonglue.tsv`` when present (GLUE's own ``test.tsv`` has no labels).
+* ``trec`` / ``trec_fine``: UIUC ``train_5500.label`` / ``TREC_10.label`` (ISO-8859-1, ``COARSE:fine question``);
+  6 coarse or 50 fine classes.
+* ``ag_news``: ``train.csv`` / ``test.csv`` (``"class(1-4)","title","description"``), or the 10k
+  ``train_subset_10k.tsv`` (``text<TAB>label-name``, no header) when ``train.csv`` is absent; class names from
+  ``classes.txt``.
+* ``imdb``: IMDB-style csv with a header: a text column (``review`` | ``text`` | ``sentence``) and a label column
+  (``sentiment`` | ``label``); ``train.csv`` / ``test.csv``, or one ``IMDB Dataset.csv`` (first half train,
+  second half test).
+
+Splits without a file of their own (SST-2 has dev, the others do not) take a seeded ``val_fraction`` of the
+training file as validation; ``test`` is the official test (dev for SST-2, whose test labels are not public).
+
+Tokenisation: :class:`TextTokenizer` wraps the ``tokenizers`` package: a BERT-style WordPiece vocabulary trained on
+the training split only, ``[CLS] text [SEP]``, saved as ``tokenizer.json`` next to the model; or any local Hugging
+Face tokenizer directory / file (``tokenizer.json``, BERT ``vocab.txt``, RoBERTa ``vocab.json`` + ``merges.txt``).
+No network access anywhere.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import random
+from functools import partial
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from ._utils import SchemaError, resolve_root
+
+__all__ = [
+    "TEXT_DATASETS",
+    "TREC_COARSE",
+    "read_text_split",
+    "TextTokenizer",
+    "TextClassificationDataset",
+    "collate_text",
+    "TextDataModule",
+]
+
+TREC_COARSE = ("ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM")
+TEXT_DATASETS = ("sst2", "trec", "trec_fine", "ag_news", "imdb")
+_SUBDIR = {"sst2": "sst2", "trec": "trec", "trec_fine": "trec", "ag_news": "ag_news", "imdb": "imdb"}
+
+
+# ------------------------------------------------------------------------------------------------- readers
+def _need(path: Path, what: str) -> Path:
+    if not path.is_file():
+        raise FileNotFoundError(f"{what}: expected {path}, not found (set HOFORMER_DATA or pass root=...)")
+    return path
+
+
+def _read_sst2(root: Path, split: str):
+    if split == "test":
+        name = "test_labeled_nonglue.tsv" if (root / "test_labeled_nonglue.tsv").is_file() else "dev.tsv"
+    else:
+        name = {"train": "train.tsv", "dev": "dev.tsv"}[split]
+    path = _need(root / name, "SST-2")
+    texts, labels = [], []
+    with open(path, encoding="utf-8", newline="") as f:
+        header = f.readline().rstrip("\r\n").split("\t")
+        if header[:2] != ["sentence", "label"]:
+            raise SchemaError(f"SST-2: {path} must start with the header 'sentence<TAB>label', got {header}")
+        for n, line in enumerate(f, 2):
+            line = line.rstrip("\r\n")
+            if not line:
+                continue
+            text, _, lab = line.rpartition("\t")
+            if lab.strip() not in ("0", "1"):
+                raise SchemaError(f"SST-2: {path} line {n}: label must be 0 or 1, got {lab!r}")
+            texts.append(text.strip())
+            labels.append(int(lab))
+    return texts, labels, ["negative", "positive"]
+
+
+def _read_trec(root: Path, split: str, fine: bool):
+    train_path = _need(root / "train_5500.label", "TREC")
+
+    def read(path):
+        texts, labs = [], []
+        with open(path, encoding="iso-8859-1") as f:
+            for n, line in enumerate(f, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                lab, _, text = line.partition(" ")
+                if ":" not in lab:
+                    raise SchemaError(f"TREC: {path} line {n}: expected 'COARSE:fine question', got {line[:40]!r}")
+                texts.append(text)
+                labs.append(lab if fine else lab.split(":")[0])
+        return texts, labs
+
+    classes = sorted(set(read(train_path)[1])) if fine else list(TREC_COARSE)
+    path = train_path if split == "train" else _need(root / "TREC_10.label", "TREC")
+    texts, labs = read(path)
+    unknown = sorted(set(labs) - set(classes))
+    if unknown:
+        raise SchemaError(f"TREC: {path} has labels outside the {len(classes)} known classes: {unknown[:5]}")
+    return texts, [classes.index(x) for x in labs], classes
+
+
+def _read_ag_news(root: Path, split: str):
+    classes = ["World", "Sports", "Business", "Sci/Tech"]
+    if (root / "classes.txt").is_file():
+        classes = [c.strip() for c in (root / "classes.txt").read_text().splitlines() if c.strip()]
+    csv_path = root / f"{split}.csv"
+    texts, labels = [], []
+    if csv_path.is_file():
+        with open(csv_path, encoding="utf-8", newline="") as f:
+            for n, row in enumerate(csv.reader(f), 1):
+                if len(row) < 3 or not row[0].strip().isdigit():
+                    raise SchemaError(f"AG News: {csv_path} row {n}: expected \"class\",\"title\",\"description\"")
+                texts.append(f"{row[1]} . {row[2]}".replace("\\n", " ").replace("\\", " "))
+                labels.append(int(row[0]) - 1)
+    elif split == "train" and (root / "train_subset_10k.tsv").is_file():
+        path = root / "train_subset_10k.tsv"
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                text, _, lab = line.rstrip("\r\n").rpartition("\t")
+                if lab not in classes:
+                    raise SchemaError(f"AG News: {path} line {n}: label {lab!r} not in {classes}")
+                texts.append(text)
+                labels.append(classes.index(lab))
+    else:
+        _need(csv_path, "AG News")
+    bad = [x for x in labels if not 0 <= x < len(classes)]
+    if bad:
+        raise SchemaError(f"AG News: class ids must be in 1..{len(classes)}, got {bad[0] + 1}")
+    return texts, labels, classes
+
+
+def _read_imdb(root: Path, split: str):
+    path = root / f"{split}.csv"
+    half = None
+    if not path.is_file():
+        path = _need(root / "IMDB Dataset.csv", "IMDB")
+        half = split
+    with open(path, encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        raise SchemaError(f"IMDB: {path} is empty")
+    cols = list(rows[0])
+    tcol = next((c for c in ("review", "text", "sentence") if c in cols), None)
+    lcol = next((c for c in ("sentiment", "label") if c in cols), None)
+    if tcol is None or lcol is None:
+        raise SchemaError(f"IMDB: {path} needs a text column (review|text|sentence) and a label column "
+                          f"(sentiment|label), got {cols}")
+    if half is not None:
+        mid = len(rows) // 2
+        rows = rows[:mid] if half == "train" else rows[mid:]
+    raw = [r[lcol].strip().lower() for r in rows]
+    names = {"negative": 0, "positive": 1, "neg": 0, "pos": 1, "0": 0, "1": 1}
+    if any(x not in names for x in raw):
+        raise SchemaError(f"IMDB: {path} labels must be positive/negative or 0/1, got {sorted(set(raw))[:5]}")
+    texts = [r[tcol].replace("<br />", " ") for r in rows]
+    return texts, [names[x] for x in raw], ["negative", "positive"]
+
+
+def read_text_split(name: str, split: str, root: str | os.PathLike | None = None):
+    """``(texts, labels, class_names)`` of ``split`` ("train" | "test"; SST-2 also "dev") of dataset ``name``."""
+    if name not in TEXT_DATASETS:
+        raise ValueError(f"read_text_split: unknown dataset {name!r}; expected one of {TEXT_DATASETS}")
+    if split not in ("train", "test", "dev"):
+        raise ValueError(f"read_text_split: `split` must be 'train', 'dev' or 'test', got {split!r}")
+    base = Path(root).expanduser() if root is not None else resolve_root(None, "text", "text datasets")
+    d = base / _SUBDIR[name] if (base / _SUBDIR[name]).is_dir() else base
+    if split == "dev" and name != "sst2":
+        raise ValueError(f"read_text_split: only sst2 has a 'dev' file; {name} uses a held-out part of train")
+    if name == "sst2":
+        return _read_sst2(d, split)
+    if name in ("trec", "trec_fine"):
+        return _read_trec(d, split, fine=name == "trec_fine")
+    if name == "ag_news":
+        return _read_ag_news(d, split)
+    return _read_imdb(d, split)
+
+
+# ----------------------------------------------------------------------------------------------- tokenizer
+class TextTokenizer:
+    """Thin wrapper of a ``tokenizers.Tokenizer`` with ``[CLS] ... [SEP]`` (or ``<s> ... </s>``) framing.
+
+    ``TextTokenizer.train(texts, vocab_size)`` learns a BERT-style WordPiece vocabulary (lower-cased);
+    ``TextTokenizer.from_pretrained(path)`` loads our ``save`` output or a local Hugging Face tokenizer
+    (``tokenizer.json``; BERT ``vocab.txt``; RoBERTa/GPT-2 ``vocab.json`` + ``merges.txt``).
+    """
+
+    FILE = "tokenizer.json"
+    SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+    def __init__(self, tokenizer) -> None:
+        self.tok = tokenizer
+        self.tok.no_padding()
+        self.tok.no_truncation()
+        vocab = self.tok.get_vocab()
+        pad = next((t for t in ("[PAD]", "<pad>") if t in vocab), None)
+        self.pad_id = vocab[pad] if pad is not None else 0
+
+    @classmethod
+    def train(cls, texts: Sequence[str], vocab_size: int = 8000, min_frequency: int = 2,
+              lowercase: bool = True) -> "TextTokenizer":
+        from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+        if not texts:
+            raise ValueError("TextTokenizer.train: no training texts")
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                            special_tokens=list(cls.SPECIALS))
+        tok.train_from_iterator(list(texts), trainer=trainer)
+        tok.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", special_tokens=[("[CLS]", tok.token_to_id("[CLS]")),
+                                                     ("[SEP]", tok.token_to_id("[SEP]"))])
+        return cls(tok)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike) -> "TextTokenizer":
+        from tokenizers import Tokenizer
+
+        p = Path(path).expanduser()
+        if p.is_file():
+            return cls(Tokenizer.from_file(str(p)))
+        if not p.is_dir():
+            raise FileNotFoundError(f"TextTokenizer.from_pretrained: {p} is neither a tokenizer file nor a directory")
+        if (p / cls.FILE).is_file():
+            return cls(Tokenizer.from_file(str(p / cls.FILE)))
+        if (p / "vocab.txt").is_file():
+            from tokenizers import BertWordPieceTokenizer
+
+            lower = "uncased" in p.name.lower() or not any(c.isupper() for c in (p / "vocab.txt").read_text()[:20000])
+            return cls(BertWordPieceTokenizer(str(p / "vocab.txt"), lowercase=lower)._tokenizer)
+        if (p / "vocab.json").is_file() and (p / "merges.txt").is_file():
+            from tokenizers import ByteLevelBPETokenizer, processors
+
+            bpe = ByteLevelBPETokenizer(str(p / "vocab.json"), str(p / "merges.txt"))
+            tok = bpe._tokenizer
+            v = tok.get_vocab()
+            if "<s>" in v and "</s>" in v:
+                tok.post_processor = processors.RobertaProcessing(("</s>", v["</s>"]), ("<s>", v["<s>"]))
+            return cls(tok)
+        raise FileNotFoundError(f"TextTokenizer.from_pretrained: no tokenizer.json, vocab.txt or vocab.json+merges.txt"
+                                f" in {p}")
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        from hoformer.models.base import atomic_write
+
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        atomic_write(d / self.FILE, lambda tmp: self.tok.save(tmp))
+        return d / self.FILE
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, max_len: int | None = None) -> list[int]:
+        ids = self.tok.encode(text).ids
+        return _truncate(ids, max_len)
+
+    def encode_batch(self, texts: Sequence[str], max_len: int | None = None) -> list[list[int]]:
+        return [_truncate(e.ids, max_len) for e in self.tok.encode_batch(list(texts))]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tok.decode([int(i) for i in ids if int(i) != self.pad_id])
+
+
+def _truncate(ids: list[int], max_len: int | None) -> list[int]:
+    if max_len is None or len(ids) <= max_len:
+        return ids
+    return ids[: max_len - 1] + ids[-1:]  # keep the closing [SEP] / </s>
+
+
+# ------------------------------------------------------------------------------------------------- dataset
+class TextClassificationDataset(Dataset):
+    """Pre-tokenised examples; ``ds[i] = {"ids": LongTensor (n,), "label": int, "index": i}``."""
+
+    def __init__(self, ids: list[list[int]], labels: Sequence[int], num_classes: int) -> None:
+        if len(ids) != len(labels):
+            raise ValueError(f"TextClassificationDataset: {len(ids)} texts but {len(labels)} labels")
+        self.ids, self.labels, self.num_classes = ids, list(labels), num_classes
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"ids": torch.tensor(self.ids[i], dtype=torch.long), "label": self.labels[i], "index": i}
+
+
+def collate_text(items: list[dict], pad_id: int = 0) -> dict[str, torch.Tensor]:
+    """Pad to the longest sequence of the batch: ``ids (B, L)``, ``mask (B, L)`` bool, ``label (B,)``, ``index``."""
+    n = max(len(it["ids"]) for it in items)
+    ids = torch.full((len(items), n), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(items), n, dtype=torch.bool)
+    for r, it in enumerate(items):
+        ids[r, : len(it["ids"])] = it["ids"]
+        mask[r, : len(it["ids"])] = True
+    return {"ids": ids, "mask": mask, "label": torch.tensor([it["label"] for it in items]),
+            "index": torch.tensor([it["index"] for it in items])}
+
+
+# ---------------------------------------------------------------------------------------------- datamodule
+try:
+    from lightning.pytorch import LightningDataModule
+except ImportError:  # keep `import hoformer.data` working without the `train` extra
+    class LightningDataModule:  # type: ignore[no-redef]
+        def __init__(self, *args, **kwargs):
+            raise ImportError("hoformer datamodules need lightning: pip install 'hoformer[train]'")
+
+
+class TextDataModule(LightningDataModule):
+    """SST-2 / TREC / AG News / IMDB classification batches ``{"ids", "mask", "label", "index"}``.
+
+    Args:
+        dataset: one of :data:`TEXT_DATASETS`.
+        root: directory holding ``<dataset>/`` (default ``$HOFORMER_DATA/text``).
+        max_len: truncation length in tokens, ``[CLS]``/``[SEP]`` included.
+        tokenizer: a tokenizer file/directory (ours or a local Hugging Face one); ``None`` trains a WordPiece
+            vocabulary of ``vocab_size`` on the training split (after the validation hold-out).
+        tokenizer_dir: where to save the trained tokenizer (e.g. the run's export directory).
+        val_fraction: held-out share of the training file used for validation (not SST-2: it has ``dev.tsv``).
+        train_limit: keep only the first ``train_limit`` shuffled training examples (compute budgets).
+        seed: seed of the validation hold-out and ``train_limit`` subsampling.
+    """
+
+    def __init__(
+        self,
+        dataset: str = "sst2",
+        root: str | None = None,
+        max_len: int = 64,
+        batch_size: int = 32,
+        eval_batch_size: int | None = None,
+        tokenizer: str | None = None,
+        tokenizer_dir: str | None = None,
+        vocab_size: int = 8000,
+        val_fraction: float = 0.1,
+        train_limit: int | None = None,
+        seed: int = 0,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        if dataset not in TEXT_DATASETS:
+            raise ValueError(f"TextDataModule: unknown dataset {dataset!r}; expected one of {TEXT_DATASETS}")
+        if max_len < 3:
+            raise ValueError(f"TextDataModule: max_len must be >= 3 ([CLS] x [SEP]), got {max_len}")
+        if not 0.0 < val_fraction < 1.0:
+            raise ValueError(f"TextDataModule: val_fraction must be in (0, 1), got {val_fraction}")
+        self.dataset_name, self.root, self.max_len = dataset, root, max_len
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
+        self.tokenizer_path, self.tokenizer_dir, self.vocab_size = tokenizer, tokenizer_dir, vocab_size
+        self.val_fraction, self.train_limit, self.seed, self.num_workers = val_fraction, train_limit, seed, num_workers
+        self.tokenizer: TextTokenizer | None = None
+        self.datasets: dict[str, TextClassificationDataset] = {}
+        self.class_names: list[str] = []
+
+    @property
+    def num_classes(self) -> int:
+        self.setup()
+        return len(self.class_names)
+
+    def _raw_splits(self):
+        texts, labels, classes = read_text_split(self.dataset_name, "train", self.root)
+        order = list(range(len(texts)))
+        random.Random(self.seed).shuffle(order)
+        if self.dataset_name == "sst2":
+            val = read_text_split("sst2", "dev", self.root)[:2]
+            train_idx = order
+        else:
+            n_val = max(1, int(round(self.val_fraction * len(texts))))
+            val = ([texts[i] for i in order[:n_val]], [labels[i] for i in order[:n_val]])
+            train_idx = order[n_val:]
+        if self.train_limit is not None:
+            train_idx = train_idx[: self.train_limit]
+        train = ([texts[i] for i in train_idx], [labels[i] for i in train_idx])
+        test = read_text_split(self.dataset_name, "test", self.root)[:2]
+        return {"train": train, "val": val, "test": test}, classes
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        raw, self.class_names = self._raw_splits()
+        if self.tokenizer is None:
+            if self.tokenizer_path:
+                self.tokenizer = TextTokenizer.from_pretrained(self.tokenizer_path)
+            else:
+                self.tokenizer = TextTokenizer.train(raw["train"][0], vocab_size=self.vocab_size)
+            if self.tokenizer_dir:
+                self.tokenizer.save(self.tokenizer_dir)
+        for split, (texts, labels) in raw.items():
+            ids = self.tokenizer.encode_batch(texts, self.max_len)
+            self.datasets[split] = TextClassificationDataset(ids, labels, len(self.class_names))
+
+    def _loader(self, split: str, train: bool) -> DataLoader:
+        self.setup()
+        pad = self.tokenizer.pad_id
+        return DataLoader(self.datasets[split], batch_size=self.batch_size if train else self.eval_batch_size,
+                          shuffle=train, num_workers=self.num_workers, collate_fn=partial(collate_text, pad_id=pad),
+                          persistent_workers=self.num_workers > 0)
+
+    def train_dataloader(self):
+        return self._loader("train", True)
+
+    def val_dataloader(self):
+        return self._loader("val", False)
+
+    def test_dataloader(self):
+        return self._loader("test", False)
+
+    def predict_dataloader(self):
+        return self._loader("test", False)
+
+    def ordered_train_dataloader(self) -> DataLoader:
+        """The training split in index order, no shuffling (teacher logits for distillation)."""
+        return self._loader("train", False)

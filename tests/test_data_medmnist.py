@@ -1,0 +1,106 @@
+"""MedMNIST3D reader: official MD5s, shapes and ranges on the real AdrenalMNIST3D files, offline download through a
+local file:// URL, and clear errors for wrong checksums, corrupt archives and wrong layouts."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+
+from hoformer.data import MEDMNIST3D_INFO, MedMNIST3D, MedMNIST3DDataModule, medmnist3d_url
+from hoformer.data import medmnist as medmnist_mod
+from hoformer.data._utils import ChecksumError, SchemaError, download_url
+
+
+def _fake_npz(path, counts=(6, 3, 4), size=28, seed=0):
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for split, n in zip(("train", "val", "test"), counts):
+        arrays[f"{split}_images"] = rng.integers(0, 256, size=(n, size, size, size), dtype=np.uint8)
+        arrays[f"{split}_labels"] = rng.integers(0, 2, size=(n, 1), dtype=np.uint8)
+    np.savez_compressed(path, **arrays)
+    return arrays, hashlib.md5(path.read_bytes()).hexdigest()
+
+
+def test_real_adrenal(data_root):
+    root = data_root / "medmnist3d"
+    for size, name in ((28, "adrenalmnist3d.npz"), (64, "adrenalmnist3d_64.npz")):
+        assert hashlib.md5((root / name).read_bytes()).hexdigest() == MEDMNIST3D_INFO["adrenalmnist3d"]["md5"][size]
+    ds = {s: MedMNIST3D(root, "AdrenalMNIST3D", s) for s in ("train", "val", "test")}
+    assert {s: len(d) for s, d in ds.items()} == MEDMNIST3D_INFO["adrenalmnist3d"]["n_samples"]
+    x, y = ds["train"][0]
+    assert x.shape == (1, 28, 28, 28) and x.dtype == torch.float32 and 0 <= x.min() and x.max() <= 1
+    assert y.shape == (1,) and y.dtype == torch.int64
+    assert set(ds["test"].labels.unique().tolist()) == {0, 1} and ds["test"].num_classes == 2
+    with np.load(root / "adrenalmnist3d.npz") as z:  # values are the file's uint8 / 255
+        np.testing.assert_allclose(ds["val"][5][0][0].numpy(), z["val_images"][5] / 255.0, rtol=1e-6)
+    x64, _ = MedMNIST3D(root, "adrenal", "val", size=64)[0]
+    assert x64.shape == (1, 64, 64, 64)
+
+
+def test_download_offline_real_copy(data_root, tmp_path, monkeypatch):
+    src = data_root / "medmnist3d"
+    monkeypatch.setattr(medmnist_mod, "_ZENODO", src.as_uri() + "/{}.npz")
+    ds = MedMNIST3D(tmp_path, "adrenalmnist3d", "test", download=True)  # canonical path, local "mirror"
+    assert len(ds) == 298 and (tmp_path / "adrenalmnist3d.npz").is_file()
+    assert list(tmp_path.iterdir()) == [tmp_path / "adrenalmnist3d.npz"]  # no partial files left
+
+
+def test_download_and_checksum_errors(tmp_path, monkeypatch):
+    assert medmnist3d_url("organmnist3d", 64) == "https://zenodo.org/records/10519652/files/organmnist3d_64.npz?download=1"
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    arrays, md5 = _fake_npz(mirror / "nodulemnist3d.npz")
+    monkeypatch.setattr(medmnist_mod, "_ZENODO", mirror.as_uri() + "/{}.npz")
+    dest = tmp_path / "cache"
+    # the official MD5 does not match the fake file: the download is refused and nothing is left behind
+    with pytest.raises(ChecksumError, match="md5 checksum mismatch"):
+        MedMNIST3D(dest, "nodulemnist3d", "train", download=True)
+    assert not dest.exists() or list(dest.iterdir()) == []
+    monkeypatch.setitem(MEDMNIST3D_INFO["nodulemnist3d"]["md5"], 28, md5)
+    ds = MedMNIST3D(dest, "nodulemnist3d", "train", download=True)
+    assert len(ds) == 6 and ds.task == "binary-class"
+    torch.testing.assert_close(ds[2][0][0], torch.from_numpy(arrays["train_images"][2]).float() / 255)
+    assert ds[2][1].tolist() == arrays["train_labels"][2].tolist()
+    # corrupt the cached file: the MD5 check catches it
+    (dest / "nodulemnist3d.npz").write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(ChecksumError, match="nodulemnist3d.npz"):
+        MedMNIST3D(dest, "nodulemnist3d", "val")
+    with pytest.raises(FileNotFoundError, match="download=True"):
+        MedMNIST3D(dest, "vesselmnist3d", "val")
+    with pytest.raises(OSError, match="could not download"):
+        download_url((tmp_path / "nope.npz").as_uri(), tmp_path / "x.npz")
+
+
+def test_schema_errors(tmp_path):
+    (tmp_path / "adrenalmnist3d.npz").write_bytes(b"not a zip archive")
+    with pytest.raises(SchemaError, match="not a readable .npz"):
+        MedMNIST3D(tmp_path, split="train", verify=False)
+    _fake_npz(tmp_path / "adrenalmnist3d.npz", size=20)
+    with pytest.raises(SchemaError, match=r"uint8 \(N, 28, 28, 28\)"):
+        MedMNIST3D(tmp_path, split="train", verify=False)
+    np.savez(tmp_path / "adrenalmnist3d.npz", train_images=np.zeros((2, 28, 28, 28), np.uint8))
+    with pytest.raises(SchemaError, match="missing arrays"):
+        MedMNIST3D(tmp_path, split="train", verify=False)
+    with pytest.raises(ValueError, match="flag must be one of"):
+        MedMNIST3D(tmp_path, "chestmnist3d")
+    with pytest.raises(ValueError, match="size must be 28 or 64"):
+        MedMNIST3D(tmp_path, size=32)
+
+
+def test_datamodule(tmp_path):
+    _fake_npz(tmp_path / "synapsemnist3d.npz", counts=(5, 3, 3))
+    with pytest.raises(ChecksumError):
+        MedMNIST3DDataModule(str(tmp_path), "synapsemnist3d").setup("fit")
+    md5 = hashlib.md5((tmp_path / "synapsemnist3d.npz").read_bytes()).hexdigest()
+    info = MEDMNIST3D_INFO["synapsemnist3d"]["md5"]
+    old, info[28] = info[28], md5
+    try:
+        dm = MedMNIST3DDataModule(str(tmp_path), "synapse", batch_size=2, flip_augment=True)
+        dm.setup("fit")
+        batches = list(dm.train_dataloader())
+        assert [b[0].shape[0] for b in batches] == [2, 2, 1] and batches[0][0].shape[1:] == (1, 28, 28, 28)
+        assert sum(b[0].shape[0] for b in dm.val_dataloader()) == 3 and dm.num_classes == 2
+    finally:
+        info[28] = old

@@ -1,0 +1,153 @@
+"""SSL4EO-L layout reader on synthetic patches: layout round trip, benchmark split, class mapping, paired transforms,
+offline download of the archives, datamodule, and clear errors."""
+from __future__ import annotations
+
+import hashlib
+import tarfile
+
+import numpy as np
+import pytest
+import torch
+
+from hoformer.data import (CDL_CLASSES, NLCD_CLASSES, CenterCrop, Compose, MultispectralDataModule, RandomCrop,
+                           RandomFlip, SSL4EOLDataset, make_synthetic_ssl4eo)
+from hoformer.data import multispectral as ms_mod
+from hoformer.data._utils import ChecksumError, SchemaError
+
+
+@pytest.fixture(scope="module")
+def synth_root(tmp_path_factory):
+    return make_synthetic_ssl4eo(tmp_path_factory.mktemp("ssl4eo"), n=12, size=64, seed=3)
+
+
+def test_round_trip_and_split(synth_root):
+    imgs = sorted((synth_root / "ssl4eo_l_oli_sr_benchmark").rglob("all_bands.npy"))
+    assert len(imgs) == 12
+    ds = {s: SSL4EOLDataset(synth_root, "nlcd", s) for s in ("train", "val", "test")}
+    assert [len(d) for d in ds.values()] == [8, 1, 3]  # int(0.7 n), int(0.15 n), rest; torchgeo's permutation
+    paths = [p for d in ds.values() for p, _ in d.samples]
+    assert sorted(paths) == imgs  # disjoint and complete
+    perm = np.arange(12)
+    np.random.RandomState(0).shuffle(perm)
+    assert [p for p, _ in ds["train"].samples] == [imgs[i] for i in perm[:8]]
+    img_path, mask_path = ds["val"].samples[0]
+    assert mask_path == synth_root / "ssl4eo_l_oli_nlcd" / img_path.parent.relative_to(
+        synth_root / "ssl4eo_l_oli_sr_benchmark") / "nlcd_2019.npy"
+    x, y = ds["val"][0]
+    raw_x, raw_y = np.load(img_path), np.load(mask_path)
+    assert raw_x.shape == (7, 64, 64) and raw_x.dtype == np.uint8 and raw_y.shape == (1, 64, 64)
+    assert x.shape == (7, 64, 64) and x.dtype == torch.float32 and y.shape == (64, 64) and y.dtype == torch.int64
+    torch.testing.assert_close(x, torch.from_numpy(raw_x).float() / 255)
+    assert y.tolist() == [[NLCD_CLASSES.index(c) for c in row] for row in raw_y[0].tolist()]
+    assert ds["train"].num_classes == 17 and len(CDL_CLASSES) == 134
+
+
+def test_synthetic_task_is_learnable(synth_root):
+    ds = SSL4EOLDataset(synth_root, "nlcd", "train")
+    xs, ys = zip(*(ds[i] for i in range(len(ds))))
+    px = torch.stack(xs).permute(0, 2, 3, 1).reshape(-1, 7)
+    py = torch.stack(ys).reshape(-1)
+    classes = py.unique()
+    assert len(classes) == 5
+    centroids = torch.stack([px[py == c].mean(0) for c in classes])
+    pred = classes[torch.cdist(px, centroids).argmin(1)]
+    assert (pred == py).float().mean() > 0.9  # nearest spectral centroid already separates the classes
+
+
+def test_cdl_npz_mapping_and_errors(tmp_path):
+    root = make_synthetic_ssl4eo(tmp_path, n=3, size=32, product="cdl", fmt="npz", seed=1)
+    ds = SSL4EOLDataset(root, "cdl", "train")
+    i, mask_file = 0, ds.samples[0][1]
+    assert mask_file.suffix == ".npz"
+    codes = np.array([[0, 254, 7, 176]], dtype=np.uint8).repeat(32, 0).repeat(8, 1)  # 7 is not a CDL class
+    np.savez_compressed(mask_file, mask=codes[None])
+    assert ds[i][1][0, ::8].tolist() == [0, 133, 0, CDL_CLASSES.index(176)]
+    assert ds.num_classes == 134
+
+    img_file = ds.samples[i][0]
+    np.savez_compressed(img_file, image=np.zeros((6, 32, 32), np.uint8))
+    with pytest.raises(SchemaError, match=r"bands=7"):
+        ds[i]
+    np.savez_compressed(img_file, image=np.zeros((7, 32, 32), np.uint8))
+    np.savez_compressed(mask_file, mask=np.zeros((1, 16, 32), np.uint8))
+    with pytest.raises(SchemaError, match="expected a mask"):
+        ds[i]
+    mask_file.write_bytes(b"garbage")
+    with pytest.raises(SchemaError, match="unreadable"):
+        ds[i]
+    mask_file.unlink()
+    with pytest.raises(FileNotFoundError, match="cdl_2019"):
+        SSL4EOLDataset(root, "cdl", "train")
+    with pytest.raises(FileNotFoundError, match="make_synthetic_ssl4eo"):
+        SSL4EOLDataset(tmp_path / "empty", "nlcd")
+    with pytest.raises(ValueError, match="product"):
+        SSL4EOLDataset(root, "landcover")
+
+
+def test_geotiff_needs_rasterio(tmp_path):
+    try:
+        import rasterio  # noqa: F401
+        pytest.skip("rasterio is installed; the optional-dependency error path cannot be exercised")
+    except ImportError:
+        pass
+    d = tmp_path / "ssl4eo_l_oli_sr_benchmark/0000000/s"
+    d.mkdir(parents=True)
+    (d / "all_bands.tif").write_bytes(b"II*\x00")
+    m = tmp_path / "ssl4eo_l_oli_nlcd/0000000/s"
+    m.mkdir(parents=True)
+    (m / "nlcd_2019.tif").write_bytes(b"II*\x00")
+    ds = SSL4EOLDataset(tmp_path, "nlcd", "test")
+    with pytest.raises(ImportError, match="pip install rasterio"):
+        ds[0]
+
+
+def test_paired_transforms_stay_aligned():
+    torch.manual_seed(0)
+    mask = torch.arange(40 * 48).reshape(40, 48) % 17
+    image = torch.stack([mask.float(), -mask.float()])
+    tf = Compose([RandomCrop(24), RandomFlip(p=0.5)])
+    seen = set()
+    for _ in range(20):
+        x, y = tf(image, mask)
+        assert x.shape == (2, 24, 24) and y.shape == (24, 24)
+        torch.testing.assert_close(x[0], y.float())
+        seen.add(tuple(y[0, :2].tolist()))
+    assert len(seen) > 5  # crops and flips actually vary
+    x, y = CenterCrop(24)(image, mask)
+    torch.testing.assert_close(y, mask[8:32, 12:36])
+    with pytest.raises(ValueError, match="larger than the patch"):
+        RandomCrop(64)(image, mask)
+
+
+def test_download_offline(tmp_path, monkeypatch):
+    src = make_synthetic_ssl4eo(tmp_path / "src", n=4, size=32)
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    md5s = {}
+    for name in ("ssl4eo_l_oli_sr_benchmark", "ssl4eo_l_oli_nlcd"):
+        with tarfile.open(mirror / f"{name}.tar.gz", "w:gz") as tar:
+            tar.add(src / name, arcname=name)
+        md5s[name] = hashlib.md5((mirror / f"{name}.tar.gz").read_bytes()).hexdigest()
+    monkeypatch.setattr(ms_mod, "_URL", mirror.as_uri() + "/{}.tar.gz")
+    with pytest.raises(ChecksumError):  # the official MD5s do not match the synthetic archives
+        SSL4EOLDataset(tmp_path / "dl", "nlcd", download=True)
+    monkeypatch.setitem(ms_mod._IMG_MD5, "oli_sr", md5s["ssl4eo_l_oli_sr_benchmark"])
+    monkeypatch.setitem(ms_mod._MASK_MD5, ("oli", "nlcd"), md5s["ssl4eo_l_oli_nlcd"])
+    ds = SSL4EOLDataset(tmp_path / "dl", "nlcd", "train", download=True)
+    ref = SSL4EOLDataset(src, "nlcd", "train")
+    torch.testing.assert_close(ds[0][0], ref[0][0])
+
+
+def test_datamodule(tmp_path):
+    dm = MultispectralDataModule(str(tmp_path / "syn"), synthetic=True, synthetic_n=10, synthetic_size=48,
+                                 crop_size=32, batch_size=4)
+    dm.prepare_data()
+    dm.setup("fit")
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.shape == (4, 7, 32, 32) and y.shape == (4, 32, 32) and y.dtype == torch.int64
+    assert dm.in_channels == 7 and dm.num_classes == 17
+    v1 = next(iter(dm.val_dataloader()))[1]
+    v2 = next(iter(dm.val_dataloader()))[1]
+    torch.testing.assert_close(v1, v2)  # evaluation is deterministic (centre crop, no flips)
+    dm.setup("test")
+    assert sum(b[0].shape[0] for b in dm.test_dataloader()) == len(dm.dataset("test")) == 2
