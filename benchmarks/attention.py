@@ -119,7 +119,7 @@ def main():
     peak = matmul_peak(device, dtype)
     print(f"device={device} dtype={args.dtype} threads={torch.get_num_threads()} batch={args.batch}")
     print(f"measured matmul peak: {peak:.1f} GFLOP/s (2048^3)\n")
-    hdr = f"{'shape':>14} {'attention':>18} {'fwd+bwd ms':>11} {'peak MiB':>9} {'GFLOP/s':>8} {'t/paper':>8} {'mem/paper':>9}"
+    hdr = f"{'shape':>14} {'attention':>18} {'fwd+bwd ms':>11} {'peak MiB':>9} {'GFLOP/s':>8} {'t/paper':>8} {'mem/paper':>9} {'flop/paper':>10}"
     print(hdr)
     print("-" * len(hdr))
     summary = []
@@ -151,7 +151,7 @@ def main():
         for name, (t, mem, fl) in res.items():
             base = res["paper_sum" if name == "kron_sum" else "paper_product"]
             print(f"{str(sizes):>14} {name:>18} {t * 1e3:11.1f} {mem / 2**20:9.1f} {fl / t / 1e9:8.1f} "
-                  f"{t / base[0]:8.2f} {mem / max(base[1], 1):9.2f}")
+                  f"{t / base[0]:8.2f} {mem / max(base[1], 1):9.2f} {fl / base[2]:10.2f}")
         if "full" in res:
             summary.append((sizes, res["full"][0] / res["kron_product"][0], res["full"][0] / res["kron_sum"][0]))
         print()

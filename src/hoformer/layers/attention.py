@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hoformer.functional.kronecker import full_attention, kronecker_attention
+from hoformer.functional.kronecker import full_attention, kron_dense, kronecker_attention
 from hoformer.functional.scores import get_score_fn
 
 from .pos import RotaryEmbedding, axial_rotary
@@ -80,23 +80,12 @@ def _check_masks(masks, sizes, name: str):
 
 
 def _kron_and(masks: Sequence[torch.Tensor | None], sizes: Sequence[int], device) -> torch.Tensor | None:
-    """Dense mask over flattened tokens: token pair allowed iff allowed in every mode (matches the product)."""
+    """Dense mask over flattened tokens: a pair is allowed iff it is allowed in every mode (matches the product)."""
     if masks is None or all(m is None for m in masks):
         return None
-    full = None
-    for m, n in zip(masks, sizes):
-        m = torch.ones(n, n, dtype=torch.bool, device=device) if m is None else m
-        if full is None:
-            full = m
-        else:
-            lead = torch.broadcast_shapes(full.shape[:-2], m.shape[:-2])
-            a, c = full.expand(*lead, *full.shape[-2:]), m.expand(*lead, *m.shape[-2:])
-            full = (a[..., :, None, :, None] & c[..., None, :, None, :]).reshape(
-                *lead, a.shape[-2] * n, a.shape[-1] * n
-            )
-    while full.ndim < 4:
-        full = full.unsqueeze(0)
-    return full
+    ones = [torch.ones(n, n, device=device) if m is None else m.to(torch.uint8) for m, n in zip(masks, sizes)]
+    full = kron_dense(ones).bool()
+    return full.view((1,) * (4 - full.ndim) + tuple(full.shape)) if full.ndim < 4 else full
 
 
 class _Recordable(nn.Module):
