@@ -4,7 +4,8 @@
    vs a dense ``PN x PN`` Kronecker attention map (``kron_dense``) applied by one matmul, at N=207, P=12, E=128,
    H=8, B=32: time (forming + applying the dense map, and applying only) and peak memory, measured in the same run.
    Each measurement runs in a fresh subprocess; peak memory is the process's peak RSS growth on CPU
-   (``VmHWM``) or ``torch.cuda.max_memory_allocated`` on CUDA. To fit a shared machine the dense map can be
+   (``VmHWM``, with ``MALLOC_MMAP_THRESHOLD_`` so freed tensors leave the RSS) or
+   ``torch.cuda.max_memory_allocated`` on CUDA. To fit a shared machine the dense map can be
    built for ``--dense-chunk`` batch elements at a time (time is summed over the chunks; its memory is that of
    one chunk, i.e. a *lower* bound of the dense cost at batch B; the full size is printed too).
 2. Forward+backward time of one training step (batch B, masked-MAE loss) of Weaver (Table 3 defaults) vs the
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import time
 
 import torch
@@ -129,6 +131,9 @@ def main() -> None:
     ap.add_argument("--skip-steps", action="store_true")
     a = ap.parse_args()
     b, p, n, e, h = a.batch, a.window, a.nodes, a.dim, a.heads
+    # Large CPU allocations are then mmap-ed and returned to the OS on free, so the subprocess's peak RSS
+    # growth tracks the peak of live tensors (glibc otherwise keeps freed blocks resident).
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
     ctx = mp.get_context("spawn")
     res = {}
     for method in ("kmv", "dense"):

@@ -1,7 +1,7 @@
 """Los-loop seed sweep: Weaver (T / NT, Tanimoto / SDPA / cosine) vs the traffic baselines, without the CLI.
 
-Protocol: :class:`hoformer.data.TrafficDataModule` (12 -> 12, 70/10/20, masked scaler), Adam lr 1e-3 with
-exponential decay 0.9 per epoch (paper section 6.1), batch 32, ``--epochs`` epochs, the epoch with the best
+Protocol: :class:`hoformer.data.TrafficDataModule` (12 -> 12, 70/10/20, masked scaler), Adam (``--lr``) with
+exponential decay 0.9 per epoch (paper section 6.1), batch ``--batch-size``, ``--epochs`` epochs, the epoch with the best
 validation MAE is tested (masked MAE / MAPE / RMSE at steps 3 / 6 / 12 and over all steps).
 Every finished run is appended to ``--out`` (JSON lines), so an interrupted sweep keeps its results;
 ``--summary`` prints the mean +- std table (markdown).
@@ -48,7 +48,7 @@ def evaluate(model, loader) -> dict[str, float]:
 
 
 def run(variant: str, seed: int, epochs: int, dim: int, heads: int, baseline_heads: int, layers: int,
-        dm: TrafficDataModule) -> dict:
+        dm: TrafficDataModule, lr: float = 1e-3) -> dict:
     name, kw = VARIANTS[variant]
     torch.manual_seed(seed)
     kw = dict(kw, num_nodes=dm.num_nodes)
@@ -60,7 +60,7 @@ def run(variant: str, seed: int, epochs: int, dim: int, heads: int, baseline_hea
     n_params = sum(p.numel() for p in model.parameters())
     t0, best, best_state, best_epoch, steps = time.time(), float("inf"), None, 0, 0
     if n_params:
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
         sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.9)
         g = torch.Generator().manual_seed(seed)
         for epoch in range(1, epochs + 1):
@@ -80,7 +80,8 @@ def run(variant: str, seed: int, epochs: int, dim: int, heads: int, baseline_hea
                 best, best_epoch, best_state = val, epoch, copy.deepcopy(model.state_dict())
         model.load_state_dict(best_state)
     test = evaluate(model, dm.test_dataloader())
-    return {"variant": variant, "model": name, "kwargs": kw, "seed": seed, "epochs": epochs, "best_epoch": best_epoch,
+    return {"variant": variant, "model": name, "kwargs": kw, "seed": seed, "epochs": epochs, "lr": lr,
+            "batch_size": dm.batch_size, "best_epoch": best_epoch,
             "val_mae": best if n_params else evaluate(model, dm.val_dataloader())["mae"], "params": n_params,
             "steps": steps, "train_seconds": round(time.time() - t0, 1), "test": test}
 
@@ -114,6 +115,8 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=8, help="Weaver heads")
     ap.add_argument("--baseline-heads", type=int, default=4)
     ap.add_argument("--layers", type=int, default=1, help="attention layers of the transformer baselines")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--root", default=None, help="traffic data dir (default $HOFORMER_DATA/traffic)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="runs/weaver_losloop.jsonl")
@@ -123,12 +126,12 @@ def main() -> None:
         print(summary(a.summary))
         return
     torch.set_num_threads(a.threads)
-    dm = TrafficDataModule("los_loop", root=a.root, batch_size=32)
+    dm = TrafficDataModule("los_loop", root=a.root, batch_size=a.batch_size, eval_batch_size=64)
     dm.setup()
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     for seed in a.seeds:
         for v in a.variants:
-            r = run(v, seed, a.epochs, a.dim, a.heads, a.baseline_heads, a.layers, dm)
+            r = run(v, seed, a.epochs, a.dim, a.heads, a.baseline_heads, a.layers, dm, a.lr)
             print(json.dumps({k: r[k] for k in ("variant", "seed", "best_epoch", "train_seconds")}), r["test"]["mae"],
                   flush=True)
             with open(a.out, "a") as f:

@@ -24,6 +24,7 @@ No network access anywhere.
 from __future__ import annotations
 
 import csv
+import json
 import os
 import random
 from functools import partial
@@ -126,7 +127,7 @@ def _read_ag_news(root: Path, split: str):
                 text, _, lab = line.rstrip("\r\n").rpartition("\t")
                 if lab not in classes:
                     raise SchemaError(f"AG News: {path} line {n}: label {lab!r} not in {classes}")
-                texts.append(text)
+                texts.append(text.replace("\\", " "))
                 labels.append(classes.index(lab))
     else:
         _need(csv_path, "AG News")
@@ -214,7 +215,7 @@ class TextTokenizer:
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece()
         trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                            special_tokens=list(cls.SPECIALS))
+                                            special_tokens=list(cls.SPECIALS), show_progress=False)
         tok.train_from_iterator(list(texts), trainer=trainer)
         tok.post_processor = processors.TemplateProcessing(
             single="[CLS] $A [SEP]", special_tokens=[("[CLS]", tok.token_to_id("[CLS]")),
@@ -324,7 +325,8 @@ class TextDataModule(LightningDataModule):
         max_len: truncation length in tokens, ``[CLS]``/``[SEP]`` included.
         tokenizer: a tokenizer file/directory (ours or a local Hugging Face one); ``None`` trains a WordPiece
             vocabulary of ``vocab_size`` on the training split (after the validation hold-out).
-        tokenizer_dir: where to save the trained tokenizer (e.g. the run's export directory).
+        tokenizer_dir: where to save the trained tokenizer; a tokenizer trained there before for the same data is
+            reused (``fit`` and a later ``test`` process then tokenise identically).
         val_fraction: held-out share of the training file used for validation (not SST-2: it has ``dev.tsv``).
         train_limit: keep only the first ``train_limit`` shuffled training examples (compute budgets).
         seed: seed of the validation hold-out and ``train_limit`` subsampling.
@@ -387,15 +389,28 @@ class TextDataModule(LightningDataModule):
             return
         raw, self.class_names = self._raw_splits()
         if self.tokenizer is None:
-            if self.tokenizer_path:
-                self.tokenizer = TextTokenizer.from_pretrained(self.tokenizer_path)
-            else:
-                self.tokenizer = TextTokenizer.train(raw["train"][0], vocab_size=self.vocab_size)
-            if self.tokenizer_dir:
-                self.tokenizer.save(self.tokenizer_dir)
+            self.tokenizer = self._make_tokenizer(raw["train"][0])
         for split, (texts, labels) in raw.items():
             ids = self.tokenizer.encode_batch(texts, self.max_len)
             self.datasets[split] = TextClassificationDataset(ids, labels, len(self.class_names))
+
+    def _make_tokenizer(self, train_texts) -> TextTokenizer:
+        """Load ``tokenizer``; else reuse the one trained earlier for the same data in ``tokenizer_dir`` (WordPiece
+        training is not bit-reproducible across processes, so ``fit`` and a later ``test`` must share the file);
+        else train on the training split and save it to ``tokenizer_dir``."""
+        if self.tokenizer_path:
+            return TextTokenizer.from_pretrained(self.tokenizer_path)
+        meta = {"dataset": self.dataset_name, "vocab_size": self.vocab_size, "train_limit": self.train_limit,
+                "seed": self.seed, "val_fraction": self.val_fraction, "n_train": len(train_texts)}
+        d = Path(self.tokenizer_dir) if self.tokenizer_dir else None
+        if d is not None and (d / TextTokenizer.FILE).is_file() and (d / "tokenizer_meta.json").is_file():
+            if json.loads((d / "tokenizer_meta.json").read_text()) == meta:
+                return TextTokenizer.from_pretrained(d)
+        tok = TextTokenizer.train(train_texts, vocab_size=self.vocab_size)
+        if d is not None:
+            tok.save(d)
+            (d / "tokenizer_meta.json").write_text(json.dumps(meta))
+        return tok
 
     def _loader(self, split: str, train: bool) -> DataLoader:
         self.setup()

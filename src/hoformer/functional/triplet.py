@@ -1,3 +1,388 @@
-"""Triplet (3D) block attention (HOBA)."""
+"""Triplet (3D) block-diagonal attention (HOBA, paper 004 section 3.2, appendix A.3 Algorithm 1).
 
-__all__: list[str] = []
+Axis legend
+-----------
+``b`` batch, ``h`` heads, ``n`` sequence positions (``L``), ``d`` per-head features, ``w`` windows (blocks),
+``i`` query / ``j, l`` key-pair positions inside one window of ``s = block_size`` tokens.
+
+Within window ``m`` (Algorithm 1, lines 9-14)::
+
+    T[i, j, l] = scale * sum_d q[i, d] k1[j, d] k2[l, d]            (3D score cube, eq 2)
+    A[i]       = softmax over (j, l) of T[i]                          (joint softmax over key pairs)
+    C[i, d]    = sum_{j, l} A[i, j, l] v1[j, d] v2[l, d]              (g(x_j, x_l) = v1_j * v2_l, eq 2)
+
+and a token covered by several overlapping windows (eq 3) receives the mean of its window outputs (eq 4).
+:func:`cross_block_attention` is the global routing of eqs 5-7 over the means of non-overlapping blocks, and
+:func:`block_attention` the matched pairwise (2D) block-local baseline of section 4.3 (same windows, same overlap).
+
+:func:`triplet_attention` never forms the ``(s, s, d)`` value-pair tensor ``U = v1 (x) v2`` of Algorithm 1: it
+uses ``C[i] = sum_j v1[j] * (A[i, j, :] @ v2)``. It processes tiles of (windows x query rows) under an element
+budget, so the live ``(s, s)`` score slices never exceed ``chunk_elements``; the backward pass recomputes the
+scores from ``q, k1, k2`` (flash-attention style), so only the inputs, the per-window outputs and one
+log-sum-exp per (window, query) are kept for autograd. :func:`triplet_attention_naive` is the literal per-window
+algorithm of the paper (explicit score cube and value-pair tensor) and serves as the test reference.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = [
+    "triplet_windows",
+    "triplet_attention",
+    "triplet_attention_naive",
+    "triplet_attention_weights",
+    "block_attention",
+    "cross_block_attention",
+]
+
+
+# ----------------------------------------------------------------------------------------------- windows
+def triplet_windows(seq_len: int, block_size: int, overlap: float = 0.0) -> list[int]:
+    """Start positions of the (overlapping) windows of eq 3.
+
+    Stride ``max(1, round(block_size * (1 - overlap)))``; starts ``0, stride, ...`` while ``start + block_size <=
+    seq_len``, plus a final window ``[seq_len - block_size, seq_len)`` when the end is not covered. A sequence
+    shorter than ``block_size`` is one window ``[0, seq_len)`` (start 0, effective size ``seq_len``).
+    """
+    _check_window_args(seq_len, block_size, overlap, "triplet_windows")
+    if seq_len <= block_size:
+        return [0]
+    stride = max(1, round(block_size * (1 - overlap)))
+    starts = list(range(0, seq_len - block_size + 1, stride))
+    if starts[-1] + block_size < seq_len:
+        starts.append(seq_len - block_size)
+    return starts
+
+
+def _check_window_args(seq_len, block_size, overlap, fn: str) -> None:
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"{fn}: `block_size` must be an int >= 1, got {block_size!r}")
+    if isinstance(overlap, bool) or not isinstance(overlap, (int, float)) or not 0.0 <= overlap < 1.0:
+        raise ValueError(f"{fn}: `overlap` must be a float in [0, 1), got {overlap!r}")
+    if not isinstance(seq_len, int) or seq_len < 1:
+        raise ValueError(f"{fn}: sequence length must be >= 1, got {seq_len!r}")
+
+
+def _check_inputs(q, k1, k2, v1, v2, mask, block_size, overlap, fn: str):
+    names = ("q", "k1", "k2", "v1", "v2")
+    for name, t in zip(names, (q, k1, k2, v1, v2)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: `{name}` must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{fn}: `{name}` must be a floating-point tensor, got dtype {t.dtype}")
+        if t.ndim != 4:
+            raise ValueError(f"{fn}: `{name}` must have shape (B, H, L, D), got {tuple(t.shape)}")
+        if t.shape != q.shape:
+            raise ValueError(f"{fn}: `{name}` must have the shape of `q` {tuple(q.shape)}, got {tuple(t.shape)}")
+        if t.device != q.device or t.dtype != q.dtype:
+            raise ValueError(f"{fn}: `{name}` is {t.dtype} on {t.device}, expected `q`'s {q.dtype} on {q.device}")
+    if q.numel() == 0:
+        raise ValueError(f"{fn}: inputs are empty, got shape {tuple(q.shape)}")
+    B, _, L, _ = q.shape
+    _check_window_args(L, block_size, overlap, fn)
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+            raise TypeError(f"{fn}: `mask` must be a bool tensor (B, L) with True = real token, got {got}")
+        if mask.shape != (B, L):
+            raise ValueError(f"{fn}: `mask` must have shape (B, L) = {(B, L)}, got {tuple(mask.shape)}")
+        mask = mask.to(q.device)
+    return mask
+
+
+def _window_index(L: int, block_size: int, overlap: float, device) -> torch.Tensor:
+    """``(w, s)`` long tensor of token positions per window, ``s = min(block_size, L)``."""
+    starts = torch.tensor(triplet_windows(L, block_size, overlap), device=device)
+    return starts[:, None] + torch.arange(min(block_size, L), device=device)
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)  # half / bf16 scores and softmax in fp32
+
+
+# ------------------------------------------------------------------------------------------------ naive
+def triplet_attention_naive(q, k1, k2, v1, v2, *, block_size: int, overlap: float = 0.0, scale=None, mask=None):
+    """Literal Algorithm 1 of the paper: a Python loop over windows with the explicit ``(s, s, s)`` score cube
+    and ``(s, s, d)`` value-pair tensor. Reference for tests and the benchmark baseline; same contract as
+    :func:`triplet_attention`."""
+    mask = _check_inputs(q, k1, k2, v1, v2, mask, block_size, overlap, "triplet_attention_naive")
+    B, H, L, D = q.shape
+    scale = D**-0.5 if scale is None else scale
+    out = torch.zeros_like(q)
+    count = q.new_zeros(L)
+    s = min(block_size, L)
+    for st in triplet_windows(L, block_size, overlap):
+        sl = slice(st, st + s)
+        t = torch.einsum("bhid,bhjd,bhld->bhijl", q[:, :, sl], k1[:, :, sl], k2[:, :, sl]) * scale
+        if mask is not None:
+            km = mask[:, None, None, sl]  # b 1 1 j
+            t = t.masked_fill(~(km[..., :, None] & km[..., None, :]), float("-inf"))
+        a = t.flatten(-2).softmax(-1).view_as(t)
+        if mask is not None:  # windows made only of padding: all -inf -> NaN rows, zeroed below anyway
+            a = a.nan_to_num(0.0)
+        u = torch.einsum("bhjd,bhld->bhjld", v1[:, :, sl], v2[:, :, sl])  # value-pair tensor
+        out[:, :, sl] = out[:, :, sl] + torch.einsum("bhijl,bhjld->bhid", a, u)
+        count[sl] += 1
+    out = out / count[:, None]
+    if mask is not None:
+        out = out * mask[:, None, :, None]
+    return out
+
+
+def triplet_attention_weights(q, k1, k2, *, block_size: int, overlap: float = 0.0, scale=None, mask=None):
+    """Per-window triplet attention tensors ``A (B, H, w, s, s, s)`` (query, key1, key2), rows summing to 1 over
+    ``(key1, key2)`` for real queries (zeros for padded queries). Dense; meant for analysis / attention maps."""
+    mask = _check_inputs(q, k1, k2, k1, k1, mask, block_size, overlap, "triplet_attention_weights")
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    idx = _window_index(q.shape[2], block_size, overlap, q.device)
+    qw, k1w, k2w = (x[:, :, idx] for x in (q, k1, k2))  # b h w s d
+    t = torch.einsum("bhwid,bhwjd,bhwld->bhwijl", qw, k1w, k2w).to(_compute_dtype(q.dtype)) * scale
+    if mask is not None:
+        mw = mask[:, idx]  # b w s
+        km = mw[:, None, :, None]
+        t = t.masked_fill(~(km[..., :, None] & km[..., None, :]), float("-inf"))
+    a = t.flatten(-2).softmax(-1).view_as(t).nan_to_num(0.0)
+    if mask is not None:
+        a = a * mw[:, None, :, :, None, None]
+    return a.to(q.dtype)
+
+
+# ------------------------------------------------------------------------------------------------- fast
+_DEFAULT_CHUNK = {"cpu": 1 << 19}  # elements of the largest live tile tensor; other devices: 1 << 24
+
+
+def _tile_rows(n_win: int, s: int, d: int, budget: int) -> tuple[int, int]:
+    """(windows per tile, query rows per tile) so that ``nw * c * s * max(s, d) <= budget``."""
+    per_row = s * max(s, d)
+    c = max(1, min(s, budget // per_row))
+    nw = max(1, min(n_win, budget // (c * per_row))) if c == s else 1
+    return nw, c
+
+
+class _TripletFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k1, k2, v1, v2, mask, block_size, overlap, scale, budget):
+        B, H, L, D = q.shape
+        cdt = _compute_dtype(q.dtype)
+        idx = _window_index(L, block_size, overlap, q.device)  # w s
+        W, S = idx.shape
+        N = B * H * W
+        flat = [x.reshape(B * H, L, D) for x in (q, k1, k2, v1, v2)]
+        bias = None
+        if mask is not None:  # additive key bias per window, (B, W, S): 0 real, very negative padded
+            bias = torch.zeros(B, W, S, device=q.device, dtype=cdt).masked_fill(~mask[:, idx], -1e30 if cdt != torch.float16 else -3e4)  # noqa: E501
+        C = torch.empty(N, S, D, device=q.device, dtype=cdt)
+        lse = torch.empty(N, S, device=q.device, dtype=cdt)
+        nw, c = _tile_rows(N, S, D, budget)
+        for n0 in range(0, N, nw):
+            n1 = min(N, n0 + nw)
+            qw, k1w, k2w, v1w, v2w, bw = _gather(flat, bias, idx, n0, n1, H, W, cdt)
+            for i0 in range(0, S, c):
+                i1 = min(S, i0 + c)
+                a, _, lse[n0:n1, i0:i1] = _scores(qw[:, i0:i1], k1w, k2w, bw, scale)
+                w_ = torch.matmul(a.flatten(1, 2), v2w).view(n1 - n0, i1 - i0, S, D)  # n i j d
+                C[n0:n1, i0:i1] = (w_ * v1w[:, None]).sum(2)
+        out = _scatter_mean(C, idx, B, H, L, mask).to(q.dtype)
+        ctx.save_for_backward(q, k1, k2, v1, v2, mask if mask is not None else torch.empty(0), C, lse)
+        ctx.cfg = (block_size, overlap, scale, budget, mask is not None)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        q, k1, k2, v1, v2, mask, C, lse = ctx.saved_tensors
+        block_size, overlap, scale, budget, has_mask = ctx.cfg
+        mask = mask if has_mask else None
+        B, H, L, D = q.shape
+        cdt = C.dtype
+        idx = _window_index(L, block_size, overlap, q.device)
+        W, S = idx.shape
+        N = B * H * W
+        count = torch.bincount(idx.flatten(), minlength=L).to(cdt)
+        g = g.to(cdt) / count[:, None]
+        if mask is not None:
+            g = g * mask[:, None, :, None]
+        gflat = g.reshape(B * H, L, D)
+        flat = [x.reshape(B * H, L, D) for x in (q, k1, k2, v1, v2)]
+        bias = None
+        if mask is not None:
+            bias = torch.zeros(B, W, S, device=q.device, dtype=cdt).masked_fill(~mask[:, idx], -1e30 if cdt != torch.float16 else -3e4)  # noqa: E501
+        grads = [torch.zeros(B * H * L, D, device=q.device, dtype=cdt) for _ in range(5)]
+        nw, c = _tile_rows(N, S, D, budget)
+        for n0 in range(0, N, nw):
+            n1 = min(N, n0 + nw)
+            n = n1 - n0
+            qw, k1w, k2w, v1w, v2w, bw = _gather(flat, bias, idx, n0, n1, H, W, cdt)
+            pos = _positions(idx, n0, n1, H, W, L)  # n s, rows of the flattened (B*H*L) tensors
+            gw = gflat.reshape(-1, D)[pos]  # n s d : dL/dC per window
+            dq, dk1, dk2, dv1, dv2 = (torch.zeros(n, S, D, device=q.device, dtype=cdt) for _ in range(5))
+            for i0 in range(0, S, c):
+                i1 = min(S, i0 + c)
+                ci = i1 - i0
+                qc, gc = qw[:, i0:i1], gw[:, i0:i1]
+                a, p, _ = _scores(qc, k1w, k2w, bw, scale, lse[n0:n1, i0:i1])
+                a2 = a.flatten(1, 2)  # n (i j) l
+                dw = (gc[:, :, None] * v1w[:, None]).flatten(1, 2)  # n (i j) d
+                da = torch.matmul(dw, v2w.mT)  # n (i j) l
+                dv2 += torch.matmul(a2.mT, dw)
+                w_ = torch.matmul(a2, v2w).view(n, ci, S, D)
+                dv1 += (w_ * gc[:, :, None]).sum(1)
+                delta = (gc * C[n0:n1, i0:i1]).sum(-1)  # n i  (= sum_jl A dA)
+                dt = da.view(n, ci, S, S).sub_(delta[..., None, None]).mul_(a).mul_(scale).flatten(1, 2)  # n (i j) l
+                z = torch.matmul(dt, k2w).view(n, ci, S, D)  # sum_l dT[i,j,l] k2[l]
+                dq[:, i0:i1] = (z * k1w[:, None]).sum(2)
+                dk1 += (z * qc[:, :, None]).sum(1)
+                dk2 += torch.matmul(dt.mT, p.flatten(1, 2))
+            for acc, part in zip(grads, (dq, dk1, dk2, dv1, dv2)):
+                acc.index_add_(0, pos.flatten(), part.flatten(0, 1))
+        out = [x.view(B, H, L, D).to(q.dtype) for x in grads]
+        return (*out, None, None, None, None, None)
+
+
+def _positions(idx, n0, n1, H, W, L):
+    n = torch.arange(n0, n1, device=idx.device)
+    return (n // W)[:, None] * L + idx[n % W]  # (n, s) rows in the (B*H*L) flattening
+
+
+def _gather(flat, bias, idx, n0, n1, H, W, cdt):
+    n = torch.arange(n0, n1, device=idx.device)
+    bh, w = n // W, n % W
+    rows = idx[w]  # n s
+    out = [x[bh[:, None], rows].to(cdt) for x in flat]
+    bw = None if bias is None else bias[bh // H, w]  # n s
+    return (*out, bw)
+
+
+def _scores(qc, k1w, k2w, bw, scale, lse=None):
+    """Triplet softmax for query rows ``qc (n, c, d)`` -> ``A (n, c, s, s)``, the query-key1 products
+    ``P (n, c, s, d)`` and the log-sum-exp ``(n, c)`` (given ``lse``, the stored one is reused)."""
+    n, c, d = qc.shape
+    s = k1w.shape[1]
+    p = qc[:, :, None] * k1w[:, None]  # n i j d
+    t = torch.matmul(p.view(n, c * s, d), k2w.mT).view(n, c, s, s) * scale  # n i j l
+    if bw is not None:
+        t += bw[:, None, :, None] + bw[:, None, None, :]
+    if lse is None:
+        lse = torch.logsumexp(t.flatten(2), -1)
+    return t.sub_(lse[..., None, None]).exp_(), p, lse
+
+
+def _scatter_mean(C, idx, B, H, L, mask):
+    """Window outputs ``C (B*H*W, s, d)`` -> token outputs ``(B, H, L, d)``, mean over covering windows (eq 4)."""
+    W, S = idx.shape
+    D = C.shape[-1]
+    pos = _positions(idx, 0, C.shape[0], H, W, L)
+    out = torch.zeros(B * H * L, D, device=C.device, dtype=C.dtype).index_add_(0, pos.flatten(), C.flatten(0, 1))
+    count = torch.bincount(idx.flatten(), minlength=L).to(C.dtype)
+    out = out.view(B, H, L, D) / count[:, None]
+    return out if mask is None else out * mask[:, None, :, None]
+
+
+def triplet_attention(
+    q: torch.Tensor,
+    k1: torch.Tensor,
+    k2: torch.Tensor,
+    v1: torch.Tensor,
+    v2: torch.Tensor,
+    *,
+    block_size: int,
+    overlap: float = 0.0,
+    scale: float | None = None,
+    mask: torch.Tensor | None = None,
+    chunk_elements: int | None = None,
+) -> torch.Tensor:
+    """Block-diagonal triplet attention (HOBA eqs 2-4, Algorithm 1 lines 1-17 and 22 without ``W_O``).
+
+    Args:
+        q, k1, k2, v1, v2: ``(B, H, L, D)`` (``b h n d``).
+        block_size: window size ``s``; ``block_size >= L`` gives full (unblocked) 3D attention, one window.
+        overlap: overlap ratio ``lambda`` in ``[0, 1)``; stride ``max(1, round(s (1 - lambda)))`` (eq 3).
+        scale: score scale, default ``D ** -0.5``.
+        mask: optional bool key-padding mask ``(B, L)``, True = real token. Padded keys get no weight in any
+            pair, padded queries return zeros.
+        chunk_elements: cap on the elements of the largest live tile tensor (``windows x rows x s x max(s, d)``);
+            default ``2**19`` on CPU (cache-sized), ``2**24`` elsewhere.
+
+    Returns:
+        ``(B, H, L, D)``: ``o_i = mean_{m covering i} sum_{j,l} A^m[i,j,l] v1[j] * v2[l]`` (eq 4).
+
+    Memory: ``O(B H L D)`` saved for backward (inputs, per-window outputs, one log-sum-exp per row) plus one
+    tile; time ``O(B H L s^2 D)`` (forward 2, backward 6 ``s^3 d`` contractions per window).
+    """
+    mask = _check_inputs(q, k1, k2, v1, v2, mask, block_size, overlap, "triplet_attention")
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    if chunk_elements is None:
+        chunk_elements = _DEFAULT_CHUNK.get(q.device.type, 1 << 24)
+    if not isinstance(chunk_elements, int) or chunk_elements < 1:
+        raise ValueError(f"triplet_attention: `chunk_elements` must be a positive int, got {chunk_elements!r}")
+    return _TripletFn.apply(q, k1, k2, v1, v2, mask, block_size, float(overlap), scale, chunk_elements)
+
+
+# ----------------------------------------------------------------------------------- 2D and cross-block
+def block_attention(q, k, v, *, block_size: int, overlap: float = 0.0, scale=None, mask=None, return_attention=False):
+    """Pairwise (2D) softmax attention inside the same overlapping windows as :func:`triplet_attention`, outputs
+    averaged over covering windows (eq 4): the "2D block-local" baseline of section 4.3 / Table 7.
+
+    ``q, k, v (B, H, L, D)``, optional bool key mask ``(B, L)``; returns ``(B, H, L, D)`` (and the per-window maps
+    ``(B, H, w, s, s)`` when ``return_attention``). Padded queries return zeros.
+    """
+    mask = _check_inputs(q, k, k, v, v, mask, block_size, overlap, "block_attention")
+    B, H, L, D = q.shape
+    scale = D**-0.5 if scale is None else scale
+    idx = _window_index(L, block_size, overlap, q.device)
+    qw, kw, vw = (x[:, :, idx] for x in (q, k, v))  # b h w s d
+    t = torch.matmul(qw, kw.transpose(-1, -2)).to(_compute_dtype(q.dtype)) * scale  # b h w i j
+    if mask is not None:
+        mw = mask[:, idx]  # b w s
+        t = t.masked_fill(~mw[:, None, :, None, :], float("-inf"))
+    a = t.softmax(-1).nan_to_num(0.0).to(q.dtype)  # all-padding windows: zero rows
+    cw = torch.matmul(a, vw)  # b h w s d
+    out = torch.zeros_like(q).index_add_(2, idx.flatten(), cw.flatten(2, 3))
+    out = out / torch.bincount(idx.flatten(), minlength=L).to(q.dtype)[:, None]
+    if mask is not None:
+        out = out * mask[:, None, :, None]
+        a = a * mw[:, None, :, :, None]
+    return (out, a) if return_attention else out
+
+
+def cross_block_attention(o, *, block_size: int, mask=None, scale=None, return_attention=False):
+    """Cross-block interaction (eqs 5-7): ``o_i + sum_m' softmax_m'(r_m . r_m' * scale) r_m'`` with ``m = i // b``.
+
+    Args:
+        o: ``(B, H, L, D)`` local outputs (``b h n d``).
+        block_size: ``b``; blocks ``[m b, (m + 1) b)`` (the last one may be shorter).
+        mask: optional bool ``(B, L)``, True = real token. Block means ``r_m`` (eq 5) average real tokens only;
+            blocks without real tokens get no weight; padded tokens are returned as they came (zeros from the local
+            attention) without the cross-block term.
+        scale: default ``D ** -0.5`` (eq 6).
+
+    Returns:
+        ``(B, H, L, D)`` (and the block attention ``(B, H, M, M)`` when ``return_attention``).
+    """
+    if not isinstance(o, torch.Tensor) or not o.is_floating_point() or o.ndim != 4:
+        got = tuple(o.shape) if isinstance(o, torch.Tensor) else type(o).__name__
+        raise ValueError(f"cross_block_attention: `o` must be a floating tensor (B, H, L, D), got {got}")
+    B, H, L, D = o.shape
+    _check_window_args(L, block_size, 0.0, "cross_block_attention")
+    if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != (B, L)):
+        got = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise ValueError(f"cross_block_attention: `mask` must be a bool tensor of shape {(B, L)}, got {got}")
+    scale = D**-0.5 if scale is None else scale
+    M = -(-L // block_size)
+    pad = M * block_size - L
+    w = o.new_ones(B, L) if mask is None else mask.to(o.dtype)
+    w = torch.nn.functional.pad(w, (0, pad)).view(B, 1, M, block_size, 1)
+    xs = torch.nn.functional.pad(o, (0, 0, 0, pad)).view(B, H, M, block_size, D)
+    cnt = w.sum(3)  # b 1 m 1
+    r = (xs * w).sum(3) / cnt.clamp_min(1)  # b h m d  (eq 5)
+    t = torch.matmul(r, r.transpose(-1, -2)).to(_compute_dtype(o.dtype)) * scale  # b h m m'
+    t = t.masked_fill(cnt[..., 0][:, :, None, :] == 0, float("-inf"))
+    a = t.softmax(-1).nan_to_num(0.0).to(o.dtype)  # eq 6
+    g = torch.matmul(a, r)  # b h m d
+    g = g.repeat_interleave(block_size, 2)[:, :, :L]  # token i gets row m = i // b  (eq 7)
+    if mask is not None:
+        g = g * mask[:, None, :, None]
+    out = o + g
+    return (out, a) if return_attention else out

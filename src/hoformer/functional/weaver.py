@@ -1,3 +1,142 @@
-"""Weaver building blocks: phase dictionary, ATk-pooling."""
+"""Weaver building blocks (paper 003, sections 3-5): valence attention maps, the traffic phase dictionary,
+ATk-pooling with the pooling informativeness metric (PIM), cyclic time encodings and the P^2-KMV.
 
-__all__: list[str] = []
+Axis legend
+-----------
+``b`` batch, ``h`` heads, ``p`` history steps (temporal nodes, P), ``n`` spatial nodes (N), ``e`` embedding (E),
+``d`` per-head features, ``m`` dictionary landmarks (M_Xi) or scorers (M_gamma), ``k`` cofactor width (K_Xi).
+
+The P^2-KMV (eqs 20-27, 55-57) and its generalisation P^Delta-KMV (appendix F, eqs 133-140) is
+:func:`hoformer.functional.kron_apply`; :func:`p2_kmv` only fixes Weaver's argument order.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .kronecker import kron_apply
+from .scores import cosine_scores, dot_scores, tanimoto_scores
+
+__all__ = [
+    "VALENCE_KERNELS",
+    "valence_attention",
+    "p2_kmv",
+    "cyclic_time_encoding",
+    "dictionary_retrieval",
+    "pooling_informativeness",
+    "atk_pool",
+]
+
+VALENCE_KERNELS = ("tanimoto", "cosine", "sdpa")
+
+
+def valence_attention(q: torch.Tensor, k: torch.Tensor, kernel: str = "tanimoto", *, eps: float = 1e-6,
+                      scale: float | None = None) -> torch.Tensor:
+    """Attention map ``Theta (b, h, n, n')`` from ``q (b, h, n, d)``, ``k (b, h, n', d)``.
+
+    ``kernel``: ``"tanimoto"`` (continuous Tanimoto coefficient, eq 29/47, signed, in ``[-1/3, 1]``),
+    ``"cosine"`` (eq 69, signed) or ``"sdpa"`` (``softmax(q k^T * scale)``, eq 5; the ablation of section 7.2).
+    Signed maps are used as weights directly (no softmax), so messages can be subtracted.
+    """
+    if kernel == "tanimoto":
+        return tanimoto_scores(q, k, eps=eps)
+    if kernel == "cosine":
+        return cosine_scores(q, k, eps=eps)
+    if kernel == "sdpa":
+        return dot_scores(q, k, scale=scale).softmax(dim=-1)
+    raise ValueError(f"valence_attention: `kernel` must be one of {VALENCE_KERNELS}, got {kernel!r}")
+
+
+def p2_kmv(theta_t: torch.Tensor, theta_s: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """P^2-KMV message passing (eqs 55-57): ``(Theta_T (x) Theta_S) vec(u)`` per ``(b, h, :, d)`` fiber.
+
+    ``theta_t (b|1, h|1, p, p)``, ``theta_s (b|1, h|1, n, n)``, ``u (b, h, p, n, d)`` -> ``(b, h, p, n, d)``, i.e.
+    ``z[.., i, r, :] = sum_{j, s} Theta_T[i, j] Theta_S[r, s] u[.., j, s, :]``; never forms the ``PN x PN`` map.
+    """
+    return kron_apply([theta_t, theta_s], u)
+
+
+def cyclic_time_encoding(time: torch.Tensor) -> torch.Tensor:
+    """Cyclic TOD/DOW encoding ``B_dyn`` (eqs 53-54).
+
+    ``time (..., 2)`` holds ``[minute of day in [0, 1440), day of week]`` ->
+    ``(..., 4) = [sin, cos](2 pi tod / 1440) || [sin, cos](2 pi dow / 7)``.
+    """
+    if not isinstance(time, torch.Tensor) or time.shape[-1:] != (2,):
+        raise ValueError(
+            "cyclic_time_encoding: `time` must be a tensor (..., 2) of [minute of day, day of week], got "
+            f"{tuple(time.shape) if isinstance(time, torch.Tensor) else type(time).__name__}"
+        )
+    t = time.float()
+    ang = 2 * math.pi * t / t.new_tensor([1440.0, 7.0])
+    return torch.stack([ang[..., 0].sin(), ang[..., 0].cos(), ang[..., 1].sin(), ang[..., 1].cos()], dim=-1)
+
+
+def dictionary_retrieval(logits: torch.Tensor, temperature: torch.Tensor, dictionary: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse traffic-phase dictionary look-up (eqs 36-37).
+
+    Args:
+        logits: retrieval queries ``(b, n, m)`` (the GLU output of eq 36).
+        temperature: raw per-node temperatures ``tau (n, 1)`` (or broadcastable); ``softplus`` keeps them positive.
+        dictionary: landmarks ``C_Xi (m, f)`` (``f = P * K_Xi``).
+
+    Returns:
+        ``weights (b, n, m) = entmax_1.5(logits / softplus(tau))`` on the probability simplex (sparse), and
+        ``cofactors (b, n, f) = weights @ C_Xi``. Entmax runs in float32 (autocast-safe).
+    """
+    from entmax import entmax15
+
+    if logits.shape[-1] != dictionary.shape[0]:
+        raise ValueError(
+            f"dictionary_retrieval: `logits` last dim ({logits.shape[-1]}) must equal the number of landmarks "
+            f"(`dictionary` rows, {dictionary.shape[0]}); got logits {tuple(logits.shape)}, "
+            f"dictionary {tuple(dictionary.shape)}"
+        )
+    with torch.autocast(device_type=logits.device.type, enabled=False):
+        w = entmax15(logits.float() / F.softplus(temperature.float()), dim=-1)
+        return w, torch.matmul(w, dictionary.float()).to(logits.dtype)
+
+
+def pooling_informativeness(scores: torch.Tensor, dim: int) -> torch.Tensor:
+    """PIM (eq 45): variance of ``scores (b, p, n, m)`` over the pooled mode ``dim`` (1 = time, 2 = nodes),
+    summed over the other mode -> ``(b, m)``, one value per scorer."""
+    if scores.ndim != 4 or dim not in (1, 2):
+        raise ValueError(f"pooling_informativeness: need scores (b, p, n, m) and dim in (1, 2), got "
+                         f"{tuple(scores.shape)}, dim={dim}")
+    return scores.var(dim=dim, unbiased=False).sum(dim=1)
+
+
+def atk_pool(u: torch.Tensor, scorers: torch.Tensor, ratio: float, dim: int, *, return_index: bool = False):
+    """Adaptive top-k pooling, ATk-pooling (eqs 42-46).
+
+    Args:
+        u: spatiotemporal embedding ``(b, p, n, e)``.
+        scorers: ``W_gamma (e, m)``; each column is normalised to unit length (eq 46).
+        ratio: pooling ratio ``rho`` in ``(0, 1]``; ``k = ceil(rho * size(dim))``.
+        dim: pooled mode: ``1`` pools over time -> spatial nodes ``U_S (b, n, e)``;
+            ``2`` pools over nodes -> temporal nodes ``U_T (b, p, e)``.
+        return_index: also return the chosen scorer per sample ``(b,)``.
+
+    Per sample, the scorer with the largest PIM (eq 44-45) is selected; its scores pick the top-k entries along
+    ``dim``, whose softmax (eq 43) weights the sum of the selected features (eq 42).
+    """
+    if u.ndim != 4 or dim not in (1, 2):
+        raise ValueError(f"atk_pool: need u (b, p, n, e) and dim in (1, 2), got {tuple(u.shape)}, dim={dim}")
+    if scorers.ndim != 2 or scorers.shape[0] != u.shape[-1]:
+        raise ValueError(f"atk_pool: `scorers` must be (e={u.shape[-1]}, m), got {tuple(scorers.shape)}")
+    if not 0.0 < ratio <= 1.0:
+        raise ValueError(f"atk_pool: `ratio` must be in (0, 1], got {ratio}")
+    w = scorers / scorers.norm(dim=0, keepdim=True).clamp_min(1e-12)
+    gamma = torch.matmul(u, w.to(u.dtype))  # (b, p, n, m), eq 46
+    best = pooling_informativeness(gamma.detach().float(), dim).argmax(dim=-1)  # (b,), eq 44
+    g = gamma.gather(-1, best.view(-1, 1, 1, 1).expand(*gamma.shape[:3], 1)).squeeze(-1)  # (b, p, n)
+    size = u.shape[dim]
+    k = max(1, math.ceil(ratio * size))
+    top, idx = g.topk(k, dim=dim)  # (b, k, n) or (b, p, k)
+    h = top.softmax(dim=dim).unsqueeze(-1)  # eq 43
+    sel = u.gather(dim, idx.unsqueeze(-1).expand(*idx.shape, u.shape[-1]))
+    pooled = (sel * h).sum(dim=dim)  # eq 42
+    return (pooled, best) if return_index else pooled

@@ -1,3 +1,240 @@
-"""Weaver layers."""
+"""Weaver layers (paper 003, section 5) and the spatiotemporal attention blocks of the traffic baselines.
 
-__all__: list[str] = []
+Tensors are channels-last ``(B, P, N, E)``: ``P`` history steps (temporal nodes), ``N`` sensors (spatial nodes).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from hoformer.functional.kronecker import kronecker_attention
+from hoformer.functional.weaver import (
+    VALENCE_KERNELS,
+    atk_pool,
+    cyclic_time_encoding,
+    dictionary_retrieval,
+    p2_kmv,
+    valence_attention,
+)
+
+__all__ = [
+    "GLU",
+    "TrafficPhaseDictionary",
+    "ATkPooling",
+    "WeaverInput",
+    "KroneckerValenceAttention",
+    "StateTransition",
+    "TrafficEmbedding",
+    "SpatioTemporalBlock",
+]
+
+
+class GLU(nn.Module):
+    """``GLU(x W + b)`` (eqs 85-88): a linear map to ``2 * out`` split into signal and sigmoid gate."""
+
+    def __init__(self, dim_in: int, dim_out: int, bias: bool = True) -> None:
+        super().__init__()
+        self.proj = nn.Linear(dim_in, 2 * dim_out, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.glu(self.proj(x), dim=-1)
+
+
+class TrafficPhaseDictionary(nn.Module):
+    """Traffic phase dictionary (eqs 35-38): node states ``(B, N, P*C)`` query ``M`` learned landmarks through a
+    GLU, entmax-1.5 with per-node softplus temperatures selects a sparse convex combination, and the dictionary
+    ``C_Xi (M, P*K)`` returns latent cofactors ``Xi (B, P, N, K)``."""
+
+    def __init__(self, num_nodes: int, window: int, in_channels: int, num_landmarks: int = 64, width: int = 32,
+                 dropout: float = 0.1) -> None:
+        super().__init__()
+        self.window, self.width = window, width
+        self.query = GLU(window * in_channels, num_landmarks)
+        self.drop = nn.Dropout(dropout)
+        self.temperature = nn.Parameter(torch.full((num_nodes, 1), math.log(math.e - 1)))  # softplus -> 1
+        self.dictionary = nn.Parameter(torch.randn(num_landmarks, window * width) * 0.02)
+
+    def forward(self, x: torch.Tensor, return_weights: bool = False):
+        b, p, n, _ = x.shape
+        states = rearrange(x, "b p n c -> b n (p c)")  # eq 35
+        w, cof = dictionary_retrieval(self.drop(self.query(states)), self.temperature, self.dictionary)  # 36-37
+        xi = rearrange(cof, "b n (p k) -> b p n k", p=p)  # eq 38
+        return (xi, w) if return_weights else xi
+
+
+class ATkPooling(nn.Module):
+    """ATk-pooling (eqs 42-46) with ``num_scorers`` unit-norm linear scorers; ``dim=1`` pools over time
+    (-> ``U_S (B, N, E)``), ``dim=2`` pools over nodes (-> ``U_T (B, P, E)``)."""
+
+    def __init__(self, dim: int, num_scorers: int = 5, ratio: float = 0.6, pool_dim: int = 1) -> None:
+        super().__init__()
+        if pool_dim not in (1, 2):
+            raise ValueError(f"ATkPooling: `pool_dim` must be 1 (time) or 2 (nodes), got {pool_dim}")
+        self.ratio, self.pool_dim = ratio, pool_dim
+        self.scorers = nn.Parameter(torch.randn(dim, num_scorers) / math.sqrt(dim))
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        return atk_pool(u, self.scorers, self.ratio, self.pool_dim)
+
+
+class WeaverInput(nn.Module):
+    """Input module (eqs 35-41): dictionary augmentation ``X || Xi``, projection, RMSNorm + GLU + residual."""
+
+    def __init__(self, num_nodes: int, window: int, in_channels: int, dim: int, num_landmarks: int = 64,
+                 width: int = 32, dropout: float = 0.1, use_dictionary: bool = True) -> None:
+        super().__init__()
+        self.dictionary = (TrafficPhaseDictionary(num_nodes, window, in_channels, num_landmarks, width, dropout)
+                           if use_dictionary else None)
+        self.proj = nn.Linear(in_channels + (width if use_dictionary else 0), dim)  # eq 39
+        self.norm = nn.RMSNorm(dim)
+        self.glu = GLU(dim, dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dictionary is not None:
+            x = torch.cat([x, self.dictionary(x)], dim=-1)
+        u = self.proj(x)
+        return self.drop(self.glu(self.norm(u))) + u  # eq 40
+
+
+class KroneckerValenceAttention(nn.Module):
+    """Weaver's Kronecker attention module (eqs 42-58).
+
+    ATk-pooling gives spatial ``U_S (B, N, E)`` and temporal ``U_T (B, P, E)`` node representations; the spatial
+    structural encoding (learned ``B_kern (N, D_kern)`` + ReLU MLP, eq 51) and the optional temporal encoding
+    (cyclic TOD/DOW, eqs 52-54) feed multi-head valence attention maps ``Theta_S (B, H, N, N)`` and
+    ``Theta_T (B, H, P, P)`` (eq 47); the P^2-KMV (eqs 55-57) weaves them with the embedding, then GLU head mixing
+    and a residual (eq 58, the W-iKPS).
+    """
+
+    def __init__(self, num_nodes: int, dim: int, num_heads: int = 8, kernel: str = "tanimoto", num_scorers: int = 5,
+                 ratio_space: float = 0.6, ratio_time: float = 0.6, kern_dim: int = 32, kern_layers: int = 3,
+                 use_time: bool = True) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"KroneckerValenceAttention: `dim` ({dim}) must be divisible by `num_heads` ({num_heads})")
+        if kernel not in VALENCE_KERNELS:
+            raise ValueError(f"KroneckerValenceAttention: `kernel` must be one of {VALENCE_KERNELS}, got {kernel!r}")
+        self.num_heads, self.kernel, self.use_time = num_heads, kernel, use_time
+        self.pool_s = ATkPooling(dim, num_scorers, ratio_time, pool_dim=1)  # top-k over time -> spatial nodes
+        self.pool_t = ATkPooling(dim, num_scorers, ratio_space, pool_dim=2)  # top-k over nodes -> temporal nodes
+        self.b_kern = nn.Parameter(torch.randn(num_nodes, kern_dim) * 0.02)
+        layers, d_in = [], dim + kern_dim
+        for _ in range(kern_layers):
+            layers += [nn.Linear(d_in, dim), nn.ReLU()]
+            d_in = dim
+        self.struct = nn.Sequential(*layers, nn.Linear(d_in, dim))  # eq 51
+        self.time_proj = nn.Linear(dim + 4, dim) if use_time else None  # eq 52
+        self.qk_s = nn.Linear(dim, 2 * dim, bias=False)  # eq 50
+        self.qk_t = nn.Linear(dim, 2 * dim, bias=False)
+        self.mix = GLU(dim, dim)  # eq 58
+
+    def forward(self, u: torch.Tensor, time: torch.Tensor | None = None, return_attention: bool = False):
+        b, p, n, e = u.shape
+        g_s = self.struct(torch.cat([self.pool_s(u), self.b_kern.expand(b, -1, -1).to(u.dtype)], dim=-1))
+        g_t = self.pool_t(u)
+        if self.time_proj is not None:
+            enc = u.new_zeros(b, p, 4) if time is None else cyclic_time_encoding(time).to(u.dtype)
+            g_t = self.time_proj(torch.cat([g_t, enc], dim=-1))
+        heads = lambda t: rearrange(t, "b n (h d) -> b h n d", h=self.num_heads)  # noqa: E731  (eq 49)
+        q_s, k_s = map(heads, self.qk_s(g_s).chunk(2, dim=-1))
+        q_t, k_t = map(heads, self.qk_t(g_t).chunk(2, dim=-1))
+        theta_s = valence_attention(q_s, k_s, self.kernel)  # (b, h, n, n), eq 47
+        theta_t = valence_attention(q_t, k_t, self.kernel)  # (b, h, p, p)
+        v = rearrange(u, "b p n (h d) -> b h p n d", h=self.num_heads)
+        z = rearrange(p2_kmv(theta_t, theta_s, v), "b h p n d -> b p n (h d)")  # eqs 55-57
+        out = self.mix(z) + u  # eq 58
+        return (out, (theta_t, theta_s)) if return_attention else out
+
+
+class StateTransition(nn.Module):
+    """State transition (eqs 59-60): residual LeakyReLU MLP (expansion ``M_z``) and linear readout to ``C``;
+    a learned linear map over time takes the ``P`` history positions to the ``Q`` horizon steps when ``P != Q``."""
+
+    def __init__(self, dim: int, out_channels: int, window: int, horizon: int, expansion: int = 2,
+                 dropout: float = 0.1) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(dim, expansion * dim), nn.Linear(expansion * dim, dim)
+        self.drop = nn.Dropout(dropout)
+        self.readout = nn.Linear(dim, out_channels)
+        self.time_map = nn.Linear(window, horizon) if window != horizon else None
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        z = self.down(self.drop(F.leaky_relu(self.up(z)))) + z  # eq 59
+        y = self.readout(z)  # eq 60, (b, p, n, c)
+        if self.time_map is not None:
+            y = self.time_map(y.movedim(1, -1)).movedim(-1, 1)
+        return y
+
+
+# ----------------------------------------------------------------------------------------------- baselines
+class TrafficEmbedding(nn.Module):
+    """Baseline input embedding: ``Linear(C -> E)`` of the (masked) input + learned node and step embeddings +
+    optional linear cyclic TOD/DOW embedding (like STAEformer's, with learned node-position embeddings)."""
+
+    def __init__(self, num_nodes: int, window: int, in_channels: int, dim: int, use_time: bool = True) -> None:
+        super().__init__()
+        self.proj = nn.Linear(in_channels, dim)
+        self.node = nn.Parameter(torch.randn(num_nodes, dim) * 0.02)
+        self.step = nn.Parameter(torch.randn(window, 1, dim) * 0.02)
+        self.time = nn.Linear(4, dim) if use_time else None
+
+    def forward(self, x: torch.Tensor, time: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.proj(x) + self.node + self.step
+        if self.time is not None and time is not None:
+            h = h + self.time(cyclic_time_encoding(time).to(h.dtype)).unsqueeze(2)
+        return h
+
+
+class SpatioTemporalBlock(nn.Module):
+    """Pre-norm transformer block on ``(B, P, N, E)`` with softmax attention over
+
+    * ``"full"``: all ``P*N`` tokens jointly (vanilla spatiotemporal transformer, O(P^2 N^2));
+    * ``"temporal"`` / ``"spatial"``: each node's ``P`` steps / each step's ``N`` nodes (STAEformer layers);
+    * ``"kronecker"``: HOT attention ``S_T (x) S_S`` on ``(P, N)`` with mean-pooled per-mode queries/keys.
+    """
+
+    MODES = ("full", "temporal", "spatial", "kronecker")
+
+    def __init__(self, dim: int, num_heads: int, mode: str, mlp_ratio: float = 2.0, dropout: float = 0.1) -> None:
+        super().__init__()
+        if mode not in self.MODES:
+            raise ValueError(f"SpatioTemporalBlock: `mode` must be one of {self.MODES}, got {mode!r}")
+        if dim % num_heads:
+            raise ValueError(f"SpatioTemporalBlock: `dim` ({dim}) must be divisible by `num_heads` ({num_heads})")
+        self.mode, self.num_heads = mode, num_heads
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.out = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        hidden = int(dim * mlp_ratio)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, dim))
+        self.drop = nn.Dropout(dropout)
+
+    def _attend(self, x: torch.Tensor, return_attention: bool):
+        b, p, n, _ = x.shape
+        q, k, v = rearrange(self.qkv(x), "b p n (t h d) -> t b h p n d", t=3, h=self.num_heads)
+        attn = None
+        if self.mode == "kronecker":
+            qs, ks = [q.mean(3), q.mean(2)], [k.mean(3), k.mean(2)]
+            y, attn = kronecker_attention(qs, ks, v, combine="product", return_factors=True)
+            return rearrange(y, "b h p n d -> b p n (h d)"), attn
+        pattern = {"full": ("b h p n d -> b h (p n) d", {}), "temporal": ("b h p n d -> (b n) h p d", {}),
+                   "spatial": ("b h p n d -> (b p) h n d", {})}[self.mode][0]
+        q, k, v = (rearrange(t, pattern) for t in (q, k, v))
+        if return_attention:
+            attn = (q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5).softmax(-1)
+            y = attn @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v)
+        back = {"full": "b h (p n) d -> b p n (h d)", "temporal": "(b n) h p d -> b p n (h d)",
+                "spatial": "(b p) h n d -> b p n (h d)"}[self.mode]
+        return rearrange(y, back, b=b, p=p, n=n), attn
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False):
+        y, attn = self._attend(self.norm1(x), return_attention)
+        x = x + self.drop(self.out(y))
+        x = x + self.drop(self.mlp(self.norm2(x)))
+        return (x, attn) if return_attention else x

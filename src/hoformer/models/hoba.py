@@ -1,3 +1,185 @@
-"""HOBA text models."""
+"""HOBA text models (paper 004 section 3, Figure 1b): a RoBERTa-like encoder whose self-attention is HOBA
+(block-diagonal triplet attention + cross-block routing) or one of the baselines.
 
-__all__: list[str] = []
+``create_model("hoba_classifier", vocab_size=1000, num_classes=2, max_len=128)`` maps token ids ``(B, L)`` (``L <=
+max_len``) and an optional bool attention mask ``(B, L)`` (True = real token) to logits ``(B, num_classes)``.
+
+Defaults follow the paper's student (3 layers, head dim 64, FFN 4x, block 16, overlap 0.25, cross-block on,
+dropout 0.1, max length 64) at a CPU-friendly width (256, 4 heads); the paper's RoBERTa-base width is
+``dim=768, num_heads=12`` (see ``configs/hoba``). Set ``model.record_attention = True`` to keep the last
+forward's per-layer maps in ``model.attention_maps``.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from hoformer.layers.triplet import TEXT_ATTENTIONS, HOBABlock
+
+from .base import HoformerModel
+from .registry import register_model
+
+__all__ = ["HOBAClassifier", "hoba_classifier"]
+
+
+class TextEmbeddings(nn.Module):
+    """Token + learned absolute position embeddings, LayerNorm, dropout (RoBERTa-style)."""
+
+    def __init__(self, vocab_size: int, dim: int, max_len: int, pad_id: int, dropout: float) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab_size, dim, padding_idx=pad_id)
+        self.positions = nn.Embedding(max_len, dim)
+        self.norm = nn.LayerNorm(dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        return self.drop(self.norm(self.tokens(ids) + self.positions(pos)))
+
+
+class HOBAClassifier(HoformerModel):
+    """Embeddings -> ``depth`` x :class:`~hoformer.layers.HOBABlock` -> pooled head (``[CLS]`` token or masked mean)
+    -> ``Linear-tanh-Linear`` classifier (RoBERTa classification head).
+
+    Args:
+        vocab_size, num_classes, max_len: vocabulary, classes, longest sequence (position table size).
+        dim, depth, num_heads, mlp_ratio, dropout: encoder size.
+        attention: ``"hoba"`` | ``"triplet_full"`` | ``"block2d"`` | ``"full2d"``.
+        block_size, overlap, cross_block: windowing of the blocked variants (eqs 3-7).
+        pooling: ``"cls"`` (first token) or ``"mean"`` (mean over real tokens).
+        norm_first: pre-norm layers (stable from scratch) or RoBERTa's post-norm.
+        pad_id: padding token id (its embedding is zero and gets no gradient).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = 8000,
+        num_classes: int = 2,
+        max_len: int = 64,
+        dim: int = 256,
+        depth: int = 3,
+        num_heads: int = 4,
+        mlp_ratio: float = 4.0,
+        attention: str = "hoba",
+        block_size: int = 16,
+        overlap: float = 0.25,
+        cross_block: bool = True,
+        dropout: float = 0.1,
+        pooling: str = "cls",
+        norm_first: bool = True,
+        pad_id: int = 0,
+    ) -> None:
+        super().__init__()
+        for name, v in (("vocab_size", vocab_size), ("num_classes", num_classes), ("max_len", max_len)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"hoba_classifier: `{name}` must be a positive int, got {v!r}")
+        if attention not in TEXT_ATTENTIONS:
+            raise ValueError(f"hoba_classifier: unknown attention {attention!r}; expected one of {TEXT_ATTENTIONS}")
+        if pooling not in ("cls", "mean"):
+            raise ValueError(f"hoba_classifier: `pooling` must be 'cls' or 'mean', got {pooling!r}")
+        if not 0 <= pad_id < vocab_size:
+            raise ValueError(f"hoba_classifier: `pad_id` must be in [0, vocab_size={vocab_size}), got {pad_id}")
+        self.vocab_size, self.num_classes, self.max_len = vocab_size, num_classes, max_len
+        self.pooling, self.pad_id = pooling, pad_id
+        self.embed = TextEmbeddings(vocab_size, dim, max_len, pad_id, dropout)
+        self.layers = nn.ModuleList(
+            HOBABlock(dim, num_heads, attention=attention, mlp_ratio=mlp_ratio, dropout=dropout,
+                      norm_first=norm_first, **({} if attention in ("full2d", "triplet_full") else
+                                                 dict(block_size=block_size, overlap=overlap, cross_block=cross_block)))
+            for _ in range(depth)
+        )
+        self.norm = nn.LayerNorm(dim) if norm_first else nn.Identity()
+        self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(dim, dim), nn.Tanh(), nn.Dropout(dropout),
+                                  nn.Linear(dim, num_classes))
+        self.record_attention = False
+        self.attention_maps: list = []
+
+    def _check(self, ids, mask):
+        if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.long, torch.int, torch.int16, torch.uint8):
+            raise TypeError(f"hoba_classifier: `ids` must be an integer tensor (B, L), got {getattr(ids, 'dtype', type(ids))}")
+        if ids.ndim != 2 or ids.shape[1] < 1:
+            raise ValueError(f"hoba_classifier: `ids` must have shape (B, L) with L >= 1, got {tuple(ids.shape)}")
+        if ids.shape[1] > self.max_len:
+            raise ValueError(f"hoba_classifier: sequence length {ids.shape[1]} exceeds max_len={self.max_len}")
+        if mask is not None:
+            if not isinstance(mask, torch.Tensor) or mask.shape != ids.shape:
+                raise ValueError(f"hoba_classifier: `mask` must have the shape of `ids` {tuple(ids.shape)}, got "
+                                 f"{tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__}")
+            if mask.dtype != torch.bool:
+                raise TypeError(f"hoba_classifier: `mask` must be a bool tensor (True = real token), got {mask.dtype}")
+
+    def encode(self, ids: torch.Tensor, mask: torch.Tensor | None = None, return_attention: bool = False):
+        """Token states ``(B, L, dim)`` (and per-layer maps when ``return_attention``)."""
+        self._check(ids, mask)
+        x = self.embed(ids.long())
+        if mask is not None:
+            x = x * mask[..., None]
+        maps = []
+        for layer in self.layers:
+            if return_attention:
+                x, m = layer(x, mask=mask, return_attention=True)
+                maps.append(m)
+            else:
+                x = layer(x, mask=mask)
+        x = self.norm(x)
+        return (x, maps) if return_attention else x
+
+    def pool(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        if self.pooling == "cls":
+            return x[:, 0]
+        if mask is None:
+            return x.mean(1)
+        w = mask[..., None].to(x.dtype)
+        return (x * w).sum(1) / w.sum(1).clamp_min(1)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor | None = None, return_attention: bool = False):
+        want = return_attention or self.record_attention
+        out = self.encode(ids, mask, return_attention=want)
+        x, maps = out if want else (out, None)
+        if self.record_attention:
+            self.attention_maps = [[m.detach() for m in layer_maps] for layer_maps in maps]
+        logits = self.head(self.pool(x, mask))
+        return (logits, maps) if return_attention else logits
+
+    def example_inputs(self, batch_size: int = 2) -> tuple[tuple, dict]:
+        L = min(self.max_len, 24)
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(1, self.vocab_size, (batch_size, L), generator=g)
+        mask = torch.ones(batch_size, L, dtype=torch.bool)
+        mask[-1, L - L // 3:] = False  # padded tail on the last sample
+        ids = ids.masked_fill(~mask, self.pad_id)
+        return (ids,), {"mask": mask}
+
+    @torch.no_grad()
+    def load_embeddings_from(self, source: "HOBAClassifier | str | os.PathLike", head: bool = False) -> list[str]:
+        """Copy the embedding weights (and the classifier head when ``head=True``) from a teacher model or a
+        ``save_pretrained`` directory, as the paper's students inherit the teacher's embeddings. Returns the copied
+        parameter names; shapes must match (same vocabulary and width)."""
+        if isinstance(source, (str, os.PathLike)):
+            from safetensors.torch import load_file
+
+            state = load_file(str(Path(source) / "model.safetensors"))
+        else:
+            state = source.state_dict()
+        prefixes = ("embed.",) + (("head.",) if head else ())
+        own = self.state_dict()
+        copied = []
+        for k, v in state.items():
+            if k.startswith(prefixes) and k in own:
+                if own[k].shape != v.shape:
+                    raise ValueError(f"load_embeddings_from: shape mismatch for {k}: teacher {tuple(v.shape)} vs "
+                                     f"student {tuple(own[k].shape)} (same tokenizer and width required)")
+                own[k].copy_(v)
+                copied.append(k)
+        if not copied:
+            raise ValueError("load_embeddings_from: the source has no 'embed.*' weights")
+        return copied
+
+
+@register_model
+def hoba_classifier(**kwargs) -> HOBAClassifier:
+    """RoBERTa-like text classifier with HOBA (or baseline) attention; see :class:`HOBAClassifier`."""
+    return HOBAClassifier(**kwargs)

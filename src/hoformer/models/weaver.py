@@ -1,3 +1,201 @@
-"""Weaver models and traffic baselines."""
+"""Weaver (paper 003) and the traffic-forecasting baselines, all with the same interface:
 
-__all__: list[str] = []
+``forward(x (B, P, N, C), time=None, mask=None) -> (B, Q, N, C)``, where ``x`` is the standardised history,
+``time (B, P, 2)`` optional ``[minute of day, day of week]`` of every history step and ``mask`` optional bool
+``(B, P, N, C)`` (or ``(B, P, N)``), True = observed; missing inputs are set to 0 (the training mean) as in
+TSL (eq 62). Outputs are on the standardised scale (the task inverts the scaler).
+
+Set ``model.record_attention = True`` to keep the last forward's attention maps in ``model.attention_maps``.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hoformer.layers.weaver import (
+    KroneckerValenceAttention,
+    SpatioTemporalBlock,
+    StateTransition,
+    TrafficEmbedding,
+    WeaverInput,
+)
+
+from .base import HoformerModel
+from .registry import register_model
+
+__all__ = [
+    "TrafficModel",
+    "Weaver",
+    "TrafficTransformer",
+    "LastValue",
+    "HistoricalAverage",
+    "traffic_full_attention",
+    "traffic_alternating",
+    "traffic_hot",
+    "last_value",
+    "historical_average",
+]
+
+
+class TrafficModel(HoformerModel):
+    """Shared input validation and ``example_inputs`` for ``(B, P, N, C) -> (B, Q, N, C)`` forecasters."""
+
+    def __init__(self, num_nodes: int = 207, window: int = 12, horizon: int = 12, in_channels: int = 1,
+                 out_channels: int | None = None) -> None:
+        super().__init__()
+        for name, v in (("num_nodes", num_nodes), ("window", window), ("horizon", horizon),
+                        ("in_channels", in_channels)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{type(self).__name__}: `{name}` must be a positive int, got {v!r}")
+        self.num_nodes, self.window, self.horizon = num_nodes, window, horizon
+        self.in_channels, self.out_channels = in_channels, out_channels or in_channels
+        self.record_attention = False
+        self.attention_maps: dict[str, torch.Tensor] = {}
+
+    def _prepare(self, x, time, mask):
+        name = type(self).__name__
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            raise TypeError(f"{name}: `x` must be a floating-point tensor (B, P, N, C), got {type(x).__name__}"
+                            + (f" {x.dtype}" if isinstance(x, torch.Tensor) else ""))
+        expect = (self.window, self.num_nodes, self.in_channels)
+        if x.ndim != 4 or tuple(x.shape[1:]) != expect:
+            raise ValueError(f"{name}: `x` must have shape (B, P={expect[0]}, N={expect[1]}, C={expect[2]}) "
+                             f"(N = nodes of the graph the model was built for), got {tuple(x.shape)}")
+        if time is not None and (not isinstance(time, torch.Tensor) or tuple(time.shape) != (x.shape[0], self.window, 2)):
+            raise ValueError(f"{name}: `time` must have shape (B, P={self.window}, 2) = [minute of day, day of week], "
+                             f"got {tuple(time.shape) if isinstance(time, torch.Tensor) else type(time).__name__}")
+        if mask is not None:
+            if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+                raise TypeError(f"{name}: `mask` must be a bool tensor (True = observed), got "
+                                f"{getattr(mask, 'dtype', type(mask).__name__)}")
+            if mask.ndim == 3:
+                mask = mask.unsqueeze(-1)
+            if mask.shape[:3] != x.shape[:3] or mask.shape[-1] not in (1, x.shape[-1]):
+                raise ValueError(f"{name}: `mask` must have shape {tuple(x.shape)} or {tuple(x.shape[:3])}, "
+                                 f"got {tuple(mask.shape)}")
+            x = x.masked_fill(~mask, 0.0)
+        return x, time, mask
+
+    def example_inputs(self, batch_size: int = 2) -> tuple[tuple, dict]:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(batch_size, self.window, self.num_nodes, self.in_channels, generator=g)
+        tod = (torch.arange(self.window) * 5.0 + 480.0).expand(batch_size, -1)
+        time = torch.stack([tod, torch.full_like(tod, 2.0)], dim=-1)
+        mask = torch.rand(x.shape, generator=g) > 0.1
+        return (x,), {"time": time, "mask": mask}
+
+
+@register_model(name="weaver")
+class Weaver(TrafficModel):
+    """Weaver (paper 003, sections 4-5): phase-dictionary input module, Kronecker valence attention with P^2-KMV
+    message passing, state-transition MLP and linear readout. Defaults = Table 3, Default(T); ``use_time=False``
+    is Default(NT). ``kernel`` in ``{"tanimoto", "cosine", "sdpa"}`` (section 7.2 ablation).
+
+    With ``use_time=True`` and no ``time`` passed, the temporal encoding input is zero.
+    """
+
+    def __init__(self, num_nodes: int = 207, window: int = 12, horizon: int = 12, in_channels: int = 1,
+                 out_channels: int | None = None, dim: int = 128, num_heads: int = 8, use_time: bool = True,
+                 dropout: float = 0.1, num_landmarks: int = 64, dict_width: int = 32, use_dictionary: bool = True,
+                 num_scorers: int = 5, ratio_space: float = 0.6, ratio_time: float = 0.6, kern_dim: int = 32,
+                 kern_layers: int = 3, kernel: str = "tanimoto", mlp_expansion: int = 2) -> None:
+        super().__init__(num_nodes, window, horizon, in_channels, out_channels)
+        self.input = WeaverInput(num_nodes, window, in_channels, dim, num_landmarks, dict_width, dropout,
+                                 use_dictionary)
+        self.attention = KroneckerValenceAttention(num_nodes, dim, num_heads, kernel, num_scorers, ratio_space,
+                                                   ratio_time, kern_dim, kern_layers, use_time)
+        self.transition = StateTransition(dim, self.out_channels, window, horizon, mlp_expansion, dropout)
+
+    def forward(self, x: torch.Tensor, time: torch.Tensor | None = None, mask: torch.Tensor | None = None):
+        x, time, _ = self._prepare(x, time, mask)
+        u = self.input(x)
+        z, (theta_t, theta_s) = self.attention(u, time, return_attention=True)
+        if self.record_attention:
+            self.attention_maps = {"temporal": theta_t.detach(), "spatial": theta_s.detach()}
+        return self.transition(z)
+
+
+class TrafficTransformer(TrafficModel):
+    """Baseline spatiotemporal transformer in Weaver's framework: :class:`TrafficEmbedding`, a stack of
+    :class:`SpatioTemporalBlock` with the given ``modes``, and a per-node readout of the flattened
+    ``(P, E)`` history to ``(Q, C)`` (STAEformer's output projection)."""
+
+    def __init__(self, modes: list[str], num_nodes: int = 207, window: int = 12, horizon: int = 12,
+                 in_channels: int = 1, out_channels: int | None = None, dim: int = 64, num_heads: int = 4,
+                 mlp_ratio: float = 2.0, dropout: float = 0.1, use_time: bool = True) -> None:
+        super().__init__(num_nodes, window, horizon, in_channels, out_channels)
+        self.embed = TrafficEmbedding(num_nodes, window, in_channels, dim, use_time)
+        self.blocks = nn.ModuleList(SpatioTemporalBlock(dim, num_heads, m, mlp_ratio, dropout) for m in modes)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(window * dim, horizon * self.out_channels)
+
+    def forward(self, x: torch.Tensor, time: torch.Tensor | None = None, mask: torch.Tensor | None = None):
+        x, time, _ = self._prepare(x, time, mask)
+        h = self.embed(x, time)
+        maps = {}
+        for i, blk in enumerate(self.blocks):
+            if self.record_attention:
+                h, a = blk(h, return_attention=True)
+                maps[f"{i}_{blk.mode}"] = [t.detach() for t in a] if isinstance(a, list) else a.detach()
+            else:
+                h = blk(h)
+        if self.record_attention:
+            self.attention_maps = maps
+        b, p, n, e = h.shape
+        y = self.head(self.norm(h).permute(0, 2, 1, 3).reshape(b, n, p * e))  # (b, n, q*c)
+        return y.view(b, n, self.horizon, self.out_channels).transpose(1, 2)
+
+
+@register_model
+def traffic_full_attention(num_layers: int = 2, **kwargs) -> TrafficTransformer:
+    """Vanilla spatiotemporal transformer: softmax attention over all ``P*N`` tokens (O(P^2 N^2))."""
+    return TrafficTransformer(["full"] * num_layers, **kwargs)
+
+
+@register_model
+def traffic_alternating(num_layers: int = 2, **kwargs) -> TrafficTransformer:
+    """STAEformer-like: ``num_layers`` temporal attention layers, then ``num_layers`` spatial ones."""
+    return TrafficTransformer(["temporal"] * num_layers + ["spatial"] * num_layers, **kwargs)
+
+
+@register_model
+def traffic_hot(num_layers: int = 2, **kwargs) -> TrafficTransformer:
+    """HOT Kronecker softmax attention ``S_T (x) S_S`` on the ``(P, N)`` grid (paper 000)."""
+    return TrafficTransformer(["kronecker"] * num_layers, **kwargs)
+
+
+class LastValue(TrafficModel):
+    """Parameter-free baseline: repeat each sensor's last observed value over the horizon."""
+
+    def forward(self, x: torch.Tensor, time: torch.Tensor | None = None, mask: torch.Tensor | None = None):
+        x, _, mask = self._prepare(x, time, mask)
+        if mask is None:
+            last = x[:, -1]
+        else:
+            steps = torch.arange(self.window, device=x.device).view(1, -1, 1, 1)
+            idx = torch.where(mask, steps, -1).amax(dim=1, keepdim=True).expand(-1, 1, -1, x.shape[-1])
+            last = x.gather(1, idx.clamp_min(0)).squeeze(1).masked_fill(idx.squeeze(1) < 0, 0.0)
+        return last.unsqueeze(1).expand(-1, self.horizon, -1, -1).contiguous()
+
+
+class HistoricalAverage(TrafficModel):
+    """Parameter-free baseline: each sensor's mean observed value over the history window."""
+
+    def forward(self, x: torch.Tensor, time: torch.Tensor | None = None, mask: torch.Tensor | None = None):
+        x, _, mask = self._prepare(x, time, mask)
+        if mask is None:
+            avg = x.mean(dim=1)
+        else:
+            m = mask.expand_as(x).to(x.dtype)
+            avg = (x * m).sum(1) / m.sum(1).clamp_min(1.0)
+        return avg.unsqueeze(1).expand(-1, self.horizon, -1, -1).contiguous()
+
+
+@register_model
+def last_value(**kwargs) -> LastValue:
+    return LastValue(**kwargs)
+
+
+@register_model
+def historical_average(**kwargs) -> HistoricalAverage:
+    return HistoricalAverage(**kwargs)

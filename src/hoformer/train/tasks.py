@@ -1,3 +1,360 @@
-"""HOT Lightning tasks and datamodules."""
+"""HOT Lightning tasks: forecasting, 3D classification, segmentation (HOT paper appendix B.4).
 
-__all__: list[str] = []
+* :class:`ForecastingTask` - L2 loss; MSE / MAE / SMAPE on the normalised scale as published (and optionally on the
+  original scale through the datamodule's ``inverse_transform``); the test stage writes a forecast PNG.
+* :class:`ClassificationTask` - cross-entropy; AUC and ACC (MedMNIST protocol: macro one-vs-rest AUC).
+* :class:`SegmentationTask` - per-pixel cross-entropy; pixel accuracy and mIoU.
+
+Metric names are ``{stage}/{metric}`` (``val/mae``, ``val/auc``, ``val/acc``, ...): the YAML configs checkpoint and
+early-stop on the paper's model-selection metric (lowest val MAE, highest val AUC, highest val ACC).
+
+Support pieces used by the CLI and the configs: :class:`AtomicCheckpointIO` (checkpoints are written to a temporary
+file and renamed, so an interrupted save never leaves a torn ``.ckpt``), :class:`ExportPretrained` (writes the best
+checkpoint's model as ``save_pretrained`` safetensors + JSON at the end of ``fit``) and :func:`plot_forecast`.
+
+Every task draws each training epoch's shuffling (a generator on the ``RandomSampler``) and its dropout (global RNGs,
+reseeded at the epoch's first batch) from ``(seed, epoch)``, so a run resumed from an epoch-boundary checkpoint
+replays exactly the same batches and dropout masks as an uninterrupted run (``num_workers=0``, or worker-side
+augmentations that do not draw from the RNG).
+"""
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.callbacks import BasePredictionWriter
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities import rank_zero_only
+from torch.utils.data import RandomSampler
+from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection, SymmetricMeanAbsolutePercentageError
+from torchmetrics.classification import AUROC, Accuracy, MulticlassAccuracy, MulticlassJaccardIndex
+
+from hoformer.models.base import atomic_write
+
+from .base import TaskModule
+
+__all__ = [
+    "ForecastingTask",
+    "ClassificationTask",
+    "SegmentationTask",
+    "AtomicCheckpointIO",
+    "ExportPretrained",
+    "SavePredictions",
+    "plot_forecast",
+]
+
+STAGES = ("train", "val", "test")
+
+
+def _unpack(batch, fn: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x, y, *extra)`` tuples / lists or ``{"x": .., "y": ..}`` dicts -> ``(x, y)``."""
+    if isinstance(batch, dict):
+        if "x" not in batch or "y" not in batch:
+            raise ValueError(f"{fn}: dict batches need keys 'x' and 'y', got {sorted(batch)}")
+        return batch["x"], batch["y"]
+    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        return batch[0], batch[1]
+    raise TypeError(f"{fn}: expected a batch (x, y) or {{'x', 'y'}}, got {type(batch).__name__}")
+
+
+class _HotTask(TaskModule):
+    """Shared plumbing: per-stage metric collections and per-epoch deterministic reseeding."""
+
+    def _stage_metrics(self, make) -> None:
+        self.metrics = torch.nn.ModuleDict({f"m_{s}": make(f"{s}/") for s in STAGES})  # "train" is a Module attr
+
+    def _epoch_seed(self) -> int:
+        return (int(os.environ.get("PL_GLOBAL_SEED", 0)) + 1_000_003 * (self.current_epoch + 1)) % (2**31 - 1)
+
+    def on_train_epoch_start(self) -> None:
+        # shuffling: a per-epoch generator on the RandomSampler (it is read lazily, at the first batch)
+        loaders = self.trainer.train_dataloader
+        loaders = loaders.values() if isinstance(loaders, dict) else loaders if isinstance(loaders, (list, tuple)) \
+            else [loaders]
+        for dl in loaders:
+            sampler = getattr(dl, "sampler", None)
+            if isinstance(sampler, RandomSampler):
+                sampler.generator = torch.Generator().manual_seed(self._epoch_seed())
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        if batch_idx == 0:  # dropout & co: global RNGs reseeded once the epoch's first batch is fetched
+            seed = self._epoch_seed()
+            random.seed(seed)
+            np.random.seed(seed)
+            torch.manual_seed(seed)
+
+    def _log_metrics(self, stage: str, loss: torch.Tensor, batch_size: int) -> None:
+        on_step = stage == "train"
+        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=True, batch_size=batch_size,
+                 sync_dist=stage != "train")
+        self.log_dict(self.metrics[f"m_{stage}"], on_step=False, on_epoch=True, prog_bar=stage != "train",
+                      batch_size=batch_size)
+
+
+# ------------------------------------------------------------------------------------------------ forecasting
+class ForecastingTask(_HotTask):
+    """Multivariate long-term forecasting: ``x (B, seq_len, C) -> y (B, pred_len, C)``.
+
+    Args:
+        model_name, model_kwargs, lr, weight_decay, betas, warmup_steps, scheduler, min_lr_ratio: see
+            :class:`~hoformer.train.base.TaskModule` (paper: Adam, lr 2e-4, weight decay in {0.01, 0.1, 0.3, 0.5}).
+        loss: ``"mse"`` (the paper's L2 loss) or ``"mae"``.
+        original_scale: also log ``{val,test}/{mse,mae}_orig`` on the original scale (needs a datamodule with
+            ``inverse_transform(array (..., C))``).
+        plot_variates: number of variates drawn in the test forecast PNG (0 disables it).
+    """
+
+    def __init__(
+        self,
+        model_name: str = "hot_forecaster",
+        model_kwargs: dict[str, Any] | None = None,
+        lr: float = 2e-4,
+        weight_decay: float = 0.1,
+        betas: tuple[float, float] = (0.9, 0.999),
+        warmup_steps: int = 0,
+        scheduler: str = "cosine",
+        min_lr_ratio: float = 0.01,
+        loss: str = "mse",
+        original_scale: bool = False,
+        plot_variates: int = 3,
+    ) -> None:
+        if loss not in ("mse", "mae"):
+            raise ValueError(f"ForecastingTask: `loss` must be 'mse' or 'mae', got {loss!r}")
+        super().__init__(model_name, model_kwargs, lr, weight_decay, betas, warmup_steps, scheduler, min_lr_ratio)
+        self._stage_metrics(lambda p: MetricCollection(
+            {"mse": MeanSquaredError(), "mae": MeanAbsoluteError(), "smape": SymmetricMeanAbsolutePercentageError()},
+            prefix=p,
+        ))
+        if original_scale:
+            self.orig_metrics = torch.nn.ModuleDict({
+                f"m_{s}": MetricCollection({"mse": MeanSquaredError(), "mae": MeanAbsoluteError()}, prefix=f"{s}/",
+                                    postfix="_orig")
+                for s in ("val", "test")
+            })
+        self.forecast_plot_path: str | None = None
+        self._plot_sample = None
+
+    def shared_step(self, batch, stage: str) -> torch.Tensor:
+        x, y = _unpack(batch, type(self).__name__)
+        pred = self.model(x)
+        if pred.shape != y.shape:
+            raise ValueError(f"ForecastingTask: model output {tuple(pred.shape)} != target {tuple(y.shape)}")
+        loss = F.mse_loss(pred, y) if self.hparams.loss == "mse" else F.l1_loss(pred, y)
+        p32, y32 = pred.detach().float(), y.float()
+        self.metrics[f"m_{stage}"].update(p32.reshape(-1), y32.reshape(-1))
+        if self.hparams.original_scale and stage != "train":
+            inv = self._inverse_transform()
+            po, yo = inv(p32), inv(y32)
+            self.orig_metrics[f"m_{stage}"].update(po.reshape(-1), yo.reshape(-1))
+            self.log_dict(self.orig_metrics[f"m_{stage}"], on_step=False, on_epoch=True, batch_size=x.shape[0])
+        self._log_metrics(stage, loss, x.shape[0])
+        if stage == "test" and self._plot_sample is None:
+            self._plot_sample = (x[0].detach().float().cpu(), y32[0].cpu(), p32[0].cpu())
+        return loss
+
+    def _inverse_transform(self):
+        dm = getattr(self.trainer, "datamodule", None)
+        fn = getattr(dm, "inverse_transform", None)
+        if fn is None:
+            raise ValueError("ForecastingTask(original_scale=True) needs a datamodule with `inverse_transform`")
+
+        def inv(t: torch.Tensor) -> torch.Tensor:
+            out = fn(t.cpu().numpy())
+            return torch.as_tensor(np.asarray(out), dtype=torch.float32, device=t.device)
+
+        return inv
+
+    def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0):
+        x = batch if isinstance(batch, torch.Tensor) else _unpack(batch, type(self).__name__)[0]
+        return self.model(x)
+
+    def on_test_epoch_start(self) -> None:
+        self._plot_sample = None
+
+    def on_test_epoch_end(self) -> None:
+        if self.hparams.plot_variates > 0 and self._plot_sample is not None:
+            self.forecast_plot_path = self._save_plot()
+
+    @rank_zero_only
+    def _save_plot(self) -> str | None:
+        root = (self.trainer.log_dir if self.trainer.logger is not None else None) or self.trainer.default_root_dir
+        return plot_forecast(*self._plot_sample, Path(root) / "forecast.png", num_variates=self.hparams.plot_variates)
+
+
+def plot_forecast(x, y, pred, path, num_variates: int = 3) -> str | None:
+    """Write a PNG with lookback ``x (L, C)``, truth ``y (S, C)`` and forecast ``pred (S, C)`` for the first
+    ``num_variates`` variates (the last variate, usually ``OT``, first). Returns the path, or None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # plots are an optional extra
+        return None
+    x, y, pred = (np.asarray(t) for t in (x, y, pred))
+    c = x.shape[-1]
+    idx = [c - 1 - i for i in range(min(num_variates, c))]
+    fig, axes = plt.subplots(len(idx), 1, figsize=(8, 2.2 * len(idx)), squeeze=False)
+    tl, tf = np.arange(len(x)), np.arange(len(x), len(x) + len(y))
+    for ax, j in zip(axes[:, 0], idx):
+        ax.plot(tl, x[:, j], color="0.4", lw=1, label="lookback")
+        ax.plot(tf, y[:, j], color="C0", lw=1, label="truth")
+        ax.plot(tf, pred[:, j], color="C3", lw=1, label="forecast")
+        ax.set_ylabel(f"variate {j}")
+    axes[0, 0].legend(loc="upper left", fontsize=8)
+    axes[-1, 0].set_xlabel("time step")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+# --------------------------------------------------------------------------------------------- classification
+class ClassificationTask(_HotTask):
+    """3D image classification (MedMNIST3D): ``x (B, 1, D, H, W) -> logits (B, num_classes)``; labels ``(B,)`` or
+    ``(B, 1)``. Logs ``{stage}/auc`` (macro one-vs-rest; binary: AUC of class 1) and ``{stage}/acc``."""
+
+    def __init__(
+        self,
+        model_name: str = "hot_volume_classifier",
+        model_kwargs: dict[str, Any] | None = None,
+        lr: float = 2e-4,
+        weight_decay: float = 0.1,
+        betas: tuple[float, float] = (0.9, 0.999),
+        warmup_steps: int = 0,
+        scheduler: str = "cosine",
+        min_lr_ratio: float = 0.01,
+        label_smoothing: float = 0.0,
+    ) -> None:
+        super().__init__(model_name, model_kwargs, lr, weight_decay, betas, warmup_steps, scheduler, min_lr_ratio)
+        n = int((model_kwargs or {}).get("num_classes", getattr(self.model, "num_classes", 2)))
+        self.num_classes = n
+        if n == 2:
+            make = lambda p: MetricCollection({"auc": AUROC(task="binary"), "acc": Accuracy(task="binary")}, prefix=p)
+        else:
+            make = lambda p: MetricCollection(
+                {"auc": AUROC(task="multiclass", num_classes=n), "acc": MulticlassAccuracy(n, average="micro")},
+                prefix=p,
+            )
+        self._stage_metrics(make)
+
+    def shared_step(self, batch, stage: str) -> torch.Tensor:
+        x, y = _unpack(batch, type(self).__name__)
+        y = y.reshape(y.shape[0], -1)[:, 0].long() if y.ndim > 1 else y.long()
+        logits = self.model(x)
+        loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
+        prob = logits.detach().float().softmax(-1)
+        self.metrics[f"m_{stage}"].update(prob[:, 1] if self.num_classes == 2 else prob, y)
+        self._log_metrics(stage, loss, x.shape[0])
+        return loss
+
+    def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0):
+        x = batch if isinstance(batch, torch.Tensor) else _unpack(batch, type(self).__name__)[0]
+        return self.model(x).softmax(-1)
+
+
+# ----------------------------------------------------------------------------------------------- segmentation
+class SegmentationTask(_HotTask):
+    """Per-pixel classification: ``x (B, C_in, H, W) -> logits (B, num_classes, H, W)``; masks ``(B, H, W)`` int.
+    Logs ``{stage}/acc`` (pixel accuracy) and ``{stage}/miou``; ``ignore_index`` pixels are skipped."""
+
+    def __init__(
+        self,
+        model_name: str = "hot_segmenter",
+        model_kwargs: dict[str, Any] | None = None,
+        lr: float = 2e-4,
+        weight_decay: float = 0.1,
+        betas: tuple[float, float] = (0.9, 0.999),
+        warmup_steps: int = 0,
+        scheduler: str = "cosine",
+        min_lr_ratio: float = 0.01,
+        ignore_index: int | None = None,
+    ) -> None:
+        super().__init__(model_name, model_kwargs, lr, weight_decay, betas, warmup_steps, scheduler, min_lr_ratio)
+        n = int((model_kwargs or {}).get("num_classes", getattr(self.model, "num_classes", 17)))
+        self.num_classes = n
+        self._stage_metrics(lambda p: MetricCollection({
+            "acc": MulticlassAccuracy(n, average="micro", ignore_index=ignore_index),
+            "miou": MulticlassJaccardIndex(n, average="macro", ignore_index=ignore_index),
+        }, prefix=p))
+
+    def shared_step(self, batch, stage: str) -> torch.Tensor:
+        x, y = _unpack(batch, type(self).__name__)
+        y = y.long()
+        if y.ndim == 4 and y.shape[1] == 1:
+            y = y[:, 0]
+        logits = self.model(x)
+        if logits.shape[-2:] != y.shape[-2:]:
+            raise ValueError(f"SegmentationTask: logits {tuple(logits.shape)} do not match masks {tuple(y.shape)}")
+        ii = self.hparams.ignore_index
+        loss = F.cross_entropy(logits, y, ignore_index=-100 if ii is None else ii)
+        self.metrics[f"m_{stage}"].update(logits.detach().argmax(1), y)
+        self._log_metrics(stage, loss, x.shape[0])
+        return loss
+
+    def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0):
+        x = batch if isinstance(batch, torch.Tensor) else _unpack(batch, type(self).__name__)[0]
+        return self.model(x).argmax(1)
+
+
+# ----------------------------------------------------------------------------------------------- run plumbing
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """``TorchCheckpointIO`` whose saves go to a temporary file renamed onto the target (POSIX-atomic), so a crash
+    or kill during a save leaves the previous checkpoint intact and never a truncated one."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"AtomicCheckpointIO.save_checkpoint: `storage_options` unsupported, got {storage_options!r}")
+        atomic_write(path, lambda tmp: torch.save(checkpoint, tmp))
+
+
+class ExportPretrained(pl.Callback):
+    """At the end of ``fit``, load the best checkpoint's weights (or the current ones when no checkpoint was written)
+    into a fresh registry model and ``save_pretrained`` it to ``dirpath`` (default ``<log_dir>/pretrained``)."""
+
+    def __init__(self, dirpath: str | None = None) -> None:
+        self.dirpath = dirpath
+        self.path: str | None = None
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        from hoformer.models import create_model
+
+        model = pl_module.model
+        best = getattr(trainer.checkpoint_callback, "best_model_path", "") if trainer.checkpoint_callback else ""
+        if best and os.path.isfile(best):
+            ckpt = torch.load(best, map_location="cpu", weights_only=True)
+            state = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+            model = create_model(model.config["name"], **model.config["kwargs"])
+            model.load_state_dict(state)
+        root = self.dirpath or os.path.join(trainer.log_dir or trainer.default_root_dir, "pretrained")
+        self.path = str(model.save_pretrained(root))
+
+
+class SavePredictions(BasePredictionWriter):
+    """Write the outputs of ``hoformer predict`` to ``<dirpath or log_dir>/predictions.pt``: one tensor concatenated
+    over batches (forecasts ``(N, pred_len, C)``, class probabilities ``(N, K)`` or label maps ``(N, H, W)``),
+    loadable with ``torch.load(..., weights_only=True)``; ``predictions_rank{r}.pt`` per rank under DDP."""
+
+    def __init__(self, dirpath: str | None = None) -> None:
+        super().__init__("epoch")
+        self.dirpath = dirpath
+        self.path: str | None = None
+
+    def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices) -> None:
+        if predictions and isinstance(predictions[0], list):  # several predict dataloaders: keep the first
+            predictions = predictions[0]
+        out = torch.cat([p.detach().cpu() for p in predictions]) if predictions else torch.empty(0)
+        root = Path(self.dirpath or trainer.log_dir or trainer.default_root_dir)
+        name = f"predictions_rank{trainer.global_rank}.pt" if trainer.world_size > 1 else "predictions.pt"
+        atomic_write(root / name, lambda tmp: torch.save(out, tmp))
+        self.path = str(root / name)

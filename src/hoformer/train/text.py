@@ -1,3 +1,237 @@
-"""Text training task and distillation."""
+"""Text classification with knowledge distillation (HOBA paper 004 section 3.3, eq 8).
 
-__all__: list[str] = []
+* :func:`kd_loss` - ``(1 - alpha) CE(z_S, y) + alpha tau^2 KL(p_T^tau || p_S^tau)`` (Hinton et al.; the paper's
+  alpha 0.3, tau 2.0); the KL is ``F.kl_div(log_softmax(z_S / tau), softmax(z_T / tau), "batchmean")``.
+* :class:`TextClassificationTask` - trains a registered text model (default ``hoba_classifier``) on
+  :class:`hoformer.data.TextDataModule` batches, optionally distilled from a teacher. Teacher logits come from a
+  teacher ``save_pretrained`` directory (a 2D model trained by this project: same tokenizer) and are cached on disk
+  (``teacher_logits``) so student epochs never re-run the teacher; a logits file produced elsewhere (e.g. from a local
+  pretrained RoBERTa) can be given alone: ``{"train": (N_train, C), "val": ..., "test": ...}`` in the datamodule's
+  split order (``torch.save``). The student can inherit the teacher's embeddings (``init_embeddings_from``).
+
+Metric names: ``{train,val,test}/{loss,ce,kl,acc}`` (``kl`` only where teacher logits exist).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torchmetrics.classification import MulticlassAccuracy
+
+from .base import TaskModule
+
+__all__ = ["kd_loss", "TextClassificationTask"]
+
+
+def kd_loss(student_logits: torch.Tensor, labels: torch.Tensor, teacher_logits: torch.Tensor | None = None, *,
+            alpha: float = 0.3, temperature: float = 2.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Eq 8: returns ``(total, ce, kl)``; without teacher logits ``total = ce`` and ``kl = 0``.
+
+    Args:
+        student_logits, teacher_logits: ``(B, C)``.
+        labels: ``(B,)`` class ids.
+        alpha: weight of the distillation term in ``[0, 1]``.
+        temperature: softening temperature ``tau > 0`` (the KL is scaled by ``tau^2``).
+    """
+    if student_logits.ndim != 2:
+        raise ValueError(f"kd_loss: `student_logits` must be (B, C), got {tuple(student_logits.shape)}")
+    if labels.shape != student_logits.shape[:1]:
+        raise ValueError(f"kd_loss: `labels` must be ({student_logits.shape[0]},), got {tuple(labels.shape)}")
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"kd_loss: `alpha` must be in [0, 1], got {alpha}")
+    if temperature <= 0:
+        raise ValueError(f"kd_loss: `temperature` must be > 0, got {temperature}")
+    ce = F.cross_entropy(student_logits.float(), labels)
+    if teacher_logits is None:
+        return ce, ce, ce.new_zeros(())
+    if teacher_logits.shape != student_logits.shape:
+        raise ValueError(f"kd_loss: `teacher_logits` {tuple(teacher_logits.shape)} must match the student's "
+                         f"{tuple(student_logits.shape)}")
+    t = temperature
+    kl = F.kl_div(F.log_softmax(student_logits.float() / t, -1), F.softmax(teacher_logits.float() / t, -1),
+                  reduction="batchmean")
+    return (1 - alpha) * ce + alpha * t * t * kl, ce, kl
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _ids_fingerprint(dataset) -> str:
+    h = hashlib.sha256()
+    for ids, lab in zip(dataset.ids, dataset.labels):
+        h.update(torch.tensor(ids + [-1, lab], dtype=torch.int64).numpy().tobytes())
+    return h.hexdigest()
+
+
+class TextClassificationTask(TaskModule):
+    """Sequence classification (``ids, mask -> logits``) with optional distillation (eq 8).
+
+    Args:
+        model_name, model_kwargs, lr, weight_decay, betas, warmup_steps, scheduler, min_lr_ratio: see
+            :class:`~hoformer.train.base.TaskModule` (paper: AdamW, weight decay 0.01, 10% linear warm-up).
+        kd_alpha, kd_temperature: eq 8 (paper: 0.3, 2.0). Ignored without a teacher.
+        teacher: ``save_pretrained`` directory of the teacher (same tokenizer as the datamodule).
+        teacher_logits: cache file of the teacher's logits per split (written when ``teacher`` is given and the
+            cache is missing or stale; read alone when ``teacher`` is None).
+        init_embeddings_from: ``save_pretrained`` directory whose ``embed.*`` weights initialise the student.
+        export_dir: at the end of ``fit``, save the model (best checkpoint when one exists) and the datamodule's
+            tokenizer there, ready for ``hoformer.models.from_pretrained`` / ``TextTokenizer.from_pretrained``.
+    """
+
+    def __init__(
+        self,
+        model_name: str = "hoba_classifier",
+        model_kwargs: dict[str, Any] | None = None,
+        lr: float = 1e-3,
+        weight_decay: float = 0.01,
+        betas: tuple[float, float] = (0.9, 0.999),
+        warmup_steps: int = 0,
+        scheduler: str = "cosine",
+        min_lr_ratio: float = 0.01,
+        kd_alpha: float = 0.3,
+        kd_temperature: float = 2.0,
+        teacher: str | None = None,
+        teacher_logits: str | None = None,
+        init_embeddings_from: str | None = None,
+        export_dir: str | None = None,
+    ) -> None:
+        if not 0.0 <= kd_alpha <= 1.0 or kd_temperature <= 0:
+            raise ValueError(f"TextClassificationTask: need kd_alpha in [0, 1] and kd_temperature > 0, got "
+                             f"{kd_alpha}, {kd_temperature}")
+        super().__init__(model_name, model_kwargs, lr, weight_decay, betas, warmup_steps, scheduler, min_lr_ratio)
+        n_cls = getattr(self.model, "num_classes", None)
+        if n_cls is None:
+            raise ValueError(f"TextClassificationTask: model {model_name!r} has no `num_classes`")
+        self.acc = torch.nn.ModuleDict({s: MulticlassAccuracy(n_cls, average="micro") for s in ("fit", "val", "test")})
+        self.teacher_cache: dict[str, torch.Tensor] = {}
+        self._embeddings_loaded = False
+
+    # ------------------------------------------------------------------------------------------- setup
+    def _datamodule(self):
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if dm is None or not hasattr(dm, "datasets"):
+            raise RuntimeError("TextClassificationTask needs a hoformer.data.TextDataModule as `data`")
+        dm.setup()
+        return dm
+
+    def setup(self, stage: str) -> None:
+        dm = self._datamodule()
+        if len(dm.class_names) != self.model.num_classes:
+            raise ValueError(f"TextClassificationTask: dataset {dm.dataset_name!r} has {len(dm.class_names)} classes "
+                             f"but the model has num_classes={self.model.num_classes}")
+        vocab, model_vocab = dm.tokenizer.vocab_size, getattr(self.model, "vocab_size", None)
+        if model_vocab is not None and vocab > model_vocab:
+            raise ValueError(f"TextClassificationTask: tokenizer has {vocab} tokens but the model's vocab_size is "
+                             f"{model_vocab}; set model_kwargs.vocab_size >= {vocab}")
+        if getattr(self.model, "max_len", dm.max_len) < dm.max_len:
+            raise ValueError(f"TextClassificationTask: data max_len={dm.max_len} exceeds the model's max_len="
+                             f"{self.model.max_len}")
+        if stage == "fit" and self.hparams.init_embeddings_from and not self._embeddings_loaded:
+            self.model.load_embeddings_from(self.hparams.init_embeddings_from)
+            self._embeddings_loaded = True
+
+    def _teacher_splits(self, splits) -> None:
+        hp = self.hparams
+        if not (hp.teacher or hp.teacher_logits) or all(s in self.teacher_cache for s in splits):
+            return
+        dm = self._datamodule()
+        cache_path = Path(hp.teacher_logits) if hp.teacher_logits else None
+        fp = None
+        if hp.teacher:
+            tdir = Path(hp.teacher)
+            fp = {"teacher": _sha256(tdir / "model.safetensors"), "max_len": dm.max_len,
+                  **{s: _ids_fingerprint(dm.datasets[s]) for s in ("train", "val", "test")}}
+        cached = {}
+        if cache_path is not None and cache_path.is_file():
+            cached = torch.load(cache_path, map_location="cpu", weights_only=True)
+            if fp is not None and cached.get("fingerprint") != fp:
+                cached = {}  # stale: other teacher weights or other data / tokenizer
+        missing = [s for s in ("train", "val", "test") if s not in cached]
+        if missing and hp.teacher is None:
+            raise FileNotFoundError(f"TextClassificationTask: teacher_logits {cache_path} lacks splits {missing} and no "
+                                    "`teacher` directory was given to compute them")
+        if missing:
+            cached.update(self._run_teacher(Path(hp.teacher), dm, missing))
+            cached["fingerprint"] = fp
+            if cache_path is not None:
+                from hoformer.models.base import atomic_write
+
+                atomic_write(cache_path, lambda p: torch.save(cached, p))
+        for s in ("train", "val", "test"):
+            t = cached[s]
+            if t.shape != (len(dm.datasets[s]), self.model.num_classes):
+                raise ValueError(f"TextClassificationTask: teacher logits for {s!r} have shape {tuple(t.shape)}, "
+                                 f"expected {(len(dm.datasets[s]), self.model.num_classes)}")
+            self.teacher_cache[s] = t.float().to(self.device)
+
+    @torch.no_grad()
+    def _run_teacher(self, tdir: Path, dm, splits) -> dict[str, torch.Tensor]:
+        from hoformer.models import from_pretrained
+
+        teacher = from_pretrained(tdir, map_location="cpu").to(self.device).eval()
+        out = {}
+        loaders = {"train": dm.ordered_train_dataloader, "val": dm.val_dataloader, "test": dm.test_dataloader}
+        for s in splits:
+            logits = torch.empty(len(dm.datasets[s]), self.model.num_classes)
+            for b in loaders[s]():
+                logits[b["index"]] = teacher(b["ids"].to(self.device), b["mask"].to(self.device)).float().cpu()
+            out[s] = logits
+        return out
+
+    def on_fit_start(self) -> None:
+        self._teacher_splits(("train", "val"))
+
+    def on_validation_start(self) -> None:
+        self._teacher_splits(("val",))
+
+    def on_test_start(self) -> None:
+        self._teacher_splits(("test",))
+
+    # -------------------------------------------------------------------------------------------- steps
+    def shared_step(self, batch, stage: str) -> torch.Tensor:
+        if not isinstance(batch, dict) or not {"ids", "mask", "label"} <= set(batch):
+            raise TypeError("TextClassificationTask: batches must be dicts with 'ids', 'mask', 'label' (TextDataModule)")
+        logits = self.model(batch["ids"], batch["mask"])
+        split = {"train": "train", "val": "val", "test": "test"}[stage]
+        teacher = self.teacher_cache.get(split)
+        t = teacher[batch["index"]] if teacher is not None else None
+        loss, ce, kl = kd_loss(logits, batch["label"], t, alpha=self.hparams.kd_alpha,
+                               temperature=self.hparams.kd_temperature)
+        bs = batch["ids"].shape[0]
+        acc = self.acc["fit" if stage == "train" else stage]
+        acc(logits.detach(), batch["label"])
+        on_step = stage == "train"
+        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=True, batch_size=bs)
+        self.log(f"{stage}/ce", ce, on_step=False, on_epoch=True, batch_size=bs)
+        if t is not None:
+            self.log(f"{stage}/kl", kl, on_step=False, on_epoch=True, batch_size=bs)
+        self.log(f"{stage}/acc", acc, on_step=False, on_epoch=True, prog_bar=stage != "train", batch_size=bs)
+        return loss
+
+    # ------------------------------------------------------------------------------------------- export
+    def save_pretrained(self, directory) -> Path:
+        """Model (safetensors + JSON) and, when a datamodule is attached, its tokenizer in one directory."""
+        d = self.model.save_pretrained(directory)
+        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        if dm is not None and getattr(dm, "tokenizer", None) is not None:
+            dm.tokenizer.save(d)
+        return d
+
+    def on_fit_end(self) -> None:
+        if not self.hparams.export_dir or not self.trainer.is_global_zero:
+            return
+        cb = self.trainer.checkpoint_callback
+        best = getattr(cb, "best_model_path", "") if cb is not None else ""
+        if best and os.path.isfile(best):
+            state = torch.load(best, map_location="cpu", weights_only=True)["state_dict"]
+            self.model.load_state_dict({k[len("model."):]: v for k, v in state.items() if k.startswith("model.")})
+        self.save_pretrained(self.hparams.export_dir)

@@ -1,0 +1,307 @@
+"""``hoformer analyze``: figures of a trained model on a dataset split (HOT paper 000 Figs 3-4 and 8-12, HOBA 004
+Figs 2-4, Weaver 003 Fig 6).
+
+From a checkpoint (a Lightning ``.ckpt`` of a :class:`~hoformer.train.TaskModule` or a ``save_pretrained`` folder)
+and a datamodule split, :func:`analyze_checkpoint` writes into ``output``:
+
+* ``attention_<i>_<layer>.png``  mode-wise attention maps of layer ``i`` averaged over the analysed batches, one row
+  per mode (variates / time patches, depth / height / width, ...) and one column per head (HOT Figs 8-12);
+* ``weaver_<mode>_<i>.png``      signed valence maps ``Theta_T`` / ``Theta_S`` with a diverging colormap (Weaver);
+* ``hoba_slice_<i>.png``         key1 x key2 triplet slice of one query token of one sample (HOBA);
+* ``forecast.png``               lookback, truth and forecast of the first sample (forecasting models);
+* ``stable_rank.png``            stable-rank curves from the run's ``metrics.csv`` when it has ``sr/`` columns
+  (logged by :class:`~hoformer.analysis.StableRankCallback`; HOT Figs 3-4).
+
+The data come from ``--config`` (a LightningCLI YAML: its ``data`` section), ``--data`` (a datamodule class path,
+with ``--data-args`` JSON), or, by default, the datamodule hyper-parameters stored in the Lightning checkpoint
+(``_class_path``) or the ``config.yaml`` that LightningCLI saved in the checkpoint's run folder.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from hoformer.functional.triplet import triplet_windows
+
+from .maps import AttentionRecord, batch_mean_maps, recording, split_batch
+from .plots import (
+    plot_forecast_vs_truth,
+    plot_mode_maps,
+    plot_signed_maps,
+    plot_stable_rank_curves,
+    plot_triplet_slice,
+)
+
+__all__ = ["analyze_checkpoint", "analyze_main", "load_checkpoint", "build_datamodule", "MODE_NAMES"]
+
+#: axis names of each model family's modes (figure labels)
+MODE_NAMES = {
+    "hot_forecaster": ("variate", "time patch"),
+    "hot_volume_classifier": ("depth", "height", "width"),
+    "hot_segmenter": ("row", "column"),
+    "weaver": ("time step", "sensor"),
+    "traffic_hot": ("time step", "sensor"),
+}
+
+
+# ------------------------------------------------------------------------------------------------ loading
+def load_checkpoint(path, map_location: str = "cpu", model_args: dict | None = None
+                    ) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """``(model, info)`` from a Lightning ``.ckpt`` (``hyper_parameters`` with ``model_name`` / ``model_kwargs``) or a
+    ``save_pretrained`` folder. ``model_args`` override the checkpoint's ``model_kwargs`` (e.g. a constructor default
+    that changed since training). ``info``: ``{"kind", "path", "datamodule": dict | None, "run_dir": Path}``."""
+    from hoformer.models import create_model, from_pretrained
+
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"analyze: checkpoint {str(p)!r} does not exist (expected a Lightning .ckpt file or a "
+                                "save_pretrained folder with config.json and model.safetensors)")
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise ValueError(f"analyze: folder {str(p)!r} is not a save_pretrained folder (no config.json); pass a "
+                             ".ckpt file or the folder written by save_pretrained / ExportPretrained")
+        model = from_pretrained(p, map_location=map_location)
+        return model, {"kind": "pretrained", "path": p, "datamodule": None, "run_dir": p.parent}
+    try:
+        ckpt = torch.load(p, map_location=map_location, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch raises many types for non-checkpoints
+        raise ValueError(f"analyze: cannot read {str(p)!r} as a Lightning checkpoint ({type(e).__name__}: {e})") from e
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        raise ValueError(f"analyze: {str(p)!r} is not a Lightning checkpoint (no 'state_dict')")
+    hp = dict(ckpt.get("hyper_parameters") or {})
+    if "model_name" not in hp:
+        raise ValueError(f"analyze: checkpoint {str(p)!r} has no 'model_name' hyper-parameter (was it written by a "
+                         f"hoformer TaskModule?); found {sorted(hp)[:10]}")
+    kwargs = {**dict(hp.get("model_kwargs") or {}), **dict(model_args or {})}
+    model = create_model(hp["model_name"], **kwargs)
+    state = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        problem = f"missing={missing[:5]} unexpected={unexpected[:5]}" if missing or unexpected else ""
+    except RuntimeError as e:  # shape mismatches
+        problem = str(e).replace("\n", " ")
+    if problem:
+        raise ValueError(f"analyze: weights in {str(p)!r} do not match model {hp['model_name']!r} built with "
+                         f"{kwargs}: {problem} (if a constructor default changed since training, pass the old value "
+                         "with --model-args)")
+    run_dir = p.parent.parent if p.parent.name == "checkpoints" else p.parent
+    return model, {"kind": "ckpt", "path": p, "datamodule": ckpt.get("datamodule_hyper_parameters"),
+                   "run_dir": run_dir}
+
+
+def _instantiate(class_path: str, init_args: dict):
+    mod, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(mod), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ValueError(f"analyze: cannot import datamodule class {class_path!r} ({e})") from e
+    return cls(**{k: v for k, v in init_args.items() if not k.startswith("_")})
+
+
+def build_datamodule(*, config=None, data: str | None = None, data_args: dict | None = None,
+                     stored: dict | None = None):
+    """A datamodule from a LightningCLI YAML ``config`` (its ``data`` section), a class path ``data`` with
+    ``data_args``, or the ``datamodule_hyper_parameters`` stored in a checkpoint (with ``_class_path``)."""
+    overrides = dict(data_args or {})
+    if config is not None:
+        import yaml
+
+        cp = Path(config)
+        if not cp.is_file():
+            raise FileNotFoundError(f"analyze: config {str(cp)!r} does not exist")
+        cfg = yaml.safe_load(cp.read_text()) or {}
+        sec = cfg.get("data")
+        if not isinstance(sec, dict) or "class_path" not in sec:
+            raise ValueError(f"analyze: config {str(cp)!r} has no `data: {{class_path: ..., init_args: ...}}` section")
+        return _instantiate(sec["class_path"], {**(sec.get("init_args") or {}), **overrides})
+    if data is not None:
+        return _instantiate(data, overrides)
+    if stored and stored.get("_class_path"):
+        return _instantiate(stored["_class_path"], {**stored, **overrides})
+    raise ValueError("analyze: no data given: pass --config CONFIG.yaml (LightningCLI config with a `data` section) "
+                     "or --data CLASS_PATH [--data-args JSON]; the checkpoint stores no datamodule class")
+
+
+def _batches(dm, split: str, n: int) -> list:
+    if split not in ("train", "val", "test"):
+        raise ValueError(f"analyze: `split` must be 'train', 'val' or 'test', got {split!r}")
+    stage = {"train": "fit", "val": "validate", "test": "test"}[split]
+    if hasattr(dm, "setup"):
+        dm.setup(stage)
+    loader = getattr(dm, f"{split}_dataloader")()
+    out = []
+    for b in loader:
+        out.append(b)
+        if len(out) >= n:
+            break
+    if not out:
+        raise ValueError(f"analyze: the {split!r} split is empty")
+    return out
+
+
+def _shapes(obj) -> str:
+    if isinstance(obj, torch.Tensor):
+        return str(tuple(obj.shape))
+    if isinstance(obj, dict):
+        return "{" + ", ".join(f"{k}: {_shapes(v)}" for k, v in obj.items() if isinstance(v, torch.Tensor)) + "}"
+    if isinstance(obj, (list, tuple)):
+        return "(" + ", ".join(_shapes(v) for v in obj) + ")"
+    return type(obj).__name__
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_") or "layer"
+
+
+# ------------------------------------------------------------------------------------------------- analysis
+def analyze_checkpoint(checkpoint, output, *, config=None, data: str | None = None, data_args: dict | None = None,
+                       split: str = "test", num_batches: int = 1, metrics=None, token: int = 0, sample: int = 0,
+                       max_heads: int = 8, device: str = "cpu", model_args: dict | None = None) -> list[Path]:
+    """Write the figures of the module docstring for ``checkpoint`` on ``split``; returns the PNG paths."""
+    model, info = load_checkpoint(checkpoint, map_location=device, model_args=model_args)
+    model.eval().to(device)
+    name = (getattr(model, "config", None) or {}).get("name", type(model).__name__)
+    stored = info["datamodule"]
+    if config is None and data is None and not (stored or {}).get("_class_path"):
+        config = _find_run_file(info["run_dir"], "config.yaml") if info["kind"] == "ckpt" else None
+    dm = build_datamodule(config=config, data=data, data_args=data_args, stored=stored)
+    batches = _batches(dm, split, num_batches)
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    mean: list[AttentionRecord] | None = None
+    first = first_pred = None
+    for bi, batch in enumerate(batches):
+        args, kwargs, target = split_batch(model, batch)
+        mv = lambda t: t.to(device) if isinstance(t, torch.Tensor) else t  # noqa: E731
+        args, kwargs = tuple(mv(a) for a in args), {k: mv(v) for k, v in kwargs.items()}
+        try:
+            with torch.no_grad(), recording(model) as recs:
+                pred = model(*args, **kwargs)
+        except (ValueError, TypeError, RuntimeError, IndexError) as e:
+            raise ValueError(f"analyze: model {name!r} does not match the {split!r} data: batch {_shapes(batch)} -> "
+                             f"{type(e).__name__}: {e}") from e
+        if not recs:
+            raise ValueError(f"analyze: model {name!r} recorded no attention maps")
+        bm = batch_mean_maps(recs)
+        mean = bm if mean is None else [r._replace(maps=[a + b for a, b in zip(r.maps, m.maps)])
+                                        for r, m in zip(mean, bm)]
+        if bi == 0:
+            first, first_pred = (args, kwargs, target, batch, recs), pred
+    mean = [r._replace(maps=[m / len(batches) for m in r.maps]) for r in mean]
+    modes = MODE_NAMES.get(name)
+    for i, r in enumerate(mean):
+        tag = f"{i:02d}_{_safe(r.name)}"
+        signed = any(bool((m < 0).any()) for m in r.maps)
+        if r.kind in ("kronecker", "axial"):
+            names = list(modes) if modes and len(modes) == len(r.maps) else None
+            written.append(plot_mode_maps(r.maps, out / f"attention_{tag}.png", mode_names=names, max_heads=max_heads,
+                                          title=f"{name}: {r.name} ({r.kind}{', ' + r.combine if r.combine else ''}), "
+                                                f"{split} mean over {len(batches)} batch(es)"))
+            if signed:  # Weaver valence maps: signed messages
+                for m, mname in zip(r.maps, names or [f"mode{j}" for j in range(len(r.maps))]):
+                    written.append(plot_signed_maps(m, out / f"weaver_{_safe(mname)}_{i:02d}.png",
+                                                    xlabel=f"key {mname}", ylabel=f"query {mname}",
+                                                    max_heads=max_heads,
+                                                    title=f"{name}: signed {mname} attention, {split} mean"))
+        elif r.kind == "full" and r.maps[0].shape[-1] <= 1024:
+            written.append(plot_mode_maps(r.maps, out / f"attention_{tag}.png", mode_names=["tokens"],
+                                          max_heads=max_heads, title=f"{name}: {r.name} (full), {split} mean"))
+    # HOBA: a key1 x key2 slice of one query token of one sample (no batch averaging: positions are sample-specific)
+    args, kwargs, target, batch, recs = first
+    for i, r in enumerate(recs):
+        if r.kind != "triplet" or not r.maps:
+            continue
+        cube = r.maps[0]  # (B, H, W, s, s, s)
+        mod = model.get_submodule(r.name)
+        L = args[0].shape[1]
+        bs = getattr(mod, "block_size", None) or L
+        starts = triplet_windows(L, bs, getattr(mod, "overlap", 0.0) if bs < L else 0.0)
+        t = min(max(token, 0), L - 1)
+        w = max(j for j, s0 in enumerate(starts) if s0 <= t)
+        s = min(bs, L)
+        written.append(plot_triplet_slice(cube[min(sample, cube.shape[0] - 1), :, w], out / f"hoba_slice_{i:02d}.png",
+                                          token=t - starts[w], max_heads=max_heads,
+                                          title=f"{name}: {r.name}, sample {sample}, token {t} (window {w}, "
+                                                f"positions {starts[w]}..{starts[w] + s - 1})"))
+    written += _forecast(first_pred, args, target, batch, out, name, sample)
+    mpath = Path(metrics) if metrics is not None else _find_run_file(info["run_dir"], "metrics.csv")
+    if mpath is not None:
+        try:
+            written.append(plot_stable_rank_curves(mpath, out / "stable_rank.png"))
+        except ValueError:
+            if metrics is not None:  # explicitly requested: report; auto-found: skip quietly
+                raise
+    return written
+
+
+def _forecast(pred, args, target, batch, out: Path, name: str, sample: int) -> list[Path]:
+    if not isinstance(pred, torch.Tensor) or not isinstance(target, torch.Tensor) or not pred.is_floating_point():
+        return []
+    x = args[0]
+    if pred.ndim == 3 and target.ndim == 3 and x.ndim == 3 and target.shape[-1] == pred.shape[-1]:
+        y = target[:, -pred.shape[1]:]  # LTSF targets may carry label_len extra steps
+        if y.shape != pred.shape:
+            return []
+        s = min(sample, x.shape[0] - 1)
+        return [plot_forecast_vs_truth(x[s], y[s], pred[s], out / "forecast.png", title=f"{name}: sample {s}")]
+    if pred.ndim == 4 and target.shape == pred.shape and x.ndim == 4:  # traffic (B, Q, N, C)
+        if isinstance(batch, dict) and "mean" in batch and "std" in batch:
+            pred = pred * batch["std"][:, None, None, :].to(pred) + batch["mean"][:, None, None, :].to(pred)
+            x = x * batch["std"][:, None, None, :].to(x) + batch["mean"][:, None, None, :].to(x)
+        s = min(sample, x.shape[0] - 1)
+        return [plot_forecast_vs_truth(x[s, :, :3, 0], target[s, :, :3, 0], pred[s, :, :3, 0], out / "forecast.png",
+                                       channels=range(min(3, x.shape[2])),
+                                       names=[f"sensor {j}" for j in range(3)], title=f"{name}: sample {s}")]
+    return []
+
+
+def _find_run_file(run_dir: Path | None, name: str) -> Path | None:
+    """Newest ``name`` under a run folder (LightningCLI writes ``config.yaml`` and CSVLogger ``metrics.csv`` into
+    ``<run>/logs/version_*``)."""
+    if run_dir is None or not Path(run_dir).is_dir():
+        return None
+    found = [f for depth in range(4) for f in Path(run_dir).glob("/".join(["*"] * depth + [name]))]
+    found.sort(key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+# ------------------------------------------------------------------------------------------------------ CLI
+def analyze_main(argv: Sequence[str] | None = None) -> int:
+    """``hoformer analyze``: attention-map, stable-rank and forecast figures of a checkpoint on a dataset split."""
+    p = argparse.ArgumentParser(prog="hoformer analyze", description=analyze_main.__doc__)
+    p.add_argument("--checkpoint", "--ckpt", required=True, help="Lightning .ckpt or save_pretrained folder")
+    p.add_argument("--config", help="LightningCLI YAML whose `data` section gives the datamodule")
+    p.add_argument("--data", help="datamodule class path, e.g. hoformer.data.LTSFDataModule")
+    p.add_argument("--data-args", default="{}", help="JSON init args of --data (or overrides of --config's data)")
+    p.add_argument("--model-args", default="{}", help="JSON overrides of the checkpoint's model_kwargs")
+    p.add_argument("--split", default="test", choices=["train", "val", "test"])
+    p.add_argument("--num-batches", type=int, default=1, help="batches averaged in the attention maps")
+    p.add_argument("--metrics", help="metrics.csv with stable-rank columns (default: searched in the run folder)")
+    p.add_argument("--token", type=int, default=0, help="query token of the HOBA triplet slice")
+    p.add_argument("--sample", type=int, default=0, help="sample of the batch for per-sample figures")
+    p.add_argument("--max-heads", type=int, default=8)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--output", default="runs/analysis", help="folder of the PNGs (default runs/analysis)")
+    a = p.parse_args(argv)
+    parsed = {}
+    for opt in ("data_args", "model_args"):
+        try:
+            parsed[opt] = json.loads(getattr(a, opt))
+        except json.JSONDecodeError as e:
+            p.error(f"--{opt.replace('_', '-')} must be a JSON object: {e}")
+        if not isinstance(parsed[opt], dict):
+            p.error(f"--{opt.replace('_', '-')} must be a JSON object")
+    files = analyze_checkpoint(a.checkpoint, a.output, config=a.config, data=a.data, data_args=parsed["data_args"],
+                    split=a.split, num_batches=a.num_batches, metrics=a.metrics, token=a.token, sample=a.sample,
+                    max_heads=a.max_heads, device=a.device, model_args=parsed["model_args"])
+    for f in files:
+        print(f)
+    print(f"hoformer analyze: wrote {len(files)} figure(s) to {a.output}")
+    return 0

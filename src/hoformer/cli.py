@@ -1,0 +1,245 @@
+"""The ``hoformer`` console script.
+
+``hoformer fit|validate|test|predict --config configs/....yaml [--print_config] [--section.key=value ...]`` is a
+:class:`lightning.pytorch.cli.LightningCLI` in subclass mode for both the model (any
+:class:`hoformer.train.TaskModule`) and the data (any ``LightningDataModule``); callbacks (best-validation
+checkpoint, early stopping, ``save_pretrained`` export) and loggers are configured in the YAML files under
+``configs/``. Checkpoints are written atomically (:class:`hoformer.train.tasks.AtomicCheckpointIO`).
+
+Extra sub-commands are plain functions registered with :func:`register_command` (``hoformer demo`` here;
+``hoformer analyze`` and ``hoformer bench`` are reserved hooks filled in by their modules)::
+
+    from hoformer.cli import register_command
+
+    @register_command("bench", help="attention benchmarks")
+    def bench(argv: list[str]) -> int: ...
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+__all__ = ["main", "register_command", "COMMANDS", "HoformerCLI", "demo"]
+
+#: name -> (function(argv) -> exit code, one-line help)
+COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {}
+#: reserved sub-commands implemented in other modules: name -> "module:function" (imported lazily)
+HOOKS: dict[str, str] = {
+    "analyze": "hoformer.analysis.cli:main",
+    "bench": "hoformer.bench:main",
+}
+LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
+
+
+def register_command(name: str, help: str = ""):
+    """Decorator registering ``fn(argv: list[str]) -> int`` as ``hoformer <name>``."""
+
+    def deco(fn: Callable[[list[str]], int]):
+        if name in LIGHTNING_COMMANDS:
+            raise ValueError(f"register_command: {name!r} is a LightningCLI sub-command")
+        COMMANDS[name] = (fn, help)
+        return fn
+
+    return deco
+
+
+def _lightning_cli():
+    from lightning.pytorch.cli import LightningCLI
+
+    class HoformerCLI(LightningCLI):
+        """LightningCLI with subclass mode for model and data and hoformer's defaults (see module doc)."""
+
+        def __init__(self, args=None, run: bool = True, **kw):
+            from lightning.pytorch import LightningDataModule
+
+            from hoformer.train import TaskModule
+
+            kw.setdefault("save_config_kwargs", {"overwrite": True})
+            super().__init__(
+                TaskModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                seed_everything_default=0, args=args, run=run, auto_configure_optimizers=False, **kw,
+            )
+
+        def _resolve_best(self) -> None:
+            """``--ckpt_path best`` in a fresh process: the newest ``best-*.ckpt`` in the ModelCheckpoint dirpath."""
+            cfg = self.config_init[self.subcommand]
+            cb = self.trainer.checkpoint_callback
+            if cfg.get("ckpt_path") != "best" or cb is None or cb.best_model_path:
+                return
+            d = Path(cb.dirpath) if cb.dirpath else None
+            found = sorted(d.glob("best-*.ckpt"), key=os.path.getmtime) if d is not None and d.is_dir() else []
+            if not found:
+                raise FileNotFoundError(f"--ckpt_path best: no best-*.ckpt in the ModelCheckpoint dirpath {d}; "
+                                        "run `hoformer fit` with this config first or pass a checkpoint path")
+            cfg["ckpt_path"] = str(found[-1])
+
+        before_validate = before_test = before_predict = _resolve_best
+
+    return HoformerCLI
+
+
+def __getattr__(name: str):  # lazy: importing hoformer.cli must not import lightning
+    if name == "HoformerCLI":
+        return _lightning_cli()
+    raise AttributeError(name)
+
+
+def _usage() -> str:
+    lines = ["usage: hoformer {fit,validate,test,predict} --config CONFIG.yaml [options]",
+             "       hoformer <command> [options]", "", "LightningCLI commands (see `hoformer fit --help`):",
+             "  fit, validate, test, predict", "", "hoformer commands:"]
+    for name, (_, h) in sorted(COMMANDS.items()):
+        lines.append(f"  {name:10s}{h}")
+    for name, target in sorted(HOOKS.items()):
+        if name not in COMMANDS:
+            lines.append(f"  {name:10s}(provided by {target.split(':')[0]})")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``hoformer`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    cmd = argv[0]
+    if cmd in COMMANDS:
+        return int(COMMANDS[cmd][0](argv[1:]) or 0)
+    if cmd in HOOKS:
+        mod, fn = HOOKS[cmd].split(":")
+        try:
+            target = getattr(importlib.import_module(mod), fn)
+        except (ImportError, AttributeError) as e:
+            print(f"hoformer {cmd}: not available in this installation ({HOOKS[cmd]}: {e})", file=sys.stderr)
+            return 2
+        return int(target(argv[1:]) or 0)
+    if cmd in LIGHTNING_COMMANDS or cmd.startswith("-"):
+        _lightning_cli()(args=argv)
+        return 0
+    print(f"hoformer: unknown command {cmd!r}\n\n{_usage()}", file=sys.stderr)
+    return 2
+
+
+# ----------------------------------------------------------------------------------------------------- demo
+def _demo_data_root() -> Path | None:
+    env = os.environ.get("HOFORMER_DATA")
+    cands = [Path(env)] if env else []
+    cands += [Path.cwd().parent / "shared" / "data", Path(__file__).resolve().parents[3] / "shared" / "data"]
+    for c in cands:
+        if (c / "ltsf" / "ETT-small" / "ETTh1.csv").is_file():
+            return c
+    return None
+
+
+@register_command("demo", help="train a small HOT forecaster (ETTh1 if $HOFORMER_DATA has it, else synthetic)")
+def demo(argv: list[str]) -> int:
+    """Train ``hot_forecaster`` (Kronecker product attention, lookback 96, horizon 96) for a few minutes on CPU, test
+    the best-validation checkpoint and report the metrics, checkpoint, ``save_pretrained`` directory and forecast PNG.
+    """
+    p = argparse.ArgumentParser(prog="hoformer demo", description=demo.__doc__)
+    p.add_argument("--output", default="runs/demo", help="run directory (default runs/demo)")
+    p.add_argument("--dataset", default="auto", help="'auto' (ETTh1 when found, else synthetic), 'synthetic' or an "
+                   "LTSF name such as ETTh1 / weather")
+    p.add_argument("--attention", default="kronecker_product")
+    p.add_argument("--max-epochs", type=int, default=3)
+    p.add_argument("--max-minutes", type=float, default=2.5, help="wall-clock budget of the training loop")
+    p.add_argument("--limit-train-batches", type=float, default=1.0)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+
+    import torch
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger
+
+    from hoformer.data import LTSFDataset, SyntheticLTSF
+    from hoformer.train.tasks import AtomicCheckpointIO, ExportPretrained, ForecastingTask
+
+    torch.set_num_threads(a.threads)
+    pl.seed_everything(a.seed, verbose=False)
+    root = _demo_data_root()
+    name = a.dataset
+    if name == "auto":
+        name = "ETTh1" if root is not None else "synthetic"
+    if name == "synthetic":
+        make = lambda split: SyntheticLTSF(split, seq_len=96, pred_len=96, num_variates=7, length=4000)
+        print("hoformer demo: no real data found ($HOFORMER_DATA or ../shared/data): using the synthetic dataset")
+    else:
+        if root is None:
+            print("hoformer demo: set HOFORMER_DATA to the directory holding ltsf/", file=sys.stderr)
+            return 2
+        make = lambda split: LTSFDataset(root / "ltsf", name, split, seq_len=96, pred_len=96)
+    data = _DemoData({s: make(s) for s in ("train", "val", "test")}, a.batch_size)
+    ds = data.datasets
+    c = ds["train"].num_variates
+    print(f"hoformer demo: dataset {name} ({c} variates), windows train/val/test = "
+          f"{len(ds['train'])}/{len(ds['val'])}/{len(ds['test'])}")
+    task = ForecastingTask(
+        "hot_forecaster",
+        dict(seq_len=96, pred_len=96, num_variates=c, attention=a.attention, dim=64, depth=2, num_heads=4,
+             patch_size=8, dropout=0.1),
+        lr=1e-3, weight_decay=0.1, warmup_steps=50, original_scale=True,
+    )
+    out = Path(a.output)
+    ckpt = ModelCheckpoint(dirpath=out / "checkpoints", filename="best-{epoch}", monitor="val/mae", mode="min",
+                           save_last=True)
+    export = ExportPretrained(str(out / "pretrained"))
+    trainer = pl.Trainer(
+        default_root_dir=out, max_epochs=a.max_epochs, max_time={"minutes": a.max_minutes},
+        limit_train_batches=a.limit_train_batches, accelerator="cpu", devices=1, logger=CSVLogger(out, name="logs"),
+        callbacks=[ckpt, EarlyStopping("val/mae", patience=3, mode="min"), export],
+        plugins=[AtomicCheckpointIO()], enable_progress_bar=sys.stderr.isatty(), enable_model_summary=False,
+        log_every_n_steps=20,
+    )
+    t0 = time.time()
+    trainer.fit(task, datamodule=data)
+    fit_s = time.time() - t0
+    (metrics,) = trainer.test(task, datamodule=data, ckpt_path=ckpt.best_model_path or None, verbose=False)
+    print(f"\nhoformer demo: trained {trainer.current_epoch} epoch(s) in {fit_s:.0f} s on {torch.get_num_threads()} "
+          f"thread(s); best val MAE {float(ckpt.best_model_score or float('nan')):.4f}")
+    print("test metrics (normalised scale, as in the papers):")
+    for k in ("test/mse", "test/mae", "test/smape"):
+        print(f"  {k:14s} {metrics[k]:.4f}")
+    print("test metrics (original scale):")
+    for k in ("test/mse_orig", "test/mae_orig"):
+        print(f"  {k:14s} {metrics[k]:.4f}")
+    print(f"checkpoint:      {ckpt.best_model_path}")
+    print(f"save_pretrained: {export.path}   (hoformer.models.from_pretrained(dir))")
+    print(f"forecast plot:   {task.forecast_plot_path}")
+    return 0
+
+
+def _DemoData(datasets: dict, batch_size: int):
+    """Minimal datamodule over ready-made train/val/test datasets exposing ``inverse_transform``."""
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader
+
+    class DemoData(pl.LightningDataModule):
+        def __init__(self):
+            super().__init__()
+            self.datasets = datasets
+
+        def train_dataloader(self):
+            return DataLoader(datasets["train"], batch_size=batch_size, shuffle=True)
+
+        def val_dataloader(self):
+            return DataLoader(datasets["val"], batch_size=256)
+
+        def test_dataloader(self):
+            return DataLoader(datasets["test"], batch_size=256)
+
+        def inverse_transform(self, data):
+            return datasets["train"].inverse_transform(data)
+
+    return DemoData()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

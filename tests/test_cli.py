@@ -1,0 +1,200 @@
+"""The ``hoformer`` CLI: dispatch, every committed config, an end-to-end fit/test through LightningCLI, the demo."""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from hoformer import cli
+from hoformer.data import LTSF_DATASETS, MEDMNIST3D_INFO, NLCD_CLASSES, CDL_CLASSES
+from hoformer.models import create_model, from_pretrained
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((REPO / "configs" / "hot").rglob("*.yaml"))
+MONITOR = {"ForecastingTask": ("val/mae", "min"), "ClassificationTask": ("val/auc", "max"),
+           "SegmentationTask": ("val/acc", "max")}
+
+
+def _import(path: str):
+    mod, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(mod), name)
+
+
+def _check_init_args(class_path: str, init_args: dict, where: str):
+    cls = _import(class_path)
+    params = inspect.signature(cls.__init__).parameters
+    unknown = set(init_args) - set(params)
+    assert not unknown, f"{where}: {class_path} has no arguments {sorted(unknown)}"
+    return cls
+
+
+# --------------------------------------------------------------------------------------------- dispatch
+def test_help_lists_commands(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for word in ("fit", "validate", "test", "predict", "demo", "analyze", "bench"):
+        assert word in out
+
+
+def test_unknown_command(capsys):
+    assert cli.main(["frobnicate"]) == 2
+    assert "unknown command" in capsys.readouterr().err
+
+
+def test_hooks_dispatch_and_missing_module(monkeypatch, capsys, tmp_path):
+    pkg = tmp_path / "fakehook.py"
+    pkg.write_text("calls = []\ndef main(argv):\n    calls.append(argv)\n    return 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(cli.HOOKS, "bench", "fakehook:main")
+    assert cli.main(["bench", "--quick"]) == 3
+    assert importlib.import_module("fakehook").calls == [["--quick"]]
+    monkeypatch.setitem(cli.HOOKS, "analyze", "hoformer.no_such_module:main")
+    assert cli.main(["analyze"]) == 2
+    assert "not available" in capsys.readouterr().err
+
+
+def test_register_command(monkeypatch):
+    monkeypatch.setattr(cli, "COMMANDS", dict(cli.COMMANDS))
+    seen = []
+    cli.register_command("hello", help="say hello")(lambda argv: seen.append(argv) or 0)
+    assert cli.main(["hello", "x"]) == 0 and seen == [["x"]]
+    with pytest.raises(ValueError, match="LightningCLI"):
+        cli.register_command("fit")(lambda argv: 0)
+
+
+def test_console_script_installed():
+    exe = shutil.which("hoformer") or str(Path(sys.executable).with_name("hoformer"))
+    if not Path(exe).is_file():
+        pytest.skip("the `hoformer` console script is not installed in this environment")
+    r = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "demo" in r.stdout
+
+
+# ---------------------------------------------------------------------------------------------- configs
+def test_config_set_is_complete():
+    names = {p.relative_to(REPO / "configs" / "hot").as_posix() for p in CONFIGS}
+    for ds in ("etth1", "etth2", "ettm1", "ettm2", "weather", "electricity", "traffic", "solar"):
+        for h in (96, 192, 336, 720):
+            for v in ("hot_product", "hot_sum", "full", "spatial", "temporal"):
+                assert f"ltsf/{ds}_96_{h}_{v}.yaml" in names
+    for flag in ("organ", "nodule", "adrenal", "fracture", "vessel"):
+        for v in ("hot_product", "hot_sum", "full"):
+            assert f"medmnist3d/{flag}_{v}.yaml" in names
+    for prod in ("nlcd", "cdl"):
+        for v in ("hot_product", "hot_sum"):
+            assert f"ssl4eo_l/{prod}_{v}.yaml" in names
+
+
+def test_configs_match_generator(tmp_path):
+    spec = importlib.util.spec_from_file_location("hot_generate", REPO / "configs" / "hot" / "generate.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    written = gen.main(tmp_path)
+    assert len(written) == len(CONFIGS)
+    for p in written:
+        committed = REPO / "configs" / "hot" / p.relative_to(tmp_path)
+        assert committed.read_text() == p.read_text(), f"{committed} is stale: re-run configs/hot/generate.py"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_config_is_valid(path):
+    cfg = yaml.safe_load(path.read_text())
+    assert set(cfg) == {"seed_everything", "trainer", "model", "data"} and isinstance(cfg["seed_everything"], int)
+    where = path.name
+    model, data, trainer = cfg["model"], cfg["data"], cfg["trainer"]
+    task_cls = _check_init_args(model["class_path"], model["init_args"], where)
+    data_cls = _check_init_args(data["class_path"], data["init_args"], where)
+    args = model["init_args"]
+    assert args["lr"] == 2e-4 and args["weight_decay"] in (0.01, 0.1, 0.3, 0.5)  # appendix B.4 / Table 6
+    kw = args["model_kwargs"]
+    m = create_model(args["model_name"], **kw)  # validates every model argument
+    assert kw["dim"] == 128 and len(m.encoder.blocks) == (2 if task_cls.__name__ == "ForecastingTask" else 6)
+    d = data["init_args"]
+    if data_cls.__name__ == "LTSFDataModule":
+        assert kw["seq_len"] == d["seq_len"] and kw["pred_len"] == d["pred_len"]
+        assert kw["num_variates"] == LTSF_DATASETS[d["name"]].channels
+    elif data_cls.__name__ == "MedMNIST3DDataModule":
+        assert kw["num_classes"] == len(MEDMNIST3D_INFO[d["flag"]]["labels"]) and kw["input_size"] == d["size"]
+    else:
+        assert kw["num_classes"] == len({"nlcd": NLCD_CLASSES, "cdl": CDL_CLASSES}[d["product"]])
+    monitor, mode = MONITOR[task_cls.__name__]
+    cbs = {c["class_path"].rsplit(".", 1)[1]: c.get("init_args", {}) for c in trainer["callbacks"]}
+    for name in ("ModelCheckpoint", "EarlyStopping"):
+        assert cbs[name]["monitor"] == monitor and cbs[name]["mode"] == mode
+    assert "ExportPretrained" in cbs and "SavePredictions" in cbs
+    for c in trainer["callbacks"] + trainer["logger"] + trainer["plugins"]:
+        _check_init_args(c["class_path"], c.get("init_args", {}), where)
+    assert trainer["max_epochs"] == 100 and data["init_args"]["batch_size"] == 32
+
+
+@pytest.mark.parametrize("rel", ["ltsf/etth1_96_96_hot_product.yaml", "medmnist3d/adrenal_hot_sum.yaml",
+                                 "ssl4eo_l/nlcd_hot_product.yaml"])
+def test_print_config_through_lightningcli(rel, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["fit", "--config", str(REPO / "configs" / "hot" / rel), "--print_config"])
+    assert e.value.code in (0, None)
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["model"]["init_args"]["model_kwargs"] == yaml.safe_load(
+        (REPO / "configs" / "hot" / rel).read_text())["model"]["init_args"]["model_kwargs"]
+    assert printed["seed_everything"] == 2024
+
+
+# -------------------------------------------------------------------------------------------- end to end
+def test_fit_then_test_through_cli(tmp_path, monkeypatch):
+    """`hoformer fit` + `hoformer test --ckpt_path best` with a paper config and command-line overrides."""
+    monkeypatch.chdir(tmp_path)  # the config's runs/... paths are relative
+    cfg = str(REPO / "configs" / "hot" / "ltsf" / "etth1_96_96_hot_sum.yaml")
+    over = ["--data.init_args.synthetic=true", "--data.init_args.synthetic_length=1200",
+            "--data.init_args.num_workers=0", "--data.init_args.eval_batch_size=256",
+            '--model.init_args.model_kwargs={"seq_len": 96, "pred_len": 96, "num_variates": 7, '
+            '"attention": "kronecker_sum", "dim": 16, "depth": 1, "num_heads": 2, "patch_size": 8}',
+            "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.accelerator=cpu",
+            "--trainer.enable_progress_bar=false"]
+    assert cli.main(["fit", "--config", cfg, *over]) == 0
+    run = tmp_path / "runs" / "hot" / "ltsf" / "etth1_96_96_hot_sum"
+    best = sorted((run / "checkpoints").glob("best-*.ckpt"))
+    assert best and (run / "checkpoints" / "last.ckpt").is_file()
+    model = from_pretrained(next(run.glob("logs/version_*/pretrained")))
+    assert model.config["kwargs"]["attention"] == "kronecker_sum" and model.config["kwargs"]["dim"] == 16
+    assert (next(run.glob("logs/version_*")) / "config.yaml").is_file()  # LightningCLI saved the resolved config
+    assert cli.main(["test", "--config", cfg, *over, "--ckpt_path", "best"]) == 0
+    assert list(run.glob("logs/version_*/forecast.png"))
+    metrics = "".join(p.read_text() for p in run.glob("logs/version_*/metrics.csv"))
+    assert "test/mse" in metrics and "val/mae" in metrics
+    assert cli.main(["predict", "--config", cfg, *over, "--ckpt_path", "best"]) == 0
+    (pred,) = run.glob("logs/version_*/predictions.pt")
+    n_test = (int(0.2 * 1200) + 96) - 96 - 96 + 1  # 20 % test rows + lookback, minus the window span
+    assert torch.load(pred, weights_only=True).shape == (n_test, 96, 7)  # every test window predicted
+
+
+def test_test_best_without_checkpoint_is_clear(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = str(REPO / "configs" / "hot" / "ltsf" / "etth1_96_96_hot_sum.yaml")
+    with pytest.raises(FileNotFoundError, match="best"):
+        cli.main(["test", "--config", cfg, "--data.init_args.synthetic=true", "--ckpt_path", "best"])
+
+
+def test_demo_synthetic(tmp_path, capsys):
+    assert cli.main(["demo", "--dataset", "synthetic", "--max-epochs", "1", "--limit-train-batches", "2",
+                     "--output", str(tmp_path / "demo"), "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "test/mse" in out and "synthetic" in out
+    paths = {line.split(":", 1)[0].strip(): line.split(":", 1)[1].split()[0] for line in out.splitlines()
+             if line.startswith(("checkpoint:", "save_pretrained:", "forecast plot:"))}
+    assert Path(paths["checkpoint"]).is_file() and Path(paths["forecast plot"]).is_file()
+    assert from_pretrained(paths["save_pretrained"]).config["name"] == "hot_forecaster"
+
+
+def test_demo_finds_real_data(data_root, monkeypatch):
+    if not (data_root / "ltsf" / "ETT-small" / "ETTh1.csv").is_file():
+        pytest.skip("ETTh1 not in the shared data")
+    monkeypatch.setenv("HOFORMER_DATA", str(data_root))
+    assert cli._demo_data_root() == data_root

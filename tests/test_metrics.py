@@ -1,0 +1,73 @@
+"""Masked forecasting metrics vs a NumPy reference with missing values; DDP-style state merging."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hoformer.train.metrics import MaskedMAE, MaskedMAPE, MaskedRMSE, forecasting_metrics, masked_mae
+
+
+def _data(seed=0, b=6, q=12, n=5):
+    rng = np.random.default_rng(seed)
+    y = rng.uniform(20, 70, size=(b, q, n, 1))
+    y[rng.random(y.shape) < 0.2] = 0.0  # zeros = missing (METR-LA convention)
+    pred = y + rng.normal(0, 5, size=y.shape)
+    return pred, y, y != 0
+
+
+def _np_ref(pred, y, mask, at=None):
+    if at is not None:
+        pred, y, mask = pred[:, at - 1], y[:, at - 1], mask[:, at - 1]
+    p, t = pred[mask], y[mask]
+    return {"mae": np.abs(p - t).mean(), "mape": 100 * np.abs((p - t) / t).mean(),
+            "rmse": np.sqrt(((p - t) ** 2).mean())}
+
+
+@pytest.mark.parametrize("at", [None, 3, 6, 12])
+def test_masked_metrics_match_numpy_reference(at):
+    pred, y, mask = _data()
+    ref = _np_ref(pred, y, mask, at)
+    for name, cls in (("mae", MaskedMAE), ("mape", MaskedMAPE), ("rmse", MaskedRMSE)):
+        m = cls(at=at)
+        for sl in (slice(0, 2), slice(2, 3), slice(3, 6)):  # several batches = one pooled average
+            m.update(*(torch.tensor(a[sl]) for a in (pred, y)), torch.tensor(mask[sl]))
+        assert float(m.compute()) == pytest.approx(ref[name], rel=1e-5)
+
+
+def test_collection_and_ddp_style_merge_equal_single_process():
+    pred, y, mask = _data(1)
+    t = [torch.tensor(a) for a in (pred, y, mask)]
+    whole = forecasting_metrics()
+    whole.update(*t)
+    ranks = [forecasting_metrics() for _ in range(2)]
+    ranks[0].update(*(a[:1] for a in t))  # unequal shards: a mean of means would be wrong
+    ranks[1].update(*(a[1:] for a in t))
+    for key, metric in ranks[0].items():
+        metric.merge_state(ranks[1][key])  # the same "sum" reduction DDP applies to (total, count)
+    merged, single = ranks[0].compute(), whole.compute()
+    assert set(single) == {f"{m}{s}" for m in ("mae", "mape", "rmse") for s in ("", "@3", "@6", "@12")}
+    for k in single:
+        assert float(merged[k]) == pytest.approx(float(single[k]), rel=1e-6)
+    assert float(single["mae@12"]) == pytest.approx(_np_ref(pred, y, mask, 12)["mae"], rel=1e-5)
+
+
+def test_masked_mae_loss_and_all_missing_errors():
+    pred, y, mask = (torch.tensor(a) for a in _data(2))
+    assert float(masked_mae(pred, y, mask)) == pytest.approx(float((pred - y).abs()[mask].mean()))
+    pred.requires_grad_(True)
+    masked_mae(pred, y, mask).backward()
+    assert pred.grad[~mask].eq(0).all()
+    empty = torch.zeros_like(mask)
+    with pytest.raises(ValueError, match="all-missing"):
+        masked_mae(pred, y, empty)
+    m = MaskedMAE()
+    m.update(pred.detach(), y, empty)
+    with pytest.raises(ValueError, match="all-missing"):
+        m.compute()
+    with pytest.raises(ValueError, match="mask"):
+        MaskedRMSE().update(pred.detach(), y, mask.float())
+    with pytest.raises(ValueError, match="at"):
+        MaskedMAE(at=0)
+    with pytest.raises(ValueError, match="horizon"):
+        MaskedMAE(at=13).update(pred.detach(), y, mask)

@@ -1,0 +1,259 @@
+"""Training: 1-epoch fits (real data when present), metrics against naive references, exact resume, DDP agreement,
+atomic checkpoints, save_pretrained export."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from torch.utils.data import DataLoader, TensorDataset
+
+from hoformer.data import LTSFDataModule, MedMNIST3DDataModule, MultispectralDataModule
+from hoformer.models import from_pretrained
+from hoformer.train import ClassificationTask, ForecastingTask, SegmentationTask
+from hoformer.train.tasks import AtomicCheckpointIO, ExportPretrained
+
+TINY_FC = dict(dim=16, num_heads=2, depth=1, patch_size=8)
+
+
+def _trainer(tmp_path, **kw) -> pl.Trainer:
+    kw.setdefault("logger", False)
+    kw.setdefault("enable_checkpointing", False)
+    return pl.Trainer(default_root_dir=tmp_path, accelerator="cpu", devices=1, enable_progress_bar=False,
+                      enable_model_summary=False, **kw)
+
+
+class _DM(pl.LightningDataModule):
+    """Fixed datasets, no shuffling (used by the metric reference tests)."""
+
+    def __init__(self, test_ds, batch_size):
+        super().__init__()
+        self.test_ds, self.bs = test_ds, batch_size
+
+    def test_dataloader(self):
+        return DataLoader(self.test_ds, batch_size=self.bs)
+
+
+# ------------------------------------------------------------------------------------------ 1-epoch fits
+def test_fit_one_epoch_real_etth1(data_root, tmp_path):
+    dm = LTSFDataModule(root=str(data_root / "ltsf"), name="ETTh1", seq_len=96, pred_len=24, batch_size=32,
+                        eval_batch_size=256)
+    task = ForecastingTask("hot_forecaster", dict(seq_len=96, pred_len=24, num_variates=7, **TINY_FC), lr=1e-3,
+                           original_scale=True)
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val/mae", mode="min", save_last=True)
+    export = ExportPretrained()
+    trainer = _trainer(tmp_path, max_epochs=1, limit_train_batches=8, limit_val_batches=2, limit_test_batches=2,
+                       logger=CSVLogger(tmp_path), callbacks=[ckpt, export], plugins=[AtomicCheckpointIO()],
+                       enable_checkpointing=True)
+    trainer.fit(task, dm)
+    assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+    assert Path(ckpt.best_model_path).is_file() and (tmp_path / "ckpt" / "last.ckpt").is_file()
+    (res,) = trainer.test(task, dm, ckpt_path="best", verbose=False)
+    for k in ("test/mse", "test/mae", "test/smape", "test/mse_orig", "test/mae_orig", "test/loss"):
+        assert np.isfinite(res[k]), k
+    assert res["test/mse_orig"] > res["test/mse"]  # ETTh1 raw scale is larger than the standardised one
+    assert Path(task.forecast_plot_path).is_file() and Path(task.forecast_plot_path).suffix == ".png"
+    metrics_csv = Path(trainer.logger.log_dir) / "metrics.csv"
+    assert "val/mae" in metrics_csv.read_text().splitlines()[0]
+    exported = from_pretrained(export.path)
+    for (k, v), (k2, v2) in zip(task.model.state_dict().items(), exported.state_dict().items()):
+        assert k == k2 and torch.equal(v, v2)
+
+
+def test_fit_one_epoch_real_adrenalmnist3d(data_root, tmp_path):
+    dm = MedMNIST3DDataModule(root=str(data_root / "medmnist3d"), flag="adrenal", batch_size=16)
+    task = ClassificationTask("hot_volume_classifier", dict(num_classes=2, dim=16, num_heads=2, depth=1,
+                                                            patch_size=7), lr=1e-3)
+    trainer = _trainer(tmp_path, max_epochs=1, limit_train_batches=4, limit_val_batches=2)
+    trainer.fit(task, dm)
+    m = trainer.callback_metrics
+    assert 0.0 <= float(m["val/auc"]) <= 1.0 and 0.0 <= float(m["val/acc"]) <= 1.0
+    assert torch.isfinite(m["train/loss_epoch"])
+
+
+def test_fit_one_epoch_synthetic_segmentation(tmp_path):
+    dm = MultispectralDataModule(root=str(tmp_path / "ssl4eo"), product="nlcd", synthetic=True, synthetic_n=8,
+                                 synthetic_size=32, crop_size=None, batch_size=4)
+    task = SegmentationTask("hot_segmenter", dict(in_channels=7, num_classes=17, input_size=32, dim=16, num_heads=2,
+                                                  depth=1, patch_size=8), lr=1e-3)
+    trainer = _trainer(tmp_path, max_epochs=1)
+    trainer.fit(task, dm)
+    (res,) = trainer.test(task, dm, verbose=False)
+    assert 0.0 <= res["test/acc"] <= 1.0 and 0.0 <= res["test/miou"] <= 1.0
+
+
+# ----------------------------------------------------------------------------- metrics vs naive references
+def test_forecasting_metrics_score_every_window(tmp_path):
+    """Epoch metrics over uneven batches equal MSE/MAE/SMAPE over all test windows (nothing dropped)."""
+    dm = LTSFDataModule(synthetic=True, synthetic_length=700, seq_len=32, pred_len=8, batch_size=8,
+                        eval_batch_size=8)
+    task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC),
+                           original_scale=True, plot_variates=0)
+    (res,) = _trainer(tmp_path).test(task, dm, verbose=False)
+    ds = dm.dataset("test")
+    assert len(ds) % 8 != 0  # a ragged last batch
+    with torch.no_grad():
+        x = torch.stack([ds[i][0] for i in range(len(ds))]).double()
+        y = torch.stack([ds[i][1] for i in range(len(ds))]).double()
+        p = task.model.eval().double()(x)
+    err = p - y
+    smape = (2 * err.abs() / (p.abs() + y.abs()).clamp_min(1.17e-6)).mean()
+    assert res["test/mse"] == pytest.approx(err.pow(2).mean().item(), rel=1e-5)
+    assert res["test/mae"] == pytest.approx(err.abs().mean().item(), rel=1e-5)
+    assert res["test/smape"] == pytest.approx(smape.item(), rel=1e-4)
+    po, yo = ds.inverse_transform(p.numpy()), ds.inverse_transform(y.numpy())
+    assert res["test/mse_orig"] == pytest.approx(float(((po - yo) ** 2).mean()), rel=1e-4)
+
+
+def _naive_auc(score, y):
+    pos, neg = score[y == 1], score[y == 0]
+    wins = sum(float(p > n) + 0.5 * float(p == n) for p in pos for n in neg)
+    return wins / (len(pos) * len(neg))
+
+
+@pytest.mark.parametrize("num_classes", [2, 3])
+def test_classification_metrics_match_naive(tmp_path, num_classes):
+    torch.manual_seed(0)
+    x, y = torch.rand(37, 1, 8, 8, 8), torch.arange(37) % num_classes
+    task = ClassificationTask("hot_volume_classifier", dict(input_size=8, patch_size=4, num_classes=num_classes,
+                                                            dim=16, num_heads=2, depth=1))
+    (res,) = _trainer(tmp_path).test(task, _DM(TensorDataset(x, y[:, None]), 5), verbose=False)
+    with torch.no_grad():
+        prob = task.model.eval()(x).softmax(-1)
+    acc = (prob.argmax(-1) == y).float().mean().item()
+    if num_classes == 2:
+        auc = _naive_auc(prob[:, 1], y)
+    else:  # MedMNIST: macro average of one-vs-rest AUCs
+        auc = np.mean([_naive_auc(prob[:, c], (y == c).long()) for c in range(num_classes)])
+    assert res["test/acc"] == pytest.approx(acc, abs=1e-6)
+    assert res["test/auc"] == pytest.approx(auc, abs=1e-5)
+
+
+def test_segmentation_metrics_match_naive(tmp_path):
+    torch.manual_seed(0)
+    k = 5
+    x, y = torch.randn(6, 3, 16, 16), torch.randint(0, k, (6, 16, 16))
+    task = SegmentationTask("hot_segmenter", dict(in_channels=3, num_classes=k, input_size=16, patch_size=4, dim=16,
+                                                  num_heads=2, depth=1))
+    (res,) = _trainer(tmp_path).test(task, _DM(TensorDataset(x, y), 4), verbose=False)
+    with torch.no_grad():
+        pred = task.model.eval()(x).argmax(1)
+    ious = []
+    for c in range(k):
+        inter, union = ((pred == c) & (y == c)).sum().item(), ((pred == c) | (y == c)).sum().item()
+        if union:
+            ious.append(inter / union)
+    assert res["test/acc"] == pytest.approx((pred == y).float().mean().item(), abs=1e-6)
+    assert res["test/miou"] == pytest.approx(float(np.mean(ious)), abs=1e-5)
+
+
+# ------------------------------------------------------------------------------------------ resume / io
+class _Interrupt(pl.Callback):
+    def on_train_epoch_start(self, trainer, pl_module):
+        if trainer.current_epoch == 1:
+            raise RuntimeError("simulated crash")
+
+
+def _resume_run(tmp_path, callbacks, ckpt_path=None):
+    pl.seed_everything(0, verbose=False)
+    dm = LTSFDataModule(synthetic=True, synthetic_length=800, seq_len=32, pred_len=8, batch_size=16)
+    task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, dropout=0.2, **TINY_FC),
+                           lr=3e-3, warmup_steps=3, plot_variates=0)
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    trainer = _trainer(tmp_path, max_epochs=3, limit_train_batches=6, limit_val_batches=2,
+                       callbacks=[ckpt, *callbacks], enable_checkpointing=True, plugins=[AtomicCheckpointIO()])
+    trainer.fit(task, dm, ckpt_path=ckpt_path)
+    return task
+
+
+def test_resume_is_exact(tmp_path):
+    """A run killed after epoch 1 and resumed from last.ckpt ends with exactly the weights of an uninterrupted run
+    (shuffling, dropout, optimizer and LR schedule all restored)."""
+    ref = _resume_run(tmp_path / "a", [])
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _resume_run(tmp_path / "b", [_Interrupt()])
+    assert (tmp_path / "b" / "last.ckpt").is_file()
+    resumed = _resume_run(tmp_path / "b", [], ckpt_path=str(tmp_path / "b" / "last.ckpt"))
+    for (k, v), v2 in zip(ref.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(v, v2), f"{k} differs after resume"
+
+
+def test_atomic_checkpoint_never_torn(tmp_path, monkeypatch):
+    io, path = AtomicCheckpointIO(), tmp_path / "model.ckpt"
+    io.save_checkpoint({"w": torch.ones(3)}, path)
+
+    def crash(obj, f, *a, **k):
+        Path(f).write_bytes(b"half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError, match="disk full"):
+        io.save_checkpoint({"w": torch.zeros(3)}, path)
+    monkeypatch.undo()
+    assert torch.equal(torch.load(path, weights_only=True)["w"], torch.ones(3))
+    assert [p.name for p in tmp_path.iterdir()] == ["model.ckpt"]  # no temporary left behind
+
+
+# ------------------------------------------------------------------------------------------------ DDP
+_DDP_SCRIPT = textwrap.dedent("""
+    import sys, torch, lightning.pytorch as pl
+    from torch.utils.data import DataLoader, DistributedSampler
+    from hoformer.data import LTSFDataModule
+    from hoformer.train import ForecastingTask
+
+    class Data(LTSFDataModule):
+        # DDP: Lightning injects DistributedSampler(shuffle=True, seed=PL_GLOBAL_SEED) and rank r takes rows r::2 of
+        # the epoch's permutation; one process walks the same permutation (one replica), so every global batch is the
+        # same set of windows.
+        def train_dataloader(self):
+            if self.trainer.world_size > 1:
+                return DataLoader(self.dataset("train"), batch_size=self.batch_size, shuffle=True)
+            sampler = DistributedSampler(self.dataset("train"), num_replicas=1, rank=0, shuffle=True, seed=0)
+            return DataLoader(self.dataset("train"), batch_size=self.batch_size, sampler=sampler)
+
+    out, devices = sys.argv[1], int(sys.argv[2])
+    torch.set_num_threads(1)
+    pl.seed_everything(0, verbose=False)
+    dm = Data(synthetic=True, synthetic_length=600, seq_len=32, pred_len=8, batch_size=16 // devices)
+    task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, dim=16, num_heads=2,
+                           depth=1, patch_size=8, dropout=0.0), lr=3e-3, plot_variates=0)
+    trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
+                         max_epochs=2, limit_train_batches=4, limit_val_batches=0, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(task, dm)
+    if trainer.is_global_zero:
+        torch.save(task.model.state_dict(), out)
+""")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ddp_two_processes_match_single_process(tmp_path):
+    script = tmp_path / "ddp_run.py"
+    script.write_text(_DDP_SCRIPT)
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1",
+           "PL_DISABLE_FORK": "1"}
+    for devices in (1, 2):
+        r = subprocess.run([sys.executable, str(script), str(tmp_path / f"w{devices}.pt"), str(devices)], env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+    w1, w2 = (torch.load(tmp_path / f"w{d}.pt", weights_only=True) for d in (1, 2))
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], rtol=1e-4, atol=1e-5, msg=f"{k} differs between DDP and 1 process")
+    pl.seed_everything(0, verbose=False)  # same initial weights as the scripts
+    init = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, dim=16, num_heads=2, depth=1,
+                                                  patch_size=8, dropout=0.0)).model.state_dict()
+    assert max((w1[k] - init[k]).abs().max().item() for k in w1) > 1e-3  # training really moved the weights

@@ -1,0 +1,294 @@
+"""Triplet (HOBA) attention: fast chunked kernel vs naive references, windows, masks, gradients, layers."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from hoformer.functional import (
+    block_attention,
+    cross_block_attention,
+    triplet_attention,
+    triplet_attention_naive,
+    triplet_attention_weights,
+    triplet_windows,
+)
+from hoformer.layers import (
+    BlockAttention2D,
+    CrossBlockAttention,
+    HOBABlock,
+    HOBAttention,
+    TripletAttention,
+    build_text_attention,
+    record_attention,
+)
+
+F64 = torch.float64
+
+
+def _qkv(B=2, H=2, L=11, D=4, n=5, dtype=F64, grad=False):
+    return [torch.randn(B, H, L, D, dtype=dtype, requires_grad=grad) for _ in range(n)]
+
+
+def _mask(B, L, pad):
+    m = torch.ones(B, L, dtype=torch.bool)
+    if pad:
+        m[0, L - pad:] = False
+    return m
+
+
+# ------------------------------------------------------------------------------------------------ windows
+@pytest.mark.parametrize("L,b,ov,expected", [
+    (10, 4, 0.0, [0, 4, 6]),          # final window [6, 10) covers the tail
+    (12, 4, 0.0, [0, 4, 8]),
+    (10, 4, 0.5, [0, 2, 4, 6]),
+    (13, 4, 0.25, [0, 3, 6, 9]),      # stride round(3.0) = 3
+    (3, 8, 0.0, [0]),                 # shorter than a block: one window
+    (6, 4, 0.99, [0, 1, 2]),          # stride max(1, round(0.04)) = 1
+])
+def test_windows(L, b, ov, expected):
+    assert triplet_windows(L, b, ov) == expected
+
+
+def test_naive_matches_explicit_triple_loop():
+    """Pins the spec (scores, joint softmax over key pairs, value products, eq 4 mean) with scalar loops."""
+    B, H, L, D, b, ov = 1, 1, 5, 2, 3, 0.34
+    q, k1, k2, v1, v2 = (x[0, 0] for x in _qkv(B, H, L, D))
+    scale = 0.7
+    out = torch.zeros(L, D, dtype=F64)
+    cnt = torch.zeros(L, dtype=F64)
+    for s in triplet_windows(L, b, ov):
+        w = range(s, s + b)
+        for i in w:
+            t = {(j, l): scale * sum(q[i, d] * k1[j, d] * k2[l, d] for d in range(D)) for j in w for l in w}
+            z = sum(math.exp(v) for v in t.values())
+            for (j, l), v in t.items():
+                out[i] += math.exp(v) / z * v1[j] * v2[l]
+            cnt[i] += 1
+    ref = out / cnt[:, None]
+    got = triplet_attention_naive(*(x[None, None] for x in (q, k1, k2, v1, v2)), block_size=b, overlap=ov, scale=scale)
+    torch.testing.assert_close(got[0, 0], ref)
+
+
+# --------------------------------------------------------------------------------------- fast == naive
+@pytest.mark.parametrize("L,b,ov,pad,chunk", [
+    (8, 4, 0.0, 0, None),
+    (11, 4, 0.25, 3, None),
+    (13, 5, 0.5, 2, 7),       # query-row chunking inside a window
+    (17, 6, 0.3, 5, 50),
+    (3, 8, 0.0, 1, None),     # L < block: one window
+    (8, 8, 0.0, 3, 1),        # one window, one row per tile
+    (12, 3, 0.0, 7, None),    # a fully padded window
+])
+def test_fast_matches_naive_fp64_with_grads(L, b, ov, pad, chunk):
+    x = _qkv(L=L, grad=True)
+    m = _mask(2, L, pad)
+    kw = dict(block_size=b, overlap=ov, mask=m)
+    fast = triplet_attention(*x, **kw, **({} if chunk is None else {"chunk_elements": chunk}))
+    ref = triplet_attention_naive(*x, **kw)
+    torch.testing.assert_close(fast, ref, rtol=1e-10, atol=1e-12)
+    g = torch.randn_like(ref)
+    for a, r in zip(torch.autograd.grad(fast, x, g), torch.autograd.grad(ref, x, g)):
+        torch.testing.assert_close(a, r, rtol=1e-10, atol=1e-12)
+
+
+def test_masking_semantics():
+    x = _qkv(L=10)
+    m = _mask(2, 10, 3)
+    out = triplet_attention(*x, block_size=4, overlap=0.25, mask=m)
+    assert (out[0, :, 7:] == 0).all()  # padded queries -> zeros
+    y = [t.clone() for t in x]
+    for t in y:
+        t[0, :, 7:] = 1e3 * torch.randn_like(t[0, :, 7:])  # arbitrary content in padded positions
+    torch.testing.assert_close(triplet_attention(*y, block_size=4, overlap=0.25, mask=m), out)
+
+
+def test_rows_sum_to_one_and_padded_keys_get_no_weight():
+    q, k1, k2 = _qkv(L=10, n=3)
+    m = _mask(2, 10, 3)
+    a = triplet_attention_weights(q, k1, k2, block_size=4, overlap=0.5, mask=m)  # b h w i j l
+    idx = torch.tensor(triplet_windows(10, 4, 0.5))[:, None] + torch.arange(4)
+    mw = m[:, idx]  # b w s
+    sums = a.sum((-1, -2))
+    torch.testing.assert_close(sums, mw[:, None].to(F64).expand_as(sums))
+    pad_j = ~mw[:, None, :, None, :, None]
+    pad_l = ~mw[:, None, :, None, None, :]
+    assert (a.masked_select(pad_j.expand_as(a)) == 0).all() and (a.masked_select(pad_l.expand_as(a)) == 0).all()
+
+
+def test_full_3d_is_one_window():
+    L, scale = 7, 0.5
+    x = _qkv(L=L)
+    q, k1, k2, v1, v2 = x
+    t = torch.einsum("bhid,bhjd,bhld->bhijl", q, k1, k2) * scale
+    a = t.flatten(-2).softmax(-1).view_as(t)
+    ref = torch.einsum("bhijl,bhjd,bhld->bhid", a, v1, v2)
+    for bs in (L, L + 5):
+        torch.testing.assert_close(triplet_attention(*x, block_size=bs, scale=scale), ref)
+    w = triplet_attention_weights(q, k1, k2, block_size=L, scale=scale)
+    assert w.shape == (2, 2, 1, L, L, L)
+    torch.testing.assert_close(w[:, :, 0], a)
+
+
+def test_gradcheck_tiny():
+    x = _qkv(B=1, H=1, L=7, D=2, grad=True)
+    m = torch.tensor([[1, 1, 1, 1, 1, 0, 0]], dtype=torch.bool)
+    assert torch.autograd.gradcheck(
+        lambda *t: triplet_attention(*t, block_size=3, overlap=0.34, mask=m, chunk_elements=5), x)
+
+
+def test_fp32_and_bf16_dtype_and_accuracy():
+    x = _qkv(B=2, H=2, L=40, D=8, dtype=torch.float32)
+    ref = triplet_attention_naive(*[t.double() for t in x], block_size=16, overlap=0.25)
+    out = triplet_attention(*x, block_size=16, overlap=0.25)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)
+    ob = triplet_attention(*[t.bfloat16() for t in x], block_size=16, overlap=0.25)
+    assert ob.dtype == torch.bfloat16
+    torch.testing.assert_close(ob.double(), ref, rtol=5e-2, atol=5e-2)
+
+
+def test_saves_no_cubes_for_backward():
+    """Autograd keeps O(B H L D) for the fast kernel (inputs, window outputs, log-sum-exp), not the cubes."""
+    x = _qkv(B=1, H=2, L=64, D=4, dtype=torch.float32, grad=True)
+    sizes = {}
+
+    def pack(t):
+        sizes[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    def saved(fn):
+        sizes.clear()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            fn(*x, block_size=16, overlap=0.25)
+        return sum(sizes.values())
+
+    inputs = sum(t.numel() * t.element_size() for t in x)
+    fast, naive = saved(triplet_attention), saved(triplet_attention_naive)
+    assert fast <= 3 * inputs, (fast, inputs)
+    assert naive > 10 * fast
+
+
+@pytest.mark.parametrize("kw,err,match", [
+    (dict(block_size=0), ValueError, "block_size"),
+    (dict(block_size=2.5), ValueError, "block_size"),
+    (dict(block_size=4, overlap=1.0), ValueError, "overlap"),
+    (dict(block_size=4, overlap=-0.1), ValueError, "overlap"),
+    (dict(block_size=4, mask=torch.ones(2, 9, dtype=torch.bool)), ValueError, "mask"),
+    (dict(block_size=4, mask=torch.ones(2, 10)), TypeError, "mask"),
+    (dict(block_size=4, chunk_elements=0), ValueError, "chunk_elements"),
+])
+def test_bad_arguments(kw, err, match):
+    x = _qkv(L=10)
+    with pytest.raises(err, match=match):
+        triplet_attention(*x, **kw)
+
+
+def test_bad_tensors():
+    q, k1, k2, v1, v2 = _qkv(L=10)
+    with pytest.raises(ValueError, match=r"`k2`.*shape"):
+        triplet_attention(q, k1, k2[:, :, :9], v1, v2, block_size=4)
+    with pytest.raises(ValueError, match=r"\(B, H, L, D\)"):
+        triplet_attention(q[0], k1[0], k2[0], v1[0], v2[0], block_size=4)
+    with pytest.raises(TypeError, match="`v1`"):
+        triplet_attention(q, k1, k2, v1.numpy(), v2, block_size=4)
+    with pytest.raises(TypeError, match="floating"):
+        triplet_attention(q.long(), k1, k2, v1, v2, block_size=4)
+
+
+# ------------------------------------------------------------------------------------- 2D and cross-block
+def test_block_attention_matches_loop():
+    q, k, v = _qkv(L=11, n=3)
+    m = _mask(2, 11, 3)
+    out, a = block_attention(q, k, v, block_size=4, overlap=0.25, mask=m, return_attention=True)
+    ref = torch.zeros_like(q)
+    cnt = torch.zeros(11, dtype=F64)
+    for s in triplet_windows(11, 4, 0.25):
+        sl = slice(s, s + 4)
+        t = (q[:, :, sl] @ k[:, :, sl].transpose(-1, -2)) * 4**-0.5
+        t = t.masked_fill(~m[:, None, None, sl], float("-inf"))
+        ref[:, :, sl] += t.softmax(-1).nan_to_num(0) @ v[:, :, sl]
+        cnt[sl] += 1
+    ref = ref / cnt[:, None] * m[:, None, :, None]
+    torch.testing.assert_close(out, ref)
+    assert a.shape == (2, 2, 4, 4, 4)
+
+
+def test_cross_block_matches_equations():
+    o = torch.randn(2, 2, 10, 4, dtype=F64)
+    m = _mask(2, 10, 5)  # sample 0: tokens 5..9 padded -> block 2 (8, 9) has no real token
+    out, a = cross_block_attention(o * m[:, None, :, None], block_size=4, mask=m, return_attention=True)
+    for bi in range(2):
+        om = o[bi] * m[bi, None, :, None]
+        blocks = [range(s, min(s + 4, 10)) for s in (0, 4, 8)]
+        real = [[i for i in blk if m[bi, i]] for blk in blocks]
+        r = torch.stack([om[:, idx].mean(1) if idx else torch.zeros(2, 4, dtype=F64) for idx in real], 1)  # h m d
+        t = (r @ r.transpose(-1, -2)) * 0.5
+        t[..., [not idx for idx in real]] = float("-inf")
+        att = t.softmax(-1)
+        ref = om + (att @ r)[:, torch.arange(10) // 4] * m[bi, None, :, None]
+        torch.testing.assert_close(out[bi], ref)
+        torch.testing.assert_close(a[bi], att)
+
+
+# -------------------------------------------------------------------------------------------------- layers
+@pytest.mark.parametrize("name", ["hoba", "triplet_full", "block2d", "full2d"])
+def test_text_attention_layers(name):
+    layer = build_text_attention(name, 16, 2, block_size=4, overlap=0.25).double()
+    x = torch.randn(2, 10, 16, dtype=F64)
+    m = _mask(2, 10, 3)
+    y, maps = layer(x, mask=m, return_attention=True)
+    assert y.shape == x.shape and torch.isfinite(y).all()
+    torch.testing.assert_close(layer(x, mask=m), y)
+    local = {"hoba": (2, 2, 3, 4, 4, 4), "triplet_full": (2, 2, 1, 10, 10, 10), "block2d": (2, 2, 3, 4, 4),
+             "full2d": (2, 2, 10, 10)}[name]
+    assert maps[0].shape == local
+    if name in ("hoba", "block2d"):
+        assert maps[1].shape == (2, 2, 3, 3)
+    with record_attention(layer) as rec:
+        layer(x, mask=m)
+    assert len(rec) == 1 and rec[0][1][0].shape == local
+
+
+def test_layer_equivalences():
+    torch.manual_seed(0)
+    x = torch.randn(2, 9, 16, dtype=F64)
+    m = _mask(2, 9, 2)
+    hoba = HOBAttention(16, 2, block_size=4, cross_block=False).double()
+    trip = TripletAttention(16, 2, block_size=4, overlap=0.25).double()
+    trip.load_state_dict(hoba.state_dict())
+    torch.testing.assert_close(hoba(x, mask=m), trip(x, mask=m))
+    full3d = TripletAttention(16, 2, block_size=None).double()
+    full3d.load_state_dict(hoba.state_dict())
+    big = TripletAttention(16, 2, block_size=9).double()
+    big.load_state_dict(hoba.state_dict())
+    torch.testing.assert_close(full3d(x, mask=m), big(x, mask=m))
+    b2d = BlockAttention2D(16, 2, block_size=64).double()
+    f2d = BlockAttention2D(16, 2, block_size=None).double()
+    f2d.load_state_dict(b2d.state_dict())
+    torch.testing.assert_close(b2d(x, mask=m), f2d(x, mask=m))
+    # HOBA = triplet local outputs + eqs 5-7, then W_O
+    hc = HOBAttention(16, 2, block_size=4).double()
+    hc.load_state_dict(hoba.state_dict())
+    xs = hc.to_in(x).view(2, 9, 5, 2, 8).permute(2, 0, 3, 1, 4)
+    o = cross_block_attention(triplet_attention(*xs, block_size=4, overlap=0.25, mask=m), block_size=4, mask=m)
+    torch.testing.assert_close(hc(x, mask=m), hc.to_out(o.transpose(1, 2).reshape(2, 9, 16)))
+    assert isinstance(hc.cross, CrossBlockAttention)
+
+
+def test_layer_bad_input_and_block():
+    layer = HOBAttention(16, 2, block_size=4)
+    with pytest.raises(ValueError, match="mask"):
+        layer(torch.randn(2, 9, 16), mask=torch.ones(2, 8, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"\(B, L, 16\)"):
+        layer(torch.randn(2, 9, 8))
+    with pytest.raises(ValueError, match="divisible"):
+        HOBAttention(15, 2)
+    with pytest.raises(ValueError, match="unknown attention"):
+        build_text_attention("nope", 16, 2)
+    blk = HOBABlock(16, 2, attention="hoba", block_size=4, overlap=0.25)
+    y = blk(torch.randn(2, 9, 16), mask=_mask(2, 9, 2))
+    y.sum().backward()
+    assert all(p.grad is not None for p in blk.parameters())

@@ -1,0 +1,311 @@
+"""Weaver (paper 003): valence kernels, P^2-KMV, phase dictionary, ATk-pooling, the model and its baselines."""
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from hoformer.functional import kron_apply, kron_dense, tanimoto_scores
+from hoformer.functional.weaver import (
+    atk_pool,
+    cyclic_time_encoding,
+    dictionary_retrieval,
+    p2_kmv,
+    pooling_informativeness,
+    valence_attention,
+)
+from hoformer.layers.weaver import KroneckerValenceAttention, TrafficPhaseDictionary
+from hoformer.models import create_model
+
+D64 = torch.float64
+
+
+# ------------------------------------------------------------------------------------------- valence kernels
+def test_tanimoto_range_and_stationary_points():
+    q, k = torch.randn(3, 40, 8, dtype=D64), torch.randn(3, 30, 8, dtype=D64)
+    s = tanimoto_scores(q, k)
+    assert s.shape == (3, 40, 30)
+    assert s.min() >= -1 / 3 - 1e-9 and s.max() <= 1 + 1e-9
+    # q = k -> 1 (maximum), q = -k -> -1/3 (minimum); both are stationary points (zero gradient in q)
+    for sign, value in ((1.0, 1.0), (-1.0, -1 / 3)):
+        kk = torch.randn(5, 6, dtype=D64)
+        qq = (sign * kk).clone().requires_grad_(True)
+        t = tanimoto_scores(qq.unsqueeze(-2), kk.unsqueeze(-2), eps=0.0).squeeze()
+        torch.testing.assert_close(t, torch.full_like(t, value))
+        (g,) = torch.autograd.grad(t.sum(), qq)
+        assert g.abs().max() < 1e-12
+
+
+def test_valence_kernels():
+    q, k = torch.randn(2, 3, 7, 4, dtype=D64), torch.randn(2, 3, 5, 4, dtype=D64)
+    cos = valence_attention(q, k, "cosine")
+    ref = torch.einsum("...nd,...md->...nm", q / q.norm(dim=-1, keepdim=True), k / k.norm(dim=-1, keepdim=True))
+    torch.testing.assert_close(cos, ref, atol=1e-6, rtol=1e-6)
+    sdpa = valence_attention(q, k, "sdpa")
+    torch.testing.assert_close(sdpa, (q @ k.transpose(-1, -2) / 2.0).softmax(-1))
+    assert (valence_attention(q, k, "tanimoto") < 0).any()  # signed: can subtract messages
+    with pytest.raises(ValueError, match="kernel"):
+        valence_attention(q, k, "relu")
+
+
+# ------------------------------------------------------------------------------------------------ P^2-KMV
+def _dense_apply(factors, v):
+    b, h, *sizes, d = v.shape
+    big = kron_dense(factors)  # (b, h, prod, prod)
+    return (big @ v.reshape(b, h, -1, d)).reshape(v.shape)
+
+
+def test_p2_kmv_matches_dense_kronecker_two_modes():
+    tt, ts = torch.randn(2, 3, 4, 4, dtype=D64), torch.randn(2, 3, 5, 5, dtype=D64)
+    u = torch.randn(2, 3, 4, 5, 6, dtype=D64)
+    out = p2_kmv(tt, ts, u)
+    torch.testing.assert_close(out, _dense_apply([tt, ts], u))
+    # explicit loop form of eqs 55-57: z[i, r] = sum_{j, s} T[i, j] S[r, s] u[j, s]
+    z = torch.zeros_like(u)
+    for i in range(4):
+        for r in range(5):
+            for j in range(4):
+                for s in range(5):
+                    z[:, :, i, r] += (tt[:, :, i, j] * ts[:, :, r, s]).unsqueeze(-1) * u[:, :, j, s]
+    torch.testing.assert_close(out, z)
+
+
+def test_p_delta_kmv_three_modes_and_gradcheck():
+    fs = [torch.randn(1, 2, n, n, dtype=D64) for n in (3, 4, 2)]
+    u = torch.randn(2, 2, 3, 4, 2, 3, dtype=D64)
+    torch.testing.assert_close(kron_apply(fs, u), _dense_apply([f.expand(2, -1, -1, -1) for f in fs], u))
+    tt = torch.randn(1, 1, 3, 3, dtype=D64, requires_grad=True)
+    ts = torch.randn(1, 1, 4, 4, dtype=D64, requires_grad=True)
+    v = torch.randn(1, 1, 3, 4, 2, dtype=D64, requires_grad=True)
+    assert torch.autograd.gradcheck(p2_kmv, (tt, ts, v))
+
+
+# ----------------------------------------------------------------------------------------- phase dictionary
+def test_dictionary_weights_on_simplex_and_sparse():
+    logits = torch.randn(4, 30, 16) * 3
+    tau = torch.randn(30, 1)
+    dictionary = torch.randn(16, 12)
+    w, cof = dictionary_retrieval(logits, tau, dictionary)
+    assert (w >= 0).all()
+    torch.testing.assert_close(w.sum(-1), torch.ones(4, 30))
+    assert (w == 0).float().mean() > 0.3  # entmax-1.5 is sparse, unlike softmax
+    torch.testing.assert_close(cof, w @ dictionary)
+    # lower temperature -> sparser
+    w_cold, _ = dictionary_retrieval(logits, torch.full((30, 1), -3.0), dictionary)
+    w_hot, _ = dictionary_retrieval(logits, torch.full((30, 1), 3.0), dictionary)
+    assert (w_cold == 0).sum() > (w_hot == 0).sum()
+    with pytest.raises(ValueError, match="landmarks"):
+        dictionary_retrieval(logits, tau, torch.randn(8, 12))
+
+
+def test_phase_dictionary_module():
+    mod = TrafficPhaseDictionary(num_nodes=9, window=6, in_channels=2, num_landmarks=10, width=3, dropout=0.0)
+    xi, w = mod(torch.randn(2, 6, 9, 2), return_weights=True)
+    assert xi.shape == (2, 6, 9, 3) and w.shape == (2, 9, 10)
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, 9))
+
+
+# --------------------------------------------------------------------------------------------- ATk-pooling
+def _atk_reference(u, w, ratio, dim):
+    """Explicit per-sample / per-scorer loops (eqs 42-46)."""
+    b, p, n, e = u.shape
+    wn = w / w.norm(dim=0, keepdim=True)
+    outs, chosen = [], []
+    for i in range(b):
+        pims = []
+        for g in range(w.shape[1]):
+            sc = u[i] @ wn[:, g]  # (p, n)
+            pims.append(sc.var(dim=dim - 1, unbiased=False).sum())
+        gbest = int(torch.stack(pims).argmax())
+        chosen.append(gbest)
+        sc = u[i] @ wn[:, gbest]
+        size = u.shape[dim]
+        k = math.ceil(ratio * size)
+        if dim == 1:
+            out = torch.stack([
+                (sc[sc[:, c].topk(k).indices, c].softmax(0)[:, None] * u[i, sc[:, c].topk(k).indices, c]).sum(0)
+                for c in range(n)])
+        else:
+            out = torch.stack([
+                (sc[r, sc[r].topk(k).indices].softmax(0)[:, None] * u[i, r, sc[r].topk(k).indices]).sum(0)
+                for r in range(p)])
+        outs.append(out)
+    return torch.stack(outs), torch.tensor(chosen)
+
+
+@pytest.mark.parametrize("dim", [1, 2])
+def test_atk_pool_matches_reference(dim):
+    u, w = torch.randn(3, 6, 5, 4, dtype=D64), torch.randn(4, 5, dtype=D64)
+    out, idx = atk_pool(u, w, 0.6, dim, return_index=True)
+    ref, ref_idx = _atk_reference(u, w, 0.6, dim)
+    assert out.shape == ((3, 5, 4) if dim == 1 else (3, 6, 4))
+    torch.testing.assert_close(out, ref)
+    assert torch.equal(idx, ref_idx)
+
+
+def test_atk_selects_scorer_with_highest_pim():
+    # feature 2 varies strongly over time, the others barely: the scorer aligned with feature 2 has the highest PIM
+    u = torch.randn(2, 12, 7, 4) * 0.01
+    u[..., 2] += torch.linspace(-3, 3, 12).view(1, 12, 1)
+    w = torch.eye(4)[:, [0, 1, 3, 2, 0]] + 0.01
+    pim = pooling_informativeness(torch.matmul(u, w / w.norm(dim=0)), dim=1)
+    assert (pim.argmax(-1) == 3).all()
+    _, idx = atk_pool(u, w, 0.5, 1, return_index=True)
+    assert (idx == 3).all()
+    # top-k over time picks the latest (largest) steps of feature 2
+    out = atk_pool(u, w, 1 / 12, 1)  # k = 1
+    torch.testing.assert_close(out[..., 2], u[:, -1, :, 2])
+    with pytest.raises(ValueError, match="ratio"):
+        atk_pool(u, w, 0.0, 1)
+
+
+def test_cyclic_time_encoding():
+    enc = cyclic_time_encoding(torch.tensor([[360.0, 0.0], [0.0, 3.5]]))
+    torch.testing.assert_close(enc, torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.0, -1.0]]), atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="time"):
+        cyclic_time_encoding(torch.zeros(3, 4))
+
+
+# ---------------------------------------------------------------------------------------------- layer / model
+def test_kronecker_valence_attention_equals_dense_spatiotemporal_map():
+    torch.manual_seed(1)
+    layer = KroneckerValenceAttention(num_nodes=5, dim=8, num_heads=2, kern_dim=3, kern_layers=2).double()
+    u = torch.randn(2, 4, 5, 8, dtype=D64)
+    time = torch.tensor([[[i * 5.0, 1.0] for i in range(4)]] * 2, dtype=D64)
+    out, (tt, ts) = layer(u, time, return_attention=True)
+    assert tt.shape == (2, 2, 4, 4) and ts.shape == (2, 2, 5, 5)
+    big = kron_dense([tt, ts])  # (b, h, PN, PN) = Theta_T (x) Theta_S
+    v = u.view(2, 4 * 5, 2, 4).transpose(1, 2)  # (b, h, PN, d)
+    z = (big @ v).transpose(1, 2).reshape(2, 4, 5, 8)
+    torch.testing.assert_close(out, layer.mix(z) + u)
+
+
+def test_weaver_public_api_forward_backward_with_and_without_time():
+    model = create_model("weaver", num_nodes=207, window=12, horizon=12, in_channels=1)
+    assert 0.30e6 < sum(p.numel() for p in model.parameters()) < 0.36e6  # Table 5: 0.34M (T)
+    x = torch.randn(2, 12, 207, 1)
+    (_, kwargs) = model.example_inputs(2)
+    with torch.no_grad():
+        y0 = model(x)
+    y1 = model(x, time=kwargs["time"], mask=kwargs["mask"])
+    assert y0.shape == y1.shape == (2, 12, 207, 1)
+    y1.abs().mean().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    nt = create_model("weaver", num_nodes=11, window=6, horizon=3, in_channels=2, use_time=False, dim=16,
+                      num_heads=4, kernel="cosine")
+    assert nt(torch.randn(2, 6, 11, 2)).shape == (2, 3, 11, 2)
+
+
+def test_weaver_mask_ignores_missing_inputs_and_records_attention():
+    model = create_model("weaver", num_nodes=13, window=12, horizon=12, dim=16, num_heads=4).eval()
+    x = torch.randn(2, 12, 13, 1)
+    mask = torch.rand(x.shape) > 0.3
+    x2 = torch.where(mask, x, torch.randn_like(x) * 100)
+    model.record_attention = True
+    torch.testing.assert_close(model(x, mask=mask), model(x2, mask=mask))
+    assert model.attention_maps["spatial"].shape == (2, 4, 13, 13)
+    assert model.attention_maps["temporal"].shape == (2, 4, 12, 12)
+
+
+def test_bad_inputs_raise_clear_errors():
+    model = create_model("weaver", num_nodes=10, dim=16, num_heads=4)
+    with pytest.raises(ValueError, match="N=10"):
+        model(torch.randn(2, 12, 207, 1))
+    with pytest.raises(ValueError, match="time"):
+        model(torch.randn(2, 12, 10, 1), time=torch.zeros(2, 12, 4))
+    with pytest.raises(TypeError, match="mask"):
+        model(torch.randn(2, 12, 10, 1), mask=torch.ones(2, 12, 10, 1))
+    with pytest.raises(TypeError, match="floating"):
+        model(torch.zeros(2, 12, 10, 1, dtype=torch.long))
+    with pytest.raises(ValueError, match="divisible"):
+        create_model("weaver", dim=30, num_heads=8)
+    with pytest.raises(ValueError, match="kernel"):
+        create_model("weaver", kernel="softmax2")
+
+
+@pytest.mark.parametrize("name", ["traffic_full_attention", "traffic_alternating", "traffic_hot"])
+def test_transformer_baselines(name):
+    model = create_model(name, num_nodes=9, window=6, horizon=4, dim=16, num_heads=2)
+    args, kwargs = model.example_inputs(2)
+    y = model(*args, **kwargs)
+    assert y.shape == (2, 4, 9, 1)
+    y.mean().backward()
+    model.record_attention = True
+    model(*args, **kwargs)
+    assert model.attention_maps
+
+
+def test_parameter_free_baselines():
+    x = torch.randn(2, 5, 3, 1)
+    mask = torch.ones_like(x, dtype=torch.bool)
+    mask[0, 3:, 1] = False  # node 1 of sample 0: last observation at step 2
+    mask[1, :, 2] = False  # never observed -> 0 (the training mean)
+    lv = create_model("last_value", num_nodes=3, window=5, horizon=4)(x, mask=mask)
+    assert lv.shape == (2, 4, 3, 1)
+    assert lv[0, :, 1, 0].eq(x[0, 2, 1, 0]).all() and lv[0, :, 0, 0].eq(x[0, 4, 0, 0]).all()
+    assert lv[1, :, 2].eq(0).all()
+    ha = create_model("historical_average", num_nodes=3, window=5, horizon=4)(x, mask=mask)
+    torch.testing.assert_close(ha[0, 0, 1, 0], x[0, :3, 1, 0].mean())
+    torch.testing.assert_close(ha[0, 0, 0, 0], x[0, :, 0, 0].mean())
+
+
+# ------------------------------------------------------------------------------------------------- configs
+CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs" / "weaver").glob("*.yaml"))
+
+
+def _cls(path: str):
+    mod, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(mod), name)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=[c.stem for c in CONFIGS])
+def test_configs_are_valid(cfg):
+    import yaml
+
+    c = yaml.safe_load(cfg.read_text())
+    for section in ("model", "data"):
+        cls = _cls(c[section]["class_path"])
+        params = inspect.signature(cls).parameters
+        unknown = set(c[section].get("init_args", {})) - set(params)
+        assert not unknown, f"{cfg.name}: unknown {section} init_args {unknown}"
+    init = c["model"]["init_args"]
+    model = create_model(init["model_name"], **init.get("model_kwargs", {}))  # builds with the paper's sizes
+    assert model.num_nodes == c["data"]["init_args"].get("num_nodes", model.num_nodes)
+
+
+def test_configs_exist():
+    names = {c.stem for c in CONFIGS}
+    for need in ("metr_la_t", "metr_la_nt", "pems_bay_t", "pems_bay_nt", "los_loop_t", "los_loop_nt"):
+        assert need in names
+
+
+@pytest.mark.slow
+def test_weaver_learns_los_loop_better_than_last_value(data_root):
+    """A few CPU minutes: Weaver (E=32) beats the last-value forecast at 60 minutes on Los-loop."""
+    from hoformer.data.traffic import TrafficDataModule
+    from hoformer.train.metrics import MaskedMAE, masked_mae
+    from hoformer.train.traffic import forecast
+
+    dm = TrafficDataModule("los_loop", root=str(data_root / "traffic"), batch_size=16, eval_batch_size=64)
+    dm.setup()
+    model = create_model("weaver", dim=32, num_heads=8)
+    opt = torch.optim.Adam(model.parameters(), lr=2e-3)
+    for _ in range(4):
+        model.train()
+        for b in dm.train_dataloader():
+            loss = masked_mae(forecast(model, b), b["y"], b["y_mask"])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    scores = {}
+    for name, m in (("weaver", model.eval()), ("last", create_model("last_value"))):
+        metric = MaskedMAE(at=12)
+        with torch.no_grad():
+            for b in dm.test_dataloader():
+                metric.update(forecast(m, b), b["y"], b["y_mask"])
+        scores[name] = float(metric.compute())
+    assert scores["weaver"] < scores["last"], scores
