@@ -1,5 +1,5 @@
 """Stable ranks, attention maps, FLOPs."""
-from .stable_rank import *  # noqa: F401,F403
+from .ranks import *  # noqa: F401,F403
 from .maps import *  # noqa: F401,F403
 from .flops import *  # noqa: F401,F403
 from .plots import *  # noqa: F401,F403

@@ -20,7 +20,7 @@ from collections import defaultdict
 import torch
 
 from .maps import AttentionRecord, recording
-from .stable_rank import kron_product_stable_rank, kron_sum_stable_rank, stable_rank
+from .ranks import kron_product_stable_rank, kron_sum_stable_rank, stable_rank
 
 try:
     from lightning.pytorch import Callback

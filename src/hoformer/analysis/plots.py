@@ -117,6 +117,7 @@ def plot_stable_rank_curves(metrics_csv, path, *, prefix: str = "sr/", keys: Seq
     plt = _plt()
     fig, axes = plt.subplots(1, len(stages), figsize=(5 * len(stages), 3.4), squeeze=False)
     for ax, st in zip(axes[0], stages):
+        lo, hi = np.inf, 0.0
         for label, (df, cols) in frames.items():
             for c in sorted(c for c in cols if c.startswith(st + "/")):
                 x = "step" if "step" in df.columns else None
@@ -124,9 +125,12 @@ def plot_stable_rank_curves(metrics_csv, path, *, prefix: str = "sr/", keys: Seq
                 name = c[len(st) + 1 + len(prefix):]
                 ax.plot(d[x] if x else np.arange(len(d)), d[c], marker="o" if len(d) < 30 else None, ms=3,
                         label=f"{label}: {name}" if label else name)
+                if len(d):
+                    lo, hi = min(lo, float(d[c].min())), max(hi, float(d[c].max()))
         ax.set_xlabel("training step")
         ax.set_ylabel("mean stable rank")
-        ax.set_yscale("log")
+        if lo > 0 and hi / lo > 3:  # log scale only when the curves span several factors
+            ax.set_yscale("log")
         ax.set_title(f"{st} stable ranks", fontsize=9)
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
