@@ -191,7 +191,8 @@ def main(argv=None):
             print(f"{n:6s} " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
         print(f"time ratio fast/naive = {t['fast'] / t['naive']:.3f}  (target <= 0.3)")
         if not args.no_memory:
-            print(f"peak-memory ratio fast/naive = {row['fast']['peak_mib'] / row['naive']['peak_mib']:.3f}  (target <= 0.2)")
+            mem = row["fast"]["peak_mib"] / row["naive"]["peak_mib"]
+            print(f"peak-memory ratio fast/naive = {mem:.3f}  (target <= 0.2)")
             print(f"saved-tensor ratio fast/naive = {row['fast']['saved_mib'] / row['naive']['saved_mib']:.3f}")
         print(f"GFLOP (fwd+bwd): naive {B * H * flops('naive', L, D, args.block, args.overlap) / 1e9:.1f}, "
               f"fast {B * H * flops('fast', L, D, args.block, args.overlap) / 1e9:.1f}")
@@ -200,7 +201,8 @@ def main(argv=None):
         B = args.batch or 2
         print(f"\n## HOBA (triplet, block {args.block}, overlap {args.overlap}, + cross-block) vs full 2D attention "
               f"(scaled_dot_product_attention): B={B} H={H} D={D}")
-        print("| L | HOBA ms | 2D ms | time HOBA/2D | HOBA peak MiB | 2D peak MiB | mem HOBA/2D | GFLOP HOBA | GFLOP 2D |")
+        print("| L | HOBA ms | 2D ms | time HOBA/2D | HOBA peak MiB | 2D peak MiB | mem HOBA/2D | GFLOP HOBA | "
+              "GFLOP 2D |")
         print("|---|---|---|---|---|---|---|---|---|")
         for L in args.lengths:
             t = time_candidates(["hoba", "full2d"], B, H, L, D, args)

@@ -227,8 +227,9 @@ def test_task_distills_with_cached_teacher_logits(tmp_path):
     cache = tmp_path / "teacher" / "logits.pt"
 
     def fit():
-        task = TextClassificationTask(model_kwargs=dict(mk, attention="hoba", block_size=4), teacher=str(tmp_path / "teacher"),
-                                      teacher_logits=str(cache), init_embeddings_from=str(tmp_path / "teacher"),
+        task = TextClassificationTask(model_kwargs=dict(mk, attention="hoba", block_size=4),
+                                      teacher=str(tmp_path / "teacher"), teacher_logits=str(cache),
+                                      init_embeddings_from=str(tmp_path / "teacher"),
                                       export_dir=str(tmp_path / "student"))
         dm2 = TextDataModule("sst2", root=str(root), max_len=16, batch_size=8, tokenizer=str(tmp_path / "teacher"))
         tr = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,

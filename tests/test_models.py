@@ -246,6 +246,7 @@ def test_bad_input_raises_clear_error(name, kw, bad):
 @pytest.mark.parametrize("name,kw,match", [
     ("hot_forecaster", dict(attention="nope"), "attention"),
     ("hot_forecaster", dict(seq_len=30, patch_size=4), "divisible"),
+    ("hot_segmenter", dict(patch_size=0), "patch_size"),
     ("hot_forecaster", dict(pool="max"), "pool"),
     ("hot_volume_classifier", dict(attention="spatial"), "attention"),  # 1-mode baselines are forecasting-only
     ("hot_volume_classifier", dict(num_classes=1), "num_classes"),

@@ -159,7 +159,7 @@ def demo(argv: list[str]) -> int:
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
 
-    from hoformer.data import LTSFDataset, SyntheticLTSF
+    from hoformer.data import LTSFDataModule
     from hoformer.train.tasks import AtomicCheckpointIO, ExportPretrained, ForecastingTask
 
     torch.set_num_threads(a.threads)
@@ -169,15 +169,14 @@ def demo(argv: list[str]) -> int:
     if name == "auto":
         name = "ETTh1" if root is not None else "synthetic"
     if name == "synthetic":
-        make = lambda split: SyntheticLTSF(split, seq_len=96, pred_len=96, num_variates=7, length=4000)
         print("hoformer demo: no real data found ($HOFORMER_DATA or ../shared/data): using the synthetic dataset")
-    else:
-        if root is None:
-            print("hoformer demo: set HOFORMER_DATA to the directory holding ltsf/", file=sys.stderr)
-            return 2
-        make = lambda split: LTSFDataset(root / "ltsf", name, split, seq_len=96, pred_len=96)
-    data = _DemoData({s: make(s) for s in ("train", "val", "test")}, a.batch_size)
-    ds = data.datasets
+    elif root is None:
+        print("hoformer demo: set HOFORMER_DATA to the directory holding ltsf/", file=sys.stderr)
+        return 2
+    data = LTSFDataModule(root=None if name == "synthetic" else str(root / "ltsf"), name=name,
+                          synthetic=name == "synthetic", seq_len=96, pred_len=96, batch_size=a.batch_size,
+                          eval_batch_size=256)
+    ds = {s: data.dataset(s) for s in ("train", "val", "test")}
     c = ds["train"].num_variates
     print(f"hoformer demo: dataset {name} ({c} variates), windows train/val/test = "
           f"{len(ds['train'])}/{len(ds['val'])}/{len(ds['test'])}")
@@ -214,31 +213,6 @@ def demo(argv: list[str]) -> int:
     print(f"save_pretrained: {export.path}   (hoformer.models.from_pretrained(dir))")
     print(f"forecast plot:   {task.forecast_plot_path}")
     return 0
-
-
-def _DemoData(datasets: dict, batch_size: int):
-    """Minimal datamodule over ready-made train/val/test datasets exposing ``inverse_transform``."""
-    import lightning.pytorch as pl
-    from torch.utils.data import DataLoader
-
-    class DemoData(pl.LightningDataModule):
-        def __init__(self):
-            super().__init__()
-            self.datasets = datasets
-
-        def train_dataloader(self):
-            return DataLoader(datasets["train"], batch_size=batch_size, shuffle=True)
-
-        def val_dataloader(self):
-            return DataLoader(datasets["val"], batch_size=256)
-
-        def test_dataloader(self):
-            return DataLoader(datasets["test"], batch_size=256)
-
-        def inverse_transform(self, data):
-            return datasets["train"].inverse_transform(data)
-
-    return DemoData()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -162,6 +162,8 @@ def _tile_rows(n_win: int, s: int, d: int, budget: int) -> tuple[int, int]:
 
 
 class _TripletFn(torch.autograd.Function):
+    """Forward / backward of :func:`triplet_attention` (first-order gradients only)."""
+
     @staticmethod
     def forward(ctx, q, k1, k2, v1, v2, mask, block_size, overlap, scale, budget):
         B, H, L, D = q.shape
@@ -170,9 +172,7 @@ class _TripletFn(torch.autograd.Function):
         W, S = idx.shape
         N = B * H * W
         flat = [x.reshape(B * H, L, D) for x in (q, k1, k2, v1, v2)]
-        bias = None
-        if mask is not None:  # additive key bias per window, (B, W, S): 0 real, very negative padded
-            bias = torch.zeros(B, W, S, device=q.device, dtype=cdt).masked_fill(~mask[:, idx], -1e30 if cdt != torch.float16 else -3e4)  # noqa: E501
+        bias = _key_bias(mask, idx, cdt)
         C = torch.empty(N, S, D, device=q.device, dtype=cdt)
         lse = torch.empty(N, S, device=q.device, dtype=cdt)
         nw, c = _tile_rows(N, S, D, budget)
@@ -206,9 +206,7 @@ class _TripletFn(torch.autograd.Function):
             g = g * mask[:, None, :, None]
         gflat = g.reshape(B * H, L, D)
         flat = [x.reshape(B * H, L, D) for x in (q, k1, k2, v1, v2)]
-        bias = None
-        if mask is not None:
-            bias = torch.zeros(B, W, S, device=q.device, dtype=cdt).masked_fill(~mask[:, idx], -1e30 if cdt != torch.float16 else -3e4)  # noqa: E501
+        bias = _key_bias(mask, idx, cdt)
         grads = [torch.zeros(B * H * L, D, device=q.device, dtype=cdt) for _ in range(5)]
         nw, c = _tile_rows(N, S, D, budget)
         for n0 in range(0, N, nw):
@@ -239,6 +237,14 @@ class _TripletFn(torch.autograd.Function):
                 acc.index_add_(0, pos.flatten(), part.flatten(0, 1))
         out = [x.view(B, H, L, D).to(q.dtype) for x in grads]
         return (*out, None, None, None, None, None)
+
+
+def _key_bias(mask, idx, cdt):
+    """Additive key bias per window ``(B, w, s)``: 0 for real tokens, -1e30 for padding (finite, so that a window of
+    padding only gives a uniform, later zeroed row instead of NaN); ``cdt`` is fp32 or fp64."""
+    if mask is None:
+        return None
+    return torch.zeros(mask[:, idx].shape, device=mask.device, dtype=cdt).masked_fill(~mask[:, idx], -1e30)
 
 
 def _positions(idx, n0, n1, H, W, L):

@@ -51,7 +51,8 @@ TEXT_ATTENTIONS = ("hoba", "triplet_full", "block2d", "full2d")
 
 def _check_seq(x, mask, dim: int, name: str):
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError(f"{name}: `x` must be a floating-point tensor (B, L, {dim}), got {getattr(x, 'dtype', type(x))}")
+        got = getattr(x, "dtype", type(x).__name__)
+        raise TypeError(f"{name}: `x` must be a floating-point tensor (B, L, {dim}), got {got}")
     if x.ndim != 3 or x.shape[-1] != dim:
         raise ValueError(f"{name}: `x` must have shape (B, L, {dim}), got {tuple(x.shape)}")
     if mask is not None:

@@ -99,7 +99,8 @@ class HOBAClassifier(HoformerModel):
 
     def _check(self, ids, mask):
         if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.long, torch.int, torch.int16, torch.uint8):
-            raise TypeError(f"hoba_classifier: `ids` must be an integer tensor (B, L), got {getattr(ids, 'dtype', type(ids))}")
+            got = getattr(ids, "dtype", type(ids).__name__)
+            raise TypeError(f"hoba_classifier: `ids` must be an integer tensor (B, L), got {got}")
         if ids.ndim != 2 or ids.shape[1] < 1:
             raise ValueError(f"hoba_classifier: `ids` must have shape (B, L) with L >= 1, got {tuple(ids.shape)}")
         if ids.shape[1] > self.max_len:

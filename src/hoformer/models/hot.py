@@ -101,10 +101,10 @@ def _pos(kind: str, grid: Sequence[int], dim: int, fn: str):
     return (), (AbsolutePositionalEncoding(grid, dim, kind) if kind != "none" else None)
 
 
-def _grid(sizes, patch: int, fn: str) -> tuple[int, ...]:
-    bad = [s for s in sizes if s % patch]
-    if bad or patch <= 0:
-        raise ValueError(f"{fn}: `input_size` {tuple(sizes)} must be divisible by `patch_size` {patch}")
+def _grid(sizes, patch: int, fn: str, what: str = "input_size") -> tuple[int, ...]:
+    if not isinstance(patch, int) or patch <= 0 or any(s % patch for s in sizes):
+        raise ValueError(f"{fn}: `{what}` {tuple(sizes)} must be divisible by `patch_size` (a positive int), "
+                         f"got patch_size={patch!r}")
     return tuple(s // patch for s in sizes)
 
 
@@ -154,7 +154,7 @@ class HOTForecaster(HoformerModel):
                 raise ValueError(f"{fn}: `{name}` must be a positive int, got {v!r}")
         if pool not in ("mean", "flatten"):
             raise ValueError(f"{fn}: `pool` must be 'mean' or 'flatten', got {pool!r}")
-        (self.num_patches,) = _grid((seq_len,), patch_size, fn)
+        (self.num_patches,) = _grid((seq_len,), patch_size, fn, "seq_len")
         self.seq_len, self.pred_len, self.num_variates = seq_len, pred_len, num_variates
         self.pool, self.revin = pool, revin
         self.embed = PatchEmbed(1, dim, patch_size, ndim=1, act="relu")

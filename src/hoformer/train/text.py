@@ -157,8 +157,8 @@ class TextClassificationTask(TaskModule):
                 cached = {}  # stale: other teacher weights or other data / tokenizer
         missing = [s for s in ("train", "val", "test") if s not in cached]
         if missing and hp.teacher is None:
-            raise FileNotFoundError(f"TextClassificationTask: teacher_logits {cache_path} lacks splits {missing} and no "
-                                    "`teacher` directory was given to compute them")
+            raise FileNotFoundError(f"TextClassificationTask: teacher_logits {cache_path} lacks splits {missing} "
+                                    "and no `teacher` directory was given to compute them")
         if missing:
             cached.update(self._run_teacher(Path(hp.teacher), dm, missing))
             cached["fingerprint"] = fp
@@ -199,7 +199,8 @@ class TextClassificationTask(TaskModule):
     # -------------------------------------------------------------------------------------------- steps
     def shared_step(self, batch, stage: str) -> torch.Tensor:
         if not isinstance(batch, dict) or not {"ids", "mask", "label"} <= set(batch):
-            raise TypeError("TextClassificationTask: batches must be dicts with 'ids', 'mask', 'label' (TextDataModule)")
+            raise TypeError("TextClassificationTask: batches must be dicts with 'ids', 'mask', 'label' "
+                            "(hoformer.data.TextDataModule)")
         logits = self.model(batch["ids"], batch["mask"])
         split = {"train": "train", "val": "val", "test": "test"}[stage]
         teacher = self.teacher_cache.get(split)
