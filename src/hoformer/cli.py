@@ -30,8 +30,8 @@ __all__ = ["main", "register_command", "COMMANDS", "HoformerCLI", "demo"]
 COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {}
 #: reserved sub-commands implemented in other modules: name -> "module:function" (imported lazily)
 HOOKS: dict[str, str] = {
-    "analyze": "hoformer.analysis.cli:main",
-    "bench": "hoformer.bench:main",
+    "analyze": "hoformer.analysis.analyze:analyze_main",
+    "bench": "hoformer.analysis.bench:bench_main",
 }
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
 
