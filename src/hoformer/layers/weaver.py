@@ -12,6 +12,7 @@ from einops import rearrange
 from torch import nn
 
 from hoformer.functional.kronecker import kronecker_attention
+from .attention import _Recordable
 from hoformer.functional.weaver import (
     VALENCE_KERNELS,
     atk_pool,
@@ -101,7 +102,7 @@ class WeaverInput(nn.Module):
         return self.drop(self.glu(self.norm(u))) + u  # eq 40
 
 
-class KroneckerValenceAttention(nn.Module):
+class KroneckerValenceAttention(_Recordable):
     """Weaver's Kronecker attention module (eqs 42-58).
 
     ATk-pooling gives spatial ``U_S (B, N, E)`` and temporal ``U_T (B, P, E)`` node representations; the spatial
@@ -148,6 +149,7 @@ class KroneckerValenceAttention(nn.Module):
         v = rearrange(u, "b p n (h d) -> b h p n d", h=self.num_heads)
         z = rearrange(p2_kmv(theta_t, theta_s, v), "b h p n d -> b p n (h d)")  # eqs 55-57
         out = self.mix(z) + u  # eq 58
+        self._maybe_record([theta_t, theta_s])
         return (out, (theta_t, theta_s)) if return_attention else out
 
 
@@ -190,7 +192,7 @@ class TrafficEmbedding(nn.Module):
         return h
 
 
-class SpatioTemporalBlock(nn.Module):
+class SpatioTemporalBlock(_Recordable):
     """Pre-norm transformer block on ``(B, P, N, E)`` with softmax attention over
 
     * ``"full"``: all ``P*N`` tokens jointly (vanilla spatiotemporal transformer, O(P^2 N^2));
@@ -234,7 +236,9 @@ class SpatioTemporalBlock(nn.Module):
         return rearrange(y, back, b=b, p=p, n=n), attn
 
     def forward(self, x: torch.Tensor, return_attention: bool = False):
-        y, attn = self._attend(self.norm1(x), return_attention)
+        y, attn = self._attend(self.norm1(x), return_attention or self._record is not None)
+        if attn is not None:
+            self._maybe_record(attn if isinstance(attn, list) else [attn])
         x = x + self.drop(self.out(y))
         x = x + self.drop(self.mlp(self.norm2(x)))
         return (x, attn) if return_attention else x

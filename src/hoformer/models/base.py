@@ -89,7 +89,11 @@ def from_pretrained(directory: str | os.PathLike, *, map_location: str | torch.d
         state = load_file(str(w_path), device=str(map_location))
     except Exception as e:  # safetensors raises its own error types
         raise ValueError(f"from_pretrained: cannot read weights {w_path}: {e}") from e
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # shape mismatches: the weights belong to another configuration
+        raise ValueError(f"from_pretrained: weights in {w_path} do not fit model {cfg['name']!r} built from "
+                         f"{cfg_path}: {e}") from e
     if strict and (missing or unexpected):
         raise ValueError(
             f"from_pretrained: weights in {w_path} do not match model {cfg['name']!r} built from config: "
