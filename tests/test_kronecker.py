@@ -209,3 +209,19 @@ def test_bad_inputs_name_the_argument():
         kronecker_attention(q, q, v, masks=[torch.ones(4, 4), None])
     with pytest.raises(ValueError, match=r"masks\[1\].*\(\.\.\., 5, 5\)"):
         kronecker_attention(q, q, v, masks=[None, torch.ones(4, 4, dtype=torch.bool)])
+
+
+def test_kron_apply_custom_backward_partial_grads_and_autocast():
+    v = torch.randn(2, 2, 3, 4, 5, dtype=f64, requires_grad=True)
+    fs = [torch.randn(2, 2, 3, 3, dtype=f64), torch.randn(1, 1, 4, 4, dtype=f64, requires_grad=True)]
+    assert torch.autograd.gradcheck(lambda a, b: kron_apply([fs[0], a], b), (fs[1], v))
+    assert torch.autograd.gradcheck(lambda b: kron_apply(fs, b), (v,))
+    x = torch.randn(2, 4, 5, 16, requires_grad=True)
+    from hoformer.layers import KroneckerAttention
+
+    att = KroneckerAttention(16, 2, num_modes=2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = att(x)
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert torch.isfinite(x.grad).all() and att.to_qk[0].weight.grad is not None

@@ -105,6 +105,54 @@ def _matmul_op(s: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda x: torch.matmul(s, x.transpose(1, 2))
 
 
+class _KronApply(torch.autograd.Function):
+    """``S_1 (x) .. (x) S_k`` on a channels-first value with a hand-written, copy-free backward.
+
+    Forward: ``k`` steps ``X <- S_m X^T`` on flat ``(bh, total)`` buffers (only ``X_0``, the value, is kept).
+    Backward: recompute the step inputs, then walk back with ``dS_m = G X_m`` and ``dX_m = G^T S_m``, which BLAS
+    reads through transposed views, so every gradient lands directly in the layout of the step before (autograd's
+    generic path would materialise a transposed copy per mode). Memory: one value-sized tensor + the factors.
+    """
+
+    @staticmethod
+    def forward(ctx, vt: torch.Tensor, *factors: torch.Tensor) -> torch.Tensor:
+        b, h, sizes = vt.shape[0], vt.shape[1], [f.shape[-1] for f in factors]
+        total = vt[0, 0].numel()
+        x0 = vt.reshape(b * h, total)
+        x = x0
+        with torch.autocast(vt.device.type, enabled=False):  # everything runs in v's dtype, fwd and bwd alike
+            for m in reversed(range(len(sizes))):
+                x = torch.matmul(factors[m], x.view(b * h, total // sizes[m], sizes[m]).transpose(1, 2))
+        ctx.save_for_backward(x0, *factors)
+        ctx.meta = (tuple(vt.shape), sizes)
+        return x.view(b, h, *sizes, -1)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, gy: torch.Tensor):
+        x0, *factors = ctx.saved_tensors
+        shape, sizes = ctx.meta
+        with torch.autocast(x0.device.type, enabled=False):
+            return _KronApply._grads(ctx, gy.to(x0.dtype), x0, factors, shape, sizes)
+
+    @staticmethod
+    def _grads(ctx, gy, x0, factors, shape, sizes):
+        bh, total = x0.shape
+        inputs, x = [None] * len(sizes), x0
+        for m in reversed(range(len(sizes))):
+            inputs[m] = x.view(bh, total // sizes[m], sizes[m])
+            if m:
+                x = torch.matmul(factors[m], inputs[m].transpose(1, 2))
+        g = gy.reshape(bh, total)
+        grads = [None] * len(sizes)
+        for m in range(len(sizes)):  # the last step applied mode 0
+            gm = g.view(bh, sizes[m], total // sizes[m])
+            grads[m] = torch.matmul(gm, inputs[m]) if ctx.needs_input_grad[1 + m] else None
+            g = torch.matmul(gm.transpose(1, 2), factors[m])  # (bh, P, n_m): the previous step's layout
+        gv = g.view(shape) if ctx.needs_input_grad[0] else None
+        return (gv, *grads)
+
+
 def kron_apply(factors: Sequence[torch.Tensor], v: torch.Tensor) -> torch.Tensor:
     """Apply ``S_1 (x) ... (x) S_k`` to every ``(b, h, :, d)`` fiber of ``v`` (HOT eq 8; Weaver P^Delta-KMV).
 
@@ -117,8 +165,8 @@ def kron_apply(factors: Sequence[torch.Tensor], v: torch.Tensor) -> torch.Tensor
     """
     factors = _check_factors(factors, v, "kron_apply")
     b, h = v.shape[:2]
-    ops = [_matmul_op(_flat_factor(s.to(v.dtype), b, h)) for s in factors]
-    return _kron_apply_cf(ops, v.movedim(-1, 2), v.shape[2:-1])
+    flat = [_flat_factor(s.to(v.dtype), b, h) for s in factors]
+    return _KronApply.apply(v.movedim(-1, 2), *flat)
 
 
 def kron_sum_apply(factors: Sequence[torch.Tensor], v: torch.Tensor, normalize: bool = True) -> torch.Tensor:
@@ -250,8 +298,8 @@ def kronecker_attention(
         return_factors: also return the list of ``S_i`` (softmax / signed kernels).
         score_fn: optional signed score kernel ``(q_i, k_i) -> (B, H, Ni, Ni)`` used as the factor instead of the
             softmax (e.g. ``tanimoto_scores``); kernel must be ``"softmax"``.
-        checkpoint: keep only ``v`` and the factors for backward and recompute the ``k`` mode products there
-            (saves ``k`` value-sized activations for ~``k`` extra small matmuls).
+        checkpoint: (sum) keep only ``v`` and the factors for backward and recompute the ``k`` mode products
+            there; the product path always does this (:class:`_KronApply`).
 
     Returns:
         ``y (B, H, N1..Nk, Dv)`` or ``(y, factors)``.
@@ -278,7 +326,7 @@ def kronecker_attention(
     factors = [s.to(v.dtype) for s in factors]
     used = [F.dropout(s, p=dropout_p) for s in factors] if dropout_p > 0 else factors
     apply = kron_apply if combine == "product" else kron_sum_apply
-    if checkpoint and torch.is_grad_enabled():
+    if checkpoint and combine == "sum" and torch.is_grad_enabled():  # kron_apply is memory-lean already
         y = torch.utils.checkpoint.checkpoint(lambda *a: apply(list(a[:-1]), a[-1]), *used, v, use_reentrant=False)
     else:
         y = apply(used, v)
