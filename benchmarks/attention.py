@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from hoformer.analysis.bench import cpu_peak_memory
 from hoformer.functional import kronecker_attention
 from hoformer.layers import AxialAttention, FullAttention, KroneckerAttention
 
@@ -56,19 +57,6 @@ class PaperKronecker(nn.Module):
         return self.wo(out.reshape(*x.shape))
 
 
-def cpu_peak_bytes(fn) -> int:
-    """Peak live tensor bytes during ``fn()`` from profiler allocation events (CPU)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    # allocations are attributed to the op that made them (self usage), frees are "[memory]" events
-    events = sorted((e for e in prof.events() if e.self_cpu_memory_usage), key=lambda e: e.time_range.start)
-    cur = peak = 0
-    for e in events:
-        cur += e.self_cpu_memory_usage
-        peak = max(peak, cur)
-    return peak
-
-
 def measure(fn, device, reps, warmup=1):
     for _ in range(warmup):
         fn()
@@ -88,7 +76,7 @@ def measure(fn, device, reps, warmup=1):
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
     else:
-        peak = cpu_peak_bytes(fn)
+        peak = cpu_peak_memory(fn)
     return min(ts), peak
 
 
