@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from hoformer.functional import kron_apply, kron_sum_apply
 from hoformer.layers import (

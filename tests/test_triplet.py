@@ -1,7 +1,6 @@
 """Triplet (HOBA) attention: fast chunked kernel vs naive references, windows, masks, gradients, layers."""
 from __future__ import annotations
 
-import itertools
 import math
 
 import pytest

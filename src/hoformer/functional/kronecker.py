@@ -305,7 +305,7 @@ def kronecker_attention(
         ``y (B, H, N1..Nk, Dv)`` or ``(y, factors)``.
     """
     fn = "kronecker_attention"
-    nmodes = _check_qkv(q, k, v, masks, fn)
+    _check_qkv(q, k, v, masks, fn)
     if combine not in ("product", "sum"):
         raise ValueError(f"{fn}: `combine` must be 'product' or 'sum', got {combine!r}")
     if kernel not in ("softmax", "linear"):

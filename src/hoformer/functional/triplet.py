@@ -24,7 +24,6 @@ algorithm of the paper (explicit score cube and value-pair tensor) and serves as
 """
 from __future__ import annotations
 
-import math
 
 import torch
 

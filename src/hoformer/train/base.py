@@ -2,15 +2,21 @@
 
 Subclasses implement ``shared_step(batch, stage) -> loss`` and log their metrics; this base builds the model
 from the registry, configures AdamW with linear warm-up + cosine decay, and exports weights with
-``save_pretrained`` so a trained run is usable without Lightning.
+``save_pretrained`` so a trained run is usable without Lightning. Each training epoch's shuffling and dropout are
+drawn from ``(seed, epoch)``, so a run resumed from an epoch-boundary checkpoint continues exactly.
 """
 from __future__ import annotations
 
 import math
+import os
+import random
 from typing import Any
+
+import numpy as np
 
 import lightning as L
 import torch
+from torch.utils.data import RandomSampler
 
 from hoformer.models import create_model
 
@@ -50,6 +56,26 @@ class TaskModule(L.LightningModule):
 
     def shared_step(self, batch, stage: str) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def _epoch_seed(self) -> int:
+        return (int(os.environ.get("PL_GLOBAL_SEED", 0)) + 1_000_003 * (self.current_epoch + 1)) % (2**31 - 1)
+
+    def on_train_epoch_start(self) -> None:
+        # shuffling: a per-epoch generator on the RandomSampler (it is read lazily, at the first batch)
+        loaders = self.trainer.train_dataloader
+        loaders = loaders.values() if isinstance(loaders, dict) else loaders if isinstance(loaders, (list, tuple)) \
+            else [loaders]
+        for dl in loaders:
+            sampler = getattr(dl, "sampler", None)
+            if isinstance(sampler, RandomSampler):
+                sampler.generator = torch.Generator().manual_seed(self._epoch_seed())
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        if batch_idx == 0:  # dropout & co: global RNGs reseeded once the epoch's first batch is fetched
+            seed = self._epoch_seed()
+            random.seed(seed)
+            np.random.seed(seed)
+            torch.manual_seed(seed)
 
     def training_step(self, batch, batch_idx):
         return self.shared_step(batch, "train")

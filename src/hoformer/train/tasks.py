@@ -12,7 +12,7 @@ Support pieces used by the CLI and the configs: :class:`AtomicCheckpointIO` (che
 file and renamed, so an interrupted save never leaves a torn ``.ckpt``), :class:`ExportPretrained` (writes the best
 checkpoint's model as ``save_pretrained`` safetensors + JSON at the end of ``fit``) and :func:`plot_forecast`.
 
-Every task draws each training epoch's shuffling (a generator on the ``RandomSampler``) and its dropout (global RNGs,
+Every task (through :class:`~hoformer.train.base.TaskModule`) draws each training epoch's shuffling (a generator on the ``RandomSampler``) and its dropout (global RNGs,
 reseeded at the epoch's first batch) from ``(seed, epoch)``, so a run resumed from an epoch-boundary checkpoint
 replays exactly the same batches and dropout masks as an uninterrupted run (``num_workers=0``, or worker-side
 augmentations that do not draw from the RNG).
@@ -20,7 +20,6 @@ augmentations that do not draw from the RNG).
 from __future__ import annotations
 
 import os
-import random
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,6 @@ import torch.nn.functional as F
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
-from torch.utils.data import RandomSampler
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection, SymmetricMeanAbsolutePercentageError
 from torchmetrics.classification import AUROC, Accuracy, MulticlassAccuracy, MulticlassJaccardIndex
 
@@ -64,30 +62,10 @@ def _unpack(batch, fn: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class _HotTask(TaskModule):
-    """Shared plumbing: per-stage metric collections and per-epoch deterministic reseeding."""
+    """Shared plumbing: per-stage metric collections (per-epoch reseeding lives in :class:`TaskModule`)."""
 
     def _stage_metrics(self, make) -> None:
         self.metrics = torch.nn.ModuleDict({f"m_{s}": make(f"{s}/") for s in STAGES})  # "train" is a Module attr
-
-    def _epoch_seed(self) -> int:
-        return (int(os.environ.get("PL_GLOBAL_SEED", 0)) + 1_000_003 * (self.current_epoch + 1)) % (2**31 - 1)
-
-    def on_train_epoch_start(self) -> None:
-        # shuffling: a per-epoch generator on the RandomSampler (it is read lazily, at the first batch)
-        loaders = self.trainer.train_dataloader
-        loaders = loaders.values() if isinstance(loaders, dict) else loaders if isinstance(loaders, (list, tuple)) \
-            else [loaders]
-        for dl in loaders:
-            sampler = getattr(dl, "sampler", None)
-            if isinstance(sampler, RandomSampler):
-                sampler.generator = torch.Generator().manual_seed(self._epoch_seed())
-
-    def on_train_batch_start(self, batch, batch_idx: int) -> None:
-        if batch_idx == 0:  # dropout & co: global RNGs reseeded once the epoch's first batch is fetched
-            seed = self._epoch_seed()
-            random.seed(seed)
-            np.random.seed(seed)
-            torch.manual_seed(seed)
 
     def _log_metrics(self, stage: str, loss: torch.Tensor, batch_size: int) -> None:
         on_step = stage == "train"
