@@ -185,6 +185,8 @@ class KroneckerAttention(_Recordable):
         qk_norm: LayerNorm on per-head pooled q/k (keeps sum-pooled logits well scaled).
         rope_modes: 0-based mode indices whose pooled q/k get rotary embeddings.
         pool: ``"sum"`` | ``"mean"``. dropout: on the factors (softmax) and the output.
+        num_modes: the tensor order ``k`` (sets the number of per-mode q/k projections). If ``None`` they are created
+            at the first forward, like ``nn.LazyLinear``: run one forward before building the optimizer.
         num_features / redraw_interval: FAVOR+ settings for ``kernel="linear"``.
         checkpoint: recompute the mode products in backward instead of storing them (lower peak memory).
     """
