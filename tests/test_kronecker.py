@@ -216,12 +216,15 @@ def test_kron_apply_custom_backward_partial_grads_and_autocast():
     fs = [torch.randn(2, 2, 3, 3, dtype=f64), torch.randn(1, 1, 4, 4, dtype=f64, requires_grad=True)]
     assert torch.autograd.gradcheck(lambda a, b: kron_apply([fs[0], a], b), (fs[1], v))
     assert torch.autograd.gradcheck(lambda b: kron_apply(fs, b), (v,))
+    assert torch.autograd.gradcheck(lambda a, b: kron_sum_apply([fs[0], a], b), (fs[1], v))
+    assert torch.autograd.gradcheck(lambda a: kron_sum_apply([a, fs[1]], v.detach()), (fs[0].clone().requires_grad_(),))
     x = torch.randn(2, 4, 5, 16, requires_grad=True)
     from hoformer.layers import KroneckerAttention
 
-    att = KroneckerAttention(16, 2, num_modes=2)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        y = att(x)
-    assert y.dtype == torch.bfloat16
-    y.float().sum().backward()
-    assert torch.isfinite(x.grad).all() and att.to_qk[0].weight.grad is not None
+    for combine in ("product", "sum"):
+        att = KroneckerAttention(16, 2, num_modes=2, combine=combine)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = att(x)
+        assert y.dtype == torch.bfloat16
+        y.float().sum().backward()
+        assert torch.isfinite(x.grad).all() and att.to_qk[0].weight.grad is not None

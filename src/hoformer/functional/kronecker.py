@@ -22,7 +22,6 @@ from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
-import torch.utils.checkpoint
 
 __all__ = [
     "kron_apply",
@@ -176,21 +175,75 @@ def kron_sum_apply(factors: Sequence[torch.Tensor], v: torch.Tensor, normalize: 
     """
     factors = _check_factors(factors, v, "kron_sum_apply")
     b, h = v.shape[:2]
-    ops = [_matmul_op(_flat_factor(s.to(v.dtype), b, h)) for s in factors]
-    return _kron_sum_ops(ops, v, normalize)
+    flat = [_flat_factor(s.to(v.dtype), b, h) for s in factors]
+    y = _KronSumApply.apply(v, *flat)
+    return y / len(factors) if normalize and len(factors) > 1 else y
+
+
+def _unfold(x: torch.Tensor, m: int, n: int) -> torch.Tensor:
+    """``(b, h, n1..nk, d) -> (bh, P, n_m)``: mode ``m`` last (one copy; none for a size-1 rest)."""
+    return x.movedim(2 + m, -1).reshape(x.shape[0] * x.shape[1], -1, n)
+
+
+def _fold_add(out: torch.Tensor | None, y: torch.Tensor, m: int, like: torch.Tensor) -> torch.Tensor:
+    """Add ``y (bh, n_m, P)`` (mode ``m`` first) into ``out`` in the layout of ``like (b, h, n1..nk, d)``."""
+    rest = [s for i, s in enumerate(like.shape[2:-1]) if i != m] + [like.shape[-1]]
+    y = y.view(*like.shape[:2], like.shape[2 + m], *rest).movedim(2, 2 + m)
+    return y.contiguous() if out is None else out.add_(y)
+
+
+class _KronSumApply(torch.autograd.Function):
+    """``sum_m v x_m S_m`` with a hand-written backward: ``dv = sum_m g x_m S_m^T`` (the adjoint of a Kronecker sum is
+    the sum of the transposes) and ``dS_m = G_(m)^T V_(m)`` from the mode-``m`` unfoldings. Only ``v`` is saved;
+    mode 1 needs no unfolding copies at all."""
+
+    @staticmethod
+    def forward(ctx, v: torch.Tensor, *factors: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(v, *factors)
+        with torch.autocast(v.device.type, enabled=False):
+            return _KronSumApply._apply(v, factors, transpose=False)
+
+    @staticmethod
+    def _apply(x, factors, transpose: bool):
+        bh = x.shape[0] * x.shape[1]
+        out = None
+        for m, s in enumerate(factors):
+            s = s.transpose(1, 2) if transpose else s
+            n = s.shape[-1]
+            if m == 0:  # mode 1 is already outermost: a plain bmm in place
+                y = torch.matmul(s, x.reshape(bh, n, -1)).view(x.shape)
+                out = y if out is None else out.add_(y)
+            else:
+                out = _fold_add(out, torch.matmul(s, _unfold(x, m, n).transpose(1, 2)), m, x)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g: torch.Tensor):
+        v, *factors = ctx.saved_tensors
+        with torch.autocast(v.device.type, enabled=False):
+            g = g.to(v.dtype).contiguous()
+            gv = _KronSumApply._apply(g, factors, transpose=True) if ctx.needs_input_grad[0] else None
+            bh = v.shape[0] * v.shape[1]
+            grads = []
+            for m, s in enumerate(factors):
+                if not ctx.needs_input_grad[1 + m]:
+                    grads.append(None)
+                    continue
+                n = s.shape[-1]
+                if m == 0:
+                    grads.append(torch.matmul(g.view(bh, n, -1), v.reshape(bh, n, -1).transpose(1, 2)))
+                else:
+                    grads.append(torch.matmul(_unfold(g, m, n).transpose(1, 2), _unfold(v, m, n)))
+        return (gv, *grads)
 
 
 def _kron_sum_ops(ops, v: torch.Tensor, normalize: bool) -> torch.Tensor:
-    b, h = v.shape[:2]
-    sizes = list(v.shape[2:-1])
-    k = len(sizes)
+    """Kronecker sum for operator-valued factors (the linear kernel): ``op(X (bh, P, n_m)) -> S_m X^T``."""
     out = None
     for m, op in enumerate(ops):
-        # (b, h, n_1.., n_m, .., d) -> (bh, P, n_m) with mode m last; op emits (bh, n_m, P)
-        xm = v.movedim(2 + m, -1)
-        rest = xm.shape[2:-1]
-        ym = op(xm.reshape(b * h, -1, sizes[m])).view(b, h, sizes[m], *rest).movedim(2, 2 + m)
-        out = ym if out is None else out + ym
+        out = _fold_add(out, op(_unfold(v, m, v.shape[2 + m])), m, v)
+    k = len(ops)
     return out / k if normalize and k > 1 else out
 
 
@@ -281,7 +334,6 @@ def kronecker_attention(
     dropout_p: float = 0.0,
     return_factors: bool = False,
     score_fn: Callable[..., torch.Tensor] | None = None,
-    checkpoint: bool = False,
 ):
     """Kronecker-structured high-order attention (HOT eqs 3-9; linear kernel: paper 002 eqs 10-12).
 
@@ -298,8 +350,6 @@ def kronecker_attention(
         return_factors: also return the list of ``S_i`` (softmax / signed kernels).
         score_fn: optional signed score kernel ``(q_i, k_i) -> (B, H, Ni, Ni)`` used as the factor instead of the
             softmax (e.g. ``tanimoto_scores``); kernel must be ``"softmax"``.
-        checkpoint: (sum) keep only ``v`` and the factors for backward and recompute the ``k`` mode products
-            there; the product path always does this (:class:`_KronApply`).
 
     Returns:
         ``y (B, H, N1..Nk, Dv)`` or ``(y, factors)``.
@@ -325,11 +375,7 @@ def kronecker_attention(
     factors = mode_attention_factors(q, k, scale=scale, masks=masks, score_fn=score_fn)
     factors = [s.to(v.dtype) for s in factors]
     used = [F.dropout(s, p=dropout_p) for s in factors] if dropout_p > 0 else factors
-    apply = kron_apply if combine == "product" else kron_sum_apply
-    if checkpoint and combine == "sum" and torch.is_grad_enabled():  # kron_apply is memory-lean already
-        y = torch.utils.checkpoint.checkpoint(lambda *a: apply(list(a[:-1]), a[-1]), *used, v, use_reentrant=False)
-    else:
-        y = apply(used, v)
+    y = kron_apply(used, v) if combine == "product" else kron_sum_apply(used, v, normalize=True)
     return (y, factors) if return_factors else y
 
 

@@ -188,7 +188,6 @@ class KroneckerAttention(_Recordable):
         num_modes: the tensor order ``k`` (sets the number of per-mode q/k projections). If ``None`` they are created
             at the first forward, like ``nn.LazyLinear``: run one forward before building the optimizer.
         num_features / redraw_interval: FAVOR+ settings for ``kernel="linear"``.
-        checkpoint: recompute the mode products in backward instead of storing them (lower peak memory).
     """
 
     def __init__(
@@ -207,7 +206,6 @@ class KroneckerAttention(_Recordable):
         redraw_interval: int = 0,
         rope_theta: float = 10000.0,
         bias: bool = True,
-        checkpoint: bool = True,
     ) -> None:
         super().__init__()
         if combine not in ("product", "sum"):
@@ -224,7 +222,6 @@ class KroneckerAttention(_Recordable):
         self.combine, self.kernel, self.pool = combine, kernel, pool
         self.rope_modes = tuple(rope_modes)
         self.dropout = dropout
-        self.checkpoint = checkpoint
         self.num_modes = num_modes
         # per-mode q/k projections are created lazily for the first k seen unless num_modes is given
         self.to_qk = nn.ModuleList()
@@ -290,7 +287,7 @@ class KroneckerAttention(_Recordable):
         else:
             y, maps = kronecker_attention(
                 qs, ks, v, combine=self.combine, masks=masks, return_factors=True, score_fn=self.score_fn,
-                dropout_p=self.dropout if self.training else 0.0, checkpoint=self.checkpoint,
+                dropout_p=self.dropout if self.training else 0.0,
             )
         if maps is not None:
             self._maybe_record(maps)
