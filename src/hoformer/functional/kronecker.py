@@ -85,10 +85,10 @@ def _flat_factor(s: torch.Tensor, b: int, h: int) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------ primitives
-def _kron_apply_cf(factors: list[torch.Tensor], vt: torch.Tensor, mode_sizes: Sequence[int]) -> torch.Tensor:
-    """Product application on a channels-first value ``vt (b, h, d, n1..nk)``; returns ``(b, h, n1..nk, d)``.
-
-    ``factors[m]`` is a callable ``X (bh, P, n_m) -> (bh, n_m, P)`` computing ``S_m X^T``.
+def _kron_apply_cf(factors: list[Callable], vt: torch.Tensor, mode_sizes: Sequence[int]) -> torch.Tensor:
+    """Product of operator-valued factors (the linear kernel) on a channels-first value ``vt (b, h, d, n1..nk)``;
+    returns ``(b, h, n1..nk, d)``. ``factors[m]`` is a callable ``X (bh, P, n_m) -> (bh, n_m, P)`` computing
+    ``S_m X^T``; the softmax path uses :class:`_KronApply`, which runs the same steps with a hand-written backward.
     """
     b, h = vt.shape[:2]
     sizes = list(mode_sizes)
@@ -98,10 +98,6 @@ def _kron_apply_cf(factors: list[torch.Tensor], vt: torch.Tensor, mode_sizes: Se
         n = sizes[m]
         x = factors[m](x.view(b * h, total // n, n))
     return x.view(b, h, *sizes, -1)
-
-
-def _matmul_op(s: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    return lambda x: torch.matmul(s, x.transpose(1, 2))
 
 
 class _KronApply(torch.autograd.Function):

@@ -19,6 +19,7 @@ augmentations that do not draw from the RNG).
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -168,31 +169,14 @@ class ForecastingTask(_HotTask):
 def plot_forecast(x, y, pred, path, num_variates: int = 3) -> str | None:
     """Write a PNG with lookback ``x (L, C)``, truth ``y (S, C)`` and forecast ``pred (S, C)`` for the first
     ``num_variates`` variates (the last variate, usually ``OT``, first). Returns the path, or None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # plots are an optional extra
+    if importlib.util.find_spec("matplotlib") is None:  # plots are an optional extra
         return None
-    x, y, pred = (np.asarray(t) for t in (x, y, pred))
-    c = x.shape[-1]
-    idx = [c - 1 - i for i in range(min(num_variates, c))]
-    fig, axes = plt.subplots(len(idx), 1, figsize=(8, 2.2 * len(idx)), squeeze=False)
-    tl, tf = np.arange(len(x)), np.arange(len(x), len(x) + len(y))
-    for ax, j in zip(axes[:, 0], idx):
-        ax.plot(tl, x[:, j], color="0.4", lw=1, label="lookback")
-        ax.plot(tf, y[:, j], color="C0", lw=1, label="truth")
-        ax.plot(tf, pred[:, j], color="C3", lw=1, label="forecast")
-        ax.set_ylabel(f"variate {j}")
-    axes[0, 0].legend(loc="upper left", fontsize=8)
-    axes[-1, 0].set_xlabel("time step")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
+    from hoformer.analysis.plots import plot_forecast_vs_truth
+
+    c = np.shape(x)[-1]
+    channels = [c - 1 - i for i in range(min(num_variates, c))]
+    names = [f"variate {j}" for j in range(c)]
+    return str(plot_forecast_vs_truth(x, y, pred, path, channels=channels, names=names))
 
 
 # --------------------------------------------------------------------------------------------- classification
