@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from hoformer.analysis.bench import cpu_peak_memory
+from hoformer.analysis.bench import peak_memory
 from hoformer.functional import kronecker_attention
 from hoformer.layers import AxialAttention, FullAttention, KroneckerAttention
 
@@ -69,15 +69,7 @@ def measure(fn, device, reps, warmup=1):
         if device.type == "cuda":
             torch.cuda.synchronize()
         ts.append(time.perf_counter() - t0)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        fn()
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - base
-    else:
-        peak = cpu_peak_memory(fn)
-    return min(ts), peak
+    return min(ts), peak_memory(fn, device)
 
 
 def flops_of(fn) -> int:

@@ -28,7 +28,7 @@ import torch
 from .flops import attention_flops, count_flops, hot_model_flops
 from .plots import fit_exponent, plot_scaling
 
-__all__ = ["run_bench", "bench_main", "cpu_peak_memory", "measure", "DEFAULT_ATTENTIONS"]
+__all__ = ["run_bench", "bench_main", "cpu_peak_memory", "peak_memory", "measure", "DEFAULT_ATTENTIONS"]
 
 DEFAULT_ATTENTIONS = ("kronecker_product", "kronecker_sum", "kronecker_linear", "full", "axial", "divided")
 
@@ -78,7 +78,9 @@ def cpu_peak_memory(fn: Callable[[], object]) -> int:
     return peak
 
 
-def _peak_memory(fn: Callable[[], object], device: torch.device) -> int:
+def peak_memory(fn: Callable[[], object], device: torch.device) -> int:
+    """Peak bytes allocated by ``fn()`` above what was live before: the CUDA allocator on GPU, else
+    :func:`cpu_peak_memory`."""
     if device.type == "cuda":
         _sync(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -121,8 +123,8 @@ def measure(module: torch.nn.Module, args: tuple, kwargs: dict | None = None, *,
 
     res = {"fwd_s": _time(fwd, device, repeats, warmup), "fwdbwd_s": _time(fwd_bwd, device, repeats, warmup)}
     if memory:
-        res["mem_fwd_b"] = float(_peak_memory(fwd, device))
-        res["mem_fwdbwd_b"] = float(_peak_memory(fwd_bwd, device))
+        res["mem_fwd_b"] = float(peak_memory(fwd, device))
+        res["mem_fwdbwd_b"] = float(peak_memory(fwd_bwd, device))
     return res
 
 
