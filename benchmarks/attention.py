@@ -7,6 +7,8 @@ CUDA allocator's peak on GPU; on CPU it is the peak of live tensor bytes reconst
 allocation events (``torch.profiler`` with ``profile_memory=True``), both measured above the inputs.
 "Paper baseline" is a direct transcription of HOT eqs 5-9: per-mode query/key projections at full resolution,
 sum-pooled afterwards, one einsum mode product per mode.
+"forward+backward" is ``module(x).backward(g)`` with one fixed upstream gradient ``g`` shared by every variant, so no
+loss computation is timed.
 """
 from __future__ import annotations
 
@@ -57,19 +59,27 @@ class PaperKronecker(nn.Module):
         return self.wo(out.reshape(*x.shape))
 
 
-def measure(fn, device, reps, warmup=1):
-    for _ in range(warmup):
-        fn()
+def _time_once(fn, device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize()
-    ts = []
+    t0 = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def interleaved_times(fns: dict, device, reps: int, warmup: int = 1) -> dict:
+    """Minimum wall time of every callable, timed round-robin (one call of each per round), so that load changes on
+    a shared machine hit all variants alike and the ratios stay meaningful."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    best = {name: float("inf") for name in fns}
     for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        ts.append(time.perf_counter() - t0)
-    return min(ts), peak_memory(fn, device)
+        for name, fn in fns.items():
+            best[name] = min(best[name], _time_once(fn, device))
+    return best
 
 
 def flops_of(fn) -> int:
@@ -78,10 +88,9 @@ def flops_of(fn) -> int:
     return fc.get_total_flops()
 
 
-def matmul_peak(device, dtype, n=2048, reps=5) -> float:
+def matmul_fn(device, dtype, n=2048):
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    t, _ = measure(lambda: a @ b, device, reps)
-    return 2 * n**3 / t / 1e9
+    return lambda: a @ b, 2 * n**3
 
 
 def main():
@@ -96,15 +105,16 @@ def main():
     if args.quick:
         args.batch, args.reps = 4, 2
     torch.manual_seed(0)
-    peak = matmul_peak(device, dtype)
-    print(f"device={device} dtype={args.dtype} threads={torch.get_num_threads()} batch={args.batch}")
-    print(f"measured matmul peak: {peak:.1f} GFLOP/s (2048^3)\n")
+    mm, mm_flops = matmul_fn(device, dtype)
+    print(f"device={device} dtype={args.dtype} threads={torch.get_num_threads()} batch={args.batch} "
+          f"reps={args.reps} (min over round-robin rounds)\n")
     hdr = f"{'shape':>14} {'attention':>18} {'fwd+bwd ms':>11} {'peak MiB':>9} {'GFLOP/s':>8} {'t/paper':>8} {'mem/paper':>9} {'flop/paper':>10}"
     print(hdr)
     print("-" * len(hdr))
     summary = []
     for sizes, dim, heads in SHAPES:
         x = torch.randn(args.batch, *sizes, dim, device=device, dtype=dtype, requires_grad=True)
+        gy = torch.randn(args.batch, *sizes, dim, device=device, dtype=dtype)  # the same upstream gradient for all
         k = len(sizes)
         variants = {
             "paper_product": PaperKronecker(dim, heads, k, "product"),
@@ -117,17 +127,18 @@ def main():
         }
         if args.quick and math.prod(sizes) > 1024:
             variants.pop("full")
-        res = {}
+        steps = {}
         for name, mod in variants.items():
             mod = mod.to(device=device, dtype=dtype)
 
-            def step():
+            def step(mod=mod):
                 x.grad = None
                 mod.zero_grad(set_to_none=True)
-                mod(x).float().square().mean().backward()
+                mod(x).backward(gy)
 
-            t, mem = measure(step, device, args.reps)
-            res[name] = (t, mem, flops_of(step))
+            steps[name] = step
+        times = interleaved_times(steps, device, args.reps)
+        res = {name: (times[name], peak_memory(fn, device), flops_of(fn)) for name, fn in steps.items()}
         for name, (t, mem, fl) in res.items():
             base = res["paper_sum" if name == "kron_sum" else "paper_product"]
             print(f"{str(sizes):>14} {name:>18} {t * 1e3:11.1f} {mem / 2**20:9.1f} {fl / t / 1e9:8.1f} "
@@ -142,13 +153,19 @@ def main():
     v = torch.randn(args.batch, heads, *sizes, e, device=device, dtype=dtype, requires_grad=True)
     qs = [torch.randn(args.batch, heads, n, e, device=device, dtype=dtype, requires_grad=True) for n in sizes]
     ks = [torch.randn(args.batch, heads, n, e, device=device, dtype=dtype, requires_grad=True) for n in sizes]
+    gv = torch.randn_like(v)
+    cores = {"matmul": mm}
     for combine in ("product", "sum"):
-        def core():
+        def core(combine=combine):
             v.grad = None
-            kronecker_attention(qs, ks, v, combine=combine).float().sum().backward()
+            kronecker_attention(qs, ks, v, combine=combine).backward(gv)
 
-        t, _ = measure(core, device, args.reps)
-        fl = flops_of(core)
+        cores[combine] = core
+    times = interleaved_times(cores, device, args.reps)  # the peak is timed in the same rounds as the core
+    peak = mm_flops / times["matmul"] / 1e9
+    print(f"measured matmul peak: {peak:.1f} GFLOP/s (2048^3, same rounds as the core)")
+    for combine in ("product", "sum"):
+        t, fl = times[combine], flops_of(cores[combine])
         print(f"functional core {combine:>7} at {sizes} (B={args.batch}, H={heads}, E={e}): {t * 1e3:.1f} ms, "
               f"{fl / t / 1e9:.1f} GFLOP/s = {fl / t / 1e9 / peak:.0%} of matmul peak")
     for sizes, rp, rs in summary:

@@ -228,3 +228,30 @@ def test_kron_apply_custom_backward_partial_grads_and_autocast():
         assert y.dtype == torch.bfloat16
         y.float().sum().backward()
         assert torch.isfinite(x.grad).all() and att.to_qk[0].weight.grad is not None
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 200, 1 << 30])  # 1 pair / a few heads / everything in one chunk
+@pytest.mark.parametrize("sizes", [(3, 5), (2, 3, 4)])
+def test_cache_blocked_chunks_match_dense_with_strided_values(monkeypatch, chunk_bytes, sizes):
+    """The CPU cache blocking (chunks of (batch, head) pairs) is invisible: values and all gradients equal the dense
+    Kronecker product / sum for every chunk size, with a head-split (strided) value view and broadcast factors; the
+    output keeps the value's memory layout, so merging the heads is a view."""
+    import hoformer.functional.kronecker as kr
+
+    monkeypatch.setattr(kr, "_CPU_CHUNK_BYTES", chunk_bytes)
+    b, h, d = 3, 4, 2
+    base = torch.randn(b, *sizes, h, d, dtype=f64, requires_grad=True)  # (b, n.., h, d) memory, like a projection
+    v = base.movedim(-2, 1)
+    fs = [torch.randn(b, h, sizes[0], sizes[0], dtype=f64, requires_grad=True)]
+    fs += [torch.randn(1, h, n, n, dtype=f64, requires_grad=True) for n in sizes[1:]]  # broadcast over batch
+    full = [f.expand(b, h, -1, -1) for f in fs]
+    for fn, dense in ((kron_apply, kron_dense), (lambda f, x: kron_sum_apply(f, x), lambda f: kron_sum_dense(f, True))):
+        y = fn(fs, v)
+        assert y.movedim(1, -2).is_contiguous()  # same memory layout as the value view
+        ref = _dense_apply(dense(full), v)
+        torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+        w = torch.randn_like(y)
+        got = torch.autograd.grad((y * w).sum(), [base, *fs])
+        want = torch.autograd.grad((ref * w).sum(), [base, *fs])
+        for a, c in zip(got, want):
+            torch.testing.assert_close(a, c, rtol=1e-10, atol=1e-12)

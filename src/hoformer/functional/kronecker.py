@@ -100,52 +100,168 @@ def _kron_apply_cf(factors: list[Callable], vt: torch.Tensor, mode_sizes: Sequen
     return x.view(b, h, *sizes, -1)
 
 
-class _KronApply(torch.autograd.Function):
-    """``S_1 (x) .. (x) S_k`` on a channels-first value with a hand-written, copy-free backward.
+# Cache blocking. On CPU the mode products are memory-bound (the inner dimension is a mode size, often 8-32), and
+# a value-sized temporary per mode costs more in page faults and DRAM traffic than the matmul itself. Both autograd
+# Functions therefore run their whole chain on chunks of (batch, head) pairs small enough to stay in L2 (about
+# 1 MiB of value per thread), writing each finished chunk once into the output. On accelerators one chunk holds
+# everything (kernel launches, not caches, are the cost there).
+_CPU_CHUNK_BYTES = 1 << 20
 
-    Forward: ``k`` steps ``X <- S_m X^T`` on flat ``(bh, total)`` buffers (only ``X_0``, the value, is kept).
-    Backward: recompute the step inputs, then walk back with ``dS_m = G X_m`` and ``dX_m = G^T S_m``, which BLAS
-    reads through transposed views, so every gradient lands directly in the layout of the step before (autograd's
-    generic path would materialise a transposed copy per mode). Memory: one value-sized tensor + the factors.
+
+def _chunk_pairs(v: torch.Tensor) -> int:
+    """How many (batch, head) pairs one chunk holds for ``v (b, h, n.., d)``."""
+    b, h = v.shape[:2]
+    if v.device.type != "cpu":
+        return b * h
+    per_pair = max(1, v[0, 0].numel() * v.element_size())
+    return max(1, _CPU_CHUNK_BYTES // per_pair) * max(1, torch.get_num_threads())
+
+
+def _chunks(b: int, h: int, c: int):
+    """``(batch slice, head slice)`` pairs covering ``b x h`` in chunks of about ``c`` pairs (whole heads first)."""
+    if c >= h:
+        step = c // h
+        for b0 in range(0, b, step):
+            yield slice(b0, min(b, b0 + step)), slice(0, h)
+    else:
+        for b0 in range(b):
+            for h0 in range(0, h, c):
+                yield slice(b0, b0 + 1), slice(h0, min(h, h0 + c))
+
+
+def _pair_factors(factors, bs: slice, hs: slice) -> list[torch.Tensor]:
+    """The chunk's factors as ``(c, n, n)`` (a tiny copy when a factor was broadcast)."""
+    return [f[bs, hs].reshape(-1, *f.shape[-2:]) for f in factors]
+
+
+def _expand_factors(factors: list[torch.Tensor], v: torch.Tensor) -> list[torch.Tensor]:
+    b, h = v.shape[:2]
+    return [s.to(v.dtype).expand(b, h, *s.shape[-2:]) for s in factors]
+
+
+class _Workspace:
+    """Chunk-sized scratch buffers reused for every chunk of one call: a fresh CPU allocation of a few hundred KiB
+    costs page faults (and cache misses) worth more than the matmul that fills it."""
+
+    def __init__(self, like: torch.Tensor):
+        self.like, self.bufs = like, {}
+
+    def get(self, key, shape) -> torch.Tensor:
+        n = math.prod(shape)
+        buf = self.bufs.get(key)
+        if buf is None or buf.numel() < n:
+            buf = self.bufs[key] = self.like.new_empty(n)
+        return buf[:n].view(shape)
+
+    def gather(self, key, src: torch.Tensor, shape) -> torch.Tensor:
+        """``src`` reshaped to ``shape``: a view when ``src`` is contiguous, else a copy into a reused buffer."""
+        if src.is_contiguous():
+            return src.view(shape)
+        out = self.get(key, shape)
+        out.view(src.shape).copy_(src)
+        return out
+
+
+def _mode_mul(s: torch.Tensor, x: torch.Tensor, sizes: Sequence[int], m: int, out: torch.Tensor,
+              ws: _Workspace, accumulate: bool = False) -> torch.Tensor:
+    """Mode-``m`` product in place of layout: ``x (c, n1..nk, d)`` contiguous, ``s (c, n_m, n_m)`` (or a transposed
+    view); writes (or adds, if ``accumulate``) ``y[c, .., i_m, .., :] = sum_j s[c, i_m, j] x[c, .., j, .., :]`` into
+    ``out`` (same layout). Mode 1 is one bmm; for the others the fibres before mode ``m`` become batch entries, so no
+    transposed copy of ``x`` is ever made (only ``s`` is repeated, ``a n^2`` <= ``x``'s size)."""
+    c, n = x.shape[0], sizes[m]
+    a = math.prod(sizes[:m])
+    if a > 1:
+        se = ws.get("s", (c, a, n, n))
+        se.copy_(s.unsqueeze(1).expand(c, a, n, n))
+        s = se.view(c * a, n, n)
+    xv, ov = x.view(c * a, n, -1), out.view(c * a, n, -1)
+    if accumulate:
+        return torch.baddbmm(ov, s, xv, out=ov).view(out.shape)
+    return torch.bmm(s, xv, out=ov).view(out.shape)
+
+
+def _mode_gram(g: torch.Tensor, x: torch.Tensor, sizes: Sequence[int], m: int, out: torch.Tensor,
+               ws: _Workspace) -> torch.Tensor:
+    """``out[c, i, j] = sum g[c, .., i, .., :] x[c, .., j, .., :]`` over everything but mode ``m``, ``out (c, n_m, n_m)``
+    (the gradient of :func:`_mode_mul` w.r.t. ``s``)."""
+    c, n = x.shape[0], sizes[m]
+    a = math.prod(sizes[:m])
+    r = x[0].numel() // (a * n)
+    if a == 1:
+        return torch.bmm(g.view(c, n, r), x.view(c, n, r).transpose(1, 2), out=out)
+    if r >= n:  # per-fibre grams, then a reduction: no copies of g or x
+        t = ws.get("gram", (c, a, n, n))
+        torch.bmm(g.view(c * a, n, r), x.view(c * a, n, r).transpose(1, 2), out=t.view(c * a, n, n))
+        return torch.sum(t, 1, out=out)
+    gu, xu = ws.get("gu", (c, n, a, r)), ws.get("xu", (c, n, a, r))  # unfoldings: copies of contiguous runs of r
+    gu.copy_(g.view(c, a, n, r).transpose(1, 2))
+    xu.copy_(x.view(c, a, n, r).transpose(1, 2))
+    return torch.bmm(gu.view(c, n, a * r), xu.view(c, n, a * r).transpose(1, 2), out=out)
+
+
+def _write(dst: torch.Tensor, key, ws: _Workspace, shape) -> torch.Tensor:
+    """Where a chunk result goes: straight into ``dst`` when it is contiguous, else into a buffer (then copied)."""
+    return dst.view(shape) if dst.is_contiguous() else ws.get(key, shape)
+
+
+class _KronApply(torch.autograd.Function):
+    """``S_1 (x) .. (x) S_k`` with a hand-written, cache-blocked backward.
+
+    Per chunk of (batch, head) pairs the value is read as ``(c, n1..nk, d)`` and the ``k`` mode products are applied
+    in place of layout (:func:`_mode_mul`) between two reused chunk buffers, so no transposed copy and no fresh
+    allocation is made per chunk; the last product writes straight into the output when it can. The output is
+    allocated like ``v`` (same strides): when ``v`` is the head-split view of a ``(b, n.., h*d)`` projection, merging
+    the heads afterwards is free. Backward: recompute the chunk's step inputs ``X_m``, then walk back with
+    ``dS_m = G_(m) X_(m)^T`` and ``G <- G x_m S_m^T``. Only ``v`` (usually a view of a tensor autograd keeps anyway)
+    and the factors are saved.
     """
 
     @staticmethod
-    def forward(ctx, vt: torch.Tensor, *factors: torch.Tensor) -> torch.Tensor:
-        b, h, sizes = vt.shape[0], vt.shape[1], [f.shape[-1] for f in factors]
-        total = vt[0, 0].numel()
-        x0 = vt.reshape(b * h, total)
-        x = x0
-        with torch.autocast(vt.device.type, enabled=False):  # everything runs in v's dtype, fwd and bwd alike
-            for m in reversed(range(len(sizes))):
-                x = torch.matmul(factors[m], x.view(b * h, total // sizes[m], sizes[m]).transpose(1, 2))
-        ctx.save_for_backward(x0, *factors)
-        ctx.meta = (tuple(vt.shape), sizes)
-        return x.view(b, h, *sizes, -1)
+    def forward(ctx, v: torch.Tensor, *factors: torch.Tensor) -> torch.Tensor:
+        b, h, sizes, k = v.shape[0], v.shape[1], v.shape[2:-1], len(factors)
+        out, ws = torch.empty_like(v), _Workspace(v)
+        with torch.autocast(v.device.type, enabled=False):  # everything runs in v's dtype, fwd and bwd alike
+            for bs, hs in _chunks(b, h, _chunk_pairs(v)):
+                fs = _pair_factors(factors, bs, hs)
+                shape = (fs[0].shape[0], *sizes, v.shape[-1])
+                x = ws.gather("x", v[bs, hs], shape)
+                for m, s in enumerate(fs):
+                    dst = _write(out[bs, hs], "y", ws, shape) if m == k - 1 else ws.get(("t", m % 2), shape)
+                    x = _mode_mul(s, x, sizes, m, dst, ws)
+                if x.data_ptr() != out[bs, hs].data_ptr():
+                    out[bs, hs] = x.view(out[bs, hs].shape)
+        ctx.save_for_backward(v, *factors)
+        return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, gy: torch.Tensor):
-        x0, *factors = ctx.saved_tensors
-        shape, sizes = ctx.meta
-        with torch.autocast(x0.device.type, enabled=False):
-            return _KronApply._grads(ctx, gy.to(x0.dtype), x0, factors, shape, sizes)
-
-    @staticmethod
-    def _grads(ctx, gy, x0, factors, shape, sizes):
-        bh, total = x0.shape
-        inputs, x = [None] * len(sizes), x0
-        for m in reversed(range(len(sizes))):
-            inputs[m] = x.view(bh, total // sizes[m], sizes[m])
-            if m:
-                x = torch.matmul(factors[m], inputs[m].transpose(1, 2))
-        g = gy.reshape(bh, total)
-        grads = [None] * len(sizes)
-        for m in range(len(sizes)):  # the last step applied mode 0
-            gm = g.view(bh, sizes[m], total // sizes[m])
-            grads[m] = torch.matmul(gm, inputs[m]) if ctx.needs_input_grad[1 + m] else None
-            g = torch.matmul(gm.transpose(1, 2), factors[m])  # (bh, P, n_m): the previous step's layout
-        gv = g.view(shape) if ctx.needs_input_grad[0] else None
-        return (gv, *grads)
+        v, *factors = ctx.saved_tensors
+        b, h, sizes, k = v.shape[0], v.shape[1], v.shape[2:-1], len(factors)
+        need_v, need_s = ctx.needs_input_grad[0], ctx.needs_input_grad[1:]
+        gv = torch.empty_like(v) if need_v else None
+        gs = [v.new_empty(b, h, *f.shape[-2:]) if need_s[m] else None for m, f in enumerate(factors)]
+        last = max([m for m in range(k) if need_s[m]], default=-1)  # recompute no further than needed
+        ws = _Workspace(v)
+        with torch.autocast(v.device.type, enabled=False):
+            gy = gy.to(v.dtype)
+            for bs, hs in _chunks(b, h, _chunk_pairs(v)):
+                fs = _pair_factors(factors, bs, hs)
+                c = fs[0].shape[0]
+                shape = (c, *sizes, v.shape[-1])
+                inputs = [ws.gather("x", v[bs, hs], shape)]
+                for m in range(last):  # the input of every step whose factor needs a gradient
+                    inputs.append(_mode_mul(fs[m], inputs[m], sizes, m, ws.get(("in", m), shape), ws))
+                g = ws.gather("g", gy[bs, hs], shape)
+                for m in reversed(range(k)):
+                    if gs[m] is not None:
+                        _mode_gram(g, inputs[m], sizes, m, gs[m][bs, hs].view(c, sizes[m], sizes[m]), ws)
+                    if m or need_v:
+                        dst = _write(gv[bs, hs], "gv", ws, shape) if m == 0 else ws.get(("t", m % 2), shape)
+                        g = _mode_mul(fs[m].transpose(1, 2), g, sizes, m, dst, ws)
+                if need_v and g.data_ptr() != gv[bs, hs].data_ptr():
+                    gv[bs, hs] = g.view(gv[bs, hs].shape)
+        return (gv, *gs)
 
 
 def kron_apply(factors: Sequence[torch.Tensor], v: torch.Tensor) -> torch.Tensor:
@@ -153,15 +269,13 @@ def kron_apply(factors: Sequence[torch.Tensor], v: torch.Tensor) -> torch.Tensor
 
     Args:
         factors: ``k`` tensors ``(B, H, Ni, Ni)``; size-1 (or missing) batch/head dims broadcast.
-        v: ``(B, H, N1, ..., Nk, D)``.
+        v: ``(B, H, N1, ..., Nk, D)``, any strides (the output is allocated with the same memory layout).
 
     Returns:
         ``(B, H, N1, ..., Nk, D)`` with ``y[.., i1..ik, d] = sum_j prod_m S_m[i_m, j_m] v[.., j1..jk, d]``.
     """
     factors = _check_factors(factors, v, "kron_apply")
-    b, h = v.shape[:2]
-    flat = [_flat_factor(s.to(v.dtype), b, h) for s in factors]
-    return _KronApply.apply(v.movedim(-1, 2), *flat)
+    return _KronApply.apply(v, *_expand_factors(factors, v))
 
 
 def kron_sum_apply(factors: Sequence[torch.Tensor], v: torch.Tensor, normalize: bool = True) -> torch.Tensor:
@@ -170,10 +284,8 @@ def kron_sum_apply(factors: Sequence[torch.Tensor], v: torch.Tensor, normalize: 
     Shapes as in :func:`kron_apply`.
     """
     factors = _check_factors(factors, v, "kron_sum_apply")
-    b, h = v.shape[:2]
-    flat = [_flat_factor(s.to(v.dtype), b, h) for s in factors]
-    y = _KronSumApply.apply(v, *flat)
-    return y / len(factors) if normalize and len(factors) > 1 else y
+    alpha = 1.0 / len(factors) if normalize else 1.0
+    return _KronSumApply.apply(v, alpha, *_expand_factors(factors, v))
 
 
 def _unfold(x: torch.Tensor, m: int, n: int) -> torch.Tensor:
@@ -189,49 +301,62 @@ def _fold_add(out: torch.Tensor | None, y: torch.Tensor, m: int, like: torch.Ten
 
 
 class _KronSumApply(torch.autograd.Function):
-    """``sum_m v x_m S_m`` with a hand-written backward: ``dv = sum_m g x_m S_m^T`` (the adjoint of a Kronecker sum is
-    the sum of the transposes) and ``dS_m = G_(m)^T V_(m)`` from the mode-``m`` unfoldings. Only ``v`` is saved;
-    mode 1 needs no unfolding copies at all."""
+    """``alpha * sum_m v x_m S_m``, cache-blocked and copy-free like :class:`_KronApply` (the terms accumulate in one
+    buffer through ``baddbmm``), with a hand-written backward: ``dv = alpha * sum_m g x_m S_m^T`` (the adjoint of a
+    Kronecker sum is the sum of the transposes) and ``dS_m = alpha * G_(m) V_(m)^T`` from the chunk's mode-``m``
+    fibres. Only ``v`` is saved."""
 
     @staticmethod
-    def forward(ctx, v: torch.Tensor, *factors: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(v, *factors)
+    def forward(ctx, v: torch.Tensor, alpha: float, *factors: torch.Tensor) -> torch.Tensor:
+        b, h = v.shape[:2]
+        out, ws = torch.empty_like(v), _Workspace(v)
         with torch.autocast(v.device.type, enabled=False):
-            return _KronSumApply._apply(v, factors, transpose=False)
+            for bs, hs in _chunks(b, h, _chunk_pairs(v)):
+                _KronSumApply._apply(v[bs, hs], out[bs, hs], _pair_factors(factors, bs, hs), alpha, False, ws)
+        ctx.save_for_backward(v, *factors)
+        ctx.alpha = alpha
+        return out
 
     @staticmethod
-    def _apply(x, factors, transpose: bool):
-        bh = x.shape[0] * x.shape[1]
-        out = None
-        for m, s in enumerate(factors):
-            s = s.transpose(1, 2) if transpose else s
-            n = s.shape[-1]
-            if m == 0:  # mode 1 is already outermost: a plain bmm in place
-                y = torch.matmul(s, x.reshape(bh, n, -1)).view(x.shape)
-                out = y if out is None else out.add_(y)
-            else:
-                out = _fold_add(out, torch.matmul(s, _unfold(x, m, n).transpose(1, 2)), m, x)
-        return out
+    def _apply(src, dst, fs, alpha: float, transpose: bool, ws: _Workspace) -> None:
+        """``dst = alpha * sum_m src x_m S_m`` (``S_m^T`` if ``transpose``) for one chunk ``(cb, ch, n1..nk, d)``."""
+        sizes = src.shape[2:-1]
+        shape = (fs[0].shape[0], *sizes, src.shape[-1])
+        x = ws.gather("x", src, shape)
+        y = _write(dst, "y", ws, shape)
+        for m, s in enumerate(fs):
+            _mode_mul(s.transpose(1, 2) if transpose else s, x, sizes, m, y, ws, accumulate=m > 0)
+        if alpha != 1.0:
+            y.mul_(alpha)
+        if y.data_ptr() != dst.data_ptr():
+            dst.copy_(y.view(dst.shape))
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g: torch.Tensor):
         v, *factors = ctx.saved_tensors
+        b, h, sizes = v.shape[0], v.shape[1], v.shape[2:-1]
+        need_v, need_s = ctx.needs_input_grad[0], ctx.needs_input_grad[2:]
+        gv = torch.empty_like(v) if need_v else None
+        gs = [v.new_empty(b, h, *f.shape[-2:]) if need_s[m] else None for m, f in enumerate(factors)]
+        ws = _Workspace(v)
         with torch.autocast(v.device.type, enabled=False):
-            g = g.to(v.dtype).contiguous()
-            gv = _KronSumApply._apply(g, factors, transpose=True) if ctx.needs_input_grad[0] else None
-            bh = v.shape[0] * v.shape[1]
-            grads = []
-            for m, s in enumerate(factors):
-                if not ctx.needs_input_grad[1 + m]:
-                    grads.append(None)
+            g = g.to(v.dtype)
+            for bs, hs in _chunks(b, h, _chunk_pairs(v)):
+                fs = _pair_factors(factors, bs, hs)
+                if need_v:
+                    _KronSumApply._apply(g[bs, hs], gv[bs, hs], fs, ctx.alpha, True, ws)
+                if not any(need_s):
                     continue
-                n = s.shape[-1]
-                if m == 0:
-                    grads.append(torch.matmul(g.view(bh, n, -1), v.reshape(bh, n, -1).transpose(1, 2)))
-                else:
-                    grads.append(torch.matmul(_unfold(g, m, n).transpose(1, 2), _unfold(v, m, n)))
-        return (gv, *grads)
+                c = fs[0].shape[0]
+                shape = (c, *sizes, v.shape[-1])
+                gc, vc = ws.gather("g", g[bs, hs], shape), ws.gather("x", v[bs, hs], shape)
+                for m in range(len(fs)):
+                    if gs[m] is not None:
+                        d = _mode_gram(gc, vc, sizes, m, gs[m][bs, hs].view(c, sizes[m], sizes[m]), ws)
+                        if ctx.alpha != 1.0:
+                            d.mul_(ctx.alpha)
+        return (gv, None, *gs)
 
 
 def _kron_sum_ops(ops, v: torch.Tensor, normalize: bool) -> torch.Tensor:

@@ -1,0 +1,113 @@
+"""Run ``hoformer fit`` + ``hoformer test --ckpt_path best`` for a list of forecasting configs and collect the test
+metrics into one JSONL file (one line per run; runs already in the file are skipped, so the sweep can be resumed).
+
+Run:  .venv/bin/python benchmarks/ltsf_sweep.py --out runs/ltsf_cpu.jsonl configs/hot/ltsf_cpu/etth1_96_*.yaml
+      .venv/bin/python benchmarks/ltsf_sweep.py --out runs/ltsf_cpu.jsonl --table   # print the markdown table
+
+Each run uses ``OMP_NUM_THREADS=--threads`` and ``--trainer.max_time`` as given; the wall time of ``fit`` and the
+epoch of the tested checkpoint are recorded with the metrics.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import yaml
+
+
+def _run(cmd: list[str], env: dict, log) -> int:
+    log.write(f"$ {' '.join(cmd)}\n")
+    log.flush()
+    return subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+
+
+def _test_metrics(root: Path) -> dict:
+    """The last ``test/*`` row of the newest CSV logger version under ``root/logs``."""
+    versions = sorted((root / "logs").glob("version_*/metrics.csv"), key=lambda p: p.stat().st_mtime)
+    for path in reversed(versions):
+        rows = [r for r in csv.DictReader(path.open()) if any(k.startswith("test/") and r[k] for k in r)]
+        if rows:
+            return {k: float(v) for k, v in rows[-1].items() if k.startswith("test/") and v}
+    raise RuntimeError(f"no test metrics under {root}/logs")
+
+
+def run_one(config: Path, args) -> dict:
+    cfg = yaml.safe_load(config.read_text())
+    root = Path(cfg["trainer"]["default_root_dir"])
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    common = ["--trainer.enable_progress_bar=false", f"--trainer.max_time={args.max_time}"]
+    if args.max_epochs:
+        common.append(f"--trainer.max_epochs={args.max_epochs}")
+    hoformer = [sys.executable, "-m", "hoformer.cli"]
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / "sweep.log", "a") as log:
+        t0 = time.time()
+        if _run(hoformer + ["fit", "--config", str(config), *common], env, log):
+            raise RuntimeError(f"fit failed, see {root / 'sweep.log'}")
+        fit_s = time.time() - t0
+        if _run(hoformer + ["test", "--config", str(config), *common, "--ckpt_path", "best"], env, log):
+            raise RuntimeError(f"test failed, see {root / 'sweep.log'}")
+    best = sorted((root / "checkpoints").glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)[-1].name
+    m = cfg["model"]["init_args"]["model_kwargs"]
+    return {"config": str(config), "dataset": cfg["data"]["init_args"]["name"], "pred_len": m["pred_len"],
+            "attention": m["attention"], "fit_s": round(fit_s, 1),
+            "best_epoch": int(re.search(r"epoch=?(\d+)", best).group(1)), **_test_metrics(root)}
+
+
+def table(path: Path) -> str:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    by = defaultdict(dict)
+    for r in rows:
+        by[(r["dataset"], r["attention"])][r["pred_len"]] = r
+    lines = ["| dataset | attention | " + " | ".join(f"MSE/MAE {h}" for h in (96, 192, 336, 720))
+             + " | avg MSE/MAE |", "|---|---|---|---|---|---|---|"]
+    for (ds, attn), hs in sorted(by.items()):
+        cells, mse, mae = [], [], []
+        for h in (96, 192, 336, 720):
+            r = next((v for k, v in hs.items() if k in (h,)), None)
+            if r is None:
+                cells.append("-")
+                continue
+            cells.append(f"{r['test/mse']:.3f} / {r['test/mae']:.3f}")
+            mse.append(r["test/mse"])
+            mae.append(r["test/mae"])
+        avg = f"{sum(mse) / 4:.3f} / {sum(mae) / 4:.3f}" if len(mse) == 4 else "-"
+        lines.append(f"| {ds} | `{attn}` | " + " | ".join(cells) + f" | {avg} |")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("configs", nargs="*", type=Path)
+    ap.add_argument("--out", type=Path, required=True, help="JSONL results file (appended; done runs skipped)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--max-time", default="00:00:30:00", help="Lightning max_time per fit (DD:HH:MM:SS)")
+    ap.add_argument("--max-epochs", type=int, default=0, help="override trainer.max_epochs (0: the config's)")
+    ap.add_argument("--table", action="store_true", help="print the markdown table of --out and exit")
+    args = ap.parse_args()
+    if args.table:
+        print(table(args.out))
+        return
+    done = set()
+    if args.out.exists():
+        done = {json.loads(line)["config"] for line in args.out.read_text().splitlines() if line.strip()}
+    for config in args.configs:
+        if str(config) in done:
+            print(f"skip {config} (in {args.out})")
+            continue
+        r = run_one(config, args)
+        print(json.dumps(r), flush=True)
+        with args.out.open("a") as f:
+            f.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    main()
