@@ -271,7 +271,8 @@ class KroneckerAttention(_Recordable):
         b, sizes = x.shape[0], tuple(x.shape[1:-1])
         masks = _check_masks(masks, sizes, "KroneckerAttention")
         qs, ks = self.mode_qk(x)
-        # values as a (b, h, n1..nk, e) *view* of the (b, n.., h*e) projection: kron_apply makes the one copy
+        # values as a (b, h, n1..nk, e) *view* of the (b, n.., h*e) projection; kron_apply / kron_sum_apply keep that
+        # memory layout, so merging the heads before to_out is a view too
         v = self.to_v(x).view(b, *sizes, self.heads, self.dim_head).movedim(-2, 1)
         want_maps = return_attention or self._record is not None
         if self.kernel == "linear":
