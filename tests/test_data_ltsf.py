@@ -186,3 +186,59 @@ def test_public_names_not_shadowed():
     for mod in (ltsf, medmnist, multispectral, datamodules):
         for name in mod.__all__:
             assert getattr(data, name) is getattr(mod, name), f"hoformer.data.{name} is shadowed"
+
+
+def test_split_datamodule_base():
+    """Shared datamodule base: per-split ``_make`` (built lazily, cached) and all-at-once ``_make_splits`` hooks;
+    training loaders shuffle, evaluation loaders keep order, nothing is dropped; clear argument errors."""
+    from torch.utils.data import SequentialSampler, TensorDataset
+
+    from hoformer.data._base import SplitDataModule
+
+    class PerSplit(SplitDataModule):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.made = []
+
+        def _make(self, split):
+            self.made.append(split)
+            return TensorDataset(torch.arange({"train": 10, "val": 7, "test": 5}[split]))
+
+    class AllAtOnce(PerSplit):
+        def _make_splits(self, names):
+            self.made.append(tuple(names))
+            return {s: TensorDataset(torch.arange(n)) for s, n in (("train", 10), ("val", 7), ("test", 5))}
+
+        def collate_fn(self, split):
+            return lambda items: torch.stack([it[0] for it in items])
+
+    dm = PerSplit(batch_size=3, eval_batch_size=4)
+    dm.setup("fit")
+    assert dm.made == ["train", "val"] and sorted(dm.datasets) == ["train", "val"]
+    train, val, test, pred = dm.train_dataloader(), dm.val_dataloader(), dm.test_dataloader(), dm.predict_dataloader()
+    assert dm.made == ["train", "val", "test"]  # test built on first use, then cached
+    assert dm.dataset("test") is test.dataset is pred.dataset
+    assert train.batch_size == 3 and not isinstance(train.sampler, SequentialSampler) and not train.drop_last
+    assert not train.pin_memory and train.num_workers == 0 and not train.persistent_workers
+    for loader in (val, test, pred):
+        assert loader.batch_size == 4 and isinstance(loader.sampler, SequentialSampler) and not loader.drop_last
+    assert torch.cat([b[0] for b in val]).tolist() == list(range(7))  # 4 + 3: in order, last partial batch kept
+    assert sorted(torch.cat([b[0] for b in train]).tolist()) == list(range(10))
+    assert PerSplit(batch_size=5).eval_batch_size == 5
+    loader = PerSplit(num_workers=2, pin_memory=True).val_dataloader()  # flags only: no iteration, no workers
+    assert loader.num_workers == 2 and loader.persistent_workers and loader.pin_memory
+
+    dm = AllAtOnce(batch_size=2)
+    assert [b.tolist() for b in dm.test_dataloader()] == [[0, 1], [2, 3], [4]]  # collate_fn hook
+    dm.setup()
+    dm.train_dataloader()
+    assert dm.made == [("test",)]  # one build serves every split
+
+    for kw, arg in (({"batch_size": 0}, "batch_size"), ({"eval_batch_size": -1}, "eval_batch_size"),
+                    ({"num_workers": -1}, "num_workers")):
+        with pytest.raises(ValueError, match=f"PerSplit: {arg} must be"):
+            PerSplit(**kw)
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        LTSFDataModule(synthetic=True, batch_size=0)
+    with pytest.raises(NotImplementedError, match="_make"):
+        SplitDataModule().setup()

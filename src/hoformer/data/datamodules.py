@@ -1,7 +1,8 @@
 """Lightning datamodules for the HOT tasks (usable as ``data: {class_path: hoformer.data.LTSFDataModule, ...}``).
 
-Roots default to ``$HOFORMER_DATA/<sub>`` (``ltsf``, ``medmnist3d``, ``ssl4eo_l``); validation and test loaders never
-shuffle or drop a batch, so every evaluation window / volume / patch is scored.
+Roots default to ``$HOFORMER_DATA/<sub>`` (``ltsf``, ``medmnist3d``, ``ssl4eo_l``). Each builds one split at a time on
+:class:`~hoformer.data._base.SplitDataModule`, whose validation and test loaders never shuffle or drop a batch, so
+every evaluation window / volume / patch is scored.
 """
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import os
 import tempfile
 from pathlib import Path
 
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
+from ._base import SplitDataModule
 from ._utils import cache_dir, resolve_root
 from .ltsf import LTSF_DATASETS, LTSFDataset, SyntheticLTSF, _LOOKUP
 from .medmnist import MEDMNIST3D_INFO, MedMNIST3D, _flag
@@ -19,56 +21,8 @@ from .multispectral import SSL4EO_SENSORS, CenterCrop, Compose, RandomCrop, Rand
 
 __all__ = ["LTSFDataModule", "MedMNIST3DDataModule", "MultispectralDataModule"]
 
-try:
-    from lightning.pytorch import LightningDataModule
-except ImportError:  # keep `import hoformer.data` working without the `train` extra
-    class LightningDataModule:  # type: ignore[no-redef]
-        def __init__(self, *args, **kwargs):
-            raise ImportError("hoformer datamodules need lightning: pip install 'hoformer[train]'")
 
-
-class _Base(LightningDataModule):
-    def __init__(self, batch_size: int, num_workers: int, pin_memory: bool, eval_batch_size: int | None):
-        super().__init__()
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.batch_size, self.num_workers, self.pin_memory = batch_size, num_workers, pin_memory
-        self.eval_batch_size = eval_batch_size or batch_size
-        self.datasets: dict[str, Dataset] = {}
-
-    def _make(self, split: str) -> Dataset:
-        raise NotImplementedError
-
-    def dataset(self, split: str) -> Dataset:
-        """The (cached) dataset of ``split`` ("train" | "val" | "test")."""
-        if split not in self.datasets:
-            self.datasets[split] = self._make(split)
-        return self.datasets[split]
-
-    def setup(self, stage: str | None = None) -> None:
-        splits = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("test",)}
-        for split in splits.get(stage, ("train", "val", "test")):
-            self.dataset(split)
-
-    def _loader(self, split: str, train: bool) -> DataLoader:
-        return DataLoader(self.dataset(split), batch_size=self.batch_size if train else self.eval_batch_size,
-                          shuffle=train, drop_last=False, num_workers=self.num_workers, pin_memory=self.pin_memory,
-                          persistent_workers=self.num_workers > 0)
-
-    def train_dataloader(self):
-        return self._loader("train", True)
-
-    def val_dataloader(self):
-        return self._loader("val", False)
-
-    def test_dataloader(self):
-        return self._loader("test", False)
-
-    def predict_dataloader(self):
-        return self._loader("test", False)
-
-
-class LTSFDataModule(_Base):
+class LTSFDataModule(SplitDataModule):
     """Long-term forecasting data (:class:`~hoformer.data.LTSFDataset`, TSLib protocol) or, with ``synthetic=True``,
     the built-in :class:`~hoformer.data.SyntheticLTSF` (``synthetic_length`` rows, ``num_variates`` variates).
 
@@ -82,7 +36,8 @@ class LTSFDataModule(_Base):
                  features: str = "M", target: str = "OT", scale: bool = True, time_features: bool = False,
                  num_variates: int = 7, synthetic_length: int = 4000, seed: int = 0, verify: bool = True,
                  download: bool = False, pin_memory: bool = False, eval_batch_size: int | None = None):
-        super().__init__(batch_size, num_workers, pin_memory, eval_batch_size)
+        super().__init__(batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory,
+                         eval_batch_size=eval_batch_size)
         self.save_hyperparameters()
         self.name, self.seq_len, self.pred_len, self.synthetic = name, seq_len, pred_len, synthetic
         self.root = None if synthetic else resolve_root(root, "ltsf", f"LTSF dataset {name!r}")
@@ -111,7 +66,7 @@ class LTSFDataModule(_Base):
         return self.dataset("train").inverse_transform(data)
 
 
-class MedMNIST3DDataModule(_Base):
+class MedMNIST3DDataModule(SplitDataModule):
     """MedMNIST3D volumes ``(B, 1, S, S, S)`` in [0, 1] with labels ``(B, 1)`` (int64). ``root=None`` resolves to
     ``$HOFORMER_DATA/medmnist3d`` (or the download cache). ``flip_augment`` adds random flips along the three
     spatial axes on the training split."""
@@ -119,7 +74,8 @@ class MedMNIST3DDataModule(_Base):
     def __init__(self, root: str | None = None, flag: str = "adrenalmnist3d", size: int = 28, batch_size: int = 32,
                  num_workers: int = 0, download: bool = False, flip_augment: bool = False, pin_memory: bool = False,
                  eval_batch_size: int | None = None):
-        super().__init__(batch_size, num_workers, pin_memory, eval_batch_size)
+        super().__init__(batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory,
+                         eval_batch_size=eval_batch_size)
         self.save_hyperparameters()
         self.flag, self.size = _flag(flag), size
         if root is None and not download:
@@ -145,7 +101,7 @@ def _flip3d(image):
     return image
 
 
-class MultispectralDataModule(_Base):
+class MultispectralDataModule(SplitDataModule):
     """SSL4EO-L land-cover segmentation: images ``(B, bands, crop, crop)`` float in [0, 1], masks
     ``(B, crop, crop)`` int64. ``crop_size=None`` (default) keeps the full 264 x 264 patch; otherwise training uses a
     random crop and evaluation a centre crop (torchgeo's SSL4EO-L datamodule uses 224). ``flip`` adds random flips on
@@ -157,7 +113,8 @@ class MultispectralDataModule(_Base):
                  crop_size: int | None = None, batch_size: int = 16, num_workers: int = 0, synthetic: bool = False,
                  synthetic_n: int = 64, synthetic_size: int = 264, flip: bool = True, download: bool = False,
                  seed: int = 0, pin_memory: bool = False, eval_batch_size: int | None = None):
-        super().__init__(batch_size, num_workers, pin_memory, eval_batch_size)
+        super().__init__(batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory,
+                         eval_batch_size=eval_batch_size)
         self.save_hyperparameters()
         if product not in _PRODUCTS or sensor not in SSL4EO_SENSORS:
             raise ValueError(f"product must be in {sorted(_PRODUCTS)} and sensor in {sorted(SSL4EO_SENSORS)}, got "

@@ -34,6 +34,7 @@ from typing import Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from ._base import SplitDataModule
 from ._utils import SchemaError, resolve_root
 
 __all__ = [
@@ -308,15 +309,7 @@ def collate_text(items: list[dict], pad_id: int = 0) -> dict[str, torch.Tensor]:
 
 
 # ---------------------------------------------------------------------------------------------- datamodule
-try:
-    from lightning.pytorch import LightningDataModule
-except ImportError:  # keep `import hoformer.data` working without the `train` extra
-    class LightningDataModule:  # type: ignore[no-redef]
-        def __init__(self, *args, **kwargs):
-            raise ImportError("hoformer datamodules need lightning: pip install 'hoformer[train]'")
-
-
-class TextDataModule(LightningDataModule):
+class TextDataModule(SplitDataModule):
     """SST-2 / TREC / AG News / IMDB classification batches ``{"ids", "mask", "label", "index"}``.
 
     Args:
@@ -347,7 +340,7 @@ class TextDataModule(LightningDataModule):
         seed: int = 0,
         num_workers: int = 0,
     ) -> None:
-        super().__init__()
+        super().__init__(batch_size=batch_size, num_workers=num_workers, eval_batch_size=eval_batch_size)
         if dataset not in TEXT_DATASETS:
             raise ValueError(f"TextDataModule: unknown dataset {dataset!r}; expected one of {TEXT_DATASETS}")
         if max_len < 3:
@@ -355,11 +348,9 @@ class TextDataModule(LightningDataModule):
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"TextDataModule: val_fraction must be in (0, 1), got {val_fraction}")
         self.dataset_name, self.root, self.max_len = dataset, root, max_len
-        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
         self.tokenizer_path, self.tokenizer_dir, self.vocab_size = tokenizer, tokenizer_dir, vocab_size
-        self.val_fraction, self.train_limit, self.seed, self.num_workers = val_fraction, train_limit, seed, num_workers
+        self.val_fraction, self.train_limit, self.seed = val_fraction, train_limit, seed
         self.tokenizer: TextTokenizer | None = None
-        self.datasets: dict[str, TextClassificationDataset] = {}
         self.class_names: list[str] = []
 
     @property
@@ -384,15 +375,15 @@ class TextDataModule(LightningDataModule):
         test = read_text_split(self.dataset_name, "test", self.root)[:2]
         return {"train": train, "val": val, "test": test}, classes
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.datasets:
-            return
+    def _make_splits(self, names) -> dict[str, TextClassificationDataset]:
+        """All three splits at once, whichever ``names`` were asked for: the tokenizer is trained on the training
+        split."""
         raw, self.class_names = self._raw_splits()
         if self.tokenizer is None:
             self.tokenizer = self._make_tokenizer(raw["train"][0])
-        for split, (texts, labels) in raw.items():
-            ids = self.tokenizer.encode_batch(texts, self.max_len)
-            self.datasets[split] = TextClassificationDataset(ids, labels, len(self.class_names))
+        return {split: TextClassificationDataset(self.tokenizer.encode_batch(texts, self.max_len), labels,
+                                                 len(self.class_names))
+                for split, (texts, labels) in raw.items()}
 
     def _make_tokenizer(self, train_texts) -> TextTokenizer:
         """Load ``tokenizer``; else reuse the one trained earlier for the same data in ``tokenizer_dir`` (WordPiece
@@ -412,24 +403,8 @@ class TextDataModule(LightningDataModule):
             (d / "tokenizer_meta.json").write_text(json.dumps(meta))
         return tok
 
-    def _loader(self, split: str, train: bool) -> DataLoader:
-        self.setup()
-        pad = self.tokenizer.pad_id
-        return DataLoader(self.datasets[split], batch_size=self.batch_size if train else self.eval_batch_size,
-                          shuffle=train, num_workers=self.num_workers, collate_fn=partial(collate_text, pad_id=pad),
-                          persistent_workers=self.num_workers > 0)
-
-    def train_dataloader(self):
-        return self._loader("train", True)
-
-    def val_dataloader(self):
-        return self._loader("val", False)
-
-    def test_dataloader(self):
-        return self._loader("test", False)
-
-    def predict_dataloader(self):
-        return self._loader("test", False)
+    def collate_fn(self, split: str):
+        return partial(collate_text, pad_id=self.tokenizer.pad_id)
 
     def ordered_train_dataloader(self) -> DataLoader:
         """The training split in index order, no shuffling (teacher logits for distillation)."""

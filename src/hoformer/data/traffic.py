@@ -18,11 +18,12 @@ from __future__ import annotations
 import os
 import pickle
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
+
+from ._base import SplitDataModule
 
 __all__ = [
     "read_traffic_h5",
@@ -176,15 +177,7 @@ def _default_root() -> Path:
     return (Path(env) if env else Path("../shared/data")) / "traffic"
 
 
-try:  # Lightning is an optional (train) dependency
-    import lightning as L
-
-    _DMBase: Any = L.LightningDataModule
-except ImportError:  # pragma: no cover
-    _DMBase = object
-
-
-class TrafficDataModule(_DMBase):
+class TrafficDataModule(SplitDataModule):
     """METR-LA / PEMS-BAY / Los-loop datamodule (usable from a LightningCLI ``data: class_path``).
 
     Args:
@@ -197,6 +190,10 @@ class TrafficDataModule(_DMBase):
         drop_empty_windows: drop windows whose target is entirely missing (their loss is undefined).
         start: first timestamp of Los-loop (the CSV has none).
         num_nodes: if given, checked against the data and the graph.
+
+    The three splits are built together (the scaler is fitted on the training windows) and kept in :attr:`splits`
+    (``{"train" | "val" | "test": TrafficWindows}``, the base class's ``datasets``). ``dataset`` is the dataset's
+    name here, not the base class's ``dataset(split)`` accessor.
     """
 
     def __init__(self, dataset: str = "los_loop", root: str | None = None, data_path: str | None = None,
@@ -204,17 +201,19 @@ class TrafficDataModule(_DMBase):
                  test_ratio: float = 0.2, batch_size: int = 32, eval_batch_size: int | None = None,
                  num_workers: int = 0, drop_empty_windows: bool = True, start: str = "2012-03-01 00:00:00",
                  num_nodes: int | None = None) -> None:
-        super().__init__()
+        super().__init__(batch_size=batch_size, num_workers=num_workers, eval_batch_size=eval_batch_size)
         if dataset not in ("metr_la", "pems_bay", "los_loop"):
             raise ValueError(f"TrafficDataModule: `dataset` must be 'metr_la', 'pems_bay' or 'los_loop', got {dataset!r}")
         self.dataset, self.root = dataset, Path(root) if root else _default_root()
         self.data_path, self.adj_path = data_path, adj_path
         self.window, self.horizon = window, horizon
         self.val_ratio, self.test_ratio = val_ratio, test_ratio
-        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
-        self.num_workers, self.drop_empty_windows, self.start = num_workers, drop_empty_windows, start
-        self.expected_nodes = num_nodes
-        self.splits: dict[str, TrafficWindows] = {}
+        self.drop_empty_windows, self.start, self.expected_nodes = drop_empty_windows, start, num_nodes
+
+    @property
+    def splits(self) -> dict[str, TrafficWindows]:
+        """The built splits by name (the same dict as ``datasets``)."""
+        return self.datasets
 
     def _load(self):
         import pandas as pd
@@ -237,9 +236,8 @@ class TrafficDataModule(_DMBase):
             ids = g_ids
         return values, stamps, ids, adj
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.splits:
-            return
+    def _make_splits(self, names) -> dict[str, TrafficWindows]:
+        """All three splits at once, whichever ``names`` were asked for."""
         values, stamps, ids, adj = self._load()
         n = values.shape[1]
         if adj.shape != (n, n):
@@ -255,6 +253,7 @@ class TrafficDataModule(_DMBase):
         self.scaler = StandardScaler().fit(data[:train_end], mask[:train_end])
         x = self.scaler.transform(data, mask)
         tf = time_features(stamps)
+        out = {}
         for name, idx in (("train", tr), ("val", va), ("test", te)):
             s = starts[idx]
             if self.drop_empty_windows:
@@ -262,20 +261,5 @@ class TrafficDataModule(_DMBase):
                 s = s[has]
             if len(s) == 0:
                 raise ValueError(f"TrafficDataModule: the {name} split has no window with an observed target")
-            self.splits[name] = TrafficWindows(x, data, mask, tf, s, self.window, self.horizon, self.scaler)
-
-    def _loader(self, name: str, shuffle: bool) -> DataLoader:
-        if not self.splits:
-            self.setup()
-        bs = self.batch_size if name == "train" else self.eval_batch_size
-        return DataLoader(self.splits[name], batch_size=bs, shuffle=shuffle, num_workers=self.num_workers,
-                          drop_last=False, persistent_workers=self.num_workers > 0)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", False)
+            out[name] = TrafficWindows(x, data, mask, tf, s, self.window, self.horizon, self.scaler)
+        return out

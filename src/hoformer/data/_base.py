@@ -1,0 +1,111 @@
+"""Shared base of hoformer's Lightning datamodules: dataset cache and loaders of the ``train`` / ``val`` / ``test``
+splits.
+
+A subclass says how its datasets are built, in one of two ways:
+
+* one split at a time: override :meth:`SplitDataModule._make` (``split -> Dataset``); each split is built lazily,
+  on first use (the HOT datamodules);
+* all splits together (a tokenizer or a scaler fitted on the training split): override
+  :meth:`SplitDataModule._make_splits`, which may return more splits than were asked for; everything it returns is
+  cached, so it runs once (text, traffic).
+
+Training loaders shuffle; validation, test and predict loaders never shuffle and no loader drops its last batch, so
+every evaluation sample is scored. Lightning is an optional dependency (``hoformer[train]``): without it
+``import hoformer.data`` still works and only constructing a datamodule raises :class:`ImportError`.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from torch.utils.data import DataLoader, Dataset
+
+__all__ = ["SplitDataModule"]
+
+try:
+    from lightning.pytorch import LightningDataModule
+except ImportError:  # keep `import hoformer.data` working without the `train` extra
+    class LightningDataModule:  # type: ignore[no-redef]
+        def __init__(self, *args, **kwargs):
+            raise ImportError("hoformer datamodules need lightning: pip install 'hoformer[train]'")
+
+_STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("test",)}
+
+
+class SplitDataModule(LightningDataModule):
+    """Datamodule over named splits, cached in :attr:`datasets` (``{"train" | "val" | "test": Dataset}``).
+
+    Args:
+        batch_size: training batch size (>= 1).
+        num_workers: ``DataLoader`` worker processes (kept alive between epochs when > 0).
+        pin_memory: pin host memory of the batches.
+        eval_batch_size: batch size of the validation / test / predict loaders (``None`` or 0: ``batch_size``).
+    """
+
+    def __init__(self, batch_size: int = 32, num_workers: int = 0, pin_memory: bool = False,
+                 eval_batch_size: int | None = None) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"{type(self).__name__}: batch_size must be >= 1, got {batch_size}")
+        if eval_batch_size is not None and eval_batch_size < 0:
+            raise ValueError(f"{type(self).__name__}: eval_batch_size must be >= 1 (None or 0: batch_size), got "
+                             f"{eval_batch_size}")
+        if num_workers < 0:
+            raise ValueError(f"{type(self).__name__}: num_workers must be >= 0, got {num_workers}")
+        self.batch_size, self.num_workers, self.pin_memory = batch_size, num_workers, pin_memory
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.datasets: dict[str, Dataset] = {}
+
+    # ------------------------------------------------------------------------------------------------- hooks
+    def _make(self, split: str) -> Dataset:
+        """Build the dataset of one ``split``."""
+        raise NotImplementedError(f"{type(self).__name__} must override _make(split) or _make_splits(names)")
+
+    def _make_splits(self, names: tuple[str, ...]) -> dict[str, Dataset]:
+        """Build the datasets of the splits ``names`` (default: :meth:`_make` of each). An override that builds all
+        splits at once may ignore ``names`` and return every split."""
+        return {split: self._make(split) for split in names}
+
+    def collate_fn(self, split: str) -> Callable | None:
+        """``collate_fn`` of the loaders of ``split`` (asked after the split is built); ``None``: PyTorch's default."""
+        return None
+
+    # ------------------------------------------------------------------------------------------------- cache
+    def _ensure(self, names: Iterable[str]) -> None:
+        missing = tuple(s for s in names if s not in self.datasets)
+        if not missing:
+            return
+        self.datasets.update(self._make_splits(missing))
+        lacking = [s for s in missing if s not in self.datasets]
+        if lacking:
+            raise KeyError(f"{type(self).__name__}: no split {lacking[0]!r} (has {sorted(self.datasets)})")
+
+    def dataset(self, split: str) -> Dataset:
+        """The (cached) dataset of ``split`` ("train" | "val" | "test")."""
+        self._ensure((split,))
+        return self.datasets[split]
+
+    def setup(self, stage: str | None = None) -> None:
+        """Build the splits of ``stage`` ("fit": train + val, "validate": val, "test" / "predict": test; ``None``:
+        all three) that are not built yet."""
+        self._ensure(_STAGE_SPLITS.get(stage, ("train", "val", "test")))
+
+    # ----------------------------------------------------------------------------------------------- loaders
+    def _loader(self, split: str, train: bool) -> DataLoader:
+        """``train``: shuffled batches of ``batch_size``; otherwise in order, ``eval_batch_size``. Never drops the
+        last (partial) batch."""
+        self._ensure((split,))  # not `self.dataset(...)`: subclasses may use that name for an attribute
+        return DataLoader(self.datasets[split], batch_size=self.batch_size if train else self.eval_batch_size,
+                          shuffle=train, drop_last=False, num_workers=self.num_workers, pin_memory=self.pin_memory,
+                          persistent_workers=self.num_workers > 0, collate_fn=self.collate_fn(split))
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader("test", False)
