@@ -11,9 +11,10 @@ For a value tensor ``v (b, h, n1..nk, d)`` and one small attention matrix per mo
 * sum (eq 4, 9):      ``y = (1/k) sum_m v x_m S_m`` (mode-m product), the Kronecker sum ``S_1 (+) ... (+) S_k``.
 
 Neither forms the ``prod(n) x prod(n)`` matrix. :func:`kron_apply` is also Weaver's P^Delta-KMV (paper 003,
-appendix F) and is the single fast primitive of the library: ``k`` batched matmuls on contiguous layouts, one per
-mode, each taking the *last* axis of a cyclically rotated layout and emitting it first (``S @ X^T``, which BLAS
-reads transposed for free), so that after ``k`` steps the layout is back to ``(n1..nk, d)``.
+appendix F) and is the single fast primitive of the library: ``k`` batched matmuls, one per mode, applied in place
+of layout (mode 1 is one bmm; for a later mode the fibres before it become batch entries), so no transposed copy of
+the value is ever made. On CPU the whole chain (forward, recompute, backward) runs on cache-sized chunks of
+(batch, head) pairs between reused buffers; see the note above :func:`_chunk_pairs`.
 """
 from __future__ import annotations
 
@@ -88,7 +89,8 @@ def _flat_factor(s: torch.Tensor, b: int, h: int) -> torch.Tensor:
 def _kron_apply_cf(factors: list[Callable], vt: torch.Tensor, mode_sizes: Sequence[int]) -> torch.Tensor:
     """Product of operator-valued factors (the linear kernel) on a channels-first value ``vt (b, h, d, n1..nk)``;
     returns ``(b, h, n1..nk, d)``. ``factors[m]`` is a callable ``X (bh, P, n_m) -> (bh, n_m, P)`` computing
-    ``S_m X^T``; the softmax path uses :class:`_KronApply`, which runs the same steps with a hand-written backward.
+    ``S_m X^T`` (each step takes the last axis of a rotating layout and emits it first, so after ``k`` steps the
+    layout is ``(n1..nk, d)`` again); the softmax path uses :class:`_KronApply` instead.
     """
     b, h = vt.shape[:2]
     sizes = list(mode_sizes)
