@@ -174,6 +174,7 @@ def test_cyclic_time_encoding():
 def test_kronecker_valence_attention_equals_dense_spatiotemporal_map():
     torch.manual_seed(1)
     layer = KroneckerValenceAttention(num_nodes=5, dim=8, num_heads=2, kern_dim=3, kern_layers=2).double()
+    torch.nn.init.normal_(layer.mix.proj.weight)  # the signal half starts at zero (identity block): make it count
     u = torch.randn(2, 4, 5, 8, dtype=D64)
     time = torch.tensor([[[i * 5.0, 1.0] for i in range(4)]] * 2, dtype=D64)
     out, (tt, ts) = layer(u, time, return_attention=True)
@@ -182,6 +183,19 @@ def test_kronecker_valence_attention_equals_dense_spatiotemporal_map():
     v = u.view(2, 4 * 5, 2, 4).transpose(1, 2)  # (b, h, PN, d)
     z = (big @ v).transpose(1, 2).reshape(2, 4, 5, 8)
     torch.testing.assert_close(out, layer.mix(z) + u)
+
+
+def test_kronecker_valence_attention_starts_as_identity_and_learns():
+    """Zero-initialised signal half of the head-mixing GLU: the block is the identity at init for every kernel, and
+    the zeroed weights still receive a gradient (the gate half is not zero)."""
+    torch.manual_seed(0)
+    u = torch.randn(2, 4, 5, 8)
+    for kernel in ("tanimoto", "cosine", "sdpa"):
+        layer = KroneckerValenceAttention(num_nodes=5, dim=8, num_heads=2, kern_dim=3, kern_layers=2, kernel=kernel)
+        out = layer(u)
+        torch.testing.assert_close(out, u)
+        (out * torch.randn_like(out)).sum().backward()
+        assert layer.mix.proj.weight.grad[:8].abs().sum() > 0
 
 
 def test_weaver_public_api_forward_backward_with_and_without_time():

@@ -133,6 +133,13 @@ class KroneckerValenceAttention(_Recordable):
         self.qk_s = nn.Linear(dim, 2 * dim, bias=False)  # eq 50
         self.qk_t = nn.Linear(dim, 2 * dim, bias=False)
         self.mix = GLU(dim, dim)  # eq 58
+        # The signed (unnormalised) Tanimoto / cosine maps sum ~N*P messages, so at a random init the woven message
+        # is O(sqrt(N P)) times the embedding and drowns the residual stream (Los-loop: val MAE 6.9 after one epoch
+        # vs 4.5 with this). Zero-initialising the signal half of the head-mixing GLU makes every block start as the
+        # identity (as ReZero / Fixup do for residual branches); the gate half keeps its init, so gradients flow.
+        with torch.no_grad():
+            self.mix.proj.weight[:dim].zero_()
+            self.mix.proj.bias[:dim].zero_()
 
     def forward(self, u: torch.Tensor, time: torch.Tensor | None = None, return_attention: bool = False):
         b, p, n, e = u.shape
