@@ -163,3 +163,23 @@ def test_bad_inputs():
         build_attention("nope", 16, 2)
     with pytest.raises(ValueError, match="mlp"):
         Block(16, 2, mlp="relu", num_modes=1)
+
+
+@pytest.mark.parametrize("sizes", [(5,), (3, 4), (2, 3, 4)])
+@pytest.mark.parametrize("mean", [False, True])
+def test_mode_pools_values_and_fused_backward(sizes, mean):
+    from hoformer.layers.attention import mode_pools
+
+    x = torch.randn(2, *sizes, 3, dtype=torch.float64, requires_grad=True)
+    k = len(sizes)
+    pools = mode_pools(x, mean=mean)
+    for i, p in enumerate(pools):
+        others = [1 + j for j in range(k) if j != i]
+        ref = x if not others else (x.mean(dim=others) if mean else x.sum(dim=others))
+        torch.testing.assert_close(p, ref)
+    assert torch.autograd.gradcheck(lambda t: tuple(mode_pools(t, mean=mean)), (x,))
+    if k > 1:  # only one pooled output used: the others' gradients are None inside the fused backward
+        (g,) = torch.autograd.grad(mode_pools(x, mean=mean)[-1].sum(), x)
+        others = list(range(1, k))
+        (ref,) = torch.autograd.grad((x.mean(dim=others) if mean else x.sum(dim=others)).sum(), x)
+        torch.testing.assert_close(g, ref)

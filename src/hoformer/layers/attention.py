@@ -169,6 +169,46 @@ class FavorFeatures(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------- Kronecker
+class _ModePools(torch.autograd.Function):
+    """All ``k`` mode poolings of ``x (b, n1..nk, e)`` with a fused backward: ``dx = sum_i broadcast(g_i)`` is built
+    by broadcasting the small gradients into each other from the last mode on, so the only full-size work is one
+    write of ``dx`` (autograd's default would materialise one expanded copy and add the others one by one)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, mean: bool):
+        k = x.ndim - 2
+        ctx.shape, ctx.mean, ctx.dtype, ctx.device = x.shape, mean, x.dtype, x.device
+        outs = []
+        for i in range(k):
+            others = [1 + j for j in range(k) if j != i]
+            outs.append(x.mean(dim=others) if mean else x.sum(dim=others))
+        return tuple(outs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *gs):
+        shape, k = ctx.shape, len(ctx.shape) - 2
+        sizes = shape[1:-1]
+        acc = None
+        for i in reversed(range(k)):  # acc: (b, n_i, .., n_k, e)
+            g = gs[i]
+            if g is None:
+                g = torch.zeros(shape[0], sizes[i], shape[-1], dtype=ctx.dtype, device=ctx.device)
+            if ctx.mean:
+                g = g / (math.prod(sizes) // sizes[i])
+            g = g.reshape(shape[0], sizes[i], *([1] * (k - 1 - i)), shape[-1])
+            acc = g if acc is None else g + acc.unsqueeze(1)
+        return acc, None  # the broadcast sums above already have x's full shape
+
+
+def mode_pools(x: torch.Tensor, mean: bool = False) -> list[torch.Tensor]:
+    """``[g_pool^(1)(x), .., g_pool^(k)(x)]``: ``x (B, N1..Nk, D)`` summed (or averaged) over all modes but one,
+    each ``(B, Ni, D)`` (HOT eq 6); one fused backward for all of them."""
+    if x.ndim == 3:  # one mode: nothing to pool
+        return [x]
+    return list(_ModePools.apply(x, mean))
+
+
 class KroneckerAttention(_Recordable):
     """HOT multi-head Kronecker attention over ``x (B, N1..Nk, D)`` (paper 000 eqs 5-9).
 
@@ -244,19 +284,12 @@ class KroneckerAttention(_Recordable):
         elif len(self.to_qk) != k:
             raise ValueError(f"KroneckerAttention: built for {len(self.to_qk)} modes, got an input with {k} modes")
 
-    def pooled(self, x: torch.Tensor, mode: int) -> torch.Tensor:
-        """``g_pool^(i)(x)``: ``(B, N1..Nk, D) -> (B, Ni, D)``."""
-        k = x.ndim - 2
-        others = [1 + j for j in range(k) if j != mode]
-        if not others:
-            return x
-        return x.sum(dim=others) if self.pool == "sum" else x.mean(dim=others)
-
     def mode_qk(self, x: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Pooled, projected, normalised (and rotated) per-mode queries / keys, each ``(B, H, Ni, E)``."""
         qs, ks = [], []
+        pools = mode_pools(x, mean=self.pool == "mean")
         for i, proj in enumerate(self.to_qk):
-            qk = proj(self.pooled(x, i))  # (b, n_i, 2*h*e)
+            qk = proj(pools[i])  # (b, n_i, 2*h*e)
             q, k = qk.view(*qk.shape[:2], 2, self.heads, self.dim_head).permute(2, 0, 3, 1, 4)
             q, k = self.q_norm(q), self.k_norm(k)
             if self.rotary is not None and i in self.rope_modes:
