@@ -183,8 +183,41 @@ class HOTForecaster(HoformerModel):
 
 
 # ---------------------------------------------------------------------------------------- 3D classification
+class _PatchGridModel(HoformerModel):
+    """Shared backbone of the image-like HOT models: ``(B, C_in, *input_size)`` -> conv patch embedding (ReLU) ->
+    ``k``-mode grid of patches ``(B, n1..nk, dim)`` -> optional positional encoding -> ``depth`` blocks."""
+
+    _name, _legend = "", ""
+
+    def _build(self, ndim: int, in_channels, num_classes, input_size, attention, dim, depth, num_heads, patch_size,
+               mlp_ratio, dropout, drop_path, pos_embed, qk_norm) -> None:
+        fn = self._name
+        _check_attention(attention, fn)
+        if not isinstance(num_classes, int) or num_classes < 2:
+            raise ValueError(f"{fn}: `num_classes` must be an int >= 2, got {num_classes!r}")
+        self.in_channels, self.num_classes, self.patch_size = in_channels, num_classes, patch_size
+        self.input_size = _sizes(input_size, ndim, fn)
+        self.grid = _grid(self.input_size, patch_size, fn)
+        rope_modes, self.pos = _pos(pos_embed, self.grid, dim, fn)
+        self.embed = PatchEmbed(in_channels, dim, patch_size, ndim=ndim, act="relu")
+        self.encoder = _encoder(attention, dim, depth, num_heads, ndim, rope_modes, mlp_ratio, dropout, drop_path,
+                                qk_norm)
+
+    def example_inputs(self, batch_size: int = 2):
+        return (torch.randn(batch_size, self.in_channels, *self.input_size),), {}
+
+    def _encode(self, x: torch.Tensor, masks, return_attention: bool):
+        """``x`` -> encoded grid ``(B, n1..nk, dim)`` and the attention maps (``None`` unless asked)."""
+        _check_input(x, (self.in_channels, *self.input_size), self._name, self._legend)
+        z = self.embed(x)
+        if self.pos is not None:
+            z = self.pos(z)
+        out = self.encoder(z, masks=masks, return_attention=return_attention)
+        return out if return_attention else (out, None)
+
+
 @register_model(name="hot_volume_classifier")
-class HOTVolumeClassifier(HoformerModel):
+class HOTVolumeClassifier(_PatchGridModel):
     """HOT 3D image classifier (Table 2, MedMNIST3D). ``(B, C_in, D, H, W) -> logits (B, num_classes)``.
 
     Conv3d patch embedding (kernel = stride = ``patch_size``, ReLU) -> 3-mode grid ``(B, n1, n2, n3, dim)`` ->
@@ -192,6 +225,8 @@ class HOTVolumeClassifier(HoformerModel):
     ``"sincos"``, ``"none"``) -> global average pooling -> linear classifier.
     Defaults: 6 blocks, width 128, patch 4 on 28^3 (7^3 tokens), binary classes (AdrenalMNIST3D).
     """
+
+    _name, _legend = "hot_volume_classifier", "(B, C_in, D, H, W)"
 
     def __init__(
         self,
@@ -210,41 +245,27 @@ class HOTVolumeClassifier(HoformerModel):
         qk_norm: bool = True,
     ) -> None:
         super().__init__()
-        fn = "hot_volume_classifier"
-        _check_attention(attention, fn)
-        if not isinstance(num_classes, int) or num_classes < 2:
-            raise ValueError(f"{fn}: `num_classes` must be an int >= 2, got {num_classes!r}")
-        self.in_channels, self.num_classes = in_channels, num_classes
-        self.input_size = _sizes(input_size, 3, fn)
-        self.grid = _grid(self.input_size, patch_size, fn)
-        rope_modes, self.pos = _pos(pos_embed, self.grid, dim, fn)
-        self.embed = PatchEmbed(in_channels, dim, patch_size, ndim=3, act="relu")
-        self.encoder = _encoder(attention, dim, depth, num_heads, 3, rope_modes, mlp_ratio, dropout, drop_path, qk_norm)
+        self._build(3, in_channels, num_classes, input_size, attention, dim, depth, num_heads, patch_size, mlp_ratio,
+                    dropout, drop_path, pos_embed, qk_norm)
         self.head = nn.Linear(dim, num_classes)
 
-    def example_inputs(self, batch_size: int = 2):
-        return (torch.randn(batch_size, self.in_channels, *self.input_size),), {}
-
     def forward(self, x: torch.Tensor, masks=None, return_attention: bool = False):
-        _check_input(x, (self.in_channels, *self.input_size), "hot_volume_classifier", "(B, C_in, D, H, W)")
-        z = self.embed(x)
-        if self.pos is not None:
-            z = self.pos(z)
-        out = self.encoder(z, masks=masks, return_attention=return_attention)
-        z, maps = out if return_attention else (out, None)
+        z, maps = self._encode(x, masks, return_attention)
         logits = self.head(z.mean(dim=(1, 2, 3)))
         return (logits, maps) if return_attention else logits
 
 
 # ---------------------------------------------------------------------------------------------- segmentation
 @register_model(name="hot_segmenter")
-class HOTSegmenter(HoformerModel):
+class HOTSegmenter(_PatchGridModel):
     """HOT multispectral segmenter (Table 3, SSL4EO-L). ``(B, C_in, H, W) -> logits (B, num_classes, H, W)``.
 
     Conv2d patch embedding (ReLU) -> 2-mode grid of patches -> ``depth`` blocks -> per-token MLP (no pooling)
     emitting ``patch_size^2 * num_classes`` logits per token, rearranged to pixels.
     Defaults: 7 Landsat bands, 264^2 patches, NLCD's 17 classes, 6 blocks, width 128, patch 8 (33^2 tokens).
     """
+
+    _name, _legend = "hot_segmenter", "(B, C_in, H, W)"
 
     def __init__(
         self,
@@ -263,29 +284,12 @@ class HOTSegmenter(HoformerModel):
         qk_norm: bool = True,
     ) -> None:
         super().__init__()
-        fn = "hot_segmenter"
-        _check_attention(attention, fn)
-        if not isinstance(num_classes, int) or num_classes < 2:
-            raise ValueError(f"{fn}: `num_classes` must be an int >= 2, got {num_classes!r}")
-        self.in_channels, self.num_classes, self.patch_size = in_channels, num_classes, patch_size
-        self.input_size = _sizes(input_size, 2, fn)
-        self.grid = _grid(self.input_size, patch_size, fn)
-        rope_modes, self.pos = _pos(pos_embed, self.grid, dim, fn)
-        self.embed = PatchEmbed(in_channels, dim, patch_size, ndim=2, act="relu")
-        self.encoder = _encoder(attention, dim, depth, num_heads, 2, rope_modes, mlp_ratio, dropout, drop_path, qk_norm)
+        self._build(2, in_channels, num_classes, input_size, attention, dim, depth, num_heads, patch_size, mlp_ratio,
+                    dropout, drop_path, pos_embed, qk_norm)
         self.head = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, patch_size**2 * num_classes))
 
-    def example_inputs(self, batch_size: int = 2):
-        return (torch.randn(batch_size, self.in_channels, *self.input_size),), {}
-
     def forward(self, x: torch.Tensor, masks=None, return_attention: bool = False):
-        _check_input(x, (self.in_channels, *self.input_size), "hot_segmenter", "(B, C_in, H, W)")
-        b = x.shape[0]
-        z = self.embed(x)
-        if self.pos is not None:
-            z = self.pos(z)
-        out = self.encoder(z, masks=masks, return_attention=return_attention)
-        z, maps = out if return_attention else (out, None)
-        (gh, gw), p, k = self.grid, self.patch_size, self.num_classes
+        z, maps = self._encode(x, masks, return_attention)
+        b, (gh, gw), p, k = x.shape[0], self.grid, self.patch_size, self.num_classes
         logits = self.head(z).view(b, gh, gw, p, p, k).permute(0, 5, 1, 3, 2, 4).reshape(b, k, gh * p, gw * p)
         return (logits, maps) if return_attention else logits
