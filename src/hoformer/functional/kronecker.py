@@ -168,8 +168,9 @@ def _mode_mul(s: torch.Tensor, x: torch.Tensor, sizes: Sequence[int], m: int, ou
               ws: _Workspace, accumulate: bool = False) -> torch.Tensor:
     """Mode-``m`` product in place of layout: ``x (c, n1..nk, d)`` contiguous, ``s (c, n_m, n_m)`` (or a transposed
     view); writes (or adds, if ``accumulate``) ``y[c, .., i_m, .., :] = sum_j s[c, i_m, j] x[c, .., j, .., :]`` into
-    ``out`` (same layout). Mode 1 is one bmm; for the others the fibres before mode ``m`` become batch entries, so no
-    transposed copy of ``x`` is ever made (only ``s`` is repeated, ``a n^2`` <= ``x``'s size)."""
+    ``out`` (same layout). Mode 1 is one bmm; for the others the ``a`` fibres before mode ``m`` become batch entries,
+    so no transposed copy of ``x`` is ever made; only ``s`` is repeated ``a`` times (``n / r`` times the size of
+    ``x``, with ``r`` the trailing size; a cheap contiguous write into a reused buffer)."""
     c, n = x.shape[0], sizes[m]
     a = math.prod(sizes[:m])
     if a > 1:
