@@ -80,23 +80,35 @@ def task(cls: str, model: str, kwargs: dict, **extra) -> dict:
                           "warmup_steps": 0, "scheduler": "cosine", **extra}}
 
 
-def forecasting():
-    for ds, (name, c, seq_len, horizons) in LTSF.items():
+def _forecasting(prefix: str, datasets, model_kw: dict, title: str, patience: int, epochs: int, num_workers: int,
+                 **task_kw):
+    """One LTSF config per dataset x horizon x Table 1 variant under ``configs/hot/<prefix>/``."""
+    for ds in datasets:
+        name, c, seq_len, horizons = LTSF[ds]
         for h in horizons:
             for variant, (attn, extra) in FORECAST_VARIANTS.items():
-                kw = {"seq_len": seq_len, "pred_len": h, "num_variates": c, "attention": attn, "dim": DIM,
-                      "depth": 2, "num_heads": 8, "patch_size": 4, "dropout": 0.1, "pool": "flatten"}
+                kw = {"seq_len": seq_len, "pred_len": h, "num_variates": c, "attention": attn, **model_kw,
+                      "pool": "flatten"}
                 kw.update({k: (seq_len if v == "seq_len" else v) for k, v in extra.items()})
-                run = f"ltsf/{ds}_{seq_len}_{h}_{variant}"
-                yield run, (f"HOT paper Table 1 protocol: {name}, lookback {seq_len}, horizon {h}, {variant}"
-                            f" ({attn} attention)."), {
+                run = f"{prefix}/{ds}_{seq_len}_{h}_{variant}"
+                tr = trainer(run, "val/mae", "min", patience)
+                tr["max_epochs"] = epochs
+                t = task("ForecastingTask", "hot_forecaster", kw)
+                t["init_args"].update(task_kw)
+                yield run, f"{title}: {name}, lookback {seq_len}, horizon {h}, {variant} ({attn} attention).", {
                     "seed_everything": SEED,
-                    "trainer": trainer(run, "val/mae", "min", 10),
-                    "model": task("ForecastingTask", "hot_forecaster", kw),
+                    "trainer": tr,
+                    "model": t,
                     "data": {"class_path": "hoformer.data.LTSFDataModule",
                              "init_args": {"root": None, "name": name, "seq_len": seq_len, "pred_len": h,
-                                           "batch_size": BATCH, "num_workers": 2}},
+                                           "batch_size": BATCH, "num_workers": num_workers}},
                 }
+
+
+def forecasting():
+    kw = {"dim": DIM, "depth": 2, "num_heads": 8, "patch_size": 4, "dropout": 0.1}
+    yield from _forecasting("ltsf", LTSF, kw, "HOT paper Table 1 protocol", patience=10, epochs=EPOCHS,
+                            num_workers=2)
 
 
 # CPU-budget forecasting grid (docs/results_hot.md): the demo's small model (width 64, 4 heads, patch 8, lr 1e-3 with
@@ -106,27 +118,8 @@ CPU_KW = {"dim": 64, "depth": 2, "num_heads": 4, "patch_size": 8, "dropout": 0.2
 
 
 def forecasting_cpu():
-    for ds in CPU_LTSF:
-        name, c, seq_len, horizons = LTSF[ds]
-        for h in horizons:
-            for variant, (attn, extra) in FORECAST_VARIANTS.items():
-                kw = {"seq_len": seq_len, "pred_len": h, "num_variates": c, "attention": attn, **CPU_KW,
-                      "pool": "flatten"}
-                kw.update({k: (seq_len if v == "seq_len" else v) for k, v in extra.items()})
-                run = f"ltsf_cpu/{ds}_{seq_len}_{h}_{variant}"
-                tr = trainer(run, "val/mae", "min", 3)
-                tr["max_epochs"] = 10
-                t = task("ForecastingTask", "hot_forecaster", kw)
-                t["init_args"].update(lr=1e-3, warmup_steps=100)
-                yield run, (f"CPU-budget variant of the Table 1 protocol: {name}, lookback {seq_len}, horizon {h}, "
-                            f"{variant} ({attn} attention)."), {
-                    "seed_everything": SEED,
-                    "trainer": tr,
-                    "model": t,
-                    "data": {"class_path": "hoformer.data.LTSFDataModule",
-                             "init_args": {"root": None, "name": name, "seq_len": seq_len, "pred_len": h,
-                                           "batch_size": BATCH, "num_workers": 0}},
-                }
+    yield from _forecasting("ltsf_cpu", CPU_LTSF, CPU_KW, "CPU-budget variant of the Table 1 protocol", patience=3,
+                            epochs=10, num_workers=0, lr=1e-3, warmup_steps=100)
 
 
 def classification():
