@@ -60,6 +60,23 @@ def _heat(ax, fig, a: np.ndarray, title: str, xlabel: str, ylabel: str, signed: 
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03).ax.tick_params(labelsize=6)
 
 
+def _head_panels(heads: int, panel: tuple[float, float], draw, title: str, path) -> Path:
+    """Up to 4 panels per row, one per head; ``draw(ax, fig, i)`` fills panel ``i``; spare axes are hidden."""
+    cols = min(heads, 4)
+    rows = math.ceil(heads / cols)
+    plt = _plt()
+    fig, axes = plt.subplots(rows, cols, figsize=(panel[0] * cols, panel[1] * rows), squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        if i >= heads:
+            ax.axis("off")
+            continue
+        draw(ax, fig, i)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 def plot_mode_maps(maps: Sequence, path, *, mode_names: Sequence[str] | None = None, title: str = "",
                    max_heads: int = 8, signed: bool | None = None) -> Path:
     """Grid of mode-wise attention maps of one layer (HOT Figs 8-12): one row per mode, one column per head.
@@ -174,20 +191,8 @@ def plot_triplet_slice(cube, path, *, token: int = 0, title: str = "", max_heads
         raise ValueError(f"plot_triplet_slice: `cube` must be (H, s, s, s) or (s, s, s), got {a.shape}")
     if not 0 <= token < a.shape[1]:
         raise ValueError(f"plot_triplet_slice: `token` must be in [0, {a.shape[1]}), got {token}")
-    heads = min(a.shape[0], max_heads)
-    cols = min(heads, 4)
-    rows = math.ceil(heads / cols)
-    plt = _plt()
-    fig, axes = plt.subplots(rows, cols, figsize=(2.8 * cols, 2.5 * rows), squeeze=False)
-    for i, ax in enumerate(axes.flat):
-        if i >= heads:
-            ax.axis("off")
-            continue
-        _heat(ax, fig, a[i, token], f"query {token}, head {i}", "key 2 position", "key 1 position")
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    return _save(fig, path)
+    return _head_panels(min(a.shape[0], max_heads), (2.8, 2.5), lambda ax, fig, i: _heat(
+        ax, fig, a[i, token], f"query {token}, head {i}", "key 2 position", "key 1 position"), title, path)
 
 
 def plot_signed_maps(maps, path, *, xlabel: str = "key node", ylabel: str = "query node", title: str = "",
@@ -198,20 +203,8 @@ def plot_signed_maps(maps, path, *, xlabel: str = "key node", ylabel: str = "que
     a = a[None] if a.ndim == 2 else a
     if a.ndim != 3:
         raise ValueError(f"plot_signed_maps: `maps` must be (H, N, N) or (N, N), got {a.shape}")
-    heads = min(a.shape[0], max_heads)
-    cols = min(heads, 4)
-    rows = math.ceil(heads / cols)
-    plt = _plt()
-    fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, 2.7 * rows), squeeze=False)
-    for i, ax in enumerate(axes.flat):
-        if i >= heads:
-            ax.axis("off")
-            continue
-        _heat(ax, fig, a[i], f"head {i}", xlabel, ylabel, signed=True)
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    return _save(fig, path)
+    return _head_panels(min(a.shape[0], max_heads), (3.0, 2.7), lambda ax, fig, i: _heat(
+        ax, fig, a[i], f"head {i}", xlabel, ylabel, signed=True), title, path)
 
 
 def fit_exponent(x, y, tail: float | None = None) -> float:
