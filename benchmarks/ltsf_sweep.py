@@ -72,7 +72,7 @@ def table(path: Path) -> str:
     for (ds, attn), hs in sorted(by.items()):
         cells, mse, mae = [], [], []
         for h in (96, 192, 336, 720):
-            r = next((v for k, v in hs.items() if k in (h,)), None)
+            r = hs.get(h)
             if r is None:
                 cells.append("-")
                 continue
