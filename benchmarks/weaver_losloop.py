@@ -30,6 +30,8 @@ VARIANTS = {
     "weaver_NT": ("weaver", {"use_time": False}),
     "weaver_T_sdpa": ("weaver", {"use_time": True, "kernel": "sdpa"}),
     "weaver_T_cosine": ("weaver", {"use_time": True, "kernel": "cosine"}),
+    "weaver_NT_sdpa": ("weaver", {"use_time": False, "kernel": "sdpa"}),
+    "weaver_NT_cosine": ("weaver", {"use_time": False, "kernel": "cosine"}),
     "full_attention": ("traffic_full_attention", {}),
     "alternating": ("traffic_alternating", {}),
     "hot": ("traffic_hot", {}),

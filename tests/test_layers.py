@@ -1,6 +1,8 @@
 """hoformer.layers: KroneckerAttention semantics, baselines, positional encodings, blocks."""
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -8,6 +10,7 @@ from hoformer.functional import kron_apply, kron_sum_apply
 from hoformer.layers import (
     ATTENTION_TYPES,
     AbsolutePositionalEncoding,
+    AxialAttention,
     Block,
     Encoder,
     FullAttention,
@@ -128,6 +131,57 @@ def test_full_attention_mode_masks_are_kronecker_and():
     a = a.view(1, 2, 3, 4, 3, 4)
     assert (a[..., :, :, :, :][:, :, :, 1, :, 2:] == 0).all()
     torch.testing.assert_close(att(x, masks=[None, causal]), y)
+
+
+@pytest.mark.parametrize("combine", ["sum", "sequential"])
+@pytest.mark.parametrize("modes", [(0,), (2,), (2, 0)])
+def test_axial_attention_along_chosen_modes_equals_per_fiber_loop(modes, combine):
+    torch.manual_seed(0)
+    att = AxialAttention(8, 2, qk_norm=False, combine=combine, modes=modes, num_modes=3).double().eval()
+    x = torch.randn(2, 3, 4, 5, 8, dtype=torch.float64)
+    q, k, v = att.qkv(x)  # (b, h, n1, n2, n3, e)
+
+    def along(q, k, v, m):  # explicit loop over every fiber of the other modes
+        out = torch.empty_like(v)
+        sizes = v.shape[2:-1]
+        others = [range(s) if i != m else [slice(None)] for i, s in enumerate(sizes)]
+        for idx in itertools.product(*others):
+            sl = (slice(None), slice(None), *idx)
+            a = (q[sl] @ k[sl].transpose(-1, -2) / q.shape[-1] ** 0.5).softmax(-1)
+            out[sl] = a @ v[sl]
+        return out
+
+    if combine == "sum":
+        ref = sum(along(q, k, v, m) for m in modes) / len(modes)
+    else:
+        ref = along(q, k, v, modes[0])
+        for j, m in enumerate(modes[1:]):
+            cur = ref.movedim(1, -2).flatten(-2)
+            q2, k2, v2 = (t.movedim(-2, 1) for t in
+                          att.extra[j](cur).view(*cur.shape[:-1], 3, att.heads, att.dim_head).unbind(-3))
+            ref = along(q2, k2, v2, m)
+    torch.testing.assert_close(att(x), att.out(ref))
+    _, maps = att(x, return_attention=True)
+    assert [tuple(a.shape[-2:]) for a in maps] == [(x.shape[1 + m],) * 2 for m in modes]
+    with pytest.raises(ValueError, match="only 2 modes"):
+        AxialAttention(8, 2, modes=(2,))(torch.randn(1, 3, 4, 8))
+    with pytest.raises(ValueError, match="distinct non-negative"):
+        AxialAttention(8, 2, modes=(1, 1))
+
+
+@pytest.mark.parametrize("name", ["full", "axial", "divided", "kronecker_product"])
+def test_attn_dropout_is_separate_from_output_dropout(name):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4, 16)
+    kw = {"num_modes": 2} if name.startswith("kronecker") else {}
+    no_attn = build_attention(name, 16, 2, dropout=0.0, attn_dropout=0.0, **kw).train()
+    with_attn = build_attention(name, 16, 2, dropout=0.0, attn_dropout=0.5, **kw).train()
+    with_attn.load_state_dict(no_attn.state_dict())
+    torch.testing.assert_close(no_attn(x), no_attn.eval()(x))  # attn_dropout=0: training forward is deterministic
+    assert not torch.allclose(with_attn(x), no_attn(x))
+    inherited = [m.attn_dropout for m in build_attention(name, 16, 2, dropout=0.3, **kw).modules()
+                 if hasattr(m, "attn_dropout")]
+    assert inherited and all(p == 0.3 for p in inherited)  # default: attn_dropout = dropout
 
 
 def test_blocks_patch_embed_positional():

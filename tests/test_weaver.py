@@ -18,8 +18,10 @@ from hoformer.functional.weaver import (
     pooling_informativeness,
     valence_attention,
 )
+from hoformer.layers import AxialAttention, Block, FullAttention, KroneckerAttention
 from hoformer.layers.weaver import KroneckerValenceAttention, TrafficPhaseDictionary
 from hoformer.models import create_model
+from hoformer.models.weaver import TrafficTransformer
 
 D64 = torch.float64
 
@@ -241,16 +243,30 @@ def test_bad_inputs_raise_clear_errors():
         create_model("weaver", kernel="softmax2")
 
 
-@pytest.mark.parametrize("name", ["traffic_full_attention", "traffic_alternating", "traffic_hot"])
-def test_transformer_baselines(name):
+@pytest.mark.parametrize("name, layer, maps", [
+    ("traffic_full_attention", FullAttention, {"0_full": (2, 2, 54, 54), "1_full": (2, 2, 54, 54)}),
+    ("traffic_alternating", AxialAttention, {"0_temporal": (2, 2, 9, 6, 6), "2_spatial": (2, 2, 6, 9, 9)}),
+    ("traffic_hot", KroneckerAttention, {"0_kronecker": [(2, 2, 6, 6), (2, 2, 9, 9)]}),
+])
+def test_transformer_baselines_use_the_shared_attention_layers(name, layer, maps):
     model = create_model(name, num_nodes=9, window=6, horizon=4, dim=16, num_heads=2)
+    assert all(isinstance(b, Block) and isinstance(b.attn, layer) for b in model.blocks)
     args, kwargs = model.example_inputs(2)
     y = model(*args, **kwargs)
     assert y.shape == (2, 4, 9, 1)
     y.mean().backward()
     model.record_attention = True
     model(*args, **kwargs)
-    assert model.attention_maps
+    for key, shape in maps.items():
+        got = model.attention_maps[key]
+        got = [tuple(t.shape) for t in got] if isinstance(got, list) else tuple(got.shape)
+        assert got == shape, key
+    # every map is row-stochastic: the blocks really attend along the named modes
+    for got in model.attention_maps.values():
+        for a in got if isinstance(got, list) else [got]:
+            torch.testing.assert_close(a.sum(-1), torch.ones_like(a.sum(-1)))
+    with pytest.raises(ValueError, match="modes"):
+        TrafficTransformer(["temporal", "diagonal"], num_nodes=9)
 
 
 def test_parameter_free_baselines():

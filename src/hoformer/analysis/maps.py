@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from hoformer.layers.attention import AxialAttention, FullAttention, KroneckerAttention, record_attention
-from hoformer.layers.weaver import KroneckerValenceAttention, SpatioTemporalBlock
+from hoformer.layers.weaver import KroneckerValenceAttention
 
 __all__ = [
     "AttentionRecord",
@@ -61,8 +61,6 @@ def record_kind(module: nn.Module | None, maps) -> tuple[str, str | None]:
         return "axial", None
     if isinstance(module, KroneckerValenceAttention):  # Weaver's signed Theta_T (x) Theta_S
         return "kronecker", "product"
-    if isinstance(module, SpatioTemporalBlock):  # traffic baselines; per-fiber maps are (B * fibers, H, n, n)
-        return ("kronecker", "product") if module.mode == "kronecker" else ("full", None)
     cls = type(module).__name__ if module is not None else ""
     if "Triplet" in cls or "HOBA" in cls:
         return "triplet", None

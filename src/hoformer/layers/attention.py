@@ -224,7 +224,8 @@ class KroneckerAttention(_Recordable):
         kernel: ``"softmax"`` | ``"linear"`` (FAVOR+ features) | ``"tanimoto"`` | ``"cosine"`` (signed, Weaver).
         qk_norm: LayerNorm on per-head pooled q/k (keeps sum-pooled logits well scaled).
         rope_modes: 0-based mode indices whose pooled q/k get rotary embeddings.
-        pool: ``"sum"`` | ``"mean"``. dropout: on the factors (softmax) and the output.
+        pool: ``"sum"`` | ``"mean"``. dropout: on the output projection. attn_dropout: on the softmax factors
+            (default: ``dropout``).
         num_modes: the tensor order ``k`` (sets the number of per-mode q/k projections). If ``None`` they are created
             at the first forward, like ``nn.LazyLinear``: run one forward before building the optimizer.
         num_features / redraw_interval: FAVOR+ settings for ``kernel="linear"``.
@@ -246,6 +247,7 @@ class KroneckerAttention(_Recordable):
         redraw_interval: int = 0,
         rope_theta: float = 10000.0,
         bias: bool = True,
+        attn_dropout: float | None = None,
     ) -> None:
         super().__init__()
         if combine not in ("product", "sum"):
@@ -261,7 +263,7 @@ class KroneckerAttention(_Recordable):
         inner = self.heads * self.dim_head
         self.combine, self.kernel, self.pool = combine, kernel, pool
         self.rope_modes = tuple(rope_modes)
-        self.dropout = dropout
+        self.attn_dropout = dropout if attn_dropout is None else attn_dropout
         self.num_modes = num_modes
         # per-mode q/k projections are created lazily for the first k seen unless num_modes is given
         self.to_qk = nn.ModuleList()
@@ -321,7 +323,7 @@ class KroneckerAttention(_Recordable):
         else:
             y, maps = kronecker_attention(
                 qs, ks, v, combine=self.combine, masks=masks, return_factors=True, score_fn=self.score_fn,
-                dropout_p=self.dropout if self.training else 0.0,
+                dropout_p=self.attn_dropout if self.training else 0.0,
             )
         if maps is not None:
             self._maybe_record(maps)
@@ -339,9 +341,12 @@ def _normalise_rows(a: torch.Tensor) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------------- baselines
 class _QKV(_Recordable):
-    """Shared pieces of the dense baselines: one qkv projection, q/k norm, output projection."""
+    """Shared pieces of the dense baselines: one qkv projection, q/k norm, output projection.
 
-    def __init__(self, dim, num_heads, qk_norm, dropout, dim_head, bias=True):
+    ``dropout`` acts on the output projection, ``attn_dropout`` on the attention probabilities (default: ``dropout``).
+    """
+
+    def __init__(self, dim, num_heads, qk_norm, dropout, dim_head, bias=True, attn_dropout=None):
         super().__init__()
         if dim_head is None and dim % num_heads:
             raise ValueError(f"{type(self).__name__}: dim={dim} is not divisible by num_heads={num_heads}")
@@ -352,7 +357,7 @@ class _QKV(_Recordable):
         self.q_norm = nn.LayerNorm(self.dim_head) if qk_norm else nn.Identity()
         self.k_norm = nn.LayerNorm(self.dim_head) if qk_norm else nn.Identity()
         self.to_out = nn.Sequential(nn.Linear(inner, dim, bias=bias), nn.Dropout(dropout))
-        self.dropout = dropout
+        self.attn_dropout = dropout if attn_dropout is None else attn_dropout
 
     def qkv(self, x):
         """``(B, N.., D)`` -> three ``(B, H, N.., E)`` tensors."""
@@ -387,8 +392,9 @@ class FullAttention(_QKV):
     ``rope_modes``: axial N-d RoPE on the flattened tokens (head dim split between those modes).
     """
 
-    def __init__(self, dim, num_heads=8, qk_norm=True, rope_modes=(), dropout=0.0, dim_head=None, **_):
-        super().__init__(dim, num_heads, qk_norm, dropout, dim_head)
+    def __init__(self, dim, num_heads=8, qk_norm=True, rope_modes=(), dropout=0.0, dim_head=None, attn_dropout=None,
+                 **_):
+        super().__init__(dim, num_heads, qk_norm, dropout, dim_head, attn_dropout=attn_dropout)
         self.rope_modes = tuple(rope_modes)
 
     def forward(self, x, masks=None, return_attention=False):
@@ -401,10 +407,10 @@ class FullAttention(_QKV):
         want = return_attention or self._record is not None
         if not want:
             y = full_attention(q.unsqueeze(2), k.unsqueeze(2), v.unsqueeze(2), mask=mask,
-                               dropout_p=self.dropout if self.training else 0.0).squeeze(2)
+                               dropout_p=self.attn_dropout if self.training else 0.0).squeeze(2)
             a = None
         else:
-            y, a = _attend(q, k, v, mask, self.dropout if self.training else 0.0, True)
+            y, a = _attend(q, k, v, mask, self.attn_dropout if self.training else 0.0, True)
             self._maybe_record([a])
         y = self.out(y.view(b, self.heads, *sizes, self.dim_head))
         return (y, [a]) if return_attention else y
@@ -415,13 +421,20 @@ class AxialAttention(_QKV):
 
     ``combine="sum"``: one shared qkv projection, ``y = (1/k) sum_i attn_i(x)`` (the dense-fiber analogue of the
     Kronecker sum). ``combine="sequential"``: per-mode qkv projections applied one mode after another.
+    ``modes``: the 0-based modes to attend along, in order (default: all). ``modes=(0,)`` on a ``(B, P, N, D)``
+    traffic tensor is temporal attention for every sensor, ``modes=(1,)`` spatial attention for every step.
     """
 
     def __init__(self, dim, num_heads=8, qk_norm=True, rope_modes=(), dropout=0.0, dim_head=None,
-                 combine="sum", num_modes=None, **_):
-        super().__init__(dim, num_heads, qk_norm, dropout, dim_head)
+                 combine="sum", num_modes=None, modes=None, attn_dropout=None, **_):
+        super().__init__(dim, num_heads, qk_norm, dropout, dim_head, attn_dropout=attn_dropout)
         if combine not in ("sum", "sequential"):
             raise ValueError(f"AxialAttention: `combine` must be 'sum' or 'sequential', got {combine!r}")
+        if modes is not None:
+            modes = tuple(modes)
+            if not modes or len(set(modes)) != len(modes) or any(not isinstance(m, int) or m < 0 for m in modes):
+                raise ValueError(f"AxialAttention: `modes` must be distinct non-negative mode indices, got {modes}")
+        self.modes = modes
         self.combine, self.rope_modes = combine, tuple(rope_modes)
         self.rotary = RotaryEmbedding(self.dim_head) if self.rope_modes else None
         self.extra = nn.ModuleList()  # sequential: qkv projections of modes 2..k
@@ -430,9 +443,10 @@ class AxialAttention(_QKV):
             self._ensure(num_modes)
 
     def _ensure(self, k):
-        if self.combine == "sequential" and len(self.extra) == 0 and k > 1:
+        n_att = k if self.modes is None else len(self.modes)
+        if self.combine == "sequential" and len(self.extra) == 0 and n_att > 1:
             inner = self.heads * self.dim_head
-            self.extra.extend(nn.Linear(self.dim, 3 * inner) for _ in range(k - 1))
+            self.extra.extend(nn.Linear(self.dim, 3 * inner) for _ in range(n_att - 1))
             self.num_modes = k
 
     def _along(self, q, k, v, mode, mask, want):
@@ -444,13 +458,16 @@ class AxialAttention(_QKV):
             while mask.ndim < 4:
                 mask = mask.unsqueeze(0)
             mask = mask.view(*mask.shape[:2], *([1] * (q.ndim - 4)), *mask.shape[-2:])
-        y, a = _attend(q, k, v, mask, self.dropout if self.training else 0.0, want)
+        y, a = _attend(q, k, v, mask, self.attn_dropout if self.training else 0.0, want)
         return y.movedim(-2, 2 + mode), a
 
     def forward(self, x, masks=None, return_attention=False):
         _check_x(x, self.dim, "AxialAttention", self.num_modes if self.combine == "sequential" else None)
         sizes = tuple(x.shape[1:-1])
         nm = len(sizes)
+        modes = tuple(range(nm)) if self.modes is None else self.modes
+        if max(modes) >= nm:
+            raise ValueError(f"AxialAttention: `modes`={modes} but x {tuple(x.shape)} has only {nm} modes")
         self._ensure(nm)
         masks = _check_masks(masks, sizes, "AxialAttention") or [None] * nm
         want = return_attention or self._record is not None
@@ -458,17 +475,17 @@ class AxialAttention(_QKV):
         q, k, v = self.qkv(x)
         if self.combine == "sum":
             y = None
-            for m in range(nm):
+            for m in modes:
                 ym, a = self._along(q, k, v, m, masks[m], want)
                 y = ym if y is None else y + ym
                 maps.append(a)
-            y = y / nm
+            y = y / len(modes) if len(modes) > 1 else y
         else:
             y = v
-            for m in range(nm):
-                if m > 0:  # new queries/keys from the current representation, values = current
+            for j, m in enumerate(modes):
+                if j > 0:  # new queries/keys from the current representation, values = current
                     cur = y.movedim(1, -2).flatten(-2)
-                    qkv = self.extra[m - 1](cur).view(*cur.shape[:-1], 3, self.heads, self.dim_head).unbind(-3)
+                    qkv = self.extra[j - 1](cur).view(*cur.shape[:-1], 3, self.heads, self.dim_head).unbind(-3)
                     q, k, y = (t.movedim(-2, 1) for t in qkv)
                     q, k = self.q_norm(q), self.k_norm(k)
                 y, a = self._along(q, k, y, m, masks[m], want)
@@ -487,14 +504,15 @@ class DividedAttention(nn.Module):
     """
 
     def __init__(self, dim, num_heads=8, qk_norm=True, rope_modes=(), dropout=0.0, dim_head=None,
-                 first_mode=0, **_):
+                 first_mode=0, attn_dropout=None, **_):
         super().__init__()
         if first_mode < 0:
             raise ValueError(f"DividedAttention: `first_mode` must be a non-negative mode index, got {first_mode}")
         self.first_mode, self.dim = first_mode, dim
         rope_rest = tuple(i - (i > first_mode) for i in rope_modes if i != first_mode)
-        self.first = AxialAttention(dim, num_heads, qk_norm, (0,) if first_mode in rope_modes else (), dropout, dim_head)
-        self.rest = FullAttention(dim, num_heads, qk_norm, rope_rest, dropout, dim_head)
+        self.first = AxialAttention(dim, num_heads, qk_norm, (0,) if first_mode in rope_modes else (), dropout, dim_head,
+                                    attn_dropout=attn_dropout)
+        self.rest = FullAttention(dim, num_heads, qk_norm, rope_rest, dropout, dim_head, attn_dropout=attn_dropout)
 
     def forward(self, x, masks=None, return_attention=False):
         _check_x(x, self.dim, "DividedAttention")

@@ -1,4 +1,5 @@
-"""Weaver layers (paper 003, section 5) and the spatiotemporal attention blocks of the traffic baselines.
+"""Weaver layers (paper 003, section 5) and the input embedding of the traffic baselines (whose attention blocks are
+the shared :class:`~hoformer.layers.Block` with full, axial or Kronecker attention).
 
 Tensors are channels-last ``(B, P, N, E)``: ``P`` history steps (temporal nodes), ``N`` sensors (spatial nodes).
 """
@@ -11,7 +12,6 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from hoformer.functional.kronecker import kronecker_attention
 from .attention import _Recordable
 from hoformer.functional.weaver import (
     VALENCE_KERNELS,
@@ -30,7 +30,6 @@ __all__ = [
     "KroneckerValenceAttention",
     "StateTransition",
     "TrafficEmbedding",
-    "SpatioTemporalBlock",
 ]
 
 
@@ -197,55 +196,3 @@ class TrafficEmbedding(nn.Module):
         if self.time is not None and time is not None:
             h = h + self.time(cyclic_time_encoding(time).to(h.dtype)).unsqueeze(2)
         return h
-
-
-class SpatioTemporalBlock(_Recordable):
-    """Pre-norm transformer block on ``(B, P, N, E)`` with softmax attention over
-
-    * ``"full"``: all ``P*N`` tokens jointly (vanilla spatiotemporal transformer, O(P^2 N^2));
-    * ``"temporal"`` / ``"spatial"``: each node's ``P`` steps / each step's ``N`` nodes (STAEformer layers);
-    * ``"kronecker"``: HOT attention ``S_T (x) S_S`` on ``(P, N)`` with mean-pooled per-mode queries/keys.
-    """
-
-    MODES = ("full", "temporal", "spatial", "kronecker")
-
-    def __init__(self, dim: int, num_heads: int, mode: str, mlp_ratio: float = 2.0, dropout: float = 0.1) -> None:
-        super().__init__()
-        if mode not in self.MODES:
-            raise ValueError(f"SpatioTemporalBlock: `mode` must be one of {self.MODES}, got {mode!r}")
-        if dim % num_heads:
-            raise ValueError(f"SpatioTemporalBlock: `dim` ({dim}) must be divisible by `num_heads` ({num_heads})")
-        self.mode, self.num_heads = mode, num_heads
-        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.qkv, self.out = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        hidden = int(dim * mlp_ratio)
-        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, dim))
-        self.drop = nn.Dropout(dropout)
-
-    def _attend(self, x: torch.Tensor, return_attention: bool):
-        b, p, n, _ = x.shape
-        q, k, v = rearrange(self.qkv(x), "b p n (t h d) -> t b h p n d", t=3, h=self.num_heads)
-        attn = None
-        if self.mode == "kronecker":
-            qs, ks = [q.mean(3), q.mean(2)], [k.mean(3), k.mean(2)]
-            y, attn = kronecker_attention(qs, ks, v, combine="product", return_factors=True)
-            return rearrange(y, "b h p n d -> b p n (h d)"), attn
-        pattern = {"full": ("b h p n d -> b h (p n) d", {}), "temporal": ("b h p n d -> (b n) h p d", {}),
-                   "spatial": ("b h p n d -> (b p) h n d", {})}[self.mode][0]
-        q, k, v = (rearrange(t, pattern) for t in (q, k, v))
-        if return_attention:
-            attn = (q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5).softmax(-1)
-            y = attn @ v
-        else:
-            y = F.scaled_dot_product_attention(q, k, v)
-        back = {"full": "b h (p n) d -> b p n (h d)", "temporal": "(b n) h p d -> b p n (h d)",
-                "spatial": "(b p) h n d -> b p n (h d)"}[self.mode]
-        return rearrange(y, back, b=b, p=p, n=n), attn
-
-    def forward(self, x: torch.Tensor, return_attention: bool = False):
-        y, attn = self._attend(self.norm1(x), return_attention or self._record is not None)
-        if attn is not None:
-            self._maybe_record(attn if isinstance(attn, list) else [attn])
-        x = x + self.drop(self.out(y))
-        x = x + self.drop(self.mlp(self.norm2(x)))
-        return (x, attn) if return_attention else x

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hoformer.layers.blocks import Block
 from hoformer.layers.weaver import (
     KroneckerValenceAttention,
-    SpatioTemporalBlock,
     StateTransition,
     TrafficEmbedding,
     WeaverInput,
@@ -27,6 +27,7 @@ __all__ = [
     "TrafficModel",
     "Weaver",
     "TrafficTransformer",
+    "BASELINE_ATTENTION",
     "LastValue",
     "HistoricalAverage",
     "traffic_full_attention",
@@ -115,17 +116,41 @@ class Weaver(TrafficModel):
         return self.transition(z)
 
 
+# The baselines' attention over the (P, N) grid, all from the shared layer library (no traffic-specific attention
+# code): name -> (hoformer.layers attention name, its keyword arguments).
+BASELINE_ATTENTION = {
+    "full": ("full", {}),  # all P*N tokens jointly (vanilla spatiotemporal transformer, O(P^2 N^2))
+    "temporal": ("axial", {"modes": (0,)}),  # each sensor's P steps (STAEformer's temporal layer)
+    "spatial": ("axial", {"modes": (1,)}),  # each step's N sensors (STAEformer's spatial layer)
+    "kronecker": ("kronecker_product", {"pool": "mean", "num_modes": 2}),  # HOT S_T (x) S_S (paper 000)
+}
+
+
 class TrafficTransformer(TrafficModel):
-    """Baseline spatiotemporal transformer in Weaver's framework: :class:`TrafficEmbedding`, a stack of
-    :class:`SpatioTemporalBlock` with the given ``modes``, and a per-node readout of the flattened
-    ``(P, E)`` history to ``(Q, C)`` (STAEformer's output projection)."""
+    """Baseline spatiotemporal transformer in Weaver's framework: :class:`TrafficEmbedding`, one pre-norm
+    :class:`~hoformer.layers.Block` per entry of ``modes`` (a key of :data:`BASELINE_ATTENTION`) and a per-node
+    readout of the flattened ``(P, E)`` history to ``(Q, C)`` (STAEformer's output projection).
+
+    Blocks use plain q/k (no q/k norm) and dropout on the attention output and the MLP, not on the attention
+    probabilities, as STAEformer does.
+    """
 
     def __init__(self, modes: list[str], num_nodes: int = 207, window: int = 12, horizon: int = 12,
                  in_channels: int = 1, out_channels: int | None = None, dim: int = 64, num_heads: int = 4,
                  mlp_ratio: float = 2.0, dropout: float = 0.1, use_time: bool = True) -> None:
         super().__init__(num_nodes, window, horizon, in_channels, out_channels)
+        bad = [m for m in modes if m not in BASELINE_ATTENTION]
+        if bad:
+            raise ValueError(f"TrafficTransformer: `modes` entries must be in {sorted(BASELINE_ATTENTION)}, got {bad}")
+        if dim % num_heads:
+            raise ValueError(f"TrafficTransformer: `dim` ({dim}) must be divisible by `num_heads` ({num_heads})")
+        self.modes = list(modes)
         self.embed = TrafficEmbedding(num_nodes, window, in_channels, dim, use_time)
-        self.blocks = nn.ModuleList(SpatioTemporalBlock(dim, num_heads, m, mlp_ratio, dropout) for m in modes)
+        self.blocks = nn.ModuleList(
+            Block(dim, num_heads, attention=BASELINE_ATTENTION[m][0], mlp_ratio=mlp_ratio, dropout=dropout,
+                  qk_norm=False, attn_dropout=0.0, **BASELINE_ATTENTION[m][1])
+            for m in modes
+        )
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(window * dim, horizon * self.out_channels)
 
@@ -133,10 +158,10 @@ class TrafficTransformer(TrafficModel):
         x, time, _ = self._prepare(x, time, mask)
         h = self.embed(x, time)
         maps = {}
-        for i, blk in enumerate(self.blocks):
+        for i, (mode, blk) in enumerate(zip(self.modes, self.blocks)):
             if self.record_attention:
                 h, a = blk(h, return_attention=True)
-                maps[f"{i}_{blk.mode}"] = [t.detach() for t in a] if isinstance(a, list) else a.detach()
+                maps[f"{i}_{mode}"] = [t.detach() for t in a] if mode == "kronecker" else a[0].detach()
             else:
                 h = blk(h)
         if self.record_attention:
