@@ -39,6 +39,18 @@ def _test_metrics(root: Path) -> dict:
     raise RuntimeError(f"no test metrics under {root}/logs")
 
 
+def _best_val(root: Path) -> dict:
+    """``val/*`` metrics of the epoch with the lowest ``val/mae`` (the checkpoint ``--ckpt_path best`` tests) over the
+    CSV logs of this run directory; empty if the fit logged no validation."""
+    rows = []
+    for path in (root / "logs").glob("version_*/metrics.csv"):
+        rows += [r for r in csv.DictReader(path.open()) if r.get("val/mae")]
+    if not rows:
+        return {}
+    best = min(rows, key=lambda r: float(r["val/mae"]))
+    return {k: float(v) for k, v in best.items() if k.startswith("val/") and v}
+
+
 def run_one(config: Path, args) -> dict:
     cfg = yaml.safe_load(config.read_text())
     root = Path(cfg["trainer"]["default_root_dir"])
@@ -59,7 +71,7 @@ def run_one(config: Path, args) -> dict:
     m = cfg["model"]["init_args"]["model_kwargs"]
     return {"config": str(config), "dataset": cfg["data"]["init_args"]["name"], "pred_len": m["pred_len"],
             "attention": m["attention"], "fit_s": round(fit_s, 1),
-            "best_epoch": int(re.search(r"epoch=?(\d+)", best).group(1)), **_test_metrics(root)}
+            "best_epoch": int(re.search(r"epoch=?(\d+)", best).group(1)), **_best_val(root), **_test_metrics(root)}
 
 
 def table(path: Path) -> str:
