@@ -14,6 +14,7 @@ from hoformer.functional import (
     kron_sum_apply,
     kron_sum_dense,
     kronecker_attention,
+    mode_attention_factors,
     tanimoto_scores,
 )
 
@@ -72,11 +73,16 @@ def test_kron_sum_apply_matches_explicit_sum(sizes, normalize):
 
 
 def test_broadcast_factors():
+    """Factors without batch/head dims or with size-1 ones broadcast, checked against explicit torch.kron."""
     v = torch.randn(3, 4, 5, 6, 2, dtype=f64)
     s1, s2 = torch.randn(5, 5, dtype=f64), torch.randn(1, 4, 6, 6, dtype=f64)
-    y = kron_apply([s1, s2], v)
-    ref = kron_apply([s1.expand(3, 4, 5, 5), s2.expand(3, 4, 6, 6)], v)
-    torch.testing.assert_close(y, ref)
+    ref = torch.stack([torch.stack([(torch.kron(s1, s2[0, j]) @ v[i, j].reshape(30, 2)).view(5, 6, 2)
+                                    for j in range(4)]) for i in range(3)])
+    torch.testing.assert_close(kron_apply([s1, s2], v), ref)
+    ref_sum = torch.stack([torch.stack([((torch.kron(s1, torch.eye(6, dtype=f64)) + torch.kron(torch.eye(5, dtype=f64),
+                                                                                               s2[0, j])) / 2
+                                         @ v[i, j].reshape(30, 2)).view(5, 6, 2) for j in range(4)]) for i in range(3)])
+    torch.testing.assert_close(kron_sum_apply([s1, s2], v), ref_sum)
 
 
 def _pooled_qk(sizes, b=2, h=3, dqk=4):
@@ -230,15 +236,17 @@ def test_kron_apply_custom_backward_partial_grads_and_autocast():
         assert torch.isfinite(x.grad).all() and att.to_qk[0].weight.grad is not None
 
 
-@pytest.mark.parametrize("chunk_bytes", [1, 200, 1 << 30])  # 1 pair / a few heads / everything in one chunk
+# (batch, head) pairs per chunk with b=3, h=4: 1 pair / 3 heads (partial head groups) / all heads of 2 batch entries
+# (a short last chunk) / everything in one chunk
+@pytest.mark.parametrize("pairs", [1, 3, 8, 1 << 20])
 @pytest.mark.parametrize("sizes", [(3, 5), (2, 3, 4)])
-def test_cache_blocked_chunks_match_dense_with_strided_values(monkeypatch, chunk_bytes, sizes):
+def test_cache_blocked_chunks_match_dense_with_strided_values(monkeypatch, pairs, sizes):
     """The CPU cache blocking (chunks of (batch, head) pairs) is invisible: values and all gradients equal the dense
     Kronecker product / sum for every chunk size, with a head-split (strided) value view and broadcast factors; the
     output keeps the value's memory layout, so merging the heads is a view."""
     import hoformer.functional.kronecker as kr
 
-    monkeypatch.setattr(kr, "_CPU_CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(kr, "_chunk_pairs", lambda v: pairs)
     b, h, d = 3, 4, 2
     base = torch.randn(b, *sizes, h, d, dtype=f64, requires_grad=True)  # (b, n.., h, d) memory, like a projection
     v = base.movedim(-2, 1)
@@ -255,3 +263,24 @@ def test_cache_blocked_chunks_match_dense_with_strided_values(monkeypatch, chunk
         want = torch.autograd.grad((ref * w).sum(), [base, *fs])
         for a, c in zip(got, want):
             torch.testing.assert_close(a, c, rtol=1e-10, atol=1e-12)
+
+
+def test_kronecker_attention_rejects_arguments_it_would_ignore():
+    q, k = _pooled_qk((3, 4))
+    v = torch.randn(2, 3, 3, 4, 2, dtype=f64)
+    with pytest.raises(ValueError, match="scale"):
+        kronecker_attention(q, k, v, kernel="linear", scale=2.0)
+    with pytest.raises(ValueError, match="dropout_p"):
+        kronecker_attention(q, k, v, kernel="linear", dropout_p=0.5)
+    with pytest.raises(ValueError, match="scale"):
+        kronecker_attention(q, k, v, score_fn=tanimoto_scores, scale=2.0)
+
+
+def test_mode_attention_factors_validates_its_inputs():
+    q, k = _pooled_qk((3, 4))
+    with pytest.raises(TypeError, match=r"masks\[0\].*bool"):
+        mode_attention_factors(q, k, masks=[torch.ones(3, 3), None])
+    with pytest.raises(ValueError, match="`k` has 1"):
+        mode_attention_factors(q, k[:1])
+    with pytest.raises(ValueError, match=r"masks\[1\]"):
+        mode_attention_factors(q, k, masks=[None, torch.ones(3, 3, dtype=torch.bool)])

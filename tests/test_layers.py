@@ -237,3 +237,59 @@ def test_mode_pools_values_and_fused_backward(sizes, mean):
         others = list(range(1, k))
         (ref,) = torch.autograd.grad((x.mean(dim=others) if mean else x.sum(dim=others)).sum(), x)
         torch.testing.assert_close(g, ref)
+
+
+@pytest.mark.parametrize("name", ["kronecker_product", "axial_sequential"])
+def test_lazily_built_projections_follow_module_dtype(name):
+    att = build_attention(name, 16, 2).double()  # no num_modes: q/k (or per-mode qkv) layers built at first forward
+    x = torch.randn(2, 3, 4, 16, dtype=torch.float64)
+    y = att(x)
+    assert y.dtype == torch.float64
+    assert all(p.dtype == torch.float64 for p in att.parameters())
+
+
+def test_rope_frequencies_survive_a_bf16_cast():
+    rot = RotaryEmbedding(64).to(torch.bfloat16)
+    cos, sin = rot.angles(torch.arange(512))
+    ref_cos, ref_sin = RotaryEmbedding(64).angles(torch.arange(512))
+    assert cos.dtype == torch.float32
+    torch.testing.assert_close(cos, ref_cos)
+    torch.testing.assert_close(sin, ref_sin)
+
+
+@pytest.mark.parametrize("name", ["full", "axial", "divided"])
+def test_baseline_layers_reject_unknown_keywords(name):
+    with pytest.raises(TypeError, match="qk_nrom"):
+        build_attention(name, 16, 2, qk_nrom=False)
+    att = build_attention(name, 16, 2, bias=False, num_modes=2)
+    assert all(not n.endswith("bias") or "norm" in n for n, _ in att.named_parameters())
+
+
+@pytest.mark.parametrize("name", ["kronecker_product", "full", "axial", "divided"])
+def test_rope_modes_out_of_range_raise(name):
+    att = build_attention(name, 16, 2, rope_modes=(2,))
+    with pytest.raises(ValueError, match="rope_modes"):
+        att(torch.randn(1, 3, 4, 16))
+
+
+@pytest.mark.parametrize("name", ["kronecker_product", "full", "axial"])
+def test_per_sample_mask_without_head_dim_is_rejected(name):
+    att = build_attention(name, 16, 2)
+    x = torch.randn(2, 3, 4, 16)
+    m = torch.ones(2, 4, 4, dtype=torch.bool)  # (B, n, n): ambiguous with (H, n, n)
+    with pytest.raises(ValueError, match=r"masks\[1\].*head dim"):
+        att(x, masks=[None, m])
+    with pytest.raises(ValueError, match=r"masks\[1\]"):
+        att(x, masks=[None, torch.ones(3, 1, 4, 4, dtype=torch.bool)])  # batch 3 != 2
+    y = att(x, masks=[None, m[:, None]])  # the documented (B, 1, n, n) form works
+    assert torch.isfinite(y).all()
+
+
+def test_divided_attention_records_both_stages():
+    att = build_attention("divided", 16, 2)
+    x = torch.randn(2, 3, 4, 16)
+    with record_attention(att) as rec:
+        _, maps = att(x, return_attention=True)
+    names = [n for n, _ in rec]
+    assert names == ["first", "rest"], names
+    assert [tuple(m.shape) for _, ms in rec for m in ms] == [tuple(m.shape) for m in maps]

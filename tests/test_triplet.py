@@ -291,3 +291,13 @@ def test_layer_bad_input_and_block():
     y = blk(torch.randn(2, 9, 16), mask=_mask(2, 9, 2))
     y.sum().backward()
     assert all(p.grad is not None for p in blk.parameters())
+
+
+def test_full2d_all_padding_sample_with_maps_is_finite():
+    layer = BlockAttention2D(16, 2, block_size=None).eval()
+    x = torch.randn(2, 6, 16)
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[1] = False  # sample 1 is all padding
+    y, maps = layer(x, mask=mask, return_attention=True)
+    assert torch.isfinite(y).all() and all(torch.isfinite(m).all() for m in maps)
+    torch.testing.assert_close(y, layer(x, mask=mask))  # the explicit (maps) path equals the SDPA path

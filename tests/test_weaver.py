@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -126,7 +127,7 @@ def _atk_reference(u, w, ratio, dim):
         chosen.append(gbest)
         sc = u[i] @ wn[:, gbest]
         size = u.shape[dim]
-        k = math.ceil(ratio * size)
+        k = math.ceil(Fraction(str(ratio)) * size)  # exact decimal ratio, no float noise
         if dim == 1:
             out = torch.stack([
                 (sc[sc[:, c].topk(k).indices, c].softmax(0)[:, None] * u[i, sc[:, c].topk(k).indices, c]).sum(0)
@@ -139,12 +140,14 @@ def _atk_reference(u, w, ratio, dim):
     return torch.stack(outs), torch.tensor(chosen)
 
 
-@pytest.mark.parametrize("dim", [1, 2])
-def test_atk_pool_matches_reference(dim):
-    u, w = torch.randn(3, 6, 5, 4, dtype=D64), torch.randn(4, 5, dtype=D64)
-    out, idx = atk_pool(u, w, 0.6, dim, return_index=True)
-    ref, ref_idx = _atk_reference(u, w, 0.6, dim)
-    assert out.shape == ((3, 5, 4) if dim == 1 else (3, 6, 4))
+@pytest.mark.parametrize("dim, ratio, shape", [(1, 0.6, (3, 6, 5, 4)), (2, 0.6, (3, 6, 5, 4)),
+                                               (2, 0.55, (2, 3, 100, 4)), (1, 0.55, (2, 100, 3, 4))])
+def test_atk_pool_matches_reference(dim, ratio, shape):
+    # 0.55 * 100 is 55.00000000000001 in floating point: k must still be ceil(rho * P) = 55
+    u, w = torch.randn(*shape, dtype=D64), torch.randn(4, 5, dtype=D64)
+    out, idx = atk_pool(u, w, ratio, dim, return_index=True)
+    ref, ref_idx = _atk_reference(u, w, ratio, dim)
+    assert out.shape == shape[:dim] + shape[dim + 1:]
     torch.testing.assert_close(out, ref)
     assert torch.equal(idx, ref_idx)
 

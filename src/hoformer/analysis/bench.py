@@ -132,7 +132,7 @@ def measure(module: torch.nn.Module, args: tuple, kwargs: dict | None = None, *,
 def _layer_case(attention: str, sizes: tuple, dim: int, heads: int, batch: int, device, dtype):
     from hoformer.layers import build_attention
 
-    m = build_attention(attention, dim, heads).to(device=device, dtype=dtype)
+    m = build_attention(attention, dim, heads, num_modes=len(sizes)).to(device=device, dtype=dtype)
     x = torch.randn(batch, *sizes, dim, device=device, dtype=dtype)
     return m, (x,)
 

@@ -84,7 +84,8 @@ class StableRankCallback(Callback):
     Args:
         every_n_epochs: validation epochs between measurements (1 = every epoch).
         num_batches: validation batches recorded per measured epoch.
-        train_every_n_steps: also record every n-th training step (its own forward, with dropout); 0 disables.
+        train_every_n_steps: also record every n-th training step (the training forward itself; the recorded maps
+            are the attention weights before attention dropout); 0 disables.
         full_max_tokens: dense maps larger than this are skipped (their SVD costs ``O(N^3)``).
         iters: Lanczos iterations of the Kronecker-sum spectral norm.
         per_layer: also log every layer's values.

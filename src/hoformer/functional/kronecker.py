@@ -391,6 +391,11 @@ def mode_attention_factors(
     as weights (Weaver valence attention); masked entries are then set to 0.
     A row whose mask allows no key yields zeros (never NaN).
     """
+    if isinstance(q, torch.Tensor) or not isinstance(q, Sequence):
+        raise TypeError(f"mode_attention_factors: `q` must be a list of per-mode tensors (B, H, Ni, Dqk), got "
+                        f"{type(q).__name__}")
+    _check_qk_masks(q, k, masks, [qi.shape[-2] if isinstance(qi, torch.Tensor) and qi.ndim >= 2 else -1 for qi in q],
+                    "mode_attention_factors")
     out = []
     for i, (qi, ki) in enumerate(zip(q, k)):
         mask = None if masks is None else masks[i]
@@ -410,39 +415,39 @@ def mode_attention_factors(
     return out
 
 
-def _check_qkv(q, k, v, masks, fn):
-    _check_tensor(v, "v", fn, 4)
-    nmodes = v.ndim - 3
+def _check_qk_masks(q, k, masks, sizes, fn, where: str = "") -> None:
+    """Per-mode queries / keys ``(B, H, Ni, Dqk)`` and optional bool masks ``(..., Ni, Ni)`` for mode sizes ``sizes``."""
+    nmodes = len(sizes)
     for name, seq in (("q", q), ("k", k)):
         if isinstance(seq, torch.Tensor) or not isinstance(seq, Sequence):
             raise TypeError(f"{fn}: `{name}` must be a list of {nmodes} per-mode tensors (B, H, Ni, Dqk)")
         if len(seq) != nmodes:
-            raise ValueError(
-                f"{fn}: `v` of shape {tuple(v.shape)} has {nmodes} modes but `{name}` has {len(seq)} tensors"
-            )
-    for i in range(nmodes):
-        n = v.shape[2 + i]
+            raise ValueError(f"{fn}: {where}{nmodes} modes but `{name}` has {len(seq)} tensors")
+    for i, n in enumerate(sizes):
         for name, t in ((f"q[{i}]", q[i]), (f"k[{i}]", k[i])):
             _check_tensor(t, name, fn, 2)
             if t.shape[-2] != n:
-                raise ValueError(
-                    f"{fn}: `{name}` must have shape (B, H, {n}, Dqk) to match mode {i + 1} of `v` "
-                    f"{tuple(v.shape)}, got {tuple(t.shape)}"
-                )
+                raise ValueError(f"{fn}: `{name}` must have shape (B, H, {n}, Dqk) to match mode {i + 1}"
+                                 f"{' of ' + where.rstrip(': ') if where else ''}, got {tuple(t.shape)}")
         if q[i].shape[-1] != k[i].shape[-1]:
             raise ValueError(f"{fn}: `q[{i}]` {tuple(q[i].shape)} and `k[{i}]` {tuple(k[i].shape)} differ in Dqk")
     if masks is not None:
-        if len(masks) != nmodes:
-            raise ValueError(f"{fn}: `masks` must hold {nmodes} entries (one per mode, None allowed), got {len(masks)}")
-        for i, m in enumerate(masks):
+        if isinstance(masks, torch.Tensor) or len(masks) != nmodes:
+            raise ValueError(f"{fn}: `masks` must be a list of {nmodes} entries (one per mode, None allowed), got "
+                             f"{type(masks).__name__ if isinstance(masks, torch.Tensor) else len(masks)}")
+        for i, (m, n) in enumerate(zip(masks, sizes)):
             if m is None:
                 continue
-            n = v.shape[2 + i]
             if not isinstance(m, torch.Tensor) or m.dtype != torch.bool:
                 raise TypeError(f"{fn}: `masks[{i}]` must be a bool tensor (True = attend), got {getattr(m, 'dtype', type(m))}")
             if m.ndim < 2 or m.shape[-2:] != (n, n):
                 raise ValueError(f"{fn}: `masks[{i}]` must have shape (..., {n}, {n}), got {tuple(m.shape)}")
-    return nmodes
+
+
+def _check_qkv(q, k, v, masks, fn):
+    _check_tensor(v, "v", fn, 4)
+    _check_qk_masks(q, k, masks, v.shape[2:-1], fn, f"`v` of shape {tuple(v.shape)} has ")
+    return v.ndim - 3
 
 
 def kronecker_attention(
@@ -485,11 +490,16 @@ def kronecker_attention(
     if kernel not in ("softmax", "linear"):
         raise ValueError(f"{fn}: `kernel` must be 'softmax' or 'linear', got {kernel!r}")
     b, h = v.shape[:2]
+    if score_fn is not None and scale is not None:
+        raise ValueError(f"{fn}: `scale` has no effect with a signed `score_fn` (its scores are used as they are)")
     if kernel == "linear":
         if masks is not None and any(m is not None for m in masks):
             raise ValueError(f"{fn}: `masks` are not supported with kernel='linear' (use kernel='softmax')")
         if return_factors or score_fn is not None:
             raise ValueError(f"{fn}: return_factors / score_fn need kernel='softmax' (linear never forms S_i)")
+        if scale is not None or dropout_p:
+            raise ValueError(f"{fn}: `scale` and `dropout_p` apply to softmax factors only; kernel='linear' never "
+                             f"forms S_i (got scale={scale}, dropout_p={dropout_p})")
         phi = feature_map or elu_feature_map
         ops = [_linear_op(phi(qi), phi(ki), b, h, v.dtype) for qi, ki in zip(q, k)]
         if combine == "product":

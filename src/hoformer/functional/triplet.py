@@ -136,8 +136,9 @@ def triplet_attention_weights(q, k1, k2, *, block_size: int, overlap: float = 0.
     mask = _check_inputs(q, k1, k2, k1, k1, mask, block_size, overlap, "triplet_attention_weights")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     idx = _window_index(q.shape[2], block_size, overlap, q.device)
-    qw, k1w, k2w = (x[:, :, idx] for x in (q, k1, k2))  # b h w s d
-    t = torch.einsum("bhwid,bhwjd,bhwld->bhwijl", qw, k1w, k2w).to(_compute_dtype(q.dtype)) * scale
+    cdt = _compute_dtype(q.dtype)  # scores in fp32 like the fast kernel, so the maps are the weights it uses
+    qw, k1w, k2w = (x[:, :, idx].to(cdt) for x in (q, k1, k2))  # b h w s d
+    t = torch.einsum("bhwid,bhwjd,bhwld->bhwijl", qw, k1w, k2w) * scale
     if mask is not None:
         mw = mask[:, idx]  # b w s
         km = mw[:, None, :, None]

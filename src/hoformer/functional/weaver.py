@@ -134,7 +134,7 @@ def atk_pool(u: torch.Tensor, scorers: torch.Tensor, ratio: float, dim: int, *, 
     best = pooling_informativeness(gamma.detach().float(), dim).argmax(dim=-1)  # (b,), eq 44
     g = gamma.gather(-1, best.view(-1, 1, 1, 1).expand(*gamma.shape[:3], 1)).squeeze(-1)  # (b, p, n)
     size = u.shape[dim]
-    k = max(1, math.ceil(ratio * size))
+    k = max(1, math.ceil(round(ratio * size, 9)))  # eq 42's ceil(rho * P) without float noise (0.55 * 100 -> 55)
     top, idx = g.topk(k, dim=dim)  # (b, k, n) or (b, p, k)
     h = top.softmax(dim=dim).unsqueeze(-1)  # eq 43
     sel = u.gather(dim, idx.unsqueeze(-1).expand(*idx.shape, u.shape[-1]))

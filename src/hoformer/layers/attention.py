@@ -61,7 +61,14 @@ def _check_x(x, dim: int, name: str, nmodes: int | None = None) -> None:
         raise ValueError(f"{name}: `x` has an empty mode, got shape {tuple(x.shape)}")
 
 
-def _check_masks(masks, sizes, name: str):
+def _check_rope_modes(rope_modes, nmodes: int, name: str) -> None:
+    bad = [m for m in rope_modes if not isinstance(m, int) or not 0 <= m < nmodes]
+    if bad:
+        raise ValueError(f"{name}: `rope_modes` must be 0-based mode indices in [0, {nmodes}) for an input with "
+                         f"{nmodes} modes, got {tuple(rope_modes)}")
+
+
+def _check_masks(masks, sizes, name: str, batch: int | None = None, heads: int | None = None):
     if masks is None:
         return None
     if isinstance(masks, torch.Tensor) or len(masks) != len(sizes):
@@ -73,8 +80,14 @@ def _check_masks(masks, sizes, name: str):
             continue
         if not isinstance(m, torch.Tensor) or m.dtype != torch.bool:
             raise TypeError(f"{name}: `masks[{i}]` must be a bool tensor (True = attend), got {getattr(m, 'dtype', type(m))}")
-        if m.shape[-2:] != (n, n) or m.ndim > 4:
-            raise ValueError(f"{name}: `masks[{i}]` must have shape (B|1, H|1, {n}, {n}) or ({n}, {n}), got {tuple(m.shape)}")
+        ok = m.shape[-2:] == (n, n) and m.ndim in (2, 4)
+        if ok and m.ndim == 4:
+            ok = (m.shape[0] in (1, batch) if batch is not None else True) and \
+                 (m.shape[1] in (1, heads) if heads is not None else True)
+        if not ok:
+            want = f"({batch if batch is not None else 'B'}|1, {heads if heads is not None else 'H'}|1, {n}, {n})"
+            raise ValueError(f"{name}: `masks[{i}]` must have shape {want} or ({n}, {n}), got {tuple(m.shape)} "
+                             "(a per-sample mask needs the head dim: m[:, None])")
         out.append(m)
     return out
 
@@ -105,7 +118,9 @@ def record_attention(model: nn.Module):
 
     Yields a list of ``(layer_name, maps)`` in call order; ``maps`` is a list with one tensor per mode
     (``KroneckerAttention``: the factors ``S_i (B, H, Ni, Ni)``; ``FullAttention``: the dense ``(B, H, N, N)``;
-    ``AxialAttention``: per mode ``(B, H, *fibers, Ni, Ni)``). Outputs are unchanged.
+    ``AxialAttention``: per mode ``(B, H, *fibers, Ni, Ni)``), the weights *before* attention dropout. Outputs are
+    unchanged in eval mode; the dense baselines then leave SDPA for an explicit ``softmax(QK^T) V`` (O(N^2) memory),
+    so in training mode with ``attn_dropout > 0`` their dropout masks are drawn differently.
     """
     records: list = []
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, _Recordable)]
@@ -280,8 +295,11 @@ class KroneckerAttention(_Recordable):
     def _ensure_modes(self, k: int) -> None:
         if len(self.to_qk) == 0:
             inner = self.heads * self.dim_head
+            # built lazily (at the first forward) they follow the module's current device and dtype
+            like = self.to_v.weight if "to_v" in self._modules else None
+            kw = {} if like is None else {"device": like.device, "dtype": like.dtype}
             for _ in range(k):
-                self.to_qk.append(nn.Linear(self.dim, 2 * inner, bias=False))
+                self.to_qk.append(nn.Linear(self.dim, 2 * inner, bias=False, **kw))
             self.num_modes = k
         elif len(self.to_qk) != k:
             raise ValueError(f"KroneckerAttention: built for {len(self.to_qk)} modes, got an input with {k} modes")
@@ -304,7 +322,8 @@ class KroneckerAttention(_Recordable):
         _check_x(x, self.dim, "KroneckerAttention", self.num_modes)
         self._ensure_modes(x.ndim - 2)
         b, sizes = x.shape[0], tuple(x.shape[1:-1])
-        masks = _check_masks(masks, sizes, "KroneckerAttention")
+        _check_rope_modes(self.rope_modes, len(sizes), "KroneckerAttention")
+        masks = _check_masks(masks, sizes, "KroneckerAttention", b, self.heads)
         qs, ks = self.mode_qk(x)
         # values as a (b, h, n1..nk, e) *view* of the (b, n.., h*e) projection; kron_apply / kron_sum_apply keep that
         # memory layout, so merging the heads before to_out is a view too
@@ -393,16 +412,18 @@ class FullAttention(_QKV):
     """
 
     def __init__(self, dim, num_heads=8, qk_norm=True, rope_modes=(), dropout=0.0, dim_head=None, attn_dropout=None,
-                 **_):
-        super().__init__(dim, num_heads, qk_norm, dropout, dim_head, attn_dropout=attn_dropout)
-        self.rope_modes = tuple(rope_modes)
+                 bias=True, rope_theta=10000.0, num_modes=None):
+        super().__init__(dim, num_heads, qk_norm, dropout, dim_head, bias=bias, attn_dropout=attn_dropout)
+        self.rope_modes, self.rope_theta, self.num_modes = tuple(rope_modes), rope_theta, num_modes
 
     def forward(self, x, masks=None, return_attention=False):
-        _check_x(x, self.dim, "FullAttention")
+        _check_x(x, self.dim, "FullAttention", self.num_modes)
         b, sizes = x.shape[0], tuple(x.shape[1:-1])
-        masks = _check_masks(masks, sizes, "FullAttention")
+        _check_rope_modes(self.rope_modes, len(sizes), "FullAttention")
+        masks = _check_masks(masks, sizes, "FullAttention", b, self.heads)
         q, k, v = (t.reshape(b, self.heads, -1, self.dim_head) for t in self.qkv(x))
-        q, k = axial_rotary(q, sizes, self.rope_modes), axial_rotary(k, sizes, self.rope_modes)
+        q = axial_rotary(q, sizes, self.rope_modes, self.rope_theta)
+        k = axial_rotary(k, sizes, self.rope_modes, self.rope_theta)
         mask = _kron_and(masks, sizes, x.device)
         want = return_attention or self._record is not None
         if not want:
@@ -426,8 +447,9 @@ class AxialAttention(_QKV):
     """
 
     def __init__(self, dim, num_heads=8, qk_norm=True, rope_modes=(), dropout=0.0, dim_head=None,
-                 combine="sum", num_modes=None, modes=None, attn_dropout=None, **_):
-        super().__init__(dim, num_heads, qk_norm, dropout, dim_head, attn_dropout=attn_dropout)
+                 combine="sum", num_modes=None, modes=None, attn_dropout=None, bias=True, rope_theta=10000.0):
+        super().__init__(dim, num_heads, qk_norm, dropout, dim_head, bias=bias, attn_dropout=attn_dropout)
+        self.bias = bias
         if combine not in ("sum", "sequential"):
             raise ValueError(f"AxialAttention: `combine` must be 'sum' or 'sequential', got {combine!r}")
         if modes is not None:
@@ -436,7 +458,7 @@ class AxialAttention(_QKV):
                 raise ValueError(f"AxialAttention: `modes` must be distinct non-negative mode indices, got {modes}")
         self.modes = modes
         self.combine, self.rope_modes = combine, tuple(rope_modes)
-        self.rotary = RotaryEmbedding(self.dim_head) if self.rope_modes else None
+        self.rotary = RotaryEmbedding(self.dim_head, rope_theta) if self.rope_modes else None
         self.extra = nn.ModuleList()  # sequential: qkv projections of modes 2..k
         self.num_modes = num_modes
         if combine == "sequential" and num_modes:
@@ -446,7 +468,9 @@ class AxialAttention(_QKV):
         n_att = k if self.modes is None else len(self.modes)
         if self.combine == "sequential" and len(self.extra) == 0 and n_att > 1:
             inner = self.heads * self.dim_head
-            self.extra.extend(nn.Linear(self.dim, 3 * inner) for _ in range(n_att - 1))
+            like = self.to_qkv.weight  # lazily built layers follow the module's device and dtype
+            self.extra.extend(nn.Linear(self.dim, 3 * inner, bias=self.bias, device=like.device, dtype=like.dtype)
+                              for _ in range(n_att - 1))
             self.num_modes = k
 
     def _along(self, q, k, v, mode, mask, want):
@@ -468,8 +492,9 @@ class AxialAttention(_QKV):
         modes = tuple(range(nm)) if self.modes is None else self.modes
         if max(modes) >= nm:
             raise ValueError(f"AxialAttention: `modes`={modes} but x {tuple(x.shape)} has only {nm} modes")
+        _check_rope_modes(self.rope_modes, nm, "AxialAttention")
         self._ensure(nm)
-        masks = _check_masks(masks, sizes, "AxialAttention") or [None] * nm
+        masks = _check_masks(masks, sizes, "AxialAttention", x.shape[0], self.heads) or [None] * nm
         want = return_attention or self._record is not None
         maps = []
         q, k, v = self.qkv(x)
@@ -504,21 +529,26 @@ class DividedAttention(nn.Module):
     """
 
     def __init__(self, dim, num_heads=8, qk_norm=True, rope_modes=(), dropout=0.0, dim_head=None,
-                 first_mode=0, attn_dropout=None, **_):
+                 first_mode=0, attn_dropout=None, bias=True, rope_theta=10000.0, num_modes=None):
         super().__init__()
         if first_mode < 0:
             raise ValueError(f"DividedAttention: `first_mode` must be a non-negative mode index, got {first_mode}")
+        if any(not isinstance(m, int) or m < 0 for m in rope_modes):
+            raise ValueError(f"DividedAttention: `rope_modes` must be non-negative mode indices, got {tuple(rope_modes)}")
         self.first_mode, self.dim = first_mode, dim
         rope_rest = tuple(i - (i > first_mode) for i in rope_modes if i != first_mode)
         self.first = AxialAttention(dim, num_heads, qk_norm, (0,) if first_mode in rope_modes else (), dropout, dim_head,
-                                    attn_dropout=attn_dropout)
-        self.rest = FullAttention(dim, num_heads, qk_norm, rope_rest, dropout, dim_head, attn_dropout=attn_dropout)
+                                    attn_dropout=attn_dropout, bias=bias, rope_theta=rope_theta)
+        self.rest = FullAttention(dim, num_heads, qk_norm, rope_rest, dropout, dim_head, attn_dropout=attn_dropout,
+                                  bias=bias, rope_theta=rope_theta)
+        self.rope_modes, self.num_modes = tuple(rope_modes), num_modes
 
     def forward(self, x, masks=None, return_attention=False):
-        _check_x(x, self.dim, "DividedAttention")
+        _check_x(x, self.dim, "DividedAttention", self.num_modes)
         sizes = tuple(x.shape[1:-1])
         nm = len(sizes)
-        masks = _check_masks(masks, sizes, "DividedAttention") or [None] * nm
+        _check_rope_modes(self.rope_modes, nm, "DividedAttention")
+        masks = _check_masks(masks, sizes, "DividedAttention", x.shape[0], self.first.heads) or [None] * nm
         fm = self.first_mode
         if fm >= nm:
             raise ValueError(f"DividedAttention: first_mode={fm} but x {tuple(x.shape)} has only {nm} modes")
@@ -530,6 +560,8 @@ class DividedAttention(nn.Module):
         q, k, v = self.first.qkv(x2)
         want = return_attention or self.first._record is not None
         t, a_t = self.first._along(q, k, v, 0, masks[fm], want)
+        if want:
+            self.first._maybe_record([a_t])
         t = self.first.out(t).view(xt.shape).movedim(1, 1 + fm)
         h = x + t
         # joint attention over the other modes, for every position of first_mode

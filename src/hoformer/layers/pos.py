@@ -40,11 +40,16 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         if dim % 2:
             raise ValueError(f"RotaryEmbedding: `dim` must be even, got {dim}")
-        self.dim = dim
-        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.dim, self.theta = dim, theta
+
+    @property
+    def inv_freq(self) -> torch.Tensor:
+        """Frequencies in float32. Deliberately not a buffer: ``model.to(torch.bfloat16)`` would round them (an
+        8-bit mantissa moves the angle at position 512 by up to ~0.2 rad and breaks the relative property)."""
+        return 1.0 / (self.theta ** (torch.arange(0, self.dim, 2, dtype=torch.float32) / self.dim))
 
     def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 ``cos, sin (n, d)`` of ``positions (n,)``, whatever the module's dtype."""
         freqs = torch.outer(positions.float(), self.inv_freq.to(positions.device))  # (n, d/2)
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos(), emb.sin()
@@ -70,8 +75,7 @@ def axial_rotary(x: torch.Tensor, sizes: Sequence[int], rope_modes: Sequence[int
     grids = torch.meshgrid(*[torch.arange(n, device=x.device) for n in sizes], indexing="ij")
     parts, start = [], 0
     for m in rope_modes:
-        rot = RotaryEmbedding(chunk, theta).to(x.device)
-        cos, sin = rot.angles(grids[m].reshape(-1))
+        cos, sin = RotaryEmbedding(chunk, theta).angles(grids[m].reshape(-1))
         parts.append(apply_rotary(x[..., start : start + chunk], cos.to(x.dtype), sin.to(x.dtype)))
         start += chunk
     parts.append(x[..., start:])
