@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -278,3 +279,27 @@ def test_hoba_student_learns_trec(data_root):
     tr.fit(task, dm)
     tr.test(task, dm)
     assert tr.callback_metrics["test/acc"] > 0.5  # majority class (ENTY / DESC) < 0.3
+
+
+HOBA_CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs" / "hoba").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("cfg", HOBA_CONFIGS, ids=[c.stem for c in HOBA_CONFIGS])
+def test_hoba_configs_are_valid_and_checkpoint_atomically(cfg):
+    import inspect
+
+    import yaml
+
+    from hoformer.data import TextDataModule as DM
+
+    c = yaml.safe_load(cfg.read_text())
+    for section, cls in (("model", TextClassificationTask), ("data", DM)):
+        assert c[section]["class_path"].rsplit(".", 1)[1] == cls.__name__
+        unknown = set(c[section]["init_args"]) - set(inspect.signature(cls).parameters)
+        assert not unknown, f"{cfg.name}: unknown {section} init_args {unknown}"
+    create_model("hoba_classifier", **c["model"]["init_args"]["model_kwargs"])
+    t = c["trainer"]
+    assert [p["class_path"] for p in t["plugins"]] == ["hoformer.train.tasks.AtomicCheckpointIO"]
+    (ckpt,) = [x["init_args"] for x in t["callbacks"] if x["class_path"].endswith("ModelCheckpoint")]
+    if ckpt.get("monitor"):  # `hoformer test --ckpt_path best` globs best-*.ckpt in this dirpath
+        assert ckpt["dirpath"] == f"runs/hoba/{cfg.stem}/checkpoints" and ckpt["filename"].startswith("best-")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import math
 from fractions import Fraction
@@ -310,10 +311,28 @@ def test_configs_are_valid(cfg):
     assert model.num_nodes == c["data"]["init_args"].get("num_nodes", model.num_nodes)
 
 
-def test_configs_exist():
+def test_configs_exist_and_match_generator(tmp_path):
     names = {c.stem for c in CONFIGS}
     for need in ("metr_la_t", "metr_la_nt", "pems_bay_t", "pems_bay_nt", "los_loop_t", "los_loop_nt"):
         assert need in names
+    spec = importlib.util.spec_from_file_location("weaver_generate", CONFIGS[0].parent / "generate.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    written = gen.main(tmp_path)
+    assert sorted(p.name for p in written) == sorted(c.name for c in CONFIGS)
+    for p in written:
+        assert (CONFIGS[0].parent / p.name).read_text() == p.read_text(), f"{p.name} is stale: run generate.py"
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=[c.stem for c in CONFIGS])
+def test_configs_checkpoint_atomically_where_test_best_finds_them(cfg):
+    import yaml
+
+    t = yaml.safe_load(cfg.read_text())["trainer"]
+    assert [p["class_path"] for p in t["plugins"]] == ["hoformer.train.tasks.AtomicCheckpointIO"]
+    (ckpt,) = [c["init_args"] for c in t["callbacks"] if c["class_path"].endswith("ModelCheckpoint")]
+    assert ckpt["dirpath"] == f"runs/weaver/{cfg.stem}/checkpoints" and ckpt["filename"].startswith("best-")
+    assert ckpt["save_last"] and t["default_root_dir"] == f"runs/weaver/{cfg.stem}"
 
 
 @pytest.mark.slow

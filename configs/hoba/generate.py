@@ -25,6 +25,7 @@ def config(name, ds, model_kwargs, *, lr, epochs, batch, n_train, seed, teacher=
                                **({"monitor": "val/acc", "mode": "max", "filename": "best-{epoch:02d}"} if monitor else {"save_top_k": 0})}},
             ] + ([{"class_path": "lightning.pytorch.callbacks.EarlyStopping",
                    "init_args": {"monitor": "val/acc", "mode": "max", "patience": 3}}] if monitor else []),
+            "plugins": [{"class_path": "hoformer.train.tasks.AtomicCheckpointIO"}],
         },
         "model": {"class_path": "hoformer.train.TextClassificationTask", "init_args": {
             "model_name": "hoba_classifier", "model_kwargs": model_kwargs, "lr": lr, "weight_decay": 0.01,
