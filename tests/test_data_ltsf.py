@@ -242,3 +242,64 @@ def test_split_datamodule_base():
         LTSFDataModule(synthetic=True, batch_size=0)
     with pytest.raises(NotImplementedError, match="_make"):
         SplitDataModule().setup()
+
+
+# ------------------------------------------------------------------------------------------------ download
+def _fresh_machine(monkeypatch, tmp_path):
+    """No HOFORMER_DATA, no ../shared/data next to the working directory, an empty cache."""
+    monkeypatch.delenv("HOFORMER_DATA", raising=False)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HOFORMER_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "ltsf"
+
+
+def test_download_on_fresh_machine(tmp_path, monkeypatch):
+    """download=True needs no existing data root: the cache (root=None) or the given root is created, the file is
+    fetched from the canonical URL (a local file:// mirror here) and verified against the pinned SHA-256."""
+    import dataclasses
+    import hashlib
+
+    from hoformer.data import ltsf as ltsf_mod
+
+    mirror = write_synthetic_ltsf_csv(tmp_path / "mirror" / "ETTh2.csv", "ETTh2", seed=3)
+    sha = hashlib.sha256(mirror.read_bytes()).hexdigest()
+    spec = ltsf_mod.LTSF_DATASETS["ETTh2"]
+    monkeypatch.setitem(ltsf_mod.LTSF_DATASETS, "ETTh2", dataclasses.replace(spec, url=mirror.as_uri(), sha256=sha))
+    cache = _fresh_machine(monkeypatch, tmp_path)
+
+    dm = LTSFDataModule(name="ETTh2", download=True, batch_size=64)  # used to raise "no data root"
+    dm.setup("test")
+    assert (cache / "ETT-small" / "ETTh2.csv").read_bytes() == mirror.read_bytes()
+    assert len(dm.dataset("test")) == 2785 and sorted(p.name for p in (cache / "ETT-small").iterdir()) == ["ETTh2.csv"]
+
+    root = tmp_path / "new" / "ltsf"  # a root that does not exist yet is created by the download
+    dm = LTSFDataModule(str(root), "ETTh2", download=True)
+    dm.setup("fit")
+    assert (root / "ETT-small" / "ETTh2.csv").is_file() and len(dm.dataset("train")) == 8449
+
+    # a download that does not match the pinned checksum is refused and leaves nothing behind
+    monkeypatch.setitem(ltsf_mod.LTSF_DATASETS, "ETTh2", dataclasses.replace(spec, url=mirror.as_uri(),
+                                                                             sha256="0" * 64))
+    bad = tmp_path / "bad"
+    with pytest.raises(ChecksumError, match="sha256 checksum mismatch"):
+        LTSFDataModule(str(bad), "ETTh2", download=True).setup("fit")
+    assert not (bad / "ETT-small" / "ETTh2.csv").exists() and list((bad / "ETT-small").iterdir()) == []
+    # without download=True a missing root is still an error that says how to fix it
+    with pytest.raises(FileNotFoundError, match="HOFORMER_DATA"):
+        LTSFDataModule(name="ETTh2")
+
+
+def test_download_real_ett_offline(data_root, tmp_path, monkeypatch):
+    """The real ETTh1 served from a file:// mirror passes the pinned (canonical) checksum on a fresh machine."""
+    import dataclasses
+
+    from hoformer.data import ltsf as ltsf_mod
+
+    src = data_root / "ltsf" / "ETT-small" / "ETTh1.csv"
+    spec = ltsf_mod.LTSF_DATASETS["ETTh1"]
+    monkeypatch.setitem(ltsf_mod.LTSF_DATASETS, "ETTh1", dataclasses.replace(spec, url=src.as_uri()))
+    cache = _fresh_machine(monkeypatch, tmp_path)
+    ds = LTSFDataset(None, "ETTh1", "val", download=True)
+    assert ds.path == cache / "ETT-small" / "ETTh1.csv" and len(ds) == 2785

@@ -26,7 +26,9 @@ class LTSFDataModule(SplitDataModule):
     """Long-term forecasting data (:class:`~hoformer.data.LTSFDataset`, TSLib protocol) or, with ``synthetic=True``,
     the built-in :class:`~hoformer.data.SyntheticLTSF` (``synthetic_length`` rows, ``num_variates`` variates).
 
-    ``root=None`` resolves to ``$HOFORMER_DATA/ltsf`` (or ``../shared/data/ltsf``). Batches are ``(x, y)``
+    ``root=None`` resolves to ``$HOFORMER_DATA/ltsf`` (or ``../shared/data/ltsf``); with ``download=True`` a file
+    that is not there is fetched (ETT: canonical URL, SHA-256-checked where pinned) into ``root`` (created if needed)
+    or, for ``root=None``, into the cache ``~/.cache/hoformer/ltsf`` (``$HOFORMER_CACHE``). Batches are ``(x, y)``
     (``(B, seq_len, C)``, ``(B, label_len + pred_len, C)``), plus ``(x_mark, y_mark)`` with ``time_features``.
     ``inverse_transform`` maps normalised predictions back to the original scale.
     """
@@ -40,7 +42,12 @@ class LTSFDataModule(SplitDataModule):
                          eval_batch_size=eval_batch_size)
         self.save_hyperparameters()
         self.name, self.seq_len, self.pred_len, self.synthetic = name, seq_len, pred_len, synthetic
-        self.root = None if synthetic else resolve_root(root, "ltsf", f"LTSF dataset {name!r}")
+        if synthetic:
+            self.root = None
+        elif download:  # a fresh machine: no data root yet; the dataset creates it (or uses the cache) and downloads
+            self.root = Path(root).expanduser() if root is not None else None
+        else:
+            self.root = resolve_root(root, "ltsf", f"LTSF dataset {name!r}")
 
     def _make(self, split: str) -> Dataset:
         h = self.hparams

@@ -28,13 +28,14 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ._utils import SchemaError, download_url, verify_file
+from ._utils import SchemaError, cache_dir, default_data_root, download_url, resolve_root, verify_file
 
 __all__ = [
     "LTSFSpec",
     "LTSF_DATASETS",
     "LTSFDataset",
     "SyntheticLTSF",
+    "default_ltsf_root",
     "ltsf_borders",
     "ltsf_time_features",
     "synthetic_multiway_series",
@@ -63,6 +64,10 @@ class LTSFSpec:
 LTSF_DATASETS: dict[str, LTSFSpec] = {
     "ETTh1": LTSFSpec("ETT-small/ETTh1.csv", "etth", "h", 7,
                       "f18de3ad269cef59bb07b5438d79bb3042d3be49bdeecf01c1cd6d29695ee066", _ETT_URL.format("ETTh1")),
+    # ETTh2 / ETTm2: no checksum pinned. Only ETTh1 / ETTm1 of ETDataset are in the project's reference data
+    # (shared/data/SHA256SUMS), so no reference copy of these two could be hashed and checked against the canonical
+    # source; a guessed digest would reject every correct download. They are downloaded and read unverified (the
+    # layout is still schema-checked by _read_table).
     "ETTh2": LTSFSpec("ETT-small/ETTh2.csv", "etth", "h", 7, None, _ETT_URL.format("ETTh2")),
     "ETTm1": LTSFSpec("ETT-small/ETTm1.csv", "ettm", "t", 7,
                       "6ce1759b1a18e3328421d5d75fadcb316c449fcd7cec32820c8dafda71986c9e", _ETT_URL.format("ETTm1")),
@@ -180,19 +185,31 @@ def _read_table(path: str, header: bool, _mtime_ns: int, _size: int):
     return dates, values, tuple(columns)
 
 
-def _resolve(root, name: str) -> tuple[str, LTSFSpec, Path]:
+def _resolve(root, name: str, download: bool = False) -> tuple[str, LTSFSpec, Path]:
     key = _LOOKUP.get(str(name).lower())
     if key is not None:
         spec = LTSF_DATASETS[key]
         if root is None:
-            from ._utils import resolve_root
-            root = resolve_root(None, "ltsf", f"LTSF dataset {key!r}")
-        return key, spec, Path(root) / spec.path
+            root = default_ltsf_root(key, download)
+        return key, spec, Path(root).expanduser() / spec.path
     path = Path(name) if root is None else Path(root) / name
     if path.suffix.lower() in (".csv", ".txt") or path.is_file():  # any other CSV in the LTSF layout: 70/10/20
         return path.stem, LTSFSpec(str(name), "custom", "h", -1), path
     raise ValueError(f"name must be one of {sorted(LTSF_DATASETS)} (case-insensitive; aliases {sorted(_ALIASES)}) "
                      f"or a CSV path relative to root, got {name!r}")
+
+
+def default_ltsf_root(name: str, download: bool = False) -> Path:
+    """Root of a known LTSF dataset when none is given: ``$HOFORMER_DATA/ltsf`` (or ``../shared/data/ltsf``); with
+    ``download=True`` that root only if it already holds the file, else the writable cache
+    ``~/.cache/hoformer/ltsf`` (``$HOFORMER_CACHE/ltsf``), so a fresh machine can download."""
+    if not download:
+        return resolve_root(None, "ltsf", f"LTSF dataset {name!r}")
+    base = default_data_root()
+    key = _LOOKUP.get(str(name).lower())
+    if base is not None and key is not None and (base / "ltsf" / LTSF_DATASETS[key].path).is_file():
+        return base / "ltsf"
+    return cache_dir("ltsf")
 
 
 class LTSFDataset(Dataset):
@@ -201,7 +218,9 @@ class LTSFDataset(Dataset):
     Args:
         root: directory laid out like ``shared/data/ltsf`` (``ETT-small/ETTh1.csv``, ``weather/weather.csv``,
             ``illness/national_illness.csv``, ``electricity/electricity.csv``, ``traffic/traffic.csv``,
-            ``exchange_rate/exchange_rate.csv``, ``Solar/solar_AL.txt``); ``None`` = ``$HOFORMER_DATA/ltsf``.
+            ``exchange_rate/exchange_rate.csv``, ``Solar/solar_AL.txt``); ``None`` = ``$HOFORMER_DATA/ltsf``, or with
+            ``download=True`` (file not there) the cache ``~/.cache/hoformer/ltsf`` (``$HOFORMER_CACHE``); a
+            missing ``root`` is created by a download.
         name: a known dataset (case-insensitive: ETTh1, ETTh2, ETTm1, ETTm2, weather, electricity/ECL, traffic,
             exchange_rate, solar, national_illness/ILI) or a CSV path relative to ``root`` (70/10/20 protocol).
         split: "train" | "val" | "test".
@@ -214,7 +233,8 @@ class LTSFDataset(Dataset):
         time_features: also return calendar marks, items become ``(x, y, x_mark, y_mark)``.
         freq: calendar-feature frequency (default: the dataset's own, e.g. "h" for ETTh, "t" for ETTm/weather).
         verify: check the file's SHA-256 when the reference copy's is known (``False`` for other copies).
-        download: fetch a missing file from its canonical URL (ETT only; others come in the TSLib bundle).
+        download: fetch a missing file from its canonical URL (ETT only; others come in the TSLib bundle); the
+            download is atomic and checked against the pinned SHA-256 where one is known (ETTh1, ETTm1).
 
     Items: ``x`` float32 ``(seq_len, C)``, ``y`` float32 ``(label_len + pred_len, C)``.
     """
@@ -222,7 +242,7 @@ class LTSFDataset(Dataset):
     def __init__(self, root, name: str, split: str = "train", seq_len: int = 96, pred_len: int = 96,
                  scale: bool = True, features: str = "M", *, label_len: int = 0, target: str = "OT",
                  time_features: bool = False, freq: str | None = None, verify: bool = True, download: bool = False):
-        self.name, spec, path = _resolve(root, name)
+        self.name, spec, path = _resolve(root, name, download)
         if not path.is_file():
             if download and spec.url:
                 download_url(spec.url, path, sha256=spec.sha256 if verify else None)
