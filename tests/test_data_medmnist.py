@@ -104,3 +104,34 @@ def test_datamodule(tmp_path):
         assert sum(b[0].shape[0] for b in dm.val_dataloader()) == 3 and dm.num_classes == 2
     finally:
         info[28] = old
+
+
+def test_labels_out_of_range(tmp_path):
+    """Labels outside [0, num_classes) of the dataset (here AdrenalMNIST3D: 2 classes) are a clear SchemaError."""
+    path = tmp_path / "adrenalmnist3d.npz"
+    arrays, _ = _fake_npz(path)
+    arrays["val_labels"][1, 0] = 2
+    np.savez_compressed(path, **arrays)
+    assert len(MedMNIST3D(tmp_path, split="train", verify=False)) == 6  # other splits are fine
+    with pytest.raises(SchemaError, match=r"val_labels must be class ids in \[0, 2\).*e\.g\. 2"):
+        MedMNIST3D(tmp_path, split="val", verify=False)
+    arrays["val_labels"] = arrays["val_labels"].astype(np.int64)
+    arrays["val_labels"][1, 0] = -1
+    np.savez_compressed(path, **arrays)
+    with pytest.raises(SchemaError, match="out of range"):
+        MedMNIST3D(tmp_path, split="val", verify=False)
+
+
+def test_datamodule_verify_flag(tmp_path):
+    """MedMNIST3DDataModule passes ``verify`` through: another copy loads with verify=False, and is still
+    schema-checked."""
+    arrays, _ = _fake_npz(tmp_path / "nodulemnist3d.npz", counts=(5, 3, 3))
+    with pytest.raises(ChecksumError):
+        MedMNIST3DDataModule(str(tmp_path), "nodule").setup("fit")
+    dm = MedMNIST3DDataModule(str(tmp_path), "nodule", batch_size=4, verify=False)
+    dm.setup("fit")
+    assert len(dm.dataset("train")) == 5 and dm.hparams.verify is False
+    arrays["test_labels"][0, 0] = 7
+    np.savez_compressed(tmp_path / "nodulemnist3d.npz", **arrays)
+    with pytest.raises(SchemaError, match="class ids"):
+        MedMNIST3DDataModule(str(tmp_path), "nodule", verify=False).setup("test")

@@ -76,11 +76,12 @@ class LTSFDataModule(SplitDataModule):
 class MedMNIST3DDataModule(SplitDataModule):
     """MedMNIST3D volumes ``(B, 1, S, S, S)`` in [0, 1] with labels ``(B, 1)`` (int64). ``root=None`` resolves to
     ``$HOFORMER_DATA/medmnist3d`` (or the download cache). ``flip_augment`` adds random flips along the three
-    spatial axes on the training split."""
+    spatial axes on the training split. ``verify=False`` skips the official MD5 check (another copy of the file; its
+    layout and label range are still checked)."""
 
     def __init__(self, root: str | None = None, flag: str = "adrenalmnist3d", size: int = 28, batch_size: int = 32,
                  num_workers: int = 0, download: bool = False, flip_augment: bool = False, pin_memory: bool = False,
-                 eval_batch_size: int | None = None):
+                 eval_batch_size: int | None = None, verify: bool = True):
         super().__init__(batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory,
                          eval_batch_size=eval_batch_size)
         self.save_hyperparameters()
@@ -92,7 +93,7 @@ class MedMNIST3DDataModule(SplitDataModule):
     def _make(self, split: str) -> Dataset:
         h = self.hparams
         tf = _flip3d if (split == "train" and h.flip_augment) else None
-        return MedMNIST3D(self.root, self.flag, split, self.size, transform=tf, download=h.download)
+        return MedMNIST3D(self.root, self.flag, split, self.size, transform=tf, download=h.download, verify=h.verify)
 
     @property
     def num_classes(self) -> int:

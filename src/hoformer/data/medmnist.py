@@ -2,7 +2,8 @@
 
 Each ``.npz`` holds ``{train,val,test}_images`` uint8 ``(N, S, S, S)`` and ``{train,val,test}_labels`` ``(N, 1)``.
 URLs and MD5s are the official ones of the MedMNIST ``INFO`` table (``MedMNIST/MedMNIST`` ``medmnist/info.py``,
-Zenodo record 10519652); every file is MD5-checked and schema-checked before use.
+Zenodo record 10519652); every file is MD5-checked and schema-checked (shapes, dtypes, labels within the dataset's
+classes) before use.
 """
 from __future__ import annotations
 
@@ -104,10 +105,10 @@ class MedMNIST3D(Dataset):
         self.path, self.split, self.size = path, split, size
         self.transform, self.target_transform = transform, target_transform
         self.info, self.task, self.class_names = info, info["task"], list(info["labels"])
-        self.images, self.labels = self._load(path, split, size)
+        self.images, self.labels = self._load(path, split, size, len(self.class_names))
 
     @staticmethod
-    def _load(path: Path, split: str, size: int):
+    def _load(path: Path, split: str, size: int, num_classes: int):
         try:
             with np.load(path, allow_pickle=False) as z:
                 keys = set(z.files)
@@ -125,6 +126,11 @@ class MedMNIST3D(Dataset):
         if labels.ndim != 2 or labels.shape[0] != images.shape[0] or not np.issubdtype(labels.dtype, np.integer):
             raise SchemaError(f"{path}: {split}_labels must be integer (N={images.shape[0]}, k), got "
                               f"{labels.dtype} {labels.shape}")
+        if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+            bad = labels[(labels < 0) | (labels >= num_classes)]
+            raise SchemaError(f"{path}: {split}_labels must be class ids in [0, {num_classes}) for this dataset's "
+                              f"{num_classes} classes, got {int(bad.size)} out of range (e.g. {int(bad.flat[0])}; "
+                              f"range [{int(labels.min())}, {int(labels.max())}])")
         return torch.from_numpy(images), torch.from_numpy(labels.astype(np.int64))
 
     @property
