@@ -1,4 +1,6 @@
-"""Traffic data protocol on a small synthetic METR-LA-format ``.h5`` + ``adj_mx.pkl`` and the real Los-loop CSV."""
+"""Traffic data protocol on a small synthetic METR-LA-format ``.h5`` + ``adj_mx.pkl`` and the real Los-loop CSV;
+reference checksums (the synthetic files are not the reference ones: ``verify=False``), safe unpickling, explicit
+file paths and clear errors for bad cells."""
 from __future__ import annotations
 
 import pickle
@@ -8,8 +10,11 @@ import pandas as pd
 import pytest
 import torch
 
+from hoformer.data._utils import ChecksumError, SchemaError
 from hoformer.data.traffic import (
+    TRAFFIC_SHA256,
     TrafficDataModule,
+    load_los_loop,
     load_adj_pkl,
     read_traffic_h5,
     split_windows,
@@ -56,7 +61,7 @@ def test_split_and_windows():
 
 def test_datamodule_protocol(tmp_path):
     values = _write(tmp_path)
-    dm = TrafficDataModule("metr_la", root=str(tmp_path), batch_size=4, num_nodes=N)
+    dm = TrafficDataModule("metr_la", root=str(tmp_path), verify=False, batch_size=4, num_nodes=N)
     dm.setup()
     starts = window_starts(T, 12, 12)
     tr, va, te = split_windows(len(starts))
@@ -86,16 +91,16 @@ def test_bad_files_give_clear_errors(tmp_path):
     values[5, 2] = np.nan
     _write(tmp_path, values=values)
     with pytest.raises(ValueError, match="NaN"):
-        TrafficDataModule("metr_la", root=str(tmp_path)).setup()
+        TrafficDataModule("metr_la", root=str(tmp_path), verify=False).setup()
     _write(tmp_path, graph_ids=[str(i) for i in range(N + 1)])  # graph with one node more
     with pytest.raises(ValueError, match="sensors but the graph has"):
-        TrafficDataModule("metr_la", root=str(tmp_path)).setup()
+        TrafficDataModule("metr_la", root=str(tmp_path), verify=False).setup()
     _write(tmp_path)
     with pytest.raises(ValueError, match="num_nodes"):
-        TrafficDataModule("metr_la", root=str(tmp_path), num_nodes=207).setup()
+        TrafficDataModule("metr_la", root=str(tmp_path), verify=False, num_nodes=207).setup()
     _write(tmp_path, values=np.zeros((T, N)))  # all-missing data
     with pytest.raises(ValueError, match="no observed"):
-        TrafficDataModule("metr_la", root=str(tmp_path)).setup()
+        TrafficDataModule("metr_la", root=str(tmp_path), verify=False).setup()
     with pytest.raises(FileNotFoundError, match="pems-bay"):
         TrafficDataModule("pems_bay", root=str(tmp_path)).setup()
     with pytest.raises(ValueError, match="dataset"):
@@ -105,7 +110,7 @@ def test_bad_files_give_clear_errors(tmp_path):
 def test_reorders_columns_to_graph_order(tmp_path):
     ids = [str(i) for i in range(N)]
     values = _write(tmp_path, graph_ids=ids[::-1], ids=ids)
-    dm = TrafficDataModule("metr_la", root=str(tmp_path))
+    dm = TrafficDataModule("metr_la", root=str(tmp_path), verify=False)
     dm.setup()
     assert dm.sensor_ids == ids[::-1]
     np.testing.assert_allclose(dm.splits["train"].y[:, 0, 0].numpy(), values[:, -1].astype(np.float32))
@@ -129,7 +134,7 @@ def test_training_task_fit_and_test(tmp_path, model_name):
     from hoformer.train.traffic import TrafficForecastingTask
 
     _write(tmp_path)
-    dm = TrafficDataModule("metr_la", root=str(tmp_path), batch_size=8)
+    dm = TrafficDataModule("metr_la", root=str(tmp_path), verify=False, batch_size=8)
     kw = {"num_nodes": N, "dim": 16, "num_heads": 4} if model_name == "weaver" else {"num_nodes": N}
     task = TrafficForecastingTask(model_name, kw, exp_gamma=0.9)
     trainer = L.Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=2, logger=False,
@@ -139,3 +144,107 @@ def test_training_task_fit_and_test(tmp_path, model_name):
     for k in ("test/mae", "test/mae@3", "test/mape@6", "test/rmse@12", "test/loss"):
         assert np.isfinite(res[k]), k
     assert res["test/loss"] == pytest.approx(res["test/mae"], rel=0.05)  # batch-mean vs pooled MAE
+
+
+# ------------------------------------------------------------------------------ Los-loop paths, checksums, cells
+def _write_los(d, values=None, adj=None, speed_name="los_speed.csv", adj_name="los_adj.csv"):
+    rng = np.random.default_rng(1)
+    values = rng.uniform(20, 70, size=(T, N)).round(3) if values is None else values
+    adj = np.eye(N) if adj is None else adj
+    d.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(values, columns=[str(773869 + i) for i in range(N)]).to_csv(d / speed_name, index=False)
+    pd.DataFrame(adj).to_csv(d / adj_name, index=False, header=False)
+    return d / speed_name, d / adj_name, values
+
+
+def test_los_loop_explicit_paths(tmp_path):
+    """data_path / adj_path are the files read, whatever their names and folders (and each independently)."""
+    speed, adj, values = _write_los(tmp_path / "a", speed_name="my_speed.csv", adj_name="unused.csv")
+    adj2 = np.full((N, N), 0.5)
+    _, adj_file, _ = _write_los(tmp_path / "b", adj=adj2, speed_name="unused.csv", adj_name="graph.csv")
+    dm = TrafficDataModule("los_loop", root=str(tmp_path / "nowhere"), data_path=str(speed), adj_path=str(adj_file),
+                           verify=False, num_nodes=N)
+    dm.setup()
+    np.testing.assert_allclose(dm.splits["train"].y[:, :, 0].numpy(), values.astype(np.float32))
+    np.testing.assert_allclose(dm.adj, adj2)
+    # only the speeds overridden: the adjacency comes from root
+    _write_los(tmp_path / "root" / "los_loop", adj=2 * np.eye(N))
+    dm = TrafficDataModule("los_loop", root=str(tmp_path / "root"), data_path=str(speed), verify=False)
+    dm.setup()
+    np.testing.assert_allclose(dm.adj, 2 * np.eye(N))
+    np.testing.assert_allclose(dm.splits["test"].y[:, :, 0].numpy(), values.astype(np.float32))
+
+
+def test_los_loop_real_explicit_paths_verified(data_root, tmp_path):
+    """Renamed copies of the reference files pass the checksums; a modified one is caught, verify=False skips."""
+    import shutil
+
+    src = data_root / "traffic" / "los_loop"
+    shutil.copy(src / "los_speed.csv", tmp_path / "speed.csv")
+    shutil.copy(src / "los_adj.csv", tmp_path / "adj.csv")
+    kw = dict(root=str(tmp_path / "nowhere"), data_path=str(tmp_path / "speed.csv"), adj_path=str(tmp_path / "adj.csv"))
+    dm = TrafficDataModule("los_loop", **kw, num_nodes=207)
+    dm.setup()
+    assert dm.adj.shape == (207, 207) and dm.splits["train"].y.shape[1:] == (207, 1)
+    lines = (tmp_path / "speed.csv").read_text().splitlines(keepends=True)
+    first = lines[1].split(",")
+    first[0] = str(float(first[0]) + 1.0)  # one reading changed: still a valid table, not the reference file
+    lines[1] = ",".join(first)
+    (tmp_path / "speed.csv").write_text("".join(lines))
+    with pytest.raises(ChecksumError, match="speed.csv: sha256 checksum mismatch.*verify=False"):
+        TrafficDataModule("los_loop", **kw).setup()
+    dm = TrafficDataModule("los_loop", **kw, verify=False)
+    dm.setup()
+    assert dm.splits["train"].y[0, 0, 0].item() == pytest.approx(float(first[0]))
+
+
+def test_adj_pickle_verified_before_unpickling(data_root, tmp_path):
+    """adj_mx.pkl is checked against its reference SHA-256 *before* unpickling, and the unpickler never runs code."""
+    import os
+    import shutil
+
+    ref = data_root / "traffic" / "sensor_graph" / "adj_mx.pkl"
+    ids, _, adj = load_adj_pkl(ref, sha256=TRAFFIC_SHA256["adj_mx.pkl"])
+    assert len(ids) == 207 and adj.shape == (207, 207) and adj.dtype == np.float32
+    assert load_adj_pkl(data_root / "traffic" / "sensor_graph" / "adj_mx_bay.pkl",
+                        sha256=TRAFFIC_SHA256["adj_mx_bay.pkl"])[2].shape == (325, 325)
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return os.mkdir, (str(marker),)
+
+    _write(tmp_path)  # metr-la.h5 + sensor_graph/adj_mx.pkl, the pickle then replaced by a code-running one
+    evil = tmp_path / "sensor_graph" / "adj_mx.pkl"
+    evil.write_bytes(pickle.dumps((["a"], {"a": 0}, Payload()), protocol=2))
+    with pytest.raises(ChecksumError, match="adj_mx.pkl: sha256 checksum mismatch"):
+        TrafficDataModule("metr_la", root=str(tmp_path)).setup()
+    with pytest.raises(SchemaError, match=r"global (posix|os)\.mkdir is not allowed"):
+        load_adj_pkl(evil)  # unverified: still no code execution
+    assert not marker.exists()
+    shutil.copy(ref, tmp_path / "copy.pkl")
+    with open(tmp_path / "copy.pkl", "ab") as f:  # a corrupted copy that would still unpickle
+        f.write(b"junk")
+    with pytest.raises(ChecksumError, match="copy.pkl"):
+        load_adj_pkl(tmp_path / "copy.pkl", sha256=TRAFFIC_SHA256["adj_mx.pkl"])
+    assert load_adj_pkl(tmp_path / "copy.pkl")[2].shape == (207, 207)  # no digest given: skipped
+
+
+def test_non_numeric_cells_give_schema_errors(tmp_path):
+    speed, adj, values = _write_los(tmp_path / "los_loop")
+    lines = speed.read_text().splitlines()
+    lines[4] = lines[4].split(",", 1)[0] + ",abc," + lines[4].split(",", 2)[2]
+    speed.write_text("\n".join(lines) + "\n")
+    msg = r"los_speed.csv: column '773870' \(#2\) must be numeric, got 'abc' at line 5"
+    with pytest.raises(SchemaError, match=msg):
+        load_los_loop(tmp_path, verify=False)
+    with pytest.raises(SchemaError, match="must be numeric"):
+        TrafficDataModule("los_loop", root=str(tmp_path), verify=False).setup()
+    _write_los(tmp_path / "los_loop")
+    adj.write_text(adj.read_text().replace("1.0", "one", 1))
+    with pytest.raises(SchemaError, match=r"los_adj.csv: column 0 \(#1\) must be numeric, got 'one' at line 1"):
+        load_los_loop(tmp_path, verify=False)
+    df = pd.DataFrame({"1": [1.0, 2.0], "2": ["3.0", "x"]}, index=pd.date_range("2012-03-01", periods=2, freq="5min"))
+    df.to_hdf(tmp_path / "bad.h5", key="df")
+    with pytest.raises(SchemaError, match="column '2'.*must be numeric, got 'x' at row 1"):
+        read_traffic_h5(tmp_path / "bad.h5")
