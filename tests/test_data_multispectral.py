@@ -151,3 +151,79 @@ def test_datamodule(tmp_path):
     torch.testing.assert_close(v1, v2)  # evaluation is deterministic (centre crop, no flips)
     dm.setup("test")
     assert sum(b[0].shape[0] for b in dm.test_dataloader()) == len(dm.dataset("test")) == 2
+
+
+def _simulate_old_python(monkeypatch):
+    """An interpreter before 3.10.12 / 3.11.4 / 3.12: no ``tarfile.data_filter``, ``extractall`` has no ``filter``."""
+    monkeypatch.delattr(tarfile, "data_filter")
+    orig = tarfile.TarFile.extractall
+
+    def extractall(self, path=".", members=None, *, numeric_owner=False, **kw):
+        if kw:
+            raise TypeError(f"extractall() got an unexpected keyword argument {next(iter(kw))!r}")
+        return orig(self, path, members, numeric_owner=numeric_owner)
+
+    monkeypatch.setattr(tarfile.TarFile, "extractall", extractall)
+
+
+def test_download_without_tarfile_data_filter(tmp_path, monkeypatch):
+    _simulate_old_python(monkeypatch)
+    src = make_synthetic_ssl4eo(tmp_path / "src", n=4, size=32)
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    for name, table, key in (("ssl4eo_l_oli_sr_benchmark", ms_mod._IMG_MD5, "oli_sr"),
+                             ("ssl4eo_l_oli_nlcd", ms_mod._MASK_MD5, ("oli", "nlcd"))):
+        with tarfile.open(mirror / f"{name}.tar.gz", "w:gz") as tar:
+            tar.add(src / name, arcname=name)
+        monkeypatch.setitem(table, key, hashlib.md5((mirror / f"{name}.tar.gz").read_bytes()).hexdigest())
+    monkeypatch.setattr(ms_mod, "_URL", mirror.as_uri() + "/{}.tar.gz")
+    ds = SSL4EOLDataset(tmp_path / "dl", "nlcd", "train", download=True)
+    torch.testing.assert_close(ds[0][0], SSL4EOLDataset(src, "nlcd", "train")[0][0])
+
+
+def _tar_with(path, *members):
+    """A .tar whose members are (TarInfo, bytes | None)."""
+    import io
+
+    with tarfile.open(path, "w") as tar:
+        for info, data in members:
+            if data is not None:
+                info.size = len(data)
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return path
+
+
+def _info(name, kind=tarfile.REGTYPE, linkname=""):
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, linkname
+    return info
+
+
+def test_safe_extract_fallback_refuses_escapes(tmp_path, monkeypatch):
+    _simulate_old_python(monkeypatch)
+    dest = tmp_path / "root" / "dest"
+    dest.mkdir(parents=True)
+    ok = _tar_with(tmp_path / "ok.tar", (_info("d", tarfile.DIRTYPE), None), (_info("d/a.txt"), b"abc"),
+                   (_info("d/link", tarfile.SYMTYPE, "a.txt"), None),
+                   (_info("d/sub/up", tarfile.SYMTYPE, "../a.txt"), None),  # links inside dest are fine
+                   (_info("d/hard", tarfile.LNKTYPE, "d/a.txt"), None))
+    with tarfile.open(ok) as tar:
+        ms_mod._safe_extractall(tar, dest)
+    assert [(dest / f).read_bytes() for f in ("d/link", "d/sub/up", "d/hard")] == [b"abc"] * 3
+    cases = {
+        "dotdot": ((_info("../evil.txt"), b"x"),),
+        "nested dotdot": ((_info("d/../../evil.txt"), b"x"),),
+        "absolute": ((_info(str(tmp_path / "root" / "evil.txt")), b"x"),),
+        "symlink out": ((_info("out", tarfile.SYMTYPE, "../.."), None),),
+        "absolute symlink": ((_info("out", tarfile.SYMTYPE, str(tmp_path / "root")), None),),
+        "hard link out": ((_info("h", tarfile.LNKTYPE, "../evil.txt"), None),),
+        "through a link": ((_info("x", tarfile.SYMTYPE, "."), None), (_info("x/y", tarfile.SYMTYPE, ".."), None),
+                           (_info("x/y/evil.txt"), b"x")),
+        "fifo": ((_info("pipe", tarfile.FIFOTYPE), None),),
+    }
+    for what, members in cases.items():
+        bad = _tar_with(tmp_path / f"{what}.tar", (_info("first.txt"), b"1"), *members)
+        with tarfile.open(bad) as tar, pytest.raises(tarfile.TarError, match="refusing to extract"):
+            ms_mod._safe_extractall(tar, dest)
+        assert not (dest / "first.txt").exists(), what  # refused as a whole: nothing extracted
+    assert sorted(p.name for p in (tmp_path / "root").iterdir()) == ["dest"]

@@ -13,8 +13,9 @@ in the same layout for tests and demos (no real patches are available on the dev
 """
 from __future__ import annotations
 
+import posixpath
 import tarfile
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 from typing import Callable
 
 import numpy as np
@@ -92,6 +93,53 @@ def _read_array(path: Path) -> np.ndarray:
         return src.read()
 
 
+def _safe_extractall(tar: tarfile.TarFile, dest: Path) -> None:
+    """Extract ``tar`` under ``dest`` without letting a member escape it.
+
+    Uses the standard library's ``"data"`` filter where it exists (Python >= 3.12, 3.11.4, 3.10.12); on older
+    interpreters every member is validated first and the archive is refused as a whole (``tarfile.TarError``) if one
+    fails: only regular files, directories and links; relative paths without ``..``; no member below a symbolic link
+    of the archive; link targets inside ``dest``. Permission bits are reduced to ``0o755`` (no set-uid/gid)."""
+    dest = Path(dest)
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(dest, filter="data")
+        return
+    base = dest.resolve()
+    members = tar.getmembers()
+    symlinks = {posixpath.normpath(m.name.replace("\\", "/")) for m in members if m.issym()}
+
+    def refuse(m, why):
+        raise tarfile.TarError(f"refusing to extract {tar.name}: member {m.name!r} {why}")
+
+    def check(m, rel: str, what: str) -> str:
+        rel = rel.replace("\\", "/")
+        if rel.startswith("/") or PureWindowsPath(rel).drive or ".." in rel.split("/"):
+            refuse(m, f"has {what} {rel!r} that is absolute or contains '..'")
+        norm = posixpath.normpath(rel)
+        parts = norm.split("/")
+        for k in range(1, len(parts)):
+            if "/".join(parts[:k]) in symlinks:
+                refuse(m, f"has {what} {rel!r} that goes through a symbolic link of the archive")
+        target = (base / norm).resolve()
+        if target != base and base not in target.parents:
+            refuse(m, f"has {what} {rel!r} that resolves outside {base}")
+        return norm
+
+    for m in members:
+        if not (m.isfile() or m.isdir() or m.issym() or m.islnk()):
+            refuse(m, "is a device, FIFO or other special file")
+        name = check(m, m.name, "path")
+        if m.issym():
+            link = m.linkname.replace("\\", "/")  # relative to the link's own folder
+            if not link.startswith("/"):
+                link = posixpath.normpath(posixpath.join(posixpath.dirname(name), link))
+            check(m, link, "link target")
+        elif m.islnk():
+            check(m, m.linkname, "link target")
+        m.mode &= 0o755
+    tar.extractall(dest, members=members)
+
+
 class SSL4EOLDataset(Dataset):
     """SSL4EO-L land-cover segmentation patches (image, mask) pairs.
 
@@ -159,7 +207,7 @@ class SSL4EOLDataset(Dataset):
                           (self._mask_dir, _MASK_MD5[(self.sensor.split("_")[0], self.product)])):
             archive = download_url(_URL.format(name), self.root / f"{name}.tar.gz", md5=md5)
             with tarfile.open(archive) as tar:
-                tar.extractall(self.root, filter="data")
+                _safe_extractall(tar, self.root)
 
     def __len__(self) -> int:
         return len(self.samples)
