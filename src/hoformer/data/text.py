@@ -2,8 +2,9 @@
 
 Files are read from ``$HOFORMER_DATA/text/<name>/`` (or ``root=``), never downloaded here:
 
-* ``sst2``: GLUE SST-2 ``train.tsv`` / ``dev.tsv`` (``sentence<TAB>label`` with a header); ``test`` is
-  ``test_labeled_nonglue.tsv`` when present (GLUE's own ``test.tsv`` has no labels).
+* ``sst2``: GLUE SST-2 ``train.tsv`` / ``dev.tsv`` (``sentence<TAB>label`` with a header); split ``test`` is
+  ``test_labeled_nonglue.tsv`` (a labelled copy from outside GLUE) and raises ``FileNotFoundError`` when that file
+  is absent: GLUE's own ``test.tsv`` has no labels, and dev is never substituted silently.
 * ``trec`` / ``trec_fine``: UIUC ``train_5500.label`` / ``TREC_10.label`` (ISO-8859-1, ``COARSE:fine question``);
   6 coarse or 50 fine classes.
 * ``ag_news``: ``train.csv`` / ``test.csv`` (``"class(1-4)","title","description"``), or the 10k
@@ -13,8 +14,10 @@ Files are read from ``$HOFORMER_DATA/text/<name>/`` (or ``root=``), never downlo
   (``sentiment`` | ``label``); ``train.csv`` / ``test.csv``, or one ``IMDB Dataset.csv`` (first half train,
   second half test).
 
-Splits without a file of their own (SST-2 has dev, the others do not) take a seeded ``val_fraction`` of the
-training file as validation; ``test`` is the official test (dev for SST-2, whose test labels are not public).
+Validation is always a seeded ``val_fraction`` held out of the training file; ``test`` is the reported set: the
+official test file, and for SST-2 (whose GLUE test labels are not public) ``dev.tsv``, the set the HOBA paper reports.
+SST-2's dev set is therefore never also the validation set, so checkpoint selection / early stopping on ``val/*``
+never sees the reported examples (``sst2_test="nonglue"`` reports ``test_labeled_nonglue.tsv`` instead).
 
 Tokenisation: :class:`TextTokenizer` wraps the ``tokenizers`` package: a BERT-style WordPiece vocabulary trained on
 the training split only, ``[CLS] text [SEP]``, saved as ``tokenizer.json`` next to the model; or any local Hugging
@@ -60,10 +63,12 @@ def _need(path: Path, what: str) -> Path:
 
 
 def _read_sst2(root: Path, split: str):
-    if split == "test":
-        name = "test_labeled_nonglue.tsv" if (root / "test_labeled_nonglue.tsv").is_file() else "dev.tsv"
-    else:
-        name = {"train": "train.tsv", "dev": "dev.tsv"}[split]
+    if split == "test" and not (root / "test_labeled_nonglue.tsv").is_file():
+        raise FileNotFoundError(
+            f"SST-2: no labelled test file ({root / 'test_labeled_nonglue.tsv'} not found; GLUE's test.tsv has no "
+            "labels). The reported SST-2 set is dev: read split='dev' (TextDataModule uses dev.tsv as its test split "
+            "and holds validation out of train.tsv); dev is not substituted for test silently.")
+    name = {"train": "train.tsv", "dev": "dev.tsv", "test": "test_labeled_nonglue.tsv"}[split]
     path = _need(root / name, "SST-2")
     texts, labels = [], []
     with open(path, encoding="utf-8", newline="") as f:
@@ -320,7 +325,10 @@ class TextDataModule(SplitDataModule):
             vocabulary of ``vocab_size`` on the training split (after the validation hold-out).
         tokenizer_dir: where to save the trained tokenizer; a tokenizer trained there before for the same data is
             reused (``fit`` and a later ``test`` process then tokenise identically).
-        val_fraction: held-out share of the training file used for validation (not SST-2: it has ``dev.tsv``).
+        val_fraction: held-out share of the training file used for validation (every dataset, SST-2 included:
+            SST-2's ``dev.tsv`` is its reported test split, so it must not also select checkpoints).
+        sst2_test: SST-2 only: the reported ``test`` split, ``"dev"`` (GLUE ``dev.tsv``, as in the HOBA paper) or
+            ``"nonglue"`` (``test_labeled_nonglue.tsv``; an error if absent).
         train_limit: keep only the first ``train_limit`` shuffled training examples (compute budgets).
         seed: seed of the validation hold-out and ``train_limit`` subsampling.
     """
@@ -339,6 +347,7 @@ class TextDataModule(SplitDataModule):
         train_limit: int | None = None,
         seed: int = 0,
         num_workers: int = 0,
+        sst2_test: str = "dev",
     ) -> None:
         super().__init__(batch_size=batch_size, num_workers=num_workers, eval_batch_size=eval_batch_size)
         if dataset not in TEXT_DATASETS:
@@ -347,9 +356,12 @@ class TextDataModule(SplitDataModule):
             raise ValueError(f"TextDataModule: max_len must be >= 3 ([CLS] x [SEP]), got {max_len}")
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"TextDataModule: val_fraction must be in (0, 1), got {val_fraction}")
+        if sst2_test not in ("dev", "nonglue"):
+            raise ValueError(f"TextDataModule: sst2_test must be 'dev' or 'nonglue', got {sst2_test!r}")
         self.dataset_name, self.root, self.max_len = dataset, root, max_len
         self.tokenizer_path, self.tokenizer_dir, self.vocab_size = tokenizer, tokenizer_dir, vocab_size
         self.val_fraction, self.train_limit, self.seed = val_fraction, train_limit, seed
+        self.sst2_test = sst2_test
         self.tokenizer: TextTokenizer | None = None
         self.class_names: list[str] = []
 
@@ -362,17 +374,15 @@ class TextDataModule(SplitDataModule):
         texts, labels, classes = read_text_split(self.dataset_name, "train", self.root)
         order = list(range(len(texts)))
         random.Random(self.seed).shuffle(order)
-        if self.dataset_name == "sst2":
-            val = read_text_split("sst2", "dev", self.root)[:2]
-            train_idx = order
-        else:
-            n_val = max(1, int(round(self.val_fraction * len(texts))))
-            val = ([texts[i] for i in order[:n_val]], [labels[i] for i in order[:n_val]])
-            train_idx = order[n_val:]
+        n_val = max(1, int(round(self.val_fraction * len(texts))))
+        val = ([texts[i] for i in order[:n_val]], [labels[i] for i in order[:n_val]])
+        train_idx = order[n_val:]
         if self.train_limit is not None:
             train_idx = train_idx[: self.train_limit]
         train = ([texts[i] for i in train_idx], [labels[i] for i in train_idx])
-        test = read_text_split(self.dataset_name, "test", self.root)[:2]
+        # SST-2: the reported set (dev, as in the paper) is the test split, never the validation split
+        test_split = "dev" if self.dataset_name == "sst2" and self.sst2_test == "dev" else "test"
+        test = read_text_split(self.dataset_name, test_split, self.root)[:2]
         return {"train": train, "val": val, "test": test}, classes
 
     def _make_splits(self, names) -> dict[str, TextClassificationDataset]:
@@ -393,6 +403,8 @@ class TextDataModule(SplitDataModule):
             return TextTokenizer.from_pretrained(self.tokenizer_path)
         meta = {"dataset": self.dataset_name, "vocab_size": self.vocab_size, "train_limit": self.train_limit,
                 "seed": self.seed, "val_fraction": self.val_fraction, "n_train": len(train_texts)}
+        if self.dataset_name == "sst2":  # a vocabulary saved when SST-2 validated on dev saw other training texts
+            meta["val"] = "train_holdout"
         d = Path(self.tokenizer_dir) if self.tokenizer_dir else None
         if d is not None and (d / TextTokenizer.FILE).is_file() and (d / "tokenizer_meta.json").is_file():
             if json.loads((d / "tokenizer_meta.json").read_text()) == meta:
