@@ -1,12 +1,18 @@
 """Registry-wide model checks (every registered model, every family) and the HOT models' public API."""
 from __future__ import annotations
 
+import inspect
 import json
+import os
+import re
+import warnings
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from hoformer import __version__ as hoformer_version_str
 from hoformer.layers import ATTENTION_TYPES, record_attention
 from hoformer.models import HoformerModel, create_model, from_pretrained, list_models
 from hoformer.models.hot import FORECAST_ATTENTIONS, SingleModeAttention
@@ -65,11 +71,36 @@ def test_save_pretrained_round_trip_identical(name, tmp_path):
     args, kwargs = model.example_inputs(batch_size=1)
     model.save_pretrained(tmp_path / "m")
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.json", "model.safetensors"]
-    loaded = from_pretrained(tmp_path / "m").eval()
+    loaded = from_pretrained(tmp_path / "m")  # no .eval(): from_pretrained returns an inference-ready model
+    assert loaded.training is False and not any(m.training for m in loaded.modules())
     assert type(loaded) is type(model) and loaded.config == json.loads(json.dumps(model.config))
     with torch.no_grad():
-        for a, b in zip(_tensors(model(*args, **kwargs)), _tensors(loaded(*args, **kwargs))):
-            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        ref = _tensors(model(*args, **kwargs))
+        first, second = _tensors(loaded(*args, **kwargs)), _tensors(loaded(*args, **kwargs))
+    assert len(ref) == len(first) == len(second)
+    for a, b, c in zip(ref, first, second):
+        torch.testing.assert_close(b, c, rtol=0, atol=0)  # deterministic: dropout is off
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("map_location", [
+    "cpu", torch.device("cpu"),
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
+    pytest.param(torch.device("cuda", 0), marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
+])
+def test_from_pretrained_map_location_places_whole_model(map_location, tmp_path):
+    torch.manual_seed(0)
+    model = create_model("hot_forecaster", dim=16, num_heads=2, seq_len=32, pred_len=8, num_variates=3)
+    d = model.save_pretrained(tmp_path / "m")
+    loaded = from_pretrained(d, map_location=map_location)
+    want = torch.device(map_location)
+    tensors = list(loaded.parameters()) + list(loaded.buffers())
+    assert tensors and all(t.device.type == want.type for t in tensors)
+    x = torch.randn(2, 32, 3)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x.to(want)).cpu(), model.eval()(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="map_location"):
+        from_pretrained(d, map_location="no_such_device")
 
 
 @pytest.mark.parametrize("name", ALL_MODELS)
@@ -79,11 +110,13 @@ def test_from_pretrained_rejects_tampered_weights(name, tmp_path):
     state = load_file(str(d / "model.safetensors"))
     if not state:
         pytest.skip(f"{name} has no weights")
-    save_file({**state, "not_a_parameter": torch.zeros(1)}, str(d / "model.safetensors"))
+    with safe_open(str(d / "model.safetensors"), framework="pt") as f:
+        meta = f.metadata()  # keep the save_id: this test is about the tensor keys
+    save_file({**state, "not_a_parameter": torch.zeros(1)}, str(d / "model.safetensors"), metadata=meta)
     with pytest.raises(ValueError, match="do not match"):
         from_pretrained(d)
     key = sorted(state)[0]
-    save_file({k: v for k, v in state.items() if k != key}, str(d / "model.safetensors"))
+    save_file({k: v for k, v in state.items() if k != key}, str(d / "model.safetensors"), metadata=meta)
     with pytest.raises(ValueError, match="do not match"):
         from_pretrained(d)
 
@@ -110,6 +143,153 @@ def test_from_pretrained_mismatched_config_and_corrupt_files(tmp_path):
     (tmp_path / "ok" / "model.safetensors").write_bytes(b"\x00" * 20)
     with pytest.raises(ValueError, match="cannot read weights"):
         from_pretrained(tmp_path / "ok")
+
+
+def _set_default(monkeypatch, fn, param, value):
+    """Simulate a later release changing the default of ``param`` of function ``fn``."""
+    names = fn.__code__.co_varnames[: fn.__code__.co_argcount]
+    defaults = list(fn.__defaults__)
+    defaults[names.index(param) - (len(names) - len(defaults))] = value
+    monkeypatch.setattr(fn, "__defaults__", tuple(defaults))
+
+
+def test_config_records_fully_bound_constructor_arguments():
+    from hoformer.models.hot import HOTForecaster
+    from hoformer.models.weaver import TrafficTransformer
+
+    kw = create_model("hot_forecaster", dim=32, num_heads=4).config["kwargs"]
+    assert kw["dim"] == 32 and kw["depth"] == 2 and kw["dropout"] == 0.1
+    assert set(kw) == set(list(inspect.signature(HOTForecaster.__init__).parameters)[1:])
+    # a **kwargs factory: its own defaults + the defaults of the class it built, minus what it passes itself (modes)
+    kw = create_model("traffic_hot", dim=32, num_heads=4).config["kwargs"]
+    assert kw["num_layers"] == 2 and kw["dim"] == 32 and kw["mlp_ratio"] == 2.0 and kw["num_nodes"] == 207
+    init = list(inspect.signature(TrafficTransformer.__init__).parameters)[1:]
+    assert set(kw) == {"num_layers"} | set(init) - {"modes"}
+    kw = create_model("hoba_classifier", depth=1).config["kwargs"]
+    assert kw["depth"] == 1 and kw["vocab_size"] == 8000 and kw["attention"] == "hoba"
+    for name in ALL_MODELS:  # rebuilding from the recorded arguments records the same arguments
+        cfg = json.loads(json.dumps(create_model(name).config))
+        assert create_model(cfg["name"], **cfg["kwargs"]).config == cfg
+
+
+@pytest.mark.parametrize("name,kw,patch", [
+    ("hot_forecaster", dict(dim=16, num_heads=2), [("hot", "HOTForecaster.__init__", "depth", 3)]),
+    ("traffic_hot", dict(num_nodes=5), [("weaver", "TrafficTransformer.__init__", "dim", 32),
+                                         ("weaver", "traffic_hot", "num_layers", 1)]),
+])
+def test_checkpoint_survives_default_changes(name, kw, patch, tmp_path, monkeypatch):
+    """A checkpoint rebuilds the saved architecture even if a later release changes a constructor default."""
+    import importlib
+
+    torch.manual_seed(0)
+    model = create_model(name, **kw).eval()
+    d = model.save_pretrained(tmp_path / "m")
+    for module, attr, param, value in patch:
+        obj = importlib.import_module(f"hoformer.models.{module}")
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        _set_default(monkeypatch, obj, param, value)
+    rebuilt = {k: v.shape for k, v in create_model(name, **kw).state_dict().items()}
+    assert rebuilt != {k: v.shape for k, v in model.state_dict().items()}  # the defaults did change
+    loaded = from_pretrained(d)
+    assert loaded.config == json.loads(json.dumps(model.config))
+    args, kwargs = model.example_inputs(batch_size=1)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(*args, **kwargs), model(*args, **kwargs), rtol=0, atol=0)
+
+
+def test_from_pretrained_warns_on_version_mismatch(tmp_path):
+    import hoformer
+
+    d = create_model("hot_forecaster", dim=16, num_heads=2).save_pretrained(tmp_path / "m")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*hoformer")
+        from_pretrained(d)  # same version: no warning
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["hoformer_version"] = "0.0.1.dev0"
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.warns(UserWarning, match=rf"hoformer 0\.0\.1\.dev0.*hoformer {re.escape(hoformer.__version__)}"):
+        from_pretrained(d)
+
+
+def test_from_pretrained_loads_legacy_explicit_kwargs_config(tmp_path):
+    """Directories written before full argument recording (explicit kwargs only, no save_id) still load."""
+    torch.manual_seed(0)
+    model = create_model("hot_forecaster", dim=16, num_heads=2).eval()
+    d = tmp_path / "legacy"
+    d.mkdir()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(d / "model.safetensors"),
+              metadata={"format": "pt"})
+    (d / "config.json").write_text(json.dumps({"hoformer_version": hoformer_version_str, "name": "hot_forecaster",
+                                               "kwargs": {"dim": 16, "num_heads": 2}}))
+    loaded = from_pretrained(d)
+    x = torch.randn(1, 96, 7)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
+
+
+def _fail_on_call(monkeypatch, target, attr, n):
+    """Make the ``n``-th call (1-based) of ``target.attr`` raise, simulating a crash at that point."""
+    real, calls = getattr(target, attr), []
+
+    def wrapper(*a, **k):
+        calls.append(a)
+        if len(calls) == n:
+            raise OSError("simulated crash")
+        return real(*a, **k)
+
+    monkeypatch.setattr(target, attr, wrapper)
+
+
+def test_save_pretrained_interrupted_between_weights_and_config(tmp_path, monkeypatch):
+    """A save that dies after the weights are in place but before the config is never loaded as a silent mix."""
+    torch.manual_seed(0)
+    old = create_model("hot_forecaster", dim=16, num_heads=2)
+    d = old.save_pretrained(tmp_path / "m")
+    new = create_model("hot_forecaster", dim=16, num_heads=2)  # same architecture, other weights
+    _fail_on_call(monkeypatch, os, "replace", 2)  # the second rename: the config's
+    with pytest.raises(OSError, match="simulated crash"):
+        new.save_pretrained(d)
+    monkeypatch.undo()
+    assert sorted(p.name for p in d.iterdir()) == ["config.json", "model.safetensors"]  # no temporary left
+    with pytest.raises(ValueError, match="different save_pretrained calls"):
+        from_pretrained(d)
+    new.save_pretrained(d)  # saving again repairs the directory
+    torch.testing.assert_close(from_pretrained(d).state_dict(), new.state_dict(), rtol=0, atol=0)
+
+
+def test_save_pretrained_failure_while_writing_keeps_previous_save(tmp_path, monkeypatch):
+    """A failure while the files are being written leaves the previous complete save loadable."""
+    torch.manual_seed(0)
+    old = create_model("hot_forecaster", dim=16, num_heads=2)
+    d = old.save_pretrained(tmp_path / "m")
+    new = create_model("hot_forecaster", dim=16, num_heads=2)
+    _fail_on_call(monkeypatch, type(d), "write_text", 1)  # the config write
+    with pytest.raises(OSError, match="simulated crash"):
+        new.save_pretrained(d)
+    monkeypatch.undo()
+    assert sorted(p.name for p in d.iterdir()) == ["config.json", "model.safetensors"]
+    torch.testing.assert_close(from_pretrained(d).state_dict(), old.state_dict(), rtol=0, atol=0)
+
+
+def test_atomic_write_fsyncs_file_and_directory(tmp_path, monkeypatch):
+    from hoformer.models.base import atomic_write
+
+    synced, real_fsync, proc = [], os.fsync, os.path.exists("/proc/self/fd")
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}") if proc else fd)
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    target = tmp_path / "out.txt"
+    atomic_write(target, lambda p: open(p, "w").write("hello"))
+    assert target.read_text() == "hello"
+    if proc:
+        tmp_files = [s for s in synced if os.path.basename(s).startswith(".out.txt.")]
+        assert tmp_files and synced.index(tmp_files[0]) < synced.index(str(tmp_path))  # file first, then dir
+    else:
+        assert len(synced) >= 2
 
 
 # -------------------------------------------------------------------------------- HOT public API shapes

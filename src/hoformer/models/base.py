@@ -1,11 +1,15 @@
 """Base class of every registered model: safetensors + JSON weights, never pickle."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
+import threading
+import uuid
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -14,20 +18,89 @@ __all__ = ["HoformerModel", "from_pretrained", "atomic_write"]
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
+#: safetensors metadata key / config key pairing the two files of one ``save_pretrained`` call
+SAVE_ID_KEY = "save_id"
 
 
-def atomic_write(path: str | os.PathLike, write_fn) -> None:
-    """Call ``write_fn(tmp_path)`` then atomically rename onto ``path`` (no torn files on crash)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _fsync_file(path: str | os.PathLike) -> None:
+    fd = os.open(path, os.O_RDWR)  # Windows refuses fsync on a read-only descriptor
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: str | os.PathLike) -> None:
+    """Persist a directory entry change (a rename). Best effort: some platforms (Windows) cannot open a directory."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _stage(path: Path, write_fn: Callable[[str], Any]) -> str:
+    """Write a hidden temporary sibling of ``path`` with ``write_fn(tmp)`` and fsync it; returns the temporary path."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
         write_fn(tmp)
+        _fsync_file(tmp)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp
+
+
+def _mkdir(directory: Path) -> None:
+    created = not directory.is_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    if created:
+        _fsync_dir(directory.parent)
+
+
+def atomic_write(path: str | os.PathLike, write_fn) -> None:
+    """Call ``write_fn(tmp_path)`` then atomically rename onto ``path`` (no torn files on crash).
+
+    The temporary file is fsynced before the rename and the parent directory after it, so that after a crash
+    ``path`` holds either its previous content or the complete new one.
+    """
+    path = Path(path)
+    _mkdir(path.parent)
+    tmp = _stage(path, write_fn)
+    try:
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+    _fsync_dir(path.parent)
+
+
+# --------------------------------------------------------------------------- constructor-call recording
+_CALLS = threading.local()
+
+
+@contextlib.contextmanager
+def _record_constructions() -> Iterator[list]:
+    """Collect ``(instance, args, kwargs)`` of every :class:`HoformerModel` constructed in the block (this thread).
+
+    Used by :func:`~hoformer.models.registry.create_model` to learn which class a ``**kwargs``-forwarding factory
+    built and which constructor arguments it passed itself.
+    """
+    outer = getattr(_CALLS, "log", None)
+    log: list = []
+    _CALLS.log = log
+    try:
+        yield log
+    finally:
+        _CALLS.log = outer
+        if outer is not None:  # a factory calling create_model: the outer call also sees these constructions
+            outer.extend(log)
 
 
 class HoformerModel(nn.Module):
@@ -35,23 +108,52 @@ class HoformerModel(nn.Module):
 
     config: dict[str, Any]
 
+    def __new__(cls, *args: Any, **kwargs: Any):
+        obj = super().__new__(cls)
+        log = getattr(_CALLS, "log", None)
+        if log is not None:
+            log.append((obj, args, kwargs))
+        return obj
+
     def example_inputs(self, batch_size: int = 2) -> tuple[tuple, dict]:
         """``(args, kwargs)`` of a valid ``forward`` call; drives the registry-wide tests."""
         raise NotImplementedError(f"{type(self).__name__} must implement example_inputs(batch_size)")
 
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
+        """Write ``model.safetensors`` and ``config.json`` into ``directory``.
+
+        Crash safety: both files are first written and fsynced as hidden temporary files next to their targets, then
+        renamed (weights, then config) and the directory is fsynced. Both files carry the same random ``save_id``
+        (safetensors metadata / config key), so the only torn state a crash can leave -- new weights beside the
+        previous config, between the two renames -- is refused by :func:`from_pretrained` with a clear error instead
+        of silently loading mismatched weights. A failure before the renames leaves the previous save untouched.
+        """
         from safetensors.torch import save_file
 
         cfg = getattr(self, "config", None)
         if not cfg:
             raise ValueError("save_pretrained: model has no `config`; build it with hoformer.models.create_model")
+        save_id = uuid.uuid4().hex
+        # serialise first: a config JSON cannot hold must fail before any file is touched
+        payload = json.dumps({"hoformer_version": _version(), **cfg, SAVE_ID_KEY: save_id}, indent=2,
+                             sort_keys=True, default=_json_default)
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        _mkdir(directory)
         # safetensors refuses shared storage; clone so tied weights round-trip.
         state = {k: v.detach().contiguous().clone() for k, v in self.state_dict().items()}
-        atomic_write(directory / WEIGHTS_NAME, lambda p: save_file(state, p, metadata={"format": "pt"}))
-        payload = json.dumps({"hoformer_version": _version(), **cfg}, indent=2, sort_keys=True, default=_json_default)
-        atomic_write(directory / CONFIG_NAME, lambda p: Path(p).write_text(payload))
+        w_path, c_path = directory / WEIGHTS_NAME, directory / CONFIG_NAME
+        staged: list[str] = []
+        try:
+            staged.append(_stage(w_path, lambda p: save_file(state, p, metadata={"format": "pt",
+                                                                                 SAVE_ID_KEY: save_id})))
+            staged.append(_stage(c_path, lambda p: Path(p).write_text(payload)))
+            os.replace(staged[0], w_path)
+            os.replace(staged[1], c_path)
+        finally:
+            for tmp in staged:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        _fsync_dir(directory)
         return directory
 
 
@@ -68,11 +170,21 @@ def _json_default(obj: Any):
 
 
 def from_pretrained(directory: str | os.PathLike, *, map_location: str | torch.device = "cpu", strict: bool = True):
-    """Rebuild a model saved by :meth:`HoformerModel.save_pretrained` (safetensors, no unpickling)."""
-    from safetensors.torch import load_file
+    """Rebuild a model saved by :meth:`HoformerModel.save_pretrained` (safetensors, no unpickling).
+
+    The model is built directly on ``map_location`` (a device string or :class:`torch.device`), loaded there and
+    returned in eval mode (dropout off), like Hugging Face's ``from_pretrained``; call ``.train()`` to fine-tune.
+    A config written by another hoformer version triggers a warning naming both versions.
+    """
+    from safetensors import safe_open
 
     from .registry import create_model
 
+    try:
+        device = torch.device(map_location)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"from_pretrained: `map_location` must be a device string or torch.device, "
+                         f"got {map_location!r}") from e
     directory = Path(directory)
     cfg_path, w_path = directory / CONFIG_NAME, directory / WEIGHTS_NAME
     for p in (cfg_path, w_path):
@@ -82,13 +194,31 @@ def from_pretrained(directory: str | os.PathLike, *, map_location: str | torch.d
         cfg = json.loads(cfg_path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"from_pretrained: {cfg_path} is not valid JSON ({e})") from e
-    if "name" not in cfg or "kwargs" not in cfg:
+    if not isinstance(cfg, dict) or "name" not in cfg or "kwargs" not in cfg:
         raise ValueError(f"from_pretrained: {cfg_path} lacks the 'name'/'kwargs' keys written by save_pretrained")
-    model = create_model(cfg["name"], **cfg["kwargs"])
     try:
-        state = load_file(str(w_path), device=str(map_location))
+        with safe_open(str(w_path), framework="pt", device=str(device)) as f:
+            meta = f.metadata() or {}
+            state = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:  # safetensors raises its own error types
         raise ValueError(f"from_pretrained: cannot read weights {w_path}: {e}") from e
+    cfg_id, w_id = cfg.get(SAVE_ID_KEY), meta.get(SAVE_ID_KEY)
+    if (cfg_id is not None or w_id is not None) and cfg_id != w_id:
+        raise ValueError(
+            f"from_pretrained: {w_path.name} and {cfg_path.name} in {directory} come from different save_pretrained "
+            f"calls (save_id {w_id!r} vs {cfg_id!r}): an interrupted save? Save the model again. If you replaced "
+            f"{w_path.name} on purpose, delete the {SAVE_ID_KEY!r} key of {cfg_path.name}."
+        )
+    saved_version, installed = cfg.get("hoformer_version"), _version()
+    if saved_version is not None and saved_version != installed:
+        warnings.warn(
+            f"from_pretrained: {cfg_path} was saved with hoformer {saved_version}, but hoformer {installed} is "
+            f"installed; the model is rebuilt from the saved constructor arguments, check that it behaves as expected",
+            UserWarning, stacklevel=2,
+        )
+    with device:  # build directly on the target device (no CPU copy first)
+        model = create_model(cfg["name"], **cfg["kwargs"])
+    model.to(device)  # any tensor a constructor placed explicitly elsewhere
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as e:  # shape mismatches: the weights belong to another configuration
@@ -99,4 +229,4 @@ def from_pretrained(directory: str | os.PathLike, *, map_location: str | torch.d
             f"from_pretrained: weights in {w_path} do not match model {cfg['name']!r} built from config: "
             f"missing={missing[:5]} unexpected={unexpected[:5]}"
         )
-    return model
+    return model.eval()
