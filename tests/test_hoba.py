@@ -241,7 +241,7 @@ def test_task_distills_with_cached_teacher_logits(tmp_path):
     task, tr = fit()
     assert "train/kl" in tr.callback_metrics and "val/acc" in tr.callback_metrics
     saved = torch.load(cache, weights_only=True)
-    assert saved["train"].shape == (40, 2) and "fingerprint" in saved
+    assert saved["train"].shape == (36, 2) and "fingerprint" in saved  # 40 train rows, 10% held out for val
     with torch.no_grad():
         b = next(iter(dm.ordered_train_dataloader()))
         torch.testing.assert_close(saved["train"][b["index"]], teacher.eval()(b["ids"], b["mask"]))
@@ -251,6 +251,22 @@ def test_task_distills_with_cached_teacher_logits(tmp_path):
     assert sorted(p.name for p in (tmp_path / "student").iterdir()) == ["config.json", "model.safetensors",
                                                                        "tokenizer.json"]
     assert json.loads((tmp_path / "student" / "config.json").read_text())["kwargs"]["attention"] == "hoba"
+
+    # the cache is keyed by the teacher's config too: same weights, other config -> recomputed
+    cfg_path = tmp_path / "teacher" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["kwargs"]["pooling"] = "cls" if cfg["kwargs"].get("pooling") != "cls" else "mean"
+    cfg_path.write_text(json.dumps(cfg))
+    fit()
+    assert os.path.getmtime(cache) != mtime
+
+    # read without the teacher: a cache computed on other data (here another max_len) is refused, not reused
+    task = TextClassificationTask(model_kwargs=dict(mk, attention="hoba", block_size=4), teacher_logits=str(cache))
+    dm3 = TextDataModule("sst2", root=str(root), max_len=12, batch_size=8, tokenizer=str(tmp_path / "teacher"))
+    tr = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                    enable_model_summary=False, limit_train_batches=1, limit_val_batches=1)
+    with pytest.raises(ValueError, match="other data"):
+        tr.fit(task, dm3)
 
 
 def test_task_rejects_class_mismatch(tmp_path):

@@ -14,6 +14,7 @@ Metric names: ``{train,val,test}/{loss,ce,kl,acc}`` (``kl`` only where teacher l
 from __future__ import annotations
 
 import hashlib
+import warnings
 import os
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from .base import TaskModule
 
-__all__ = ["kd_loss", "TextClassificationTask"]
+__all__ = ["kd_loss", "TextClassificationTask", "teacher_logits_fingerprint"]
 
 
 def kd_loss(student_logits: torch.Tensor, labels: torch.Tensor, teacher_logits: torch.Tensor | None = None, *,
@@ -70,6 +71,15 @@ def _ids_fingerprint(dataset) -> str:
     for ids, lab in zip(dataset.ids, dataset.labels):
         h.update(torch.tensor(ids + [-1, lab], dtype=torch.int64).numpy().tobytes())
     return h.hexdigest()
+
+
+def teacher_logits_fingerprint(datamodule) -> dict:
+    """The data part of a teacher-logits cache's ``fingerprint`` (``max_len`` and a hash of every split's token ids
+    and labels, in order): store it as ``{"train": (N, C), "val": ..., "test": ..., "fingerprint": this}`` when the
+    logits come from elsewhere (e.g. a local Hugging Face teacher), so a student run on other data is refused."""
+    datamodule.setup()
+    return {"max_len": datamodule.max_len,
+            **{s: _ids_fingerprint(datamodule.datasets[s]) for s in ("train", "val", "test")}}
 
 
 class TextClassificationTask(TaskModule):
@@ -145,16 +155,30 @@ class TextClassificationTask(TaskModule):
             return
         dm = self._datamodule()
         cache_path = Path(hp.teacher_logits) if hp.teacher_logits else None
+        # the cache is keyed by the data it was computed on (token ids + labels of every split, in order, and max_len)
+        # and, when the teacher directory is known, by the teacher's weights *and* config
+        data_fp = {"max_len": dm.max_len, **{s: _ids_fingerprint(dm.datasets[s]) for s in ("train", "val", "test")}}
         fp = None
         if hp.teacher:
             tdir = Path(hp.teacher)
-            fp = {"teacher": _sha256(tdir / "model.safetensors"), "max_len": dm.max_len,
-                  **{s: _ids_fingerprint(dm.datasets[s]) for s in ("train", "val", "test")}}
+            fp = {"teacher": _sha256(tdir / "model.safetensors"), "teacher_config": _sha256(tdir / "config.json"),
+                  **data_fp}
         cached = {}
         if cache_path is not None and cache_path.is_file():
             cached = torch.load(cache_path, map_location="cpu", weights_only=True)
-            if fp is not None and cached.get("fingerprint") != fp:
-                cached = {}  # stale: other teacher weights or other data / tokenizer
+            stored = cached.get("fingerprint")
+            if fp is not None and stored != fp:
+                cached = {}  # stale: other teacher weights / config or other data / tokenizer: recomputed below
+            elif fp is None and stored is None:
+                warnings.warn(f"TextClassificationTask: teacher_logits {cache_path} carries no fingerprint, so it "
+                              "cannot be checked against this data (order, tokenizer, max_len); only shapes are "
+                              "checked. Store one with hoformer.train.text.teacher_logits_fingerprint(datamodule).",
+                              stacklevel=2)
+            elif fp is None and {k: stored.get(k) for k in data_fp} != data_fp:
+                bad = sorted(k for k in data_fp if stored.get(k) != data_fp[k])
+                raise ValueError(f"TextClassificationTask: teacher_logits {cache_path} was computed on other data "
+                                 f"(fingerprint differs for {bad}: another tokenizer, max_len, split or order); "
+                                 "pass `teacher` to recompute it or delete the file")
         missing = [s for s in ("train", "val", "test") if s not in cached]
         if missing and hp.teacher is None:
             raise FileNotFoundError(f"TextClassificationTask: teacher_logits {cache_path} lacks splits {missing} "
