@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from hoformer import __version__ as hoformer_version_str
 from hoformer.layers import ATTENTION_TYPES, record_attention
 from hoformer.models import HoformerModel, create_model, from_pretrained, list_models
-from hoformer.models.hot import FORECAST_ATTENTIONS, SingleModeAttention
+from hoformer.models.hot import FORECAST_ATTENTIONS
 
 ALL_MODELS = list_models()
 HOT_ATTENTIONS = ["kronecker_product", "kronecker_sum", "kronecker_linear", "full", "axial", "divided"]
@@ -356,23 +356,29 @@ def test_forecaster_time_order_matters():
         assert not torch.allclose(m(x), m(xr), atol=1e-4)
 
 
-def test_single_mode_attention_matches_loop():
-    """'spatial' / 'temporal' attend along one mode for every fiber of the other (explicit-loop reference)."""
-    from hoformer.layers import FullAttention
+@pytest.mark.parametrize("attention, mode", [("spatial", 0), ("temporal", 1)])
+def test_single_mode_baselines_attend_along_one_mode(attention, mode):
+    """'spatial' / 'temporal' (HOT Table 1's 1-mode Transformers) are axial attention along one mode: equal to a
+    1-mode full attention (same weights, RoPE on the time mode) applied to every fiber of the other mode."""
+    from hoformer.layers import AxialAttention, FullAttention
 
     torch.manual_seed(0)
-    inner = FullAttention(16, num_heads=2).double()
-    x = torch.randn(2, 5, 6, 16, dtype=torch.float64)
-    for mode in (0, 1):
-        y = SingleModeAttention(inner, mode)(x)
-        ref = torch.empty_like(x)
+    m = create_model("hot_forecaster", seq_len=24, pred_len=8, num_variates=5, dim=16, num_heads=2,
+                     attention=attention).double().eval()
+    att = m.encoder.blocks[0].attn
+    assert isinstance(att, AxialAttention) and att.modes == (mode,)
+    inner = FullAttention(16, 2, rope_modes=(0,) if mode == 1 else ()).double().eval()
+    inner.load_state_dict(att.state_dict())
+    x = torch.randn(2, 5, 6, 16, dtype=torch.float64)  # (b, variates, time patches, d)
+    ref = torch.empty_like(x)
+    with torch.no_grad():
         for b in range(2):
             for j in range(x.shape[2 - mode]):
                 if mode == 0:
                     ref[b, :, j] = inner(x[b : b + 1, :, j])[0]
                 else:
                     ref[b, j] = inner(x[b : b + 1, j])[0]
-        torch.testing.assert_close(y, ref)
+        torch.testing.assert_close(att(x), ref)
 
 
 def test_segmenter_head_is_patch_local():

@@ -25,35 +25,11 @@ from hoformer.layers import ATTENTION_TYPES, AbsolutePositionalEncoding, Encoder
 from .base import HoformerModel
 from .registry import register_model
 
-__all__ = ["HOTForecaster", "HOTVolumeClassifier", "HOTSegmenter", "SingleModeAttention", "FORECAST_ATTENTIONS"]
+__all__ = ["HOTForecaster", "HOTVolumeClassifier", "HOTSegmenter", "FORECAST_ATTENTIONS"]
 
-#: attention names accepted by the forecaster: every layer type plus the 1-mode baselines of Table 1
+#: attention names accepted by the forecaster: every layer type plus the 1-mode baselines of Table 1, which are
+#: :class:`~hoformer.layers.AxialAttention` along that mode only (for every fiber of the other mode)
 FORECAST_ATTENTIONS = {"spatial": 0, "temporal": 1}
-
-
-class SingleModeAttention(nn.Module):
-    """Wrap a 1-mode attention layer so that it attends along ``mode`` only of ``x (B, N1..Nk, D)``, independently
-    for every fiber of the other modes (the 1-mode Transformer baselines of HOT Table 1)."""
-
-    def __init__(self, inner: nn.Module, mode: int) -> None:
-        super().__init__()
-        self.inner, self.mode = inner, mode
-
-    def forward(self, x: torch.Tensor, masks=None, return_attention: bool = False):
-        if x.ndim < 3 or self.mode >= x.ndim - 2:
-            raise ValueError(f"SingleModeAttention: mode={self.mode} needs x (B, N1..Nk, D) with more modes, "
-                             f"got {tuple(x.shape)}")
-        xm = x.movedim(1 + self.mode, -2)  # (b, rest.., n_m, d)
-        lead = xm.shape[:-2]
-        m = None
-        if masks is not None:
-            if len(masks) != x.ndim - 2:
-                raise ValueError(f"SingleModeAttention: `masks` needs {x.ndim - 2} per-mode entries, got {len(masks)}")
-            m = [masks[self.mode]]
-        out = self.inner(xm.reshape(-1, *xm.shape[-2:]), masks=m, return_attention=return_attention)
-        y, maps = out if return_attention else (out, None)
-        y = y.view(*lead, *y.shape[-2:]).movedim(-2, 1 + self.mode)
-        return (y, maps) if return_attention else y
 
 
 def _check_attention(name: str, model: str, extra: Sequence[str] = ()) -> None:
@@ -64,16 +40,13 @@ def _check_attention(name: str, model: str, extra: Sequence[str] = ()) -> None:
 
 def _encoder(attention: str, dim: int, depth: int, num_heads: int, num_modes: int, rope_modes: Sequence[int],
              mlp_ratio: float, dropout: float, drop_path: float, qk_norm: bool) -> Encoder:
-    single = FORECAST_ATTENTIONS.get(attention)
-    enc = Encoder(
-        dim, depth, num_heads, drop_path=drop_path, attention="full" if single is not None else attention,
-        mlp_ratio=mlp_ratio, dropout=dropout, qk_norm=qk_norm, num_modes=1 if single is not None else num_modes,
-        rope_modes=((0,) if single in rope_modes else ()) if single is not None else tuple(rope_modes),
+    single = FORECAST_ATTENTIONS.get(attention)  # 1-mode baselines: axial attention along that mode only
+    extra = {"modes": (single,)} if single is not None else {}
+    return Encoder(
+        dim, depth, num_heads, drop_path=drop_path, attention="axial" if single is not None else attention,
+        mlp_ratio=mlp_ratio, dropout=dropout, qk_norm=qk_norm, num_modes=num_modes, rope_modes=tuple(rope_modes),
+        **extra,
     )
-    if single is not None:
-        for blk in enc.blocks:
-            blk.attn = SingleModeAttention(blk.attn, single)
-    return enc
 
 
 def _check_input(x, shape: tuple, fn: str, legend: str) -> None:
