@@ -3,6 +3,7 @@ atomic checkpoints, save_pretrained export."""
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from hoformer.data import LTSFDataModule, MedMNIST3DDataModule, MultispectralDataModule
 from hoformer.models import from_pretrained
@@ -163,9 +164,31 @@ class _Interrupt(pl.Callback):
             raise RuntimeError("simulated crash")
 
 
-def _resume_run(tmp_path, callbacks, ckpt_path=None):
+class _Augmented(Dataset):
+    """Training windows plus noise drawn from the global ``torch``, ``numpy`` and ``random`` RNGs, as a random
+    train-time augmentation (MedMNIST3D ``flip_augment``, SSL4EO flips) does, in the main process or in a worker."""
+
+    def __init__(self, ds):
+        self.ds = ds
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        x, y = self.ds[i]
+        return x + 0.1 * (float(torch.randn(())) + float(np.random.rand()) + random.random()), y
+
+
+class _AugmentedLTSF(LTSFDataModule):
+    def _make(self, split):
+        ds = super()._make(split)
+        return _Augmented(ds) if split == "train" else ds
+
+
+def _resume_run(tmp_path, callbacks, ckpt_path=None, augment=False, num_workers=0):
     pl.seed_everything(0, verbose=False)
-    dm = LTSFDataModule(synthetic=True, synthetic_length=800, seq_len=32, pred_len=8, batch_size=16)
+    dm = (_AugmentedLTSF if augment else LTSFDataModule)(synthetic=True, synthetic_length=800, seq_len=32, pred_len=8,
+                                                         batch_size=16, num_workers=num_workers)
     task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, dropout=0.2, **TINY_FC),
                            lr=3e-3, warmup_steps=3, plot_variates=0)
     ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True)
@@ -175,16 +198,28 @@ def _resume_run(tmp_path, callbacks, ckpt_path=None):
     return task
 
 
+def _assert_resume_exact(tmp_path, **kw):
+    ref = _resume_run(tmp_path / "a", [], **kw)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _resume_run(tmp_path / "b", [_Interrupt()], **kw)
+    assert (tmp_path / "b" / "last.ckpt").is_file()
+    resumed = _resume_run(tmp_path / "b", [], ckpt_path=str(tmp_path / "b" / "last.ckpt"), **kw)
+    for (k, v), v2 in zip(ref.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(v, v2), f"{k} differs after resume"
+
+
 def test_resume_is_exact(tmp_path):
     """A run killed after epoch 1 and resumed from last.ckpt ends with exactly the weights of an uninterrupted run
     (shuffling, dropout, optimizer and LR schedule all restored)."""
-    ref = _resume_run(tmp_path / "a", [])
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        _resume_run(tmp_path / "b", [_Interrupt()])
-    assert (tmp_path / "b" / "last.ckpt").is_file()
-    resumed = _resume_run(tmp_path / "b", [], ckpt_path=str(tmp_path / "b" / "last.ckpt"))
-    for (k, v), v2 in zip(ref.state_dict().items(), resumed.state_dict().values()):
-        assert torch.equal(v, v2), f"{k} differs after resume"
+    _assert_resume_exact(tmp_path)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_is_exact_with_random_augmentation(tmp_path, num_workers):
+    """Same with a random train-time augmentation drawn from the global RNGs, in the main process or in workers: the
+    resumed epochs (the first one, whose iterator Lightning creates before ``on_train_epoch_start``, and the next)
+    draw the same augmentations as the uninterrupted run."""
+    _assert_resume_exact(tmp_path, augment=True, num_workers=num_workers)
 
 
 def test_atomic_checkpoint_never_torn(tmp_path, monkeypatch):

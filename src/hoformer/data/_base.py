@@ -10,12 +10,18 @@ A subclass says how its datasets are built, in one of two ways:
   cached, so it runs once (text, traffic).
 
 Training loaders shuffle; validation, test and predict loaders never shuffle and no loader drops its last batch, so
-every evaluation sample is scored. Lightning is an optional dependency (``hoformer[train]``): without it
-``import hoformer.data`` still works and only constructing a datamodule raises :class:`ImportError`.
+every evaluation sample is scored.
+
+A training loader starts its iterator (worker processes, sampler indices, the workers' seeds) at the epoch's first
+batch, not when Lightning calls ``iter`` on it, which for the first epoch of a run (fresh or resumed) happens before
+``on_train_epoch_start``; its workers are not kept between epochs. So the per-epoch reseeding of
+:class:`~hoformer.train.base.TaskModule` covers random augmentations too, in the main process and in workers, and a
+resumed run is exact. Lightning is an optional dependency (``hoformer[train]``): without it ``import hoformer.data``
+still works and only constructing a datamodule raises :class:`ImportError`.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from torch.utils.data import DataLoader, Dataset
 
@@ -31,12 +37,38 @@ except ImportError:  # keep `import hoformer.data` working without the `train` e
 _STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("test",)}
 
 
+class _DeferredIterator:
+    """Iterator that calls ``start()`` (``DataLoader.__iter__``) at the first ``next``."""
+
+    def __init__(self, start: Callable[[], Iterator]) -> None:
+        self._start, self._it = start, None
+
+    def __iter__(self) -> "_DeferredIterator":
+        return self
+
+    def __next__(self):
+        if self._it is None:
+            self._it = self._start()
+        return next(self._it)
+
+
+class _TrainLoader(DataLoader):
+    """``DataLoader`` whose iterator starts at the first batch. Lightning calls ``iter`` on the training loader of a
+    run's first epoch (fresh or resumed) before ``on_train_epoch_start``, and of the later epochs after it; deferring
+    the start makes every epoch's workers (seeded from ``generator``, else the global torch RNG), sampler indices and
+    main-process augmentations follow the reseeding done in that hook."""
+
+    def __iter__(self) -> Iterator:
+        return _DeferredIterator(super().__iter__)
+
+
 class SplitDataModule(LightningDataModule):
     """Datamodule over named splits, cached in :attr:`datasets` (``{"train" | "val" | "test": Dataset}``).
 
     Args:
         batch_size: training batch size (>= 1).
-        num_workers: ``DataLoader`` worker processes (kept alive between epochs when > 0).
+        num_workers: ``DataLoader`` worker processes (> 0: kept alive between epochs by the validation / test / predict
+            loaders; restarted each epoch by the training loader, so they are seeded per epoch).
         pin_memory: pin host memory of the batches.
         eval_batch_size: batch size of the validation / test / predict loaders (``None`` or 0: ``batch_size``).
     """
@@ -91,12 +123,15 @@ class SplitDataModule(LightningDataModule):
 
     # ----------------------------------------------------------------------------------------------- loaders
     def _loader(self, split: str, train: bool) -> DataLoader:
-        """``train``: shuffled batches of ``batch_size``; otherwise in order, ``eval_batch_size``. Never drops the
-        last (partial) batch."""
+        """``train``: shuffled batches of ``batch_size``, started at the first batch, workers restarted each epoch;
+        otherwise in order, ``eval_batch_size``, persistent workers. Never drops the last (partial) batch."""
         self._ensure((split,))  # not `self.dataset(...)`: subclasses may use that name for an attribute
-        return DataLoader(self.datasets[split], batch_size=self.batch_size if train else self.eval_batch_size,
-                          shuffle=train, drop_last=False, num_workers=self.num_workers, pin_memory=self.pin_memory,
-                          persistent_workers=self.num_workers > 0, collate_fn=self.collate_fn(split))
+        ds = self.datasets[split]
+        common = dict(drop_last=False, num_workers=self.num_workers, pin_memory=self.pin_memory,
+                      collate_fn=self.collate_fn(split))
+        if train:
+            return _TrainLoader(ds, batch_size=self.batch_size, shuffle=True, persistent_workers=False, **common)
+        return DataLoader(ds, batch_size=self.eval_batch_size, persistent_workers=self.num_workers > 0, **common)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", True)

@@ -2,8 +2,9 @@
 
 Subclasses implement ``shared_step(batch, stage) -> loss`` and log their metrics; this base builds the model
 from the registry, configures AdamW with linear warm-up + cosine decay, and exports weights with
-``save_pretrained`` so a trained run is usable without Lightning. Each training epoch's shuffling and dropout are
-drawn from ``(seed, epoch)``, so a run resumed from an epoch-boundary checkpoint continues exactly.
+``save_pretrained`` so a trained run is usable without Lightning. Each training epoch's shuffling, dropout and
+random augmentations (in the main process and in ``DataLoader`` workers) are drawn from ``(seed, epoch)``, so a run
+resumed from an epoch-boundary checkpoint continues exactly.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 
 import lightning as L
 import torch
-from torch.utils.data import RandomSampler
+from torch.utils.data import DataLoader, RandomSampler
 
 from hoformer.models import create_model
 
@@ -61,21 +62,31 @@ class TaskModule(L.LightningModule):
         return (int(os.environ.get("PL_GLOBAL_SEED", 0)) + 1_000_003 * (self.current_epoch + 1)) % (2**31 - 1)
 
     def on_train_epoch_start(self) -> None:
-        # shuffling: a per-epoch generator on the RandomSampler (it is read lazily, at the first batch)
+        """Reseed everything random in the coming epoch from ``(seed, epoch)``, before its first batch is fetched.
+
+        * global RNGs (``random``, ``numpy``, ``torch``): dropout & co, and augmentations drawn in the main process;
+        * the ``RandomSampler``'s generator (read lazily, at the first batch): shuffling;
+        * the ``DataLoader``'s generator, from which its iterator draws the workers' base seed (worker ``i`` seeds
+          its ``random`` / ``numpy`` / ``torch`` from it and ``i``) instead of drawing from the global RNG.
+
+        Lightning creates the epoch's iterator after this hook, except for the first epoch of a run (fresh or
+        resumed), where it does so before; hoformer's datamodules start their training iterator at the first batch
+        and restart its workers each epoch (:mod:`hoformer.data._base`), so every epoch is exact with workers too.
+        Other loaders are exact with ``num_workers=0``.
+        """
+        seed = self._epoch_seed()
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
         loaders = self.trainer.train_dataloader
         loaders = loaders.values() if isinstance(loaders, dict) else loaders if isinstance(loaders, (list, tuple)) \
             else [loaders]
         for dl in loaders:
             sampler = getattr(dl, "sampler", None)
             if isinstance(sampler, RandomSampler):
-                sampler.generator = torch.Generator().manual_seed(self._epoch_seed())
-
-    def on_train_batch_start(self, batch, batch_idx: int) -> None:
-        if batch_idx == 0:  # dropout & co: global RNGs reseeded once the epoch's first batch is fetched
-            seed = self._epoch_seed()
-            random.seed(seed)
-            np.random.seed(seed)
-            torch.manual_seed(seed)
+                sampler.generator = torch.Generator().manual_seed(seed)
+            if isinstance(dl, DataLoader):
+                dl.generator = torch.Generator().manual_seed(seed + 1)
 
     def training_step(self, batch, batch_idx):
         return self.shared_step(batch, "train")
