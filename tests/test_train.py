@@ -2,6 +2,7 @@
 atomic checkpoints, save_pretrained export."""
 from __future__ import annotations
 
+import json
 import os
 import random
 import socket
@@ -240,33 +241,46 @@ def test_atomic_checkpoint_never_torn(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------------------------------------ DDP
 _DDP_SCRIPT = textwrap.dedent("""
-    import sys, torch, lightning.pytorch as pl
-    from torch.utils.data import DataLoader, DistributedSampler
+    import json, sys, torch, lightning.pytorch as pl
     from hoformer.data import LTSFDataModule
     from hoformer.train import ForecastingTask
 
-    class Data(LTSFDataModule):
-        # DDP: Lightning injects DistributedSampler(shuffle=True, seed=PL_GLOBAL_SEED) and rank r takes rows r::2 of
-        # the epoch's permutation; one process walks the same permutation (one replica), so every global batch is the
-        # same set of windows.
-        def train_dataloader(self):
-            if self.trainer.world_size > 1:
-                return DataLoader(self.dataset("train"), batch_size=self.batch_size, shuffle=True)
-            sampler = DistributedSampler(self.dataset("train"), num_replicas=1, rank=0, shuffle=True, seed=0)
-            return DataLoader(self.dataset("train"), batch_size=self.batch_size, sampler=sampler)
+    class Count(pl.Callback):  # windows scored on this rank by trainer.validate / trainer.test
+        def __init__(self):
+            self.n = {"validate": 0, "test": 0}
+
+        def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+            if trainer.state.fn == "validate":
+                self.n["validate"] += len(batch[0])
+
+        def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+            self.n["test"] += len(batch[0])
 
     out, devices = sys.argv[1], int(sys.argv[2])
     torch.set_num_threads(1)
     pl.seed_everything(0, verbose=False)
-    dm = Data(synthetic=True, synthetic_length=600, seq_len=32, pred_len=8, batch_size=16 // devices)
+    # the stock datamodule: 136 training windows, one batch per step (68 per rank under DDP), so every step averages
+    # the gradient over all of them whatever order the samplers deal them in; 19 validation and 43 test windows in
+    # batches of 7 (DDP: 22 + 21 test windows, 4 + 3 batches)
+    dm = LTSFDataModule(synthetic=True, synthetic_length=251, seq_len=32, pred_len=8, batch_size=136 // devices,
+                        eval_batch_size=7)
     task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, dim=16, num_heads=2,
-                           depth=1, patch_size=8, dropout=0.0), lr=3e-3, plot_variates=0)
+                           depth=1, patch_size=8, dropout=0.0), lr=3e-3, original_scale=True, plot_variates=0)
+    count = Count()
     trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
-                         max_epochs=2, limit_train_batches=4, limit_val_batches=0, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+                         max_epochs=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[count])
     trainer.fit(task, dm)
+    res = {"fit": {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}}
+    (res["validate"],) = trainer.validate(task, dm, verbose=False)
+    (res["test"],) = trainer.test(task, dm, verbose=False)
+    res["scored"] = count.n
+    res["split_len"] = {"validate": len(dm.dataset("val")), "test": len(dm.dataset("test"))}
+    res["direct_call_len"] = len(dm.test_dataloader().sampler)  # outside the trainer: the whole split on every rank
+    with open(f"{out}/rank{trainer.global_rank}.json", "w") as f:
+        json.dump(res, f)
     if trainer.is_global_zero:
-        torch.save(task.model.state_dict(), out)
+        torch.save(task.model.state_dict(), f"{out}/weights.pt")
 """)
 
 
@@ -277,15 +291,31 @@ def _free_port() -> int:
 
 
 def test_ddp_two_processes_match_single_process(tmp_path):
+    """The stock datamodule and task on 2 gloo DDP processes: the trained weights, the validation metrics of fit,
+    validate and test equal one process's, and every validation / test window (odd counts, uneven batches per rank)
+    is scored exactly once across the ranks."""
     script = tmp_path / "ddp_run.py"
     script.write_text(_DDP_SCRIPT)
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1",
            "PL_DISABLE_FORK": "1"}
     for devices in (1, 2):
-        r = subprocess.run([sys.executable, str(script), str(tmp_path / f"w{devices}.pt"), str(devices)], env=env,
+        (tmp_path / f"d{devices}").mkdir()
+        r = subprocess.run([sys.executable, str(script), str(tmp_path / f"d{devices}"), str(devices)], env=env,
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-3000:]
-    w1, w2 = (torch.load(tmp_path / f"w{d}.pt", weights_only=True) for d in (1, 2))
+    one = json.loads((tmp_path / "d1" / "rank0.json").read_text())
+    ranks = [json.loads((tmp_path / "d2" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert one["split_len"] == {"validate": 19, "test": 43}  # odd: a padded DistributedSampler would repeat a window
+    for stage, n in one["split_len"].items():
+        assert one["scored"][stage] == n
+        assert sorted(r["scored"][stage] for r in ranks) == [n // 2, n - n // 2]  # disjoint, unpadded shares
+    assert [r["direct_call_len"] for r in ranks] == [43, 43]
+    for stage in ("fit", "validate", "test"):
+        assert one[stage] and one[stage].keys() == ranks[0][stage].keys(), stage
+        for k, v in one[stage].items():
+            assert ranks[0][stage][k] == pytest.approx(v, rel=1e-5), f"{stage}: {k}"
+            assert ranks[1][stage][k] == ranks[0][stage][k], f"{stage}: {k} differs between ranks"
+    w1, w2 = (torch.load(tmp_path / d / "weights.pt", weights_only=True) for d in ("d1", "d2"))
     for k in w1:
         torch.testing.assert_close(w2[k], w1[k], rtol=1e-4, atol=1e-5, msg=f"{k} differs between DDP and 1 process")
     pl.seed_everything(0, verbose=False)  # same initial weights as the scripts

@@ -10,7 +10,10 @@ A subclass says how its datasets are built, in one of two ways:
   cached, so it runs once (text, traffic).
 
 Training loaders shuffle; validation, test and predict loaders never shuffle and no loader drops its last batch, so
-every evaluation sample is scored.
+every evaluation sample is scored. When a multi-process (DDP) ``Trainer`` asks for the validation / test / predict
+loaders, each rank gets a disjoint, unpadded share of the split (``UnrepeatedDistributedSampler``, which Lightning
+keeps), so every sample is scored exactly once across ranks and summed metrics equal the single-process ones; a loader
+built by a direct call (``dm.val_dataloader()``) always covers the whole split.
 
 A training loader starts its iterator (worker processes, sampler indices, the workers' seeds) at the epoch's first
 batch, not when Lightning calls ``iter`` on it, which for the first epoch of a run (fresh or resumed) happens before
@@ -23,7 +26,8 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Iterator
 
-from torch.utils.data import DataLoader, Dataset
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 __all__ = ["SplitDataModule"]
 
@@ -60,6 +64,25 @@ class _TrainLoader(DataLoader):
 
     def __iter__(self) -> Iterator:
         return _DeferredIterator(super().__iter__)
+
+
+def _trainer_eval_sampler(dataset: Dataset) -> Sampler | None:
+    """Unpadded share of ``dataset`` for this rank when a DDP ``Trainer`` is building its loaders, else ``None``
+    (in order). A split smaller than the world size gets ``None`` too, which Lightning pads with its own
+    ``DistributedSampler``: an unpadded share would leave a rank without a batch.
+
+    Lightning builds a ``Trainer``'s loaders inside ``_replace_dunder_methods(DataLoader, ...)``, which keeps the
+    original ``DataLoader.__init__`` as ``__old__init__`` meanwhile; a direct call (e.g. teacher logits over a whole
+    split) keeps the plain in-order loader. Lightning does not replace a ``DistributedSampler`` (subclass)."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return None
+    if "__old__init__" not in vars(DataLoader) or isinstance(dataset, IterableDataset) \
+            or len(dataset) < dist.get_world_size():
+        return None
+    from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+
+    return UnrepeatedDistributedSampler(dataset, num_replicas=dist.get_world_size(), rank=dist.get_rank(),
+                                        shuffle=False)
 
 
 class SplitDataModule(LightningDataModule):
@@ -124,14 +147,16 @@ class SplitDataModule(LightningDataModule):
     # ----------------------------------------------------------------------------------------------- loaders
     def _loader(self, split: str, train: bool) -> DataLoader:
         """``train``: shuffled batches of ``batch_size``, started at the first batch, workers restarted each epoch;
-        otherwise in order, ``eval_batch_size``, persistent workers. Never drops the last (partial) batch."""
+        otherwise in order (on a DDP ``Trainer``: this rank's unpadded share), ``eval_batch_size``, persistent
+        workers. Never drops the last (partial) batch."""
         self._ensure((split,))  # not `self.dataset(...)`: subclasses may use that name for an attribute
         ds = self.datasets[split]
         common = dict(drop_last=False, num_workers=self.num_workers, pin_memory=self.pin_memory,
                       collate_fn=self.collate_fn(split))
         if train:
             return _TrainLoader(ds, batch_size=self.batch_size, shuffle=True, persistent_workers=False, **common)
-        return DataLoader(ds, batch_size=self.eval_batch_size, persistent_workers=self.num_workers > 0, **common)
+        return DataLoader(ds, batch_size=self.eval_batch_size, sampler=_trainer_eval_sampler(ds),
+                          persistent_workers=self.num_workers > 0, **common)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", True)

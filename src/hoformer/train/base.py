@@ -17,6 +17,7 @@ import numpy as np
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader, RandomSampler
 
 from hoformer.models import create_model
@@ -87,6 +88,19 @@ class TaskModule(L.LightningModule):
                 sampler.generator = torch.Generator().manual_seed(seed)
             if isinstance(dl, DataLoader):
                 dl.generator = torch.Generator().manual_seed(seed + 1)
+
+    def log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
+        """``LightningModule.log``; a ``sync_dist`` value with a ``batch_size`` counts each sample ``world_size`` times.
+
+        Lightning (2.6) averages the int64 per-rank batch-size totals of an epoch mean over the ranks in integer
+        arithmetic, which floors and inflates the mean whenever the ranks score uneven shares, as in unpadded DDP
+        evaluation (Lightning-AI/pytorch-lightning#21838). Scaling every count by the world size keeps that average an
+        integer (the total count); the weighted mean itself is unchanged, and exact. No effect on one process.
+        """
+        if kwargs.get("sync_dist") and kwargs.get("sync_dist_group") is None and kwargs.get("batch_size") \
+                and dist.is_available() and dist.is_initialized():
+            kwargs["batch_size"] = kwargs["batch_size"] * dist.get_world_size()
+        super().log(name, value, *args, **kwargs)
 
     def training_step(self, batch, batch_idx):
         return self.shared_step(batch, "train")
