@@ -116,6 +116,27 @@ def test_forecasting_metrics_score_every_window(tmp_path):
     assert res["test/mse_orig"] == pytest.approx(float(((po - yo) ** 2).mean()), rel=1e-4)
 
 
+@pytest.mark.parametrize("features, label_len", [("MS", 0), ("M", 16), ("MS", 16)])
+def test_forecasting_task_follows_tslib_for_ms_and_label_len(tmp_path, features, label_len):
+    """features="MS" scores the last output variate (the target), label_len > 0 scores only the horizon of y."""
+    from hoformer.data import write_synthetic_ltsf_csv
+
+    write_synthetic_ltsf_csv(tmp_path / "custom.csv", "electricity", 600, num_variates=4)  # date,0,1,2,OT
+    dm = LTSFDataModule(root=str(tmp_path), name="custom.csv", seq_len=32, pred_len=8, batch_size=8, eval_batch_size=64,
+                        features=features, label_len=label_len)
+    task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=4, **TINY_FC),
+                           plot_variates=0)
+    (res,) = _trainer(tmp_path).test(task, dm, verbose=False)
+    ds = dm.dataset("test")
+    with torch.no_grad():
+        x = torch.stack([ds[i][0] for i in range(len(ds))])
+        y = torch.stack([ds[i][1] for i in range(len(ds))])
+        p = task.model.eval()(x)
+    assert y.shape[1] == label_len + 8 and y.shape[2] == (1 if features == "MS" else 4)
+    ref = (p[..., -y.shape[2]:] - y[:, label_len:]).pow(2).mean()
+    assert res["test/mse"] == pytest.approx(ref.item(), rel=1e-5)
+
+
 def _naive_auc(score, y):
     pos, neg = score[y == 1], score[y == 0]
     wins = sum(float(p > n) + 0.5 * float(p == n) for p in pos for n in neg)

@@ -234,11 +234,11 @@ class TextClassificationTask(TaskModule):
         bs = batch["ids"].shape[0]
         acc = self.acc["fit" if stage == "train" else stage]
         acc(logits.detach(), batch["label"])
-        on_step = stage == "train"
-        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=True, batch_size=bs)
-        self.log(f"{stage}/ce", ce, on_step=False, on_epoch=True, batch_size=bs)
+        on_step, sync = stage == "train", stage != "train"  # evaluation means over all ranks under DDP
+        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=True, batch_size=bs, sync_dist=sync)
+        self.log(f"{stage}/ce", ce, on_step=False, on_epoch=True, batch_size=bs, sync_dist=sync)
         if t is not None:
-            self.log(f"{stage}/kl", kl, on_step=False, on_epoch=True, batch_size=bs)
+            self.log(f"{stage}/kl", kl, on_step=False, on_epoch=True, batch_size=bs, sync_dist=sync)
         self.log(f"{stage}/acc", acc, on_step=False, on_epoch=True, prog_bar=stage != "train", batch_size=bs)
         return loss
 
