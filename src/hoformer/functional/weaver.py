@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .kronecker import kron_apply
-from .scores import cosine_scores, dot_scores, tanimoto_scores
+from .scores import SCORE_FNS, dot_scores
 
 __all__ = [
     "VALENCE_KERNELS",
@@ -29,7 +29,7 @@ __all__ = [
     "atk_pool",
 ]
 
-VALENCE_KERNELS = ("tanimoto", "cosine", "sdpa")
+VALENCE_KERNELS = (*SCORE_FNS, "sdpa")  # the signed kernels of scores.py plus the softmax ablation
 
 
 def valence_attention(q: torch.Tensor, k: torch.Tensor, kernel: str = "tanimoto", *, eps: float = 1e-6,
@@ -40,10 +40,8 @@ def valence_attention(q: torch.Tensor, k: torch.Tensor, kernel: str = "tanimoto"
     ``"cosine"`` (eq 69, signed) or ``"sdpa"`` (``softmax(q k^T * scale)``, eq 5; the ablation of section 7.2).
     Signed maps are used as weights directly (no softmax), so messages can be subtracted.
     """
-    if kernel == "tanimoto":
-        return tanimoto_scores(q, k, eps=eps)
-    if kernel == "cosine":
-        return cosine_scores(q, k, eps=eps)
+    if kernel in SCORE_FNS:
+        return SCORE_FNS[kernel](q, k, eps=eps)
     if kernel == "sdpa":
         return dot_scores(q, k, scale=scale).softmax(dim=-1)
     raise ValueError(f"valence_attention: `kernel` must be one of {VALENCE_KERNELS}, got {kernel!r}")

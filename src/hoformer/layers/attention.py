@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hoformer.functional.kronecker import full_attention, kron_dense, kronecker_attention
-from hoformer.functional.scores import get_score_fn
+from hoformer.functional.scores import SCORE_FNS, get_score_fn
 
 from .pos import RotaryEmbedding, axial_rotary
 
@@ -267,8 +267,9 @@ class KroneckerAttention(_Recordable):
         super().__init__()
         if combine not in ("product", "sum"):
             raise ValueError(f"KroneckerAttention: `combine` must be 'product' or 'sum', got {combine!r}")
-        if kernel not in ("softmax", "linear", "tanimoto", "cosine"):
-            raise ValueError(f"KroneckerAttention: `kernel` must be softmax|linear|tanimoto|cosine, got {kernel!r}")
+        if kernel not in ("softmax", "linear", *SCORE_FNS):
+            raise ValueError(f"KroneckerAttention: `kernel` must be one of {('softmax', 'linear', *SCORE_FNS)}, "
+                             f"got {kernel!r}")
         if pool not in ("sum", "mean"):
             raise ValueError(f"KroneckerAttention: `pool` must be 'sum' or 'mean', got {pool!r}")
         if dim_head is None and dim % num_heads:
@@ -290,7 +291,7 @@ class KroneckerAttention(_Recordable):
         self.k_norm = nn.LayerNorm(self.dim_head) if qk_norm else nn.Identity()
         self.rotary = RotaryEmbedding(self.dim_head, rope_theta) if self.rope_modes else None
         self.favor = FavorFeatures(self.dim_head, num_features, redraw_interval) if kernel == "linear" else None
-        self.score_fn = get_score_fn(kernel) if kernel in ("tanimoto", "cosine") else None
+        self.score_fn = get_score_fn(kernel) if kernel in SCORE_FNS else None
 
     def _ensure_modes(self, k: int) -> None:
         if len(self.to_qk) == 0:
