@@ -284,3 +284,16 @@ def test_mode_attention_factors_validates_its_inputs():
         mode_attention_factors(q, k[:1])
     with pytest.raises(ValueError, match=r"masks\[1\]"):
         mode_attention_factors(q, k, masks=[None, torch.ones(3, 3, dtype=torch.bool)])
+
+
+def test_masked_softmax_rule():
+    from hoformer.functional import masked_softmax
+
+    logits = torch.randn(2, 3, 4, dtype=f64)
+    mask = torch.tensor([[True, False, True, False], [False] * 4, [True] * 4])
+    a = masked_softmax(logits, mask)
+    torch.testing.assert_close(a[:, 2], logits[:, 2].softmax(-1))  # fully allowed row: plain softmax
+    assert (a[:, 1] == 0).all() and (a[:, 0, [1, 3]] == 0).all()  # no allowed key: zeros, masked keys: exact 0
+    torch.testing.assert_close(a[:, 0, [0, 2]], logits[:, 0, [0, 2]].softmax(-1))
+    assert torch.isfinite(masked_softmax(torch.full((2, 4), float("-inf")), mask[:2])).all()
+    torch.testing.assert_close(masked_softmax(logits), logits.softmax(-1))

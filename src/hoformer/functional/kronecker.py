@@ -24,6 +24,8 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from .scores import masked_softmax
+
 __all__ = [
     "kron_apply",
     "kron_sum_apply",
@@ -405,12 +407,7 @@ def mode_attention_factors(
                 s = s * mask
         else:
             sc = qi.shape[-1] ** -0.5 if scale is None else scale
-            logits = torch.matmul(qi, ki.transpose(-1, -2)) * sc
-            if mask is not None:
-                logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
-            s = logits.softmax(dim=-1)
-            if mask is not None:
-                s = s * mask  # exact zeros on masked keys; fully-masked rows become 0, not uniform
+            s = masked_softmax(torch.matmul(qi, ki.transpose(-1, -2)) * sc, mask)  # fully masked rows: 0
         out.append(s)
     return out
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["dot_scores", "tanimoto_scores", "cosine_scores", "get_score_fn", "SCORE_FNS"]
+__all__ = ["dot_scores", "tanimoto_scores", "cosine_scores", "get_score_fn", "SCORE_FNS", "masked_softmax"]
 
 
 def _check_qk(q: torch.Tensor, k: torch.Tensor, fn: str) -> None:
@@ -51,6 +51,16 @@ def cosine_scores(q: torch.Tensor, k: torch.Tensor, *, eps: float = 1e-6) -> tor
 
 
 SCORE_FNS = {"tanimoto": tanimoto_scores, "cosine": cosine_scores}
+
+
+def masked_softmax(logits: torch.Tensor, mask: torch.Tensor | None = None, dim: int = -1) -> torch.Tensor:
+    """``softmax(logits)`` over ``dim`` where only entries with ``mask`` True (broadcastable bool, SDPA convention)
+    may receive weight: masked entries are exactly 0 and a row with no allowed entry is all zeros (never NaN, never
+    uniform). The one masking rule of every explicit attention map in hoformer (Kronecker factors, dense and axial
+    maps, triplet cubes, block-local and cross-block maps)."""
+    if mask is None:
+        return logits.softmax(dim)
+    return logits.masked_fill(~mask, torch.finfo(logits.dtype).min).softmax(dim) * mask
 
 
 def get_score_fn(name: str):

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import torch
 
+from .scores import masked_softmax
+
 __all__ = [
     "triplet_windows",
     "triplet_attention",
@@ -115,12 +117,9 @@ def triplet_attention_naive(q, k1, k2, v1, v2, *, block_size: int, overlap: floa
     for st in triplet_windows(L, block_size, overlap):
         sl = slice(st, st + s)
         t = torch.einsum("bhid,bhjd,bhld->bhijl", q[:, :, sl], k1[:, :, sl], k2[:, :, sl]) * scale
-        if mask is not None:
-            km = mask[:, None, None, sl]  # b 1 1 j
-            t = t.masked_fill(~(km[..., :, None] & km[..., None, :]), float("-inf"))
-        a = t.flatten(-2).softmax(-1).view_as(t)
-        if mask is not None:  # windows made only of padding: all -inf -> NaN rows, zeroed below anyway
-            a = a.nan_to_num(0.0)
+        km = None if mask is None else mask[:, None, None, sl]  # b 1 1 j
+        pair = None if km is None else (km[..., :, None] & km[..., None, :]).flatten(-2)  # b 1 1 (j l)
+        a = masked_softmax(t.flatten(-2), pair).view_as(t)  # joint softmax over (j, l)
         u = torch.einsum("bhjd,bhld->bhjld", v1[:, :, sl], v2[:, :, sl])  # value-pair tensor
         out[:, :, sl] = out[:, :, sl] + torch.einsum("bhijl,bhjld->bhid", a, u)
         count[sl] += 1
@@ -139,11 +138,12 @@ def triplet_attention_weights(q, k1, k2, *, block_size: int, overlap: float = 0.
     cdt = _compute_dtype(q.dtype)  # scores in fp32 like the fast kernel, so the maps are the weights it uses
     qw, k1w, k2w = (x[:, :, idx].to(cdt) for x in (q, k1, k2))  # b h w s d
     t = torch.einsum("bhwid,bhwjd,bhwld->bhwijl", qw, k1w, k2w) * scale
+    pair = None
     if mask is not None:
         mw = mask[:, idx]  # b w s
         km = mw[:, None, :, None]
-        t = t.masked_fill(~(km[..., :, None] & km[..., None, :]), float("-inf"))
-    a = t.flatten(-2).softmax(-1).view_as(t).nan_to_num(0.0)
+        pair = (km[..., :, None] & km[..., None, :]).flatten(-2)
+    a = masked_softmax(t.flatten(-2), pair).view_as(t)
     if mask is not None:
         a = a * mw[:, None, :, :, None, None]
     return a.to(q.dtype)
@@ -340,10 +340,8 @@ def block_attention(q, k, v, *, block_size: int, overlap: float = 0.0, scale=Non
     idx = _window_index(L, block_size, overlap, q.device)
     qw, kw, vw = (x[:, :, idx] for x in (q, k, v))  # b h w s d
     t = torch.matmul(qw, kw.transpose(-1, -2)).to(_compute_dtype(q.dtype)) * scale  # b h w i j
-    if mask is not None:
-        mw = mask[:, idx]  # b w s
-        t = t.masked_fill(~mw[:, None, :, None, :], float("-inf"))
-    a = t.softmax(-1).nan_to_num(0.0).to(q.dtype)  # all-padding windows: zero rows
+    mw = None if mask is None else mask[:, idx]  # b w s
+    a = masked_softmax(t, None if mw is None else mw[:, None, :, None, :]).to(q.dtype)  # all-padding windows: 0
     cw = torch.matmul(a, vw)  # b h w s d
     out = torch.zeros_like(q).index_add_(2, idx.flatten(), cw.flatten(2, 3))
     out = out / torch.bincount(idx.flatten(), minlength=L).to(q.dtype)[:, None]
@@ -384,8 +382,7 @@ def cross_block_attention(o, *, block_size: int, mask=None, scale=None, return_a
     cnt = w.sum(3)  # b 1 m 1
     r = (xs * w).sum(3) / cnt.clamp_min(1)  # b h m d  (eq 5)
     t = torch.matmul(r, r.transpose(-1, -2)).to(_compute_dtype(o.dtype)) * scale  # b h m m'
-    t = t.masked_fill(cnt[..., 0][:, :, None, :] == 0, float("-inf"))
-    a = t.softmax(-1).nan_to_num(0.0).to(o.dtype)  # eq 6
+    a = masked_softmax(t, cnt[..., 0][:, :, None, :] > 0).to(o.dtype)  # eq 6; empty blocks get no weight
     g = torch.matmul(a, r)  # b h m d
     g = g.repeat_interleave(block_size, 2)[:, :, :L]  # token i gets row m = i // b  (eq 7)
     if mask is not None:

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hoformer.functional.kronecker import full_attention, kron_dense, kronecker_attention
-from hoformer.functional.scores import SCORE_FNS, get_score_fn
+from hoformer.functional.scores import SCORE_FNS, get_score_fn, masked_softmax
 
 from .pos import RotaryEmbedding, axial_rotary
 
@@ -393,12 +393,7 @@ class _QKV(_Recordable):
 def _attend(q, k, v, mask, dropout_p, want_maps):
     """SDPA over the second-to-last dim; dense maps only when asked (then computed explicitly)."""
     if want_maps:
-        logits = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-        if mask is not None:
-            logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
-        a = logits.softmax(-1)
-        if mask is not None:
-            a = a * mask
+        a = masked_softmax(torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5, mask)
         return torch.matmul(F.dropout(a, dropout_p), v), a
     y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     if mask is not None:

@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hoformer.functional.scores import masked_softmax
+
 from hoformer.functional.triplet import (
     block_attention,
     cross_block_attention,
@@ -157,11 +159,7 @@ class BlockAttention2D(_HeadsAttention):
         if self.block_size is None:
             if want:
                 t = torch.matmul(q, k.transpose(-1, -2)) * self.dim_head**-0.5
-                if mask is not None:  # finite fill: an all-padding sample gives uniform rows, zeroed below (no NaN)
-                    t = t.masked_fill(~mask[:, None, None, :], torch.finfo(t.dtype).min)
-                a = t.float().softmax(-1).to(q.dtype)
-                if mask is not None:
-                    a = a * mask[:, None, None, :]
+                a = masked_softmax(t.float(), None if mask is None else mask[:, None, None, :]).to(q.dtype)
                 o = torch.matmul(a, v)
             else:
                 o = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask[:, None, None, :])
