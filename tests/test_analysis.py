@@ -280,3 +280,18 @@ def test_analyze_errors_are_clear(tmp_path):
         analyze_checkpoint(ckpt, tmp_path / "out", data="hoformer.data.NoSuchModule")
     with pytest.raises(FileNotFoundError, match="config"):
         analyze_checkpoint(ckpt, tmp_path / "out", config=tmp_path / "nope.yaml")
+
+
+def test_one_mode_axial_maps_keep_their_mode_index():
+    """A layer attending along a subset of modes (traffic 'alternating', HOT 'temporal') reports each map under the
+    mode it attends, not under its position in the list."""
+    from hoformer.analysis.callbacks import attention_stable_ranks
+
+    m = create_model("traffic_alternating", num_nodes=5, window=7, horizon=3, dim=16, num_heads=2, num_layers=1).eval()
+    args, kwargs = m.example_inputs(2)
+    recs = attention_maps(m, *args, **kwargs)
+    assert [(r.kind, r.mode_indices(), tuple(r.maps[0].shape[-2:])) for r in recs] == [
+        ("axial", (0,), (7, 7)), ("axial", (1,), (5, 5))]
+    ranks = attention_stable_ranks(recs, per_layer=True)
+    assert set(k for k in ranks if "/" not in k) == {"mode0", "mode1"}
+    assert ranks["mode0"] == ranks[f"{recs[0].name}/mode0"] and ranks["mode1"] == ranks[f"{recs[1].name}/mode1"]

@@ -273,12 +273,15 @@ def test_rope_modes_out_of_range_raise(name):
 
 
 @pytest.mark.parametrize("name", ["kronecker_product", "full", "axial"])
-def test_per_sample_mask_without_head_dim_is_rejected(name):
+def test_mask_shapes_broadcast_like_sdpa(name):
     att = build_attention(name, 16, 2)
     x = torch.randn(2, 3, 4, 16)
-    m = torch.ones(2, 4, 4, dtype=torch.bool)  # (B, n, n): ambiguous with (H, n, n)
+    m = torch.ones(2, 4, 4, dtype=torch.bool)
+    m3 = torch.ones(3, 4, 4, dtype=torch.bool)  # (3, n, n): neither 1 nor H=2 heads (3-D masks broadcast as heads)
     with pytest.raises(ValueError, match=r"masks\[1\].*head dim"):
-        att(x, masks=[None, m])
+        att(x, masks=[None, m3])
+    for ok in (m[:1], m[:, None], torch.ones(1, 2, 4, 4, dtype=torch.bool), m):  # (1|H, n, n), (B|1, H|1, n, n)
+        assert torch.isfinite(att(x, masks=[None, ok])).all()
     with pytest.raises(ValueError, match=r"masks\[1\]"):
         att(x, masks=[None, torch.ones(3, 1, 4, 4, dtype=torch.bool)])  # batch 3 != 2
     y = att(x, masks=[None, m[:, None]])  # the documented (B, 1, n, n) form works

@@ -228,6 +228,24 @@ def test_from_pretrained_loads_legacy_explicit_kwargs_config(tmp_path):
         torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
 
 
+def test_from_pretrained_names_a_removed_constructor_argument(tmp_path):
+    model = create_model("hot_forecaster", dim=16, num_heads=2)
+    d = model.save_pretrained(tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["kwargs"]["qk_normalisation"] = True  # e.g. an argument a later release renamed
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="qk_normalisation"):
+        from_pretrained(d)
+
+
+def test_model_classes_keep_their_constructor_signature():
+    import inspect
+
+    from hoformer.models.hot import HOTForecaster
+
+    assert list(inspect.signature(HOTForecaster).parameters)[:3] == ["seq_len", "pred_len", "num_variates"]
+
+
 def _fail_on_call(monkeypatch, target, attr, n):
     """Make the ``n``-th call (1-based) of ``target.attr`` raise, simulating a crash at that point."""
     real, calls = getattr(target, attr), []

@@ -137,6 +137,14 @@ def test_forecasting_task_follows_tslib_for_ms_and_label_len(tmp_path, features,
     assert res["test/mse"] == pytest.approx(ref.item(), rel=1e-5)
 
 
+def test_forecasting_task_rejects_a_horizon_mismatch(tmp_path):
+    """A model whose pred_len differs from the datamodule's is an error, not silently re-sliced."""
+    dm = LTSFDataModule(synthetic=True, synthetic_length=400, seq_len=32, pred_len=16, batch_size=8)
+    task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC), plot_variates=0)
+    with pytest.raises(ValueError, match=r"model output .* != target"):
+        _trainer(tmp_path).test(task, dm, verbose=False)
+
+
 def _naive_auc(score, y):
     pos, neg = score[y == 1], score[y == 0]
     wins = sum(float(p > n) + 0.5 * float(p == n) for p in pos for n in neg)

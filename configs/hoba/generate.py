@@ -2,7 +2,7 @@
 import math, yaml, os
 OUT = os.path.dirname(os.path.abspath(__file__))
 DATA = {  # name: (max_len, default block, n_train (after hold-out), classes, vocab)
-    "sst2": (64, 16, 67349, 2), "trec": (64, 16, 4907, 6), "ag_news": (128, 32, 9001, 4), "imdb": (512, 64, 22500, 2),
+    "sst2": (64, 16, 60614, 2), "trec": (64, 16, 4907, 6), "ag_news": (128, 32, 9001, 4), "imdb": (512, 64, 22500, 2),
 }
 VARIANTS = {  # name: (attention, cross_block)
     "hoba": ("hoba", True), "hoba_nocb": ("hoba", False), "block2d": ("block2d", True),

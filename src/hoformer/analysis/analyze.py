@@ -200,7 +200,9 @@ def analyze_checkpoint(checkpoint, output, *, config=None, data: str | None = No
         tag = f"{i:02d}_{_safe(r.name)}"
         signed = any(bool((m < 0).any()) for m in r.maps)
         if r.kind in ("kronecker", "axial"):
-            names = list(modes) if modes and len(modes) == len(r.maps) else None
+            idx = r.mode_indices()
+            fits = bool(modes) and (len(modes) == len(r.maps) if r.modes is None else max(idx) < len(modes))
+            names = [modes[j] for j in idx] if fits else None
             written.append(plot_mode_maps(r.maps, out / f"attention_{tag}.png", mode_names=names, max_heads=max_heads,
                                           title=f"{name}: {r.name} ({r.kind}{', ' + r.combine if r.combine else ''}), "
                                                 f"{split} mean over {len(batches)} batch(es)"))

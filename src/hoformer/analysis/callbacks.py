@@ -60,7 +60,7 @@ def attention_stable_ranks(records: list[AttentionRecord], *, full_max_tokens: i
                 vals["product"] = _mean(kron_product_stable_rank(fs))
                 vals["sum"] = _mean(kron_sum_stable_rank(fs, method="exact", iters=iters))
         elif r.kind == "axial":
-            for i, m in enumerate(r.maps):
+            for i, m in zip(r.mode_indices(), r.maps):  # the attended modes (a 1-mode baseline: just that one)
                 vals[f"mode{i}"] = _mean(stable_rank(_f(m)))
         elif r.kind == "full":
             a = r.maps[0]

@@ -49,6 +49,10 @@ class AttentionRecord(NamedTuple):
     kind: str
     maps: list
     combine: str | None = None
+    modes: tuple | None = None  # the mode index of each map (``None``: 0, 1, ..); axial layers on a subset of modes
+
+    def mode_indices(self) -> tuple:
+        return tuple(range(len(self.maps))) if self.modes is None else tuple(self.modes)
 
 
 def record_kind(module: nn.Module | None, maps) -> tuple[str, str | None]:
@@ -105,8 +109,11 @@ def recording(model: nn.Module):
             yield out
         modules = dict(model.named_modules())
         for name, maps in raw:
-            kind, combine = record_kind(modules.get(name), maps)
-            out.append(AttentionRecord(name, kind, [m for m in maps if m is not None], combine))
+            module = modules.get(name)
+            kind, combine = record_kind(module, maps)
+            modes = getattr(module, "modes", None) if isinstance(module, AxialAttention) else None
+            out.append(AttentionRecord(name, kind, [m for m in maps if m is not None], combine,
+                                       tuple(modes) if modes is not None else None))
         if not out and own:
             out.extend(_own_maps(model))
     finally:

@@ -92,22 +92,22 @@ def kron_sum_spectral_norm(factors: Sequence[torch.Tensor], iters: int = 64, see
     m = min(iters, n)
     g = torch.Generator(device="cpu").manual_seed(seed)
     q = torch.randn(nb, n, generator=g, dtype=dtype).to(fs[0].device)
-    basis = q.new_zeros(nb, m, n)  # Lanczos vectors as rows, filled in place (no re-stacking per iteration)
-    basis[:, 0] = q / q.norm(dim=-1, keepdim=True)
+    q = q / q.norm(dim=-1, keepdim=True)
+    basis = [q]  # a list, stacked per iteration: the function stays differentiable (no in-place writes)
     alphas, betas = [], []
     for j in range(m):
-        w = matvec(basis[:, j])
-        alphas.append((w * basis[:, j]).sum(-1))
-        qmat = basis[:, : j + 1]  # (L, j+1, n), a view
+        w = matvec(basis[-1])
+        alphas.append((w * basis[-1]).sum(-1))
+        qmat = torch.stack(basis, dim=-1)  # (L, n, j+1)
         for _ in range(2):  # classical Gram-Schmidt, twice
-            w = w - torch.einsum("ljn,lj->ln", qmat, torch.einsum("ljn,ln->lj", qmat, w))
+            w = w - torch.einsum("lnj,lj->ln", qmat, torch.einsum("lnj,ln->lj", qmat, w))
         if j == m - 1:
             break
         beta = w.norm(dim=-1)
         scale = torch.linalg.vector_norm(torch.stack(alphas, -1), dim=-1).clamp_min(torch.finfo(dtype).tiny)
         ok = beta > 1e-12 * scale  # breakdown: invariant subspace found, continue with zeros
         betas.append(torch.where(ok, beta, torch.zeros_like(beta)))
-        basis[:, j + 1] = torch.where(ok[:, None], w / beta.clamp_min(torch.finfo(dtype).tiny)[:, None], 0.0)
+        basis.append(torch.where(ok[:, None], w / beta.clamp_min(torch.finfo(dtype).tiny)[:, None], torch.zeros_like(w)))
     t = torch.diag_embed(torch.stack(alphas, -1))
     if betas:
         b = torch.stack(betas, -1)

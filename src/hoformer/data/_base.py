@@ -66,14 +66,18 @@ class _TrainLoader(DataLoader):
         return _DeferredIterator(super().__iter__)
 
 
-def _trainer_eval_sampler(dataset: Dataset) -> Sampler | None:
+def _trainer_eval_sampler(dataset: Dataset, trainer) -> Sampler | None:
     """Unpadded share of ``dataset`` for this rank when a DDP ``Trainer`` is building its loaders, else ``None``
     (in order). A split smaller than the world size gets ``None`` too, which Lightning pads with its own
     ``DistributedSampler``: an unpadded share would leave a rank without a batch.
 
     Lightning builds a ``Trainer``'s loaders inside ``_replace_dunder_methods(DataLoader, ...)``, which keeps the
     original ``DataLoader.__init__`` as ``__old__init__`` meanwhile; a direct call (e.g. teacher logits over a whole
-    split) keeps the plain in-order loader. Lightning does not replace a ``DistributedSampler`` (subclass)."""
+    split) keeps the plain in-order loader. Lightning does not replace a ``DistributedSampler`` (subclass). Only the
+    attached ``Trainer``'s world size counts: a process group left over from an earlier DDP fit does not shard the
+    loaders of a later single-device ``Trainer``."""
+    if trainer is None or getattr(trainer, "world_size", 1) <= 1:
+        return None
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
         return None
     if "__old__init__" not in vars(DataLoader) or isinstance(dataset, IterableDataset) \
@@ -155,7 +159,7 @@ class SplitDataModule(LightningDataModule):
                       collate_fn=self.collate_fn(split))
         if train:
             return _TrainLoader(ds, batch_size=self.batch_size, shuffle=True, persistent_workers=False, **common)
-        return DataLoader(ds, batch_size=self.eval_batch_size, sampler=_trainer_eval_sampler(ds),
+        return DataLoader(ds, batch_size=self.eval_batch_size, sampler=_trainer_eval_sampler(ds, self.trainer),
                           persistent_workers=self.num_workers > 0, **common)
 
     def train_dataloader(self) -> DataLoader:

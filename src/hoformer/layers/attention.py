@@ -80,13 +80,16 @@ def _check_masks(masks, sizes, name: str, batch: int | None = None, heads: int |
             continue
         if not isinstance(m, torch.Tensor) or m.dtype != torch.bool:
             raise TypeError(f"{name}: `masks[{i}]` must be a bool tensor (True = attend), got {getattr(m, 'dtype', type(m))}")
-        ok = m.shape[-2:] == (n, n) and m.ndim in (2, 4)
-        if ok and m.ndim == 4:
-            ok = (m.shape[0] in (1, batch) if batch is not None else True) and \
-                 (m.shape[1] in (1, heads) if heads is not None else True)
+        # broadcast from the right like SDPA's attn_mask: (n, n), (H|1, n, n) or (B|1, H|1, n, n)
+        ok = m.shape[-2:] == (n, n) and 2 <= m.ndim <= 4
+        if ok and m.ndim >= 3 and heads is not None:
+            ok = m.shape[-3] in (1, heads)
+        if ok and m.ndim == 4 and batch is not None:
+            ok = m.shape[0] in (1, batch)
         if not ok:
-            want = f"({batch if batch is not None else 'B'}|1, {heads if heads is not None else 'H'}|1, {n}, {n})"
-            raise ValueError(f"{name}: `masks[{i}]` must have shape {want} or ({n}, {n}), got {tuple(m.shape)} "
+            b_, h_ = batch if batch is not None else "B", heads if heads is not None else "H"
+            raise ValueError(f"{name}: `masks[{i}]` must broadcast like ({b_}|1, {h_}|1, {n}, {n}): ({n}, {n}), "
+                             f"({h_}|1, {n}, {n}) or ({b_}|1, {h_}|1, {n}, {n}); got {tuple(m.shape)} "
                              "(a per-sample mask needs the head dim: m[:, None])")
         out.append(m)
     return out

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import tempfile
@@ -107,6 +108,12 @@ class HoformerModel(nn.Module):
     """Mixin-style base: ``config`` is set by :func:`create_model`."""
 
     config: dict[str, Any]
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        # keep inspect.signature(cls) = the constructor's signature (Python 3.10 would report __new__'s *args, **kwargs)
+        sig = inspect.signature(cls.__init__)
+        cls.__signature__ = sig.replace(parameters=list(sig.parameters.values())[1:])
 
     def __new__(cls, *args: Any, **kwargs: Any):
         obj = super().__new__(cls)
@@ -216,8 +223,12 @@ def from_pretrained(directory: str | os.PathLike, *, map_location: str | torch.d
             f"installed; the model is rebuilt from the saved constructor arguments, check that it behaves as expected",
             UserWarning, stacklevel=2,
         )
-    with device:  # build directly on the target device (no CPU copy first)
-        model = create_model(cfg["name"], **cfg["kwargs"])
+    try:
+        with device:  # build directly on the target device (no CPU copy first)
+            model = create_model(cfg["name"], **cfg["kwargs"])
+    except TypeError as e:  # an argument this version of the model no longer takes (renamed / removed)
+        raise ValueError(f"from_pretrained: {cfg_path} holds constructor arguments that {cfg['name']!r} of hoformer "
+                         f"{installed} does not accept ({e}); saved with hoformer {saved_version}") from e
     model.to(device)  # any tensor a constructor placed explicitly elsewhere
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)

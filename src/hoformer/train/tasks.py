@@ -127,11 +127,11 @@ class ForecastingTask(_HotTask):
     def shared_step(self, batch, stage: str) -> torch.Tensor:
         x, y = _unpack(batch, type(self).__name__)
         pred = self.model(x)
-        if y.ndim == 3 and pred.ndim == 3:  # Time-Series-Library conventions for the LTSF datamodule's options
-            if y.shape[1] > pred.shape[1]:  # label_len > 0: y starts with label_len known steps; score the horizon
-                y = y[:, -pred.shape[1]:]
-            if y.shape[-1] == 1 and pred.shape[-1] > 1:  # features="MS": the target is the last variate
-                pred = pred[..., -1:]
+        label_len, features = self._data_options()
+        if label_len and y.ndim == 3 and y.shape[1] == label_len + pred.shape[1]:
+            y = y[:, label_len:]  # Time-Series-Library: y starts with label_len known steps; score the horizon
+        if features == "MS" and pred.ndim == 3 and y.shape[-1] == 1:
+            pred = pred[..., -1:]  # all variates in, the target (moved to the last column) out
         if pred.shape != y.shape:
             raise ValueError(f"ForecastingTask: model output {tuple(pred.shape)} != target {tuple(y.shape)}")
         loss = F.mse_loss(pred, y) if self.hparams.loss == "mse" else F.l1_loss(pred, y)
@@ -146,6 +146,14 @@ class ForecastingTask(_HotTask):
         if stage == "test" and self._plot_sample is None:
             self._plot_sample = (x[0, :, -y.shape[-1]:].detach().float().cpu(), y32[0].cpu(), p32[0].cpu())
         return loss
+
+    def _data_options(self) -> tuple[int, str]:
+        """``(label_len, features)`` of the attached LTSF datamodule (``(0, "M")`` without one)."""
+        trainer = self._trainer
+        hp = getattr(getattr(trainer, "datamodule", None), "hparams", None) if trainer is not None else None
+        if hp is None:
+            return 0, "M"
+        return int(hp.get("label_len", 0) or 0), str(hp.get("features", "M"))
 
     def _inverse_transform(self):
         dm = getattr(self.trainer, "datamodule", None)
