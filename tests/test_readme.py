@@ -1,0 +1,56 @@
+"""The README's code is executable documentation: its Python snippets run as written, and every config, script
+and make target it names exists."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def _blocks(lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", README, flags=re.S)
+
+
+def test_readme_python_snippets_run(tmp_path, monkeypatch):
+    blocks = _blocks("python")
+    assert len(blocks) >= 5, "README lost its quickstart snippets"
+    monkeypatch.chdir(tmp_path)  # save_pretrained("out/hot") writes relative to the working directory
+    namespace: dict = {"__name__": "__readme__"}
+    for i, block in enumerate(blocks):
+        try:
+            exec(compile(block, f"README.md python block {i}", "exec"), namespace)
+        except Exception as err:  # pragma: no cover - the message is the point
+            pytest.fail(f"README python block {i} failed: {type(err).__name__}: {err}\n{block}")
+    # the shapes the README promises in its comments
+    assert tuple(namespace["y"].shape) == (4, 12, 207, 1)  # Weaver block (the last `y`)
+    assert tuple(namespace["logits"].shape) == (4, 2)
+    assert (tmp_path / "out" / "hot" / "config.json").is_file()
+
+
+def test_readme_named_files_exist():
+    paths = set(re.findall(r"((?:configs|benchmarks|docs)/[\w./-]+\.(?:yaml|py|md))", README))
+    assert paths, "README names no configs/benchmarks/docs files"
+    missing = sorted(p for p in paths if not (ROOT / p).is_file())
+    assert not missing, f"README names files that do not exist: {missing}"
+
+
+def test_readme_make_targets_exist():
+    makefile = (ROOT / "Makefile").read_text()
+    targets = set(re.findall(r"^([\w-]+):", makefile, flags=re.M))
+    named = set(re.findall(r"\bmake ([a-z][\w-]*)", README))
+    assert {"demo", "test"} <= named
+    assert named <= targets, f"README names make targets the Makefile lacks: {sorted(named - targets)}"
+
+
+def test_analysis_doc_snippet_prints_what_it_promises(capsys):
+    text = (ROOT / "docs" / "analysis.md").read_text()
+    block = re.findall(r"```python\n(.*?)```", text, flags=re.S)[0]
+    promised = [line.lstrip("# ").strip() for line in block.splitlines() if line.startswith("# ")]
+    exec(compile(block, "docs/analysis.md python block 0", "exec"), {"__name__": "__doc__"})
+    printed = capsys.readouterr().out
+    assert promised and all(p in printed for p in promised), (promised, printed)
