@@ -39,6 +39,10 @@ def test_public_api_logits_and_padding_content(attention):
         m(ids, mask[:, :10])
     with pytest.raises(TypeError, match="ids"):
         m(ids.float())
+    with pytest.raises(ValueError, match=r"vocab_size=1000\), got ids in \[0, 1000\]"):
+        m(torch.tensor([[0, 5, 1000]]))
+    with pytest.raises(ValueError, match="vocab_size"):
+        m(torch.tensor([[-1, 5]]))
 
 
 def test_paper_default_model_and_attention_maps(tmp_path):
@@ -297,7 +301,21 @@ def test_hoba_student_learns_trec(data_root):
     assert tr.callback_metrics["test/acc"] > 0.5  # majority class (ENTY / DESC) < 0.3
 
 
-HOBA_CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs" / "hoba").glob("*.yaml"))
+HOBA_DIR = Path(__file__).resolve().parents[1] / "configs" / "hoba"
+HOBA_CONFIGS = sorted(HOBA_DIR.glob("*.yaml"))
+
+
+def test_hoba_configs_match_generator(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hoba_generate", HOBA_DIR / "generate.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)  # importing writes nothing
+    assert not list(tmp_path.iterdir())
+    written = gen.main(tmp_path)
+    assert sorted(p.name for p in written) == [p.name for p in HOBA_CONFIGS] and len(HOBA_CONFIGS) >= 60
+    for p in written:
+        assert (HOBA_DIR / p.name).read_text() == p.read_text(), f"{p.name} is stale: re-run configs/hoba/generate.py"
 
 
 @pytest.mark.parametrize("cfg", HOBA_CONFIGS, ids=[c.stem for c in HOBA_CONFIGS])

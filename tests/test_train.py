@@ -75,11 +75,27 @@ def test_fit_one_epoch_real_adrenalmnist3d(data_root, tmp_path):
     dm = MedMNIST3DDataModule(root=str(data_root / "medmnist3d"), flag="adrenal", batch_size=16)
     task = ClassificationTask("hot_volume_classifier", dict(num_classes=2, dim=16, num_heads=2, depth=1,
                                                             patch_size=7), lr=1e-3)
+    before = {k: v.clone() for k, v in task.model.state_dict().items()}
     trainer = _trainer(tmp_path, max_epochs=1, limit_train_batches=4, limit_val_batches=2)
     trainer.fit(task, dm)
     m = trainer.callback_metrics
-    assert 0.0 <= float(m["val/auc"]) <= 1.0 and 0.0 <= float(m["val/acc"]) <= 1.0
     assert torch.isfinite(m["train/loss_epoch"])
+    changed = [k for k, v in task.model.state_dict().items() if not torch.equal(v, before[k])]
+    assert len(changed) == len(before), "some weights were not trained"
+    # the logged validation metrics are those of the trained model on the first two validation batches
+    task.eval()
+    probs, labels = [], []
+    with torch.no_grad():
+        for i, (x, y) in enumerate(dm.val_dataloader()):
+            if i == 2:
+                break
+            probs.append(task.model(x).softmax(-1)[:, 1])
+            labels.append(y.view(-1))
+    p, y = torch.cat(probs).double(), torch.cat(labels)
+    pos, neg = p[y == 1], p[y == 0]
+    auc = ((pos[:, None] > neg[None]).double() + 0.5 * (pos[:, None] == neg[None]).double()).mean()
+    assert float(m["val/auc"]) == pytest.approx(float(auc), abs=1e-6)
+    assert float(m["val/acc"]) == pytest.approx(float(((p > 0.5).long() == y).double().mean()), abs=1e-6)
 
 
 def test_fit_one_epoch_synthetic_segmentation(tmp_path):
@@ -90,7 +106,15 @@ def test_fit_one_epoch_synthetic_segmentation(tmp_path):
     trainer = _trainer(tmp_path, max_epochs=1)
     trainer.fit(task, dm)
     (res,) = trainer.test(task, dm, verbose=False)
-    assert 0.0 <= res["test/acc"] <= 1.0 and 0.0 <= res["test/miou"] <= 1.0
+    # pixel accuracy and mIoU (mean over classes present in the predictions or the labels) by hand
+    task.eval()
+    with torch.no_grad():
+        pairs = [(task.model(x).argmax(1), y) for x, y in dm.test_dataloader()]
+    pred, y = torch.cat([p.flatten() for p, _ in pairs]), torch.cat([t.flatten() for _, t in pairs])
+    assert res["test/acc"] == pytest.approx((pred == y).double().mean().item(), abs=1e-6)
+    ious = [((pred == c) & (y == c)).sum().item() / ((pred == c) | (y == c)).sum().item()
+            for c in range(17) if ((pred == c) | (y == c)).any()]
+    assert res["test/miou"] == pytest.approx(float(np.mean(ious)), abs=1e-6)
 
 
 # ----------------------------------------------------------------------------- metrics vs naive references

@@ -144,9 +144,13 @@ def test_fp32_and_bf16_dtype_and_accuracy():
     out = triplet_attention(*x, block_size=16, overlap=0.25)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)
-    ob = triplet_attention(*[t.bfloat16() for t in x], block_size=16, overlap=0.25)
+    xb = [t.bfloat16() for t in x]
+    ob = triplet_attention(*xb, block_size=16, overlap=0.25)
     assert ob.dtype == torch.bfloat16
-    torch.testing.assert_close(ob.double(), ref, rtol=5e-2, atol=5e-2)
+    # against the exact result on the bf16-rounded inputs: what is left is bf16 arithmetic and the rounding of the
+    # output (measured max error 2-5e-3 on outputs of std ~0.16 over 5 seeds)
+    ref_b = triplet_attention_naive(*[t.double() for t in xb], block_size=16, overlap=0.25)
+    torch.testing.assert_close(ob.double(), ref_b, rtol=0, atol=1e-2)
 
 
 def test_saves_no_cubes_for_backward():

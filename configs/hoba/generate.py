@@ -1,7 +1,18 @@
-"""Generate configs/hoba/*.yaml: python configs/hoba/generate.py (rewrites the YAML files beside this script)."""
-import math, yaml, os
-OUT = os.path.dirname(os.path.abspath(__file__))
-DATA = {  # name: (max_len, default block, n_train (after hold-out), classes, vocab)
+"""Write the HOBA LightningCLI configs: ``python configs/hoba/generate.py`` (re-generates the committed YAML files
+beside this script; ``tests/test_hoba.py`` checks they are up to date).
+
+* ``{sst2,trec,ag_news,imdb}_teacher`` and ``..._{variant}_{3,6}l[_b{16,32,64}]``: paper 004 section 4.1 (RoBERTa-base
+  width, AdamW 1e-5, weight decay 0.01, batch 8, 5 epochs, 10% warm-up, distillation alpha 0.3 / tau 2).
+* ``cpu_{sst2,trec}_*``: the CPU-budget teachers and students actually run for docs/results_text.md.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import yaml
+
+DATA = {  # name: (max_len, default block size, training examples after the validation hold-out, classes)
     "sst2": (64, 16, 60614, 2), "trec": (64, 16, 4907, 6), "ag_news": (128, 32, 9001, 4), "imdb": (512, 64, 22500, 2),
 }
 VARIANTS = {  # name: (attention, cross_block)
@@ -9,8 +20,9 @@ VARIANTS = {  # name: (attention, cross_block)
     "block2d_nocb": ("block2d", False), "full2d": ("full2d", False), "triplet_full": ("triplet_full", False),
 }
 
-def config(name, ds, model_kwargs, *, lr, epochs, batch, n_train, seed, teacher=None, export=True, train_limit=None,
-           header="", monitor=True, vocab=16000, tokenizer=None, max_len=64):
+def config(out: Path, name, ds, model_kwargs, *, lr, epochs, batch, n_train, seed, teacher=None, export=True,
+           train_limit=None, header="", monitor=True, vocab=16000, tokenizer=None, max_len=64) -> Path:
+    """Write ``out/<name>.yaml`` and return its path."""
     steps = epochs * math.ceil(n_train / batch)
     run = f"runs/hoba/{name}"
     cfg = {
@@ -41,55 +53,83 @@ def config(name, ds, model_kwargs, *, lr, epochs, batch, n_train, seed, teacher=
     cmd = f"# hoformer fit --config configs/hoba/{name}.yaml\n# hoformer test --config configs/hoba/{name}.yaml --ckpt_path {'best' if monitor else run + '/logs/version_0/checkpoints/last.ckpt'}{tok_override}\n"
     if tokenizer is None and not name.startswith("cpu_"):
         cfg["data"]["init_args"]["tokenizer_dir"] = f"{run}/tokenizer"
-    with open(f"{OUT}/{name}.yaml", "w") as f:
-        f.write(header + cmd + yaml.safe_dump(cfg, sort_keys=False, width=120))
+    path = Path(out) / f"{name}.yaml"
+    path.write_text(header + cmd + yaml.safe_dump(cfg, sort_keys=False, width=120))
+    return path
 
-# ---- paper-scale configs (section 4.1): RoBERTa-base width, AdamW 1e-5, wd 0.01, batch 8, 5 epochs, 10% warm-up
-for ds, (L, b, n, C) in DATA.items():
-    tname = f"{ds}_teacher"
-    config(tname, ds, {"vocab_size": 16000, "num_classes": C, "max_len": L, "dim": 768, "depth": 12, "num_heads": 12,
-                       "attention": "full2d", "dropout": 0.1, "pooling": "cls"},
-           lr=1e-4, epochs=5, batch=8, n_train=n, seed=42, max_len=L,
-           header=f"# HOBA teacher ({ds}): a 12-layer 2D (RoBERTa-base sized) encoder trained by the project from scratch\n"
-                  f"# (the paper fine-tunes a pretrained RoBERTa-base; with a local checkpoint, pass its logits as\n"
-                  f"# model.teacher_logits of the students instead). Exports model + tokenizer to runs/hoba/{tname}/pretrained.\n")
-    for depth in (3, 6):
-        for v, (att, cb) in VARIANTS.items():
-            if v == "triplet_full" and ds not in ("sst2", "trec"):
-                continue  # Table 1 only (cubic cost)
-            blocks = (16, 32, 64) if v == "hoba" and depth == 3 else (b,)
-            for bs in blocks:
-                name = f"{ds}_{v}_{depth}l" + (f"_b{bs}" if len(blocks) > 1 else "")
-                mk = {"vocab_size": 16000, "num_classes": C, "max_len": L, "dim": 768, "depth": depth, "num_heads": 12,
-                      "attention": att, "dropout": 0.1, "pooling": "cls"}
-                if att in ("hoba", "block2d"):
-                    mk.update(block_size=bs, overlap=0.25, cross_block=cb)
-                teacher = f"runs/hoba/{ds}_teacher/pretrained"
-                config(name, ds, mk, lr=1e-5, epochs=5, batch=8, n_train=n, seed=42, teacher=teacher, max_len=L,
-                       tokenizer=teacher,
-                       header=f"# HOBA paper section 4.1 student ({ds}, {depth} layers, attention={att}, block {bs}, overlap 0.25,"
-                              f" cross-block={cb}),\n# distilled (alpha 0.3, tau 2) from configs/hoba/{ds}_teacher.yaml; "
-                              f"run the teacher first. Seeds: --seed_everything 42/43/44.\n")
+PAPER_TEACHER_HEADER = (
+    "# HOBA teacher ({ds}): a 12-layer 2D (RoBERTa-base sized) encoder trained by the project from scratch\n"
+    "# (the paper fine-tunes a pretrained RoBERTa-base; with a local checkpoint, pass its logits as\n"
+    "# model.teacher_logits of the students instead). Exports model + tokenizer to runs/hoba/{tname}/pretrained.\n")
+PAPER_STUDENT_HEADER = (
+    "# HOBA paper section 4.1 student ({ds}, {depth} layers, attention={att}, block {bs}, overlap 0.25, "
+    "cross-block={cb}),\n# distilled (alpha 0.3, tau 2) from configs/hoba/{ds}_teacher.yaml; "
+    "run the teacher first. Seeds: --seed_everything 42/43/44.\n")
+CPU_TEACHER_HEADER = ("# CPU-budget teacher for docs/results_text.md ({ds}): 2D encoder, width 64, 4 layers "
+                      "(students: 2 layers).\n")
+CPU_STUDENT_HEADER = (
+    "# CPU-budget student for docs/results_text.md ({ds}, attention={att}, cross-block={cb}); seeds\n"
+    "# 0/1/2 via --seed_everything and --trainer.default_root_dir / logger / export dirs per seed (see the doc).\n")
+CPU = {  # CPU-budget runs of docs/results_text.md: training subset sizes and teacher epochs
+    "sst2": dict(train_limit=5000, teacher_limit=20000, n=5000, tn=20000, te=3),
+    "trec": dict(train_limit=None, teacher_limit=None, n=4907, tn=4907, te=8),
+}
 
-# ---- CPU-budget configs actually run for docs/results_text.md (small widths, subsets, fixed epochs)
-CPU = {"sst2": dict(train_limit=5000, teacher_limit=20000, n=5000, tn=20000, te=3), "trec": dict(train_limit=None, teacher_limit=None, n=4907, tn=4907, te=8)}
-for ds, c in CPU.items():
-    L, b, _, C = DATA[ds]
-    tname = f"cpu_{ds}_teacher"
-    config(tname, ds, {"vocab_size": 8000, "num_classes": C, "max_len": L, "dim": 64, "depth": 4, "num_heads": 2,
-                       "attention": "full2d", "dropout": 0.1, "pooling": "mean"},
-           lr=1e-3, epochs=c["te"], batch=32, n_train=c["tn"], seed=0, train_limit=c["teacher_limit"], monitor=False,
-           vocab=8000, max_len=L,
-           header=f"# CPU-budget teacher for docs/results_text.md ({ds}): 2D encoder, width 64, 4 layers (students: 2 layers).\n")
-    for v in ("hoba", "hoba_nocb", "block2d", "full2d") + (("triplet_full",) if ds == "trec" else ()):
-        att, cb = VARIANTS[v]
-        mk = {"vocab_size": 8000, "num_classes": C, "max_len": L, "dim": 64, "depth": 2, "num_heads": 2,
-              "attention": att, "dropout": 0.1, "pooling": "mean"}
-        if att in ("hoba", "block2d"):
-            mk.update(block_size=b, overlap=0.25, cross_block=cb)
+
+def _model(C, L, *, vocab, dim, depth, heads, attention, pooling, block=None, cross_block=None):
+    mk = {"vocab_size": vocab, "num_classes": C, "max_len": L, "dim": dim, "depth": depth, "num_heads": heads,
+          "attention": attention, "dropout": 0.1, "pooling": pooling}
+    if attention in ("hoba", "block2d"):
+        mk.update(block_size=block, overlap=0.25, cross_block=cross_block)
+    return mk
+
+
+def main(out: str | Path = Path(__file__).resolve().parent) -> list[Path]:
+    """Write every HOBA config into ``out``; returns the written paths."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    # ---- paper-scale configs (section 4.1): RoBERTa-base width, AdamW 1e-5, wd 0.01, batch 8, 5 epochs, 10% warm-up
+    for ds, (L, b, n, C) in DATA.items():
+        tname = f"{ds}_teacher"
+        written.append(config(
+            out, tname, ds, _model(C, L, vocab=16000, dim=768, depth=12, heads=12, attention="full2d", pooling="cls"),
+            lr=1e-4, epochs=5, batch=8, n_train=n, seed=42, max_len=L,
+            header=PAPER_TEACHER_HEADER.format(ds=ds, tname=tname)))
         teacher = f"runs/hoba/{tname}/pretrained"
-        config(f"cpu_{ds}_{v}", ds, mk, lr=1e-3, epochs=4, batch=32, n_train=c["n"], seed=0, teacher=teacher,
-               train_limit=c["train_limit"], monitor=False, vocab=8000, tokenizer=teacher, max_len=L,
-               header=f"# CPU-budget student for docs/results_text.md ({ds}, attention={att}, cross-block={cb}); seeds\n"
-                      f"# 0/1/2 via --seed_everything and --trainer.default_root_dir / logger / export dirs per seed (see the doc).\n")
-print(len(os.listdir(OUT)))
+        for depth in (3, 6):
+            for v, (att, cb) in VARIANTS.items():
+                if v == "triplet_full" and ds not in ("sst2", "trec"):
+                    continue  # Table 1 only (cubic cost)
+                blocks = (16, 32, 64) if v == "hoba" and depth == 3 else (b,)
+                for bs in blocks:
+                    name = f"{ds}_{v}_{depth}l" + (f"_b{bs}" if len(blocks) > 1 else "")
+                    mk = _model(C, L, vocab=16000, dim=768, depth=depth, heads=12, attention=att, pooling="cls",
+                                block=bs, cross_block=cb)
+                    written.append(config(
+                        out, name, ds, mk, lr=1e-5, epochs=5, batch=8, n_train=n, seed=42, teacher=teacher,
+                        max_len=L, tokenizer=teacher,
+                        header=PAPER_STUDENT_HEADER.format(ds=ds, depth=depth, att=att, bs=bs, cb=cb)))
+
+    # ---- CPU-budget configs actually run for docs/results_text.md (small widths, subsets, fixed epochs)
+    for ds, c in CPU.items():
+        L, b, _, C = DATA[ds]
+        tname = f"cpu_{ds}_teacher"
+        written.append(config(
+            out, tname, ds, _model(C, L, vocab=8000, dim=64, depth=4, heads=2, attention="full2d", pooling="mean"),
+            lr=1e-3, epochs=c["te"], batch=32, n_train=c["tn"], seed=0, train_limit=c["teacher_limit"],
+            monitor=False, vocab=8000, max_len=L, header=CPU_TEACHER_HEADER.format(ds=ds)))
+        teacher = f"runs/hoba/{tname}/pretrained"
+        for v in ("hoba", "hoba_nocb", "block2d", "full2d") + (("triplet_full",) if ds == "trec" else ()):
+            att, cb = VARIANTS[v]
+            mk = _model(C, L, vocab=8000, dim=64, depth=2, heads=2, attention=att, pooling="mean", block=b,
+                        cross_block=cb)
+            written.append(config(
+                out, f"cpu_{ds}_{v}", ds, mk, lr=1e-3, epochs=4, batch=32, n_train=c["n"], seed=0, teacher=teacher,
+                train_limit=c["train_limit"], monitor=False, vocab=8000, tokenizer=teacher, max_len=L,
+                header=CPU_STUDENT_HEADER.format(ds=ds, att=att, cb=cb)))
+    return written
+
+
+if __name__ == "__main__":
+    print(f"wrote {len(main())} configs")
