@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from hoformer.functional import (
+    cosine_scores,
     elu_feature_map,
     full_attention,
     kron_apply,
@@ -135,6 +136,18 @@ def test_masks_and_fully_masked_rows():
     qg = [t.clone().requires_grad_() for t in q]
     kronecker_attention(qg, k, v, masks=[pad, causal]).sum().backward()
     assert all(torch.isfinite(t.grad).all() for t in qg)
+    # signed kernels (Weaver valence attention): the factor is the raw score times the mask, so masked keys get
+    # exactly 0 (not a softmax), fully masked rows are 0, and y is the dense Kronecker product of those factors
+    for score_fn in (tanimoto_scores, cosine_scores):
+        y, fs = kronecker_attention(q, k, v, masks=[pad, causal], score_fn=score_fn, return_factors=True)
+        raw = [score_fn(qi, ki) for qi, ki in zip(q, k)]
+        assert (raw[1][..., ~causal] != 0).all() and (raw[0][0, :, 1] != 0).all()  # the masks remove something
+        ref = [torch.where(m, r, 0.0) for r, m in zip(raw, (pad, causal))]
+        for a, r in zip(fs, ref):
+            torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-12)
+        assert (fs[1].triu(1) == 0).all() and (fs[0][0, :, 1] == 0).all(), score_fn.__name__
+        torch.testing.assert_close(y, _dense_apply(kron_dense(ref), v), rtol=1e-12, atol=1e-12)
+        assert (y[0, :, 1] == 0).all()
 
 
 @pytest.mark.parametrize("sizes", [(5,), (3, 4), (2, 3, 4)])
@@ -179,13 +192,17 @@ def test_full_attention_matches_flattened_softmax():
 
 
 def test_bf16_runs_and_is_close():
+    """bf16 end to end vs the float64 result on the same (bf16-rounded) inputs: only the computation's rounding is
+    left. Measured max abs error 4.0e-3 (about one bf16 half-ulp at |y| ~ 1; reference std 0.27, max |y| 0.96);
+    the bound is 2x that."""
     sizes = (6, 7)
     q, k = _pooled_qk(sizes)
     v = torch.randn(2, 3, *sizes, 4, dtype=f64)
-    ref = kronecker_attention(q, k, v)
-    y = kronecker_attention([t.bfloat16() for t in q], [t.bfloat16() for t in k], v.bfloat16())
+    qb, kb, vb = [t.bfloat16() for t in q], [t.bfloat16() for t in k], v.bfloat16()
+    ref = kronecker_attention([t.double() for t in qb], [t.double() for t in kb], vb.double())
+    y = kronecker_attention(qb, kb, vb)
     assert y.dtype == torch.bfloat16
-    torch.testing.assert_close(y.double(), ref, rtol=5e-2, atol=5e-2)
+    torch.testing.assert_close(y.double(), ref, rtol=0, atol=8e-3)
 
 
 # --------------------------------------------------------------------------------------------- bad input
@@ -274,6 +291,11 @@ def test_kronecker_attention_rejects_arguments_it_would_ignore():
         kronecker_attention(q, k, v, kernel="linear", dropout_p=0.5)
     with pytest.raises(ValueError, match="scale"):
         kronecker_attention(q, k, v, score_fn=tanimoto_scores, scale=2.0)
+    for p in (-0.1, 1.0, 1.5, True, "0.1"):  # outside [0, 1) (or not a number): rejected, not silently clipped
+        with pytest.raises(ValueError, match=r"`dropout_p` must be a float in \[0, 1\)"):
+            kronecker_attention(q, k, v, dropout_p=p)
+        with pytest.raises(ValueError, match=r"`dropout_p` must be a float in \[0, 1\)"):
+            full_attention(*(torch.randn(1, 1, 2, 3, 4, dtype=f64) for _ in range(3)), dropout_p=p)
 
 
 def test_mode_attention_factors_validates_its_inputs():
@@ -297,3 +319,6 @@ def test_masked_softmax_rule():
     torch.testing.assert_close(a[:, 0, [0, 2]], logits[:, 0, [0, 2]].softmax(-1))
     assert torch.isfinite(masked_softmax(torch.full((2, 4), float("-inf")), mask[:2])).all()
     torch.testing.assert_close(masked_softmax(logits), logits.softmax(-1))
+    for bad in (mask.float(), mask.long(), [[True] * 4] * 3):  # a 0/1 float mask is not True = attend: rejected
+        with pytest.raises(TypeError, match=r"masked_softmax: `mask` must be a bool tensor.*got"):
+            masked_softmax(logits, bad)

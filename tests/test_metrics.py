@@ -71,3 +71,25 @@ def test_masked_mae_loss_and_all_missing_errors():
         MaskedMAE(at=0)
     with pytest.raises(ValueError, match="horizon"):
         MaskedMAE(at=13).update(pred.detach(), y, mask)
+
+
+def test_mape_excludes_near_zero_targets_even_when_marked_observed():
+    """Eq 65 is undefined at y = 0: targets with |y| <= eps are left out of MAPE (numerator and count) even when the
+    mask calls them observed (or there is no mask), while MAE / RMSE still score them."""
+    pred, y, _ = _data(3)
+    y[:, :, 0] = 0.0  # an observed zero reading (e.g. a stopped sensor), not a missing one
+    y[0, 2, 1] = 1e-7
+    mask = np.ones_like(y, dtype=bool)
+    keep = np.abs(y) > 1e-5
+    t = [torch.tensor(a) for a in (pred, y)]
+    for at in (None, 3):
+        sl = (slice(None),) if at is None else (slice(None), at - 1)
+        p, yy, k = pred[sl], y[sl], keep[sl]
+        want = 100 * np.abs((p[k] - yy[k]) / yy[k]).mean()
+        for m in (torch.tensor(mask), None):
+            metric = MaskedMAPE(at=at)
+            metric.update(*t, m)
+            assert float(metric.compute()) == pytest.approx(want, rel=1e-5)
+        mae = MaskedMAE(at=at)
+        mae.update(*t)
+        assert float(mae.compute()) == pytest.approx(np.abs(p - yy).mean(), rel=1e-5)

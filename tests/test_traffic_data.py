@@ -146,6 +146,80 @@ def test_training_task_fit_and_test(tmp_path, model_name):
     assert res["test/loss"] == pytest.approx(res["test/mae"], rel=0.05)  # batch-mean vs pooled MAE
 
 
+def _last_value_reference(values: np.ndarray, eval_batch_size: int, window: int = 12, horizon: int = 12):
+    """Independent NumPy reference of the test protocol on the original scale from the raw ``(T, N)`` readings
+    (0 = missing): chronological 70/10/20 windows, scaler mean of the observed training-span readings, the last
+    observed history value per sensor (the mean if none was observed), pooled masked MAE / MAPE / RMSE over every
+    observed target (all steps and steps 3 / 6 / 12), and Lightning's batch-size-weighted mean of the per-batch
+    masked-MAE loss (windows with no observed target are dropped, batches of ``eval_batch_size`` in order)."""
+    v = values.astype(np.float64)
+    starts = window_starts(len(v), window, horizon)
+    tr, _, te = split_windows(len(starts))
+    span = v[: starts[tr[-1]] + window + horizon]
+    mean = span[span != 0].mean()
+    preds, ys = [], []
+    for s in starts[te]:
+        last = np.full(v.shape[1], mean)
+        for row in v[s:s + window]:  # walk the history: the latest observed value wins
+            last = np.where(row != 0, row, last)
+        preds.append(np.repeat(last[None], horizon, axis=0))
+        ys.append(v[s + window:s + window + horizon])
+    pred, y = np.stack(preds), np.stack(ys)  # (W, Q, N)
+    m = y != 0
+    ref = {}
+    for suffix, sl in (("", slice(None)), ("@3", 2), ("@6", 5), ("@12", 11)):
+        pp, yy = pred[:, sl][m[:, sl]], y[:, sl][m[:, sl]]
+        ref[f"test/mae{suffix}"] = np.abs(pp - yy).mean()
+        ref[f"test/mape{suffix}"] = 100 * np.abs((pp - yy) / yy).mean()
+        ref[f"test/rmse{suffix}"] = np.sqrt(((pp - yy) ** 2).mean())
+    keep = m.any(axis=(1, 2))
+    pred, y, m = pred[keep], y[keep], m[keep]
+    losses, sizes = [], []
+    for b0 in range(0, len(y), eval_batch_size):
+        sl = slice(b0, b0 + eval_batch_size)
+        losses.append(np.abs(pred[sl] - y[sl])[m[sl]].mean())
+        sizes.append(len(y[sl]))
+    ref["test/loss"] = np.average(losses, weights=sizes)
+    return ref, len(y), mean
+
+
+@pytest.mark.parametrize("source", ["synthetic", "los_loop"])
+def test_traffic_task_test_metrics_match_numpy_reference(tmp_path, source, request):
+    """TrafficForecastingTask's logged test metrics (Lightning test loop, last-value model) equal a NumPy reference
+    computed on the original scale from the raw readings: catches a missing inverse scaling, a wrong horizon
+    index, mean-of-means pooling or a mask applied to the wrong entries. The synthetic series has missing readings
+    and an outage inside the test span (sensors whose whole history is missing are forecast by the scaler mean)."""
+    import lightning as L
+
+    from hoformer.train.traffic import TrafficForecastingTask
+
+    if source == "synthetic":
+        rng = np.random.default_rng(3)
+        values = rng.uniform(30, 70, size=(T, N))
+        values[rng.random(values.shape) < 0.1] = 0.0
+        values[250:268, :2] = 0.0  # test-span outage of sensors 0, 1: no observed history for some windows
+        values[262:280] = 0.0  # and of every sensor: windows with no observed target at all
+        values = _write(tmp_path, values=values).astype(np.float32)  # as stored and read back (float32)
+        ebs = 7  # 48 test windows with an observed target: a ragged last batch
+        dm = TrafficDataModule("metr_la", root=str(tmp_path), verify=False, batch_size=8, eval_batch_size=ebs,
+                               num_nodes=N)
+    else:
+        root = request.getfixturevalue("data_root") / "traffic"
+        values = pd.read_csv(root / "los_loop" / "los_speed.csv").to_numpy(np.float32)  # the raw table, not the loader
+        ebs = 8  # 399 test windows
+        dm = TrafficDataModule("los_loop", root=str(root), batch_size=8, eval_batch_size=ebs, num_nodes=207)
+    ref, n_windows, mean = _last_value_reference(values, ebs)
+    task = TrafficForecastingTask("last_value", {"num_nodes": values.shape[1]})
+    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    (res,) = trainer.test(task, dm, verbose=False)
+    assert len(dm.splits["test"]) == n_windows and n_windows % ebs  # same windows, a ragged last batch
+    np.testing.assert_allclose(dm.scaler.mean, [mean], rtol=1e-6)
+    assert set(ref) <= set(res)
+    for key, want in ref.items():
+        assert res[key] == pytest.approx(want, rel=1e-5), key
+
+
 # ------------------------------------------------------------------------------ Los-loop paths, checksums, cells
 def _write_los(d, values=None, adj=None, speed_name="los_speed.csv", adj_name="los_adj.csv"):
     rng = np.random.default_rng(1)

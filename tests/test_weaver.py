@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import itertools
 import math
 from fractions import Fraction
 from pathlib import Path
@@ -21,7 +22,14 @@ from hoformer.functional.weaver import (
     valence_attention,
 )
 from hoformer.layers import AxialAttention, Block, FullAttention, KroneckerAttention
-from hoformer.layers.weaver import KroneckerValenceAttention, TrafficPhaseDictionary
+from hoformer.layers.weaver import (
+    ATkPooling,
+    KroneckerValenceAttention,
+    StateTransition,
+    TrafficEmbedding,
+    TrafficPhaseDictionary,
+    WeaverInput,
+)
 from hoformer.models import create_model
 from hoformer.models.weaver import TrafficTransformer
 
@@ -54,6 +62,10 @@ def test_valence_kernels():
     assert (valence_attention(q, k, "tanimoto") < 0).any()  # signed: can subtract messages
     with pytest.raises(ValueError, match="kernel"):
         valence_attention(q, k, "relu")
+    torch.testing.assert_close(valence_attention(q, k, "sdpa", scale=0.3), (q @ k.transpose(-1, -2) * 0.3).softmax(-1))
+    for kernel in ("tanimoto", "cosine"):  # a signed map has no logit scale: an error, as in kronecker_attention
+        with pytest.raises(ValueError, match=r"`scale` applies to kernel='sdpa' only.*scale=2.0"):
+            valence_attention(q, k, kernel, scale=2.0)
 
 
 # ------------------------------------------------------------------------------------------------ P^2-KMV
@@ -104,6 +116,115 @@ def test_dictionary_weights_on_simplex_and_sparse():
     assert (w_cold == 0).sum() > (w_hot == 0).sum()
     with pytest.raises(ValueError, match="landmarks"):
         dictionary_retrieval(logits, tau, torch.randn(8, 12))
+    # a (m,) temperature would broadcast over the landmarks, not the nodes, when n == m: only (n, 1) is accepted
+    square = torch.randn(4, 16, 16)
+    for bad in (torch.randn(16), torch.randn(1, 16), torch.randn(16, 16), torch.randn(8, 1), 1.0):
+        with pytest.raises(ValueError, match=r"`temperature` must have shape \(n, 1\) = \(16, 1\)"):
+            dictionary_retrieval(square, bad, dictionary)
+    w64, cof64 = dictionary_retrieval(logits.double(), tau.double(), dictionary.double())
+    assert w64.dtype == cof64.dtype == D64  # float64 stays float64 (only half precision is upcast)
+
+
+def _entmax15_ref(z: torch.Tensor) -> torch.Tensor:
+    """Eq 34 by bisection on the threshold: ``p_i = ReLU(z_i / 2 - gamma)^2`` with ``sum_i p_i = 1`` (float64)."""
+    half = z / 2
+    hi = half.amax(-1, keepdim=True)  # sum(p) = 0 at gamma = max
+    lo = hi - 1.0  # the largest entry alone gives sum(p) >= 1
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        big = (half - mid).clamp_min(0).pow(2).sum(-1, keepdim=True) > 1
+        lo, hi = torch.where(big, mid, lo), torch.where(big, hi, mid)
+    return (half - (lo + hi) / 2).clamp_min(0).pow(2)
+
+
+def _glu_ref(x, lin):
+    a = torch.einsum("...i,oi->...o", x, lin.weight) + lin.bias
+    sig, gate = a.chunk(2, dim=-1)
+    return sig / (1 + torch.exp(-gate))
+
+
+def _dictionary_ref(mod: TrafficPhaseDictionary, x: torch.Tensor):
+    """Eqs 35-38 with explicit loops over the layouts; returns ``(xi (b, p, n, k), weights (b, n, m))``."""
+    b, p, n, c = x.shape
+    kw = mod.width
+    states = torch.zeros(b, n, p * c, dtype=x.dtype)
+    for i, j, r in itertools.product(range(b), range(p), range(n)):
+        states[i, r, j * c:(j + 1) * c] = x[i, j, r]  # eq 35: node r's history, step-major
+    tau = torch.log1p(torch.exp(mod.temperature))  # softplus, (n, 1)
+    w = _entmax15_ref(_glu_ref(states, mod.query.proj) / tau)  # eq 36
+    cof = torch.einsum("bnm,mf->bnf", w, mod.dictionary)  # eq 37, (b, n, p*k)
+    xi = torch.zeros(b, p, n, kw, dtype=x.dtype)
+    for i, j, r in itertools.product(range(b), range(p), range(n)):
+        xi[i, j, r] = cof[i, r, j * kw:(j + 1) * kw]  # eq 38: step j's cofactors of node r
+    return xi, w
+
+
+def _randomize(mod: torch.nn.Module, seed: int = 0) -> None:
+    """Every parameter ~ N(0, 1) (zero-initialised or all-ones ones would hide a missing term)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for prm in mod.parameters():
+            prm.copy_(torch.randn(prm.shape, generator=g, dtype=prm.dtype))
+
+
+def test_phase_dictionary_matches_eqs_35_38():
+    mod = TrafficPhaseDictionary(num_nodes=5, window=4, in_channels=2, num_landmarks=7, width=3, dropout=0.5)
+    mod = mod.double().eval()
+    _randomize(mod)
+    x = torch.randn(2, 4, 5, 2, dtype=D64)
+    xi, w = mod(x, return_weights=True)
+    ref_xi, ref_w = _dictionary_ref(mod, x)
+    assert (ref_w == 0).any() and ((ref_w > 0).sum(-1) > 1).any()  # sparse, yet rows that mix several landmarks
+    torch.testing.assert_close(w, ref_w, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(xi, ref_xi, rtol=1e-9, atol=1e-12)
+
+
+def test_weaver_input_matches_eqs_35_41():
+    for use_dictionary in (True, False):
+        mod = WeaverInput(num_nodes=5, window=4, in_channels=2, dim=6, num_landmarks=7, width=3, dropout=0.5,
+                          use_dictionary=use_dictionary).double().eval()
+        _randomize(mod, seed=1)
+        x = torch.randn(2, 4, 5, 2, dtype=D64)
+        aug = torch.cat([x, _dictionary_ref(mod.dictionary, x)[0]], dim=-1) if use_dictionary else x  # X || Xi
+        u = torch.einsum("bpni,ei->bpne", aug, mod.proj.weight) + mod.proj.bias  # eq 39
+        eps = mod.norm.eps if mod.norm.eps is not None else torch.finfo(D64).eps
+        normed = u / torch.sqrt(u.pow(2).mean(-1, keepdim=True) + eps) * mod.norm.weight  # RMSNorm
+        ref = _glu_ref(normed, mod.glu.proj) + u  # eq 40: GLU(RMSNorm(u)) + residual
+        torch.testing.assert_close(mod(x), ref, rtol=1e-9, atol=1e-12)
+
+
+def test_state_transition_matches_eqs_59_60():
+    for window, horizon in ((6, 4), (5, 5)):  # with and without the learned P -> Q map over time
+        mod = StateTransition(dim=8, out_channels=2, window=window, horizon=horizon, expansion=3, dropout=0.5)
+        mod = mod.double().eval()
+        z = torch.randn(2, window, 3, 8, dtype=D64)
+        hid = torch.einsum("bpne,fe->bpnf", z, mod.up.weight) + mod.up.bias
+        assert (hid < 0).float().mean() > 0.2  # the negative slope of LeakyReLU is exercised
+        act = torch.where(hid > 0, hid, 0.01 * hid)  # LeakyReLU, slope 0.01
+        z1 = torch.einsum("bpnf,ef->bpne", act, mod.down.weight) + mod.down.bias + z  # eq 59 (residual)
+        y = torch.einsum("bpne,ce->bpnc", z1, mod.readout.weight) + mod.readout.bias  # eq 60
+        if window != horizon:
+            y = torch.einsum("bpnc,qp->bqnc", y, mod.time_map.weight) + mod.time_map.bias.view(1, -1, 1, 1)
+        out = mod(z)
+        assert out.shape == (2, horizon, 3, 2)
+        torch.testing.assert_close(out, y, rtol=1e-12, atol=1e-12)
+
+
+def test_traffic_embedding_matches_reference():
+    mod = TrafficEmbedding(num_nodes=5, window=4, in_channels=2, dim=6).double()
+    _randomize(mod, seed=2)
+    x = torch.randn(2, 4, 5, 2, dtype=D64)
+    time = torch.tensor([[[1435.0 - 5 * j, 6.0], [15.0 * j, 0.0]][i] for i in range(2) for j in range(4)],
+                        dtype=D64).view(2, 4, 2)
+    ref = torch.zeros(2, 4, 5, 6, dtype=D64)
+    ref_t = torch.zeros(2, 4, 5, 6, dtype=D64)
+    for i, j, r in itertools.product(range(2), range(4), range(5)):
+        ref[i, j, r] = mod.proj.weight @ x[i, j, r] + mod.proj.bias + mod.node[r] + mod.step[j, 0]
+        tod, dow = 2 * math.pi * time[i, j, 0] / 1440, 2 * math.pi * time[i, j, 1] / 7  # eqs 53-54
+        enc = torch.stack([tod.sin(), tod.cos(), dow.sin(), dow.cos()])
+        ref_t[i, j, r] = ref[i, j, r] + mod.time.weight @ enc + mod.time.bias
+    torch.testing.assert_close(mod(x), ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(mod(x, time), ref_t, rtol=1e-12, atol=1e-12)
 
 
 def test_phase_dictionary_module():
@@ -174,6 +295,83 @@ def test_cyclic_time_encoding():
     torch.testing.assert_close(enc, torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.0, -1.0]]), atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="time"):
         cyclic_time_encoding(torch.zeros(3, 4))
+
+
+@pytest.mark.parametrize("bad, msg", [
+    ([5000.0, 2.0], r"`time\[\.\.\., 0\]` \(minute of day\) must lie in \[0, 1440\).*5000"),
+    ([1440.0, 2.0], r"minute of day\) must lie in \[0, 1440\)"),
+    ([-5.0, 2.0], r"minute of day\) must lie in \[0, 1440\)"),
+    ([float("nan"), 2.0], r"minute of day\) must lie in \[0, 1440\).*nan"),
+    ([300.0, 7.0], r"`time\[\.\.\., 1\]` \(day of week\) must lie in \[0, 7\)"),
+    ([300.0, float("inf")], r"day of week\) must lie in \[0, 7\)"),
+    (None, r"looks like a fraction of the day"),  # [0.5, 0.503, ..]: fraction of day, all steps ~ midnight
+])
+def test_time_features_out_of_range_are_rejected(bad, msg):
+    """A wrong time column (minute 5000, a fraction of the day, NaN, weekday 7) would give a wrong but finite
+    encoding: every consumer rejects it, also under torch.no_grad and for models that ignore `time`."""
+    time = torch.stack([torch.arange(12) * 5.0 + 480, torch.full((12,), 2.0)], -1).expand(2, 12, 2).clone()
+    if bad is None:
+        time[..., 0] = time[..., 0] / 1440
+    else:
+        time[1, 7] = torch.tensor(bad)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="cyclic_time_encoding: .*" + msg):
+            cyclic_time_encoding(time)
+        with pytest.raises(ValueError, match="cyclic_time_encoding: .*" + msg):
+            TrafficEmbedding(num_nodes=3, window=12, in_channels=1, dim=4)(torch.randn(2, 12, 3, 1), time)
+        for name, kw in (("weaver", {"dim": 8, "num_heads": 2}), ("weaver", {"dim": 8, "num_heads": 2,
+                                                                             "use_time": False}),
+                         ("last_value", {}), ("traffic_alternating", {"dim": 8, "num_heads": 2})):
+            model = create_model(name, num_nodes=3, **kw).eval()
+            with pytest.raises(ValueError, match=f"{type(model).__name__}: .*" + msg):
+                model(torch.randn(2, 12, 3, 1), time=time)
+    cyclic_time_encoding(torch.tensor([[0.0, 0.0], [1439.0, 6.0], [0.0, 6.999]]))  # the edges are fine
+
+
+def test_layers_reject_wrong_sizes_with_clear_errors():
+    """Layers called directly with a wrong P / N / C / E name the argument and the expected sizes (instead of a raw
+    matmul / cat / broadcast error); bad pooling ratios fail at construction, not at the first forward."""
+    x = torch.randn(2, 6, 5, 2)
+    cases = [
+        (TrafficPhaseDictionary(num_nodes=5, window=6, in_channels=2, num_landmarks=4, width=3), (), "x",
+         r"\(B, P=6, N=5, C=2\)"),
+        (WeaverInput(num_nodes=5, window=6, in_channels=2, dim=8, num_landmarks=4, width=3), (), "x",
+         r"\(B, P=6, N=5, C=2\)"),
+        (WeaverInput(num_nodes=5, window=6, in_channels=2, dim=8, use_dictionary=False), (), "x",
+         r"\(B, P=6, N=5, C=2\)"),
+        (TrafficEmbedding(num_nodes=5, window=6, in_channels=2, dim=8), (), "x", r"\(B, P=6, N=5, C=2\)"),
+    ]
+    for mod, extra, name, shape in cases:
+        mod(x, *extra)  # the right sizes work
+        for bad in (torch.randn(2, 7, 5, 2), torch.randn(2, 6, 4, 2), torch.randn(2, 6, 5, 1), torch.randn(6, 5, 2)):
+            with pytest.raises(ValueError, match=rf"{type(mod).__name__}: `{name}` must have shape {shape}.*got"):
+                mod(bad)
+    kva = KroneckerValenceAttention(num_nodes=5, dim=8, num_heads=2, kern_dim=3, kern_layers=1)
+    kva(torch.randn(2, 6, 5, 8))
+    for bad in (torch.randn(2, 6, 4, 8), torch.randn(2, 6, 5, 6), torch.randn(6, 5, 8)):
+        with pytest.raises(ValueError, match=r"KroneckerValenceAttention: `u` must have shape \(B, P, N=5, E=8\)"):
+            kva(bad)
+    with pytest.raises(ValueError, match=r"KroneckerValenceAttention: `time` must have shape \(B, P, 2\) = "
+                                         r"\(2, 6, 2\)"):
+        kva(torch.randn(2, 6, 5, 8), torch.zeros(2, 7, 2))
+    with pytest.raises(ValueError, match=r"TrafficEmbedding: `time` must have shape \(B, P, 2\)"):
+        TrafficEmbedding(num_nodes=5, window=6, in_channels=2, dim=8)(x, torch.zeros(2, 6, 3))
+    for window, horizon in ((6, 4), (6, 6)):  # P == Q has no time map: P is still checked
+        st = StateTransition(dim=8, out_channels=1, window=window, horizon=horizon)
+        st(torch.randn(2, 6, 5, 8))
+        for bad in (torch.randn(2, 7, 5, 8), torch.randn(2, 6, 5, 4)):
+            with pytest.raises(ValueError, match=r"StateTransition: `z` must have shape \(B, P=6, N, E=8\)"):
+                st(bad)
+    with pytest.raises(TypeError, match=r"TrafficEmbedding: `x` must be a floating-point tensor"):
+        TrafficEmbedding(num_nodes=5, window=6, in_channels=2, dim=8)(x.long())
+    for ratio in (0, 0.0, -0.5, 1.5, float("nan"), True, "0.5"):
+        with pytest.raises(ValueError, match=r"ATkPooling: `ratio` .* in \(0, 1\]"):
+            ATkPooling(8, ratio=ratio)
+        with pytest.raises(ValueError, match=r"KroneckerValenceAttention: `ratio_space` must be a number in \(0, 1\]"):
+            KroneckerValenceAttention(num_nodes=5, dim=8, ratio_space=ratio)
+        with pytest.raises(ValueError, match=r"KroneckerValenceAttention: `ratio_time` must be a number in \(0, 1\]"):
+            KroneckerValenceAttention(num_nodes=5, dim=8, ratio_time=ratio)
+    ATkPooling(8, ratio=1)  # ints in range are fine
 
 
 # ---------------------------------------------------------------------------------------------- layer / model

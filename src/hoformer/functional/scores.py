@@ -60,6 +60,10 @@ def masked_softmax(logits: torch.Tensor, mask: torch.Tensor | None = None, dim: 
     maps, triplet cubes, block-local and cross-block maps)."""
     if mask is None:
         return logits.softmax(dim)
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        raise TypeError(f"masked_softmax: `mask` must be a bool tensor broadcastable to `logits` "
+                        f"{tuple(logits.shape)} (True = may attend), got "
+                        f"{mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__}")
     return logits.masked_fill(~mask, torch.finfo(logits.dtype).min).softmax(dim) * mask
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "VALENCE_KERNELS",
     "valence_attention",
     "p2_kmv",
+    "check_time_features",
     "cyclic_time_encoding",
     "dictionary_retrieval",
     "pooling_informativeness",
@@ -38,9 +39,14 @@ def valence_attention(q: torch.Tensor, k: torch.Tensor, kernel: str = "tanimoto"
 
     ``kernel``: ``"tanimoto"`` (continuous Tanimoto coefficient, eq 29/47, signed, in ``[-1/3, 1]``),
     ``"cosine"`` (eq 69, signed) or ``"sdpa"`` (``softmax(q k^T * scale)``, eq 5; the ablation of section 7.2).
-    Signed maps are used as weights directly (no softmax), so messages can be subtracted.
+    Signed maps are used as weights directly (no softmax), so messages can be subtracted; ``scale`` (the softmax
+    logit scale) applies to ``"sdpa"`` only and is an error with a signed kernel, as in
+    :func:`~hoformer.functional.kronecker_attention`.
     """
     if kernel in SCORE_FNS:
+        if scale is not None:
+            raise ValueError(f"valence_attention: `scale` applies to kernel='sdpa' only; the signed {kernel!r} scores "
+                             f"are used as they are (got scale={scale})")
         return SCORE_FNS[kernel](q, k, eps=eps)
     if kernel == "sdpa":
         return dot_scores(q, k, scale=scale).softmax(dim=-1)
@@ -56,19 +62,47 @@ def p2_kmv(theta_t: torch.Tensor, theta_s: torch.Tensor, u: torch.Tensor) -> tor
     return kron_apply([theta_t, theta_s], u)
 
 
+MINUTES_PER_DAY, DAYS_PER_WEEK = 1440, 7
+
+
+def check_time_features(time, fn: str = "cyclic_time_encoding") -> None:
+    """Validate ``time (..., 2) = [minute of day in [0, 1440), day of week in [0, 7)]`` (the layout of
+    :func:`hoformer.data.traffic.time_features`); NaN / inf fail. Also rejects a time-of-day column that looks like a
+    *fraction* of the day (every value in ``[0, 1)``, not all 0), which would encode every step as about midnight.
+
+    Cheap: a few reductions and one host sync, run in every mode (training, ``torch.no_grad``, eval)."""
+    if not isinstance(time, torch.Tensor) or time.shape[-1:] != (2,) or time.dtype == torch.bool:
+        got = (f"{time.dtype} {tuple(time.shape)}" if isinstance(time, torch.Tensor) else type(time).__name__)
+        raise ValueError(f"{fn}: `time` must be a numeric tensor (..., 2) of [minute of day, day of week], got {got}")
+    if time.numel() == 0:
+        return
+    tod, dow = time[..., 0], time[..., 1]
+    ok_tod = ((tod >= 0) & (tod < MINUTES_PER_DAY)).all()  # NaN compares False: rejected too
+    ok_dow = ((dow >= 0) & (dow < DAYS_PER_WEEK)).all()
+    fraction = (tod.amax() < 1) & (tod != 0).any()
+    ok_tod, ok_dow, fraction = torch.stack([ok_tod, ok_dow, fraction]).tolist()  # one sync
+    for ok, col, name, hi in ((ok_tod, 0, "minute of day", MINUTES_PER_DAY), (ok_dow, 1, "day of week", DAYS_PER_WEEK)):
+        if not ok:
+            v = time[..., col]
+            bad = v[~((v >= 0) & (v < hi))]
+            raise ValueError(f"{fn}: `time[..., {col}]` ({name}) must lie in [0, {hi}), got {bad.numel()} value(s) "
+                             f"outside it, e.g. {bad.flatten()[0].item()}")
+    if fraction:
+        raise ValueError(f"{fn}: `time[..., 0]` must be the minute of day in [0, {MINUTES_PER_DAY}), but every value "
+                         f"lies in [0, 1) (max {tod.amax().item()}): it looks like a fraction of the day; multiply "
+                         f"by {MINUTES_PER_DAY}")
+
+
 def cyclic_time_encoding(time: torch.Tensor) -> torch.Tensor:
     """Cyclic TOD/DOW encoding ``B_dyn`` (eqs 53-54).
 
-    ``time (..., 2)`` holds ``[minute of day in [0, 1440), day of week]`` ->
-    ``(..., 4) = [sin, cos](2 pi tod / 1440) || [sin, cos](2 pi dow / 7)``.
+    ``time (..., 2)`` holds ``[minute of day in [0, 1440), day of week in [0, 7)]`` (checked by
+    :func:`check_time_features`) -> ``(..., 4) = [sin, cos](2 pi tod / 1440) || [sin, cos](2 pi dow / 7)``, in
+    float32 (float64 for float64 ``time``).
     """
-    if not isinstance(time, torch.Tensor) or time.shape[-1:] != (2,):
-        raise ValueError(
-            "cyclic_time_encoding: `time` must be a tensor (..., 2) of [minute of day, day of week], got "
-            f"{tuple(time.shape) if isinstance(time, torch.Tensor) else type(time).__name__}"
-        )
-    t = time.float()
-    ang = 2 * math.pi * t / t.new_tensor([1440.0, 7.0])
+    check_time_features(time, "cyclic_time_encoding")
+    t = time.to(torch.promote_types(time.dtype, torch.float32))  # at least float32 (float64 stays float64)
+    ang = 2 * math.pi * t / t.new_tensor([float(MINUTES_PER_DAY), float(DAYS_PER_WEEK)])
     return torch.stack([ang[..., 0].sin(), ang[..., 0].cos(), ang[..., 1].sin(), ang[..., 1].cos()], dim=-1)
 
 
@@ -78,24 +112,34 @@ def dictionary_retrieval(logits: torch.Tensor, temperature: torch.Tensor, dictio
 
     Args:
         logits: retrieval queries ``(b, n, m)`` (the GLU output of eq 36).
-        temperature: raw per-node temperatures ``tau (n, 1)`` (or broadcastable); ``softplus`` keeps them positive.
+        temperature: raw per-node temperatures ``tau (n, 1)``, one per node (exactly this shape: a ``(m,)`` vector
+            would silently broadcast over the landmarks instead); ``softplus`` keeps them positive.
         dictionary: landmarks ``C_Xi (m, f)`` (``f = P * K_Xi``).
 
     Returns:
         ``weights (b, n, m) = entmax_1.5(logits / softplus(tau))`` on the probability simplex (sparse), and
-        ``cofactors (b, n, f) = weights @ C_Xi``. Entmax runs in float32 (autocast-safe).
+        ``cofactors (b, n, f) = weights @ C_Xi``. Entmax runs in at least float32 (autocast-safe; float64 stays
+        float64).
     """
     from entmax import entmax15
 
+    if logits.ndim < 2 or dictionary.ndim != 2:
+        raise ValueError(f"dictionary_retrieval: need `logits` (b, n, m) and `dictionary` (m, f), got "
+                         f"{tuple(logits.shape)} and {tuple(dictionary.shape)}")
+    if not isinstance(temperature, torch.Tensor) or tuple(temperature.shape) != (logits.shape[-2], 1):
+        got = tuple(temperature.shape) if isinstance(temperature, torch.Tensor) else type(temperature).__name__
+        raise ValueError(f"dictionary_retrieval: `temperature` must have shape (n, 1) = ({logits.shape[-2]}, 1), one "
+                         f"per node of `logits` {tuple(logits.shape)}, got {got}")
     if logits.shape[-1] != dictionary.shape[0]:
         raise ValueError(
             f"dictionary_retrieval: `logits` last dim ({logits.shape[-1]}) must equal the number of landmarks "
             f"(`dictionary` rows, {dictionary.shape[0]}); got logits {tuple(logits.shape)}, "
             f"dictionary {tuple(dictionary.shape)}"
         )
+    dtype = torch.promote_types(logits.dtype, torch.float32)
     with torch.autocast(device_type=logits.device.type, enabled=False):
-        w = entmax15(logits.float() / F.softplus(temperature.float()), dim=-1)
-        return w, torch.matmul(w, dictionary.float()).to(logits.dtype)
+        w = entmax15(logits.to(dtype) / F.softplus(temperature.to(dtype)), dim=-1)
+        return w, torch.matmul(w, dictionary.to(dtype)).to(logits.dtype)
 
 
 def pooling_informativeness(scores: torch.Tensor, dim: int) -> torch.Tensor:

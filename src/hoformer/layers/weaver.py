@@ -33,6 +33,23 @@ __all__ = [
 ]
 
 
+def _check_grid(x, name: str, fn: str, **expect: int | None) -> None:
+    """``x`` must be a floating tensor ``(B, P, N, C)``; each given ``P=``, ``N=``, ``C=`` / ``E=`` size is checked."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(f"{fn}: `{name}` must be a floating-point tensor (B, P, N, C), got "
+                        f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
+    want = "(B, " + ", ".join(f"{k}={v}" if v is not None else k for k, v in expect.items()) + ")"
+    if x.ndim != 4 or any(v is not None and x.shape[i + 1] != v for i, v in enumerate(expect.values())):
+        raise ValueError(f"{fn}: `{name}` must have shape {want} (sizes fixed at construction), got {tuple(x.shape)}")
+
+
+def _check_time(time, x: torch.Tensor, fn: str) -> None:
+    if time is not None and (not isinstance(time, torch.Tensor) or tuple(time.shape) != (*x.shape[:2], 2)):
+        got = tuple(time.shape) if isinstance(time, torch.Tensor) else type(time).__name__
+        raise ValueError(f"{fn}: `time` must have shape (B, P, 2) = {(*x.shape[:2], 2)} [minute of day, day of "
+                         f"week], got {got}")
+
+
 class GLU(nn.Module):
     """``GLU(x W + b)`` (eqs 85-88): a linear map to ``2 * out`` split into signal and sigmoid gate."""
 
@@ -52,13 +69,14 @@ class TrafficPhaseDictionary(nn.Module):
     def __init__(self, num_nodes: int, window: int, in_channels: int, num_landmarks: int = 64, width: int = 32,
                  dropout: float = 0.1) -> None:
         super().__init__()
-        self.window, self.width = window, width
+        self.num_nodes, self.window, self.in_channels, self.width = num_nodes, window, in_channels, width
         self.query = GLU(window * in_channels, num_landmarks)
         self.drop = nn.Dropout(dropout)
         self.temperature = nn.Parameter(torch.full((num_nodes, 1), math.log(math.e - 1)))  # softplus -> 1
         self.dictionary = nn.Parameter(torch.randn(num_landmarks, window * width) * 0.02)
 
     def forward(self, x: torch.Tensor, return_weights: bool = False):
+        _check_grid(x, "x", type(self).__name__, P=self.window, N=self.num_nodes, C=self.in_channels)
         b, p, n, _ = x.shape
         states = rearrange(x, "b p n c -> b n (p c)")  # eq 35
         w, cof = dictionary_retrieval(self.drop(self.query(states)), self.temperature, self.dictionary)  # 36-37
@@ -74,6 +92,8 @@ class ATkPooling(nn.Module):
         super().__init__()
         if pool_dim not in (1, 2):
             raise ValueError(f"ATkPooling: `pool_dim` must be 1 (time) or 2 (nodes), got {pool_dim}")
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 < ratio <= 1.0:
+            raise ValueError(f"ATkPooling: `ratio` (the pooling ratio rho) must be a number in (0, 1], got {ratio!r}")
         self.ratio, self.pool_dim = ratio, pool_dim
         self.scorers = nn.Parameter(torch.randn(dim, num_scorers) / math.sqrt(dim))
 
@@ -87,6 +107,7 @@ class WeaverInput(nn.Module):
     def __init__(self, num_nodes: int, window: int, in_channels: int, dim: int, num_landmarks: int = 64,
                  width: int = 32, dropout: float = 0.1, use_dictionary: bool = True) -> None:
         super().__init__()
+        self.num_nodes, self.window, self.in_channels = num_nodes, window, in_channels
         self.dictionary = (TrafficPhaseDictionary(num_nodes, window, in_channels, num_landmarks, width, dropout)
                            if use_dictionary else None)
         self.proj = nn.Linear(in_channels + (width if use_dictionary else 0), dim)  # eq 39
@@ -95,6 +116,7 @@ class WeaverInput(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_grid(x, "x", type(self).__name__, P=self.window, N=self.num_nodes, C=self.in_channels)
         if self.dictionary is not None:
             x = torch.cat([x, self.dictionary(x)], dim=-1)
         u = self.proj(x)
@@ -119,6 +141,10 @@ class KroneckerValenceAttention(_Recordable):
             raise ValueError(f"KroneckerValenceAttention: `dim` ({dim}) must be divisible by `num_heads` ({num_heads})")
         if kernel not in VALENCE_KERNELS:
             raise ValueError(f"KroneckerValenceAttention: `kernel` must be one of {VALENCE_KERNELS}, got {kernel!r}")
+        for name, r in (("ratio_space", ratio_space), ("ratio_time", ratio_time)):
+            if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 < r <= 1.0:
+                raise ValueError(f"KroneckerValenceAttention: `{name}` must be a number in (0, 1], got {r!r}")
+        self.num_nodes, self.dim = num_nodes, dim
         self.num_heads, self.kernel, self.use_time = num_heads, kernel, use_time
         self.pool_s = ATkPooling(dim, num_scorers, ratio_time, pool_dim=1)  # top-k over time -> spatial nodes
         self.pool_t = ATkPooling(dim, num_scorers, ratio_space, pool_dim=2)  # top-k over nodes -> temporal nodes
@@ -141,6 +167,8 @@ class KroneckerValenceAttention(_Recordable):
             self.mix.proj.bias[:dim].zero_()
 
     def forward(self, u: torch.Tensor, time: torch.Tensor | None = None, return_attention: bool = False):
+        _check_grid(u, "u", type(self).__name__, P=None, N=self.num_nodes, E=self.dim)
+        _check_time(time, u, type(self).__name__)
         b, p, n, e = u.shape
         g_s = self.struct(torch.cat([self.pool_s(u), self.b_kern.expand(b, -1, -1).to(u.dtype)], dim=-1))
         g_t = self.pool_t(u)
@@ -166,12 +194,14 @@ class StateTransition(nn.Module):
     def __init__(self, dim: int, out_channels: int, window: int, horizon: int, expansion: int = 2,
                  dropout: float = 0.1) -> None:
         super().__init__()
+        self.dim, self.window = dim, window
         self.up, self.down = nn.Linear(dim, expansion * dim), nn.Linear(expansion * dim, dim)
         self.drop = nn.Dropout(dropout)
         self.readout = nn.Linear(dim, out_channels)
         self.time_map = nn.Linear(window, horizon) if window != horizon else None
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
+        _check_grid(z, "z", type(self).__name__, P=self.window, N=None, E=self.dim)
         z = self.down(self.drop(F.leaky_relu(self.up(z)))) + z  # eq 59
         y = self.readout(z)  # eq 60, (b, p, n, c)
         if self.time_map is not None:
@@ -186,12 +216,15 @@ class TrafficEmbedding(nn.Module):
 
     def __init__(self, num_nodes: int, window: int, in_channels: int, dim: int, use_time: bool = True) -> None:
         super().__init__()
+        self.num_nodes, self.window, self.in_channels = num_nodes, window, in_channels
         self.proj = nn.Linear(in_channels, dim)
         self.node = nn.Parameter(torch.randn(num_nodes, dim) * 0.02)
         self.step = nn.Parameter(torch.randn(window, 1, dim) * 0.02)
         self.time = nn.Linear(4, dim) if use_time else None
 
     def forward(self, x: torch.Tensor, time: torch.Tensor | None = None) -> torch.Tensor:
+        _check_grid(x, "x", type(self).__name__, P=self.window, N=self.num_nodes, C=self.in_channels)
+        _check_time(time, x, type(self).__name__)
         h = self.proj(x) + self.node + self.step
         if self.time is not None and time is not None:
             h = h + self.time(cyclic_time_encoding(time).to(h.dtype)).unsqueeze(2)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hoformer.functional.weaver import check_time_features
 from hoformer.layers.blocks import Block
 from hoformer.layers.weaver import (
     KroneckerValenceAttention,
@@ -65,6 +66,8 @@ class TrafficModel(HoformerModel):
         if time is not None and (not isinstance(time, torch.Tensor) or tuple(time.shape) != (x.shape[0], self.window, 2)):
             raise ValueError(f"{name}: `time` must have shape (B, P={self.window}, 2) = [minute of day, day of week], "
                              f"got {tuple(time.shape) if isinstance(time, torch.Tensor) else type(time).__name__}")
+        if time is not None:  # minute of day in [0, 1440), day of week in [0, 7); checked even by models that
+            check_time_features(time, name)  # ignore `time`: a bad feature column is a data bug wherever it goes
         if mask is not None:
             if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
                 raise TypeError(f"{name}: `mask` must be a bool tensor (True = observed), got "
