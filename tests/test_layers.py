@@ -1,6 +1,7 @@
 """hoformer.layers: KroneckerAttention semantics, baselines, positional encodings, blocks."""
 from __future__ import annotations
 
+import functools
 import itertools
 
 import pytest
@@ -13,13 +14,23 @@ from hoformer.layers import (
     AxialAttention,
     Block,
     Encoder,
-    FullAttention,
     KroneckerAttention,
     PatchEmbed,
     RotaryEmbedding,
+    axial_rotary,
     build_attention,
     record_attention,
 )
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny layers: one intra-op thread (a second one only adds per-op wake-ups, many times slower on a busy
+    2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def test_one_mode_equals_standard_multihead_attention():
@@ -52,17 +63,36 @@ def test_pool_then_project_equals_project_then_pool(pool):
         torch.testing.assert_close(ks[i], k)
 
 
+@pytest.mark.parametrize("kernel", ["softmax", "linear"])
 @pytest.mark.parametrize("combine", ["product", "sum"])
-def test_layer_output_reproduced_from_recorded_factors(combine):
-    att = KroneckerAttention(16, 2, combine=combine, num_modes=3, rope_modes=(2,)).double()
+def test_layer_output_reproduced_from_recorded_factors(combine, kernel):
+    """``y = to_out(S v)`` with ``S`` the dense ``S_1 (x) S_2 (x) S_3`` (or ``(1/3) sum_m I (x) S_m (x) I``) built with
+    ``torch.kron`` from the recorded factors, per sample and head; for FAVOR+ (``kernel="linear"``) the factors are
+    the row-normalised ``phi(q_i) phi(k_i)^T`` the output is computed from."""
+    att = KroneckerAttention(16, 2, combine=combine, kernel=kernel, num_modes=3, rope_modes=(2,)).double()
     x = torch.randn(2, 3, 4, 5, 16, dtype=torch.float64)
     with record_attention(att) as rec:
-        y = att(x)
+        y, maps = att(x, return_attention=True)
     (_, fs), = rec
-    v = att.to_v(x).view(2, 3, 4, 5, 2, 8).movedim(-2, 1)
-    z = kron_apply(fs, v) if combine == "product" else kron_sum_apply(fs, v)
-    torch.testing.assert_close(y, att.to_out(z.movedim(1, -2).reshape(2, 3, 4, 5, 16)))
-    torch.testing.assert_close(att(x), y)  # recording does not change outputs
+    for f, m in zip(fs, maps, strict=True):
+        torch.testing.assert_close(f, m)
+        assert (f >= 0).all()
+        torch.testing.assert_close(f.sum(-1), torch.ones_like(f.sum(-1)))
+    v = att.to_v(x).view(2, 60, 2, 8)  # (b, N, h, e), tokens row-major
+    z = torch.empty_like(v)
+    for b, h in itertools.product(range(2), range(2)):
+        mats = [f[b, h] for f in fs]
+        if combine == "product":
+            dense = functools.reduce(torch.kron, mats)
+        else:
+            eyes = [torch.eye(m.shape[0], dtype=torch.float64) for m in mats]
+            dense = sum(functools.reduce(torch.kron, eyes[:i] + [mats[i]] + eyes[i + 1:]) for i in range(3)) / 3
+        z[b, :, h] = dense @ v[b, :, h]
+    torch.testing.assert_close(y, att.to_out(z.reshape(2, 3, 4, 5, 16)))
+    torch.testing.assert_close(att(x), y)  # recording / returning maps does not change outputs
+    z_fast = kron_apply(fs, v.view(2, 3, 4, 5, 2, 8).movedim(-2, 1)) if combine == "product" else \
+        kron_sum_apply(fs, v.view(2, 3, 4, 5, 2, 8).movedim(-2, 1))
+    torch.testing.assert_close(z_fast.movedim(1, -2).reshape(z.shape), z)
 
 
 def test_rope_is_relative():
@@ -123,14 +153,8 @@ def test_every_attention_any_order(name, sizes):
     torch.testing.assert_close(att(x), y)  # return_attention does not change outputs
 
 
-def test_full_attention_mode_masks_are_kronecker_and():
-    att = FullAttention(8, 2).double().eval()
-    x = torch.randn(1, 3, 4, 8, dtype=torch.float64)
-    causal = torch.ones(4, 4, dtype=torch.bool).tril()
-    y, (a,) = att(x, masks=[None, causal], return_attention=True)
-    a = a.view(1, 2, 3, 4, 3, 4)
-    assert (a[..., :, :, :, :][:, :, :, 1, :, 2:] == 0).all()
-    torch.testing.assert_close(att(x, masks=[None, causal]), y)
+# Layer-level masks of FullAttention / AxialAttention / DividedAttention against dense and per-fibre float64
+# references: tests/test_layers_reference.py
 
 
 @pytest.mark.parametrize("combine", ["sum", "sequential"])
@@ -219,6 +243,48 @@ def test_bad_inputs():
         Block(16, 2, mlp="relu", num_modes=1)
 
 
+def test_bad_positional_inputs():
+    """Bad arguments of the positional encodings raise a ValueError naming the argument (no all-zero encoding, no raw
+    IndexError / broadcasting error)."""
+    with pytest.raises(ValueError, match=r"dim >= 2 \* len\(modes\) = 6.*got dim=4"):
+        AbsolutePositionalEncoding((3, 4, 5), 4, kind="sincos")  # 3 modes need 3 sin/cos pairs
+    with pytest.raises(ValueError, match="dim >= 2"):
+        AbsolutePositionalEncoding((3, 4), 3, kind="sincos")
+    AbsolutePositionalEncoding((3, 4, 5), 4, kind="sincos", modes=(0, 2))  # 2 modes fit in 4 features
+    for modes in ((5,), (-1,), (0, 0), (1.0,)):
+        with pytest.raises(ValueError, match=r"`modes` must be distinct 0-based mode indices in \[0, 2\)"):
+            AbsolutePositionalEncoding((3, 4), 8, kind="learned", modes=modes)
+        with pytest.raises(ValueError, match="`modes`"):
+            AbsolutePositionalEncoding((3, 4), 8, kind="sincos", modes=modes)
+    for sizes in ((), (3, 0), (3, 2.5)):
+        with pytest.raises(ValueError, match="`sizes`"):
+            AbsolutePositionalEncoding(sizes, 8)
+    with pytest.raises(ValueError, match="`dim`"):
+        AbsolutePositionalEncoding((3, 4), 0)
+    with pytest.raises(ValueError, match=r"\(B, 3, 4, 8\), got \(2, 4, 3, 8\)"):
+        AbsolutePositionalEncoding((3, 4), 8)(torch.randn(2, 4, 3, 8))
+    x = torch.randn(2, 12, 8)
+    for bad in ((2,), (-1,), (0, 5)):
+        with pytest.raises(ValueError, match=r"axial_rotary: `rope_modes` must be 0-based mode indices in \[0, 2\)"):
+            axial_rotary(x, (3, 4), bad)
+    with pytest.raises(ValueError, match=r"prod\(sizes\)=12"):
+        axial_rotary(torch.randn(2, 10, 8), (3, 4), (1,))
+    with pytest.raises(ValueError, match=r"`positions` must be a 1-D tensor of length x.shape\[-2\]=12"):
+        RotaryEmbedding(8)(x, torch.arange(5))
+    with pytest.raises(ValueError, match="`dim` must be even"):
+        RotaryEmbedding(7)
+
+
+def test_axial_rotary_rotates_each_chunk_by_its_modes_coordinate():
+    """Reference: chunk ``j`` of the head dim is rotated by 1-D RoPE at the coordinate along ``rope_modes[j]``."""
+    x = torch.randn(2, 12, 10, dtype=torch.float64)  # head dim 10, 2 modes: chunks of 4, features 8..9 unrotated
+    y = axial_rotary(x, (3, 4), (1, 0))
+    rot, tokens = RotaryEmbedding(4), torch.arange(12)  # token t = (i, j) = (t // 4, t % 4), row-major
+    torch.testing.assert_close(y[..., :4], rot(x[..., :4], tokens % 4))  # first chunk: mode 1, coordinate j
+    torch.testing.assert_close(y[..., 4:8], rot(x[..., 4:8], tokens // 4))  # second chunk: mode 0, coordinate i
+    torch.testing.assert_close(y[..., 8:], x[..., 8:])
+
+
 @pytest.mark.parametrize("sizes", [(5,), (3, 4), (2, 3, 4)])
 @pytest.mark.parametrize("mean", [False, True])
 def test_mode_pools_values_and_fused_backward(sizes, mean):
@@ -272,20 +338,26 @@ def test_rope_modes_out_of_range_raise(name):
         att(torch.randn(1, 3, 4, 16))
 
 
-@pytest.mark.parametrize("name", ["kronecker_product", "full", "axial"])
+@pytest.mark.parametrize("name", ["kronecker_product", "full", "axial", "divided"])
 def test_mask_shapes_broadcast_like_sdpa(name):
-    att = build_attention(name, 16, 2)
-    x = torch.randn(2, 3, 4, 16)
+    att = build_attention(name, 16, 2).double().eval()
+    x = torch.randn(2, 3, 4, 16, dtype=torch.float64)
     m = torch.ones(2, 4, 4, dtype=torch.bool)
     m3 = torch.ones(3, 4, 4, dtype=torch.bool)  # (3, n, n): neither 1 nor H=2 heads (3-D masks broadcast as heads)
     with pytest.raises(ValueError, match=r"masks\[1\].*head dim"):
         att(x, masks=[None, m3])
+    y0 = att(x)
     for ok in (m[:1], m[:, None], torch.ones(1, 2, 4, 4, dtype=torch.bool), m):  # (1|H, n, n), (B|1, H|1, n, n)
-        assert torch.isfinite(att(x, masks=[None, ok])).all()
+        torch.testing.assert_close(att(x, masks=[None, ok]), y0)  # all-True masks of every shape change nothing
     with pytest.raises(ValueError, match=r"masks\[1\]"):
         att(x, masks=[None, torch.ones(3, 1, 4, 4, dtype=torch.bool)])  # batch 3 != 2
-    y = att(x, masks=[None, m[:, None]])  # the documented (B, 1, n, n) form works
-    assert torch.isfinite(y).all()
+    # the documented (B, 1, n, n) form, different per sample, on both modes: equal to one sample at a time
+    g = torch.Generator().manual_seed(0)
+    per_sample = [(torch.rand(2, 1, n, n, generator=g) < 0.5) | torch.eye(n, dtype=torch.bool) for n in (3, 4)]
+    y = att(x, masks=per_sample)
+    for b in range(2):
+        torch.testing.assert_close(y[b : b + 1], att(x[b : b + 1], masks=[p[b : b + 1] for p in per_sample]))
+    assert not torch.allclose(y[1:], att(x[1:], masks=[p[:1] for p in per_sample]))  # sample 0's masks differ
 
 
 def test_divided_attention_records_both_stages():

@@ -524,7 +524,9 @@ class DividedAttention(nn.Module):
     """TimeSformer divided attention: full attention along ``first_mode``, then jointly over the other modes.
 
     Returns ``T(x) + S(x + T(x))`` so that the block's residual reproduces TimeSformer's
-    ``x <- x + T(x); x <- x + S(x)``.
+    ``x <- x + T(x); x <- x + S(x)``: ``T`` is attention along ``first_mode`` for every fiber of the other modes
+    (``self.first``), ``S`` the flattened attention over the other modes for every index of ``first_mode``
+    (``self.rest``). Masks of any documented shape, per sample or per head, apply in either stage.
     """
 
     def __init__(self, dim, num_heads=8, qk_norm=True, rope_modes=(), dropout=0.0, dim_head=None,
@@ -565,9 +567,10 @@ class DividedAttention(nn.Module):
         h = x + t
         # joint attention over the other modes, for every position of first_mode
         hs = h.movedim(1 + fm, 1).reshape(b * n0, *rest_sizes, self.dim) if nm > 1 else h
-        rest_masks = [m for i, m in enumerate(masks) if i != fm] if nm > 1 else None
-        if rest_masks is not None and any(m is not None and m.ndim > 2 and m.shape[0] > 1 for m in rest_masks):
-            raise ValueError("DividedAttention: per-sample masks on the joint modes are not supported; use (Ni, Ni)")
+        # the joint stage's batch is (b, n0) flattened: a per-sample (B, H|1, n, n) mask follows its sample to the
+        # n0 rows b * n0 .. b * n0 + n0 - 1
+        rest_masks = [m.repeat_interleave(n0, 0) if m is not None and m.ndim == 4 and m.shape[0] > 1 else m
+                      for i, m in enumerate(masks) if i != fm] if nm > 1 else None
         if nm > 1:
             s = self.rest(hs, masks=rest_masks, return_attention=return_attention)
             s, a_s = s if return_attention else (s, None)

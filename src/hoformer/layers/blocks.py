@@ -16,7 +16,10 @@ __all__ = ["Mlp", "SwiGLU", "RMSNorm", "DropPath", "PatchEmbed", "Block", "Encod
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm over the last dim (Zhang & Sennrich 2019)."""
+    """Root-mean-square norm over the last dim (Zhang & Sennrich 2019): ``x / sqrt(mean(x^2) + eps) * weight``.
+
+    float16 / bfloat16 inputs are normalised in float32 and cast back; float32 / float64 stay in their own dtype.
+    """
 
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -24,7 +27,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x  # never round float64 down to float32
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
 
@@ -56,11 +59,18 @@ class SwiGLU(nn.Module):
 
 
 class DropPath(nn.Module):
-    """Stochastic depth per sample."""
+    """Stochastic depth per sample: in training, each sample's ``x`` is zeroed with probability ``p`` and otherwise
+    scaled by ``1 / (1 - p)`` (the expectation is ``x``); identity in eval mode.
+
+    ``p`` must be in ``[0, 1)``: ``p = 1`` would drop every sample and rescale by ``1 / 0`` (NaN), and a branch that is
+    always dropped in training but kept at inference is not stochastic depth, so it is rejected.
+    """
 
     def __init__(self, p: float = 0.0) -> None:
         super().__init__()
-        self.p = p
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+            raise ValueError(f"DropPath: `p` must be a float in [0, 1), got {p!r}")
+        self.p = float(p)
 
     def forward(self, x):
         if self.p == 0.0 or not self.training:

@@ -11,12 +11,19 @@ Axis legend: ``b`` batch, ``h`` heads, ``n`` positions along one mode, ``d`` fea
 """
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Sequence
 
 import torch
 from torch import nn
 
 __all__ = ["RotaryEmbedding", "rotate_half", "apply_rotary", "axial_rotary", "AbsolutePositionalEncoding", "sincos_1d"]
+
+
+def _is_int(v) -> bool:
+    """An integer that is not a bool (Python or NumPy ints)."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -59,6 +66,10 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"RotaryEmbedding: expected last dim {self.dim}, got shape {tuple(x.shape)}")
         if positions is None:
             positions = torch.arange(x.shape[-2], device=x.device)
+        elif not isinstance(positions, torch.Tensor) or positions.shape != (x.shape[-2],):
+            got = tuple(positions.shape) if isinstance(positions, torch.Tensor) else type(positions).__name__
+            raise ValueError(f"RotaryEmbedding: `positions` must be a 1-D tensor of length x.shape[-2]={x.shape[-2]}, "
+                             f"got {got}")
         cos, sin = self.angles(positions)
         return apply_rotary(x, cos.to(x.dtype), sin.to(x.dtype))
 
@@ -68,6 +79,14 @@ def axial_rotary(x: torch.Tensor, sizes: Sequence[int], rope_modes: Sequence[int
     between the modes of ``rope_modes`` and each chunk is rotated by its mode's coordinate."""
     if not rope_modes:
         return x
+    k = len(sizes)
+    bad = [m for m in rope_modes if not _is_int(m) or not 0 <= m < k]
+    if bad:
+        raise ValueError(f"axial_rotary: `rope_modes` must be 0-based mode indices in [0, {k}) for sizes "
+                         f"{tuple(sizes)}, got {tuple(rope_modes)}")
+    if x.ndim < 2 or x.shape[-2] != math.prod(sizes):
+        raise ValueError(f"axial_rotary: `x` must have shape (..., prod(sizes)={math.prod(sizes)}, d) for sizes "
+                         f"{tuple(sizes)}, got {tuple(x.shape)}")
     d = x.shape[-1]
     chunk = (d // len(rope_modes)) // 2 * 2
     if chunk == 0:
@@ -98,14 +117,33 @@ class AbsolutePositionalEncoding(nn.Module):
         dim: feature size ``D``.
         kind: ``"learned"`` | ``"sincos"`` | ``"none"``.
         modes: which modes get an encoding (default all); e.g. skip the variate mode to stay permutation-equivariant.
+
+    ``"sincos"`` gives the ``j``-th encoded mode ``m`` the feature chunk ``[j c, (j + 1) c)`` with
+    ``c = (dim // len(modes)) // 2 * 2`` holding ``sincos_1d(N_m, c)`` of the position along ``m``; the remaining
+    ``dim - len(modes) c`` features get no encoding. It needs ``dim >= 2 len(modes)`` (else every chunk is empty).
     """
 
     def __init__(self, sizes: Sequence[int], dim: int, kind: str = "learned", modes: Sequence[int] | None = None):
         super().__init__()
+        fn = "AbsolutePositionalEncoding"
         if kind not in ("learned", "sincos", "none"):
-            raise ValueError(f"AbsolutePositionalEncoding: `kind` must be learned|sincos|none, got {kind!r}")
-        self.sizes, self.dim, self.kind = tuple(sizes), dim, kind
+            raise ValueError(f"{fn}: `kind` must be learned|sincos|none, got {kind!r}")
+        sizes = tuple(sizes)
+        if not sizes or any(not _is_int(n) or n <= 0 for n in sizes):
+            raise ValueError(f"{fn}: `sizes` must be a non-empty sequence of positive ints (N1, .., Nk), got {sizes}")
+        if not _is_int(dim) or dim <= 0:
+            raise ValueError(f"{fn}: `dim` must be a positive int, got {dim!r}")
+        sizes, dim = tuple(int(n) for n in sizes), int(dim)
+        self.sizes, self.dim, self.kind = sizes, dim, kind
         self.modes = tuple(range(len(sizes))) if modes is None else tuple(modes)
+        if len(set(self.modes)) != len(self.modes) or any(
+            not _is_int(m) or not 0 <= m < len(sizes) for m in self.modes
+        ):
+            raise ValueError(f"{fn}: `modes` must be distinct 0-based mode indices in [0, {len(sizes)}) for sizes "
+                             f"{sizes}, got {self.modes}")
+        if kind == "sincos" and dim < 2 * len(self.modes):
+            raise ValueError(f"{fn}: kind='sincos' needs dim >= 2 * len(modes) = {2 * len(self.modes)} (one sin/cos "
+                             f"pair per encoded mode), got dim={dim}")
         if kind == "learned":
             self.tables = nn.ParameterList([nn.Parameter(torch.randn(self.sizes[m], dim) * 0.02) for m in self.modes])
         elif kind == "sincos":

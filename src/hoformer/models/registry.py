@@ -32,9 +32,19 @@ _REGISTRY: dict[str, Callable[..., Any]] = {}
 
 
 def register_model(fn: Callable[..., Any] | None = None, *, name: str | None = None):
-    """Decorator registering a model class or factory under ``name`` (default: the function's name)."""
+    """Decorator registering a model class or factory under ``name`` (default: the function's name).
+
+    Registering the same callable twice under one name is a no-op; another callable under a taken name is a
+    ``ValueError``.
+    """
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"register_model: `name` must be a str, got {type(name).__name__}")
+    if name == "":
+        raise ValueError("register_model: `name` must be a non-empty str, got ''")
 
     def deco(f: Callable[..., Any]) -> Callable[..., Any]:
+        if not callable(f):
+            raise TypeError(f"register_model: expected a model class or factory, got {type(f).__name__}")
         key = name or getattr(f, "__name__")
         if key in _REGISTRY and _REGISTRY[key] is not f:
             raise ValueError(f"register_model: a model named {key!r} is already registered")
@@ -45,12 +55,16 @@ def register_model(fn: Callable[..., Any] | None = None, *, name: str | None = N
 
 
 def is_model(name: str) -> bool:
-    return name in _REGISTRY
+    """Whether ``name`` is a registered model name (False for anything that is not a str)."""
+    return isinstance(name, str) and name in _REGISTRY
 
 
 def list_models(pattern: str = "*") -> list[str]:
-    """Sorted registered model names matching the shell-style ``pattern``."""
-    return sorted(n for n in _REGISTRY if fnmatch.fnmatch(n, pattern))
+    """Sorted registered model names matching the shell-style ``pattern`` (case-sensitive)."""
+    if not isinstance(pattern, str):
+        raise TypeError(f"list_models: `pattern` must be a str (shell-style, e.g. 'hot_*'), "
+                        f"got {type(pattern).__name__}")
+    return sorted(n for n in _REGISTRY if fnmatch.fnmatchcase(n, pattern))
 
 
 def create_model(name: str, **kwargs: Any):
