@@ -23,15 +23,6 @@ from hoformer.layers import (
 )
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny layers: one intra-op thread (a second one only adds per-op wake-ups, many times slower on a busy
-    2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def test_one_mode_equals_standard_multihead_attention():
     torch.manual_seed(0)

@@ -33,15 +33,6 @@ from hoformer.layers import (
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Every problem here is tiny: one intra-op thread. A second one only adds wake-ups per op, which on a busy
-    2-core machine made these tests ~100x slower (FAVOR's 512 QRs: 6 s instead of 15 ms)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 # --------------------------------------------------------------------------------------------- references
 def _naive_attention(q, k, v, mask=None):

@@ -36,15 +36,6 @@ def _float_outputs(model, args, kwargs):
     return [t for t in _tensors(model(*args, **kwargs)) if t.is_floating_point()]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small models: one intra-op thread (a second one only adds per-op wake-ups, many times slower on a busy
-    2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def test_registry_has_hot_models():
     for name in ("hot_forecaster", "hot_volume_classifier", "hot_segmenter"):
