@@ -1,10 +1,14 @@
-"""SST-2 splits: the reported set (GLUE dev, as in the HOBA paper) is never also the validation set, and a missing
-labelled test file is an error, not a silent fall-back to dev."""
+"""Text data (HOBA paper 004): SST-2 splits (the reported set, GLUE dev as in the paper, is never also the
+validation set; a missing labelled test file is an error, not a silent fall-back to dev), every reader against
+hand-written files with known rows and labels plus its malformed-file errors, tokenizer, collation, datasets."""
 from __future__ import annotations
 
 import pytest
+import torch
 
-from hoformer.data import TextDataModule, read_text_split
+from hoformer.data import TREC_COARSE, TextDataModule, TextTokenizer, read_text_split
+from hoformer.data._utils import SchemaError
+from hoformer.data.text import TextClassificationDataset, collate_text
 
 
 def _sst2_root(root, nonglue: bool = False):
@@ -48,3 +52,185 @@ def test_sst2_datamodule_never_validates_on_the_reported_set(tmp_path, nonglue):
             TextDataModule("sst2", root=str(root), max_len=16, vocab_size=100, sst2_test="nonglue").setup()
     with pytest.raises(ValueError, match="sst2_test"):
         TextDataModule("sst2", root=str(root), sst2_test="test")
+
+
+# ------------------------------------------------------------------------------ readers on hand-written files
+
+
+def test_sst2_rows_labels_and_malformed_lines(tmp_path):
+    d = tmp_path / "sst2"
+    d.mkdir()
+    (d / "dev.tsv").write_bytes(b"sentence\tlabel\r\n  a gripping , funny film \t1\r\n\r\nit 's dull\t0\r\n")
+    assert read_text_split("sst2", "dev", tmp_path) == (["a gripping , funny film", "it 's dull"], [1, 0],
+                                                        ["negative", "positive"])
+    (d / "dev.tsv").write_text("sentence\tlabel\ngood\t1\nbad\t2\n")
+    with pytest.raises(SchemaError, match=r"dev.tsv line 3: label must be 0 or 1, got '2'"):
+        read_text_split("sst2", "dev", tmp_path)
+    (d / "dev.tsv").write_text("sentence\tlabel\ngood\t1\n1\n")  # a row without its sentence column
+    with pytest.raises(SchemaError, match=r"dev.tsv line 3: expected 'sentence<TAB>label'"):
+        read_text_split("sst2", "dev", tmp_path)
+    (d / "dev.tsv").write_text("sentence\tlabel\tidx\ngood\t1\t7\n")  # the label is not the last column
+    with pytest.raises(SchemaError, match="header"):
+        read_text_split("sst2", "dev", tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"train.tsv"):
+        read_text_split("sst2", "train", tmp_path)
+
+
+def test_trec_coarse_and_fine_labels(tmp_path):
+    d = tmp_path / "trec"
+    d.mkdir()
+    train = ["DESC:manner How did serfdom develop ?", "ENTY:cremat What films featured Daf\xe9 ?",
+             "HUM:ind Who killed Gandhi ?", "LOC:city What is the capital of Peru ?", "NUM:date When ?",
+             "ABBR:exp What does AIDS stand for ?", "HUM:gr What team won ?", ""]
+    (d / "train_5500.label").write_bytes("\n".join(train).encode("iso-8859-1"))
+    (d / "TREC_10.label").write_bytes(b"LOC:city Where is Rome ?\nHUM:gr Which band ?\nABBR:exp What is NASA ?\n")
+    t, y, c = read_text_split("trec", "train", tmp_path)
+    assert c == list(TREC_COARSE) == ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"]
+    assert t[1] == "What films featured Daf\xe9 ?" and len(t) == 7
+    assert y == [1, 2, 3, 4, 5, 0, 3]
+    t, y, c = read_text_split("trec", "test", tmp_path)
+    assert t == ["Where is Rome ?", "Which band ?", "What is NASA ?"] and y == [4, 3, 0]
+    t, y, c = read_text_split("trec_fine", "train", tmp_path)
+    assert c == ["ABBR:exp", "DESC:manner", "ENTY:cremat", "HUM:gr", "HUM:ind", "LOC:city", "NUM:date"]
+    assert y == [1, 2, 4, 5, 6, 0, 3]
+    assert read_text_split("trec_fine", "test", tmp_path)[1] == [5, 3, 0]
+    (d / "TREC_10.label").write_bytes(b"LOC:city Where ?\nWhere is Paris ?\n")
+    with pytest.raises(SchemaError, match=r"TREC_10.label line 2: expected 'COARSE:fine question'"):
+        read_text_split("trec", "test", tmp_path)
+    (d / "TREC_10.label").write_bytes(b"XYZ:foo Huh ?\n")
+    with pytest.raises(SchemaError, match=r"labels outside the 6 known classes: \['XYZ'\]"):
+        read_text_split("trec", "test", tmp_path)
+    with pytest.raises(ValueError, match="only sst2 has a 'dev' file"):
+        read_text_split("trec", "dev", tmp_path)
+
+
+def test_ag_news_csv_and_10k_tsv(tmp_path):
+    d = tmp_path / "ag_news"
+    d.mkdir()
+    (d / "test.csv").write_text('"3","Oil hits $50","Prices rose\\on Monday"\n"1","Vote, then talks","A "" quote"""\n'
+                                '"4","Chip","Intel\\\\n news"\n')
+    t, y, c = read_text_split("ag_news", "test", tmp_path)
+    assert c == ["World", "Sports", "Business", "Sci/Tech"]  # default names without classes.txt
+    assert t == ["Oil hits $50 . Prices rose on Monday", 'Vote, then talks . A " quote"', "Chip . Intel   news"]
+    assert y == [2, 0, 3]
+    (d / "classes.txt").write_text("W\nS\nB\nT\n\n")
+    (d / "train_subset_10k.tsv").write_text("Goal in the\\final minute\tS\nNew GPU\tT\nPeace talks\tW\n")
+    t, y, c = read_text_split("ag_news", "train", tmp_path)
+    assert (t, y, c) == (["Goal in the final minute", "New GPU", "Peace talks"], [1, 3, 0], ["W", "S", "B", "T"])
+    (d / "train_subset_10k.tsv").write_text("Goal\tS\nNo label here\n")
+    with pytest.raises(SchemaError, match=r"line 2: label 'No label here' not in"):
+        read_text_split("ag_news", "train", tmp_path)
+    for bad, match in (('"5","t","d"\n', r"class ids must be in 1..4, got 5"),
+                       ('"0","t","d"\n', r"class ids must be in 1..4, got 0"),
+                       ('"2","only title"\n', r"row 1: expected"),
+                       ('"Class Index","Title","Description"\n"2","t","d"\n', r"row 1: expected")):
+        (d / "test.csv").write_text(bad)
+        with pytest.raises(SchemaError, match=match):
+            read_text_split("ag_news", "test", tmp_path)
+    (d / "train_subset_10k.tsv").unlink()
+    with pytest.raises(FileNotFoundError, match=r"train.csv"):
+        read_text_split("ag_news", "train", tmp_path)
+
+
+def test_imdb_split_files_single_file_and_errors(tmp_path):
+    d = tmp_path / "imdb"
+    d.mkdir()
+    (d / "train.csv").write_text('text,label\n"loved it<br />really",1\nboring,0\n"so, so bad",0\n')
+    (d / "test.csv").write_text("sentence,sentiment\nfine,Positive\nugh,NEG\n")
+    assert read_text_split("imdb", "train", tmp_path) == (["loved it really", "boring", "so, so bad"], [1, 0, 0],
+                                                          ["negative", "positive"])
+    assert read_text_split("imdb", "test", tmp_path)[:2] == (["fine", "ugh"], [1, 0])
+    (d / "train.csv").unlink()
+    (d / "test.csv").unlink()
+    (d / "IMDB Dataset.csv").write_text("review,sentiment\na,positive\nb,negative\nc,negative\nd,positive\ne,neg\n")
+    assert read_text_split("imdb", "train", tmp_path)[:2] == (["a", "b"], [1, 0])  # first half
+    assert read_text_split("imdb", "test", tmp_path)[:2] == (["c", "d", "e"], [0, 1, 0])  # second half
+    (d / "IMDB Dataset.csv").write_text("review,sentiment\na,positive\nb,meh\n")
+    with pytest.raises(SchemaError, match=r"labels must be positive/negative or 0/1, got \['meh'\]"):
+        read_text_split("imdb", "test", tmp_path)
+    (d / "IMDB Dataset.csv").write_text("body,stars\na,5\n")
+    with pytest.raises(SchemaError, match=r"needs a text column.*got \['body', 'stars'\]"):
+        read_text_split("imdb", "train", tmp_path)
+    (d / "IMDB Dataset.csv").write_text("review,sentiment\n")
+    with pytest.raises(SchemaError, match="is empty"):
+        read_text_split("imdb", "train", tmp_path)
+    with pytest.raises(ValueError, match=r"`split` must be 'train', 'dev' or 'test', got 'val'"):
+        read_text_split("imdb", "val", tmp_path)
+
+
+# ------------------------------------------------------------------------------------ tokenizer / batching
+def _tok():
+    corpus = ["the movie was not really good", "a very highly unlikely plot", "the cat sat on the mat"] * 4
+    return TextTokenizer.train(corpus, vocab_size=120, min_frequency=1)
+
+
+def test_tokenizer_unknown_tokens_truncation_and_batch():
+    tok = _tok()
+    unk, cls, sep = (tok.tok.token_to_id(t) for t in ("[UNK]", "[CLS]", "[SEP]"))
+    ids = tok.encode("the \u2603 cat")  # a character never seen in training
+    assert ids[0] == cls and ids[-1] == sep and unk in ids and tok.decode(ids).split() == ["the", "cat"]
+    texts = ["the movie was not really good at all", "the cat", ""]
+    full = [tok.encode(t) for t in texts]
+    assert full[2] == [cls, sep]
+    batch = tok.encode_batch(texts, max_len=5)
+    assert batch == [full[0][:4] + [sep], full[1][:5] if len(full[1]) <= 5 else full[1][:4] + [sep], [cls, sep]]
+    assert all(len(b) <= 5 and b[-1] == sep for b in batch)
+    assert tok.encode_batch(texts) == full
+    for bad in (0, 1, -3):
+        with pytest.raises(ValueError, match=rf"`max_len` must be an int >= 2.*got {bad}"):
+            tok.encode("the cat", max_len=bad)
+        with pytest.raises(ValueError, match="`max_len`"):
+            tok.encode_batch(texts, max_len=bad)
+
+
+def test_bert_vocab_dir_lowercasing(tmp_path):
+    """A BERT ``vocab.txt`` directory lowercases when the vocabulary is uncased, whatever the directory is called
+    (its special tokens are upper case), follows ``tokenizer_config.json``'s ``do_lower_case`` when present, and
+    keeps case for a cased vocabulary."""
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    unc = tmp_path / "my-bert"
+    unc.mkdir()
+    (unc / "vocab.txt").write_text("\n".join(specials + ["the", "cat", "sat", "##s"]))
+    assert TextTokenizer.from_pretrained(unc).encode("The Cats sat") == [2, 5, 6, 8, 7, 3]
+    cased = tmp_path / "bert-cased"
+    cased.mkdir()
+    (cased / "vocab.txt").write_text("\n".join(specials + ["The", "the", "cat"]))
+    assert TextTokenizer.from_pretrained(cased).encode("The the cat") == [2, 5, 6, 7, 3]
+    (unc / "tokenizer_config.json").write_text('{"do_lower_case": false}')
+    assert TextTokenizer.from_pretrained(unc).encode("The cat") == [2, 1, 6, 3]
+
+
+def test_collate_pads_masks_and_keeps_order():
+    items = [{"ids": torch.tensor([2, 7, 3]), "label": 1, "index": 4},
+             {"ids": torch.tensor([2, 3]), "label": 0, "index": 0},
+             {"ids": torch.tensor([2, 9, 9, 8, 3]), "label": 2, "index": 9}]
+    b = collate_text(items, pad_id=5)
+    assert b["ids"].tolist() == [[2, 7, 3, 5, 5], [2, 3, 5, 5, 5], [2, 9, 9, 8, 3]]
+    assert b["mask"].tolist() == [[1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1]]
+    assert b["mask"].dtype == torch.bool and b["label"].tolist() == [1, 0, 2] and b["index"].tolist() == [4, 0, 9]
+    with pytest.raises(ValueError, match="empty batch"):
+        collate_text([])
+
+
+def test_dataset_items_and_label_checks():
+    ds = TextClassificationDataset([[2, 5, 3], [2, 3]], [1, 0], num_classes=2)
+    assert len(ds) == 2 and ds[0]["ids"].tolist() == [2, 5, 3] and ds[0]["ids"].dtype == torch.long
+    assert (ds[1]["label"], ds[1]["index"]) == (0, 1)
+    with pytest.raises(ValueError, match="2 texts but 1 labels"):
+        TextClassificationDataset([[2], [3]], [1], num_classes=2)
+    with pytest.raises(ValueError, match=r"labels must be ints in \[0, 2\), got 2"):
+        TextClassificationDataset([[2], [3]], [1, 2], num_classes=2)
+
+
+def test_validation_holdout_is_seeded(tmp_path):
+    root = _sst2_root(tmp_path / "data")
+
+    def val(seed, **kw):
+        dm = TextDataModule("sst2", root=str(root), max_len=16, vocab_size=100, val_fraction=0.25, seed=seed, **kw)
+        return dm._raw_splits()[0]
+
+    a, b, c = val(1), val(1), val(2)
+    assert a == b and a["val"] != c["val"] and len(a["val"][0]) == 10 and len(a["train"][0]) == 30
+    assert sorted(a["val"][0] + a["train"][0]) == sorted(read_text_split("sst2", "train", root)[0])
+    lim = val(1, train_limit=7)
+    assert lim["train"] == (a["train"][0][:7], a["train"][1][:7]) and lim["val"] == a["val"]

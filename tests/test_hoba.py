@@ -337,3 +337,249 @@ def test_hoba_configs_are_valid_and_checkpoint_atomically(cfg):
     (ckpt,) = [x["init_args"] for x in t["callbacks"] if x["class_path"].endswith("ModelCheckpoint")]
     if ckpt.get("monitor"):  # `hoformer test --ckpt_path best` globs best-*.ckpt in this dirpath
         assert ckpt["dirpath"] == f"runs/hoba/{cfg.stem}/checkpoints" and ckpt["filename"].startswith("best-")
+
+
+# ------------------------------------------------------------------------------------- model: exact semantics
+def _tiny(**kw):
+    torch.manual_seed(0)
+    return create_model("hoba_classifier", **{**dict(vocab_size=40, num_classes=3, max_len=16, dim=16, num_heads=2,
+                                                       depth=2, block_size=4), **kw}).double().eval()
+
+
+def _ids_mask():
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 40, (3, 11), generator=g)
+    mask = torch.ones(3, 11, dtype=torch.bool)
+    mask[1, 6:] = False
+    mask[2, 9:] = False
+    return ids.masked_fill(~mask, 0), mask
+
+
+@pytest.mark.parametrize("attention", ATTS)
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_pooling_and_head_on_encoder_states(attention, pooling):
+    """logits = head(pool(encode)): ``cls`` the first token's state, ``mean`` the mean over *real* tokens only (a
+    loop over samples); padded ids' values change nothing for either pooling."""
+    m = _tiny(attention=attention, pooling=pooling)
+    ids, mask = _ids_mask()
+    with torch.no_grad():
+        h = m.encode(ids, mask)
+        if pooling == "cls":
+            pooled = h[:, 0]
+        else:
+            pooled = torch.stack([h[b][mask[b]].mean(0) for b in range(3)])
+        torch.testing.assert_close(m(ids, mask), m.head(pooled), rtol=1e-12, atol=1e-12)
+        ids2 = ids.masked_fill(~mask, 7)
+        torch.testing.assert_close(m(ids2, mask), m(ids, mask), rtol=1e-12, atol=1e-12)
+        # sample 1 alone with its padding cut off gives its logits in the padded batch (unblocked attention only:
+        # with blocks of 4 the cut at 6 changes the windows, so blocked variants legitimately differ)
+        if attention in ("full2d", "triplet_full"):
+            torch.testing.assert_close(m(ids[1:2, :6])[0], m(ids, mask)[1], rtol=1e-10, atol=1e-10)
+
+
+def test_text_embeddings_formula():
+    """Token + learned absolute position embeddings, LayerNorm (eval: no dropout); the pad row is zero."""
+    m = _tiny()
+    ids, _ = _ids_mask()
+    e = m.embed
+    with torch.no_grad():
+        ref = torch.nn.functional.layer_norm(e.tokens.weight[ids] + e.positions.weight[:11], (16,), e.norm.weight,
+                                             e.norm.bias, e.norm.eps)
+        torch.testing.assert_close(e(ids), ref, rtol=1e-12, atol=1e-12)
+    assert (e.tokens.weight[0] == 0).all()
+
+
+def test_model_mask_must_be_bool():
+    m = _tiny()
+    ids, mask = _ids_mask()
+    with pytest.raises(TypeError, match=r"hoba_classifier: `mask` must be a bool tensor.*torch.int64"):
+        m(ids, mask.long())
+    with pytest.raises(ValueError, match=r"`ids` must have shape \(B, L\)"):
+        m(ids[0])
+
+
+@pytest.mark.parametrize("source", ["module", "directory"])
+def test_load_embeddings_copies_exactly_the_embeddings(tmp_path, source):
+    """Every ``embed.*`` tensor (tokens, positions, LayerNorm) is copied, nothing else; ``head=True`` adds the
+    classifier head; the returned names are exactly the copied keys."""
+    teacher = _tiny(attention="full2d")
+    for p in teacher.parameters():
+        torch.nn.init.normal_(p)
+    src = teacher if source == "module" else teacher.save_pretrained(tmp_path / "t")
+    student = _tiny(attention="hoba")
+    before = {k: v.clone() for k, v in student.state_dict().items()}
+    names = student.load_embeddings_from(src)
+    t_state, s_state = teacher.state_dict(), student.state_dict()
+    embed_keys = sorted(k for k in t_state if k.startswith("embed."))
+    assert sorted(names) == embed_keys == ["embed.norm.bias", "embed.norm.weight", "embed.positions.weight",
+                                           "embed.tokens.weight"]
+    for k in s_state:
+        if k in embed_keys:
+            torch.testing.assert_close(s_state[k], t_state[k], rtol=0, atol=0)
+        else:
+            torch.testing.assert_close(s_state[k], before[k], rtol=0, atol=0)  # layers and head untouched
+    names = student.load_embeddings_from(src, head=True)
+    head_keys = sorted(k for k in t_state if k.startswith("head."))
+    assert sorted(names) == sorted(embed_keys + head_keys) and head_keys
+    for k in head_keys:
+        torch.testing.assert_close(student.state_dict()[k], t_state[k], rtol=0, atol=0)
+    longer = create_model("hoba_classifier", vocab_size=40, num_classes=3, max_len=32, dim=16, num_heads=2, depth=1)
+    with pytest.raises(ValueError, match=r"shape mismatch for embed.positions.weight: teacher \(16, 16\) vs student "
+                                         r"\(32, 16\)"):
+        longer.load_embeddings_from(teacher)
+
+
+# -------------------------------------------------------------------------------------------- KD loss / task
+def test_kd_loss_limits_and_bad_inputs():
+    zs = torch.tensor([[1.0, -0.5, 0.2], [0.3, 0.8, -1.0]])
+    zt = torch.tensor([[2.0, 0.0, -1.0], [-0.5, 1.5, 0.5]])
+    y = torch.tensor([0, 2])
+    total, ce, kl = kd_loss(zs, y, zt, alpha=0.0)
+    assert total.item() == pytest.approx(ce.item(), rel=1e-7) and kl.item() > 0
+    total, ce, kl = kd_loss(zs, y, zt, alpha=1.0, temperature=3.0)
+    assert total.item() == pytest.approx(9 * kl.item(), rel=1e-7)
+    assert kd_loss(zs, y, zs.clone())[2].item() == pytest.approx(0, abs=1e-7)  # identical logits: KL 0
+    with pytest.raises(ValueError, match=r"`labels` must be class ids in \[0, 3\).*\[-100, 2\]"):
+        kd_loss(zs, torch.tensor([-100, 2]))  # would be silently ignored by cross_entropy
+    with pytest.raises(ValueError, match=r"`labels` must be class ids in \[0, 3\).*\[0, 3\]"):
+        kd_loss(zs, torch.tensor([0, 3]))
+    with pytest.raises(TypeError, match=r"`labels` must be an integer tensor.*torch.float32"):
+        kd_loss(zs, torch.tensor([0.0, 2.0]))
+    with pytest.raises(TypeError, match=r"`student_logits` must be a floating-point tensor"):
+        kd_loss(zs.long(), y)
+    with pytest.raises(ValueError, match="temperature"):
+        kd_loss(zs, y, zt, temperature=0.0)
+
+
+def _task_env(tmp_path, teacher_seed=0):
+    """A fake SST-2 root, a datamodule with a tokenizer saved in the teacher directory, a teacher model there."""
+    from types import SimpleNamespace
+
+    root = tmp_path / "data"
+    if not root.exists():
+        _write_fake_text_root(root)
+    tdir = tmp_path / "teacher"
+    dm = TextDataModule("sst2", root=str(root), max_len=16, batch_size=8, vocab_size=100,
+                        tokenizer_dir=str(tdir))
+    dm.setup()
+    mk = dict(vocab_size=dm.tokenizer.vocab_size, num_classes=2, max_len=16, dim=16, num_heads=2, depth=1)
+    torch.manual_seed(teacher_seed)
+    teacher = create_model("hoba_classifier", attention="full2d", **mk).eval()
+    teacher.save_pretrained(tdir)
+
+    def task(**kw):
+        t = TextClassificationTask(model_kwargs=dict(mk, attention="hoba", block_size=4), **kw)
+        t._trainer = SimpleNamespace(datamodule=dm)  # what _datamodule() reads; enough for the teacher hooks
+        return t
+
+    return dm, teacher, task
+
+
+def _teacher_logits(teacher, dm, split):
+    ds = dm.datasets[split]
+    out = []
+    with torch.no_grad():
+        for i in range(len(ds)):
+            ids = ds[i]["ids"][None]
+            out.append(teacher(ids, torch.ones_like(ids, dtype=torch.bool))[0])
+    return torch.stack(out)
+
+
+def test_teacher_cache_hit_is_identical_and_other_weights_recompute(tmp_path, monkeypatch):
+    dm, teacher, task = _task_env(tmp_path)
+    cache = tmp_path / "logits.pt"
+    t1 = task(teacher=str(tmp_path / "teacher"), teacher_logits=str(cache))
+    t1._teacher_splits(("train", "val", "test"))
+    for s in ("train", "val", "test"):  # per example, unpadded: batching / padding do not change the logits
+        torch.testing.assert_close(t1.teacher_cache[s], _teacher_logits(teacher, dm, s), rtol=1e-5, atol=1e-6)
+    # cache hit: the teacher is never run again and the cached logits (hence every loss) are bit-identical
+    monkeypatch.setattr(TextClassificationTask, "_run_teacher", lambda *a, **k: pytest.fail("teacher re-run"))
+    t2 = task(teacher=str(tmp_path / "teacher"), teacher_logits=str(cache))
+    t2._teacher_splits(("train", "val", "test"))
+    for s in ("train", "val", "test"):
+        assert torch.equal(t2.teacher_cache[s], t1.teacher_cache[s])
+    monkeypatch.undo()
+    # other teacher *weights*, config.json byte for byte the same (weights rewritten with the same save id): the
+    # cache is stale and recomputed from the new teacher
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    wpath = tmp_path / "teacher" / "model.safetensors"
+    with safe_open(str(wpath), "pt") as f:
+        meta = f.metadata()
+    teacher2 = create_model("hoba_classifier", **teacher.config["kwargs"]).eval()
+    save_file({k: v.contiguous() for k, v in teacher2.state_dict().items()}, str(wpath), metadata=meta)
+    t3 = task(teacher=str(tmp_path / "teacher"), teacher_logits=str(cache))
+    t3._teacher_splits(("train",))
+    torch.testing.assert_close(t3.teacher_cache["train"], _teacher_logits(teacher2, dm, "train"), rtol=1e-5,
+                               atol=1e-6)
+    assert not torch.allclose(t3.teacher_cache["train"], t1.teacher_cache["train"])
+    assert torch.equal(torch.load(cache, weights_only=True)["train"], t3.teacher_cache["train"])
+
+
+def test_foreign_teacher_logits_file_checks(tmp_path):
+    from hoformer.train.text import teacher_logits_fingerprint
+
+    dm, _, task = _task_env(tmp_path)
+    n = {s: len(dm.datasets[s]) for s in ("train", "val", "test")}
+    g = torch.Generator().manual_seed(0)
+    logits = {s: torch.randn(n[s], 2, generator=g) for s in n}
+    path = tmp_path / "foreign.pt"
+    torch.save({**logits, "fingerprint": teacher_logits_fingerprint(dm)}, path)
+    t = task(teacher_logits=str(path))
+    t._teacher_splits(("train", "val"))
+    for s in n:
+        assert torch.equal(t.teacher_cache[s], logits[s])
+    torch.save(logits, path)  # no fingerprint: used, with a warning that it cannot be checked
+    with pytest.warns(UserWarning, match="carries no fingerprint"):
+        task(teacher_logits=str(path))._teacher_splits(("train",))
+    fp = teacher_logits_fingerprint(dm)
+    fp["train"] = "0" * 64  # computed on other training data
+    torch.save({**logits, "fingerprint": fp}, path)
+    with pytest.raises(ValueError, match=r"other data \(fingerprint differs for \['train'\]"):
+        task(teacher_logits=str(path))._teacher_splits(("train",))
+    torch.save({**logits, "val": logits["val"][:-1], "fingerprint": teacher_logits_fingerprint(dm)}, path)
+    with pytest.raises(ValueError, match=rf"'val' have shape \({n['val'] - 1}, 2\), expected \({n['val']}, 2\)"):
+        task(teacher_logits=str(path))._teacher_splits(("val",))
+    torch.save({"train": logits["train"], "fingerprint": teacher_logits_fingerprint(dm)}, path)
+    with pytest.raises(FileNotFoundError, match=r"lacks splits \['val', 'test'\]"):
+        task(teacher_logits=str(path))._teacher_splits(("train",))
+
+
+def test_shared_step_uses_teacher_rows_of_the_batch_indices(tmp_path):
+    """Each example is distilled towards *its own* teacher row (by dataset index, whatever the batch order), and the
+    logged loss is eq 8 on those rows; the student inherits the teacher's embeddings at setup('fit')."""
+    dm, teacher, task = _task_env(tmp_path)
+    t = task(teacher=str(tmp_path / "teacher"), kd_alpha=0.3, kd_temperature=2.0,
+             init_embeddings_from=str(tmp_path / "teacher"))
+    t.setup("fit")
+    for k, v in teacher.state_dict().items():
+        if k.startswith("embed."):
+            torch.testing.assert_close(t.model.state_dict()[k], v, rtol=0, atol=0)
+    t._teacher_splits(("train",))
+    from hoformer.data.text import collate_text
+
+    ds = dm.datasets["train"]
+    batch = collate_text([ds[i] for i in (7, 2, 30, 11)], pad_id=dm.tokenizer.pad_id)
+    t._trainer = None  # self.log is a no-op without a trainer
+    t.model.eval()
+    loss = t.shared_step(batch, "train")
+    with torch.no_grad():
+        z = t.model(batch["ids"], batch["mask"])
+    rows = t.teacher_cache["train"][[7, 2, 30, 11]]
+    torch.testing.assert_close(loss.detach(), kd_loss(z, batch["label"], rows, alpha=0.3, temperature=2.0)[0])
+    assert not torch.allclose(loss.detach(), kd_loss(z, batch["label"], t.teacher_cache["train"][:4])[0])
+
+
+def test_task_setup_refuses_vocab_and_length_mismatch(tmp_path):
+    from types import SimpleNamespace
+
+    dm, _, _ = _task_env(tmp_path)
+    v = dm.tokenizer.vocab_size
+    for kw, match in ((dict(vocab_size=v - 1, max_len=16), rf"tokenizer has {v} tokens but the model's vocab_size is "
+                                                            rf"{v - 1}"),
+                      (dict(vocab_size=v, max_len=8), r"data max_len=16 exceeds the model's max_len=8")):
+        t = TextClassificationTask(model_kwargs=dict(num_classes=2, dim=16, num_heads=2, depth=1, **kw))
+        t._trainer = SimpleNamespace(datamodule=dm)
+        with pytest.raises(ValueError, match=match):
+            t.setup("fit")

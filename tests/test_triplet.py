@@ -305,3 +305,69 @@ def test_full2d_all_padding_sample_with_maps_is_finite():
     y, maps = layer(x, mask=mask, return_attention=True)
     assert torch.isfinite(y).all() and all(torch.isfinite(m).all() for m in maps)
     torch.testing.assert_close(y, layer(x, mask=mask))  # the explicit (maps) path equals the SDPA path
+
+
+# ----------------------------------------------------------------------------- errors of the other entry points
+def test_block_and_weights_errors_name_their_own_arguments():
+    q, k, v = _qkv(L=10, n=3)
+    with pytest.raises(ValueError, match=r"block_attention: `v` must have the shape of `q` \(2, 2, 10, 4\), got "
+                                         r"\(2, 2, 9, 4\)"):
+        block_attention(q, k, v[:, :, :9], block_size=4)
+    with pytest.raises(ValueError, match=r"block_attention: `k` is torch.float32.*expected `q`'s torch.float64"):
+        block_attention(q, k.float(), v, block_size=4)
+    with pytest.raises(ValueError, match=r"block_attention: `block_size` must be an int >= 1, got 0"):
+        block_attention(q, k, v, block_size=0)
+    with pytest.raises(ValueError, match=r"block_attention: `overlap` must be a float in \[0, 1\), got 1.0"):
+        block_attention(q, k, v, block_size=4, overlap=1.0)
+    with pytest.raises(TypeError, match=r"block_attention: `mask` must be a bool tensor.*torch.int64"):
+        block_attention(q, k, v, block_size=4, mask=torch.ones(2, 10, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"block_attention: `mask` must have shape \(B, L\) = \(2, 10\), got \(2, 11\)"):
+        block_attention(q, k, v, block_size=4, mask=torch.ones(2, 11, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"triplet_attention_weights: `k2` must have the shape of `q`"):
+        triplet_attention_weights(q, k, v[:, :1], block_size=4)
+    with pytest.raises(ValueError, match=r"triplet_attention: `k1` is torch.float32 on cpu, expected `q`'s "
+                                         r"torch.float64"):
+        triplet_attention(q, k.float(), k, v, v, block_size=4)
+
+
+def test_cross_block_errors():
+    o = torch.randn(2, 2, 10, 4, dtype=F64)
+    with pytest.raises(TypeError, match=r"`o` must be a floating-point tensor.*torch.int64"):
+        cross_block_attention(o.long(), block_size=4)
+    with pytest.raises(TypeError, match=r"`o` must be a floating-point tensor.*ndarray"):
+        cross_block_attention(o.numpy(), block_size=4)
+    with pytest.raises(ValueError, match=r"`o` must have shape \(B, H, L, D\).*got \(2, 10, 4\)"):
+        cross_block_attention(o[0], block_size=4)
+    with pytest.raises(ValueError, match=r"`block_size` must be an int >= 1, got 0"):
+        cross_block_attention(o, block_size=0)
+    with pytest.raises(TypeError, match=r"`mask` must be a bool tensor.*torch.float32"):
+        cross_block_attention(o, block_size=4, mask=torch.ones(2, 10))
+    with pytest.raises(ValueError, match=r"`mask` must have shape \(B, L\) = \(2, 10\), got \(2, 9\)"):
+        cross_block_attention(o, block_size=4, mask=torch.ones(2, 9, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("name", ["hoba", "triplet_full", "block2d", "full2d"])
+def test_layer_maps_are_normalised_attention(name):
+    """Returned maps are attention weights: local rows sum to 1 for real queries and 0 for padded ones, cross-block
+    rows sum to 1 over blocks; padded keys get no weight."""
+    layer = build_text_attention(name, 16, 2, block_size=4, overlap=0.25).double()
+    m = _mask(2, 10, 3)
+    _, maps = layer(torch.randn(2, 10, 16, dtype=F64), mask=m, return_attention=True)
+    local = maps[0]
+    if name == "full2d":
+        sums, keys = local.sum(-1), m[:, None, None, :].expand_as(local)
+        torch.testing.assert_close(sums, m[:, None, :].to(F64).expand_as(sums))
+    else:
+        idx = torch.tensor(triplet_windows(10, 4 if name != "triplet_full" else 10, 0.25 if name != "triplet_full"
+                                           else 0.0))[:, None] + torch.arange(local.shape[3])
+        mw = m[:, idx]  # b w s
+        sums = local.flatten(4).sum(-1)  # b h w s
+        torch.testing.assert_close(sums, mw[:, None].to(F64).expand_as(sums))
+        keys = mw[:, None, :, None, :].expand(local.shape[:5])
+        if local.ndim == 6:
+            keys = (keys[..., :, None] & mw[:, None, :, None, None, :]).expand_as(local)
+    assert (local[~keys] == 0).all()
+    if name in ("hoba", "block2d"):
+        torch.testing.assert_close(maps[1].sum(-1), torch.ones(2, 2, 3, dtype=F64))
+        assert (maps[1][0, :, :, 2] == 0).all()  # sample 0: block 2 (tokens 8, 9) is all padding: no weight
+        assert (maps[1][1] > 0).all()

@@ -73,13 +73,15 @@ def _read_sst2(root: Path, split: str):
     texts, labels = [], []
     with open(path, encoding="utf-8", newline="") as f:
         header = f.readline().rstrip("\r\n").split("\t")
-        if header[:2] != ["sentence", "label"]:
+        if header != ["sentence", "label"]:  # the label is read from the last column
             raise SchemaError(f"SST-2: {path} must start with the header 'sentence<TAB>label', got {header}")
         for n, line in enumerate(f, 2):
             line = line.rstrip("\r\n")
             if not line:
                 continue
-            text, _, lab = line.rpartition("\t")
+            text, tab, lab = line.rpartition("\t")
+            if not tab:
+                raise SchemaError(f"SST-2: {path} line {n}: expected 'sentence<TAB>label', got {line[:40]!r}")
             if lab.strip() not in ("0", "1"):
                 raise SchemaError(f"SST-2: {path} line {n}: label must be 0 or 1, got {lab!r}")
             texts.append(text.strip())
@@ -242,8 +244,7 @@ class TextTokenizer:
         if (p / "vocab.txt").is_file():
             from tokenizers import BertWordPieceTokenizer
 
-            lower = "uncased" in p.name.lower() or not any(c.isupper() for c in (p / "vocab.txt").read_text()[:20000])
-            return cls(BertWordPieceTokenizer(str(p / "vocab.txt"), lowercase=lower)._tokenizer)
+            return cls(BertWordPieceTokenizer(str(p / "vocab.txt"), lowercase=_bert_lowercase(p))._tokenizer)
         if (p / "vocab.json").is_file() and (p / "merges.txt").is_file():
             from tokenizers import ByteLevelBPETokenizer, processors
 
@@ -279,7 +280,26 @@ class TextTokenizer:
         return self.tok.decode([int(i) for i in ids if int(i) != self.pad_id])
 
 
+def _bert_lowercase(d: Path) -> bool:
+    """Whether a BERT ``vocab.txt`` directory is uncased: ``tokenizer_config.json``'s ``do_lower_case`` when given,
+    else True iff no vocabulary entry other than the bracketed specials ([PAD], [CLS], ...) has an ASCII capital."""
+    cfg = d / "tokenizer_config.json"
+    if cfg.is_file():
+        try:
+            flag = json.loads(cfg.read_text(encoding="utf-8")).get("do_lower_case")
+        except (ValueError, AttributeError) as e:
+            raise ValueError(f"TextTokenizer.from_pretrained: {cfg} is not a JSON object: {e}") from e
+        if isinstance(flag, bool):
+            return flag
+    words = (t for t in (d / "vocab.txt").read_text(encoding="utf-8").splitlines()
+             if not (t.startswith("[") and t.endswith("]")))
+    return not any("A" <= c <= "Z" for t in words for c in t)
+
+
 def _truncate(ids: list[int], max_len: int | None) -> list[int]:
+    if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 2):
+        raise ValueError(f"TextTokenizer: `max_len` must be an int >= 2 (the closing [SEP] / </s> is kept) or None, "
+                         f"got {max_len!r}")
     if max_len is None or len(ids) <= max_len:
         return ids
     return ids[: max_len - 1] + ids[-1:]  # keep the closing [SEP] / </s>
@@ -292,6 +312,9 @@ class TextClassificationDataset(Dataset):
     def __init__(self, ids: list[list[int]], labels: Sequence[int], num_classes: int) -> None:
         if len(ids) != len(labels):
             raise ValueError(f"TextClassificationDataset: {len(ids)} texts but {len(labels)} labels")
+        bad = [y for y in labels if isinstance(y, bool) or not isinstance(y, int) or not 0 <= y < num_classes]
+        if bad:
+            raise ValueError(f"TextClassificationDataset: labels must be ints in [0, {num_classes}), got {bad[0]!r}")
         self.ids, self.labels, self.num_classes = ids, list(labels), num_classes
 
     def __len__(self) -> int:
@@ -303,6 +326,8 @@ class TextClassificationDataset(Dataset):
 
 def collate_text(items: list[dict], pad_id: int = 0) -> dict[str, torch.Tensor]:
     """Pad to the longest sequence of the batch: ``ids (B, L)``, ``mask (B, L)`` bool, ``label (B,)``, ``index``."""
+    if not items:
+        raise ValueError("collate_text: empty batch (no items)")
     n = max(len(it["ids"]) for it in items)
     ids = torch.full((len(items), n), pad_id, dtype=torch.long)
     mask = torch.zeros(len(items), n, dtype=torch.bool)

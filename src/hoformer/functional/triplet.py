@@ -66,8 +66,7 @@ def _check_window_args(seq_len, block_size, overlap, fn: str) -> None:
         raise ValueError(f"{fn}: sequence length must be >= 1, got {seq_len!r}")
 
 
-def _check_inputs(q, k1, k2, v1, v2, mask, block_size, overlap, fn: str):
-    names = ("q", "k1", "k2", "v1", "v2")
+def _check_inputs(q, k1, k2, v1, v2, mask, block_size, overlap, fn: str, names=("q", "k1", "k2", "v1", "v2")):
     for name, t in zip(names, (q, k1, k2, v1, v2)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{fn}: `{name}` must be a torch.Tensor, got {type(t).__name__}")
@@ -132,7 +131,8 @@ def triplet_attention_naive(q, k1, k2, v1, v2, *, block_size: int, overlap: floa
 def triplet_attention_weights(q, k1, k2, *, block_size: int, overlap: float = 0.0, scale=None, mask=None):
     """Per-window triplet attention tensors ``A (B, H, w, s, s, s)`` (query, key1, key2), rows summing to 1 over
     ``(key1, key2)`` for real queries (zeros for padded queries). Dense; meant for analysis / attention maps."""
-    mask = _check_inputs(q, k1, k2, k1, k1, mask, block_size, overlap, "triplet_attention_weights")
+    mask = _check_inputs(q, k1, k2, k1, k1, mask, block_size, overlap, "triplet_attention_weights",
+                         ("q", "k1", "k2", "k1", "k1"))
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     idx = _window_index(q.shape[2], block_size, overlap, q.device)
     cdt = _compute_dtype(q.dtype)  # scores in fp32 like the fast kernel, so the maps are the weights it uses
@@ -334,7 +334,7 @@ def block_attention(q, k, v, *, block_size: int, overlap: float = 0.0, scale=Non
     ``q, k, v (B, H, L, D)``, optional bool key mask ``(B, L)``; returns ``(B, H, L, D)`` (and the per-window maps
     ``(B, H, w, s, s)`` when ``return_attention``). Padded queries return zeros.
     """
-    mask = _check_inputs(q, k, k, v, v, mask, block_size, overlap, "block_attention")
+    mask = _check_inputs(q, k, k, v, v, mask, block_size, overlap, "block_attention", ("q", "k", "k", "v", "v"))
     B, H, L, D = q.shape
     scale = D**-0.5 if scale is None else scale
     idx = _window_index(L, block_size, overlap, q.device)
@@ -365,14 +365,22 @@ def cross_block_attention(o, *, block_size: int, mask=None, scale=None, return_a
     Returns:
         ``(B, H, L, D)`` (and the block attention ``(B, H, M, M)`` when ``return_attention``).
     """
-    if not isinstance(o, torch.Tensor) or not o.is_floating_point() or o.ndim != 4:
-        got = tuple(o.shape) if isinstance(o, torch.Tensor) else type(o).__name__
-        raise ValueError(f"cross_block_attention: `o` must be a floating tensor (B, H, L, D), got {got}")
+    if not isinstance(o, torch.Tensor) or not o.is_floating_point():
+        got = f"dtype {o.dtype}" if isinstance(o, torch.Tensor) else type(o).__name__
+        raise TypeError(f"cross_block_attention: `o` must be a floating-point tensor (B, H, L, D), got {got}")
+    if o.ndim != 4 or o.numel() == 0:
+        raise ValueError(f"cross_block_attention: `o` must have shape (B, H, L, D), non-empty, got {tuple(o.shape)}")
     B, H, L, D = o.shape
     _check_window_args(L, block_size, 0.0, "cross_block_attention")
-    if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != (B, L)):
-        got = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
-        raise ValueError(f"cross_block_attention: `mask` must be a bool tensor of shape {(B, L)}, got {got}")
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+            raise TypeError(f"cross_block_attention: `mask` must be a bool tensor (B, L) with True = real token, "
+                            f"got {got}")
+        if mask.shape != (B, L):
+            raise ValueError(f"cross_block_attention: `mask` must have shape (B, L) = {(B, L)}, got "
+                             f"{tuple(mask.shape)}")
+        mask = mask.to(o.device)
     scale = D**-0.5 if scale is None else scale
     M = -(-L // block_size)
     pad = M * block_size - L

@@ -16,6 +16,13 @@ Every attention layer here shares one call signature (1D token sequences with ke
 * :class:`CrossBlockAttention` - the parameter-free block-summary attention of eqs 5-7 on per-head outputs.
 * :class:`HOBABlock` - transformer layer (attention + MLP, residuals, LayerNorm) around one of the above.
 
+Fusion order (eqs 4-7 of section 3, which this module follows): each head's local outputs are first averaged over
+the windows covering each token (eq 4), the block means ``r_m`` are taken of those averaged outputs (eq 5, real
+tokens only), ``o_i + sum_m' A[m(i), m'] r_m'`` is added per head with scale ``1 / sqrt(head dim)`` (eqs 6-7), and
+only then are heads concatenated and ``W_O`` applied. Algorithm 1 of the appendix writes the same steps with the
+overlap normalisation after the cross-block update (lines 19-22), which would also divide the cross-block term by the
+overlap count; the equations are taken as the specification.
+
 ``maps`` (also collected by :func:`hoformer.layers.record_attention`): ``[local, cross]`` with local
 ``(B, H, W, s, s, s)`` triplet cubes / ``(B, H, W, s, s)`` 2D windows / ``(B, H, L, L)`` full 2D, and cross
 ``(B, H, M, M)`` when cross-block routing is on.
@@ -90,8 +97,12 @@ class _HeadsAttention(_Recordable):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"{type(self).__name__}: dim={dim} must be divisible by num_heads={num_heads}")
-        if block_size is not None and (not isinstance(block_size, int) or block_size < 1):
+        if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int)
+                                       or block_size < 1):
             raise ValueError(f"{type(self).__name__}: `block_size` must be an int >= 1 or None, got {block_size!r}")
+        if isinstance(overlap, bool) or not isinstance(overlap, (int, float)):
+            raise TypeError(f"{type(self).__name__}: `overlap` must be a float in [0, 1), got "
+                            f"{type(overlap).__name__} {overlap!r}")
         if not 0.0 <= overlap < 1.0:
             raise ValueError(f"{type(self).__name__}: `overlap` must be in [0, 1), got {overlap!r}")
         if cross_block and block_size is None:
@@ -159,7 +170,8 @@ class BlockAttention2D(_HeadsAttention):
         if self.block_size is None:
             if want:
                 t = torch.matmul(q, k.transpose(-1, -2)) * self.dim_head**-0.5
-                a = masked_softmax(t.float(), None if mask is None else mask[:, None, None, :]).to(q.dtype)
+                t = t.to(torch.promote_types(t.dtype, torch.float32))  # fp16/bf16 softmax in fp32, fp64 kept
+                a = masked_softmax(t, None if mask is None else mask[:, None, None, :]).to(q.dtype)
                 o = torch.matmul(a, v)
             else:
                 o = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask[:, None, None, :])

@@ -38,10 +38,22 @@ def kd_loss(student_logits: torch.Tensor, labels: torch.Tensor, teacher_logits: 
         alpha: weight of the distillation term in ``[0, 1]``.
         temperature: softening temperature ``tau > 0`` (the KL is scaled by ``tau^2``).
     """
+    if not isinstance(student_logits, torch.Tensor) or not student_logits.is_floating_point():
+        got = getattr(student_logits, "dtype", type(student_logits).__name__)
+        raise TypeError(f"kd_loss: `student_logits` must be a floating-point tensor (B, C), got {got}")
     if student_logits.ndim != 2:
         raise ValueError(f"kd_loss: `student_logits` must be (B, C), got {tuple(student_logits.shape)}")
+    if not isinstance(labels, torch.Tensor) or labels.is_floating_point() or labels.is_complex() \
+            or labels.dtype == torch.bool:
+        raise TypeError(f"kd_loss: `labels` must be an integer tensor (B,) of class ids, got "
+                        f"{getattr(labels, 'dtype', type(labels).__name__)}")
     if labels.shape != student_logits.shape[:1]:
         raise ValueError(f"kd_loss: `labels` must be ({student_logits.shape[0]},), got {tuple(labels.shape)}")
+    C = student_logits.shape[1]
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= C):
+        # cross_entropy would silently skip -100 (its ignore_index) and fail obscurely on other values
+        raise ValueError(f"kd_loss: `labels` must be class ids in [0, {C}), got values in "
+                         f"[{int(labels.min())}, {int(labels.max())}]")
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"kd_loss: `alpha` must be in [0, 1], got {alpha}")
     if temperature <= 0:
