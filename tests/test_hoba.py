@@ -217,6 +217,14 @@ def test_datamodule_splits_and_tokenizer_saved(tmp_path):
                            val_fraction=0.2)
     other.setup()  # different settings: retrained, not reused
     assert json.loads((tmp_path / "tok" / "tokenizer_meta.json").read_text())["vocab_size"] == 90
+    # same dataset name, size and settings but other training texts: retrained, not reused
+    f = root / "trec" / "train_5500.label"
+    f.write_bytes(f.read_bytes().replace(b"question", b"query"))
+    edited = TextDataModule("trec", root=str(root), max_len=8, vocab_size=90, tokenizer_dir=str(tmp_path / "tok"),
+                            val_fraction=0.2)
+    edited.setup()
+    vocab = edited.tokenizer.tok.get_vocab()
+    assert "query" in vocab and "question" not in vocab
 
 
 def test_task_distills_with_cached_teacher_logits(tmp_path):

@@ -27,6 +27,7 @@ No network access anywhere.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import random
@@ -426,8 +427,12 @@ class TextDataModule(SplitDataModule):
         else train on the training split and save it to ``tokenizer_dir``."""
         if self.tokenizer_path:
             return TextTokenizer.from_pretrained(self.tokenizer_path)
+        digest = hashlib.sha256()
+        for text in train_texts:  # the vocabulary is a function of the training texts, not only of their number
+            digest.update(text.encode("utf-8") + b"\0")
         meta = {"dataset": self.dataset_name, "vocab_size": self.vocab_size, "train_limit": self.train_limit,
-                "seed": self.seed, "val_fraction": self.val_fraction, "n_train": len(train_texts)}
+                "seed": self.seed, "val_fraction": self.val_fraction, "n_train": len(train_texts),
+                "train_sha256": digest.hexdigest()}
         if self.dataset_name == "sst2":  # a vocabulary saved when SST-2 validated on dev saw other training texts
             meta["val"] = "train_holdout"
         d = Path(self.tokenizer_dir) if self.tokenizer_dir else None
