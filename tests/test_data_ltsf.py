@@ -303,3 +303,340 @@ def test_download_real_ett_offline(data_root, tmp_path, monkeypatch):
     cache = _fresh_machine(monkeypatch, tmp_path)
     ds = LTSFDataset(None, "ETTh1", "val", download=True)
     assert ds.path == cache / "ETT-small" / "ETTh1.csv" and len(ds) == 2785
+
+
+# ------------------------------------------------------------------------------------------------ protocol details
+def _tslib_borders(protocol, n, seq):
+    """Time-Series-Library ``data_loader.py`` border arithmetic, written out per dataset class."""
+    if protocol == "etth":  # Dataset_ETT_hour
+        return [0, 12 * 30 * 24 - seq, 12 * 30 * 24 + 4 * 30 * 24 - seq], \
+            [12 * 30 * 24, 12 * 30 * 24 + 4 * 30 * 24, 12 * 30 * 24 + 8 * 30 * 24]
+    if protocol == "ettm":  # Dataset_ETT_minute
+        return [0, 12 * 30 * 24 * 4 - seq, 12 * 30 * 24 * 4 + 4 * 30 * 24 * 4 - seq], \
+            [12 * 30 * 24 * 4, 12 * 30 * 24 * 4 + 4 * 30 * 24 * 4, 12 * 30 * 24 * 4 + 8 * 30 * 24 * 4]
+    num_train, num_test = int(n * 0.7), int(n * 0.2)
+    num_vali = int(n * 0.1) if protocol == "solar" else n - num_train - num_test  # Dataset_Solar / Dataset_Custom
+    return [0, num_train - seq, n - num_test - seq], [num_train, num_train + num_vali, n]
+
+
+@pytest.mark.parametrize("protocol,n", [("etth", 17420), ("ettm", 69680), ("custom", 52696), ("custom", 1003),
+                                        ("custom", 966), ("solar", 52560), ("solar", 1003)])
+@pytest.mark.parametrize("seq", [36, 96, 336])
+def test_borders_match_tslib(protocol, n, seq):
+    from hoformer.data import ltsf_borders
+
+    b1, b2 = ltsf_borders(protocol, n, seq)
+    assert (list(b1), list(b2)) == _tslib_borders(protocol, n, seq)
+
+
+def test_border_errors():
+    from hoformer.data import ltsf_borders
+
+    with pytest.raises(ValueError, match=r"seq_len=400 is longer than the training slice \(350 rows of 500\)"):
+        ltsf_borders("custom", 500, 400)
+    with pytest.raises(SchemaError, match="needs at least 57600 rows, the file has 57599"):
+        ltsf_borders("ettm", 57599, 96)
+    with pytest.raises(ValueError, match="protocol must be"):
+        ltsf_borders("ett", 20000, 96)
+    for protocol, n_train in (("etth", 8640), ("ettm", 34560)):  # a lookback longer than the training months
+        with pytest.raises(ValueError, match=f"seq_len={n_train + 1} is longer than the training slice"):
+            ltsf_borders(protocol, 80000, n_train + 1)
+    assert ltsf_borders("etth", 14400, 8640)[0] == [0, 0, 2880]
+
+
+def _fast_ett_csv(path, n, minutes, seed=0):
+    """ETT-layout CSV written with numpy only (fast for the 57,600 rows of the ETTm protocol)."""
+    rng = np.random.default_rng(seed)
+    values = rng.normal(size=(n, 7)) * rng.uniform(1, 5, 7) + rng.uniform(-5, 20, 7)
+    dates = np.datetime64("2016-07-01T00:00") + np.arange(n) * np.timedelta64(minutes, "m")
+    text = np.char.replace(np.datetime_as_string(dates, unit="s"), "T", " ")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savetxt(path, np.column_stack([text, np.char.mod("%.6f", values)]), fmt="%s", delimiter=",",
+               header="date,HUFL,HULL,MUFL,MULL,LUFL,LULL,OT", comments="")
+    return path
+
+
+def test_ettm_protocol(tmp_path):
+    """ETTm: the same 12/4/4 months at 15 minutes (x4 rows); calendar marks default to the minute features."""
+    path = _fast_ett_csv(tmp_path / "ETT-small" / "ETTm1.csv", 57600 + 17, 15)
+    raw = _raw(path, 7)
+    ds = _check_protocol(tmp_path, "ETTm1", raw, (34560, 46080, 57600), verify=False)
+    assert [len(d) for d in ds.values()] == [34369, 11425, 11425]  # rows past the 20 months are never used
+    m = LTSFDataset(tmp_path, "ETTm1", "val", 96, 96, verify=False, time_features=True, label_len=48)
+    _, y, xm, ym = m[3]
+    dates = np.datetime64("2016-07-01T00:00") + np.arange(57600) * np.timedelta64(15, "m")
+    np.testing.assert_array_equal(xm.numpy(), ltsf_time_features(dates[34560 - 96 + 3:34560 + 3], "t"))
+    # y and its marks both start label_len steps before the horizon
+    np.testing.assert_array_equal(ym.numpy(), ltsf_time_features(dates[34560 - 48 + 3:34560 + 99], "t"))
+    scaled = (raw - raw[:34560].mean(0)) / raw[:34560].std(0)
+    np.testing.assert_allclose(y.numpy(), scaled[34560 - 48 + 3:34560 + 99], rtol=1e-5, atol=1e-5)
+
+
+def test_solar_protocol(tmp_path):
+    """solar_AL.txt: no header, no dates; TSLib's Dataset_Solar takes int(0.1 n) validation rows, so a row can fall
+    between validation and test; calendar marks are zeros."""
+    path = write_synthetic_ltsf_csv(tmp_path / "Solar" / "solar_AL.txt", "solar", 1003, seed=5)
+    raw = np.loadtxt(path, delimiter=",")
+    assert raw.shape == (1003, 137)
+    seq, pred = 24, 12
+    ds = {s: LTSFDataset(tmp_path, "solar", s, seq, pred, time_features=True) for s in ("train", "val", "test")}
+    assert [d.borders for d in ds.values()] == [(0, 702), (702 - seq, 802), (803 - seq, 1003)]
+    assert [len(d) for d in ds.values()] == [702 - seq - pred + 1, 100 - pred + 1, 200 - pred + 1]
+    mean, std = raw[:702].mean(0), raw[:702].std(0)
+    std = np.where(std == 0, 1.0, std)
+    scaled = (raw - mean) / std
+    x, y, xm, ym = ds["test"][len(ds["test"]) - 1]
+    np.testing.assert_allclose(x.numpy(), scaled[1003 - pred - seq:1003 - pred], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y.numpy(), scaled[1003 - pred:], rtol=1e-5, atol=1e-5)
+    assert xm.shape == (seq, 1) and ym.shape == (pred, 1) and not xm.any() and not ym.any()
+    x, y, _, _ = ds["val"][0]
+    np.testing.assert_allclose(y.numpy(), scaled[702:702 + pred], rtol=1e-5, atol=1e-5)
+
+
+def test_constant_column_scaled_with_unit_std(tmp_path):
+    """A variate that is constant on the training rows keeps std 1 (TSLib / sklearn StandardScaler), not inf/NaN."""
+    raw_a = np.array([5.0 if i < 700 else 6.0 + i % 3 for i in range(1000)])
+    dates = np.char.replace(np.datetime_as_string(np.datetime64("2020-01-01T00:00") + np.arange(1000)
+                                                  * np.timedelta64(1, "h"), unit="s"), "T", " ")
+    (tmp_path / "c.csv").write_text("date,a,OT\n" + "".join(f"{d},{a},{np.sin(i):.6f}\n"
+                                                            for i, (d, a) in enumerate(zip(dates, raw_a))))
+    ds = LTSFDataset(tmp_path, "c.csv", "test", 24, 12)
+    assert ds.std[0] == 1.0 and ds.mean[0] == 5.0
+    assert torch.isfinite(ds.data).all()
+    np.testing.assert_allclose(ds[0][0][:, 0].numpy(), raw_a[800 - 24:800] - 5.0)
+
+
+def _write_custom(path, n=400, seed=0):
+    """A custom CSV whose target column OT is *not* last (TSLib moves it there)."""
+    rng = np.random.default_rng(seed)
+    raw = rng.normal(size=(n, 3)) * [1.0, 10.0, 100.0] + [0.0, 50.0, -20.0]  # columns OT, a, b
+    dates = np.char.replace(np.datetime_as_string(np.datetime64("2020-01-01T00:00") + np.arange(n)
+                                                  * np.timedelta64(1, "h"), unit="s"), "T", " ")
+    path.write_text("date,OT,a,b\n" + "".join(f"{d},{r[0]:.6f},{r[1]:.6f},{r[2]:.6f}\n" for d, r in zip(dates, raw)))
+    return np.loadtxt(path, delimiter=",", skiprows=1, usecols=(1, 2, 3))
+
+
+def test_target_moved_last_and_features(tmp_path):
+    raw = _write_custom(tmp_path / "c.csv")  # (400, 3): OT, a, b
+    n_train, n_test = 280, 80
+    seq, pred = 24, 8
+    m = LTSFDataset(tmp_path, "c.csv", "val", seq, pred)
+    assert m.columns == ["a", "b", "OT"]
+    ref = raw[:, [1, 2, 0]]
+    mean, std = ref[:n_train].mean(0), ref[:n_train].std(0)
+    x, y = m[5]
+    np.testing.assert_allclose(x.numpy(), ((ref - mean) / std)[n_train - seq + 5:n_train + 5], rtol=1e-5, atol=1e-5)
+    # S with another target: that column alone, scaled with its own training statistics
+    s = LTSFDataset(tmp_path, "c.csv", "test", seq, pred, features="S", target="a")
+    assert s.columns == ["a"] and s.num_variates == 1
+    a = raw[:, 1]
+    x, y = s[0]
+    np.testing.assert_allclose(x[:, 0].numpy(), ((a - a[:n_train].mean()) / a[:n_train].std())[
+        400 - n_test - seq:400 - n_test], rtol=1e-5, atol=1e-5)
+    # MS: all variates in, the target (last) out; inverse_transform takes either width
+    ms = LTSFDataset(tmp_path, "c.csv", "test", seq, pred, features="MS", target="b")
+    assert ms.columns == ["OT", "a", "b"]
+    x, y = ms[0]
+    assert x.shape == (seq, 3) and y.shape == (pred, 1)
+    np.testing.assert_allclose(ms.inverse_transform(x.double().numpy()), raw[400 - n_test - seq:400 - n_test],
+                               rtol=1e-6, atol=1e-4)
+    np.testing.assert_allclose(ms.inverse_transform(y.double().numpy())[:, 0], raw[400 - n_test:400 - n_test + pred, 2],
+                               rtol=1e-6, atol=1e-3)
+    ms_mean, ms_std = raw[:n_train].mean(0), raw[:n_train].std(0)
+    np.testing.assert_allclose(ms.transform(raw[:4]), (raw[:4] - ms_mean) / ms_std, rtol=1e-12)
+    np.testing.assert_allclose(ms.transform(raw[:4, 2:]), (raw[:4, 2:] - ms_mean[2]) / ms_std[2], rtol=1e-12)
+    unscaled = LTSFDataset(tmp_path, "c.csv", "test", seq, pred, scale=False)
+    np.testing.assert_allclose(unscaled[0][0].numpy(), ref[400 - n_test - seq:400 - n_test], rtol=1e-6)
+    assert unscaled.inverse_transform(y) is y
+
+
+def test_negative_index_and_argument_errors(ett_root):
+    kw = dict(verify=False, seq_len=24, pred_len=12)
+    ds = LTSFDataset(ett_root, "ETTh1", "test", **kw)
+    n = len(ds)
+    for i, j in ((-1, n - 1), (-n, 0), (-7, n - 7)):
+        torch.testing.assert_close(ds[i], ds[j], rtol=0, atol=0)
+    for bad in (n, -n - 1):
+        with pytest.raises(IndexError, match=f"index {bad} out of range for {n} windows"):
+            ds[bad]
+    cases = [({"label_len": 25}, r"label_len must be an int in \[0, seq_len=24\], got 25"),
+             ({"label_len": -1}, "label_len must be"),
+             ({"features": "X"}, "features must be 'M', 'S' or 'MS', got 'X'"),
+             ({"features": "S", "target": "nope"}, "target 'nope' is not a column of 'ETTh1'"),
+             ({"seq_len": 0}, "seq_len must be a positive int, got 0"),
+             ({"pred_len": True}, "pred_len must be a positive int, got True"),
+             ({"seq_len": 8641}, r"seq_len=8641 is longer than the training slice \(8640 rows of 14400\)"),
+             ({"seq_len": 8640, "pred_len": 2881}, "too few for seq_len=8640 \\+ pred_len=2881")]
+    for over, msg in cases:
+        with pytest.raises(ValueError, match=msg):
+            LTSFDataset(ett_root, "ETTh1", "val", **{**kw, **over})
+
+
+_FEATURE_SETS = {"s": ["second", "minute", "hour", "dow", "dom", "doy"], "t": ["minute", "hour", "dow", "dom", "doy"],
+                 "h": ["hour", "dow", "dom", "doy"], "d": ["dow", "dom", "doy"], "b": ["dow", "dom", "doy"],
+                 "w": ["dom", "woy"], "m": ["moy"]}
+
+
+def _naive_calendar(dt, name):
+    """TSLib ``utils/timefeatures.py`` (timeenc=1) for one ``datetime``."""
+    return {"second": dt.second / 59.0, "minute": dt.minute / 59.0, "hour": dt.hour / 23.0,
+            "dow": dt.weekday() / 6.0, "dom": (dt.day - 1) / 30.0, "doy": (dt.timetuple().tm_yday - 1) / 365.0,
+            "moy": (dt.month - 1) / 11.0, "woy": (dt.isocalendar()[1] - 1) / 52.0}[name] - 0.5
+
+
+@pytest.mark.parametrize("freq,key", [("h", "h"), ("H", "h"), ("t", "t"), ("15min", "t"), ("10min", "t"),
+                                      ("T", "t"), ("s", "s"), ("d", "d"), ("b", "b"), ("w", "w"), ("m", "m")])
+def test_time_features_match_naive_calendar(freq, key):
+    import datetime as dtm
+
+    rng = np.random.default_rng(0)
+    secs = rng.integers(0, 7 * 365 * 86400, 60)
+    stamps = [dtm.datetime(2015, 1, 1) + dtm.timedelta(seconds=int(s)) for s in secs]
+    stamps += [dtm.datetime(2020, 12, 31, 23, 59, 59), dtm.datetime(2021, 1, 3), dtm.datetime(2020, 2, 29, 12)]
+    got = ltsf_time_features(np.array(stamps, dtype="datetime64[ns]"), freq)
+    ref = np.array([[_naive_calendar(dt, f) for f in _FEATURE_SETS[key]] for dt in stamps])
+    assert got.dtype == np.float32 and got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-7)
+
+
+def test_time_features_bad_freq():
+    with pytest.raises(ValueError, match=r"freq must be one of .* got 'q'"):
+        ltsf_time_features(np.array(["2020-01-01"], dtype="datetime64[ns]"), "q")
+
+
+def test_cached_arrays_are_read_only(ett_root):
+    """Splits of one file share the parsed table: editing one dataset's dates or values cannot change another's."""
+    a = LTSFDataset(ett_root, "ETTh1", "val", 24, 12, verify=False, time_features=True)
+    with pytest.raises(ValueError, match="read-only"):
+        a.dates[0] = np.datetime64("2000-01-01")
+    b = LTSFDataset(ett_root, "ETTh1", "val", 24, 12, verify=False, time_features=True)
+    assert b.dates[0] == np.datetime64("2016-07-01T00:00") + np.timedelta64(8640 - 24, "h")
+    torch.testing.assert_close(a[0][2], b[0][2])
+    syn = SyntheticLTSF("val", 24, 12, length=500)
+    with pytest.raises(ValueError, match="read-only"):
+        syn.dates[0] = np.datetime64("2000-01-01")
+
+
+def test_synthetic_features_and_datamodule_options():
+    """SyntheticLTSF / LTSFDataModule(synthetic=True) honour features, target, seed, label_len (not silently M)."""
+    m = SyntheticLTSF("test", 24, 12, length=600)
+    s = SyntheticLTSF("test", 24, 12, length=600, features="S")
+    ms = SyntheticLTSF("test", 24, 12, length=600, features="MS", label_len=6)
+    assert s.num_variates == 1 and s[0][0].shape == (24, 1) and ms[0][1].shape == (18, 1)
+    torch.testing.assert_close(s[0][0], m[0][0][:, -1:])  # per-variate scaling: OT alone == OT of M
+    torch.testing.assert_close(ms[0][1][:, 0], torch.cat([m[0][0][-6:, -1], m[0][1][:, -1]]))
+    v1 = SyntheticLTSF("test", 24, 12, length=600, features="S", target="v1")
+    torch.testing.assert_close(v1[0][0][:, 0], m[0][0][:, 1])
+    with pytest.raises(ValueError, match="target 'x' is not a column of 'synthetic'"):
+        SyntheticLTSF("test", 24, 12, length=600, features="S", target="x")
+
+    for features, c_in, c_out in (("M", 7, 7), ("S", 1, 1), ("MS", 7, 1)):
+        dm = LTSFDataModule(synthetic=True, seq_len=24, pred_len=12, label_len=4, features=features,
+                            synthetic_length=600, seed=3, batch_size=5)
+        x, y = next(iter(dm.test_dataloader()))
+        assert dm.num_variates == c_in and x.shape == (5, 24, c_in) and y.shape == (5, 16, c_out)
+        ref = SyntheticLTSF("test", 24, 12, length=600, seed=3, features=features, label_len=4)
+        torch.testing.assert_close(x[0], ref[0][0])
+    assert not torch.allclose(SyntheticLTSF("test", 24, 12, length=600, seed=3).data, m.data)
+
+
+# ------------------------------------------------------------------------------------------------ _utils helpers
+def test_verify_file_and_roots(tmp_path, monkeypatch):
+    import hashlib
+
+    from hoformer.data._utils import default_data_root, verify_file
+
+    f = tmp_path / "blob.bin"
+    f.write_bytes(b"hoformer")
+    md5 = hashlib.md5(b"hoformer").hexdigest()
+    assert verify_file(f, md5=md5.upper()) == f  # hex digests compare case-insensitively
+    with pytest.raises(ChecksumError, match=f"expected {'0' * 32}, got {md5} \\(size 8 bytes\\)"):
+        verify_file(f, md5="0" * 32)
+    with pytest.raises(FileNotFoundError, match="nope.bin: file not found. fetch it"):
+        verify_file(tmp_path / "nope.bin", hint="fetch it")
+    monkeypatch.delenv("HOFORMER_DATA", raising=False)
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    assert default_data_root() is None  # no ../shared/data next to the working directory
+    (tmp_path / "shared" / "data").mkdir(parents=True)
+    assert default_data_root() == tmp_path / "shared" / "data"
+    monkeypatch.setenv("HOFORMER_DATA", str(tmp_path / "elsewhere"))
+    assert default_data_root() == tmp_path / "elsewhere"
+
+
+def test_download_url_keeps_verified_file_and_overwrites(tmp_path):
+    import hashlib
+
+    from hoformer.data._utils import download_url
+
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"new contents")
+    dest = tmp_path / "out" / "f.bin"
+    dest.parent.mkdir()
+    dest.write_bytes(b"old contents")
+    missing = (tmp_path / "missing.bin").as_uri()
+    old_md5 = hashlib.md5(b"old contents").hexdigest()
+    assert download_url(missing, dest, md5=old_md5) == dest  # verified and kept: nothing fetched
+    with pytest.raises(ChecksumError, match="overwrite=True"):
+        download_url(missing, dest, md5="0" * 32)
+    download_url(src.as_uri(), dest, md5=hashlib.md5(b"new contents").hexdigest(), overwrite=True)
+    assert dest.read_bytes() == b"new contents" and sorted(p.name for p in dest.parent.iterdir()) == ["f.bin"]
+
+
+def test_failed_download_closes_its_temporary_file(tmp_path, monkeypatch):
+    import os
+    import tempfile
+
+    from hoformer.data import _utils
+
+    fds, real_mkstemp = [], tempfile.mkstemp
+
+    def mkstemp(*a, **k):
+        fd, name = real_mkstemp(*a, **k)
+        fds.append(fd)
+        return fd, name
+
+    monkeypatch.setattr(_utils.tempfile, "mkstemp", mkstemp)
+    with pytest.raises(OSError, match="could not download"):
+        _utils.download_url((tmp_path / "absent.bin").as_uri(), tmp_path / "d" / "x.bin")
+    (fd,) = fds
+    with pytest.raises(OSError):  # EBADF: the descriptor was closed
+        os.fstat(fd)
+    assert list((tmp_path / "d").iterdir()) == []
+
+
+# ------------------------------------------------------------------------------------------- DDP evaluation share
+def test_trainer_eval_sampler_shares(monkeypatch):
+    """Under a DDP Trainer's loader build each rank gets a disjoint, unpadded, in-order share; otherwise ``None``
+    (plain in-order loader): a direct call, a 1-process Trainer next to a stale process group, a split smaller than
+    the world, an iterable dataset."""
+    from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+    from hoformer.data import _base
+
+    class T:
+        def __init__(self, world_size):
+            self.world_size = world_size
+
+    ds = TensorDataset(torch.arange(7))
+    monkeypatch.setattr(_base.dist, "is_available", lambda: True)
+    monkeypatch.setattr(_base.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(_base.dist, "get_world_size", lambda: 3)
+    assert _base._trainer_eval_sampler(ds, T(3)) is None  # not inside Lightning's loader build: whole split
+    monkeypatch.setattr(DataLoader, "__old__init__", DataLoader.__init__, raising=False)
+    shares = []
+    for rank in range(3):
+        monkeypatch.setattr(_base.dist, "get_rank", lambda rank=rank: rank)
+        shares.append(list(_base._trainer_eval_sampler(ds, T(3))))
+    assert shares == [[0, 3, 6], [1, 4], [2, 5]]  # == range(rank, n, world): every window exactly once
+    assert _base._trainer_eval_sampler(ds, T(1)) is None  # a 1-device Trainer ignores a leftover process group
+    assert _base._trainer_eval_sampler(ds, None) is None
+    assert _base._trainer_eval_sampler(TensorDataset(torch.arange(2)), T(3)) is None  # fewer windows than ranks
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(5))
+
+    assert _base._trainer_eval_sampler(Stream(), T(3)) is None
+    monkeypatch.setattr(_base.dist, "is_initialized", lambda: False)
+    assert _base._trainer_eval_sampler(ds, T(3)) is None

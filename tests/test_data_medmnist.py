@@ -135,3 +135,49 @@ def test_datamodule_verify_flag(tmp_path):
     np.savez_compressed(tmp_path / "nodulemnist3d.npz", **arrays)
     with pytest.raises(SchemaError, match="class ids"):
         MedMNIST3DDataModule(str(tmp_path), "nodule", verify=False).setup("test")
+
+
+def test_transforms_and_layout_errors(tmp_path):
+    path = tmp_path / "fracturemnist3d.npz"
+    arrays, _ = _fake_npz(path, counts=(4, 2, 2))
+    ds = MedMNIST3D(tmp_path, "fracture", "train", verify=False, transform=lambda x: x * 2 - 1,
+                    target_transform=lambda y: y + 10)
+    x, y = ds[3]
+    torch.testing.assert_close(x[0], torch.from_numpy(arrays["train_images"][3]).float() / 255 * 2 - 1)
+    assert y.tolist() == [int(arrays["train_labels"][3, 0]) + 10] and ds.num_classes == 3
+    assert repr(ds) == "MedMNIST3D(flag='fracturemnist3d', split='train', size=28, n=4)"
+    for labels, msg in ((arrays["train_labels"][:3], r"train_labels must be integer \(N=4, k\), got uint8 \(3, 1\)"),
+                        (arrays["train_labels"][:, 0], r"train_labels must be integer \(N=4, k\), got uint8 \(4,\)"),
+                        (arrays["train_labels"].astype(np.float32), "must be integer")):
+        np.savez_compressed(path, **{**arrays, "train_labels": labels})
+        with pytest.raises(SchemaError, match=msg):
+            MedMNIST3D(tmp_path, "fracture", "train", verify=False)
+    np.savez_compressed(path, **{**arrays, "train_images": arrays["train_images"].astype(np.float32)})
+    with pytest.raises(SchemaError, match=r"train_images must be uint8 \(N, 28, 28, 28\), got float32"):
+        MedMNIST3D(tmp_path, "fracture", "train", verify=False)
+    with pytest.raises(ValueError, match="split must be one of"):
+        MedMNIST3D(tmp_path, "fracture", "dev", verify=False)
+
+
+def test_datamodule_size_and_flip_augment(tmp_path):
+    """``size`` reaches the dataset; ``flip_augment`` flips training volumes (each of the three axes with
+    probability 1/2) and never validation / test volumes."""
+    arrays, _ = _fake_npz(tmp_path / "organmnist3d_64.npz", counts=(2, 1, 1), size=64)
+    dm = MedMNIST3DDataModule(str(tmp_path), "organ", size=64, verify=False)
+    assert dm.dataset("val")[0][0].shape == (1, 64, 64, 64) and dm.num_classes == 11
+
+    arrays, _ = _fake_npz(tmp_path / "vesselmnist3d.npz", counts=(2, 2, 2))
+    dm = MedMNIST3DDataModule(str(tmp_path), "vessel", flip_augment=True, verify=False)
+    raw = torch.from_numpy(arrays["train_images"][1]).float() / 255
+    seen = set()
+    for _ in range(48):
+        x = dm.dataset("train")[1][0][0]
+        flips = [axes for axes in ((), (0,), (1,), (2,), (0, 1), (0, 2), (1, 2), (0, 1, 2))
+                 if torch.equal(x, raw.flip(axes) if axes else raw)]
+        assert len(flips) == 1, "a training volume is not a flip of the stored one"
+        seen.add(flips[0])
+    assert len(seen) >= 6 and {a for f in seen for a in f} == {0, 1, 2}  # all three axes, random subsets
+    for split in ("val", "test"):
+        for _ in range(5):
+            torch.testing.assert_close(dm.dataset(split)[0][0][0],
+                                       torch.from_numpy(arrays[f"{split}_images"][0]).float() / 255, rtol=0, atol=0)

@@ -224,3 +224,103 @@ def test_safe_extract_fallback_refuses_escapes(tmp_path, monkeypatch):
             ms_mod._safe_extractall(tar, dest)
         assert not (dest / "first.txt").exists(), what  # refused as a whole: nothing extracted
     assert sorted(p.name for p in (tmp_path / "root").iterdir()) == ["dest"]
+
+
+def test_random_crop_reaches_every_offset_and_flip_probability():
+    mask = torch.arange(10 * 11).reshape(10, 11)
+    image = mask[None].float()
+    torch.manual_seed(0)
+    offsets = set()
+    for _ in range(200):
+        x, y = RandomCrop(8)(image, mask)
+        i, j = divmod(int(y[0, 0]), 11)
+        torch.testing.assert_close(y, mask[i:i + 8, j:j + 8])
+        torch.testing.assert_close(x[0], y.float())
+        offsets.add((i, j))
+    assert offsets == {(i, j) for i in range(3) for j in range(4)}  # the last row / column offsets included
+    x, y = RandomFlip(p=0.0)(image, mask)
+    assert torch.equal(y, mask) and torch.equal(x, image)
+    x, y = RandomFlip(p=1.0)(image, mask)
+    assert torch.equal(y, mask.flip(0).flip(1)) and torch.equal(x, image.flip(-1).flip(-2))
+    x, y = CenterCrop(8)(image, mask)
+    assert torch.equal(y, mask[1:9, 1:9])
+
+
+def test_mask_codes_must_be_integers_in_range(tmp_path):
+    root = make_synthetic_ssl4eo(tmp_path, n=2, size=16, seed=2)
+    ds = SSL4EOLDataset(root, "nlcd", "test")
+    mask_file = ds.samples[0][1]
+    for bad, msg in ((np.full((1, 16, 16), 11.5, np.float32), r"in \[0, 255\], got float32"),
+                     (np.full((1, 16, 16), 300, np.uint16), r"got uint16 in \[300, 300\]"),
+                     (np.full((1, 16, 16), -1, np.int16), r"in \[-1, -1\]")):
+        np.save(mask_file, bad)
+        with pytest.raises(SchemaError, match=f"{mask_file.name}: expected integer NLCD codes .*{msg}"):
+            ds[0]
+
+
+def test_mask_with_the_image_format_is_preferred(tmp_path):
+    root = make_synthetic_ssl4eo(tmp_path, n=1, size=16, fmt="npz", seed=4)
+    img, mask = SSL4EOLDataset(root, "nlcd", "test").samples[0]
+    np.save(mask.with_suffix(".npy"), np.zeros((1, 16, 16), np.uint8))  # a stray copy in another format
+    assert SSL4EOLDataset(root, "nlcd", "test").samples[0][1] == mask
+
+
+def test_safe_extract_fallback_drops_setuid_bits(tmp_path, monkeypatch):
+    _simulate_old_python(monkeypatch)
+    info = _info("tool")
+    info.mode = 0o6777
+    with tarfile.open(_tar_with(tmp_path / "suid.tar", (info, b"#!/bin/sh\n"))) as tar:
+        ms_mod._safe_extractall(tar, tmp_path / "dest")
+    assert (tmp_path / "dest" / "tool").stat().st_mode & 0o7777 == 0o755
+
+
+def test_datamodule_options_reach_the_dataset(tmp_path):
+    """sensor, seed, crop (random for training, centred for evaluation) and flips (training only)."""
+    dm = MultispectralDataModule(str(tmp_path / "etm"), sensor="etm_sr", product="cdl", synthetic=True,
+                                 synthetic_n=8, synthetic_size=24, crop_size=16, seed=7, batch_size=2)
+    ref = make_synthetic_ssl4eo(tmp_path / "ref", n=8, size=24, sensor="etm_sr", product="cdl", seed=7)
+    assert dm.in_channels == 6 and dm.num_classes == 134
+    val, ref_val = dm.dataset("val"), SSL4EOLDataset(ref, "cdl", "val", "etm_sr")
+    x, y = val[0]
+    rx, ry = ref_val[0]
+    assert x.shape == (6, 16, 16)
+    torch.testing.assert_close(x, rx[:, 4:20, 4:20], rtol=0, atol=0)  # same seed -> same data; centre crop
+    torch.testing.assert_close(y, ry[4:20, 4:20], rtol=0, atol=0)
+    train, ref_train = dm.dataset("train"), SSL4EOLDataset(ref, "cdl", "train", "etm_sr")
+    rx, ry = ref_train[0]
+    windows = {}
+    for _ in range(40):
+        x, y = train[0]
+        hits = [(i, j, fl) for i in range(9) for j in range(9) for fl in ((), (-1,), (-2,), (-1, -2))
+                if torch.equal(x, rx[:, i:i + 16, j:j + 16].flip(fl) if fl else rx[:, i:i + 16, j:j + 16])
+                and torch.equal(y, ry[i:i + 16, j:j + 16].flip(fl) if fl else ry[i:i + 16, j:j + 16])]
+        assert hits, "a training sample is not a (flipped) window of the stored patch"
+        windows[hits[0][:2]] = windows.get(hits[0][:2], set()) | {h[2] for h in hits}
+    assert len(windows) > 10 and set().union(*windows.values()) == {(), (-1,), (-2,), (-1, -2)}
+    other = MultispectralDataModule(str(tmp_path / "etm2"), sensor="etm_sr", product="cdl", synthetic=True,
+                                    synthetic_n=8, synthetic_size=24, seed=8)
+    assert not torch.equal(other.dataset("val")[0][0], dm.dataset("val")[0][0])
+
+
+def test_synthetic_prepare_data_is_crash_safe(tmp_path, monkeypatch):
+    """The synthetic set is moved into place image folder last: a crash in between leaves no image folder, so the
+    next prepare_data regenerates instead of accepting patches without masks."""
+    from hoformer.data import datamodules
+
+    real_replace, calls = datamodules.os.replace, []
+
+    def flaky(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise OSError("killed")
+        return real_replace(src, dst)
+
+    dm = MultispectralDataModule(str(tmp_path / "syn"), synthetic=True, synthetic_n=4, synthetic_size=16)
+    monkeypatch.setattr(datamodules.os, "replace", flaky)
+    with pytest.raises(OSError, match="killed"):
+        dm.prepare_data()
+    monkeypatch.setattr(datamodules.os, "replace", real_replace)
+    assert [p.name for p in calls] == ["ssl4eo_l_oli_nlcd", "ssl4eo_l_oli_sr_benchmark"]
+    assert not (tmp_path / "syn" / "ssl4eo_l_oli_sr_benchmark").exists()
+    dm.prepare_data()
+    assert len(dm.dataset("train")) + len(dm.dataset("val")) + len(dm.dataset("test")) == 4

@@ -94,8 +94,8 @@ def download_url(url: str, dest: str | os.PathLike, *, md5: str | None = None, s
     hashes = {a: hashlib.new(a) for a, w in (("md5", md5), ("sha256", sha256)) if w is not None}
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
     try:
-        try:
-            with urllib.request.urlopen(url, timeout=timeout) as r, os.fdopen(fd, "wb") as f:
+        try:  # the temporary file is opened (and so closed) first: a failed request does not leak its descriptor
+            with os.fdopen(fd, "wb") as f, urllib.request.urlopen(url, timeout=timeout) as r:
                 for chunk in iter(lambda: r.read(_CHUNK), b""):
                     f.write(chunk)
                     for h in hashes.values():

@@ -54,7 +54,7 @@ class LTSFDataModule(SplitDataModule):
         if self.synthetic:
             return SyntheticLTSF(split, h.seq_len, h.pred_len, num_variates=h.num_variates,
                                  length=h.synthetic_length, seed=h.seed, scale=h.scale, label_len=h.label_len,
-                                 time_features=h.time_features)
+                                 time_features=h.time_features, features=h.features, target=h.target)
         return LTSFDataset(self.root, h.name, split, h.seq_len, h.pred_len, h.scale, h.features,
                            label_len=h.label_len, target=h.target, time_features=h.time_features, verify=h.verify,
                            download=h.download)
@@ -62,10 +62,10 @@ class LTSFDataModule(SplitDataModule):
     @property
     def num_variates(self) -> int:
         """Input variates ``C`` (known without reading the file for the built-in datasets)."""
-        if self.synthetic:
-            return self.hparams.num_variates
         if self.hparams.features == "S":
             return 1
+        if self.synthetic:
+            return self.hparams.num_variates
         key = _LOOKUP.get(self.name.lower())
         return LTSF_DATASETS[key].channels if key else self.dataset("train").num_variates
 

@@ -101,10 +101,10 @@ def ltsf_borders(protocol: str, n_rows: int, seq_len: int) -> tuple[list[int], l
         num_val = int(n_rows * 0.1) if protocol == "solar" else n_rows - num_train - num_test
         b1 = [0, num_train - seq_len, n_rows - num_test - seq_len]
         b2 = [num_train, num_train + num_val, n_rows]
-        if b1[1] < 0:
-            raise ValueError(f"seq_len={seq_len} is longer than the training slice ({num_train} rows of {n_rows})")
     else:
         raise ValueError(f"protocol must be 'etth', 'ettm', 'custom' or 'solar', got {protocol!r}")
+    if b1[1] < 0:  # the validation lookback would start before the first row (a negative index wraps around)
+        raise ValueError(f"seq_len={seq_len} is longer than the training slice ({b2[0]} rows of {n_rows})")
     return b1, b2
 
 
@@ -165,6 +165,7 @@ def _read_table(path: str, header: bool, _mtime_ns: int, _size: int):
         if bad.size:
             raise SchemaError(f"{path}: unparsable 'date' value {df.iloc[bad[0], 0]!r} at line {bad[0] + first_row}")
         dates = parsed.to_numpy(dtype="datetime64[ns]")
+        dates.setflags(write=False)  # cached: shared by every split of the file
         df, columns = df.iloc[:, 1:], columns[1:]
     if len(df) == 0:
         raise SchemaError(f"{path}: no data rows")
@@ -389,16 +390,19 @@ def synthetic_multiway_series(length: int = 4000, num_variates: int = 7, *, seed
 class SyntheticLTSF(LTSFDataset):
     """Built-in synthetic multiway forecasting dataset with the same item contract and split/scaling protocol as
     :class:`LTSFDataset` (70/10/20, val/test start ``seq_len`` early, scaler fitted on train); hourly timestamps from
-    2020-01-01. Deterministic given ``seed``; see :func:`synthetic_multiway_series`."""
+    2020-01-01. Columns ``v0 .. v{C-2}, OT``; ``features`` / ``target`` as in :class:`LTSFDataset`. Deterministic
+    given ``seed``; see :func:`synthetic_multiway_series`."""
 
     def __init__(self, split: str = "train", seq_len: int = 96, pred_len: int = 96, num_variates: int = 7,
                  length: int = 4000, seed: int = 0, scale: bool = True, *, label_len: int = 0,
-                 time_features: bool = False, period: int = 24, noise: float = 0.1):
+                 time_features: bool = False, period: int = 24, noise: float = 0.1, features: str = "M",
+                 target: str = "OT"):
         self.name, self.path = "synthetic", None
         values = synthetic_multiway_series(length, num_variates, seed=seed, period=period, noise=noise)
         dates = np.datetime64("2020-01-01T00:00", "ns") + np.arange(length) * np.timedelta64(1, "h")
+        dates.setflags(write=False)
         columns = [f"v{i}" for i in range(num_variates - 1)] + ["OT"]
-        self._build(values, dates, columns, "custom", split, seq_len, pred_len, scale, "M", label_len, "OT",
+        self._build(values, dates, columns, "custom", split, seq_len, pred_len, scale, features, label_len, target,
                     time_features, "h")
 
 
