@@ -375,3 +375,290 @@ def test_ddp_two_processes_match_single_process(tmp_path):
     init = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, dim=16, num_heads=2, depth=1,
                                                   patch_size=8, dropout=0.0)).model.state_dict()
     assert max((w1[k] - init[k]).abs().max().item() for k in w1) > 1e-3  # training really moved the weights
+
+
+# ------------------------------------------------------------------------------------ optimizer and schedule
+class _RecordLR(pl.Callback):
+    """Learning rate of every optimizer step (read before the step) and the optimizers used."""
+
+    def __init__(self):
+        self.lrs = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.lrs.append([g["lr"] for g in trainer.optimizers[0].param_groups])
+
+
+def _fit_for_schedule(tmp_path, **task_kw):
+    dm = LTSFDataModule(synthetic=True, synthetic_length=300, seq_len=32, pred_len=8, batch_size=16)
+    task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC),
+                           plot_variates=0, **task_kw)
+    rec = _RecordLR()
+    trainer = _trainer(tmp_path, max_epochs=2, limit_train_batches=4, limit_val_batches=0, callbacks=[rec])
+    trainer.fit(task, dm)
+    return task, trainer, rec.lrs
+
+
+def test_adamw_groups_and_cosine_warmup_schedule(tmp_path):
+    """AdamW with the task's lr / betas / weight decay (none on biases and norms) and, per optimizer step s of T:
+    lr * (s + 1) / W during warm-up, then lr * (r + (1 - r) (1 + cos(pi (s - W) / (T - W))) / 2)."""
+    import math
+
+    lr, warm, r, total = 2e-3, 3, 0.1, 8
+    task, trainer, lrs = _fit_for_schedule(tmp_path, lr=lr, weight_decay=0.3, betas=(0.8, 0.95),
+                                           warmup_steps=warm, min_lr_ratio=r)
+    (opt,) = trainer.optimizers
+    assert isinstance(opt, torch.optim.AdamW)
+    ref = [lr * (s + 1) / warm if s < warm else
+           lr * (r + (1 - r) * 0.5 * (1 + math.cos(math.pi * (s - warm) / (total - warm)))) for s in range(total)]
+    assert len(lrs) == total
+    for s, (got, want) in enumerate(zip(lrs, ref)):
+        assert got == pytest.approx([want, want], rel=1e-12), f"step {s}"
+    decay, no_decay = opt.param_groups
+    names = {id(p): n for n, p in task.model.named_parameters()}
+    assert {names[id(p)] for p in decay["params"]} == {n for n, p in task.model.named_parameters() if p.ndim >= 2}
+    assert {names[id(p)] for p in no_decay["params"]} == {n for n, p in task.model.named_parameters() if p.ndim < 2}
+    assert any(n.endswith(".bias") for n in map(names.get, map(id, no_decay["params"])))
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.3, 0.0)
+    assert decay["betas"] == no_decay["betas"] == (0.8, 0.95)
+    assert decay["initial_lr"] == lr
+
+
+def test_constant_schedule(tmp_path):
+    _, _, lrs = _fit_for_schedule(tmp_path / "a", lr=1e-3, scheduler="constant", warmup_steps=2)
+    assert [g[0] for g in lrs] == pytest.approx([5e-4] + [1e-3] * 7, rel=1e-12)
+    _, trainer, lrs = _fit_for_schedule(tmp_path / "b", lr=1e-3, scheduler="constant")
+    assert [g[0] for g in lrs] == [1e-3] * 8 and trainer.lr_scheduler_configs == []
+    with pytest.raises(ValueError, match="scheduler must be 'cosine' or 'constant', got 'step'"):
+        ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC), scheduler="step")
+    with pytest.raises(ValueError, match="`loss` must be 'mse' or 'mae', got 'huber'"):
+        ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC), loss="huber")
+
+
+class _Indexed(Dataset):
+    """Records the order in which the training windows are fetched."""
+
+    def __init__(self, ds, log):
+        self.ds, self.log = ds, log
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        self.log.append(int(i))
+        return self.ds[i]
+
+
+def test_epoch_shuffle_is_drawn_from_seed_and_epoch(tmp_path):
+    """Epoch e shuffles with its own generator seeded from (seed, e), so orders differ between epochs and seeds and
+    do not depend on how much of the global RNG was used before (model init, other callbacks)."""
+    log: list[int] = []
+
+    class DM(LTSFDataModule):
+        def _make(self, split):
+            ds = super()._make(split)
+            return _Indexed(ds, log) if split == "train" else ds
+
+    def run(seed, burn=0):
+        log.clear()
+        pl.seed_everything(seed, verbose=False)
+        torch.rand(burn)
+        dm = DM(synthetic=True, synthetic_length=300, seq_len=32, pred_len=8, batch_size=64)
+        task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC),
+                               plot_variates=0)
+        _trainer(tmp_path, max_epochs=3, limit_val_batches=0).fit(task, dm)
+        n = len(dm.dataset("train"))
+        assert len(log) == 3 * n
+        return [log[e * n:(e + 1) * n] for e in range(3)], n
+
+    orders, n = run(5)
+    for e, order in enumerate(orders):
+        seed = (5 + 1_000_003 * (e + 1)) % (2**31 - 1)
+        assert order == torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist(), f"epoch {e}"
+    assert orders[0] != orders[1] != orders[2]
+    assert run(5, burn=17)[0] == orders
+    assert run(6)[0][0] != orders[0]
+
+
+# -------------------------------------------------------------------------------------- losses and options
+def _all_windows(ds):
+    return (torch.stack([ds[i][0] for i in range(len(ds))]).double(),
+            torch.stack([ds[i][1] for i in range(len(ds))]).double())
+
+
+@pytest.mark.parametrize("loss", ["mse", "mae"])
+def test_forecasting_loss_and_original_scale_metrics(tmp_path, loss):
+    """The logged loss is the chosen criterion over every test window; ``*_orig`` metrics are computed on the
+    inverse-transformed (original-scale) forecasts; the forecast plot shows the first test window."""
+    dm = LTSFDataModule(synthetic=True, synthetic_length=700, seq_len=32, pred_len=8, batch_size=8,
+                        eval_batch_size=16)
+    task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC), loss=loss,
+                           original_scale=True, plot_variates=0)
+    (res,) = _trainer(tmp_path).test(task, dm, verbose=False)
+    x, y = _all_windows(dm.dataset("test"))
+    with torch.no_grad():
+        p = task.model.eval().double()(x)
+    err = p - y
+    want = err.pow(2).mean() if loss == "mse" else err.abs().mean()
+    assert res["test/loss"] == pytest.approx(want.item(), rel=1e-5)
+    ds = dm.dataset("test")
+    mean, std = torch.from_numpy(ds.mean), torch.from_numpy(ds.std)
+    err_orig = (p * std + mean) - (y * std + mean)  # by hand: x * std + mean per variate
+    assert res["test/mae_orig"] == pytest.approx(err_orig.abs().mean().item(), rel=1e-5)
+    assert res["test/mse_orig"] == pytest.approx(err_orig.pow(2).mean().item(), rel=1e-5)
+    xs, ys, ps = task._plot_sample
+    torch.testing.assert_close(xs.double(), x[0])
+    torch.testing.assert_close(ys.double(), y[0])
+    torch.testing.assert_close(ps.double(), p[0], rtol=1e-4, atol=1e-5)
+
+
+def _ce_naive(logits, y, eps):
+    """Cross-entropy with label smoothing by explicit loops (float64)."""
+    total = 0.0
+    for row, t in zip(logits.double().tolist(), y.tolist()):
+        m = max(row)
+        lse = m + np.log(sum(np.exp(v - m) for v in row))
+        logp = [v - lse for v in row]
+        total += -(1 - eps) * logp[t] - eps / len(row) * sum(logp)
+    return total / len(y)
+
+
+def test_classification_label_smoothing_loss(tmp_path):
+    torch.manual_seed(1)
+    x, y = torch.rand(13, 1, 8, 8, 8), torch.arange(13) % 3
+    task = ClassificationTask("hot_volume_classifier", dict(input_size=8, patch_size=4, num_classes=3, dim=16,
+                                                            num_heads=2, depth=1), label_smoothing=0.2)
+    (res,) = _trainer(tmp_path).test(task, _DM(TensorDataset(x, y[:, None]), 13), verbose=False)
+    with torch.no_grad():
+        logits = task.model.eval()(x)
+    assert res["test/loss"] == pytest.approx(_ce_naive(logits, y, 0.2), rel=1e-5)
+    assert abs(_ce_naive(logits, y, 0.2) - _ce_naive(logits, y, 0.0)) > 1e-3  # the smoothing matters here
+
+
+@pytest.mark.parametrize("ignore", [255, 0])
+def test_segmentation_ignore_index(tmp_path, ignore):
+    """``ignore_index`` pixels are left out of the loss, the pixel accuracy and the IoUs; an ignored class inside
+    [0, K) is not averaged into the mIoU. Masks may come as (B, 1, H, W)."""
+    torch.manual_seed(0)
+    k = 4
+    x, y = torch.randn(5, 3, 16, 16), torch.randint(0, k, (5, 16, 16))
+    y[:, :5] = ignore
+    task = SegmentationTask("hot_segmenter", dict(in_channels=3, num_classes=k, input_size=16, patch_size=4, dim=16,
+                                                  num_heads=2, depth=1), ignore_index=ignore)
+    (res,) = _trainer(tmp_path).test(task, _DM(TensorDataset(x, y[:, None]), 2), verbose=False)
+    with torch.no_grad():
+        logits = task.model.eval()(x).double()
+    pred = logits.argmax(1)
+    valid = y != ignore
+    logp = logits.log_softmax(1)
+    ious = []
+    for c in range(k):
+        if c == ignore:
+            continue
+        inter = ((pred == c) & (y == c) & valid).sum().item()
+        union = (((pred == c) | (y == c)) & valid).sum().item()
+        if union:
+            ious.append(inter / union)
+    # the epoch loss: mean over the batches (2, 2, 1 samples, weighted by size) of the mean NLL of valid pixels
+    per_batch = [np.mean([-logp[b, y[b, i, j], i, j].item() for b in range(lo, hi) for i in range(16)
+                          for j in range(16) if valid[b, i, j]]) for lo, hi in ((0, 2), (2, 4), (4, 5))]
+    assert res["test/loss"] == pytest.approx((2 * per_batch[0] + 2 * per_batch[1] + per_batch[2]) / 5, rel=1e-5)
+    assert res["test/acc"] == pytest.approx(((pred == y) & valid).sum().item() / valid.sum().item(), abs=1e-6)
+    assert res["test/miou"] == pytest.approx(float(np.mean(ious)), abs=1e-6)
+
+
+# ------------------------------------------------------------------------------------------- predict / export
+def test_predictions_written_in_order(tmp_path):
+    """``SavePredictions`` writes one tensor over every predict batch, in dataset order: class probabilities,
+    label maps and forecasts of the model."""
+    from hoformer.train.tasks import SavePredictions
+
+    torch.manual_seed(0)
+    x3 = torch.rand(11, 1, 8, 8, 8)
+    x2 = torch.randn(7, 3, 16, 16)
+    cases = [  # the reference: the model's float32 outputs, softmax in float64 / argmax
+        (ClassificationTask("hot_volume_classifier", dict(input_size=8, patch_size=4, num_classes=3, dim=16,
+                                                          num_heads=2, depth=1)),
+         TensorDataset(x3, torch.zeros(11, 1, dtype=torch.long)), lambda m: m(x3).double().softmax(-1)),
+        (SegmentationTask("hot_segmenter", dict(in_channels=3, num_classes=5, input_size=16, patch_size=4, dim=16,
+                                                num_heads=2, depth=1)),
+         TensorDataset(x2, torch.zeros(7, 16, 16, dtype=torch.long)), lambda m: m(x2).argmax(1)),
+    ]
+    for i, (task, ds, ref) in enumerate(cases):
+        writer = SavePredictions(str(tmp_path / f"p{i}"))
+
+        class DM(pl.LightningDataModule):
+            def predict_dataloader(self):
+                return DataLoader(ds, batch_size=4)  # 4 + 4 + 3 / 4 + 3: a ragged last batch
+
+        _trainer(tmp_path, callbacks=[writer]).predict(task, DM(), return_predictions=False)
+        got = torch.load(writer.path, weights_only=True)
+        with torch.no_grad():
+            want = ref(task.model.eval())
+        assert got.shape == want.shape
+        if want.is_floating_point():
+            torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-6)
+            torch.testing.assert_close(got.double().sum(-1), torch.ones(len(ds), dtype=torch.float64))
+        else:
+            assert torch.equal(got, want)
+
+
+class _FakeScore(pl.Callback):
+    """Logs ``score`` = epoch, so with ``mode="min"`` the first epoch's checkpoint stays the best one."""
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        pl_module.log("score", float(trainer.current_epoch))
+
+
+def test_export_pretrained_uses_the_best_checkpoint(tmp_path):
+    dm = LTSFDataModule(synthetic=True, synthetic_length=300, seq_len=32, pred_len=8, batch_size=16)
+    task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC), lr=1e-2,
+                           plot_variates=0)
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="score", mode="min")
+    export = ExportPretrained(str(tmp_path / "pretrained"))
+    trainer = _trainer(tmp_path, max_epochs=2, limit_train_batches=3, limit_val_batches=1, num_sanity_val_steps=0,
+                       callbacks=[_FakeScore(), ckpt, export], enable_checkpointing=True)
+    trainer.fit(task, dm)
+    assert Path(ckpt.best_model_path).name.startswith("epoch=0")
+    best = torch.load(ckpt.best_model_path, weights_only=True)["state_dict"]
+    exported = from_pretrained(export.path).state_dict()
+    assert exported.keys() == {k[len("model."):] for k in best}
+    for k, v in exported.items():
+        assert torch.equal(v, best[f"model.{k}"]), k
+    assert any(not torch.equal(v, task.model.state_dict()[k]) for k, v in exported.items())  # not the last weights
+
+
+class _WorkerSeed(Dataset):
+    """Training windows plus the torch seed of the process that loaded them (a worker: base seed + worker id)."""
+
+    def __init__(self, ds):
+        self.ds = ds
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        x, y = self.ds[i]
+        return x, y, torch.tensor(torch.initial_seed())
+
+
+def test_worker_seeds_are_drawn_from_seed_and_epoch(tmp_path):
+    """Each epoch's worker base seed comes from the loader's own generator seeded from (seed, epoch) + 1, as
+    DataLoader draws it (``int64.random_(generator)``); worker ``i`` then seeds torch with base + i."""
+    seen = []
+
+    class DM(LTSFDataModule):
+        def _make(self, split):
+            ds = super()._make(split)
+            return _WorkerSeed(ds) if split == "train" else ds
+
+    class Grab(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            seen.append(int(batch[2][0]))
+
+    pl.seed_everything(3, verbose=False)
+    dm = DM(synthetic=True, synthetic_length=300, seq_len=32, pred_len=8, batch_size=8, num_workers=1)
+    task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC), plot_variates=0)
+    _trainer(tmp_path, max_epochs=2, limit_train_batches=1, limit_val_batches=0, callbacks=[Grab()]).fit(task, dm)
+    want = [torch.empty((), dtype=torch.int64).random_(generator=torch.Generator().manual_seed(
+        (3 + 1_000_003 * (e + 1)) % (2**31 - 1) + 1)).item() for e in range(2)]
+    assert seen == want
