@@ -69,3 +69,61 @@ def test_kron_sum_spectral_norm_is_differentiable():
         torch.kron(fs[0][0], torch.eye(4, dtype=torch.float64)) + torch.kron(torch.eye(3, dtype=torch.float64),
                                                                             fs[1][0]), ord=2), fs[0])[0]
     torch.testing.assert_close(fs[0].grad[0], g_dense[0], rtol=1e-5, atol=1e-6)
+
+
+def _dense_sr(m):
+    s = torch.linalg.svdvals(m.double())
+    return s.pow(2).sum(-1) / s[..., 0] ** 2
+
+
+@pytest.mark.parametrize("sizes", [(3, 4), (2, 3, 4)])
+def test_lanczos_exact_with_full_krylov_space_and_iters_is_used(sizes):
+    """Gaussian (non-softmax) factors: clustered singular values. With iters = prod(N) Lanczos is exact; with one
+    iteration the Rayleigh quotient underestimates |M|_2, so the stable rank is overestimated."""
+    import math
+
+    from hoformer.analysis.ranks import kron_sum_spectral_norm
+
+    g = torch.Generator().manual_seed(0)
+    fs = [torch.randn(2, n, n, generator=g, dtype=torch.float64) for n in sizes]
+    dense = kron_sum_dense(fs, normalize=False)
+    n = math.prod(sizes)
+    torch.testing.assert_close(kron_sum_spectral_norm(fs, iters=n), torch.linalg.matrix_norm(dense, ord=2),
+                               rtol=1e-10, atol=0)
+    torch.testing.assert_close(kron_sum_stable_rank(fs, iters=n), _dense_sr(dense), rtol=1e-10, atol=0)
+    one = kron_sum_stable_rank(fs, iters=1)
+    assert (one > _dense_sr(dense) * (1 + 1e-3)).all()
+
+
+def test_lanczos_breakdown_on_degenerate_spectra():
+    """Identity and rank-one factors: the Krylov space is exhausted after one or two steps (breakdown); the norm is
+    still exact: |I (+) I (+) I|_2 = 3 and |J/3 (+) J/4|_2 = 2 (J = all-ones)."""
+    from hoformer.analysis.ranks import kron_sum_spectral_norm
+
+    eye = [torch.eye(n, dtype=torch.float64).expand(2, n, n) for n in (2, 3, 4)]
+    torch.testing.assert_close(kron_sum_spectral_norm(eye), torch.full((2,), 3.0, dtype=torch.float64))
+    torch.testing.assert_close(kron_sum_stable_rank(eye), torch.full((2,), 24.0, dtype=torch.float64))
+    ones = [torch.full((n, n), 1.0 / n, dtype=torch.float64) for n in (3, 4)]
+    torch.testing.assert_close(kron_sum_spectral_norm(ones), torch.tensor(2.0, dtype=torch.float64))
+    torch.testing.assert_close(kron_sum_stable_rank(ones), _dense_sr(kron_sum_dense(ones, normalize=False)),
+                               rtol=1e-10, atol=0)
+
+
+def test_eq12_bound_closed_form():
+    fs = _factors((3, 5, 4), 2.0)
+    dense = kron_sum_dense(fs, normalize=False)
+    spec = sum(torch.linalg.svdvals(f)[..., 0] for f in fs)
+    torch.testing.assert_close(kron_sum_stable_rank(fs, method="bound"), dense.pow(2).sum((-1, -2)) / spec ** 2,
+                               rtol=1e-12, atol=0)
+    torch.testing.assert_close(kron_sum_fro_sq(fs), dense.pow(2).sum((-1, -2)), rtol=1e-12, atol=0)
+
+
+def test_stable_rank_rejects_bad_input():
+    with pytest.raises(ValueError, match="floating tensor"):
+        stable_rank(torch.ones(3, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="floating tensor"):
+        stable_rank(torch.ones(3))
+    with pytest.raises(TypeError, match="non-empty list"):
+        kron_product_stable_rank(torch.rand(2, 3, 3))
+    with pytest.raises(TypeError, match="floating-point"):
+        kron_sum_fro_sq([torch.ones(3, 3, dtype=torch.long)])
