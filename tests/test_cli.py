@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import os
 import shutil
 import subprocess
 import sys
@@ -64,8 +65,10 @@ def test_hooks_dispatch_and_missing_module(monkeypatch, capsys, tmp_path):
 def test_register_command(monkeypatch):
     monkeypatch.setattr(cli, "COMMANDS", dict(cli.COMMANDS))
     seen = []
-    cli.register_command("hello", help="say hello")(lambda argv: seen.append(argv) or 0)
-    assert cli.main(["hello", "x"]) == 0 and seen == [["x"]]
+    cli.register_command("hello", help="say hello")(lambda argv: seen.append(argv) or 5)
+    assert cli.main(["hello", "x", "--y"]) == 5 and seen == [["x", "--y"]]  # the command's exit code
+    cli.register_command("quiet")(lambda argv: None)
+    assert cli.main(["quiet"]) == 0
     with pytest.raises(ValueError, match="LightningCLI"):
         cli.register_command("fit")(lambda argv: 0)
 
@@ -164,6 +167,11 @@ def test_fit_then_test_through_cli(tmp_path, monkeypatch):
     run = tmp_path / "runs" / "hot" / "ltsf" / "etth1_96_96_hot_sum"
     best = sorted((run / "checkpoints").glob("best-*.ckpt"))
     assert best and (run / "checkpoints" / "last.ckpt").is_file()
+    last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
+    assert (last["epoch"], last["global_step"]) == (0, 2)  # --trainer.max_epochs / limit_train_batches applied
+    stale = run / "checkpoints" / "best-epoch=99.ckpt"  # an older best-*.ckpt: `--ckpt_path best` takes the newest
+    stale.write_bytes(b"not a checkpoint")
+    os.utime(stale, (1_000_000, 1_000_000))
     model = from_pretrained(next(run.glob("logs/version_*/pretrained")))
     assert model.config["kwargs"]["attention"] == "kronecker_sum" and model.config["kwargs"]["dim"] == 16
     assert (next(run.glob("logs/version_*")) / "config.yaml").is_file()  # LightningCLI saved the resolved config
@@ -200,3 +208,39 @@ def test_demo_finds_real_data(data_root, monkeypatch):
         pytest.skip("ETTh1 not in the shared data")
     monkeypatch.setenv("HOFORMER_DATA", str(data_root))
     assert cli._demo_data_root() == data_root
+
+
+def test_demo_dataset_choice(tmp_path, monkeypatch, capsys):
+    """``--dataset auto`` trains on ETTh1 when $HOFORMER_DATA holds it, else on the synthetic set; a named dataset
+    without a data root is a clear error."""
+    import hoformer.data
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_dm(**kw):
+        seen.append(kw)
+        raise Stop
+
+    monkeypatch.setattr(hoformer.data, "LTSFDataModule", fake_dm)
+    (tmp_path / "d" / "ltsf" / "ETT-small").mkdir(parents=True)
+    (tmp_path / "d" / "ltsf" / "ETT-small" / "ETTh1.csv").write_text("date,OT\n")
+    monkeypatch.setenv("HOFORMER_DATA", str(tmp_path / "d"))
+    out = ["--output", str(tmp_path / "demo"), "--threads", "1"]
+    with pytest.raises(Stop):
+        cli.main(["demo", *out])
+    assert (seen[-1]["name"], seen[-1]["root"], seen[-1]["synthetic"]) == ("ETTh1", str(tmp_path / "d" / "ltsf"),
+                                                                            False)
+    with pytest.raises(Stop):
+        cli.main(["demo", "--dataset", "weather", *out])
+    assert (seen[-1]["name"], seen[-1]["synthetic"]) == ("weather", False)
+    monkeypatch.setenv("HOFORMER_DATA", str(tmp_path / "empty"))
+    monkeypatch.setattr(cli, "__file__", str(tmp_path / "a" / "b" / "c" / "cli.py"))  # no repo-relative data
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(Stop):
+        cli.main(["demo", *out])
+    assert (seen[-1]["name"], seen[-1]["root"], seen[-1]["synthetic"]) == ("synthetic", None, True)
+    assert cli.main(["demo", "--dataset", "ETTh1", *out]) == 2
+    assert "set HOFORMER_DATA" in capsys.readouterr().err
