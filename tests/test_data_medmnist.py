@@ -181,3 +181,22 @@ def test_datamodule_size_and_flip_augment(tmp_path):
         for _ in range(5):
             torch.testing.assert_close(dm.dataset(split)[0][0][0],
                                        torch.from_numpy(arrays[f"{split}_images"][0]).float() / 255, rtol=0, atol=0)
+
+
+def test_datamodule_download_prefers_the_data_root(tmp_path, monkeypatch):
+    """``download=True`` without ``root`` uses ``$HOFORMER_DATA/medmnist3d`` when it already holds the file (no
+    download; an offline machine with the shared data works), else the writable cache."""
+    data = tmp_path / "data" / "medmnist3d"
+    data.mkdir(parents=True)
+    _fake_npz(data / "nodulemnist3d.npz", counts=(3, 2, 2))
+    monkeypatch.setenv("HOFORMER_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("HOFORMER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(medmnist_mod, "_ZENODO", (tmp_path / "offline").as_uri() + "/{}.npz")  # fails if used
+    dm = MedMNIST3DDataModule(flag="nodule", download=True, verify=False)
+    assert dm.root == data and len(dm.dataset("train")) == 3
+    dm = MedMNIST3DDataModule(flag="organ", download=True, verify=False)  # not in the data root: cache
+    assert dm.root == tmp_path / "cache" / "medmnist3d"
+    with pytest.raises(OSError, match="could not download"):
+        dm.dataset("train")
+    with pytest.raises(FileNotFoundError, match="organmnist3d.npz"):
+        MedMNIST3DDataModule(flag="organ").dataset("train")

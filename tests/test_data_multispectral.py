@@ -324,3 +324,16 @@ def test_synthetic_prepare_data_is_crash_safe(tmp_path, monkeypatch):
     assert not (tmp_path / "syn" / "ssl4eo_l_oli_sr_benchmark").exists()
     dm.prepare_data()
     assert len(dm.dataset("train")) + len(dm.dataset("val")) + len(dm.dataset("test")) == 4
+
+
+def test_datamodule_download_prefers_the_data_root(tmp_path, monkeypatch):
+    make_synthetic_ssl4eo(tmp_path / "data" / "ssl4eo_l", n=4, size=16)
+    monkeypatch.setenv("HOFORMER_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("HOFORMER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(ms_mod, "_URL", (tmp_path / "offline").as_uri() + "/{}.tar.gz")  # fails if used
+    dm = MultispectralDataModule(download=True)
+    assert dm.root == tmp_path / "data" / "ssl4eo_l" and len(dm.dataset("train")) == 2
+    dm = MultispectralDataModule(download=True, sensor="tm_toa")  # that sensor is not there: the cache
+    assert dm.root == tmp_path / "cache" / "ssl4eo_l"
+    with pytest.raises(OSError, match="could not download"):
+        dm.dataset("train")

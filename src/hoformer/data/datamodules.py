@@ -13,11 +13,11 @@ from pathlib import Path
 from torch.utils.data import Dataset
 
 from ._base import SplitDataModule
-from ._utils import cache_dir, resolve_root
+from ._utils import cache_dir, default_data_root, resolve_root
 from .ltsf import LTSF_DATASETS, LTSFDataset, SyntheticLTSF, _LOOKUP
-from .medmnist import MEDMNIST3D_INFO, MedMNIST3D, _flag
+from .medmnist import MEDMNIST3D_INFO, MedMNIST3D, _filename, _flag
 from .multispectral import SSL4EO_SENSORS, CenterCrop, Compose, RandomCrop, RandomFlip, SSL4EOLDataset, \
-    make_synthetic_ssl4eo, _PRODUCTS
+    make_synthetic_ssl4eo, _dirs, _PRODUCTS
 
 __all__ = ["LTSFDataModule", "MedMNIST3DDataModule", "MultispectralDataModule"]
 
@@ -75,7 +75,8 @@ class LTSFDataModule(SplitDataModule):
 
 class MedMNIST3DDataModule(SplitDataModule):
     """MedMNIST3D volumes ``(B, 1, S, S, S)`` in [0, 1] with labels ``(B, 1)`` (int64). ``root=None`` resolves to
-    ``$HOFORMER_DATA/medmnist3d`` (or the download cache). ``flip_augment`` adds random flips along the three
+    ``$HOFORMER_DATA/medmnist3d``; with ``download=True`` to that folder only if it already holds the file, else the
+    writable cache ``~/.cache/hoformer/medmnist3d``. ``flip_augment`` adds random flips along the three
     spatial axes on the training split. ``verify=False`` skips the official MD5 check (another copy of the file; its
     layout and label range are still checked)."""
 
@@ -86,9 +87,12 @@ class MedMNIST3DDataModule(SplitDataModule):
                          eval_batch_size=eval_batch_size)
         self.save_hyperparameters()
         self.flag, self.size = _flag(flag), size
-        if root is None and not download:
-            root = resolve_root(None, "medmnist3d", f"MedMNIST3D {self.flag!r}")
-        self.root = Path(root) if root is not None else cache_dir("medmnist3d")
+        if root is None:  # download=True: the data root when it already holds the file, else the writable cache
+            base = default_data_root()
+            have = base is not None and (base / "medmnist3d" / _filename(self.flag, size)).is_file()
+            root = resolve_root(None, "medmnist3d", f"MedMNIST3D {self.flag!r}") if have or not download \
+                else cache_dir("medmnist3d")
+        self.root = Path(root)
 
     def _make(self, split: str) -> Dataset:
         h = self.hparams
@@ -113,7 +117,8 @@ class MultispectralDataModule(SplitDataModule):
     """SSL4EO-L land-cover segmentation: images ``(B, bands, crop, crop)`` float in [0, 1], masks
     ``(B, crop, crop)`` int64. ``crop_size=None`` (default) keeps the full 264 x 264 patch; otherwise training uses a
     random crop and evaluation a centre crop (torchgeo's SSL4EO-L datamodule uses 224). ``flip`` adds random flips on
-    the training split. ``root=None`` resolves to ``$HOFORMER_DATA/ssl4eo_l``. With ``synthetic=True``
+    the training split. ``root=None`` resolves to ``$HOFORMER_DATA/ssl4eo_l`` (with ``download=True``: only if it
+    already holds the sensor's patches, else the cache ``~/.cache/hoformer/ssl4eo_l``). With ``synthetic=True``
     ``synthetic_n`` patches from :func:`~hoformer.data.make_synthetic_ssl4eo` are written once under ``root`` (default
     ``~/.cache/hoformer/synthetic_ssl4eo``) and used instead."""
 
@@ -131,9 +136,11 @@ class MultispectralDataModule(SplitDataModule):
         if synthetic:
             root = Path(root) if root is not None else cache_dir(
                 f"synthetic_ssl4eo/{sensor}_{product}_n{synthetic_n}_s{synthetic_size}_seed{seed}")
-        elif root is None and not download:
-            root = resolve_root(None, "ssl4eo_l", "SSL4EO-L")
-        self.root = Path(root) if root is not None else cache_dir("ssl4eo_l")
+        elif root is None:  # download=True: the data root when it already holds the patches, else the cache
+            base = default_data_root()
+            have = base is not None and (base / "ssl4eo_l" / _dirs(sensor, product)[0]).is_dir()
+            root = resolve_root(None, "ssl4eo_l", "SSL4EO-L") if have or not download else cache_dir("ssl4eo_l")
+        self.root = Path(root)
 
     def prepare_data(self) -> None:
         h = self.hparams
