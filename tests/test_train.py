@@ -218,25 +218,29 @@ class _Interrupt(pl.Callback):
             raise RuntimeError("simulated crash")
 
 
-class _Augmented(Dataset):
-    """Training windows plus noise drawn from the global ``torch``, ``numpy`` and ``random`` RNGs, as a random
-    train-time augmentation (MedMNIST3D ``flip_augment``, SSL4EO flips) does, in the main process or in a worker."""
+class _Mapped(Dataset):
+    """``ds`` with ``fn(x, y)`` applied to every item (train-split wrappers of the tests below)."""
 
-    def __init__(self, ds):
-        self.ds = ds
+    def __init__(self, ds, fn):
+        self.ds, self.fn = ds, fn
 
     def __len__(self):
         return len(self.ds)
 
     def __getitem__(self, i):
-        x, y = self.ds[i]
-        return x + 0.1 * (float(torch.randn(())) + float(np.random.rand()) + random.random()), y
+        return self.fn(*self.ds[i])
+
+
+def _augment(x, y):
+    """Noise drawn from the global ``torch``, ``numpy`` and ``random`` RNGs, as a random train-time augmentation
+    (MedMNIST3D ``flip_augment``, SSL4EO flips) does, in the main process or in a worker."""
+    return x + 0.1 * (float(torch.randn(())) + float(np.random.rand()) + random.random()), y
 
 
 class _AugmentedLTSF(LTSFDataModule):
     def _make(self, split):
         ds = super()._make(split)
-        return _Augmented(ds) if split == "train" else ds
+        return _Mapped(ds, _augment) if split == "train" else ds
 
 
 def _resume_run(tmp_path, callbacks, ckpt_path=None, augment=False, num_workers=0):
@@ -627,18 +631,9 @@ def test_export_pretrained_uses_the_best_checkpoint(tmp_path):
     assert any(not torch.equal(v, task.model.state_dict()[k]) for k, v in exported.items())  # not the last weights
 
 
-class _WorkerSeed(Dataset):
-    """Training windows plus the torch seed of the process that loaded them (a worker: base seed + worker id)."""
-
-    def __init__(self, ds):
-        self.ds = ds
-
-    def __len__(self):
-        return len(self.ds)
-
-    def __getitem__(self, i):
-        x, y = self.ds[i]
-        return x, y, torch.tensor(torch.initial_seed())
+def _with_worker_seed(x, y):
+    """The window plus the torch seed of the process that loaded it (a worker: base seed + worker id)."""
+    return x, y, torch.tensor(torch.initial_seed())
 
 
 def test_worker_seeds_are_drawn_from_seed_and_epoch(tmp_path):
@@ -649,7 +644,7 @@ def test_worker_seeds_are_drawn_from_seed_and_epoch(tmp_path):
     class DM(LTSFDataModule):
         def _make(self, split):
             ds = super()._make(split)
-            return _WorkerSeed(ds) if split == "train" else ds
+            return _Mapped(ds, _with_worker_seed) if split == "train" else ds
 
     class Grab(pl.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):

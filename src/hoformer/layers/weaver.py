@@ -43,6 +43,12 @@ def _check_grid(x, name: str, fn: str, **expect: int | None) -> None:
         raise ValueError(f"{fn}: `{name}` must have shape {want} (sizes fixed at construction), got {tuple(x.shape)}")
 
 
+def _check_ratio(r, name: str, fn: str) -> None:
+    """ATk pooling ratio ``rho`` (eq 43, ``k = ceil(rho * size)``) must be a number in ``(0, 1]``."""
+    if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 < r <= 1.0:
+        raise ValueError(f"{fn}: `{name}` must be a number in (0, 1], got {r!r}")
+
+
 def _check_time(time, x: torch.Tensor, fn: str) -> None:
     if time is not None and (not isinstance(time, torch.Tensor) or tuple(time.shape) != (*x.shape[:2], 2)):
         got = tuple(time.shape) if isinstance(time, torch.Tensor) else type(time).__name__
@@ -92,8 +98,7 @@ class ATkPooling(nn.Module):
         super().__init__()
         if pool_dim not in (1, 2):
             raise ValueError(f"ATkPooling: `pool_dim` must be 1 (time) or 2 (nodes), got {pool_dim}")
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 < ratio <= 1.0:
-            raise ValueError(f"ATkPooling: `ratio` (the pooling ratio rho) must be a number in (0, 1], got {ratio!r}")
+        _check_ratio(ratio, "ratio", "ATkPooling")
         self.ratio, self.pool_dim = ratio, pool_dim
         self.scorers = nn.Parameter(torch.randn(dim, num_scorers) / math.sqrt(dim))
 
@@ -141,9 +146,9 @@ class KroneckerValenceAttention(_Recordable):
             raise ValueError(f"KroneckerValenceAttention: `dim` ({dim}) must be divisible by `num_heads` ({num_heads})")
         if kernel not in VALENCE_KERNELS:
             raise ValueError(f"KroneckerValenceAttention: `kernel` must be one of {VALENCE_KERNELS}, got {kernel!r}")
-        for name, r in (("ratio_space", ratio_space), ("ratio_time", ratio_time)):
-            if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 < r <= 1.0:
-                raise ValueError(f"KroneckerValenceAttention: `{name}` must be a number in (0, 1], got {r!r}")
+        # checked here too so that the error names this layer's argument, not ATkPooling's `ratio`
+        _check_ratio(ratio_space, "ratio_space", "KroneckerValenceAttention")
+        _check_ratio(ratio_time, "ratio_time", "KroneckerValenceAttention")
         self.num_nodes, self.dim = num_nodes, dim
         self.num_heads, self.kernel, self.use_time = num_heads, kernel, use_time
         self.pool_s = ATkPooling(dim, num_scorers, ratio_time, pool_dim=1)  # top-k over time -> spatial nodes
