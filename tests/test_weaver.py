@@ -328,6 +328,33 @@ def test_time_features_out_of_range_are_rejected(bad, msg):
     cyclic_time_encoding(torch.tensor([[0.0, 0.0], [1439.0, 6.0], [0.0, 6.999]]))  # the edges are fine
 
 
+@pytest.mark.parametrize("name", ["weaver", "traffic_alternating", "traffic_hot", "last_value"])
+def test_model_forward_checks_time_once(monkeypatch, name):
+    """The value check of `time` costs a host sync: a model forward runs it exactly once (in the model's input
+    validation), not again in every layer that encodes `time`; layers called directly still check it."""
+    import hoformer.functional.weaver as fw
+    import hoformer.models.weaver as mw
+
+    calls = []
+    real = fw.check_time_features
+
+    def spy(time, fn="cyclic_time_encoding"):
+        calls.append(fn)
+        return real(time, fn)
+
+    monkeypatch.setattr(fw, "check_time_features", spy)
+    monkeypatch.setattr(mw, "check_time_features", spy)
+    kw = {} if name == "last_value" else {"dim": 8, "num_heads": 2}
+    model = create_model(name, num_nodes=3, **kw)
+    (x,), extra = model.example_inputs()
+    model(x, **extra).sum()
+    assert calls == [type(model).__name__]
+    calls.clear()
+    TrafficEmbedding(num_nodes=3, window=12, in_channels=1, dim=4)(x, extra["time"])
+    KroneckerValenceAttention(3, 8, num_heads=2)(torch.randn(2, 12, 3, 8), extra["time"])
+    assert calls == ["cyclic_time_encoding"] * 2
+
+
 def test_layers_reject_wrong_sizes_with_clear_errors():
     """Layers called directly with a wrong P / N / C / E name the argument and the expected sizes (instead of a raw
     matmul / cat / broadcast error); bad pooling ratios fail at construction, not at the first forward."""

@@ -93,14 +93,16 @@ def check_time_features(time, fn: str = "cyclic_time_encoding") -> None:
                          f"by {MINUTES_PER_DAY}")
 
 
-def cyclic_time_encoding(time: torch.Tensor) -> torch.Tensor:
+def cyclic_time_encoding(time: torch.Tensor, *, check: bool = True) -> torch.Tensor:
     """Cyclic TOD/DOW encoding ``B_dyn`` (eqs 53-54).
 
     ``time (..., 2)`` holds ``[minute of day in [0, 1440), day of week in [0, 7)]`` (checked by
-    :func:`check_time_features`) -> ``(..., 4) = [sin, cos](2 pi tod / 1440) || [sin, cos](2 pi dow / 7)``, in
-    float32 (float64 for float64 ``time``).
+    :func:`check_time_features` unless ``check=False``, for callers that validated ``time`` already: the check costs
+    a host sync) -> ``(..., 4) = [sin, cos](2 pi tod / 1440) || [sin, cos](2 pi dow / 7)``, in float32 (float64 for
+    float64 ``time``).
     """
-    check_time_features(time, "cyclic_time_encoding")
+    if check:
+        check_time_features(time, "cyclic_time_encoding")
     t = time.to(torch.promote_types(time.dtype, torch.float32))  # at least float32 (float64 stays float64)
     ang = 2 * math.pi * t / t.new_tensor([float(MINUTES_PER_DAY), float(DAYS_PER_WEEK)])
     return torch.stack([ang[..., 0].sin(), ang[..., 0].cos(), ang[..., 1].sin(), ang[..., 1].cos()], dim=-1)

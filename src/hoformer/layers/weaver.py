@@ -171,14 +171,19 @@ class KroneckerValenceAttention(_Recordable):
             self.mix.proj.weight[:dim].zero_()
             self.mix.proj.bias[:dim].zero_()
 
-    def forward(self, u: torch.Tensor, time: torch.Tensor | None = None, return_attention: bool = False):
+    def forward(self, u: torch.Tensor, time: torch.Tensor | None = None, return_attention: bool = False, *,
+                check_time: bool = True):
+        """``u (b, p, n, e)``, ``time (b, p, 2)`` or None -> ``(b, p, n, e)`` (and ``(Theta_T, Theta_S)``).
+        ``check_time=False`` skips validating ``time`` (for callers that did, e.g. :class:`hoformer.models.Weaver`:
+        the value check costs a host sync)."""
         _check_grid(u, "u", type(self).__name__, P=None, N=self.num_nodes, E=self.dim)
-        _check_time(time, u, type(self).__name__)
+        if check_time:
+            _check_time(time, u, type(self).__name__)
         b, p, n, e = u.shape
         g_s = self.struct(torch.cat([self.pool_s(u), self.b_kern.expand(b, -1, -1).to(u.dtype)], dim=-1))
         g_t = self.pool_t(u)
         if self.time_proj is not None:
-            enc = u.new_zeros(b, p, 4) if time is None else cyclic_time_encoding(time).to(u.dtype)
+            enc = u.new_zeros(b, p, 4) if time is None else cyclic_time_encoding(time, check=check_time).to(u.dtype)
             g_t = self.time_proj(torch.cat([g_t, enc], dim=-1))
         heads = lambda t: rearrange(t, "b n (h d) -> b h n d", h=self.num_heads)  # noqa: E731  (eq 49)
         q_s, k_s = map(heads, self.qk_s(g_s).chunk(2, dim=-1))
@@ -227,10 +232,13 @@ class TrafficEmbedding(nn.Module):
         self.step = nn.Parameter(torch.randn(window, 1, dim) * 0.02)
         self.time = nn.Linear(4, dim) if use_time else None
 
-    def forward(self, x: torch.Tensor, time: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, time: torch.Tensor | None = None, *, check_time: bool = True) -> torch.Tensor:
+        """``x (b, p, n, c)``, ``time (b, p, 2)`` or None -> ``(b, p, n, e)``; ``check_time=False`` skips validating
+        ``time`` (already done by the caller)."""
         _check_grid(x, "x", type(self).__name__, P=self.window, N=self.num_nodes, C=self.in_channels)
-        _check_time(time, x, type(self).__name__)
+        if check_time:
+            _check_time(time, x, type(self).__name__)
         h = self.proj(x) + self.node + self.step
         if self.time is not None and time is not None:
-            h = h + self.time(cyclic_time_encoding(time).to(h.dtype)).unsqueeze(2)
+            h = h + self.time(cyclic_time_encoding(time, check=check_time).to(h.dtype)).unsqueeze(2)
         return h

@@ -68,6 +68,7 @@ class TrafficModel(HoformerModel):
                              f"got {tuple(time.shape) if isinstance(time, torch.Tensor) else type(time).__name__}")
         if time is not None:  # minute of day in [0, 1440), day of week in [0, 7); checked even by models that
             check_time_features(time, name)  # ignore `time`: a bad feature column is a data bug wherever it goes
+        # (the only check of `time` in a model's forward: the layers are called with check_time=False)
         if mask is not None:
             if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
                 raise TypeError(f"{name}: `mask` must be a bool tensor (True = observed), got "
@@ -113,7 +114,7 @@ class Weaver(TrafficModel):
     def forward(self, x: torch.Tensor, time: torch.Tensor | None = None, mask: torch.Tensor | None = None):
         x, time, _ = self._prepare(x, time, mask)
         u = self.input(x)
-        z, (theta_t, theta_s) = self.attention(u, time, return_attention=True)
+        z, (theta_t, theta_s) = self.attention(u, time, return_attention=True, check_time=False)  # _prepare did
         if self.record_attention:
             self.attention_maps = {"temporal": theta_t.detach(), "spatial": theta_s.detach()}
         return self.transition(z)
@@ -159,7 +160,7 @@ class TrafficTransformer(TrafficModel):
 
     def forward(self, x: torch.Tensor, time: torch.Tensor | None = None, mask: torch.Tensor | None = None):
         x, time, _ = self._prepare(x, time, mask)
-        h = self.embed(x, time)
+        h = self.embed(x, time, check_time=False)  # validated once, in _prepare
         maps = {}
         for i, (mode, blk) in enumerate(zip(self.modes, self.blocks)):
             if self.record_attention:
