@@ -657,3 +657,26 @@ def test_worker_seeds_are_drawn_from_seed_and_epoch(tmp_path):
     want = [torch.empty((), dtype=torch.int64).random_(generator=torch.Generator().manual_seed(
         (3 + 1_000_003 * (e + 1)) % (2**31 - 1) + 1)).item() for e in range(2)]
     assert seen == want
+
+
+def test_out_of_range_labels_name_the_problem():
+    """A label >= num_classes (or < 0) is a dataset / config mismatch: a clear error naming num_classes, not an
+    IndexError from inside cross_entropy (a device-side assert on CUDA); ignore_index pixels stay allowed."""
+    torch.manual_seed(0)
+    cls = ClassificationTask("hot_volume_classifier", dict(input_size=8, patch_size=4, num_classes=3, dim=16,
+                                                           num_heads=2, depth=1))
+    x = torch.rand(2, 1, 8, 8, 8)
+    for bad in (3, -1):
+        with pytest.raises(ValueError, match=rf"ClassificationTask: labels must lie in \[0, num_classes=3\).*\[{bad}\]"):
+            cls.shared_step((x, torch.tensor([[0], [bad]])), "train")
+    assert torch.isfinite(cls.shared_step((x, torch.tensor([[0], [2]])), "train"))
+    seg = SegmentationTask("hot_segmenter", dict(in_channels=3, num_classes=5, input_size=16, patch_size=4, dim=16,
+                                                 num_heads=2, depth=1), ignore_index=255)
+    x = torch.randn(2, 3, 16, 16)
+    y = torch.randint(0, 5, (2, 16, 16))
+    y[0, :4] = 255  # ignored pixels are fine
+    assert torch.isfinite(seg.shared_step((x, y), "train"))
+    y[1, 3, 3] = 17
+    with pytest.raises(ValueError, match=r"SegmentationTask: labels must lie in \[0, num_classes=5\) \(or "
+                                         r"ignore_index=255\), got 1 label\(s\) outside it, values \[17\]"):
+        seg.shared_step((x, y), "train")
