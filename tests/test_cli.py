@@ -50,6 +50,22 @@ def test_unknown_command(capsys):
     assert "unknown command" in capsys.readouterr().err
 
 
+def test_config_before_subcommand_is_an_error(tmp_path, capsys):
+    """`hoformer --config run.yaml fit` would silently train LightningCLI's defaults (the root parser ignores a
+    subcommand-level file): a clear error instead; root-level files (`fit: {...}`) still pass through."""
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("trainer:\n  max_epochs: 1\nmodel: null\n")
+    for argv in (["--config", str(cfg), "fit"], [f"--config={cfg}", "test", "--ckpt_path", "best"],
+                 ["-c", str(cfg)]):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"`--config {cfg}` comes before the subcommand" in err and "hoformer " in err and "--config" in err
+    root = tmp_path / "root.yaml"
+    root.write_text("fit:\n  trainer:\n    max_epochs: 1\n")
+    assert cli._misplaced_config(["--config", str(root), "fit"]) is None
+    assert cli._misplaced_config(["fit", "--config", str(cfg)]) is None  # the right order
+
+
 def test_hooks_dispatch_and_missing_module(monkeypatch, capsys, tmp_path):
     pkg = tmp_path / "fakehook.py"
     pkg.write_text("calls = []\ndef main(argv):\n    calls.append(argv)\n    return 3\n")

@@ -101,6 +101,33 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+def _misplaced_config(argv: list[str]) -> str | None:
+    """``hoformer --config run.yaml fit`` hands the file to LightningCLI's *root* parser, which only reads keys named
+    after subcommands (``fit: {trainer: ...}``) and silently drops the rest: the run would use every default. Catch a
+    subcommand-level config (top-level ``trainer`` / ``model`` / ``data`` / ... keys) placed before the subcommand."""
+    sub = next((i for i, a in enumerate(argv) if a in LIGHTNING_COMMANDS), len(argv))
+    head = argv[:sub]
+    for i, a in enumerate(head):
+        if a in ("--config", "-c") and i + 1 < len(head):
+            path = head[i + 1]
+        elif a.startswith("--config="):
+            path = a.split("=", 1)[1]
+        else:
+            continue
+        try:
+            import yaml
+
+            keys = yaml.safe_load(Path(path).read_text())
+        except (OSError, ValueError, ImportError):  # unreadable: LightningCLI reports it
+            continue
+        if isinstance(keys, dict) and keys.keys() & {"trainer", "model", "data", "ckpt_path", "seed_everything",
+                                                     "optimizer", "lr_scheduler"}:
+            cmd = argv[sub] if sub < len(argv) else "fit"
+            return (f"hoformer: `--config {path}` comes before the subcommand, where LightningCLI ignores its "
+                    f"trainer/model/data keys; put it after: hoformer {cmd} --config {path} ...")
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hoformer`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -119,6 +146,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return int(target(argv[1:]) or 0)
     if cmd in LIGHTNING_COMMANDS or cmd.startswith("-"):
+        err = _misplaced_config(argv)
+        if err:
+            print(err, file=sys.stderr)
+            return 2
         _lightning_cli()(args=argv)
         return 0
     print(f"hoformer: unknown command {cmd!r}\n\n{_usage()}", file=sys.stderr)
