@@ -31,6 +31,7 @@ VARIANTS = {
     "small": {"model.dropout": 0.3, "task.weight_decay": 0.5, "model.dim": 32},
     "lr3e-4": {"model.dropout": 0.3, "task.weight_decay": 0.5, "task.lr": 3e-4},
     "depth1": {"model.dropout": 0.3, "task.weight_decay": 0.5, "model.depth": 1},
+    "rerun": {},  # the committed config run again (same seed), in its own directory
     # seed-to-seed spread of the committed config (seed 2024 = "grid")
     "seed2025": {"run.seed_everything": 2025},
     "seed2026": {"run.seed_everything": 2026},
