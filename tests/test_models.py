@@ -130,6 +130,36 @@ def test_forward_backward_every_param_gets_grad(name):
 
 
 @pytest.mark.parametrize("name", ALL_MODELS)
+def test_bf16_autocast_and_bf16_weights(name):
+    """Device-agnostic low precision, checked on CPU: under bf16 autocast (what `precision="bf16-mixed"` does) every
+    model's forward + backward is finite and close to float32; with bf16 weights and inputs (`precision="bf16-true"`)
+    the forward is finite and floating outputs stay bf16 (fp32-only internals such as entmax cast back)."""
+    torch.manual_seed(0)
+    model = create_model(name).eval()  # eval: no dropout, so fp32 and bf16 runs see the same function
+    args, kwargs = model.example_inputs(batch_size=2)
+    ref = _float_outputs(model, args, kwargs)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        outs = _float_outputs(model, args, kwargs)
+    assert len(outs) == len(ref)
+    for o, r in zip(outs, ref):
+        assert torch.isfinite(o).all(), f"{name}: non-finite output under bf16 autocast"
+        err = (o.float() - r.float()).abs().max() / r.float().abs().max().clamp_min(1e-6)
+        assert err < 0.1, f"{name}: bf16 autocast output differs from float32 by {err:.3f} (relative to max)"
+    if any(p.requires_grad for p in model.parameters()) and any(t.requires_grad for t in outs):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = sum(t.float().square().mean() for t in _float_outputs(model, args, kwargs) if t.requires_grad)
+        loss.backward()
+        assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    to16 = lambda t: t.to(torch.bfloat16) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
+    model = model.to(torch.bfloat16)
+    with torch.no_grad():
+        outs = _float_outputs(model, [to16(a) for a in args], {k: to16(v) for k, v in kwargs.items()})
+    for o in outs:
+        assert torch.isfinite(o).all(), f"{name}: non-finite output with bf16 weights"
+        assert o.dtype == torch.bfloat16, f"{name}: bf16 model returned {o.dtype}"
+
+
+@pytest.mark.parametrize("name", ALL_MODELS)
 def test_save_pretrained_round_trip_identical(name, tmp_path):
     torch.manual_seed(0)
     model = create_model(name).eval()
