@@ -680,3 +680,27 @@ def test_out_of_range_labels_name_the_problem():
     with pytest.raises(ValueError, match=r"SegmentationTask: labels must lie in \[0, num_classes=5\) \(or "
                                          r"ignore_index=255\), got 1 label\(s\) outside it, values \[17\]"):
         seg.shared_step((x, y), "train")
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
+def test_fit_and_test_in_bf16(tmp_path, precision):
+    """Lightning's bf16 precisions (the usual GPU setting; bf16 runs on CPU too): a few training steps and a test
+    epoch of the forecasting and segmentation tasks give finite losses and metrics; mixed precision keeps fp32
+    master weights."""
+    cases = [
+        (ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC), lr=1e-3,
+                         plot_variates=0),
+         LTSFDataModule(synthetic=True, synthetic_length=400, seq_len=32, pred_len=8, batch_size=8)),
+        (SegmentationTask("hot_segmenter", dict(in_channels=7, num_classes=17, input_size=32, dim=16, num_heads=2,
+                                                depth=1, patch_size=8), lr=1e-3),
+         MultispectralDataModule(root=str(tmp_path / "ssl4eo"), product="nlcd", synthetic=True, synthetic_n=8,
+                                 synthetic_size=32, crop_size=None, batch_size=4)),
+    ]
+    for task, dm in cases:
+        trainer = _trainer(tmp_path, max_steps=3, limit_val_batches=1, precision=precision)
+        trainer.fit(task, dm)
+        assert torch.isfinite(trainer.callback_metrics["train/loss"])
+        (res,) = trainer.test(task, dm, verbose=False)
+        assert res and all(np.isfinite(v) for v in res.values()), res
+        want = torch.float32 if precision == "bf16-mixed" else torch.bfloat16
+        assert {p.dtype for p in task.parameters()} == {want}
