@@ -13,6 +13,7 @@ from einops import rearrange
 from torch import nn
 
 from .attention import _Recordable
+from .blocks import RMSNorm
 from hoformer.functional.weaver import (
     VALENCE_KERNELS,
     atk_pool,
@@ -116,7 +117,9 @@ class WeaverInput(nn.Module):
         self.dictionary = (TrafficPhaseDictionary(num_nodes, window, in_channels, num_landmarks, width, dropout)
                            if use_dictionary else None)
         self.proj = nn.Linear(in_channels + (width if use_dictionary else 0), dim)  # eq 39
-        self.norm = nn.RMSNorm(dim)
+        # the library's RMSNorm (float32 statistics for bf16 / fp16 inputs) with torch.nn.RMSNorm's float32 eps, so
+        # float32 results (and the published Los-loop numbers) are unchanged
+        self.norm = RMSNorm(dim, eps=torch.finfo(torch.float32).eps)
         self.glu = GLU(dim, dim)
         self.drop = nn.Dropout(dropout)
 
