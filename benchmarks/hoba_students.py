@@ -49,7 +49,8 @@ def main() -> None:
                 continue
             test, val = [r[1] for r in rows], [r[2] for r in rows if r[2] is not None]
             per = " / ".join(f"{100 * t:.1f}" for _, t, _ in rows)
-            print(f"| {ds} | {v} | {len(rows)} | {_fmt(test)} | {_fmt(val)} | {per} |")
+            vfmt = _fmt(val) + ("" if len(val) == len(test) else f" ({len(val)} seeds)")
+            print(f"| {ds} | {v} | {len(rows)} | {_fmt(test)} | {vfmt} | {per} |")
 
 
 if __name__ == "__main__":

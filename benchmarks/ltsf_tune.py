@@ -38,14 +38,25 @@ VARIANTS = {
 }
 
 
+def _move(node, old: str, new: str):
+    """Every string value that is ``old`` or a path under it, re-rooted at ``new`` (run dir, logger / checkpoint
+    dirs)."""
+    if isinstance(node, dict):
+        return {k: _move(v, old, new) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_move(v, old, new) for v in node]
+    if isinstance(node, str) and (node == old or node.startswith(old + "/")):
+        return new + node[len(old):]
+    return node
+
+
 def write_configs(dataset: str, model: str, variant: str) -> list[Path]:
     out = []
     for h in HORIZONS:
         src = ROOT / f"configs/hot/ltsf_cpu/{dataset}_96_{h}_{model}.yaml"
         cfg = yaml.safe_load(src.read_text())
         run = f"runs/tune/{dataset}_{model}/{variant}/{dataset}_96_{h}"
-        text = yaml.safe_dump(cfg, sort_keys=False).replace(cfg["trainer"]["default_root_dir"], run)
-        cfg = yaml.safe_load(text)
+        cfg = _move(cfg, cfg["trainer"]["default_root_dir"], run)
         for key, value in VARIANTS[variant].items():
             where, k = key.split(".")
             target = {"model": cfg["model"]["init_args"]["model_kwargs"], "task": cfg["model"]["init_args"],
@@ -86,7 +97,7 @@ def summary(dataset: str, model: str) -> str:
         path = ROOT / f"runs/tune/{dataset}_{model}/{variant}.jsonl"
         if not path.exists():
             continue
-        rows = {r["pred_len"]: r for r in map(json.loads, path.read_text().split("\n")[:-1])}
+        rows = {r["pred_len"]: r for r in map(json.loads, filter(str.strip, path.read_text().splitlines()))}
         if sorted(rows) != list(HORIZONS):
             lines.append(f"| {variant} | {VARIANTS[variant]} | (horizons done: {sorted(rows)}) | | |")
             continue
@@ -112,7 +123,7 @@ def main():
     if args.summary:
         print(summary(args.dataset, args.model))
         return
-    for variant in args.variants:
+    for variant in args.variants:  # ltsf_sweep skips configs already in the variant's JSONL: delete it to re-run
         configs = write_configs(args.dataset, args.model, variant)
         out = f"runs/tune/{args.dataset}_{args.model}/{variant}.jsonl"
         cmd = [sys.executable, str(ROOT / "benchmarks/ltsf_sweep.py"), "--out", out, "--threads", "1",

@@ -56,7 +56,7 @@ def test_config_before_subcommand_is_an_error(tmp_path, capsys):
     cfg = tmp_path / "run.yaml"
     cfg.write_text("trainer:\n  max_epochs: 1\nmodel: null\n")
     for argv in (["--config", str(cfg), "fit"], [f"--config={cfg}", "test", "--ckpt_path", "best"],
-                 ["-c", str(cfg)]):
+                 ["-c", str(cfg)], [f"-c={cfg}", "fit"], [f"-c{cfg}", "validate"]):
         assert cli.main(argv) == 2
         err = capsys.readouterr().err
         assert f"`--config {cfg}` comes before the subcommand" in err and "hoformer " in err and "--config" in err
@@ -64,6 +64,10 @@ def test_config_before_subcommand_is_an_error(tmp_path, capsys):
     root.write_text("fit:\n  trainer:\n    max_epochs: 1\n")
     assert cli._misplaced_config(["--config", str(root), "fit"]) is None
     assert cli._misplaced_config(["fit", "--config", str(cfg)]) is None  # the right order
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("trainer: [unclosed\n")
+    assert cli._misplaced_config(["--config", str(broken), "fit"]) is None  # LightningCLI reports a bad file
+    assert cli._misplaced_config(["--config", str(tmp_path / "missing.yaml"), "fit"]) is None
 
 
 def test_hooks_dispatch_and_missing_module(monkeypatch, capsys, tmp_path):

@@ -329,6 +329,8 @@ def test_time_features_out_of_range_are_rejected(bad, msg):
             cyclic_time_encoding(time)
         with pytest.raises(ValueError, match="cyclic_time_encoding: .*" + msg):
             TrafficEmbedding(num_nodes=3, window=12, in_channels=1, dim=4)(torch.randn(2, 12, 3, 1), time)
+        with pytest.raises(ValueError, match="cyclic_time_encoding: .*" + msg):
+            KroneckerValenceAttention(3, 8, num_heads=2)(torch.randn(2, 12, 3, 8), time)
         for name, kw in (("weaver", {"dim": 8, "num_heads": 2}), ("weaver", {"dim": 8, "num_heads": 2,
                                                                              "use_time": False}),
                          ("last_value", {}), ("traffic_alternating", {"dim": 8, "num_heads": 2})):

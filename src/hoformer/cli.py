@@ -112,13 +112,15 @@ def _misplaced_config(argv: list[str]) -> str | None:
             path = head[i + 1]
         elif a.startswith("--config="):
             path = a.split("=", 1)[1]
+        elif a.startswith("-c") and not a.startswith("--") and len(a) > 2:  # -c=path, -cpath (argparse forms)
+            path = a[2:].removeprefix("=")
         else:
             continue
         try:
             import yaml
 
             keys = yaml.safe_load(Path(path).read_text())
-        except (OSError, ValueError, ImportError):  # unreadable: LightningCLI reports it
+        except Exception:  # unreadable / not YAML / no yaml module: LightningCLI reports it
             continue
         if isinstance(keys, dict) and keys.keys() & {"trainer", "model", "data", "ckpt_path", "seed_everything",
                                                      "optimizer", "lr_scheduler"}:

@@ -118,7 +118,8 @@ class WeaverInput(nn.Module):
                            if use_dictionary else None)
         self.proj = nn.Linear(in_channels + (width if use_dictionary else 0), dim)  # eq 39
         # the library's RMSNorm (float32 statistics for bf16 / fp16 inputs) with torch.nn.RMSNorm's float32 eps, so
-        # float32 results (and the published Los-loop numbers) are unchanged
+        # float32 results (and the published Los-loop numbers) are unchanged up to rounding; float64 now also uses
+        # this eps (nn.RMSNorm took float64's 2.2e-16)
         self.norm = RMSNorm(dim, eps=torch.finfo(torch.float32).eps)
         self.glu = GLU(dim, dim)
         self.drop = nn.Dropout(dropout)

@@ -285,11 +285,11 @@ class SegmentationTask(_HotTask):
         y = y.long()
         if y.ndim == 4 and y.shape[1] == 1:
             y = y[:, 0]
+        ii = self.hparams.ignore_index
+        _check_labels(y, self.num_classes, type(self).__name__, ii)  # before the forward: fail fast
         logits = self.model(x)
         if logits.shape[-2:] != y.shape[-2:]:
             raise ValueError(f"SegmentationTask: logits {tuple(logits.shape)} do not match masks {tuple(y.shape)}")
-        ii = self.hparams.ignore_index
-        _check_labels(y, self.num_classes, type(self).__name__, ii)
         loss = F.cross_entropy(logits, y, ignore_index=-100 if ii is None else ii)
         self.metrics[f"m_{stage}"].update(logits.detach().argmax(1), y)
         self._log_metrics(stage, loss, x.shape[0])
