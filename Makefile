@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 export HOFORMER_DATA ?= $(abspath ../shared/data)
 
-.PHONY: install test test-slow demo bench clean
+.PHONY: install test test-slow demo bench gpu-checks clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,9 @@ demo: install
 
 bench: install
 	$(PY) benchmarks/attention.py
+
+gpu-checks: install
+	PY=$(PY) bash benchmarks/gpu_checks.sh
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info src/*.egg-info .pytest_cache
