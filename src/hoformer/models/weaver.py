@@ -19,6 +19,7 @@ from hoformer.layers.weaver import (
     StateTransition,
     TrafficEmbedding,
     WeaverInput,
+    _check_time,
 )
 
 from .base import HoformerModel
@@ -63,9 +64,7 @@ class TrafficModel(HoformerModel):
         if x.ndim != 4 or tuple(x.shape[1:]) != expect:
             raise ValueError(f"{name}: `x` must have shape (B, P={expect[0]}, N={expect[1]}, C={expect[2]}) "
                              f"(N = nodes of the graph the model was built for), got {tuple(x.shape)}")
-        if time is not None and (not isinstance(time, torch.Tensor) or tuple(time.shape) != (x.shape[0], self.window, 2)):
-            raise ValueError(f"{name}: `time` must have shape (B, P={self.window}, 2) = [minute of day, day of week], "
-                             f"got {tuple(time.shape) if isinstance(time, torch.Tensor) else type(time).__name__}")
+        _check_time(time, x, name)  # (B, P, 2): the layers' shape check, run here once for all of them
         if time is not None:  # minute of day in [0, 1440), day of week in [0, 7); checked even by models that
             check_time_features(time, name)  # ignore `time`: a bad feature column is a data bug wherever it goes
         # (the only check of `time` in a model's forward: the layers are called with check_time=False)
