@@ -28,6 +28,8 @@ from hoformer.functional import (
 )
 from hoformer.models import create_model, list_models
 
+from _outputs import float_outputs
+
 DEVICE = torch.device(os.environ.get("HOFORMER_TEST_DEVICE", "cuda"))
 pytestmark = pytest.mark.skipif(DEVICE.type == "cuda" and not torch.cuda.is_available(),
                                 reason="needs CUDA (or HOFORMER_TEST_DEVICE=cpu to check the tests on CPU)")
@@ -148,29 +150,25 @@ def test_every_model_matches_cpu_on_device(name):
     model = create_model(name).eval()
     args, kwargs = model.example_inputs(batch_size=2)
     with torch.no_grad():
-        ref = model(*args, **kwargs)
+        ref_t = float_outputs(model, args, kwargs)
     dev = create_model(name).eval()
     dev.load_state_dict(model.state_dict())
     dev = dev.to(DEVICE)
     dargs, dkwargs = _to(args, DEVICE), _to(kwargs, DEVICE)
     with torch.no_grad():
-        out = dev(*dargs, **dkwargs)
-    ref_t = [t for t in (ref if isinstance(ref, (tuple, list)) else [ref]) if t.is_floating_point()]
-    out_t = [t for t in (out if isinstance(out, (tuple, list)) else [out]) if t.is_floating_point()]
+        out_t = float_outputs(dev, dargs, dkwargs)
+    assert len(out_t) == len(ref_t)
     for i, (o, r) in enumerate(zip(out_t, ref_t)):
         assert o.device.type == DEVICE.type
         _close(o, r, 1e-3, f"{name} output {i}")
     with torch.no_grad(), torch.autocast(DEVICE.type, dtype=torch.bfloat16):
-        low = dev(*dargs, **dkwargs)
-    for i, (o, r) in enumerate(zip([t for t in (low if isinstance(low, (tuple, list)) else [low])
-                                    if t.is_floating_point()], ref_t)):
+        low_t = float_outputs(dev, dargs, dkwargs)
+    for i, (o, r) in enumerate(zip(low_t, ref_t)):
         _close(o, r, 0.1, f"{name} bf16 autocast output {i}")
     params = [p for p in dev.parameters() if p.requires_grad]
     if params:
         dev.train()
-        out = dev(*dargs, **dkwargs)
-        loss = sum(t.float().square().mean() for t in (out if isinstance(out, (tuple, list)) else [out])
-                   if t.is_floating_point() and t.requires_grad)
+        loss = sum(t.float().square().mean() for t in float_outputs(dev, dargs, dkwargs) if t.requires_grad)
         loss.backward()
         assert all(p.grad is None or torch.isfinite(p.grad).all() for p in params), f"{name}: non-finite grads"
 

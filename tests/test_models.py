@@ -17,23 +17,12 @@ from hoformer.layers import ATTENTION_TYPES, record_attention
 from hoformer.models import HoformerModel, create_model, from_pretrained, list_models
 from hoformer.models.hot import FORECAST_ATTENTIONS
 
+from _outputs import float_outputs, tensors
+
 ALL_MODELS = list_models()
 HOT_ATTENTIONS = ["kronecker_product", "kronecker_sum", "kronecker_linear", "full", "axial", "divided"]
 FORECAST_ALL = HOT_ATTENTIONS + sorted(FORECAST_ATTENTIONS)
 
-
-def _tensors(out):
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, dict):
-        return [t for v in out.values() for t in _tensors(v)]
-    if isinstance(out, (tuple, list)):
-        return [t for v in out for t in _tensors(v)]
-    return []
-
-
-def _float_outputs(model, args, kwargs):
-    return [t for t in _tensors(model(*args, **kwargs)) if t.is_floating_point()]
 
 
 
@@ -114,7 +103,7 @@ def test_forward_backward_every_param_gets_grad(name):
     assert isinstance(model, HoformerModel)
     args, kwargs = model.example_inputs(batch_size=2)
     model.train()
-    outs = _float_outputs(model, args, kwargs)
+    outs = float_outputs(model, args, kwargs)
     assert outs, f"{name}: forward returned no floating-point tensor"
     for t in outs:
         assert torch.isfinite(t).all(), f"{name}: non-finite output"
@@ -137,9 +126,9 @@ def test_bf16_autocast_and_bf16_weights(name):
     torch.manual_seed(0)
     model = create_model(name).eval()  # eval: no dropout, so fp32 and bf16 runs see the same function
     args, kwargs = model.example_inputs(batch_size=2)
-    ref = _float_outputs(model, args, kwargs)
+    ref = float_outputs(model, args, kwargs)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        outs = _float_outputs(model, args, kwargs)
+        outs = float_outputs(model, args, kwargs)
     assert len(outs) == len(ref)
     for o, r in zip(outs, ref):
         assert torch.isfinite(o).all(), f"{name}: non-finite output under bf16 autocast"
@@ -147,13 +136,13 @@ def test_bf16_autocast_and_bf16_weights(name):
         assert err < 0.1, f"{name}: bf16 autocast output differs from float32 by {err:.3f} (relative to max)"
     if any(p.requires_grad for p in model.parameters()) and any(t.requires_grad for t in outs):
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = sum(t.float().square().mean() for t in _float_outputs(model, args, kwargs) if t.requires_grad)
+            loss = sum(t.float().square().mean() for t in float_outputs(model, args, kwargs) if t.requires_grad)
         loss.backward()
         assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
     to16 = lambda t: t.to(torch.bfloat16) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
     model = model.to(torch.bfloat16)
     with torch.no_grad():
-        outs = _float_outputs(model, [to16(a) for a in args], {k: to16(v) for k, v in kwargs.items()})
+        outs = float_outputs(model, [to16(a) for a in args], {k: to16(v) for k, v in kwargs.items()})
     for o in outs:
         assert torch.isfinite(o).all(), f"{name}: non-finite output with bf16 weights"
         assert o.dtype == torch.bfloat16, f"{name}: bf16 model returned {o.dtype}"
@@ -170,8 +159,8 @@ def test_save_pretrained_round_trip_identical(name, tmp_path):
     assert loaded.training is False and not any(m.training for m in loaded.modules())
     assert type(loaded) is type(model) and loaded.config == json.loads(json.dumps(model.config))
     with torch.no_grad():
-        ref = _tensors(model(*args, **kwargs))
-        first, second = _tensors(loaded(*args, **kwargs)), _tensors(loaded(*args, **kwargs))
+        ref = tensors(model(*args, **kwargs))
+        first, second = tensors(loaded(*args, **kwargs)), tensors(loaded(*args, **kwargs))
     assert len(ref) == len(first) == len(second)
     for a, b, c in zip(ref, first, second):
         torch.testing.assert_close(b, c, rtol=0, atol=0)  # deterministic: dropout is off
