@@ -24,6 +24,7 @@ algorithm of the paper (explicit score cube and value-pair tensor) and serves as
 """
 from __future__ import annotations
 
+import functools
 
 import torch
 
@@ -161,10 +162,24 @@ def _tile_rows(n_win: int, s: int, d: int, budget: int) -> tuple[int, int]:
     return nw, c
 
 
+def _autocast_off(fn):
+    """Run ``fn(ctx, x, ...)`` with autocast disabled on ``x``'s device: the kernel picks its own compute dtype (fp32
+    scores, softmax and log-sum-exp for half / bf16 inputs) and the backward recomputes the scores in that same
+    dtype, so an autocast region around the call must not turn its matmuls into bf16."""
+
+    @functools.wraps(fn)
+    def wrapped(ctx, x, *args):
+        with torch.autocast(x.device.type, enabled=False):
+            return fn(ctx, x, *args)
+
+    return wrapped
+
+
 class _TripletFn(torch.autograd.Function):
     """Forward / backward of :func:`triplet_attention` (first-order gradients only)."""
 
     @staticmethod
+    @_autocast_off
     def forward(ctx, q, k1, k2, v1, v2, mask, block_size, overlap, scale, budget):
         B, H, L, D = q.shape
         cdt = _compute_dtype(q.dtype)
@@ -191,6 +206,7 @@ class _TripletFn(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @_autocast_off
     def backward(ctx, g):
         q, k1, k2, v1, v2, mask, C, lse = ctx.saved_tensors
         block_size, overlap, scale, budget, has_mask = ctx.cfg
