@@ -579,14 +579,17 @@ def test_shared_step_uses_teacher_rows_of_the_batch_indices(tmp_path):
     assert not torch.allclose(loss.detach(), kd_loss(z, batch["label"], t.teacher_cache["train"][:4])[0])
 
 
-def test_task_setup_refuses_vocab_and_length_mismatch(tmp_path):
+def test_task_setup_refuses_vocab_length_and_padding_mismatch(tmp_path):
     from types import SimpleNamespace
 
     dm, _, _ = _task_env(tmp_path)
     v = dm.tokenizer.vocab_size
     for kw, match in ((dict(vocab_size=v - 1, max_len=16), rf"tokenizer has {v} tokens but the model's vocab_size is "
                                                             rf"{v - 1}"),
-                      (dict(vocab_size=v, max_len=8), r"data max_len=16 exceeds the model's max_len=8")):
+                      (dict(vocab_size=v, max_len=8), r"data max_len=16 exceeds the model's max_len=8"),
+                      (dict(vocab_size=v, max_len=16, pad_id=dm.tokenizer.pad_id + 1),
+                       rf"tokenizer pads with id {dm.tokenizer.pad_id} but the model's pad_id is "
+                       rf"{dm.tokenizer.pad_id + 1}; set model_kwargs.pad_id={dm.tokenizer.pad_id}")):
         t = TextClassificationTask(model_kwargs=dict(num_classes=2, dim=16, num_heads=2, depth=1, **kw))
         t._trainer = SimpleNamespace(datamodule=dm)
         with pytest.raises(ValueError, match=match):

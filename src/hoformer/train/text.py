@@ -154,6 +154,10 @@ class TextClassificationTask(TaskModule):
         if model_vocab is not None and vocab > model_vocab:
             raise ValueError(f"TextClassificationTask: tokenizer has {vocab} tokens but the model's vocab_size is "
                              f"{model_vocab}; set model_kwargs.vocab_size >= {vocab}")
+        model_pad = getattr(self.model, "pad_id", None)
+        if model_pad is not None and model_pad != dm.tokenizer.pad_id:  # else padding trains and a real token does not
+            raise ValueError(f"TextClassificationTask: the tokenizer pads with id {dm.tokenizer.pad_id} but the "
+                             f"model's pad_id is {model_pad}; set model_kwargs.pad_id={dm.tokenizer.pad_id}")
         if getattr(self.model, "max_len", dm.max_len) < dm.max_len:
             raise ValueError(f"TextClassificationTask: data max_len={dm.max_len} exceeds the model's max_len="
                              f"{self.model.max_len}")
