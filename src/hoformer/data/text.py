@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import random
+import warnings
 from functools import partial
 from pathlib import Path
 from typing import Sequence
@@ -447,6 +448,24 @@ class TextDataModule(SplitDataModule):
 
     def collate_fn(self, split: str):
         return partial(collate_text, pad_id=self.tokenizer.pad_id)
+
+    # Lightning saves this in every checkpoint and restores it before the loaders of ``fit`` (resume), ``validate``,
+    # ``test`` and ``predict`` are built: a later process tokenises exactly as the run that wrote the checkpoint did,
+    # also when the vocabulary was trained (not bit-reproducible across processes) and saved nowhere else.
+    def state_dict(self) -> dict:
+        return {"tokenizer": self.tokenizer.tok.to_str()} if self.tokenizer is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        saved = state.get("tokenizer")
+        if saved is None or (self.tokenizer is not None and self.tokenizer.tok.to_str() == saved):
+            return
+        from tokenizers import Tokenizer
+
+        if self.tokenizer_path:
+            warnings.warn(f"TextDataModule: the checkpoint's tokenizer differs from tokenizer={self.tokenizer_path!r}; "
+                          "using the checkpoint's (the one the model was trained with)", stacklevel=2)
+        self.tokenizer = TextTokenizer(Tokenizer.from_str(saved))
+        self.datasets = {}  # re-encoded with the checkpoint's tokenizer when next asked for
 
     def ordered_train_dataloader(self) -> DataLoader:
         """The training split in index order, no shuffling (teacher logits for distillation)."""
