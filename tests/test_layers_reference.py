@@ -220,11 +220,12 @@ def test_full_attention_masks_change_the_output():
 
 
 # --------------------------------------------------------------------------------------- axial attention
+@pytest.mark.parametrize("dim_head", [None, 3])  # 3: heads * dim_head = 6 != dim = 8
 @pytest.mark.parametrize("combine", ["sum", "sequential"])
 @pytest.mark.parametrize("case", MASK_CASES)
-def test_axial_attention_masks_match_per_fibre_reference(case, combine):
+def test_axial_attention_masks_match_per_fibre_reference(case, combine, dim_head):
     torch.manual_seed(0)
-    att = AxialAttention(8, 2, qk_norm=False, combine=combine, num_modes=3).double().eval()
+    att = AxialAttention(8, 2, qk_norm=False, combine=combine, num_modes=3, dim_head=dim_head).double().eval()
     x = torch.randn(2, 2, 3, 4, 8, dtype=F64)
     masks = _masks(case, (2, 3, 4), 2, 2)
     ref_y, ref_maps = _axial_reference(att, x, masks, (0, 1, 2))

@@ -458,7 +458,7 @@ class AxialAttention(_QKV):
         self.modes = modes
         self.combine, self.rope_modes = combine, tuple(rope_modes)
         self.rotary = RotaryEmbedding(self.dim_head, rope_theta) if self.rope_modes else None
-        self.extra = nn.ModuleList()  # sequential: qkv projections of modes 2..k
+        self.extra = nn.ModuleList()  # sequential: qkv projections of modes 2..k, from the (heads * dim_head) values
         self.num_modes = num_modes
         if combine == "sequential" and num_modes:
             self._ensure(num_modes)
@@ -468,7 +468,7 @@ class AxialAttention(_QKV):
         if self.combine == "sequential" and len(self.extra) == 0 and n_att > 1:
             inner = self.heads * self.dim_head
             like = self.to_qkv.weight  # lazily built layers follow the module's device and dtype
-            self.extra.extend(nn.Linear(self.dim, 3 * inner, bias=self.bias, device=like.device, dtype=like.dtype)
+            self.extra.extend(nn.Linear(inner, 3 * inner, bias=self.bias, device=like.device, dtype=like.dtype)
                               for _ in range(n_att - 1))
             self.num_modes = k
 
