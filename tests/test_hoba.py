@@ -481,9 +481,10 @@ def test_kd_loss_limits_and_bad_inputs():
     total, ce, kl = kd_loss(zs, y, zt, alpha=1.0, temperature=3.0)
     assert total.item() == pytest.approx(9 * kl.item(), rel=1e-7)
     assert kd_loss(zs, y, zs.clone())[2].item() == pytest.approx(0, abs=1e-7)  # identical logits: KL 0
-    with pytest.raises(ValueError, match=r"`labels` must be class ids in \[0, 3\).*\[-100, 2\]"):
+    with pytest.raises(ValueError, match=r"kd_loss: labels must lie in \[0, num_classes=3\), got 1 label\(s\) "
+                                         r"outside it, values \[-100\]"):
         kd_loss(zs, torch.tensor([-100, 2]))  # would be silently ignored by cross_entropy
-    with pytest.raises(ValueError, match=r"`labels` must be class ids in \[0, 3\).*\[0, 3\]"):
+    with pytest.raises(ValueError, match=r"kd_loss: labels must lie in \[0, num_classes=3\).*values \[3\]"):
         kd_loss(zs, torch.tensor([0, 3]))
     with pytest.raises(TypeError, match=r"`labels` must be an integer tensor.*torch.float32"):
         kd_loss(zs, torch.tensor([0.0, 2.0]))

@@ -25,6 +25,19 @@ from hoformer.models import create_model
 __all__ = ["TaskModule"]
 
 
+def check_labels(y: torch.Tensor, num_classes: int, fn: str, ignore_index: int | None = None) -> None:
+    """Class labels must lie in ``[0, num_classes)`` (``ignore_index`` allowed): an out-of-range label would be a
+    device-side assert on CUDA and an opaque ``IndexError`` inside ``cross_entropy`` on CPU. One host sync."""
+    bad = (y < 0) | (y >= num_classes)
+    if ignore_index is not None:
+        bad &= y != ignore_index
+    if bad.any():
+        vals = torch.unique(y[bad])[:5].tolist()
+        allowed = f" (or ignore_index={ignore_index})" if ignore_index is not None else ""
+        raise ValueError(f"{fn}: labels must lie in [0, num_classes={num_classes}){allowed}, got {int(bad.sum())} "
+                         f"label(s) outside it, values {vals}; check the dataset's classes against `num_classes`")
+
+
 class TaskModule(L.LightningModule):
     """Base task.
 

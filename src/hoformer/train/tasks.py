@@ -41,7 +41,7 @@ from torchmetrics.classification import AUROC, Accuracy, MulticlassAccuracy, Mul
 
 from hoformer.models.base import atomic_write
 
-from .base import TaskModule
+from .base import TaskModule, check_labels
 
 __all__ = [
     "ForecastingTask",
@@ -197,19 +197,6 @@ def plot_forecast(x, y, pred, path, num_variates: int = 3) -> str | None:
     return str(plot_forecast_vs_truth(x, y, pred, path, channels=channels, names=names))
 
 
-def _check_labels(y: torch.Tensor, num_classes: int, fn: str, ignore_index: int | None = None) -> None:
-    """Class labels must lie in ``[0, num_classes)`` (``ignore_index`` allowed): an out-of-range label would be a
-    device-side assert on CUDA and an opaque ``IndexError`` inside ``cross_entropy`` on CPU. One host sync."""
-    bad = (y < 0) | (y >= num_classes)
-    if ignore_index is not None:
-        bad &= y != ignore_index
-    if bad.any():
-        vals = torch.unique(y[bad])[:5].tolist()
-        allowed = f" (or ignore_index={ignore_index})" if ignore_index is not None else ""
-        raise ValueError(f"{fn}: labels must lie in [0, num_classes={num_classes}){allowed}, got {int(bad.sum())} "
-                         f"label(s) outside it, values {vals}; check the dataset's classes against `num_classes`")
-
-
 # --------------------------------------------------------------------------------------------- classification
 class ClassificationTask(_HotTask):
     """3D image classification (MedMNIST3D): ``x (B, 1, D, H, W) -> logits (B, num_classes)``; labels ``(B,)`` or
@@ -242,7 +229,7 @@ class ClassificationTask(_HotTask):
     def shared_step(self, batch, stage: str) -> torch.Tensor:
         x, y = _unpack(batch, type(self).__name__)
         y = y.reshape(y.shape[0], -1)[:, 0].long() if y.ndim > 1 else y.long()
-        _check_labels(y, self.num_classes, type(self).__name__)
+        check_labels(y, self.num_classes, type(self).__name__)
         logits = self.model(x)
         loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
         prob = logits.detach().float().softmax(-1)
@@ -286,7 +273,7 @@ class SegmentationTask(_HotTask):
         if y.ndim == 4 and y.shape[1] == 1:
             y = y[:, 0]
         ii = self.hparams.ignore_index
-        _check_labels(y, self.num_classes, type(self).__name__, ii)  # before the forward: fail fast
+        check_labels(y, self.num_classes, type(self).__name__, ii)  # before the forward: fail fast
         logits = self.model(x)
         if logits.shape[-2:] != y.shape[-2:]:
             raise ValueError(f"SegmentationTask: logits {tuple(logits.shape)} do not match masks {tuple(y.shape)}")

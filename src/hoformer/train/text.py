@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
-from .base import TaskModule
+from .base import TaskModule, check_labels
 
 __all__ = ["kd_loss", "TextClassificationTask", "teacher_logits_fingerprint"]
 
@@ -49,11 +49,8 @@ def kd_loss(student_logits: torch.Tensor, labels: torch.Tensor, teacher_logits: 
                         f"{getattr(labels, 'dtype', type(labels).__name__)}")
     if labels.shape != student_logits.shape[:1]:
         raise ValueError(f"kd_loss: `labels` must be ({student_logits.shape[0]},), got {tuple(labels.shape)}")
-    C = student_logits.shape[1]
-    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= C):
-        # cross_entropy would silently skip -100 (its ignore_index) and fail obscurely on other values
-        raise ValueError(f"kd_loss: `labels` must be class ids in [0, {C}), got values in "
-                         f"[{int(labels.min())}, {int(labels.max())}]")
+    # cross_entropy would silently skip -100 (its ignore_index) and fail obscurely on other values
+    check_labels(labels, student_logits.shape[1], "kd_loss")
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"kd_loss: `alpha` must be in [0, 1], got {alpha}")
     if temperature <= 0:
