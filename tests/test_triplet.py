@@ -175,6 +175,18 @@ def test_autocast_region_does_not_lower_the_kernel_precision():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_window_index_cache_survives_inference_mode():
+    """The per-shape window index is cached; one first built under ``torch.inference_mode`` (Lightning's validation
+    sanity check) must still work in a later differentiable call (indexing saves the index for backward)."""
+    x = _qkv(B=1, H=1, L=13, D=4, dtype=torch.float32)
+    for fn in (triplet_attention, block_attention):
+        with torch.inference_mode():
+            fn(*x[: 5 if fn is triplet_attention else 3], block_size=5, overlap=0.4)
+        xs = [t.clone().requires_grad_() for t in x]
+        fn(*xs[: 5 if fn is triplet_attention else 3], block_size=5, overlap=0.4).sum().backward()
+        assert xs[0].grad is not None
+
+
 def test_saves_no_cubes_for_backward():
     """Autograd keeps O(B H L D) for the fast kernel (inputs, window outputs, log-sum-exp), not the cubes."""
     x = _qkv(B=1, H=2, L=64, D=4, dtype=torch.float32, grad=True)

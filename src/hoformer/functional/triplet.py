@@ -93,10 +93,14 @@ def _check_inputs(q, k1, k2, v1, v2, mask, block_size, overlap, fn: str, names=(
     return mask
 
 
-def _window_index(L: int, block_size: int, overlap: float, device) -> torch.Tensor:
-    """``(w, s)`` long tensor of token positions per window, ``s = min(block_size, L)``."""
-    starts = torch.tensor(triplet_windows(L, block_size, overlap), device=device)
-    return starts[:, None] + torch.arange(min(block_size, L), device=device)
+@functools.lru_cache(maxsize=64)
+def _window_index(L: int, block_size: int, overlap: float, device: torch.device) -> torch.Tensor:
+    """``(w, s)`` long tensor of token positions per window, ``s = min(block_size, L)``; cached per shape and device
+    (built from a Python list: one host-to-device copy per forward and backward otherwise). Read-only. Made outside
+    inference mode, so that an index first built during validation can still be saved for a later backward."""
+    with torch.inference_mode(False):
+        starts = torch.tensor(triplet_windows(L, block_size, overlap), device=device)
+        return starts[:, None] + torch.arange(min(block_size, L), device=device)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -104,8 +104,8 @@ def cyclic_time_encoding(time: torch.Tensor, *, check: bool = True) -> torch.Ten
     if check:
         check_time_features(time, "cyclic_time_encoding")
     t = time.to(torch.promote_types(time.dtype, torch.float32))  # at least float32 (float64 stays float64)
-    ang = 2 * math.pi * t / t.new_tensor([float(MINUTES_PER_DAY), float(DAYS_PER_WEEK)])
-    return torch.stack([ang[..., 0].sin(), ang[..., 0].cos(), ang[..., 1].sin(), ang[..., 1].cos()], dim=-1)
+    tod, dow = t[..., 0] * (2 * math.pi / MINUTES_PER_DAY), t[..., 1] * (2 * math.pi / DAYS_PER_WEEK)
+    return torch.stack([tod.sin(), tod.cos(), dow.sin(), dow.cos()], dim=-1)
 
 
 def dictionary_retrieval(logits: torch.Tensor, temperature: torch.Tensor, dictionary: torch.Tensor

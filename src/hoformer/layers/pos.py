@@ -49,15 +49,15 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"RotaryEmbedding: `dim` must be even, got {dim}")
         self.dim, self.theta = dim, theta
 
-    @property
-    def inv_freq(self) -> torch.Tensor:
-        """Frequencies in float32. Deliberately not a buffer: ``model.to(torch.bfloat16)`` would round them (an
-        8-bit mantissa moves the angle at position 512 by up to ~0.2 rad and breaks the relative property)."""
-        return 1.0 / (self.theta ** (torch.arange(0, self.dim, 2, dtype=torch.float32) / self.dim))
+    def inv_freq(self, device=None) -> torch.Tensor:
+        """Frequencies in float32, made on ``device`` (no host-to-device copy per call). Deliberately not a buffer:
+        ``model.to(torch.bfloat16)`` would round them (an 8-bit mantissa moves the angle at position 512 by up to
+        ~0.2 rad and breaks the relative property)."""
+        return 1.0 / (self.theta ** (torch.arange(0, self.dim, 2, dtype=torch.float32, device=device) / self.dim))
 
     def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """float32 ``cos, sin (n, d)`` of ``positions (n,)``, whatever the module's dtype."""
-        freqs = torch.outer(positions.float(), self.inv_freq.to(positions.device))  # (n, d/2)
+        freqs = torch.outer(positions.float(), self.inv_freq(positions.device))  # (n, d/2)
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos(), emb.sin()
 

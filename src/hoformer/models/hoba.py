@@ -105,9 +105,10 @@ class HOBAClassifier(HoformerModel):
             raise ValueError(f"hoba_classifier: `ids` must have shape (B, L) with L >= 1, got {tuple(ids.shape)}")
         if ids.shape[1] > self.max_len:
             raise ValueError(f"hoba_classifier: sequence length {ids.shape[1]} exceeds max_len={self.max_len}")
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
+        lo, hi = torch.stack(torch.aminmax(ids)).tolist() if ids.numel() else (0, 0)  # one host sync
+        if lo < 0 or hi >= self.vocab_size:
             raise ValueError(f"hoba_classifier: token ids must lie in [0, vocab_size={self.vocab_size}), got ids in "
-                             f"[{int(ids.min())}, {int(ids.max())}] (tokenizer and model vocabularies differ?)")
+                             f"[{lo}, {hi}] (tokenizer and model vocabularies differ?)")
         if mask is not None:
             if not isinstance(mask, torch.Tensor) or mask.shape != ids.shape:
                 raise ValueError(f"hoba_classifier: `mask` must have the shape of `ids` {tuple(ids.shape)}, got "
