@@ -231,8 +231,9 @@ class KroneckerAttention(_Recordable):
     """HOT multi-head Kronecker attention over ``x (B, N1..Nk, D)`` (paper 000 eqs 5-9).
 
     For each head and mode ``i``: pool ``x`` over the other modes (``pool="sum"`` as in the paper, or ``"mean"``),
-    project with the mode's own query/key weights (pooling is linear, so pool-then-project equals the paper's
-    project-then-pool at ``1/prod(N_j, j != i)`` of the cost; the q/k projections have no bias so this is exact),
+    then project with the mode's own query/key weights, as eqs 5-6 write it (the reference code projects at full
+    resolution and pools afterwards; pooling is linear and the q/k projections have no bias, so both are equal, and
+    pooling first costs ``1/prod(N_j, j != i)`` of the projection),
     form ``S_i``, and apply ``S_1 (x) .. (x) S_k`` (``combine="product"``) or ``(1/k) S_1 (+) .. (+) S_k``
     (``"sum"``) to shared value projections by mode products. Output projection shared.
 

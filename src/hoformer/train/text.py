@@ -1,7 +1,10 @@
 """Text classification with knowledge distillation (HOBA paper 004 section 3.3, eq 8).
 
-* :func:`kd_loss` - ``(1 - alpha) CE(z_S, y) + alpha tau^2 KL(p_T^tau || p_S^tau)`` (Hinton et al.; the paper's
-  alpha 0.3, tau 2.0); the KL is ``F.kl_div(log_softmax(z_S / tau), softmax(z_T / tau), "batchmean")``.
+* :func:`kd_loss` - ``(1 - alpha) CE(z_S, y) + alpha tau^2 KL(p_T^tau || p_S^tau)`` (the paper's alpha 0.3, tau 2.0);
+  the KL is ``F.kl_div(log_softmax(z_S / tau), softmax(z_T / tau), "batchmean")``. Deviation: eq 8 writes the
+  arguments in the other order, ``KL(softmax(z_S / tau) || softmax(z_T / tau))``; we keep Hinton et al.'s
+  distillation direction (teacher distribution as the target, its mass-covering gradient ``p_S - p_T`` w.r.t.
+  ``z_S / tau``), which the paper's "KL divergence between teacher and student distributions" also reads as.
 * :class:`TextClassificationTask` - trains a registered text model (default ``hoba_classifier``) on
   :class:`hoformer.data.TextDataModule` batches, optionally distilled from a teacher. Teacher logits come from a
   teacher ``save_pretrained`` directory (a 2D model trained by this project: same tokenizer) and are cached on disk
