@@ -19,7 +19,7 @@ from hoformer.functional import (
     tanimoto_scores,
 )
 
-SHAPES = [(4,), (3, 5), (2, 3, 4), (2, 3, 2, 3)]
+SHAPES = [(4,), (3, 5), (2, 3, 4), (2, 3, 2, 3), (3, 13), (2, 3, 13)]  # 13 > 2 d: unfolded mode products
 f64 = torch.float64
 
 
@@ -256,7 +256,7 @@ def test_kron_apply_custom_backward_partial_grads_and_autocast():
 # (batch, head) pairs per chunk with b=3, h=4: 1 pair / 3 heads (partial head groups) / all heads of 2 batch entries
 # (a short last chunk) / everything in one chunk
 @pytest.mark.parametrize("pairs", [1, 3, 8, 1 << 20])
-@pytest.mark.parametrize("sizes", [(3, 5), (2, 3, 4)])
+@pytest.mark.parametrize("sizes", [(3, 5), (2, 3, 4), (2, 7), (2, 3, 7)])  # 7 > 2 d: the unfolded mode product
 def test_cache_blocked_chunks_match_dense_with_strided_values(monkeypatch, pairs, sizes):
     """The CPU cache blocking (chunks of (batch, head) pairs) is invisible: values and all gradients equal the dense
     Kronecker product / sum for every chunk size, with a head-split (strided) value view and broadcast factors; the

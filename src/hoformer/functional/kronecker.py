@@ -170,11 +170,24 @@ def _mode_mul(s: torch.Tensor, x: torch.Tensor, sizes: Sequence[int], m: int, ou
               ws: _Workspace, accumulate: bool = False) -> torch.Tensor:
     """Mode-``m`` product in place of layout: ``x (c, n1..nk, d)`` contiguous, ``s (c, n_m, n_m)`` (or a transposed
     view); writes (or adds, if ``accumulate``) ``y[c, .., i_m, .., :] = sum_j s[c, i_m, j] x[c, .., j, .., :]`` into
-    ``out`` (same layout). Mode 1 is one bmm; for the others the ``a`` fibres before mode ``m`` become batch entries,
-    so no transposed copy of ``x`` is ever made; only ``s`` is repeated ``a`` times (``n / r`` times the size of
-    ``x``, with ``r`` the trailing size; a cheap contiguous write into a reused buffer)."""
+    ``out`` (same layout). Mode 1 is one bmm. For the others, with ``a`` fibres before mode ``m`` and ``r`` the
+    trailing size: while ``n <= 2 r`` the fibres become batch entries and only ``s`` is repeated ``a`` times (``n / r``
+    times the size of ``x``; a cheap contiguous write into a reused buffer, no transposed copy of ``x``); for a long
+    mode with a short tail (``n > 2 r``, e.g. Weaver's sensor mode: n = 325, r = d = 16, where the repeat would be
+    20x the value) ``x`` is unfolded to ``(c, n, a r)`` instead, one bmm, and folded back (two value-sized copies)."""
     c, n = x.shape[0], sizes[m]
     a = math.prod(sizes[:m])
+    r = x[0].numel() // (a * n)
+    if a > 1 and n > 2 * r:
+        xu, yu = ws.get("mode_x", (c, n, a, r)), ws.get("mode_y", (c, n, a, r))
+        xu.copy_(x.view(c, a, n, r).transpose(1, 2))
+        torch.bmm(s, xu.view(c, n, a * r), out=yu.view(c, n, a * r))
+        ov = out.view(c, a, n, r)
+        if accumulate:
+            ov.add_(yu.transpose(1, 2))
+        else:
+            ov.copy_(yu.transpose(1, 2))
+        return out
     if a > 1:
         se = ws.get("s", (c, a, n, n))
         se.copy_(s.unsqueeze(1).expand(c, a, n, n))
