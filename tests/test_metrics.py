@@ -52,6 +52,23 @@ def test_collection_and_ddp_style_merge_equal_single_process():
     assert float(single["mae@12"]) == pytest.approx(_np_ref(pred, y, mask, 12)["mae"], rel=1e-5)
 
 
+def test_collection_never_merges_metrics_whose_first_batch_had_no_observed_target():
+    """MAE, MAPE and RMSE share the state names ``(total, count)``: torchmetrics' compute groups would merge every
+    metric whose states are equal after the first update (all ``(0, 0)`` when the first batch - e.g. Lightning's
+    sanity check - has no observed target at a step) and report MAE's value as RMSE / MAPE for the whole run."""
+    pred, y, mask = (torch.tensor(a) for a in _data(4))
+    first = mask.clone()
+    first[:, 2] = first[:, 5] = False  # an outage: nothing observed at steps 3 and 6 in the first batch
+    coll = forecasting_metrics()
+    for m in (first, mask, mask):
+        coll.update(pred, y, m)
+    got = coll.compute()
+    for at in (3, 6):
+        ref = _np_ref(*(np.concatenate([a.numpy()] * 2) for a in (pred, y, mask)), at)
+        for name in ("mae", "mape", "rmse"):
+            assert float(got[f"{name}@{at}"]) == pytest.approx(ref[name], rel=1e-5), (name, at)
+
+
 def test_masked_mae_loss_and_all_missing_errors():
     pred, y, mask = (torch.tensor(a) for a in _data(2))
     assert float(masked_mae(pred, y, mask)) == pytest.approx(float((pred - y).abs()[mask].mean()))

@@ -118,4 +118,6 @@ def forecasting_metrics(horizons: tuple[int, ...] = (3, 6, 12), prefix: str = ""
         out[name] = cls()
         for h in horizons:
             out[f"{name}@{h}"] = cls(at=h)
-    return MetricCollection(out, prefix=prefix)
+    # no compute groups: MAE / MAPE / RMSE share the state names (total, count), and torchmetrics would merge metrics
+    # whose states happen to be equal after the first update (all (0, 0) at a step with nothing observed)
+    return MetricCollection(out, prefix=prefix, compute_groups=False)
