@@ -135,6 +135,45 @@ def test_download_offline(tmp_path, monkeypatch):
     torch.testing.assert_close(ds[0][0], ref[0][0])
 
 
+def test_download_fetches_the_missing_mask_archive_only(tmp_path, monkeypatch):
+    """Images (per sensor) and masks (per product) are separate archives: with the images and the NLCD masks in
+    place, asking for CDL downloads the CDL mask archive alone; the data root counts only with both present."""
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    for product in ("nlcd", "cdl"):
+        src = make_synthetic_ssl4eo(tmp_path / f"src_{product}", n=4, size=32, product=product)
+        for name in ("ssl4eo_l_oli_sr_benchmark", f"ssl4eo_l_oli_{product}"):
+            with tarfile.open(mirror / f"{name}.tar.gz", "w:gz") as tar:
+                tar.add(src / name, arcname=name)
+            md5 = hashlib.md5((mirror / f"{name}.tar.gz").read_bytes()).hexdigest()
+            table, key = (ms_mod._IMG_MD5, "oli_sr") if name.endswith("benchmark") else (ms_mod._MASK_MD5, ("oli", product))
+            monkeypatch.setitem(table, key, md5)
+    monkeypatch.setattr(ms_mod, "_URL", mirror.as_uri() + "/{}.tar.gz")
+    fetched = []
+    real = ms_mod.download_url
+    monkeypatch.setattr(ms_mod, "download_url", lambda url, *a, **k: (fetched.append(url.rsplit("/", 1)[1]),
+                                                                       real(url, *a, **k))[1])
+    root = tmp_path / "dl"
+    SSL4EOLDataset(root, "nlcd", download=True)
+    assert fetched == ["ssl4eo_l_oli_sr_benchmark.tar.gz", "ssl4eo_l_oli_nlcd.tar.gz"]
+    ds = SSL4EOLDataset(root, "cdl", "train", download=True)
+    assert fetched[2:] == ["ssl4eo_l_oli_cdl.tar.gz"]
+    ref = SSL4EOLDataset(tmp_path / "src_cdl", "cdl", "train")
+    torch.testing.assert_close(ds[0][1], ref[0][1])
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["ssl4eo_l_oli_cdl", "ssl4eo_l_oli_nlcd",
+                                                                     "ssl4eo_l_oli_sr_benchmark"]  # no temp left
+
+    # the data root holds images and NLCD masks only: a CDL datamodule does not take it for complete
+    data = tmp_path / "data"
+    (data / "ssl4eo_l").mkdir(parents=True)
+    for name in ("ssl4eo_l_oli_sr_benchmark", "ssl4eo_l_oli_nlcd"):
+        (root / name).rename(data / "ssl4eo_l" / name)
+    monkeypatch.setenv("HOFORMER_DATA", str(data))
+    monkeypatch.setenv("HOFORMER_CACHE", str(tmp_path / "cache"))
+    assert MultispectralDataModule(download=True, product="nlcd").root == data / "ssl4eo_l"
+    assert MultispectralDataModule(download=True, product="cdl").root == tmp_path / "cache" / "ssl4eo_l"
+
+
 def test_datamodule(tmp_path):
     dm = MultispectralDataModule(str(tmp_path / "syn"), synthetic=True, synthetic_n=10, synthetic_size=48,
                                  crop_size=32, batch_size=4)

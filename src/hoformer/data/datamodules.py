@@ -138,7 +138,7 @@ class MultispectralDataModule(SplitDataModule):
                 f"synthetic_ssl4eo/{sensor}_{product}_n{synthetic_n}_s{synthetic_size}_seed{seed}")
         elif root is None:  # download=True: the data root when it already holds the patches, else the cache
             base = default_data_root()
-            have = base is not None and (base / "ssl4eo_l" / _dirs(sensor, product)[0]).is_dir()
+            have = base is not None and all((base / "ssl4eo_l" / d).is_dir() for d in _dirs(sensor, product)[:2])
             root = resolve_root(None, "ssl4eo_l", "SSL4EO-L") if have or not download else cache_dir("ssl4eo_l")
         self.root = Path(root)
 

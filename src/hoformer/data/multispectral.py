@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import posixpath
 import tarfile
+import tempfile
 from pathlib import Path, PureWindowsPath
 from typing import Callable
 
@@ -172,8 +173,8 @@ class SSL4EOLDataset(Dataset):
         self._lut = torch.from_numpy(lut)
         img_dir, self._mask_dir, self._mask_stem = _dirs(sensor, product)
         self._img_dir = img_dir
-        if download and not self._find_images():
-            self._download()
+        if download:  # images and masks are separate archives: fetch whichever is missing
+            self._download(images=not self._find_images(), masks=not (self.root / self._mask_dir).is_dir())
         images = self._find_images()
         if not images:
             raise FileNotFoundError(
@@ -202,12 +203,19 @@ class SSL4EOLDataset(Dataset):
                 return p
         raise FileNotFoundError(f"mask for {img} not found: expected {folder / self._mask_stem}{{.npy,.npz,.tif}}")
 
-    def _download(self) -> None:
-        for name, md5 in ((self._img_dir, _IMG_MD5[self.sensor]),
-                          (self._mask_dir, _MASK_MD5[(self.sensor.split("_")[0], self.product)])):
+    def _download(self, images: bool = True, masks: bool = True) -> None:
+        """Fetch (MD5-checked) and extract the image and / or mask archive. Each is extracted into a temporary
+        directory first and moved into place whole, so an existing directory always means a complete extraction."""
+        wanted = [(self._img_dir, _IMG_MD5[self.sensor])] if images else []
+        if masks:
+            wanted.append((self._mask_dir, _MASK_MD5[(self.sensor.split("_")[0], self.product)]))
+        for name, md5 in wanted:
             archive = download_url(_URL.format(name), self.root / f"{name}.tar.gz", md5=md5)
-            with tarfile.open(archive) as tar:
-                _safe_extractall(tar, self.root)
+            with tarfile.open(archive) as tar, tempfile.TemporaryDirectory(dir=self.root) as tmp:
+                _safe_extractall(tar, Path(tmp))
+                for entry in Path(tmp).iterdir():
+                    if not (self.root / entry.name).exists():
+                        entry.rename(self.root / entry.name)
 
     def __len__(self) -> int:
         return len(self.samples)
