@@ -141,6 +141,8 @@ def test_config_is_valid(path):
     kw = args["model_kwargs"]
     m = create_model(args["model_name"], **kw)  # validates every model argument
     assert kw["dim"] == (128 if paper else 64)
+    if paper and kw["attention"] != "spatial":  # spatial = iTransformer: one token per variate (patch = seq_len)
+        assert kw["patch_size"] in (2, 4)  # Table 6
     assert len(m.encoder.blocks) == (2 if task_cls.__name__ == "ForecastingTask" else 6)
     d = data["init_args"]
     if data_cls.__name__ == "LTSFDataModule":
@@ -152,7 +154,10 @@ def test_config_is_valid(path):
         assert kw["num_classes"] == len({"nlcd": NLCD_CLASSES, "cdl": CDL_CLASSES}[d["product"]])
     monitor, mode = MONITOR[task_cls.__name__]
     cbs = {c["class_path"].rsplit(".", 1)[1]: c.get("init_args", {}) for c in trainer["callbacks"]}
-    for name in ("ModelCheckpoint", "EarlyStopping"):
+    # the paper trains a fixed 100 epochs and tests the best-validation checkpoint (B.4): early stopping only in
+    # the CPU-budget grid
+    assert ("EarlyStopping" in cbs) == (not paper)
+    for name in ("ModelCheckpoint", "EarlyStopping")[: 1 if paper else 2]:
         assert cbs[name]["monitor"] == monitor and cbs[name]["mode"] == mode
     assert "ExportPretrained" in cbs and "SavePredictions" in cbs
     for c in trainer["callbacks"] + trainer["logger"] + trainer["plugins"]:
