@@ -469,6 +469,11 @@ def test_load_embeddings_copies_exactly_the_embeddings(tmp_path, source):
     with pytest.raises(ValueError, match=r"shape mismatch for embed.positions.weight: teacher \(16, 16\) vs student "
                                          r"\(32, 16\)"):
         longer.load_embeddings_from(teacher)
+    # a teacher with a longer position table (RoBERTa: 514) gives its first max_len positions
+    shorter = create_model("hoba_classifier", vocab_size=40, num_classes=3, max_len=8, dim=16, num_heads=2,
+                           depth=1).to(teacher.embed.positions.weight.dtype)
+    shorter.load_embeddings_from(teacher)
+    torch.testing.assert_close(shorter.embed.positions.weight, teacher.embed.positions.weight[:8], rtol=0, atol=0)
 
 
 # -------------------------------------------------------------------------------------------- KD loss / task
@@ -599,6 +604,15 @@ def test_shared_step_uses_teacher_rows_of_the_batch_indices(tmp_path):
     for k, v in teacher.state_dict().items():
         if k.startswith("embed."):
             torch.testing.assert_close(t.model.state_dict()[k], v, rtol=0, atol=0)
+        if k.startswith("head."):  # the head only with init_head_from_teacher
+            assert not torch.equal(t.model.state_dict()[k], v)
+    th = task(init_embeddings_from=str(tmp_path / "teacher"), init_head_from_teacher=True)
+    th.setup("fit")
+    for k, v in teacher.state_dict().items():
+        if k.startswith(("embed.", "head.")):
+            torch.testing.assert_close(th.model.state_dict()[k], v, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="init_head_from_teacher=True needs init_embeddings_from"):
+        task(init_head_from_teacher=True)
     t._teacher_splits(("train",))
     from hoformer.data.text import collate_text
 

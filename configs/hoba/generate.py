@@ -21,7 +21,8 @@ VARIANTS = {  # name: (attention, cross_block)
 }
 
 def config(out: Path, name, ds, model_kwargs, *, lr, epochs, batch, n_train, seed, teacher=None, export=True,
-           train_limit=None, header="", monitor=True, vocab=16000, tokenizer=None, max_len=64) -> Path:
+           train_limit=None, header="", monitor=True, vocab=16000, tokenizer=None, max_len=64,
+           init_head=False) -> Path:
     """Write ``out/<name>.yaml`` and return its path."""
     steps = epochs * math.ceil(n_train / batch)
     run = f"runs/hoba/{name}"
@@ -43,7 +44,8 @@ def config(out: Path, name, ds, model_kwargs, *, lr, epochs, batch, n_train, see
             "model_name": "hoba_classifier", "model_kwargs": model_kwargs, "lr": lr, "weight_decay": 0.01,
             "warmup_steps": max(1, steps // 10), "scheduler": "cosine", "kd_alpha": 0.3, "kd_temperature": 2.0,
             "teacher": teacher, "teacher_logits": f"{teacher}/teacher_logits.pt" if teacher else None,
-            "init_embeddings_from": teacher, "export_dir": f"{run}/pretrained" if export else None}},
+            "init_embeddings_from": teacher, "init_head_from_teacher": init_head,
+            "export_dir": f"{run}/pretrained" if export else None}},
         "data": {"class_path": "hoformer.data.TextDataModule", "init_args": {
             "dataset": ds, "root": None, "max_len": max_len, "batch_size": batch, "tokenizer": tokenizer,
             "tokenizer_dir": None, "vocab_size": vocab, "val_fraction": 0.1, "train_limit": train_limit, "seed": 0,
@@ -63,8 +65,10 @@ PAPER_TEACHER_HEADER = (
     "# model.teacher_logits of the students instead). Exports model + tokenizer to runs/hoba/{tname}/pretrained.\n")
 PAPER_STUDENT_HEADER = (
     "# HOBA paper section 4.1 student ({ds}, {depth} layers, attention={att}, block {bs}, overlap 0.25, "
-    "cross-block={cb}),\n# distilled (alpha 0.3, tau 2) from configs/hoba/{ds}_teacher.yaml; "
-    "run the teacher first. Seeds: --seed_everything 42/43/44.\n")
+    "cross-block={cb}),\n# distilled (alpha 0.3, tau 2) from configs/hoba/{ds}_teacher.yaml (run it first), embeddings "
+    "and classifier head\n# initialised from the teacher. Seeds 42/43/44: one config copy (own run directory) per seed, "
+    "e.g.\n# sed -E 's#runs/hoba/{name}\\b#runs/hoba/{name}/s43#g; s/^seed_everything: .*/seed_everything: 43/' "
+    "\\\n#   configs/hoba/{name}.yaml > {name}_s43.yaml\n")
 CPU_TEACHER_HEADER = ("# CPU-budget teacher for docs/results_text.md ({ds}): 2D encoder, width 64, 4 layers "
                       "(students: 2 layers).\n")
 CPU_STUDENT_HEADER = (
@@ -93,7 +97,8 @@ def main(out: str | Path = Path(__file__).resolve().parent) -> list[Path]:
     for ds, (L, b, n, C) in DATA.items():
         tname = f"{ds}_teacher"
         written.append(config(
-            out, tname, ds, _model(C, L, vocab=16000, dim=768, depth=12, heads=12, attention="full2d", pooling="cls"),
+            out, tname, ds, _model(C, max(L, 128), vocab=16000, dim=768, depth=12, heads=12, attention="full2d",
+                                   pooling="cls"),  # positions for the 6-layer students' 128 tokens
             lr=1e-4, epochs=5, batch=8, n_train=n, seed=42, max_len=L,
             header=PAPER_TEACHER_HEADER.format(ds=ds, tname=tname)))
         teacher = f"runs/hoba/{tname}/pretrained"
@@ -102,14 +107,16 @@ def main(out: str | Path = Path(__file__).resolve().parent) -> list[Path]:
                 if v == "triplet_full" and ds not in ("sst2", "trec"):
                     continue  # Table 1 only (cubic cost)
                 blocks = (16, 32, 64) if v == "hoba" and depth == 3 else (b,)
+                # section 4.1: 64 tokens for 3-layer, 128 for 6-layer students (longer datasets keep their length)
+                Ls = L if depth == 3 else max(L, 128)
                 for bs in blocks:
                     name = f"{ds}_{v}_{depth}l" + (f"_b{bs}" if len(blocks) > 1 else "")
-                    mk = _model(C, L, vocab=16000, dim=768, depth=depth, heads=12, attention=att, pooling="cls",
+                    mk = _model(C, Ls, vocab=16000, dim=768, depth=depth, heads=12, attention=att, pooling="cls",
                                 block=bs, cross_block=cb)
                     written.append(config(
                         out, name, ds, mk, lr=1e-5, epochs=5, batch=8, n_train=n, seed=42, teacher=teacher,
-                        max_len=L, tokenizer=teacher,
-                        header=PAPER_STUDENT_HEADER.format(ds=ds, depth=depth, att=att, bs=bs, cb=cb)))
+                        max_len=Ls, tokenizer=teacher, init_head=True,
+                        header=PAPER_STUDENT_HEADER.format(ds=ds, depth=depth, att=att, bs=bs, cb=cb, name=name)))
 
     # ---- CPU-budget configs actually run for docs/results_text.md (small widths, subsets, fixed epochs)
     for ds, c in CPU.items():

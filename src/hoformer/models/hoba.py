@@ -162,7 +162,8 @@ class HOBAClassifier(HoformerModel):
     def load_embeddings_from(self, source: "HOBAClassifier | str | os.PathLike", head: bool = False) -> list[str]:
         """Copy the embedding weights (and the classifier head when ``head=True``) from a teacher model or a
         ``save_pretrained`` directory, as the paper's students inherit the teacher's embeddings. Returns the copied
-        parameter names; shapes must match (same vocabulary and width)."""
+        parameter names; shapes must match (same vocabulary and width), except that a teacher with a longer position
+        table gives its first ``max_len`` positions (a RoBERTa teacher has 514, its students 64 or 128)."""
         if isinstance(source, (str, os.PathLike)):
             from safetensors.torch import load_file
 
@@ -174,6 +175,8 @@ class HOBAClassifier(HoformerModel):
         copied = []
         for k, v in state.items():
             if k.startswith(prefixes) and k in own:
+                if k == "embed.positions.weight" and v.shape[0] > own[k].shape[0] and v.shape[1:] == own[k].shape[1:]:
+                    v = v[: own[k].shape[0]]
                 if own[k].shape != v.shape:
                     raise ValueError(f"load_embeddings_from: shape mismatch for {k}: teacher {tuple(v.shape)} vs "
                                      f"student {tuple(own[k].shape)} (same tokenizer and width required)")

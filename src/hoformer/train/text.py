@@ -105,6 +105,8 @@ class TextClassificationTask(TaskModule):
         teacher_logits: cache file of the teacher's logits per split (written when ``teacher`` is given and the
             cache is missing or stale; read alone when ``teacher`` is None).
         init_embeddings_from: ``save_pretrained`` directory whose ``embed.*`` weights initialise the student.
+        init_head_from_teacher: also copy the classifier head (``head.*``) from ``init_embeddings_from`` (the paper
+            initialises "embeddings and classification heads" from the teacher; needs the same width and classes).
         export_dir: at the end of ``fit``, save the model (best checkpoint when one exists) and the datamodule's
             tokenizer there, ready for ``hoformer.models.from_pretrained`` / ``TextTokenizer.from_pretrained``.
     """
@@ -124,11 +126,15 @@ class TextClassificationTask(TaskModule):
         teacher: str | None = None,
         teacher_logits: str | None = None,
         init_embeddings_from: str | None = None,
+        init_head_from_teacher: bool = False,
         export_dir: str | None = None,
     ) -> None:
         if not 0.0 <= kd_alpha <= 1.0 or kd_temperature <= 0:
             raise ValueError(f"TextClassificationTask: need kd_alpha in [0, 1] and kd_temperature > 0, got "
                              f"{kd_alpha}, {kd_temperature}")
+        if init_head_from_teacher and not init_embeddings_from:
+            raise ValueError("TextClassificationTask: init_head_from_teacher=True needs init_embeddings_from (the "
+                             "teacher's save_pretrained directory)")
         super().__init__(model_name, model_kwargs, lr, weight_decay, betas, warmup_steps, scheduler, min_lr_ratio)
         n_cls = getattr(self.model, "num_classes", None)
         if n_cls is None:
@@ -162,7 +168,7 @@ class TextClassificationTask(TaskModule):
             raise ValueError(f"TextClassificationTask: data max_len={dm.max_len} exceeds the model's max_len="
                              f"{self.model.max_len}")
         if stage == "fit" and self.hparams.init_embeddings_from and not self._embeddings_loaded:
-            self.model.load_embeddings_from(self.hparams.init_embeddings_from)
+            self.model.load_embeddings_from(self.hparams.init_embeddings_from, head=self.hparams.init_head_from_teacher)
             self._embeddings_loaded = True
 
     def _teacher_splits(self, splits) -> None:
