@@ -57,6 +57,30 @@ def test_split_and_windows():
     assert (len(tr), len(va), len(te)) == (54, 8, 15) and tr[-1] + 1 == va[0] and va[-1] + 1 == te[0]
     with pytest.raises(ValueError, match="shorter"):
         window_starts(20, 12, 12)
+    # torch-spatiotemporal's TemporalSplitter (its own test: 95 windows, window 3 -> 66 / 4 / 19)
+    tr, va, te = split_windows(95, protocol="tsl", gap=3)
+    assert (len(tr), len(va), len(te)) == (66, 4, 19) and (tr[-1], va[0], va[-1], te[0]) == (65, 69, 72, 76)
+    with pytest.raises(ValueError, match="protocol"):
+        split_windows(95, protocol="tsl2")
+    with pytest.raises(ValueError, match="too few"):
+        split_windows(30, protocol="tsl", gap=12)
+
+
+def test_datamodule_tsl_split_protocol(tmp_path):
+    """``split_protocol="tsl"``: the splits are TSL's TemporalSplitter windows (``window`` windows dropped before
+    the validation and the test block) and the scaler sees the training windows' steps only."""
+    values = _write(tmp_path)
+    dm = TrafficDataModule("metr_la", root=str(tmp_path), verify=False, num_nodes=N, split_protocol="tsl",
+                           drop_empty_windows=False)
+    dm.setup()
+    starts = window_starts(T, 12, 12)
+    for name, idx in zip(("train", "val", "test"), split_windows(len(starts), protocol="tsl", gap=12)):
+        np.testing.assert_array_equal(dm.splits[name].starts, starts[idx])
+    assert dm.splits["val"].starts[0] - dm.splits["train"].starts[-1] == 13  # 12 windows dropped
+    train = values[: dm.splits["train"].starts[-1] + 24]
+    np.testing.assert_allclose(dm.scaler.mean, [train[train != 0].mean()], rtol=1e-5)
+    with pytest.raises(ValueError, match="split_protocol"):
+        TrafficDataModule("metr_la", root=str(tmp_path), split_protocol="random")
 
 
 def test_datamodule_protocol(tmp_path):

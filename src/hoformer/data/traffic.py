@@ -223,15 +223,34 @@ def window_starts(num_steps: int, window: int, horizon: int, stride: int = 1) ->
     return np.arange(0, last + 1, stride)
 
 
-def split_windows(num_windows: int, val_ratio: float = 0.1, test_ratio: float = 0.2):
-    """Chronological split of window indices -> ``(train, val, test)`` index arrays (DCRNN / TSL 70/10/20)."""
+def split_windows(num_windows: int, val_ratio: float = 0.1, test_ratio: float = 0.2, *, protocol: str = "dcrnn",
+                  gap: int = 12):
+    """Chronological 70/10/20 split of window indices -> ``(train, val, test)`` index arrays.
+
+    ``protocol="dcrnn"`` (Li et al. 2018's data preparation): ``round(n * test_ratio)`` test and
+    ``round(n * val_ratio)`` validation windows, contiguous. ``protocol="tsl"`` (torch-spatiotemporal's
+    ``TemporalSplitter``, used by the Weaver paper): ``int(n * test_ratio)`` test windows, ``int((n - n_test) *
+    val_ratio)`` validation windows before them, and the ``gap`` windows (TSL's ``samples_offset`` = the input
+    window length) before each boundary dropped, so no training target reaches into a validation target and no
+    validation target into a test target.
+    """
     if not (0 <= val_ratio < 1 and 0 < test_ratio < 1 and val_ratio + test_ratio < 1):
         raise ValueError(f"split_windows: need 0 <= val_ratio, 0 < test_ratio, sum < 1; got {val_ratio}, {test_ratio}")
-    n_test = round(num_windows * test_ratio)
-    n_val = round(num_windows * val_ratio)
-    n_train = num_windows - n_val - n_test
+    if protocol not in ("dcrnn", "tsl"):
+        raise ValueError(f"split_windows: `protocol` must be 'dcrnn' or 'tsl', got {protocol!r}")
     idx = np.arange(num_windows)
-    return idx[:n_train], idx[n_train:n_train + n_val], idx[n_train + n_val:]
+    if protocol == "dcrnn":
+        n_test = round(num_windows * test_ratio)
+        n_val = round(num_windows * val_ratio)
+        n_train = num_windows - n_val - n_test
+        return idx[:n_train], idx[n_train:n_train + n_val], idx[n_train + n_val:]
+    if gap < 0:
+        raise ValueError(f"split_windows: `gap` must be >= 0, got {gap}")
+    test_start = num_windows - int(test_ratio * num_windows)
+    val_start = test_start - int(val_ratio * test_start)
+    if val_start - gap < 1 or test_start - gap <= val_start:
+        raise ValueError(f"split_windows: {num_windows} windows are too few for the 'tsl' split with gap {gap}")
+    return idx[:val_start - gap], idx[val_start:test_start - gap], idx[test_start:]
 
 
 class TrafficWindows(Dataset):
@@ -275,6 +294,9 @@ class TrafficDataModule(SplitDataModule):
             under ``root``): the ``.h5`` / ``los_speed.csv`` and the ``.pkl`` / ``los_adj.csv``.
         window, horizon: ``P`` and ``Q`` (12 -> 12).
         val_ratio, test_ratio: chronological split of the windows (0.1, 0.2).
+        split_protocol: ``"dcrnn"`` (contiguous, DCRNN's counts) or ``"tsl"`` (torch-spatiotemporal's
+            ``TemporalSplitter`` as in the Weaver paper: ``window`` windows dropped before the validation and the
+            test block); see :func:`split_windows`.
         drop_empty_windows: drop windows whose target is entirely missing (their loss is undefined).
         start: first timestamp of Los-loop (the CSV has none).
         num_nodes: if given, checked against the data and the graph.
@@ -290,7 +312,7 @@ class TrafficDataModule(SplitDataModule):
                  adj_path: str | None = None, window: int = 12, horizon: int = 12, val_ratio: float = 0.1,
                  test_ratio: float = 0.2, batch_size: int = 32, eval_batch_size: int | None = None,
                  num_workers: int = 0, drop_empty_windows: bool = True, start: str = "2012-03-01 00:00:00",
-                 num_nodes: int | None = None, verify: bool = True) -> None:
+                 num_nodes: int | None = None, verify: bool = True, split_protocol: str = "dcrnn") -> None:
         super().__init__(batch_size=batch_size, num_workers=num_workers, eval_batch_size=eval_batch_size)
         if dataset not in ("metr_la", "pems_bay", "los_loop"):
             raise ValueError(f"TrafficDataModule: `dataset` must be 'metr_la', 'pems_bay' or 'los_loop', got {dataset!r}")
@@ -300,6 +322,9 @@ class TrafficDataModule(SplitDataModule):
         self.val_ratio, self.test_ratio = val_ratio, test_ratio
         self.drop_empty_windows, self.start, self.expected_nodes = drop_empty_windows, start, num_nodes
         self.verify = verify
+        if split_protocol not in ("dcrnn", "tsl"):
+            raise ValueError(f"TrafficDataModule: `split_protocol` must be 'dcrnn' or 'tsl', got {split_protocol!r}")
+        self.split_protocol = split_protocol
 
     @property
     def splits(self) -> dict[str, TrafficWindows]:
@@ -340,7 +365,8 @@ class TrafficDataModule(SplitDataModule):
         data = values[..., None]  # (T, N, C=1)
         mask = data != 0
         starts = window_starts(len(data), self.window, self.horizon)
-        tr, va, te = split_windows(len(starts), self.val_ratio, self.test_ratio)
+        tr, va, te = split_windows(len(starts), self.val_ratio, self.test_ratio, protocol=self.split_protocol,
+                                   gap=self.window)
         train_end = int(starts[tr[-1]]) + self.window + self.horizon
         self.scaler = StandardScaler().fit(data[:train_end], mask[:train_end])
         x = self.scaler.transform(data, mask)
