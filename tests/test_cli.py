@@ -101,6 +101,16 @@ def test_console_script_installed():
     assert r.returncode == 0 and "demo" in r.stdout
 
 
+def test_command_line_run_prints_no_lightningcli_args_warning():
+    """From the command line LightningCLI parses sys.argv itself; passing it sys.argv[1:] as ``args`` too made it
+    warn ("not recommended to provide both args and command line arguments") on every run."""
+    cfg = REPO / "configs" / "hot" / "ltsf" / "etth1_96_96_hot_sum.yaml"
+    r = subprocess.run([sys.executable, "-m", "hoformer.cli", "fit", "--config", str(cfg), "--print_config"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "kronecker_sum" in r.stdout and "args parameter is intended" not in r.stderr
+
+
 # ---------------------------------------------------------------------------------------------- configs
 def test_config_set_is_complete():
     names = {p.relative_to(REPO / "configs" / "hot").as_posix() for p in CONFIGS}

@@ -132,6 +132,7 @@ def _misplaced_config(argv: list[str]) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hoformer`` console script."""
+    from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
@@ -152,7 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if err:
             print(err, file=sys.stderr)
             return 2
-        _lightning_cli()(args=argv)
+        # from the command line LightningCLI reads sys.argv itself (given both, it warns on every run)
+        _lightning_cli()(args=None if from_command_line else argv)
         return 0
     print(f"hoformer: unknown command {cmd!r}\n\n{_usage()}", file=sys.stderr)
     return 2
