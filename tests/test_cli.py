@@ -164,6 +164,9 @@ def test_config_is_valid(path):
         assert kw["num_classes"] == len({"nlcd": NLCD_CLASSES, "cdl": CDL_CLASSES}[d["product"]])
     monitor, mode = MONITOR[task_cls.__name__]
     cbs = {c["class_path"].rsplit(".", 1)[1]: c.get("init_args", {}) for c in trainer["callbacks"]}
+    best, last = [c["init_args"] for c in trainer["callbacks"] if c["class_path"].endswith("ModelCheckpoint")]
+    assert last == {"dirpath": best["dirpath"], "filename": "last", "enable_version_counter": False}
+    cbs["ModelCheckpoint"] = best
     # the paper trains a fixed 100 epochs and tests the best-validation checkpoint (B.4): early stopping only in
     # the CPU-budget grid
     assert ("EarlyStopping" in cbs) == (not paper)

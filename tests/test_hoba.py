@@ -376,9 +376,11 @@ def test_hoba_configs_are_valid_and_checkpoint_atomically(cfg):
     create_model("hoba_classifier", **c["model"]["init_args"]["model_kwargs"])
     t = c["trainer"]
     assert [p["class_path"] for p in t["plugins"]] == ["hoformer.train.tasks.AtomicCheckpointIO"]
-    (ckpt,) = [x["init_args"] for x in t["callbacks"] if x["class_path"].endswith("ModelCheckpoint")]
-    if ckpt.get("monitor"):  # `hoformer test --ckpt_path best` globs best-*.ckpt in this dirpath
+    *best, last = [x["init_args"] for x in t["callbacks"] if x["class_path"].endswith("ModelCheckpoint")]
+    for ckpt in best:  # `hoformer test --ckpt_path best` globs best-*.ckpt in this dirpath
         assert ckpt["dirpath"] == f"runs/hoba/{cfg.stem}/checkpoints" and ckpt["filename"].startswith("best-")
+        assert ckpt["monitor"] == "val/acc" and last["dirpath"] == ckpt["dirpath"]
+    assert len(best) <= 1 and last["filename"] == "last" and last["enable_version_counter"] is False  # every epoch
 
 
 # ------------------------------------------------------------------------------------- model: exact semantics

@@ -280,6 +280,57 @@ def test_resume_is_exact_with_random_augmentation(tmp_path, num_workers):
     _assert_resume_exact(tmp_path, augment=True, num_workers=num_workers)
 
 
+class _Worsening(pl.LightningModule):
+    """Logs a monitored metric that gets worse every epoch (whatever the mode), so only epoch 0 is ever "best"."""
+
+    def __init__(self, monitor: str, mode: str):
+        super().__init__()
+        self.lin, self.monitor, self.sign = torch.nn.Linear(2, 1), monitor, 1.0 if mode == "min" else -1.0
+
+    def training_step(self, batch, i):
+        return self.lin(batch[0]).pow(2).mean()
+
+    def validation_step(self, batch, i):
+        self.log(self.monitor, self.sign * float(self.current_epoch))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("rel", ["hot/ltsf/etth1_96_96_hot_product.yaml", "hot/ltsf_cpu/weather_96_96_hot_sum.yaml",
+                                 "hot/medmnist3d/adrenal_full.yaml", "weaver/metr_la_t.yaml",
+                                 "hoba/sst2_hoba_6l.yaml", "hoba/cpu_trec_hoba.yaml"])
+def test_config_checkpoints_keep_last_ckpt_at_the_last_epoch(rel, tmp_path, monkeypatch):
+    """The committed configs' checkpoint callbacks write ``last.ckpt`` after *every* epoch (the resume point), also
+    when the monitored metric stops improving: Lightning >= 2.6 writes ``save_last`` only together with a new top-k
+    checkpoint, which left ``last.ckpt`` at the best epoch (a resume lost every epoch after it). The best-validation
+    checkpoint is still the first checkpoint callback (what ``--ckpt_path best`` and the export read)."""
+    import importlib
+
+    import yaml
+
+    monkeypatch.chdir(tmp_path)  # the configs' runs/... paths are relative
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / rel).read_text())
+    callbacks = []
+    for c in cfg["trainer"]["callbacks"]:
+        if c["class_path"].endswith(("ModelCheckpoint", "EarlyStopping")):
+            mod, name = c["class_path"].rsplit(".", 1)
+            callbacks.append(getattr(importlib.import_module(mod), name)(**c.get("init_args", {})))
+    ckpts = [c for c in callbacks if isinstance(c, ModelCheckpoint)]
+    best = ckpts[0] if ckpts[0].monitor else None
+    monitor = best.monitor if best else "val/acc"
+    dl = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4)
+    trainer = pl.Trainer(max_epochs=3, callbacks=callbacks, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=tmp_path, plugins=[AtomicCheckpointIO()])
+    trainer.fit(_Worsening(monitor, best.mode if best else "max"), dl, dl)
+    last = [c for c in ckpts if c.last_model_path or c.filename == "last"]
+    (path,) = {Path(c.dirpath) / "last.ckpt" for c in last}
+    assert torch.load(path, weights_only=False)["epoch"] == 2  # the end of the last epoch, not the best one
+    if best is not None:
+        assert trainer.checkpoint_callback is best and Path(best.best_model_path).name.startswith("best-")
+        assert torch.load(best.best_model_path, weights_only=False)["epoch"] == 0
+
+
 def test_atomic_checkpoint_never_torn(tmp_path, monkeypatch):
     io, path = AtomicCheckpointIO(), tmp_path / "model.ckpt"
     io.save_checkpoint({"w": torch.ones(3)}, path)

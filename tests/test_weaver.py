@@ -567,9 +567,10 @@ def test_configs_checkpoint_atomically_where_test_best_finds_them(cfg):
 
     t = yaml.safe_load(cfg.read_text())["trainer"]
     assert [p["class_path"] for p in t["plugins"]] == ["hoformer.train.tasks.AtomicCheckpointIO"]
-    (ckpt,) = [c["init_args"] for c in t["callbacks"] if c["class_path"].endswith("ModelCheckpoint")]
+    ckpt, last = [c["init_args"] for c in t["callbacks"] if c["class_path"].endswith("ModelCheckpoint")]
     assert ckpt["dirpath"] == f"runs/weaver/{cfg.stem}/checkpoints" and ckpt["filename"].startswith("best-")
-    assert ckpt["save_last"] and t["default_root_dir"] == f"runs/weaver/{cfg.stem}"
+    assert last == {"dirpath": ckpt["dirpath"], "filename": "last", "enable_version_counter": False}  # every epoch
+    assert t["default_root_dir"] == f"runs/weaver/{cfg.stem}"
 
 
 @pytest.mark.slow

@@ -64,8 +64,11 @@ def trainer(run: str, monitor: str, mode: str, patience: int | None) -> dict:
         ],
         "callbacks": [
             {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-             "init_args": {"dirpath": f"{root}/checkpoints", "monitor": monitor, "mode": mode, "save_last": True,
+             "init_args": {"dirpath": f"{root}/checkpoints", "monitor": monitor, "mode": mode,
                            "filename": "best-{epoch:03d}"}},
+            # last.ckpt (resume) every epoch (Lightning >= 2.6 writes save_last only with a new top-k checkpoint)
+            {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+             "init_args": {"dirpath": f"{root}/checkpoints", "filename": "last", "enable_version_counter": False}},
             {"class_path": "lightning.pytorch.callbacks.LearningRateMonitor",
              "init_args": {"logging_interval": "epoch"}},
             {"class_path": "hoformer.train.tasks.ExportPretrained"},
@@ -74,7 +77,7 @@ def trainer(run: str, monitor: str, mode: str, patience: int | None) -> dict:
         "plugins": [{"class_path": "hoformer.train.tasks.AtomicCheckpointIO"}],
     }
     if patience is not None:
-        cfg["callbacks"].insert(1, {"class_path": "lightning.pytorch.callbacks.EarlyStopping",
+        cfg["callbacks"].insert(2, {"class_path": "lightning.pytorch.callbacks.EarlyStopping",
                                     "init_args": {"monitor": monitor, "mode": mode, "patience": patience}})
     return cfg
 

@@ -40,7 +40,10 @@ def trainer(name: str, epochs: int, monitor: str, early_stopping: dict | None) -
     callbacks += [
         {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
          "init_args": {"dirpath": f"{root}/checkpoints", "monitor": monitor, "mode": "min", "save_top_k": 1,
-                       "save_last": True, "filename": "best-{epoch:03d}"}},
+                       "filename": "best-{epoch:03d}"}},
+        # last.ckpt (resume) every epoch (Lightning >= 2.6 writes save_last only with a new top-k checkpoint)
+        {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+         "init_args": {"dirpath": f"{root}/checkpoints", "filename": "last", "enable_version_counter": False}},
         {"class_path": "lightning.pytorch.callbacks.LearningRateMonitor", "init_args": {"logging_interval": "epoch"}},
     ]
     return {

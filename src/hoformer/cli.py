@@ -222,13 +222,14 @@ def demo(argv: list[str]) -> int:
         lr=1e-3, weight_decay=0.1, warmup_steps=50, original_scale=True,
     )
     out = Path(a.output)
-    ckpt = ModelCheckpoint(dirpath=out / "checkpoints", filename="best-{epoch}", monitor="val/mae", mode="min",
-                           save_last=True)
+    ckpt = ModelCheckpoint(dirpath=out / "checkpoints", filename="best-{epoch}", monitor="val/mae", mode="min")
+    # last.ckpt every epoch (Lightning >= 2.6 writes save_last only together with a new best checkpoint)
+    last = ModelCheckpoint(dirpath=out / "checkpoints", filename="last", enable_version_counter=False)
     export = ExportPretrained(str(out / "pretrained"))
     trainer = pl.Trainer(
         default_root_dir=out, max_epochs=a.max_epochs, max_time={"minutes": a.max_minutes},
         limit_train_batches=a.limit_train_batches, accelerator="cpu", devices=1, logger=CSVLogger(out, name="logs"),
-        callbacks=[ckpt, EarlyStopping("val/mae", patience=3, mode="min"), export],
+        callbacks=[ckpt, last, EarlyStopping("val/mae", patience=3, mode="min"), export],
         plugins=[AtomicCheckpointIO()], enable_progress_bar=sys.stderr.isatty(), enable_model_summary=False,
         log_every_n_steps=20,
     )
