@@ -207,9 +207,9 @@ def test_fit_then_test_through_cli(tmp_path, monkeypatch):
     assert best and (run / "checkpoints" / "last.ckpt").is_file()
     last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
     assert (last["epoch"], last["global_step"]) == (0, 2)  # --trainer.max_epochs / limit_train_batches applied
-    stale = run / "checkpoints" / "best-epoch=99.ckpt"  # an older best-*.ckpt: `--ckpt_path best` takes the newest
+    # a newer best-*.ckpt of another run in the same directory: `--ckpt_path best` takes the one last.ckpt records
+    stale = run / "checkpoints" / "best-epoch=99.ckpt"
     stale.write_bytes(b"not a checkpoint")
-    os.utime(stale, (1_000_000, 1_000_000))
     model = from_pretrained(next(run.glob("logs/version_*/pretrained")))
     assert model.config["kwargs"]["attention"] == "kronecker_sum" and model.config["kwargs"]["dim"] == 16
     assert (next(run.glob("logs/version_*")) / "config.yaml").is_file()  # LightningCLI saved the resolved config
@@ -221,6 +221,16 @@ def test_fit_then_test_through_cli(tmp_path, monkeypatch):
     (pred,) = run.glob("logs/version_*/predictions.pt")
     n_test = (int(0.2 * 1200) + 96) - 96 - 96 + 1  # 20 % test rows + lookback, minus the window span
     assert torch.load(pred, weights_only=True).shape == (n_test, 96, 7)  # every test window predicted
+
+
+def test_recorded_best_falls_back_when_last_ckpt_is_missing_or_stale(tmp_path):
+    assert cli._recorded_best(tmp_path / "last.ckpt", "ModelCheckpoint{}") is None
+    torch.save({"callbacks": {"K": {"best_model_path": str(tmp_path / "gone.ckpt")}}}, tmp_path / "last.ckpt")
+    assert cli._recorded_best(tmp_path / "last.ckpt", "K") is None  # the recorded file was deleted: fall back
+    (tmp_path / "b.ckpt").write_bytes(b"x")
+    torch.save({"callbacks": {"K": {"best_model_path": str(tmp_path / "b.ckpt")}}}, tmp_path / "last.ckpt")
+    assert cli._recorded_best(tmp_path / "last.ckpt", "K") == str(tmp_path / "b.ckpt")
+    assert cli._recorded_best(tmp_path / "last.ckpt", "other") is None
 
 
 def test_test_best_without_checkpoint_is_clear(tmp_path, monkeypatch):

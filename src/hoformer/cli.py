@@ -66,12 +66,17 @@ def _lightning_cli():
             )
 
         def _resolve_best(self) -> None:
-            """``--ckpt_path best`` in a fresh process: the newest ``best-*.ckpt`` in the ModelCheckpoint dirpath."""
+            """``--ckpt_path best`` in a fresh process: the best checkpoint that the run's ``last.ckpt`` (written after
+            every epoch) records for this ModelCheckpoint, else the newest ``best-*.ckpt`` in its dirpath."""
             cfg = self.config_init[self.subcommand]
             cb = self.trainer.checkpoint_callback
             if cfg.get("ckpt_path") != "best" or cb is None or cb.best_model_path:
                 return
             d = Path(cb.dirpath) if cb.dirpath else None
+            recorded = _recorded_best(d / "last.ckpt", cb.state_key) if d is not None else None
+            if recorded is not None:
+                cfg["ckpt_path"] = recorded
+                return
             found = sorted(d.glob("best-*.ckpt"), key=os.path.getmtime) if d is not None and d.is_dir() else []
             if not found:
                 raise FileNotFoundError(f"--ckpt_path best: no best-*.ckpt in the ModelCheckpoint dirpath {d}; "
@@ -81,6 +86,18 @@ def _lightning_cli():
         before_validate = before_test = before_predict = _resolve_best
 
     return HoformerCLI
+
+
+def _recorded_best(last: Path, state_key: str) -> str | None:
+    """The ``best_model_path`` that the ModelCheckpoint ``state_key`` had when ``last`` was written, if that file
+    still exists (robust to other runs' ``best-*.ckpt`` in the same directory); ``None`` otherwise."""
+    import torch
+
+    if not last.is_file():
+        return None
+    ckpt = torch.load(last, map_location="cpu", weights_only=False, mmap=True)  # our own checkpoint: Lightning's format
+    best = (ckpt.get("callbacks") or {}).get(state_key, {}).get("best_model_path")
+    return best if best and Path(best).is_file() else None
 
 
 def __getattr__(name: str):  # lazy: importing hoformer.cli must not import lightning
