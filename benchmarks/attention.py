@@ -18,11 +18,9 @@ import time
 
 import torch
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils.flop_counter import FlopCounterMode
 
 from hoformer.analysis.bench import peak_memory
-from hoformer.analysis.flops import count_flops
+from hoformer.analysis.flops import count_executed_flops, count_flops
 from hoformer.functional import kronecker_attention
 from hoformer.layers import AxialAttention, FullAttention, KroneckerAttention
 
@@ -82,14 +80,6 @@ def interleaved_times(fns: dict, device, reps: int, warmup: int = 1) -> dict:
         for name, fn in fns.items():
             best[name] = min(best[name], _time_once(fn, device))
     return best
-
-
-def flops_of(fn) -> int:
-    """FLOPs executed by ``fn()`` (forward + backward, including recomputation), with SDPA in its math backend: the
-    flop counter has no formula for the CPU SDPA kernel and would count full attention's matmuls as zero."""
-    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as fc:
-        fn()
-    return fc.get_total_flops()
 
 
 def matmul_fn(device, dtype):
@@ -156,7 +146,7 @@ def main():
         res = {}
         for name, fn in steps.items():
             clears[name]()  # the previous call's gradients would be freed inside the measured call (CUDA)
-            res[name] = (times[name], peak_memory(fn, device), flops_of(fn))
+            res[name] = (times[name], peak_memory(fn, device), count_executed_flops(fn))
         for name, (t, mem, fl) in res.items():
             base = res["paper_sum" if name == "kron_sum" else "paper_product"]
             print(f"{str(sizes):>14} {name:>18} {t * 1e3:11.1f} {mem / 2**20:9.1f} {fl / t / 1e9:8.1f} "
@@ -183,7 +173,7 @@ def main():
     peak = mm_flops / times["matmul"] / 1e9
     print(f"measured matmul peak: {peak:.1f} GFLOP/s ({mm_desc}, same rounds as the core)")
     for combine in ("product", "sum"):
-        t, executed = times[combine], flops_of(cores[combine])
+        t, executed = times[combine], count_executed_flops(cores[combine])
         # useful work = forward + a backward of twice the forward; the product's backward also recomputes partial
         # mode products, which `executed` counts but which do not make the core faster
         useful = 3 * count_flops(lambda: kronecker_attention(qs, ks, v, combine=combine))

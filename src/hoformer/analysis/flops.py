@@ -28,7 +28,8 @@ from typing import Callable, Sequence
 
 import torch
 
-__all__ = ["ATTENTION_FLOP_KINDS", "attention_flops", "hot_model_flops", "count_flops", "favor_num_features"]
+__all__ = ["ATTENTION_FLOP_KINDS", "attention_flops", "hot_model_flops", "count_flops", "count_executed_flops",
+           "favor_num_features"]
 
 ATTENTION_FLOP_KINDS = (
     "kronecker_product", "kronecker_sum", "kronecker_linear", "kronecker_tanimoto", "kronecker_cosine", "full",
@@ -140,11 +141,18 @@ def hot_model_flops(attention: str, input_size: int | Sequence[int], *, patch_si
 
 
 def count_flops(fn: Callable, *args, **kwargs) -> int:
-    """FLOPs of ``fn(*args, **kwargs)`` measured by :class:`~torch.utils.flop_counter.FlopCounterMode` (SDPA forced to
-    its math backend so that attention matmuls are visible on every device)."""
+    """FLOPs of the forward ``fn(*args, **kwargs)``, run under ``no_grad`` (see :func:`count_executed_flops`)."""
+    with torch.no_grad():
+        return count_executed_flops(fn, *args, **kwargs)
+
+
+def count_executed_flops(fn: Callable, *args, **kwargs) -> int:
+    """FLOPs that ``fn(*args, **kwargs)`` executes as called (e.g. a forward + backward, recomputation included),
+    measured by :class:`~torch.utils.flop_counter.FlopCounterMode` with SDPA forced to its math backend so that
+    attention matmuls are visible on every device (the counter has no formula for the CPU SDPA kernel)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as fc:
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as fc:
         fn(*args, **kwargs)
     return int(fc.get_total_flops())
