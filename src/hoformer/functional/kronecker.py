@@ -166,6 +166,14 @@ class _Workspace:
         return out
 
 
+def _unfolded(t: torch.Tensor, c: int, a: int, n: int, r: int, key, ws: _Workspace) -> torch.Tensor:
+    """The mode unfolding ``(c, n, a * r)`` of a contiguous chunk tensor ``t`` read as ``(c, a, n, r)`` (``a`` fibres
+    before the mode, ``r`` the trailing size), copied in runs of ``r`` into the reused buffer ``key``."""
+    u = ws.get(key, (c, n, a, r))
+    u.copy_(t.view(c, a, n, r).transpose(1, 2))
+    return u.view(c, n, a * r)
+
+
 def _mode_mul(s: torch.Tensor, x: torch.Tensor, sizes: Sequence[int], m: int, out: torch.Tensor,
               ws: _Workspace, accumulate: bool = False) -> torch.Tensor:
     """Mode-``m`` product in place of layout: ``x (c, n1..nk, d)`` contiguous, ``s (c, n_m, n_m)`` (or a transposed
@@ -179,9 +187,8 @@ def _mode_mul(s: torch.Tensor, x: torch.Tensor, sizes: Sequence[int], m: int, ou
     a = math.prod(sizes[:m])
     r = x[0].numel() // (a * n)
     if a > 1 and n > 2 * r:
-        xu, yu = ws.get("mode_x", (c, n, a, r)), ws.get("mode_y", (c, n, a, r))
-        xu.copy_(x.view(c, a, n, r).transpose(1, 2))
-        torch.bmm(s, xu.view(c, n, a * r), out=yu.view(c, n, a * r))
+        yu = ws.get("unfold_b", (c, n, a, r))
+        torch.bmm(s, _unfolded(x, c, a, n, r, "unfold_a", ws), out=yu.view(c, n, a * r))
         ov = out.view(c, a, n, r)
         if accumulate:
             ov.add_(yu.transpose(1, 2))
@@ -211,10 +218,8 @@ def _mode_gram(g: torch.Tensor, x: torch.Tensor, sizes: Sequence[int], m: int, o
         t = ws.get("gram", (c, a, n, n))
         torch.bmm(g.view(c * a, n, r), x.view(c * a, n, r).transpose(1, 2), out=t.view(c * a, n, n))
         return torch.sum(t, 1, out=out)
-    gu, xu = ws.get("gu", (c, n, a, r)), ws.get("xu", (c, n, a, r))  # unfoldings: copies of contiguous runs of r
-    gu.copy_(g.view(c, a, n, r).transpose(1, 2))
-    xu.copy_(x.view(c, a, n, r).transpose(1, 2))
-    return torch.bmm(gu.view(c, n, a * r), xu.view(c, n, a * r).transpose(1, 2), out=out)
+    gu, xu = _unfolded(g, c, a, n, r, "unfold_a", ws), _unfolded(x, c, a, n, r, "unfold_b", ws)
+    return torch.bmm(gu, xu.transpose(1, 2), out=out)
 
 
 def _write(dst: torch.Tensor, key, ws: _Workspace, shape) -> torch.Tensor:
