@@ -18,6 +18,7 @@ the value is ever made. On CPU the whole chain (forward, recompute, backward) ru
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, Sequence
 
@@ -227,6 +228,20 @@ def _write(dst: torch.Tensor, key, ws: _Workspace, shape) -> torch.Tensor:
     return dst.view(shape) if dst.is_contiguous() else ws.get(key, shape)
 
 
+def _autocast_off(fn):
+    """Run the autograd ``Function`` method ``fn(ctx, x, ...)`` with autocast disabled on ``x``'s device: the
+    hand-written kernels choose their compute dtype themselves (the Kronecker products run in the value's dtype, the
+    triplet kernel in fp32 for half / bf16 inputs) and their backward recomputes in that same dtype, so an autocast
+    region around the call must not turn their matmuls into bf16."""
+
+    @functools.wraps(fn)
+    def wrapped(ctx, x, *args):
+        with torch.autocast(x.device.type, enabled=False):
+            return fn(ctx, x, *args)
+
+    return wrapped
+
+
 class _KronApply(torch.autograd.Function):
     """``S_1 (x) .. (x) S_k`` with a hand-written, cache-blocked backward.
 
@@ -240,24 +255,25 @@ class _KronApply(torch.autograd.Function):
     """
 
     @staticmethod
+    @_autocast_off  # everything runs in v's dtype, fwd and bwd alike
     def forward(ctx, v: torch.Tensor, *factors: torch.Tensor) -> torch.Tensor:
         b, h, sizes, k = v.shape[0], v.shape[1], v.shape[2:-1], len(factors)
         out, ws = torch.empty_like(v), _Workspace(v)
-        with torch.autocast(v.device.type, enabled=False):  # everything runs in v's dtype, fwd and bwd alike
-            for bs, hs in _chunks(b, h, _chunk_pairs(v)):
-                fs = _pair_factors(factors, bs, hs)
-                shape = (fs[0].shape[0], *sizes, v.shape[-1])
-                x = ws.gather("x", v[bs, hs], shape)
-                for m, s in enumerate(fs):
-                    dst = _write(out[bs, hs], "y", ws, shape) if m == k - 1 else ws.get(("t", m % 2), shape)
-                    x = _mode_mul(s, x, sizes, m, dst, ws)
-                if x.data_ptr() != out[bs, hs].data_ptr():
-                    out[bs, hs] = x.view(out[bs, hs].shape)
+        for bs, hs in _chunks(b, h, _chunk_pairs(v)):
+            fs = _pair_factors(factors, bs, hs)
+            shape = (fs[0].shape[0], *sizes, v.shape[-1])
+            x = ws.gather("x", v[bs, hs], shape)
+            for m, s in enumerate(fs):
+                dst = _write(out[bs, hs], "y", ws, shape) if m == k - 1 else ws.get(("t", m % 2), shape)
+                x = _mode_mul(s, x, sizes, m, dst, ws)
+            if x.data_ptr() != out[bs, hs].data_ptr():
+                out[bs, hs] = x.view(out[bs, hs].shape)
         ctx.save_for_backward(v, *factors)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @_autocast_off
     def backward(ctx, gy: torch.Tensor):
         v, *factors = ctx.saved_tensors
         b, h, sizes, k = v.shape[0], v.shape[1], v.shape[2:-1], len(factors)
@@ -266,24 +282,23 @@ class _KronApply(torch.autograd.Function):
         gs = [v.new_empty(b, h, *f.shape[-2:]) if need_s[m] else None for m, f in enumerate(factors)]
         last = max([m for m in range(k) if need_s[m]], default=-1)  # recompute no further than needed
         ws = _Workspace(v)
-        with torch.autocast(v.device.type, enabled=False):
-            gy = gy.to(v.dtype)
-            for bs, hs in _chunks(b, h, _chunk_pairs(v)):
-                fs = _pair_factors(factors, bs, hs)
-                c = fs[0].shape[0]
-                shape = (c, *sizes, v.shape[-1])
-                inputs = [ws.gather("x", v[bs, hs], shape)]
-                for m in range(last):  # the input of every step whose factor needs a gradient
-                    inputs.append(_mode_mul(fs[m], inputs[m], sizes, m, ws.get(("in", m), shape), ws))
-                g = ws.gather("g", gy[bs, hs], shape)
-                for m in reversed(range(k)):
-                    if gs[m] is not None:
-                        _mode_gram(g, inputs[m], sizes, m, gs[m][bs, hs].view(c, sizes[m], sizes[m]), ws)
-                    if m or need_v:
-                        dst = _write(gv[bs, hs], "gv", ws, shape) if m == 0 else ws.get(("t", m % 2), shape)
-                        g = _mode_mul(fs[m].transpose(1, 2), g, sizes, m, dst, ws)
-                if need_v and g.data_ptr() != gv[bs, hs].data_ptr():
-                    gv[bs, hs] = g.view(gv[bs, hs].shape)
+        gy = gy.to(v.dtype)
+        for bs, hs in _chunks(b, h, _chunk_pairs(v)):
+            fs = _pair_factors(factors, bs, hs)
+            c = fs[0].shape[0]
+            shape = (c, *sizes, v.shape[-1])
+            inputs = [ws.gather("x", v[bs, hs], shape)]
+            for m in range(last):  # the input of every step whose factor needs a gradient
+                inputs.append(_mode_mul(fs[m], inputs[m], sizes, m, ws.get(("in", m), shape), ws))
+            g = ws.gather("g", gy[bs, hs], shape)
+            for m in reversed(range(k)):
+                if gs[m] is not None:
+                    _mode_gram(g, inputs[m], sizes, m, gs[m][bs, hs].view(c, sizes[m], sizes[m]), ws)
+                if m or need_v:
+                    dst = _write(gv[bs, hs], "gv", ws, shape) if m == 0 else ws.get(("t", m % 2), shape)
+                    g = _mode_mul(fs[m].transpose(1, 2), g, sizes, m, dst, ws)
+            if need_v and g.data_ptr() != gv[bs, hs].data_ptr():
+                gv[bs, hs] = g.view(gv[bs, hs].shape)
         return (gv, *gs)
 
 
@@ -330,12 +345,12 @@ class _KronSumApply(torch.autograd.Function):
     fibres. Only ``v`` is saved."""
 
     @staticmethod
+    @_autocast_off
     def forward(ctx, v: torch.Tensor, alpha: float, *factors: torch.Tensor) -> torch.Tensor:
         b, h = v.shape[:2]
         out, ws = torch.empty_like(v), _Workspace(v)
-        with torch.autocast(v.device.type, enabled=False):
-            for bs, hs in _chunks(b, h, _chunk_pairs(v)):
-                _KronSumApply._apply(v[bs, hs], out[bs, hs], _pair_factors(factors, bs, hs), alpha, False, ws)
+        for bs, hs in _chunks(b, h, _chunk_pairs(v)):
+            _KronSumApply._apply(v[bs, hs], out[bs, hs], _pair_factors(factors, bs, hs), alpha, False, ws)
         ctx.save_for_backward(v, *factors)
         ctx.alpha = alpha
         return out
@@ -356,6 +371,7 @@ class _KronSumApply(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @_autocast_off
     def backward(ctx, g: torch.Tensor):
         v, *factors = ctx.saved_tensors
         b, h, sizes = v.shape[0], v.shape[1], v.shape[2:-1]
@@ -363,22 +379,21 @@ class _KronSumApply(torch.autograd.Function):
         gv = torch.empty_like(v) if need_v else None
         gs = [v.new_empty(b, h, *f.shape[-2:]) if need_s[m] else None for m, f in enumerate(factors)]
         ws = _Workspace(v)
-        with torch.autocast(v.device.type, enabled=False):
-            g = g.to(v.dtype)
-            for bs, hs in _chunks(b, h, _chunk_pairs(v)):
-                fs = _pair_factors(factors, bs, hs)
-                if need_v:
-                    _KronSumApply._apply(g[bs, hs], gv[bs, hs], fs, ctx.alpha, True, ws)
-                if not any(need_s):
-                    continue
-                c = fs[0].shape[0]
-                shape = (c, *sizes, v.shape[-1])
-                gc, vc = ws.gather("g", g[bs, hs], shape), ws.gather("x", v[bs, hs], shape)
-                for m in range(len(fs)):
-                    if gs[m] is not None:
-                        d = _mode_gram(gc, vc, sizes, m, gs[m][bs, hs].view(c, sizes[m], sizes[m]), ws)
-                        if ctx.alpha != 1.0:
-                            d.mul_(ctx.alpha)
+        g = g.to(v.dtype)
+        for bs, hs in _chunks(b, h, _chunk_pairs(v)):
+            fs = _pair_factors(factors, bs, hs)
+            if need_v:
+                _KronSumApply._apply(g[bs, hs], gv[bs, hs], fs, ctx.alpha, True, ws)
+            if not any(need_s):
+                continue
+            c = fs[0].shape[0]
+            shape = (c, *sizes, v.shape[-1])
+            gc, vc = ws.gather("g", g[bs, hs], shape), ws.gather("x", v[bs, hs], shape)
+            for m in range(len(fs)):
+                if gs[m] is not None:
+                    d = _mode_gram(gc, vc, sizes, m, gs[m][bs, hs].view(c, sizes[m], sizes[m]), ws)
+                    if ctx.alpha != 1.0:
+                        d.mul_(ctx.alpha)
         return (gv, None, *gs)
 
 

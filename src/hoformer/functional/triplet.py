@@ -28,6 +28,7 @@ import functools
 
 import torch
 
+from .kronecker import _autocast_off
 from .scores import masked_softmax
 
 __all__ = [
@@ -164,19 +165,6 @@ def _tile_rows(n_win: int, s: int, d: int, budget: int) -> tuple[int, int]:
     c = max(1, min(s, budget // per_row))
     nw = max(1, min(n_win, budget // (c * per_row))) if c == s else 1
     return nw, c
-
-
-def _autocast_off(fn):
-    """Run ``fn(ctx, x, ...)`` with autocast disabled on ``x``'s device: the kernel picks its own compute dtype (fp32
-    scores, softmax and log-sum-exp for half / bf16 inputs) and the backward recomputes the scores in that same
-    dtype, so an autocast region around the call must not turn its matmuls into bf16."""
-
-    @functools.wraps(fn)
-    def wrapped(ctx, x, *args):
-        with torch.autocast(x.device.type, enabled=False):
-            return fn(ctx, x, *args)
-
-    return wrapped
 
 
 class _TripletFn(torch.autograd.Function):
