@@ -23,7 +23,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 HORIZONS = (96, 192, 336, 720)
 # variant -> overrides: "model.<k>" for model_kwargs, "task.<k>" for the ForecastingTask, "data.<k>" for the data,
-# "run.<k>" for a top-level key (seed_everything)
+# "run.<k>" for a top-level key (seed_everything), "callback.<class path>" for a trainer callback added with these
+# init_args
 VARIANTS = {
     "grid": {},  # the committed CPU-budget config (dropout 0.2, weight decay 0.1, width 64, patch 8, lr 1e-3)
     "reg": {"model.dropout": 0.3, "task.weight_decay": 0.5},  # the paper grid's strongest regularisation
@@ -38,6 +39,13 @@ VARIANTS = {
     # seed-to-seed spread of the committed config (seed 2024 = "grid")
     "seed2025": {"run.seed_everything": 2025},
     "seed2026": {"run.seed_everything": 2026},
+    # exponential moving average of the weights (Lightning's EMAWeightAveraging: validation, the best checkpoint and
+    # the test use the averaged weights); decay 0.99 = a horizon of ~100 steps, under half an ETTh1 epoch (267 steps)
+    # since the best epoch there is 0-2
+    **{f"ema{tag}": {"callback.lightning.pytorch.callbacks.EMAWeightAveraging": {"decay": decay},
+                     **({"run.seed_everything": seed} if seed != 2024 else {})}
+       for decay, dtag in ((0.99, ""), (0.998, "998"))
+       for seed, tag in ((2024, dtag), (2025, f"{dtag}_seed2025"), (2026, f"{dtag}_seed2026"))},
 }
 
 
@@ -61,7 +69,10 @@ def write_configs(dataset: str, model: str, variant: str) -> list[Path]:
         run = f"runs/tune/{dataset}_{model}/{variant}/{dataset}_96_{h}"
         cfg = _move(cfg, cfg["trainer"]["default_root_dir"], run)
         for key, value in VARIANTS[variant].items():
-            where, k = key.split(".")
+            where, k = key.split(".", 1)
+            if where == "callback":
+                cfg["trainer"]["callbacks"].append({"class_path": k, "init_args": value})
+                continue
             target = {"model": cfg["model"]["init_args"]["model_kwargs"], "task": cfg["model"]["init_args"],
                       "data": cfg["data"]["init_args"], "run": cfg}[where]
             if k not in target:
