@@ -12,6 +12,8 @@ from pathlib import Path
 
 import yaml
 
+from hoformer.train.tasks import checkpoint_callbacks
+
 DATA = {  # name: (max_len, default block size, training examples after the validation hold-out, classes)
     "sst2": (64, 16, 60614, 2), "trec": (64, 16, 4907, 6), "ag_news": (128, 32, 9001, 4), "imdb": (512, 64, 22500, 2),
 }
@@ -32,16 +34,10 @@ def config(out: Path, name, ds, model_kwargs, *, lr, epochs, batch, n_train, see
             "max_epochs": epochs, "accelerator": "auto", "devices": 1, "default_root_dir": run,
             "log_every_n_steps": 50, "enable_progress_bar": False,
             "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": run, "name": "logs"}},
-            "callbacks": ([
-                {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-                 "init_args": {"dirpath": f"{run}/checkpoints", "monitor": "val/acc", "mode": "max",
-                               "filename": "best-{epoch:02d}"}}] if monitor else []) + [
-                # last.ckpt (resume; the CPU runs test it) every epoch: Lightning >= 2.6 writes save_last only with
-                # a new top-k checkpoint (and with save_top_k=0 only when training ends)
-                {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-                 "init_args": {"dirpath": f"{run}/checkpoints" if monitor else None, "filename": "last",
-                               "enable_version_counter": False}},
-            ] + ([{"class_path": "lightning.pytorch.callbacks.EarlyStopping",
+            # without a monitor the CPU runs test last.ckpt
+            "callbacks": checkpoint_callbacks(f"{run}/checkpoints" if monitor else None, "val/acc" if monitor else None,
+                                              "max", "best-{epoch:02d}")
+            + ([{"class_path": "lightning.pytorch.callbacks.EarlyStopping",
                    "init_args": {"monitor": "val/acc", "mode": "max", "patience": 3}}] if monitor else []),
             "plugins": [{"class_path": "hoformer.train.tasks.AtomicCheckpointIO"}],
         },

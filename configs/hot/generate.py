@@ -15,6 +15,8 @@ from pathlib import Path
 
 import yaml
 
+from hoformer.train.tasks import checkpoint_callbacks
+
 HERE = Path(__file__).resolve().parent
 SEED = 2024
 LR, BATCH, EPOCHS, DIM = 2e-4, 32, 100, 128
@@ -63,12 +65,7 @@ def trainer(run: str, monitor: str, mode: str, patience: int | None) -> dict:
              "init_args": {"save_dir": root, "name": "tb"}},
         ],
         "callbacks": [
-            {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-             "init_args": {"dirpath": f"{root}/checkpoints", "monitor": monitor, "mode": mode,
-                           "filename": "best-{epoch:03d}"}},
-            # last.ckpt (resume) every epoch (Lightning >= 2.6 writes save_last only with a new top-k checkpoint)
-            {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-             "init_args": {"dirpath": f"{root}/checkpoints", "filename": "last", "enable_version_counter": False}},
+            *checkpoint_callbacks(f"{root}/checkpoints", monitor, mode),
             {"class_path": "lightning.pytorch.callbacks.LearningRateMonitor",
              "init_args": {"logging_interval": "epoch"}},
             {"class_path": "hoformer.train.tasks.ExportPretrained"},

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import yaml
 
+from hoformer.train.tasks import checkpoint_callbacks
+
 HERE = Path(__file__).resolve().parent
 NODES = {"metr_la": 207, "pems_bay": 325, "los_loop": 207}
 TITLE = {"metr_la": "METR-LA", "pems_bay": "PEMS-BAY", "los_loop": "Los-loop"}
@@ -38,12 +40,7 @@ def trainer(name: str, epochs: int, monitor: str, early_stopping: dict | None) -
         callbacks.append({"class_path": "lightning.pytorch.callbacks.EarlyStopping",
                           "init_args": {"monitor": monitor, "mode": "min", **early_stopping}})
     callbacks += [
-        {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-         "init_args": {"dirpath": f"{root}/checkpoints", "monitor": monitor, "mode": "min", "save_top_k": 1,
-                       "filename": "best-{epoch:03d}"}},
-        # last.ckpt (resume) every epoch (Lightning >= 2.6 writes save_last only with a new top-k checkpoint)
-        {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-         "init_args": {"dirpath": f"{root}/checkpoints", "filename": "last", "enable_version_counter": False}},
+        *checkpoint_callbacks(f"{root}/checkpoints", monitor, "min", save_top_k=1),
         {"class_path": "lightning.pytorch.callbacks.LearningRateMonitor", "init_args": {"logging_interval": "epoch"}},
     ]
     return {

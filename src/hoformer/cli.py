@@ -212,7 +212,7 @@ def demo(argv: list[str]) -> int:
     from lightning.pytorch.loggers import CSVLogger
 
     from hoformer.data import LTSFDataModule
-    from hoformer.train.tasks import AtomicCheckpointIO, ExportPretrained, ForecastingTask
+    from hoformer.train.tasks import AtomicCheckpointIO, ExportPretrained, ForecastingTask, checkpoint_callbacks
 
     torch.set_num_threads(a.threads)
     pl.seed_everything(a.seed, verbose=False)
@@ -239,9 +239,8 @@ def demo(argv: list[str]) -> int:
         lr=1e-3, weight_decay=0.1, warmup_steps=50, original_scale=True,
     )
     out = Path(a.output)
-    ckpt = ModelCheckpoint(dirpath=out / "checkpoints", filename="best-{epoch}", monitor="val/mae", mode="min")
-    # last.ckpt every epoch (Lightning >= 2.6 writes save_last only together with a new best checkpoint)
-    last = ModelCheckpoint(dirpath=out / "checkpoints", filename="last", enable_version_counter=False)
+    ckpt, last = (ModelCheckpoint(**c["init_args"])
+                  for c in checkpoint_callbacks(out / "checkpoints", "val/mae", "min", "best-{epoch}"))
     export = ExportPretrained(str(out / "pretrained"))
     trainer = pl.Trainer(
         default_root_dir=out, max_epochs=a.max_epochs, max_time={"minutes": a.max_minutes},

@@ -48,6 +48,7 @@ __all__ = [
     "ClassificationTask",
     "SegmentationTask",
     "AtomicCheckpointIO",
+    "checkpoint_callbacks",
     "ExportPretrained",
     "SavePredictions",
     "plot_forecast",
@@ -296,6 +297,21 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None:
             raise TypeError(f"AtomicCheckpointIO.save_checkpoint: `storage_options` unsupported, got {storage_options!r}")
         atomic_write(path, lambda tmp: torch.save(checkpoint, tmp))
+
+
+def checkpoint_callbacks(dirpath, monitor: str | None = None, mode: str = "min", filename: str = "best-{epoch:03d}",
+                         **best_kwargs) -> list[dict]:
+    """The checkpoint callbacks every hoformer run uses, as LightningCLI ``class_path`` dicts (the config
+    generators write them into YAML; ``[ModelCheckpoint(**c["init_args"]) for c in ...]`` builds them in Python):
+    the best checkpoint by ``monitor`` (``filename``, extra ``best_kwargs`` such as ``save_top_k``; left out when
+    ``monitor`` is None) and ``last.ckpt`` rewritten every epoch for resuming. The second one is separate because
+    Lightning >= 2.6 writes ``save_last`` only together with a new top-k checkpoint (and with ``save_top_k=0`` only
+    when training ends), and ``hoformer ... --ckpt_path best`` reads the best path recorded in ``last.ckpt``."""
+    mc = "lightning.pytorch.callbacks.ModelCheckpoint"
+    best = [{"class_path": mc, "init_args": {"dirpath": dirpath, "monitor": monitor, "mode": mode,
+                                             **best_kwargs, "filename": filename}}] if monitor else []
+    return best + [{"class_path": mc, "init_args": {"dirpath": dirpath, "filename": "last",
+                                                    "enable_version_counter": False}}]
 
 
 class ExportPretrained(pl.Callback):
