@@ -119,6 +119,16 @@ def test_favor_features_buffer_and_redraw():
     assert torch.equal(p0, att.favor.projection)
     att(x)
     assert not torch.equal(p0, att.favor.projection)
+    assert int(att.favor.calls) == 3
+    # the schedule resumes from a checkpoint: a copy loaded after 3 calls redraws at its 2nd forward (call 5)
+    resumed = KroneckerAttention(16, 2, kernel="linear", num_modes=2, redraw_interval=2).train()
+    resumed(x)  # its own count (1) is overwritten by the load
+    resumed.load_state_dict(att.state_dict())
+    p3 = resumed.favor.projection.clone()
+    resumed(x)
+    assert int(resumed.favor.calls) == 4 and torch.equal(p3, resumed.favor.projection)
+    resumed(x)
+    assert int(resumed.favor.calls) == 5 and not torch.equal(p3, resumed.favor.projection)
     att.eval()
     y1, y2 = att(x), att(x)
     torch.testing.assert_close(y1, y2)

@@ -153,6 +153,7 @@ class FavorFeatures(nn.Module):
         self.redraw_interval = redraw_interval
         self.register_buffer("projection", self._draw(), persistent=True)
         self.register_buffer("calls", torch.zeros((), dtype=torch.long), persistent=True)
+        self._calls: int | None = None  # host mirror of `calls` (read once after construction / loading)
 
     def _draw(self, device=None) -> torch.Tensor:
         d, m = self.dim, self.num_features
@@ -170,10 +171,20 @@ class FavorFeatures(nn.Module):
         self.projection.copy_(self._draw(self.projection.device))
 
     def step(self) -> None:
+        """Count a training forward and redraw every ``redraw_interval`` of them. The count lives in the ``calls``
+        buffer (so checkpoints resume the schedule) and in a host mirror, so a GPU step never waits on a
+        device-to-host copy (one read after construction or ``load_state_dict``)."""
         if self.training and self.redraw_interval > 0:
-            if int(self.calls) > 0 and int(self.calls) % self.redraw_interval == 0:
+            if self._calls is None:
+                self._calls = int(self.calls)
+            if self._calls > 0 and self._calls % self.redraw_interval == 0:
                 self.redraw()
-            self.calls += 1
+            self._calls += 1
+            self.calls.fill_(self._calls)
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._calls = None
 
     def forward(self, x: torch.Tensor, is_query: bool) -> torch.Tensor:
         xs = x * self.dim ** -0.25
