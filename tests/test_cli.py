@@ -238,6 +238,9 @@ def test_test_best_without_checkpoint_is_clear(tmp_path, monkeypatch):
     cfg = str(REPO / "configs" / "hot" / "ltsf" / "etth1_96_96_hot_sum.yaml")
     with pytest.raises(FileNotFoundError, match="best"):
         cli.main(["test", "--config", cfg, "--data.init_args.synthetic=true", "--ckpt_path", "best"])
+    # a config whose only ModelCheckpoint monitors nothing (CPU-budget HOBA: last epoch) has no "best" at all
+    with pytest.raises(ValueError, match="monitors no metric.*last.ckpt"):
+        cli.main(["test", "--config", str(REPO / "configs" / "hoba" / "cpu_trec_hoba.yaml"), "--ckpt_path", "best"])
 
 
 def test_demo_synthetic(tmp_path, capsys):

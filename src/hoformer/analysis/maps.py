@@ -6,7 +6,7 @@ HOBA 004 Figs 2-4).
 own maps (Weaver and the traffic baselines set ``model.attention_maps`` when ``model.record_attention`` is True),
 collects those too. Normal forward passes are untouched: recording is switched on only inside the call.
 
-Each entry is an :class:`AttentionRecord` ``(name, kind, maps, combine)``:
+Each entry is an :class:`AttentionRecord` ``(name, kind, maps, combine, modes)``:
 
 =============  ==========================================================================================
 ``kind``       ``maps``
