@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -104,21 +105,47 @@ def import_grid(dataset: str, model: str, records: Path) -> Path:
     return out
 
 
+METRICS = ("val/mse", "val/mae", "test/mse", "test/mae")
+SEEDS = {2024: "", 2025: "_seed2025", 2026: "_seed2026"}  # seed -> variant suffix ("grid" runs seed 2024)
+
+
+def _averages(dataset: str, model: str, variant: str) -> tuple[dict | None, dict]:
+    """Four-horizon averages of METRICS for a finished variant (``None`` if not all horizons ran) and its rows."""
+    path = ROOT / f"runs/tune/{dataset}_{model}/{variant}.jsonl"
+    if not path.exists():
+        return None, {}
+    rows = {r["pred_len"]: r for r in map(json.loads, filter(str.strip, path.read_text().splitlines()))}
+    if sorted(rows) != list(HORIZONS):
+        return None, rows
+    return {k: sum(rows[h][k] for h in HORIZONS) / 4 for k in METRICS}, rows
+
+
 def summary(dataset: str, model: str) -> str:
     lines = ["| variant | overrides | val MSE / MAE (avg) | test MSE / MAE (avg) | test MSE per horizon |",
              "|---|---|---|---|---|"]
     for variant in VARIANTS:
-        path = ROOT / f"runs/tune/{dataset}_{model}/{variant}.jsonl"
-        if not path.exists():
+        avg, rows = _averages(dataset, model, variant)
+        if avg is None:
+            if rows:
+                lines.append(f"| {variant} | {VARIANTS[variant]} | (horizons done: {sorted(rows)}) | | |")
             continue
-        rows = {r["pred_len"]: r for r in map(json.loads, filter(str.strip, path.read_text().splitlines()))}
-        if sorted(rows) != list(HORIZONS):
-            lines.append(f"| {variant} | {VARIANTS[variant]} | (horizons done: {sorted(rows)}) | | |")
-            continue
-        avg = {k: sum(rows[h][k] for h in HORIZONS) / 4 for k in ("val/mse", "val/mae", "test/mse", "test/mae")}
         per = " ".join(f"{rows[h]['test/mse']:.3f}" for h in HORIZONS)
         lines.append(f"| {variant} | {VARIANTS[variant] or '(committed config)'} | {avg['val/mse']:.4f} / "
                      f"{avg['val/mae']:.4f} | {avg['test/mse']:.3f} / {avg['test/mae']:.3f} | {per} |")
+    # variants run with all three seeds: mean +- std over seeds of the four-horizon averages
+    seeded = []
+    for base in [v for v in VARIANTS if v + "_seed2025" in VARIANTS or v == "grid"]:
+        names = ["grid", "seed2025", "seed2026"] if base == "grid" else [base + sfx for sfx in SEEDS.values()]
+        avgs = [_averages(dataset, model, n)[0] for n in names]
+        if all(avgs):
+            ms = {k: (statistics.mean(a[k] for a in avgs), statistics.stdev(a[k] for a in avgs)) for k in METRICS}
+            per_seed = " / ".join(f"{a['test/mse']:.3f}" for a in avgs)
+            seeded.append(f"| {base} | {per_seed} | {ms['val/mse'][0]:.4f} | "
+                          f"**{ms['test/mse'][0]:.4f} ± {ms['test/mse'][1]:.4f}** / "
+                          f"{ms['test/mae'][0]:.4f} ± {ms['test/mae'][1]:.4f} |")
+    if seeded:
+        lines += ["", "| variant (seeds 2024 / 2025 / 2026) | avg test MSE per seed | val MSE (mean) | "
+                      "test MSE / MAE (mean ± std) |", "|---|---|---|---|", *seeded]
     return "\n".join(lines)
 
 
