@@ -682,6 +682,27 @@ def test_export_pretrained_uses_the_best_checkpoint(tmp_path):
     assert any(not torch.equal(v, task.model.state_dict()[k]) for k, v in exported.items())  # not the last weights
 
 
+def test_ema_weights_are_checkpointed_validated_and_exported(tmp_path):
+    """Lightning's EMAWeightAveraging (the `ema` variants of benchmarks/ltsf_tune.py): the best checkpoint's
+    ``state_dict`` holds the averaged weights (the raw ones go to ``current_model_state``), and ExportPretrained
+    exports the averaged ones."""
+    from lightning.pytorch.callbacks import EMAWeightAveraging
+
+    dm = LTSFDataModule(synthetic=True, synthetic_length=300, seq_len=32, pred_len=8, batch_size=16)
+    task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC), lr=1e-2,
+                           plot_variates=0)
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val/mae", mode="min")
+    export = ExportPretrained(str(tmp_path / "pretrained"))
+    trainer = _trainer(tmp_path, max_epochs=1, limit_train_batches=4, limit_val_batches=1, num_sanity_val_steps=0,
+                       callbacks=[EMAWeightAveraging(decay=0.5), ckpt, export], enable_checkpointing=True)
+    trainer.fit(task, dm)
+    saved = torch.load(ckpt.best_model_path, weights_only=True)
+    raw, avg = saved["current_model_state"], saved["state_dict"]
+    assert any(not torch.equal(avg[k], raw[k]) for k in avg if k.startswith("model."))
+    for k, v in from_pretrained(export.path).state_dict().items():
+        assert torch.equal(v, avg[f"model.{k}"]), k
+
+
 def _with_worker_seed(x, y):
     """The window plus the torch seed of the process that loaded it (a worker: base seed + worker id)."""
     return x, y, torch.tensor(torch.initial_seed())
