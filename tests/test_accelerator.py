@@ -79,7 +79,7 @@ def _grads_vs_reference(fn, inputs: list[torch.Tensor], rtol: float, what: str) 
 
 
 # ------------------------------------------------------------------------------------------ functional core
-@pytest.mark.parametrize("sizes", [(5,), (4, 6), (3, 4, 5), (2, 3, 2, 3)])
+@pytest.mark.parametrize("sizes", [(5,), (4, 6), (3, 4, 5), (2, 3, 2, 3), (3, 13), (2, 3, 13)])  # 13 > 2d: unfolded
 def test_kron_apply_and_sum_on_device(sizes):
     g = torch.Generator().manual_seed(0)
     b, h, d = 2, 3, 4

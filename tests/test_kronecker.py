@@ -185,10 +185,32 @@ def test_full_attention_matches_flattened_softmax():
     y = full_attention(q, k, v)
     a = torch.softmax(q.reshape(2, 2, 12, 5) @ k.reshape(2, 2, 12, 5).transpose(-1, -2) / 5**0.5, -1)
     torch.testing.assert_close(y, (a @ v.reshape(2, 2, 12, 5)).view_as(v))
-    mask = torch.ones(12, 12, dtype=torch.bool)
-    mask[3] = False
+    mask = torch.rand(12, 12, generator=torch.Generator().manual_seed(0)) < 0.5
+    mask |= torch.eye(12, dtype=torch.bool)
+    mask[3] = False  # a fully masked query row: zeros
     ym = full_attention(q, k, v, mask=mask)
-    assert torch.isfinite(ym).all() and (ym.reshape(2, 2, 12, 5)[:, :, 3] == 0).all()
+    logits = q.reshape(2, 2, 12, 5) @ k.reshape(2, 2, 12, 5).transpose(-1, -2) / 5**0.5
+    ref = torch.softmax(logits.masked_fill(~mask, float("-inf")), -1).nan_to_num(0.0) @ v.reshape(2, 2, 12, 5)
+    torch.testing.assert_close(ym, ref.view_as(v))
+    assert (ym.reshape(2, 2, 12, 5)[:, :, 3] == 0).all() and not torch.allclose(ym, y)
+
+
+@pytest.mark.parametrize("combine", ["product", "sum"])
+def test_dropout_hits_the_factors_with_rescale(combine):
+    """``dropout_p`` drops entries of each factor S_i (scaled by 1 / (1 - p)) before the Kronecker combination, in
+    mode order; ``return_factors`` gives the factors before dropout."""
+    q, k = _pooled_qk((3, 4))
+    v = torch.randn(2, 3, 3, 4, 2, dtype=f64)
+    clean = kronecker_attention(q, k, v, combine=combine, return_factors=True)[1]
+    torch.manual_seed(7)
+    y, fs = kronecker_attention(q, k, v, combine=combine, dropout_p=0.3, return_factors=True)
+    for a, b in zip(fs, clean):
+        torch.testing.assert_close(a, b)
+    torch.manual_seed(7)
+    dropped = [torch.nn.functional.dropout(s, p=0.3) for s in clean]
+    assert all(((d == 0) | torch.isclose(d, s / 0.7)).all() and (d == 0).any() for d, s in zip(dropped, clean))
+    dense = kron_dense(dropped) if combine == "product" else kron_sum_dense(dropped) / 2
+    torch.testing.assert_close(y, _dense_apply(dense, v))
 
 
 def test_bf16_runs_and_is_close():
@@ -241,6 +263,15 @@ def test_kron_apply_custom_backward_partial_grads_and_autocast():
     assert torch.autograd.gradcheck(lambda b: kron_apply(fs, b), (v,))
     assert torch.autograd.gradcheck(lambda a, b: kron_sum_apply([fs[0], a], b), (fs[1], v))
     assert torch.autograd.gradcheck(lambda a: kron_sum_apply([a, fs[1]], v.detach()), (fs[0].clone().requires_grad_(),))
+    # only an early (first / middle) factor needs a gradient, v does not
+    f3 = [torch.randn(1, 2, n, n, dtype=f64) for n in (2, 3, 2)]
+    v3 = torch.randn(1, 2, 2, 3, 2, 3, dtype=f64)
+    for i in (0, 1):
+        for apply in (kron_apply, kron_sum_apply):
+            def fn(a, i=i, apply=apply):
+                return apply([a if j == i else f for j, f in enumerate(f3)], v3)
+
+            assert torch.autograd.gradcheck(fn, (f3[i].clone().requires_grad_(),)), (i, apply.__name__)
     x = torch.randn(2, 4, 5, 16, requires_grad=True)
     from hoformer.layers import KroneckerAttention
 

@@ -40,9 +40,15 @@ def test_one_mode_equals_standard_multihead_attention():
     torch.testing.assert_close(att(x), ref)
 
 
+@pytest.mark.parametrize("qk_norm", [False, True])
 @pytest.mark.parametrize("pool", ["sum", "mean"])
-def test_pool_then_project_equals_project_then_pool(pool):
-    att = KroneckerAttention(12, 3, num_modes=3, pool=pool, qk_norm=False).double()
+def test_pool_then_project_equals_project_then_pool(pool, qk_norm):
+    """Per-mode q / k: pooled then projected = projected at full resolution then pooled (paper eqs 5-6); with
+    ``qk_norm`` a per-head LayerNorm follows, and RoPE (mode 1 here) comes after the norm."""
+    att = KroneckerAttention(12, 3, num_modes=3, pool=pool, qk_norm=qk_norm, rope_modes=(1,)).double()
+    if qk_norm:  # non-trivial affine parameters
+        for p in (*att.q_norm.parameters(), *att.k_norm.parameters()):
+            torch.nn.init.normal_(p)
     x = torch.randn(2, 3, 4, 5, 12, dtype=torch.float64)
     qs, ks = att.mode_qk(x)
     for i in range(3):
@@ -50,6 +56,11 @@ def test_pool_then_project_equals_project_then_pool(pool):
         others = [1 + j for j in range(3) if j != i]
         pooled = full.sum(others) if pool == "sum" else full.mean(others)
         q, k = pooled.view(2, x.shape[1 + i], 2, 3, 4).permute(2, 0, 3, 1, 4)
+        if qk_norm:
+            q = torch.nn.functional.layer_norm(q, (4,), att.q_norm.weight, att.q_norm.bias)
+            k = torch.nn.functional.layer_norm(k, (4,), att.k_norm.weight, att.k_norm.bias)
+        if i == 1:
+            q, k = att.rotary(q), att.rotary(k)
         torch.testing.assert_close(qs[i], q)
         torch.testing.assert_close(ks[i], k)
 

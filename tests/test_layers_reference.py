@@ -89,6 +89,9 @@ def _full_reference(att, x, masks):
     maps = torch.zeros(b_, heads, n, n, dtype=F64)
     for b, h in itertools.product(range(b_), range(heads)):
         q, k, v = qkv[b, :, :, h].unbind(1)
+        if isinstance(att.q_norm, torch.nn.LayerNorm):  # qk_norm: per-head LayerNorm of q and k
+            q = torch.nn.functional.layer_norm(q, (att.dim_head,), att.q_norm.weight, att.q_norm.bias)
+            k = torch.nn.functional.layer_norm(k, (att.dim_head,), att.k_norm.weight, att.k_norm.bias)
         out[b, :, h], maps[b, h] = _naive_attention(q, k, v, _kron_mask(masks, sizes, b, h))
     return _linear(att.to_out[0], out.flatten(-2)).view(x.shape), maps
 
@@ -209,6 +212,21 @@ def test_full_attention_masks_match_dense_reference(case):
     if case == "empty_row":  # the flattened tokens (1, *) attend to nothing: zero rows, output = to_out's bias
         assert (a.view(2, 2, 3, 4, 12)[:, :, 1] == 0).all()
         torch.testing.assert_close(y[:, 1], att.to_out[0].bias.expand(2, 4, 8))
+
+
+def test_full_attention_qk_norm_matches_dense_reference():
+    """``qk_norm=True`` (every model's default): a per-head LayerNorm (non-trivial affine) on q and k."""
+    torch.manual_seed(0)
+    att = FullAttention(8, 2, qk_norm=True).double().eval()
+    for p in (*att.q_norm.parameters(), *att.k_norm.parameters()):
+        torch.nn.init.normal_(p)
+    x = torch.randn(2, 3, 4, 8, dtype=F64)
+    masks = _masks(MASK_CASES[-1], (3, 4), 2, 2)
+    ref_y, ref_a = _full_reference(att, x, masks)
+    y, (a,) = att(x, masks=masks, return_attention=True)
+    torch.testing.assert_close(a, ref_a)
+    torch.testing.assert_close(y, ref_y)
+    torch.testing.assert_close(att(x, masks=masks), ref_y)  # SDPA path
 
 
 def test_full_attention_masks_change_the_output():

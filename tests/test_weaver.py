@@ -42,6 +42,10 @@ def test_tanimoto_range_and_stationary_points():
     s = tanimoto_scores(q, k)
     assert s.shape == (3, 40, 30)
     assert s.min() >= -1 / 3 - 1e-9 and s.max() <= 1 + 1e-9
+    for b, i, j in ((0, 0, 0), (1, 17, 29), (2, 39, 3)):  # eq 29 entry by entry
+        qi, kj = q[b, i], k[b, j]
+        dot = float(qi @ kj)
+        assert abs(float(s[b, i, j]) - dot / (float(qi @ qi) + float(kj @ kj) - dot + 1e-6)) < 1e-12
     # q = k -> 1 (maximum), q = -k -> -1/3 (minimum); both are stationary points (zero gradient in q)
     for sign, value in ((1.0, 1.0), (-1.0, -1 / 3)):
         kk = torch.randn(5, 6, dtype=D64)
@@ -426,6 +430,25 @@ def test_kronecker_valence_attention_equals_dense_spatiotemporal_map():
     v = u.view(2, 4 * 5, 2, 4).transpose(1, 2)  # (b, h, PN, d)
     z = (big @ v).transpose(1, 2).reshape(2, 4, 5, 8)
     torch.testing.assert_close(out, layer.mix(z) + u)
+    # and the maps themselves (eqs 42-54), rebuilt from the explicit ATk loops, the explicit Tanimoto formula
+    # (eq 47) and an explicit head split (eq 49), with and without the time encoding
+    tod_dow = time / torch.tensor([1440.0, 7.0], dtype=D64) * 2 * math.pi
+    with torch.no_grad():
+        for t in (time, None):
+            g_s = layer.struct(torch.cat([_atk_reference(u, layer.pool_s.scorers, 0.6, 1)[0],
+                                          layer.b_kern.expand(2, -1, -1)], -1))  # eq 51
+            enc = (torch.stack([tod_dow[..., 0].sin(), tod_dow[..., 0].cos(), tod_dow[..., 1].sin(),
+                                tod_dow[..., 1].cos()], -1) if t is not None else torch.zeros(2, 4, 4, dtype=D64))
+            g_t = layer.time_proj(torch.cat([_atk_reference(u, layer.pool_t.scorers, 0.6, 2)[0], enc], -1))  # eq 52
+            _, (tt, ts) = layer(u, t, return_attention=True)
+            for theta, g, proj in ((ts, g_s, layer.qk_s), (tt, g_t, layer.qk_t)):
+                q, k = (g @ proj.weight.T).split(8, -1)
+                for b, h in itertools.product(range(2), range(2)):
+                    qh, kh = q[b, :, 4 * h:4 * h + 4], k[b, :, 4 * h:4 * h + 4]
+                    for i, j in itertools.product(range(qh.shape[0]), repeat=2):
+                        dot = float(qh[i] @ kh[j])
+                        ref = dot / (float(qh[i] @ qh[i]) + float(kh[j] @ kh[j]) - dot + 1e-6)
+                        assert abs(float(theta[b, h, i, j]) - ref) < 1e-10, (t is None, b, h, i, j)
 
 
 def test_kronecker_valence_attention_starts_as_identity_and_learns():
