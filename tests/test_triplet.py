@@ -398,3 +398,14 @@ def test_layer_maps_are_normalised_attention(name):
         torch.testing.assert_close(maps[1].sum(-1), torch.ones(2, 2, 3, dtype=F64))
         assert (maps[1][0, :, :, 2] == 0).all()  # sample 0: block 2 (tokens 8, 9) is all padding: no weight
         assert (maps[1][1] > 0).all()
+
+
+@pytest.mark.parametrize("L,b,ov", [(1, 4, 0.0), (8, 4, 0.0), (13, 5, 0.5), (17, 6, 0.3), (128, 32, 0.25)])
+def test_window_count_is_the_coverage_of_the_window_index(L, b, ov):
+    """The host-counted divisor of eq 4 (no bincount, no device sync) = how often each token is in a window."""
+    from hoformer.functional.triplet import _window_count, _window_index
+
+    idx = _window_index(L, b, ov, torch.device("cpu"))
+    count = _window_count(L, b, ov, torch.device("cpu"))
+    torch.testing.assert_close(count, torch.bincount(idx.flatten(), minlength=L).float())
+    assert (count >= 1).all()

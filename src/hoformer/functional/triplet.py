@@ -94,7 +94,8 @@ def _check_inputs(q, k1, k2, v1, v2, mask, block_size, overlap, fn: str, names=(
     return mask
 
 
-@functools.lru_cache(maxsize=64)
+# cached per shape and device: 512 entries cover every padded length of a bucketed text batch stream
+@functools.lru_cache(maxsize=512)
 def _window_index(L: int, block_size: int, overlap: float, device: torch.device) -> torch.Tensor:
     """``(w, s)`` long tensor of token positions per window, ``s = min(block_size, L)``; cached per shape and device
     (built from a Python list: one host-to-device copy per forward and backward otherwise). Read-only. Made outside
@@ -102,6 +103,18 @@ def _window_index(L: int, block_size: int, overlap: float, device: torch.device)
     with torch.inference_mode(False):
         starts = torch.tensor(triplet_windows(L, block_size, overlap), device=device)
         return starts[:, None] + torch.arange(min(block_size, L), device=device)
+
+
+@functools.lru_cache(maxsize=512)
+def _window_count(L: int, block_size: int, overlap: float, device: torch.device) -> torch.Tensor:
+    """``(L,)`` float32 number of windows covering each token (the divisor of eq 4), counted on the host: a
+    ``torch.bincount`` of the index would copy its min / max to the host, a sync per call on CUDA. Cached, read-only."""
+    s, count = min(block_size, L), [0] * L
+    for st in triplet_windows(L, block_size, overlap):
+        for i in range(st, st + s):
+            count[i] += 1
+    with torch.inference_mode(False):
+        return torch.tensor(count, dtype=torch.float32, device=device)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -191,7 +204,7 @@ class _TripletFn(torch.autograd.Function):
                 a, _, lse[n0:n1, i0:i1] = _scores(qw[:, i0:i1], k1w, k2w, bw, scale)
                 w_ = torch.matmul(a.flatten(1, 2), v2w).view(n1 - n0, i1 - i0, S, D)  # n i j d
                 C[n0:n1, i0:i1] = (w_ * v1w[:, None]).sum(2)
-        out = _scatter_mean(C, idx, B, H, L, mask).to(q.dtype)
+        out = _scatter_mean(C, idx, _window_count(L, block_size, overlap, q.device), B, H, L, mask).to(q.dtype)
         ctx.save_for_backward(q, k1, k2, v1, v2, mask if mask is not None else torch.empty(0), C, lse)
         ctx.cfg = (block_size, overlap, scale, budget, mask is not None)
         return out
@@ -208,7 +221,7 @@ class _TripletFn(torch.autograd.Function):
         idx = _window_index(L, block_size, overlap, q.device)
         W, S = idx.shape
         N = B * H * W
-        count = torch.bincount(idx.flatten(), minlength=L).to(cdt)
+        count = _window_count(L, block_size, overlap, q.device).to(cdt)
         g = g.to(cdt) / count[:, None]
         if mask is not None:
             g = g * mask[:, None, :, None]
@@ -283,14 +296,13 @@ def _scores(qc, k1w, k2w, bw, scale, lse=None):
     return t.sub_(lse[..., None, None]).exp_(), p, lse
 
 
-def _scatter_mean(C, idx, B, H, L, mask):
+def _scatter_mean(C, idx, count, B, H, L, mask):
     """Window outputs ``C (B*H*W, s, d)`` -> token outputs ``(B, H, L, d)``, mean over covering windows (eq 4)."""
     W, S = idx.shape
     D = C.shape[-1]
     pos = _positions(idx, 0, C.shape[0], H, W, L)
     out = torch.zeros(B * H * L, D, device=C.device, dtype=C.dtype).index_add_(0, pos.flatten(), C.flatten(0, 1))
-    count = torch.bincount(idx.flatten(), minlength=L).to(C.dtype)
-    out = out.view(B, H, L, D) / count[:, None]
+    out = out.view(B, H, L, D) / count.to(C.dtype)[:, None]
     return out if mask is None else out * mask[:, None, :, None]
 
 
@@ -352,7 +364,7 @@ def block_attention(q, k, v, *, block_size: int, overlap: float = 0.0, scale=Non
     a = masked_softmax(t, None if mw is None else mw[:, None, :, None, :]).to(q.dtype)  # all-padding windows: 0
     cw = torch.matmul(a, vw)  # b h w s d
     out = torch.zeros_like(q).index_add_(2, idx.flatten(), cw.flatten(2, 3))
-    out = out / torch.bincount(idx.flatten(), minlength=L).to(q.dtype)[:, None]
+    out = out / _window_count(L, block_size, overlap, q.device).to(q.dtype)[:, None]
     if mask is not None:
         out = out * mask[:, None, :, None]
         a = a * mw[:, None, :, :, None]
