@@ -78,6 +78,8 @@ def test_masked_mae_loss_and_all_missing_errors():
     empty = torch.zeros_like(mask)
     with pytest.raises(ValueError, match="all-missing"):
         masked_mae(pred, y, empty)
+    loss = masked_mae(pred, y, empty, allow_empty=True)  # the traffic task's no-sync form: 0, no gradient signal
+    assert float(loss) == 0.0 and loss.requires_grad
     m = MaskedMAE()
     m.update(pred.detach(), y, empty)
     with pytest.raises(ValueError, match="all-missing"):

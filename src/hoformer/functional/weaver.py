@@ -16,6 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .._checks import check_values
 from .kronecker import kron_apply
 from .scores import SCORE_FNS, dot_scores
 
@@ -70,27 +71,27 @@ def check_time_features(time, fn: str = "cyclic_time_encoding") -> None:
     :func:`hoformer.data.traffic.time_features`); NaN / inf fail. Also rejects a time-of-day column that looks like a
     *fraction* of the day (every value in ``[0, 1)``, not all 0), which would encode every step as about midnight.
 
-    Cheap: a few reductions and one host sync, run in every mode (training, ``torch.no_grad``, eval)."""
+    Cheap: a few reductions, run in every mode (training, ``torch.no_grad``, eval); on CPU a descriptive error, on
+    an accelerator an asynchronous device-side assert (no host sync, :func:`hoformer._checks.check_values`)."""
     if not isinstance(time, torch.Tensor) or time.shape[-1:] != (2,) or time.dtype == torch.bool:
         got = (f"{time.dtype} {tuple(time.shape)}" if isinstance(time, torch.Tensor) else type(time).__name__)
         raise ValueError(f"{fn}: `time` must be a numeric tensor (..., 2) of [minute of day, day of week], got {got}")
     if time.numel() == 0:
         return
-    tod, dow = time[..., 0], time[..., 1]
-    ok_tod = ((tod >= 0) & (tod < MINUTES_PER_DAY)).all()  # NaN compares False: rejected too
-    ok_dow = ((dow >= 0) & (dow < DAYS_PER_WEEK)).all()
-    fraction = (tod.amax() < 1) & (tod != 0).any()
-    ok_tod, ok_dow, fraction = torch.stack([ok_tod, ok_dow, fraction]).tolist()  # one sync
-    for ok, col, name, hi in ((ok_tod, 0, "minute of day", MINUTES_PER_DAY), (ok_dow, 1, "day of week", DAYS_PER_WEEK)):
-        if not ok:
-            v = time[..., col]
-            bad = v[~((v >= 0) & (v < hi))]
-            raise ValueError(f"{fn}: `time[..., {col}]` ({name}) must lie in [0, {hi}), got {bad.numel()} value(s) "
-                             f"outside it, e.g. {bad.flatten()[0].item()}")
-    if fraction:
-        raise ValueError(f"{fn}: `time[..., 0]` must be the minute of day in [0, {MINUTES_PER_DAY}), but every value "
-                         f"lies in [0, 1) (max {tod.amax().item()}): it looks like a fraction of the day; multiply "
-                         f"by {MINUTES_PER_DAY}")
+    tod = time[..., 0]
+    for col, name, hi in ((0, "minute of day", MINUTES_PER_DAY), (1, "day of week", DAYS_PER_WEEK)):
+        v = time[..., col]
+        inside = (v >= 0) & (v < hi)  # NaN compares False: rejected too
+
+        def detail(v=v, inside=inside):
+            bad = v[~inside]
+            return f", got {bad.numel()} value(s) outside it, e.g. {bad.flatten()[0].item()}"
+
+        check_values(inside.all(), f"{fn}: `time[..., {col}]` ({name}) must lie in [0, {hi}){{detail}}", detail)
+    check_values(~((tod.amax() < 1) & (tod != 0).any()),
+                 f"{fn}: `time[..., 0]` must be the minute of day in [0, {MINUTES_PER_DAY}), but every value lies in "
+                 f"[0, 1){{detail}}: it looks like a fraction of the day; multiply by {MINUTES_PER_DAY}",
+                 lambda: f" (max {tod.amax().item()})")
 
 
 def cyclic_time_encoding(time: torch.Tensor, *, check: bool = True) -> torch.Tensor:
@@ -98,7 +99,7 @@ def cyclic_time_encoding(time: torch.Tensor, *, check: bool = True) -> torch.Ten
 
     ``time (..., 2)`` holds ``[minute of day in [0, 1440), day of week in [0, 7)]`` (checked by
     :func:`check_time_features` unless ``check=False``, for callers that validated ``time`` already: the check costs
-    a host sync) -> ``(..., 4) = [sin, cos](2 pi tod / 1440) || [sin, cos](2 pi dow / 7)``, in float32 (float64 for
+    a few reductions) -> ``(..., 4) = [sin, cos](2 pi tod / 1440) || [sin, cos](2 pi dow / 7)``, in float32 (float64 for
     float64 ``time``).
     """
     if check:

@@ -179,7 +179,7 @@ class KroneckerValenceAttention(_Recordable):
                 check_time: bool = True):
         """``u (b, p, n, e)``, ``time (b, p, 2)`` or None -> ``(b, p, n, e)`` (and ``(Theta_T, Theta_S)``).
         ``check_time=False`` skips validating ``time`` (for callers that did, e.g. :class:`hoformer.models.Weaver`:
-        the value check costs a host sync)."""
+        the value check costs a few reductions per layer)."""
         _check_grid(u, "u", type(self).__name__, P=None, N=self.num_nodes, E=self.dim)
         if check_time:
             _check_time(time, u, type(self).__name__)

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from hoformer._checks import check_values
 from hoformer.layers.triplet import TEXT_ATTENTIONS, HOBABlock
 
 from .base import HoformerModel
@@ -105,10 +106,11 @@ class HOBAClassifier(HoformerModel):
             raise ValueError(f"hoba_classifier: `ids` must have shape (B, L) with L >= 1, got {tuple(ids.shape)}")
         if ids.shape[1] > self.max_len:
             raise ValueError(f"hoba_classifier: sequence length {ids.shape[1]} exceeds max_len={self.max_len}")
-        lo, hi = torch.stack(torch.aminmax(ids)).tolist() if ids.numel() else (0, 0)  # one host sync
-        if lo < 0 or hi >= self.vocab_size:
-            raise ValueError(f"hoba_classifier: token ids must lie in [0, vocab_size={self.vocab_size}), got ids in "
-                             f"[{lo}, {hi}] (tokenizer and model vocabularies differ?)")
+        if ids.numel():
+            lo, hi = torch.aminmax(ids)
+            check_values((lo >= 0) & (hi < self.vocab_size), f"hoba_classifier: token ids must lie in [0, vocab_size="
+                         f"{self.vocab_size}){{detail}} (tokenizer and model vocabularies differ?)",
+                         lambda: f", got ids in [{int(lo)}, {int(hi)}]")
         if mask is not None:
             if not isinstance(mask, torch.Tensor) or mask.shape != ids.shape:
                 raise ValueError(f"hoba_classifier: `mask` must have the shape of `ids` {tuple(ids.shape)}, got "

@@ -20,22 +20,23 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, RandomSampler
 
+from hoformer._checks import check_values
 from hoformer.models import create_model
 
 __all__ = ["TaskModule"]
 
 
 def check_labels(y: torch.Tensor, num_classes: int, fn: str, ignore_index: int | None = None) -> None:
-    """Class labels must lie in ``[0, num_classes)`` (``ignore_index`` allowed): an out-of-range label would be a
-    device-side assert on CUDA and an opaque ``IndexError`` inside ``cross_entropy`` on CPU. One host sync."""
+    """Class labels must lie in ``[0, num_classes)`` (``ignore_index`` allowed): an out-of-range label would be an
+    opaque device-side assert on CUDA and an ``IndexError`` inside ``cross_entropy`` on CPU. No host sync off the CPU
+    (:func:`hoformer._checks.check_values`)."""
     bad = (y < 0) | (y >= num_classes)
     if ignore_index is not None:
         bad &= y != ignore_index
-    if bad.any():
-        vals = torch.unique(y[bad])[:5].tolist()
-        allowed = f" (or ignore_index={ignore_index})" if ignore_index is not None else ""
-        raise ValueError(f"{fn}: labels must lie in [0, num_classes={num_classes}){allowed}, got {int(bad.sum())} "
-                         f"label(s) outside it, values {vals}; check the dataset's classes against `num_classes`")
+    allowed = f" (or ignore_index={ignore_index})" if ignore_index is not None else ""
+    check_values(~bad.any(), f"{fn}: labels must lie in [0, num_classes={num_classes}){allowed}{{detail}}; check "
+                 "the dataset's classes against `num_classes`",
+                 lambda: f", got {int(bad.sum())} label(s) outside it, values {torch.unique(y[bad])[:5].tolist()}")
 
 
 class TaskModule(L.LightningModule):

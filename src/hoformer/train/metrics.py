@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torchmetrics import Metric
 
+from hoformer._checks import check_values
+
 __all__ = ["masked_mae", "MaskedMAE", "MaskedMAPE", "MaskedRMSE", "forecasting_metrics"]
 
 
@@ -25,13 +27,16 @@ def _check(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None, 
     return mask
 
 
-def masked_mae(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean absolute error over observed entries (eq 61 with the TSL mask); raises on an all-missing batch."""
+def masked_mae(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None, *,
+               allow_empty: bool = False) -> torch.Tensor:
+    """Mean absolute error over observed entries (eq 61 with the TSL mask). An all-missing batch raises (an
+    asynchronous device-side assert off the CPU), or gives 0 with ``allow_empty`` (what the traffic task uses: no
+    host sync per step, and such batches exist only with ``drop_empty_windows=False``)."""
     mask = _check(pred, target, mask, "masked_mae")
     n = mask.sum()
-    if n == 0:
-        raise ValueError("masked_mae: every target value is missing (all-missing window); the loss is undefined")
-    return ((pred - target).abs() * mask).sum() / n
+    if not allow_empty:
+        check_values(n > 0, "masked_mae: every target value is missing (all-missing window); the loss is undefined")
+    return ((pred - target).abs() * mask).sum() / n.clamp_min(1)
 
 
 class _MaskedMetric(Metric):

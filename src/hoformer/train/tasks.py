@@ -219,11 +219,16 @@ class ClassificationTask(_HotTask):
         super().__init__(model_name, model_kwargs, lr, weight_decay, betas, warmup_steps, scheduler, min_lr_ratio)
         n = int((model_kwargs or {}).get("num_classes", getattr(self.model, "num_classes", 2)))
         self.num_classes = n
+        # validate_args=False: check_labels has validated the labels, and torchmetrics' own check (torch.unique +
+        # a Python branch) would be a host sync per step on a GPU
+        kw = {"validate_args": False}
         if n == 2:
-            make = lambda p: MetricCollection({"auc": AUROC(task="binary"), "acc": Accuracy(task="binary")}, prefix=p)
+            make = lambda p: MetricCollection({"auc": AUROC(task="binary", **kw), "acc": Accuracy(task="binary", **kw)},
+                                              prefix=p)
         else:
             make = lambda p: MetricCollection(
-                {"auc": AUROC(task="multiclass", num_classes=n), "acc": MulticlassAccuracy(n, average="micro")},
+                {"auc": AUROC(task="multiclass", num_classes=n, **kw),
+                 "acc": MulticlassAccuracy(n, average="micro", **kw)},
                 prefix=p,
             )
         self._stage_metrics(make)
@@ -265,8 +270,9 @@ class SegmentationTask(_HotTask):
         n = int((model_kwargs or {}).get("num_classes", getattr(self.model, "num_classes", 17)))
         self.num_classes = n
         self._stage_metrics(lambda p: MetricCollection({
-            "acc": MulticlassAccuracy(n, average="micro", ignore_index=ignore_index),
-            "miou": MulticlassJaccardIndex(n, average="macro", ignore_index=ignore_index),
+            # validate_args=False: labels are validated by check_labels (torchmetrics' check syncs per step on GPU)
+            "acc": MulticlassAccuracy(n, average="micro", ignore_index=ignore_index, validate_args=False),
+            "miou": MulticlassJaccardIndex(n, average="macro", ignore_index=ignore_index, validate_args=False),
         }, prefix=p))
 
     def shared_step(self, batch, stage: str) -> torch.Tensor:

@@ -139,7 +139,9 @@ class TextClassificationTask(TaskModule):
         n_cls = getattr(self.model, "num_classes", None)
         if n_cls is None:
             raise ValueError(f"TextClassificationTask: model {model_name!r} has no `num_classes`")
-        self.acc = torch.nn.ModuleDict({s: MulticlassAccuracy(n_cls, average="micro") for s in ("fit", "val", "test")})
+        # validate_args=False: kd_loss validates the labels (torchmetrics' own check is a host sync per step on GPU)
+        self.acc = torch.nn.ModuleDict({s: MulticlassAccuracy(n_cls, average="micro", validate_args=False)
+                                        for s in ("fit", "val", "test")})
         self.teacher_cache: dict[str, torch.Tensor] = {}
         self._embeddings_loaded = False
 
@@ -255,7 +257,7 @@ class TextClassificationTask(TaskModule):
                                temperature=self.hparams.kd_temperature)
         bs = batch["ids"].shape[0]
         acc = self.acc["fit" if stage == "train" else stage]
-        acc(logits.detach(), batch["label"])
+        acc.update(logits.detach(), batch["label"])  # the epoch value only (forward would also compute a batch one)
         on_step, sync = stage == "train", stage != "train"  # evaluation means over all ranks under DDP
         self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=True, batch_size=bs, sync_dist=sync)
         self.log(f"{stage}/ce", ce, on_step=False, on_epoch=True, batch_size=bs, sync_dist=sync)
