@@ -353,3 +353,25 @@ def test_masked_softmax_rule():
     for bad in (mask.float(), mask.long(), [[True] * 4] * 3):  # a 0/1 float mask is not True = attend: rejected
         with pytest.raises(TypeError, match=r"masked_softmax: `mask` must be a bool tensor.*got"):
             masked_softmax(logits, bad)
+
+
+def test_torch_compile_treats_the_kernels_as_opaque_calls():
+    """Under torch.compile the hand-written kernels are one opaque eager call each (torch.compiler.disable): the
+    softmax path of kronecker_attention is a single graph plus that call, and compiled (eager backend: Dynamo only,
+    no C++ toolchain needed) forward + backward equal the eager ones."""
+    import torch._dynamo as dynamo
+
+    q, k = _pooled_qk((4, 5))
+    v = torch.randn(2, 3, 4, 5, 2, dtype=f64, requires_grad=True)
+    for combine in ("product", "sum"):
+        def fn(v, combine=combine):
+            return kronecker_attention(q, k, v, combine=combine)
+
+        assert dynamo.explain(fn)(v).graph_count == 1, combine
+        dynamo.reset()
+        y = torch.compile(fn, backend="eager")(v)
+        (g,) = torch.autograd.grad(y.square().sum(), v)
+        y0 = fn(v)
+        (g0,) = torch.autograd.grad(y0.square().sum(), v)
+        torch.testing.assert_close(y, y0)
+        torch.testing.assert_close(g, g0)

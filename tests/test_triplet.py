@@ -409,3 +409,23 @@ def test_window_count_is_the_coverage_of_the_window_index(L, b, ov):
     count = _window_count(L, b, ov, torch.device("cpu"))
     torch.testing.assert_close(count, torch.bincount(idx.flatten(), minlength=L).float())
     assert (count >= 1).all()
+
+
+def test_torch_compile_of_a_hoba_model_matches_eager():
+    """The triplet / block / cross-block kernels are opaque to torch.compile (torch.compiler.disable); a compiled
+    HOBA classifier (eager backend: Dynamo only) gives the eager logits and gradients."""
+    from hoformer.models import create_model
+
+    torch.manual_seed(0)
+    m = create_model("hoba_classifier", vocab_size=50, num_classes=2, max_len=32, dim=16, depth=1, num_heads=2,
+                     block_size=8).eval()  # no dropout: the two runs must see the same network
+    ids, mask = torch.randint(0, 50, (2, 20)), torch.ones(2, 20, dtype=torch.bool)
+    mask[1, 15:] = False
+    torch._dynamo.reset()
+    y = torch.compile(m, backend="eager")(ids, mask)
+    g = torch.autograd.grad(y.sum(), list(m.parameters()))
+    y0 = m(ids, mask)
+    g0 = torch.autograd.grad(y0.sum(), list(m.parameters()))
+    torch.testing.assert_close(y, y0)
+    for a, b in zip(g, g0):
+        torch.testing.assert_close(a, b)

@@ -89,6 +89,13 @@ def _flat_factor(s: torch.Tensor, b: int, h: int) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------ primitives
+# torch.compile: the hand-written kernels (workspace buffers written with out=, data_ptr checks, host-side chunk
+# loops and caches) run as one opaque eager call each, so a compiled model breaks its graph once per call instead of
+# Dynamo tracing their Python internals (ten and more breaks per call, cached index tensors baked into graphs)
+_opaque_to_compile = torch.compiler.disable
+
+
+@_opaque_to_compile
 def _kron_apply_cf(factors: list[Callable], vt: torch.Tensor, mode_sizes: Sequence[int]) -> torch.Tensor:
     """Product of operator-valued factors (the linear kernel) on a channels-first value ``vt (b, h, d, n1..nk)``;
     returns ``(b, h, n1..nk, d)``. ``factors[m]`` is a callable ``X (bh, P, n_m) -> (bh, n_m, P)`` computing
@@ -302,6 +309,7 @@ class _KronApply(torch.autograd.Function):
         return (gv, *gs)
 
 
+@_opaque_to_compile
 def kron_apply(factors: Sequence[torch.Tensor], v: torch.Tensor) -> torch.Tensor:
     """Apply ``S_1 (x) ... (x) S_k`` to every ``(b, h, :, d)`` fiber of ``v`` (HOT eq 8; Weaver P^Delta-KMV).
 
@@ -316,6 +324,7 @@ def kron_apply(factors: Sequence[torch.Tensor], v: torch.Tensor) -> torch.Tensor
     return _KronApply.apply(v, *_expand_factors(factors, v))
 
 
+@_opaque_to_compile
 def kron_sum_apply(factors: Sequence[torch.Tensor], v: torch.Tensor, normalize: bool = True) -> torch.Tensor:
     """Apply the Kronecker sum ``S_1 (+) ... (+) S_k`` (HOT eq 9): ``sum_m v x_m S_m``, times ``1/k`` if ``normalize``.
 
@@ -397,6 +406,7 @@ class _KronSumApply(torch.autograd.Function):
         return (gv, None, *gs)
 
 
+@_opaque_to_compile
 def _kron_sum_ops(ops, v: torch.Tensor, normalize: bool) -> torch.Tensor:
     """Kronecker sum for operator-valued factors (the linear kernel): ``op(X (bh, P, n_m)) -> S_m X^T``."""
     out = None

@@ -28,7 +28,7 @@ import functools
 
 import torch
 
-from .kronecker import _autocast_off
+from .kronecker import _autocast_off, _opaque_to_compile
 from .scores import masked_softmax
 
 __all__ = [
@@ -306,6 +306,7 @@ def _scatter_mean(C, idx, count, B, H, L, mask):
     return out if mask is None else out * mask[:, None, :, None]
 
 
+@_opaque_to_compile
 def triplet_attention(
     q: torch.Tensor,
     k1: torch.Tensor,
@@ -347,6 +348,7 @@ def triplet_attention(
 
 
 # ----------------------------------------------------------------------------------- 2D and cross-block
+@_opaque_to_compile
 def block_attention(q, k, v, *, block_size: int, overlap: float = 0.0, scale=None, mask=None, return_attention=False):
     """Pairwise (2D) softmax attention inside the same overlapping windows as :func:`triplet_attention`, outputs
     averaged over covering windows (eq 4): the "2D block-local" baseline of section 4.3 / Table 7.
@@ -371,6 +373,7 @@ def block_attention(q, k, v, *, block_size: int, overlap: float = 0.0, scale=Non
     return (out, a) if return_attention else out
 
 
+@_opaque_to_compile
 def cross_block_attention(o, *, block_size: int, mask=None, scale=None, return_attention=False):
     """Cross-block interaction (eqs 5-7): ``o_i + sum_m' softmax_m'(r_m . r_m' * scale) r_m'`` with ``m = i // b``.
 

@@ -257,7 +257,8 @@ class KroneckerAttention(_Recordable):
         pool: ``"sum"`` | ``"mean"``. dropout: on the output projection. attn_dropout: on the softmax factors
             (default: ``dropout``).
         num_modes: the tensor order ``k`` (sets the number of per-mode q/k projections). If ``None`` they are created
-            at the first forward, like ``nn.LazyLinear``: run one forward before building the optimizer.
+            at the first forward, like ``nn.LazyLinear``: run one forward before building the optimizer or wrapping
+            the model in DDP (parameters created later are not synchronised across ranks).
         num_features / redraw_interval: FAVOR+ settings for ``kernel="linear"``.
     """
 
