@@ -89,10 +89,21 @@ def _flat_factor(s: torch.Tensor, b: int, h: int) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------ primitives
-# torch.compile: the hand-written kernels (workspace buffers written with out=, data_ptr checks, host-side chunk
-# loops and caches) run as one opaque eager call each, so a compiled model breaks its graph once per call instead of
-# Dynamo tracing their Python internals (ten and more breaks per call, cached index tensors baked into graphs)
-_opaque_to_compile = torch.compiler.disable
+def _opaque_to_compile(fn: Callable) -> Callable:
+    """``torch.compiler.disable(fn)``, applied at the first call rather than at import (importing Dynamo costs ~1 s,
+    which ``import hoformer.models`` should not pay). Under torch.compile the hand-written kernels (workspace buffers
+    written with ``out=``, ``data_ptr`` checks, host-side chunk loops and caches) then run as one opaque eager call
+    each: one graph break per call instead of Dynamo tracing their Python internals (ten and more breaks per call,
+    cached index tensors baked into graphs)."""
+    disabled: list[Callable] = []
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if not disabled:
+            disabled.append(torch.compiler.disable(fn))
+        return disabled[0](*args, **kwargs)
+
+    return call
 
 
 @_opaque_to_compile
