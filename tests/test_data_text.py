@@ -117,6 +117,8 @@ def test_ag_news_csv_and_10k_tsv(tmp_path):
     (d / "train_subset_10k.tsv").write_text("Goal in the\\final minute\tS\nNew GPU\tT\nPeace talks\tW\n")
     t, y, c = read_text_split("ag_news", "train", tmp_path)
     assert (t, y, c) == (["Goal in the final minute", "New GPU", "Peace talks"], [1, 3, 0], ["W", "S", "B", "T"])
+    # trained on the descriptions-only subset: the test csv is read the same way (descriptions only)
+    assert read_text_split("ag_news", "test", tmp_path)[0] == ["Prices rose on Monday", 'A " quote"', "Intel   news"]
     (d / "train_subset_10k.tsv").write_text("Goal\tS\nNo label here\n")
     with pytest.raises(SchemaError, match=r"line 2: label 'No label here' not in"):
         read_text_split("ag_news", "train", tmp_path)
@@ -234,3 +236,79 @@ def test_validation_holdout_is_seeded(tmp_path):
     assert sorted(a["val"][0] + a["train"][0]) == sorted(read_text_split("sst2", "train", root)[0])
     lim = val(1, train_limit=7)
     assert lim["train"] == (a["train"][0][:7], a["train"][1][:7]) and lim["val"] == a["val"]
+
+
+def _is_span(a: str, b: str) -> bool:
+    """``a`` is a contiguous token span of ``b``."""
+    return f" {a} " in f" {b} "
+
+
+@pytest.mark.parametrize("holdout", ["grouped", "random"])
+def test_sst2_phrases_are_held_out_with_their_sentence(tmp_path, holdout):
+    """GLUE SST-2's train.tsv holds every sub-phrase of each sentence's parse tree. The grouped hold-out keeps a
+    sentence and its phrases on one side (phrases shared by several sentences stay in training), so no validation
+    text is a span of a training text; a random phrase split leaks (the test is not vacuous)."""
+    d = tmp_path / "sst2"
+    d.mkdir()
+    rows = []
+    for s in range(30):
+        words = [f"w{s}a", f"w{s}b", "the", "film", f"w{s}c"]
+        for a in range(len(words)):
+            for b in range(a + 1, len(words) + 1):
+                rows.append((" ".join(words[a:b]), s % 2))
+    rows.append(("w3a w3b", 1))  # a duplicate text: stays with its sentence
+    (d / "train.tsv").write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows))
+    (d / "dev.tsv").write_text("sentence\tlabel\ngood film\t1\n")
+    dm = TextDataModule("sst2", root=str(tmp_path), max_len=16, vocab_size=100, val_fraction=0.2, holdout=holdout)
+    raw = dm._raw_splits()[0]
+    train, val = raw["train"][0], raw["val"][0]
+    assert sorted(train + val) == sorted(t for t, _ in rows) and len(val) >= round(0.2 * len(rows))
+    leaks = [v for v in val if any(_is_span(v, t) for t in train)]
+    if holdout == "grouped":
+        assert not leaks and {"the", "film", "the film"} <= set(train)
+        assert len({t.split()[0][1:-1] for t in val if t.startswith("w")}) < 30  # whole sentences, not all of them
+    else:
+        assert len(leaks) > len(val) // 2
+    with pytest.raises(ValueError, match="holdout"):
+        TextDataModule("sst2", root=str(tmp_path), holdout="phrases")
+
+
+def test_duplicate_texts_stay_on_one_side(tmp_path):
+    d = tmp_path / "trec"
+    d.mkdir()
+    lines = [f"DESC:def what is thing {i % 10} ?" for i in range(40)]  # every text 4 times
+    (d / "train_5500.label").write_text("\n".join(lines) + "\n")
+    (d / "TREC_10.label").write_text("DESC:def what is x ?\n")
+    raw = TextDataModule("trec", root=str(tmp_path), max_len=16, vocab_size=100, val_fraction=0.25)._raw_splits()[0]
+    assert len(raw["val"][0]) == 12 and not set(raw["val"][0]) & set(raw["train"][0])
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_ddp_ranks_share_rank_zeros_tokenizer(tmp_path, monkeypatch, rank):
+    """Under DDP only rank 0 trains / loads the vocabulary and broadcasts it: another rank never trains its own
+    (WordPiece training differs between processes, so ranks would disagree on token ids)."""
+    import torch.distributed as dist
+
+    root = _sst2_root(tmp_path / "data")
+    reference = TextTokenizer.train(["good fun film", "dull boring mess"], vocab_size=60)
+    sent = []
+
+    def broadcast(obj, src):
+        assert src == 0
+        if rank == 0:
+            sent.append(obj[0])
+        else:
+            obj[0] = reference.tok.to_str()
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(dist, "get_rank", lambda: rank)
+    monkeypatch.setattr(dist, "broadcast_object_list", broadcast)
+    if rank:
+        monkeypatch.setattr(TextTokenizer, "train", classmethod(lambda *a, **k: pytest.fail("rank 1 trained")))
+    dm = TextDataModule("sst2", root=str(root), max_len=16, vocab_size=100)
+    dm.setup()
+    if rank == 0:
+        assert sent == [dm.tokenizer.tok.to_str()]
+    else:
+        assert dm.tokenizer.tok.to_str() == reference.tok.to_str()

@@ -171,7 +171,8 @@ def test_readers_on_synthetic_files(tmp_path):
     assert t == ["When ?", "Who ?"] and [c[i] for i in y] == ["NUM", "HUM"]
     assert read_text_split("trec_fine", "train", root)[2] == ["ABBR:x", "DESC:x", "ENTY:x", "HUM:x", "LOC:x", "NUM:x"]
     t, y, c = read_text_split("ag_news", "test", root)
-    assert y == [2, 1] and t[0].startswith("Stocks up . Markets rally") and c[3] == "Sci/Tech"
+    # training data is the descriptions-only 10k subset here, so the test csv is read as descriptions only too
+    assert y == [2, 1] and t[0].startswith("Markets rally") and c[3] == "Sci/Tech"
     assert read_text_split("ag_news", "train", root)[1] == [1, 3]
     t, y, _ = read_text_split("imdb", "train", root)
     assert t == ["great, great film", "awful"] and y == [1, 0]

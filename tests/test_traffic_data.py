@@ -55,6 +55,10 @@ def test_split_and_windows():
     assert len(s) == 77 and s[-1] + 24 == 100
     tr, va, te = split_windows(len(s))
     assert (len(tr), len(va), len(te)) == (54, 8, 15) and tr[-1] + 1 == va[0] and va[-1] + 1 == te[0]
+    # DCRNN's generate_training_data.py: round the train and test sizes, validation takes the rest (n = 32 is where
+    # rounding val instead gives 23 / 3 / 6); METR-LA / PEMS-BAY sample counts of the DCRNN paper
+    for n, sizes in ((32, (22, 4, 6)), (34249, (23974, 3425, 6850)), (52093, (36465, 5209, 10419))):
+        assert tuple(map(len, split_windows(n))) == sizes, n
     with pytest.raises(ValueError, match="shorter"):
         window_starts(20, 12, 12)
     # torch-spatiotemporal's TemporalSplitter (its own test: 95 windows, window 3 -> 66 / 4 / 19)

@@ -14,7 +14,10 @@ Files are read from ``$HOFORMER_DATA/text/<name>/`` (or ``root=``), never downlo
   (``sentiment`` | ``label``); ``train.csv`` / ``test.csv``, or one ``IMDB Dataset.csv`` (first half train,
   second half test).
 
-Validation is always a seeded ``val_fraction`` held out of the training file; ``test`` is the reported set: the
+Validation is always a seeded ``val_fraction`` held out of the training file, by groups (``holdout="grouped"``):
+identical texts stay on one side, and SST-2's phrases (GLUE ``train.tsv`` holds every sub-phrase of each sentence's
+parse tree) stay with their sentence, so no validation text is a sub-phrase of a training text (a random phrase
+split, ``holdout="random"``, put 87 % of validation phrases inside training phrases); ``test`` is the reported set: the
 official test file, and for SST-2 (whose GLUE test labels are not public) ``dev.tsv``, the set the HOBA paper reports.
 SST-2's dev set is therefore never also the validation set, so checkpoint selection / early stopping on ``val/*``
 never sees the reported examples (``sst2_test="nonglue"`` reports ``test_labeled_nonglue.tsv`` instead).
@@ -123,12 +126,16 @@ def _read_ag_news(root: Path, split: str):
         classes = [c.strip() for c in (root / "classes.txt").read_text().splitlines() if c.strip()]
     csv_path = root / f"{split}.csv"
     texts, labels = [], []
+    # the 10k training subset holds descriptions only: then every split is read as the description only, so the
+    # model is tested on the input format it was trained on (else "title . description", as in the full csv)
+    desc_only = not (root / "train.csv").is_file() and (root / "train_subset_10k.tsv").is_file()
     if csv_path.is_file():
         with open(csv_path, encoding="utf-8", newline="") as f:
             for n, row in enumerate(csv.reader(f), 1):
                 if len(row) < 3 or not row[0].strip().isdigit():
                     raise SchemaError(f"AG News: {csv_path} row {n}: expected \"class\",\"title\",\"description\"")
-                texts.append(f"{row[1]} . {row[2]}".replace("\\n", " ").replace("\\", " "))
+                text = row[2] if desc_only else f"{row[1]} . {row[2]}"
+                texts.append(text.replace("\\n", " ").replace("\\", " "))
                 labels.append(int(row[0]) - 1)
     elif split == "train" and (root / "train_subset_10k.tsv").is_file():
         path = root / "train_subset_10k.tsv"
@@ -341,6 +348,46 @@ def collate_text(items: list[dict], pad_id: int = 0) -> dict[str, torch.Tensor]:
 
 
 # ---------------------------------------------------------------------------------------------- datamodule
+def _grouped_holdout(texts: Sequence[str], n_val: int, rng: random.Random, phrases: bool) -> list[int]:
+    """Indices of about ``n_val`` held-out examples, taken group by group in a seeded order (at least ``n_val``).
+
+    Groups: identical texts; with ``phrases`` (SST-2) a phrase joins the sentence that contains it (its *root*: the
+    longest text it is a contiguous token span of, found from the longest text down with a span dictionary), and a
+    phrase that is a span of two or more roots (common short phrases such as "the film") always stays in training,
+    so no held-out text is a span of a training text."""
+    toks = [t.split() for t in texts]
+    group = [-1] * len(texts)
+    if phrases:
+        span_root: dict[str, int] = {}
+        shared: set[str] = set()
+        for i in sorted(range(len(texts)), key=lambda i: -len(toks[i])):
+            key = " ".join(toks[i])
+            root = span_root.get(key)
+            if root is None:  # not inside a longer text: a new root, register all its spans
+                root, n = i, len(toks[i])
+                for a in range(n):
+                    for b in range(a + 1, n + 1):
+                        span = " ".join(toks[i][a:b])
+                        if span_root.setdefault(span, root) != root:
+                            shared.add(span)
+            group[i] = -1 if key in shared else root
+    else:
+        first: dict[str, int] = {}
+        group = [first.setdefault(" ".join(t), i) for i, t in enumerate(toks)]
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(group):
+        if g >= 0:
+            members.setdefault(g, []).append(i)
+    keys = sorted(members)
+    rng.shuffle(keys)
+    held: list[int] = []
+    for g in keys:
+        if len(held) >= n_val:
+            break
+        held += members[g]
+    return sorted(held)
+
+
 class TextDataModule(SplitDataModule):
     """SST-2 / TREC / AG News / IMDB classification batches ``{"ids", "mask", "label", "index"}``.
 
@@ -354,6 +401,9 @@ class TextDataModule(SplitDataModule):
             reused (``fit`` and a later ``test`` process then tokenise identically).
         val_fraction: held-out share of the training file used for validation (every dataset, SST-2 included:
             SST-2's ``dev.tsv`` is its reported test split, so it must not also select checkpoints).
+        holdout: ``"grouped"`` (default: whole groups are held out, see the module docstring: duplicates together,
+            SST-2 phrases with their sentence) or ``"random"`` (examples independently; the split of the session-3-6
+            SST-2 / TREC results, kept to reproduce them).
         sst2_test: SST-2 only: the reported ``test`` split, ``"dev"`` (GLUE ``dev.tsv``, as in the HOBA paper) or
             ``"nonglue"`` (``test_labeled_nonglue.tsv``; an error if absent).
         train_limit: keep only the first ``train_limit`` shuffled training examples (compute budgets).
@@ -375,6 +425,7 @@ class TextDataModule(SplitDataModule):
         seed: int = 0,
         num_workers: int = 0,
         sst2_test: str = "dev",
+        holdout: str = "grouped",
     ) -> None:
         super().__init__(batch_size=batch_size, num_workers=num_workers, eval_batch_size=eval_batch_size)
         if dataset not in TEXT_DATASETS:
@@ -383,12 +434,14 @@ class TextDataModule(SplitDataModule):
             raise ValueError(f"TextDataModule: max_len must be >= 3 ([CLS] x [SEP]), got {max_len}")
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"TextDataModule: val_fraction must be in (0, 1), got {val_fraction}")
+        if holdout not in ("grouped", "random"):
+            raise ValueError(f"TextDataModule: holdout must be 'grouped' or 'random', got {holdout!r}")
         if sst2_test not in ("dev", "nonglue"):
             raise ValueError(f"TextDataModule: sst2_test must be 'dev' or 'nonglue', got {sst2_test!r}")
         self.dataset_name, self.root, self.max_len = dataset, root, max_len
         self.tokenizer_path, self.tokenizer_dir, self.vocab_size = tokenizer, tokenizer_dir, vocab_size
         self.val_fraction, self.train_limit, self.seed = val_fraction, train_limit, seed
-        self.sst2_test = sst2_test
+        self.sst2_test, self.holdout = sst2_test, holdout
         self.tokenizer: TextTokenizer | None = None
         self.class_names: list[str] = []
 
@@ -400,10 +453,16 @@ class TextDataModule(SplitDataModule):
     def _raw_splits(self):
         texts, labels, classes = read_text_split(self.dataset_name, "train", self.root)
         order = list(range(len(texts)))
-        random.Random(self.seed).shuffle(order)
+        rng = random.Random(self.seed)
+        rng.shuffle(order)
         n_val = max(1, int(round(self.val_fraction * len(texts))))
-        val = ([texts[i] for i in order[:n_val]], [labels[i] for i in order[:n_val]])
-        train_idx = order[n_val:]
+        if self.holdout == "random":
+            val_idx, train_idx = order[:n_val], order[n_val:]
+        else:
+            val_idx = _grouped_holdout(texts, n_val, rng, phrases=self.dataset_name == "sst2")
+            held = set(val_idx)
+            train_idx = [i for i in order if i not in held]
+        val = ([texts[i] for i in val_idx], [labels[i] for i in val_idx])
         if self.train_limit is not None:
             train_idx = train_idx[: self.train_limit]
         train = ([texts[i] for i in train_idx], [labels[i] for i in train_idx])
@@ -423,6 +482,21 @@ class TextDataModule(SplitDataModule):
                 for split, (texts, labels) in raw.items()}
 
     def _make_tokenizer(self, train_texts) -> TextTokenizer:
+        """The tokenizer of :meth:`_local_tokenizer`; under multi-process training (an initialised
+        ``torch.distributed`` group) rank 0 makes it and broadcasts it, since every rank training its own WordPiece
+        vocabulary would give different token ids (training is not bit-reproducible across processes), and ranks
+        racing on ``tokenizer_dir`` could read a half-written file."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return self._local_tokenizer(train_texts)
+        from tokenizers import Tokenizer
+
+        obj = [self._local_tokenizer(train_texts).tok.to_str() if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(obj, src=0)
+        return TextTokenizer(Tokenizer.from_str(obj[0]))
+
+    def _local_tokenizer(self, train_texts) -> TextTokenizer:
         """Load ``tokenizer``; else reuse the one trained earlier for the same data in ``tokenizer_dir`` (WordPiece
         training is not bit-reproducible across processes, so ``fit`` and a later ``test`` must share the file);
         else train on the training split and save it to ``tokenizer_dir``."""
@@ -436,14 +510,18 @@ class TextDataModule(SplitDataModule):
                 "train_sha256": digest.hexdigest()}
         if self.dataset_name == "sst2":  # a vocabulary saved when SST-2 validated on dev saw other training texts
             meta["val"] = "train_holdout"
+        if self.holdout != "random":
+            meta["holdout"] = self.holdout
         d = Path(self.tokenizer_dir) if self.tokenizer_dir else None
         if d is not None and (d / TextTokenizer.FILE).is_file() and (d / "tokenizer_meta.json").is_file():
             if json.loads((d / "tokenizer_meta.json").read_text()) == meta:
                 return TextTokenizer.from_pretrained(d)
         tok = TextTokenizer.train(train_texts, vocab_size=self.vocab_size)
         if d is not None:
+            from hoformer.models.base import atomic_write
+
             tok.save(d)
-            (d / "tokenizer_meta.json").write_text(json.dumps(meta))
+            atomic_write(d / "tokenizer_meta.json", lambda tmp: Path(tmp).write_text(json.dumps(meta)))
         return tok
 
     def collate_fn(self, split: str):

@@ -227,8 +227,8 @@ def split_windows(num_windows: int, val_ratio: float = 0.1, test_ratio: float = 
                   gap: int = 12):
     """Chronological 70/10/20 split of window indices -> ``(train, val, test)`` index arrays.
 
-    ``protocol="dcrnn"`` (Li et al. 2018's data preparation): ``round(n * test_ratio)`` test and
-    ``round(n * val_ratio)`` validation windows, contiguous. ``protocol="tsl"`` (torch-spatiotemporal's
+    ``protocol="dcrnn"`` (Li et al. 2018's ``generate_training_data.py``): ``round(n * test_ratio)`` test and
+    ``round(n * (1 - val_ratio - test_ratio))`` training windows, the rest validation, contiguous. ``protocol="tsl"`` (torch-spatiotemporal's
     ``TemporalSplitter``, used by the Weaver paper): ``int(n * test_ratio)`` test windows, ``int((n - n_test) *
     val_ratio)`` validation windows before them, and the ``gap`` windows (TSL's ``samples_offset`` = the input
     window length) before each boundary dropped, so no training target reaches into a validation target and no
@@ -241,8 +241,8 @@ def split_windows(num_windows: int, val_ratio: float = 0.1, test_ratio: float = 
     idx = np.arange(num_windows)
     if protocol == "dcrnn":
         n_test = round(num_windows * test_ratio)
-        n_val = round(num_windows * val_ratio)
-        n_train = num_windows - n_val - n_test
+        n_train = round(num_windows * (1 - val_ratio - test_ratio))
+        n_val = num_windows - n_test - n_train
         return idx[:n_train], idx[n_train:n_train + n_val], idx[n_train + n_val:]
     if gap < 0:
         raise ValueError(f"split_windows: `gap` must be >= 0, got {gap}")
