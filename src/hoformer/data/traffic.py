@@ -297,7 +297,9 @@ class TrafficDataModule(SplitDataModule):
         split_protocol: ``"dcrnn"`` (contiguous, DCRNN's counts) or ``"tsl"`` (torch-spatiotemporal's
             ``TemporalSplitter`` as in the Weaver paper: ``window`` windows dropped before the validation and the
             test block); see :func:`split_windows`.
-        drop_empty_windows: drop windows whose target is entirely missing (their loss is undefined).
+        drop_empty_windows: drop windows whose target is entirely missing (they carry no loss or metric signal:
+            the masked metrics are the same either way). ``False`` keeps DCRNN's / TSL's window counts (e.g. the
+            6,850 METR-LA test windows when the data has long all-sensor outages).
         start: first timestamp of Los-loop (the CSV has none).
         num_nodes: if given, checked against the data and the graph.
         verify: check ``los_speed.csv``, ``los_adj.csv``, ``adj_mx.pkl`` / ``adj_mx_bay.pkl`` against the
