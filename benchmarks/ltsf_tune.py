@@ -23,6 +23,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 HORIZONS = (96, 192, 336, 720)
+SEEDS = {2024: "", 2025: "_seed2025", 2026: "_seed2026"}  # seed -> variant suffix ("grid" runs seed 2024)
 # variant -> overrides: "model.<k>" for model_kwargs, "task.<k>" for the ForecastingTask, "data.<k>" for the data,
 # "run.<k>" for a top-level key (seed_everything), "callback.<class path>" for a trainer callback added with these
 # init_args
@@ -43,10 +44,10 @@ VARIANTS = {
     # exponential moving average of the weights (Lightning's EMAWeightAveraging: validation, the best checkpoint and
     # the test use the averaged weights); decay 0.99 = a horizon of ~100 steps, under half an ETTh1 epoch (267 steps)
     # since the best epoch there is 0-2
-    **{f"ema{tag}": {"callback.lightning.pytorch.callbacks.EMAWeightAveraging": {"decay": decay},
-                     **({"run.seed_everything": seed} if seed != 2024 else {})}
+    **{f"ema{dtag}{sfx}": {"callback.lightning.pytorch.callbacks.EMAWeightAveraging": {"decay": decay},
+                     **({"run.seed_everything": seed} if sfx else {})}
        for decay, dtag in ((0.99, ""), (0.998, "998"))
-       for seed, tag in ((2024, dtag), (2025, f"{dtag}_seed2025"), (2026, f"{dtag}_seed2026"))},
+       for seed, sfx in SEEDS.items()},
 }
 
 
@@ -106,7 +107,6 @@ def import_grid(dataset: str, model: str, records: Path) -> Path:
 
 
 METRICS = ("val/mse", "val/mae", "test/mse", "test/mae")
-SEEDS = {2024: "", 2025: "_seed2025", 2026: "_seed2026"}  # seed -> variant suffix ("grid" runs seed 2024)
 
 
 def _averages(dataset: str, model: str, variant: str) -> tuple[dict | None, dict]:

@@ -664,15 +664,22 @@ class _FakeScore(pl.Callback):
         pl_module.log("score", float(trainer.current_epoch))
 
 
-def test_export_pretrained_uses_the_best_checkpoint(tmp_path):
+def _fit_with_export(tmp_path, monitor: str, extra_callback, max_epochs: int, limit_train_batches: int):
+    """A tiny synthetic forecaster fitted with ``extra_callback``, a best-by-``monitor`` ModelCheckpoint and
+    ExportPretrained -> ``(task, checkpoint callback, export callback)``."""
     dm = LTSFDataModule(synthetic=True, synthetic_length=300, seq_len=32, pred_len=8, batch_size=16)
     task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC), lr=1e-2,
                            plot_variates=0)
-    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="score", mode="min")
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor=monitor, mode="min")
     export = ExportPretrained(str(tmp_path / "pretrained"))
-    trainer = _trainer(tmp_path, max_epochs=2, limit_train_batches=3, limit_val_batches=1, num_sanity_val_steps=0,
-                       callbacks=[_FakeScore(), ckpt, export], enable_checkpointing=True)
+    trainer = _trainer(tmp_path, max_epochs=max_epochs, limit_train_batches=limit_train_batches, limit_val_batches=1,
+                       num_sanity_val_steps=0, callbacks=[extra_callback, ckpt, export], enable_checkpointing=True)
     trainer.fit(task, dm)
+    return task, ckpt, export
+
+
+def test_export_pretrained_uses_the_best_checkpoint(tmp_path):
+    task, ckpt, export = _fit_with_export(tmp_path, "score", _FakeScore(), max_epochs=2, limit_train_batches=3)
     assert Path(ckpt.best_model_path).name.startswith("epoch=0")
     best = torch.load(ckpt.best_model_path, weights_only=True)["state_dict"]
     exported = from_pretrained(export.path).state_dict()
@@ -688,14 +695,8 @@ def test_ema_weights_are_checkpointed_validated_and_exported(tmp_path):
     exports the averaged ones."""
     from lightning.pytorch.callbacks import EMAWeightAveraging
 
-    dm = LTSFDataModule(synthetic=True, synthetic_length=300, seq_len=32, pred_len=8, batch_size=16)
-    task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC), lr=1e-2,
-                           plot_variates=0)
-    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val/mae", mode="min")
-    export = ExportPretrained(str(tmp_path / "pretrained"))
-    trainer = _trainer(tmp_path, max_epochs=1, limit_train_batches=4, limit_val_batches=1, num_sanity_val_steps=0,
-                       callbacks=[EMAWeightAveraging(decay=0.5), ckpt, export], enable_checkpointing=True)
-    trainer.fit(task, dm)
+    _, ckpt, export = _fit_with_export(tmp_path, "val/mae", EMAWeightAveraging(decay=0.5), max_epochs=1,
+                                       limit_train_batches=4)
     saved = torch.load(ckpt.best_model_path, weights_only=True)
     raw, avg = saved["current_model_state"], saved["state_dict"]
     assert any(not torch.equal(avg[k], raw[k]) for k in avg if k.startswith("model."))
