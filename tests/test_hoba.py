@@ -163,31 +163,31 @@ def _write_fake_text_root(root):
 
 def test_readers_on_synthetic_files(tmp_path):
     root = _write_fake_text_root(tmp_path)
-    t, y, c = read_text_split("sst2", "dev", root)
+    t, y, c = read_text_split("sst2", "dev", root, verify=False)
     assert t == ["good film", "boring"] and y == [1, 0] and c == ["negative", "positive"]
-    t, y, c = read_text_split("trec", "train", root)
+    t, y, c = read_text_split("trec", "train", root, verify=False)
     assert len(c) == 6 and "caf\xe9" in t[0] and c[y[0]] == "HUM"
-    t, y, c = read_text_split("trec", "test", root)
+    t, y, c = read_text_split("trec", "test", root, verify=False)
     assert t == ["When ?", "Who ?"] and [c[i] for i in y] == ["NUM", "HUM"]
-    assert read_text_split("trec_fine", "train", root)[2] == ["ABBR:x", "DESC:x", "ENTY:x", "HUM:x", "LOC:x", "NUM:x"]
-    t, y, c = read_text_split("ag_news", "test", root)
+    assert read_text_split("trec_fine", "train", root, verify=False)[2] == ["ABBR:x", "DESC:x", "ENTY:x", "HUM:x", "LOC:x", "NUM:x"]
+    t, y, c = read_text_split("ag_news", "test", root, verify=False)
     # training data is the descriptions-only 10k subset here, so the test csv is read as descriptions only too
     assert y == [2, 1] and t[0].startswith("Markets rally") and c[3] == "Sci/Tech"
-    assert read_text_split("ag_news", "train", root)[1] == [1, 3]
-    t, y, _ = read_text_split("imdb", "train", root)
+    assert read_text_split("ag_news", "train", root, verify=False)[1] == [1, 3]
+    t, y, _ = read_text_split("imdb", "train", root, verify=False)
     assert t == ["great, great film", "awful"] and y == [1, 0]
-    assert read_text_split("imdb", "test", root)[1] == [1, 0]
+    assert read_text_split("imdb", "test", root, verify=False)[1] == [1, 0]
     (tmp_path / "sst2" / "train.tsv").write_text("text\tlabel\nx\t1\n")
     with pytest.raises(SchemaError, match="header"):
-        read_text_split("sst2", "train", root)
+        read_text_split("sst2", "train", root, verify=False)
     with pytest.raises(ValueError, match="unknown dataset"):
-        read_text_split("mnli", "train", root)
+        read_text_split("mnli", "train", root, verify=False)
 
 
 def test_trec_fine_rejects_unknown_test_labels(tmp_path):
     root = _write_fake_text_root(tmp_path)
     with pytest.raises(SchemaError, match="labels outside"):
-        read_text_split("trec_fine", "test", root)
+        read_text_split("trec_fine", "test", root, verify=False)
 
 
 def test_real_trec_and_sst2(data_root):
@@ -202,7 +202,7 @@ def test_real_trec_and_sst2(data_root):
 # ------------------------------------------------------------------------------------------ datamodule/task
 def test_datamodule_splits_and_tokenizer_saved(tmp_path):
     root = _write_fake_text_root(tmp_path / "data")
-    dm = TextDataModule("trec", root=str(root), max_len=8, batch_size=4, vocab_size=100,
+    dm = TextDataModule("trec", root=str(root), verify=False, max_len=8, batch_size=4, vocab_size=100,
                         tokenizer_dir=str(tmp_path / "tok"), val_fraction=0.2)
     dm.setup()
     assert {k: len(v) for k, v in dm.datasets.items()} == {"train": 24, "val": 6, "test": 2} and dm.num_classes == 6
@@ -210,18 +210,18 @@ def test_datamodule_splits_and_tokenizer_saved(tmp_path):
     b = next(iter(dm.train_dataloader()))
     assert b["ids"].shape == b["mask"].shape and b["ids"].shape[1] <= 8 and b["ids"].dtype == torch.long
     assert (b["ids"][~b["mask"]] == dm.tokenizer.pad_id).all()
-    again = TextDataModule("trec", root=str(root), max_len=8, batch_size=4, vocab_size=100,
+    again = TextDataModule("trec", root=str(root), verify=False, max_len=8, batch_size=4, vocab_size=100,
                            tokenizer_dir=str(tmp_path / "tok"), val_fraction=0.2)
     again.setup()  # reuses the saved vocabulary (WordPiece training is not bit-reproducible across processes)
     assert again.tokenizer.tok.to_str() == dm.tokenizer.tok.to_str()
-    other = TextDataModule("trec", root=str(root), max_len=8, vocab_size=90, tokenizer_dir=str(tmp_path / "tok"),
+    other = TextDataModule("trec", root=str(root), verify=False, max_len=8, vocab_size=90, tokenizer_dir=str(tmp_path / "tok"),
                            val_fraction=0.2)
     other.setup()  # different settings: retrained, not reused
     assert json.loads((tmp_path / "tok" / "tokenizer_meta.json").read_text())["vocab_size"] == 90
     # same dataset name, size and settings but other training texts: retrained, not reused
     f = root / "trec" / "train_5500.label"
     f.write_bytes(f.read_bytes().replace(b"question", b"query"))
-    edited = TextDataModule("trec", root=str(root), max_len=8, vocab_size=90, tokenizer_dir=str(tmp_path / "tok"),
+    edited = TextDataModule("trec", root=str(root), verify=False, max_len=8, vocab_size=90, tokenizer_dir=str(tmp_path / "tok"),
                             val_fraction=0.2)
     edited.setup()
     vocab = edited.tokenizer.tok.get_vocab()
@@ -232,7 +232,7 @@ def test_task_distills_with_cached_teacher_logits(tmp_path):
     import lightning.pytorch as pl
 
     root = _write_fake_text_root(tmp_path / "data")
-    dm = TextDataModule("sst2", root=str(root), max_len=16, batch_size=8, vocab_size=100,
+    dm = TextDataModule("sst2", root=str(root), verify=False, max_len=16, batch_size=8, vocab_size=100,
                         tokenizer_dir=str(tmp_path / "teacher"))
     dm.setup()
     mk = dict(vocab_size=dm.tokenizer.vocab_size, num_classes=2, max_len=16, dim=16, num_heads=2, depth=1)
@@ -245,7 +245,7 @@ def test_task_distills_with_cached_teacher_logits(tmp_path):
                                       teacher=str(tmp_path / "teacher"), teacher_logits=str(cache),
                                       init_embeddings_from=str(tmp_path / "teacher"),
                                       export_dir=str(tmp_path / "student"))
-        dm2 = TextDataModule("sst2", root=str(root), max_len=16, batch_size=8, tokenizer=str(tmp_path / "teacher"))
+        dm2 = TextDataModule("sst2", root=str(root), verify=False, max_len=16, batch_size=8, tokenizer=str(tmp_path / "teacher"))
         tr = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, limit_train_batches=2, limit_val_batches=1)
         tr.fit(task, dm2)
@@ -275,7 +275,7 @@ def test_task_distills_with_cached_teacher_logits(tmp_path):
 
     # read without the teacher: a cache computed on other data (here another max_len) is refused, not reused
     task = TextClassificationTask(model_kwargs=dict(mk, attention="hoba", block_size=4), teacher_logits=str(cache))
-    dm3 = TextDataModule("sst2", root=str(root), max_len=12, batch_size=8, tokenizer=str(tmp_path / "teacher"))
+    dm3 = TextDataModule("sst2", root=str(root), verify=False, max_len=12, batch_size=8, tokenizer=str(tmp_path / "teacher"))
     tr = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                     enable_model_summary=False, limit_train_batches=1, limit_val_batches=1)
     with pytest.raises(ValueError, match="other data"):
@@ -292,12 +292,12 @@ def test_checkpoint_carries_the_tokenizer(tmp_path):
     root = _write_fake_text_root(tmp_path / "data")
     mk = dict(vocab_size=200, num_classes=2, max_len=16, dim=16, num_heads=2, depth=1)
     quiet = dict(logger=False, enable_progress_bar=False, enable_model_summary=False)
-    dm = TextDataModule("sst2", root=str(root), max_len=16, batch_size=8, vocab_size=100)
+    dm = TextDataModule("sst2", root=str(root), verify=False, max_len=16, batch_size=8, vocab_size=100)
     tr = pl.Trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=1, enable_checkpointing=False, **quiet)
     tr.fit(TextClassificationTask(model_kwargs=mk), dm)
     tr.save_checkpoint(tmp_path / "m.ckpt")
 
-    dm2 = TextDataModule("sst2", root=str(root), max_len=16, batch_size=8, vocab_size=40)
+    dm2 = TextDataModule("sst2", root=str(root), verify=False, max_len=16, batch_size=8, vocab_size=40)
     dm2.setup()
     assert dm2.tokenizer.tok.to_str() != dm.tokenizer.tok.to_str()
     pl.Trainer(**quiet).test(TextClassificationTask(model_kwargs=mk), dm2, ckpt_path=tmp_path / "m.ckpt")
@@ -309,7 +309,7 @@ def test_checkpoint_carries_the_tokenizer(tmp_path):
     other = tmp_path / "other_tok"
     dm2.tokenizer = TextTokenizer.train(["a b c d e f g", "b c d"], vocab_size=30)
     dm2.tokenizer.save(other)
-    dm3 = TextDataModule("sst2", root=str(root), max_len=16, batch_size=8, tokenizer=str(other))
+    dm3 = TextDataModule("sst2", root=str(root), verify=False, max_len=16, batch_size=8, tokenizer=str(other))
     dm3.setup()
     with pytest.warns(UserWarning, match="checkpoint's tokenizer differs"):
         dm3.load_state_dict(dm.state_dict())
@@ -322,7 +322,7 @@ def test_task_rejects_class_mismatch(tmp_path):
     root = _write_fake_text_root(tmp_path / "data")
     task = TextClassificationTask(model_kwargs=dict(vocab_size=200, num_classes=3, max_len=16, dim=16, num_heads=2,
                                                     depth=1))
-    dm = TextDataModule("sst2", root=str(root), max_len=16, batch_size=8, vocab_size=100)
+    dm = TextDataModule("sst2", root=str(root), verify=False, max_len=16, batch_size=8, vocab_size=100)
     tr = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                     enable_model_summary=False)
     with pytest.raises(ValueError, match="classes"):
@@ -510,7 +510,7 @@ def _task_env(tmp_path, teacher_seed=0):
     if not root.exists():
         _write_fake_text_root(root)
     tdir = tmp_path / "teacher"
-    dm = TextDataModule("sst2", root=str(root), max_len=16, batch_size=8, vocab_size=100,
+    dm = TextDataModule("sst2", root=str(root), verify=False, max_len=16, batch_size=8, vocab_size=100,
                         tokenizer_dir=str(tdir))
     dm.setup()
     mk = dict(vocab_size=dm.tokenizer.vocab_size, num_classes=2, max_len=16, dim=16, num_heads=2, depth=1)

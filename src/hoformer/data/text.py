@@ -43,10 +43,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ._base import SplitDataModule
-from ._utils import SchemaError, resolve_root
+from ._utils import SchemaError, resolve_root, verify_file
 
 __all__ = [
     "TEXT_DATASETS",
+    "TEXT_SHA256",
     "TREC_COARSE",
     "read_text_split",
     "TextTokenizer",
@@ -58,23 +59,46 @@ __all__ = [
 TREC_COARSE = ("ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM")
 TEXT_DATASETS = ("sst2", "trec", "trec_fine", "ag_news", "imdb")
 _SUBDIR = {"sst2": "sst2", "trec": "trec", "trec_fine": "trec", "ag_news": "ag_news", "imdb": "imdb"}
+_DISPLAY = {"sst2": "SST-2", "trec": "TREC", "ag_news": "AG News", "imdb": "IMDB"}
+
+# SHA-256 of the reference copies (shared/data/SHA256SUMS: GLUE SST-2, UIUC TREC, the AG News test set and its 10k
+# training subset), keyed "<dataset folder>/<file>", checked before a file is parsed (``verify=False`` for another
+# copy). Files with no reference copy here (AG News' full train.csv, IMDB) are read unverified; every file's layout
+# is checked either way.
+TEXT_SHA256: dict[str, str] = {
+    "sst2/train.tsv": "48eac26399f8456935f81dd9e3a745c1430adb6c62e233ccfe22db4a0d15d1d1",
+    "sst2/dev.tsv": "54a9c12c77e402fc14d6a66a506f24d999f596b0176eb777c972cccc2f9cc4b0",
+    "sst2/test_labeled_nonglue.tsv": "c0efc56ade6e0598d0f8daca1976e232aee0bcabca8e599341cad290d9d10b3c",
+    "trec/train_5500.label": "9e4c8bdcaffb96ed61041bd64b564183d52793a8e91d84fc3a8646885f466ec3",
+    "trec/TREC_10.label": "033f22c028c2bbba9ca682f68ffe204dc1aa6e1cf35dd6207f2d4ca67f0d0e8e",
+    "ag_news/classes.txt": "612dbfa932f07a6ed837295a7d5746ce7412e7bb4bc32ba919fdb3cda3a1b9b5",
+    "ag_news/test.csv": "521465c2428ed7f02f8d6db6ffdd4b5447c1c701962353eb2c40d548c3c85699",
+    "ag_news/train_subset_10k.tsv": "7a0811e0006080bf4de17752c5466450ff3db778be71bc5bcf3c4e99b5f0803d",
+}
+_VERIFY_HINT = "Pass verify=False to use another copy (its layout is still checked)."
 
 
 # ------------------------------------------------------------------------------------------------- readers
-def _need(path: Path, what: str) -> Path:
+def _need(path: Path, folder: str, verify: bool) -> Path:
+    """``path`` if it exists, after checking it against the reference SHA-256 (:data:`TEXT_SHA256`) when ``verify``
+    and its digest is known; ``folder`` is the dataset's folder name ("sst2", "trec", "ag_news", "imdb")."""
+    what = _DISPLAY[folder]
     if not path.is_file():
         raise FileNotFoundError(f"{what}: expected {path}, not found (set HOFORMER_DATA or pass root=...)")
+    want = TEXT_SHA256.get(f"{folder}/{path.name}") if verify else None
+    if want is not None:
+        verify_file(path, sha256=want, hint=f"Expected the reference {folder}/{path.name} of {what}. {_VERIFY_HINT}")
     return path
 
 
-def _read_sst2(root: Path, split: str):
+def _read_sst2(root: Path, split: str, verify: bool):
     if split == "test" and not (root / "test_labeled_nonglue.tsv").is_file():
         raise FileNotFoundError(
             f"SST-2: no labelled test file ({root / 'test_labeled_nonglue.tsv'} not found; GLUE's test.tsv has no "
             "labels). The reported SST-2 set is dev: read split='dev' (TextDataModule uses dev.tsv as its test split "
             "and holds validation out of train.tsv); dev is not substituted for test silently.")
     name = {"train": "train.tsv", "dev": "dev.tsv", "test": "test_labeled_nonglue.tsv"}[split]
-    path = _need(root / name, "SST-2")
+    path = _need(root / name, "sst2", verify)
     texts, labels = [], []
     with open(path, encoding="utf-8", newline="") as f:
         header = f.readline().rstrip("\r\n").split("\t")
@@ -94,8 +118,8 @@ def _read_sst2(root: Path, split: str):
     return texts, labels, ["negative", "positive"]
 
 
-def _read_trec(root: Path, split: str, fine: bool):
-    train_path = _need(root / "train_5500.label", "TREC")
+def _read_trec(root: Path, split: str, fine: bool, verify: bool):
+    train_path = _need(root / "train_5500.label", "trec", verify)
 
     def read(path):
         texts, labs = [], []
@@ -112,7 +136,7 @@ def _read_trec(root: Path, split: str, fine: bool):
         return texts, labs
 
     classes = sorted(set(read(train_path)[1])) if fine else list(TREC_COARSE)
-    path = train_path if split == "train" else _need(root / "TREC_10.label", "TREC")
+    path = train_path if split == "train" else _need(root / "TREC_10.label", "trec", verify)
     texts, labs = read(path)
     unknown = sorted(set(labs) - set(classes))
     if unknown:
@@ -120,17 +144,18 @@ def _read_trec(root: Path, split: str, fine: bool):
     return texts, [classes.index(x) for x in labs], classes
 
 
-def _read_ag_news(root: Path, split: str):
+def _read_ag_news(root: Path, split: str, verify: bool):
     classes = ["World", "Sports", "Business", "Sci/Tech"]
     if (root / "classes.txt").is_file():
-        classes = [c.strip() for c in (root / "classes.txt").read_text().splitlines() if c.strip()]
+        path = _need(root / "classes.txt", "ag_news", verify)
+        classes = [c.strip() for c in path.read_text().splitlines() if c.strip()]
     csv_path = root / f"{split}.csv"
     texts, labels = [], []
     # the 10k training subset holds descriptions only: then every split is read as the description only, so the
     # model is tested on the input format it was trained on (else "title . description", as in the full csv)
     desc_only = not (root / "train.csv").is_file() and (root / "train_subset_10k.tsv").is_file()
     if csv_path.is_file():
-        with open(csv_path, encoding="utf-8", newline="") as f:
+        with open(_need(csv_path, "ag_news", verify), encoding="utf-8", newline="") as f:
             for n, row in enumerate(csv.reader(f), 1):
                 if len(row) < 3 or not row[0].strip().isdigit():
                     raise SchemaError(f"AG News: {csv_path} row {n}: expected \"class\",\"title\",\"description\"")
@@ -138,7 +163,7 @@ def _read_ag_news(root: Path, split: str):
                 texts.append(text.replace("\\n", " ").replace("\\", " "))
                 labels.append(int(row[0]) - 1)
     elif split == "train" and (root / "train_subset_10k.tsv").is_file():
-        path = root / "train_subset_10k.tsv"
+        path = _need(root / "train_subset_10k.tsv", "ag_news", verify)
         with open(path, encoding="utf-8") as f:
             for n, line in enumerate(f, 1):
                 text, _, lab = line.rstrip("\r\n").rpartition("\t")
@@ -147,18 +172,18 @@ def _read_ag_news(root: Path, split: str):
                 texts.append(text.replace("\\", " "))
                 labels.append(classes.index(lab))
     else:
-        _need(csv_path, "AG News")
+        _need(csv_path, "ag_news", verify)
     bad = [x for x in labels if not 0 <= x < len(classes)]
     if bad:
         raise SchemaError(f"AG News: class ids must be in 1..{len(classes)}, got {bad[0] + 1}")
     return texts, labels, classes
 
 
-def _read_imdb(root: Path, split: str):
+def _read_imdb(root: Path, split: str, verify: bool):
     path = root / f"{split}.csv"
     half = None
     if not path.is_file():
-        path = _need(root / "IMDB Dataset.csv", "IMDB")
+        path = _need(root / "IMDB Dataset.csv", "imdb", verify)
         half = split
     with open(path, encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f))
@@ -181,8 +206,11 @@ def _read_imdb(root: Path, split: str):
     return texts, [names[x] for x in raw], ["negative", "positive"]
 
 
-def read_text_split(name: str, split: str, root: str | os.PathLike | None = None):
-    """``(texts, labels, class_names)`` of ``split`` ("train" | "test"; SST-2 also "dev") of dataset ``name``."""
+def read_text_split(name: str, split: str, root: str | os.PathLike | None = None, verify: bool = True):
+    """``(texts, labels, class_names)`` of ``split`` ("train" | "test"; SST-2 also "dev") of dataset ``name``.
+
+    ``verify`` checks each file against the reference SHA-256 (:data:`TEXT_SHA256`) before it is parsed, where the
+    digest is known; ``verify=False`` reads another copy (its layout is still checked)."""
     if name not in TEXT_DATASETS:
         raise ValueError(f"read_text_split: unknown dataset {name!r}; expected one of {TEXT_DATASETS}")
     if split not in ("train", "test", "dev"):
@@ -192,12 +220,12 @@ def read_text_split(name: str, split: str, root: str | os.PathLike | None = None
     if split == "dev" and name != "sst2":
         raise ValueError(f"read_text_split: only sst2 has a 'dev' file; {name} uses a held-out part of train")
     if name == "sst2":
-        return _read_sst2(d, split)
+        return _read_sst2(d, split, verify)
     if name in ("trec", "trec_fine"):
-        return _read_trec(d, split, fine=name == "trec_fine")
+        return _read_trec(d, split, name == "trec_fine", verify)
     if name == "ag_news":
-        return _read_ag_news(d, split)
-    return _read_imdb(d, split)
+        return _read_ag_news(d, split, verify)
+    return _read_imdb(d, split, verify)
 
 
 # ----------------------------------------------------------------------------------------------- tokenizer
@@ -408,6 +436,8 @@ class TextDataModule(SplitDataModule):
             ``"nonglue"`` (``test_labeled_nonglue.tsv``; an error if absent).
         train_limit: keep only the first ``train_limit`` shuffled training examples (compute budgets).
         seed: seed of the validation hold-out and ``train_limit`` subsampling.
+        verify: check each file against the reference SHA-256 (:data:`TEXT_SHA256`) before parsing it, where the
+            digest is known; ``False`` reads another copy (its layout is still checked).
     """
 
     def __init__(
@@ -426,6 +456,7 @@ class TextDataModule(SplitDataModule):
         num_workers: int = 0,
         sst2_test: str = "dev",
         holdout: str = "grouped",
+        verify: bool = True,
     ) -> None:
         super().__init__(batch_size=batch_size, num_workers=num_workers, eval_batch_size=eval_batch_size)
         if dataset not in TEXT_DATASETS:
@@ -441,7 +472,7 @@ class TextDataModule(SplitDataModule):
         self.dataset_name, self.root, self.max_len = dataset, root, max_len
         self.tokenizer_path, self.tokenizer_dir, self.vocab_size = tokenizer, tokenizer_dir, vocab_size
         self.val_fraction, self.train_limit, self.seed = val_fraction, train_limit, seed
-        self.sst2_test, self.holdout = sst2_test, holdout
+        self.sst2_test, self.holdout, self.verify = sst2_test, holdout, verify
         self.tokenizer: TextTokenizer | None = None
         self.class_names: list[str] = []
 
@@ -451,7 +482,7 @@ class TextDataModule(SplitDataModule):
         return len(self.class_names)
 
     def _raw_splits(self):
-        texts, labels, classes = read_text_split(self.dataset_name, "train", self.root)
+        texts, labels, classes = read_text_split(self.dataset_name, "train", self.root, self.verify)
         order = list(range(len(texts)))
         rng = random.Random(self.seed)
         rng.shuffle(order)
@@ -468,7 +499,7 @@ class TextDataModule(SplitDataModule):
         train = ([texts[i] for i in train_idx], [labels[i] for i in train_idx])
         # SST-2: the reported set (dev, as in the paper) is the test split, never the validation split
         test_split = "dev" if self.dataset_name == "sst2" and self.sst2_test == "dev" else "test"
-        test = read_text_split(self.dataset_name, test_split, self.root)[:2]
+        test = read_text_split(self.dataset_name, test_split, self.root, self.verify)[:2]
         return {"train": train, "val": val, "test": test}, classes
 
     def _make_splits(self, names) -> dict[str, TextClassificationDataset]:
