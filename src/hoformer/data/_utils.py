@@ -18,6 +18,7 @@ __all__ = [
     "md5sum",
     "sha256sum",
     "verify_file",
+    "VERIFY_HINT",
     "download_url",
     "default_data_root",
     "resolve_root",
@@ -25,6 +26,8 @@ __all__ = [
 ]
 
 _CHUNK = 1 << 20
+# appended to a checksum error by every reader that checks a reference digest before parsing
+VERIFY_HINT = "Pass verify=False to use another copy (its layout is still checked)."
 _HASH_CACHE: dict[tuple[str, str, int, int], str] = {}
 
 

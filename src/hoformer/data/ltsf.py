@@ -28,7 +28,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ._utils import SchemaError, cache_dir, default_data_root, download_url, resolve_root, verify_file
+from ._utils import (VERIFY_HINT, SchemaError, cache_dir, default_data_root, download_url, resolve_root,
+                     verify_file)
 
 __all__ = [
     "LTSFSpec",
@@ -252,8 +253,7 @@ class LTSFDataset(Dataset):
                         _BUNDLE_HINT if spec.channels > 0 else "")
                 raise FileNotFoundError(f"LTSF file for {self.name!r} not found: {path}. {hint}".strip())
         if verify and spec.sha256:
-            verify_file(path, sha256=spec.sha256,
-                        hint="Pass verify=False to use another copy (the schema is still checked).")
+            verify_file(path, sha256=spec.sha256, hint=VERIFY_HINT)
         self.path = path
         st = path.stat()
         dates, values, columns = _read_table(str(path), spec.protocol != "solar", st.st_mtime_ns, st.st_size)

@@ -43,7 +43,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ._base import SplitDataModule
-from ._utils import SchemaError, resolve_root, verify_file
+from ._utils import VERIFY_HINT, SchemaError, resolve_root, verify_file
 
 __all__ = [
     "TEXT_DATASETS",
@@ -75,7 +75,6 @@ TEXT_SHA256: dict[str, str] = {
     "ag_news/test.csv": "521465c2428ed7f02f8d6db6ffdd4b5447c1c701962353eb2c40d548c3c85699",
     "ag_news/train_subset_10k.tsv": "7a0811e0006080bf4de17752c5466450ff3db778be71bc5bcf3c4e99b5f0803d",
 }
-_VERIFY_HINT = "Pass verify=False to use another copy (its layout is still checked)."
 
 
 # ------------------------------------------------------------------------------------------------- readers
@@ -87,7 +86,7 @@ def _need(path: Path, folder: str, verify: bool) -> Path:
         raise FileNotFoundError(f"{what}: expected {path}, not found (set HOFORMER_DATA or pass root=...)")
     want = TEXT_SHA256.get(f"{folder}/{path.name}") if verify else None
     if want is not None:
-        verify_file(path, sha256=want, hint=f"Expected the reference {folder}/{path.name} of {what}. {_VERIFY_HINT}")
+        verify_file(path, sha256=want, hint=f"Expected the reference {folder}/{path.name} of {what}. {VERIFY_HINT}")
     return path
 
 

@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ._base import SplitDataModule
-from ._utils import SchemaError, verify_file
+from ._utils import VERIFY_HINT, SchemaError, verify_file
 
 __all__ = [
     "TRAFFIC_SHA256",
@@ -53,14 +53,13 @@ TRAFFIC_SHA256: dict[str, str] = {
     "adj_mx.pkl": "a35687c6e15aa228dc45027b0ed2a0ea0f4ec78f573deb992c595092d12f61b3",
     "adj_mx_bay.pkl": "116275f5704d0d492018e14c047f7ae5004385b450aa907f88424055a4a97370",
 }
-_VERIFY_HINT = "Pass verify=False to use another copy (its layout is still checked)."
 
 
 def _verify(path: Path, known: str, verify: bool) -> None:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: file not found")
     if verify:
-        verify_file(path, sha256=TRAFFIC_SHA256[known], hint=f"Expected the reference {known}. {_VERIFY_HINT}")
+        verify_file(path, sha256=TRAFFIC_SHA256[known], hint=f"Expected the reference {known}. {VERIFY_HINT}")
 
 
 def _check_values(values: np.ndarray, source: str) -> np.ndarray:
@@ -140,7 +139,7 @@ def load_adj_pkl(path: str | os.PathLike, sha256: str | None = None):
     if not path.is_file():
         raise FileNotFoundError(f"load_adj_pkl: {path} not found")
     if sha256 is not None:
-        verify_file(path, sha256=sha256, hint=_VERIFY_HINT)
+        verify_file(path, sha256=sha256, hint=VERIFY_HINT)
     try:
         with open(path, "rb") as f:
             obj = _ArrayUnpickler(f, encoding="latin1").load()
