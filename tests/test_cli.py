@@ -74,12 +74,21 @@ def test_hooks_dispatch_and_missing_module(monkeypatch, capsys, tmp_path):
     pkg = tmp_path / "fakehook.py"
     pkg.write_text("calls = []\ndef main(argv):\n    calls.append(argv)\n    return 3\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(cli.HOOKS, "bench", "fakehook:main")
+    monkeypatch.setitem(cli.HOOKS, "bench", ("fakehook:main", "a fake benchmark"))
     assert cli.main(["bench", "--quick"]) == 3
     assert importlib.import_module("fakehook").calls == [["--quick"]]
-    monkeypatch.setitem(cli.HOOKS, "analyze", "hoformer.no_such_module:main")
+    assert cli.main(["--help"]) == 0
+    assert "  bench     a fake benchmark" in capsys.readouterr().out
+    monkeypatch.setitem(cli.HOOKS, "analyze", ("hoformer.no_such_module:main", ""))
     assert cli.main(["analyze"]) == 2
-    assert "not available" in capsys.readouterr().err
+    assert "not available in this installation (hoformer.no_such_module:main" in capsys.readouterr().err
+
+
+def test_every_hook_resolves_to_a_command():
+    for name, (path, help_) in cli.HOOKS.items():
+        mod, fn = path.split(":")
+        assert callable(getattr(importlib.import_module(mod), fn)), name
+        assert help_, f"hoformer {name} has no help line"
 
 
 def test_register_command(monkeypatch):

@@ -28,10 +28,12 @@ __all__ = ["main", "register_command", "COMMANDS", "HoformerCLI", "demo"]
 
 #: name -> (function(argv) -> exit code, one-line help)
 COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {}
-#: reserved sub-commands implemented in other modules: name -> "module:function" (imported lazily)
-HOOKS: dict[str, str] = {
-    "analyze": "hoformer.analysis.analyze:analyze_main",
-    "bench": "hoformer.analysis.bench:bench_main",
+#: reserved sub-commands implemented in other modules: name -> ("module:function", one-line help); the module is
+#: imported only when the command runs, so ``hoformer --help`` stays fast
+HOOKS: dict[str, tuple[str, str]] = {
+    "analyze": ("hoformer.analysis.analyze:analyze_main",
+                "figures of a checkpoint on a data split: attention maps, stable ranks, forecast"),
+    "bench": ("hoformer.analysis.bench:bench_main", "attention / model scaling benchmark: time, memory, FLOPs"),
 }
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
 
@@ -116,9 +118,9 @@ def _usage() -> str:
              "  fit, validate, test, predict", "", "hoformer commands:"]
     for name, (_, h) in sorted(COMMANDS.items()):
         lines.append(f"  {name:10s}{h}")
-    for name, target in sorted(HOOKS.items()):
+    for name, (_, h) in sorted(HOOKS.items()):
         if name not in COMMANDS:
-            lines.append(f"  {name:10s}(provided by {target.split(':')[0]})")
+            lines.append(f"  {name:10s}{h}")
     return "\n".join(lines)
 
 
@@ -162,11 +164,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cmd in COMMANDS:
         return int(COMMANDS[cmd][0](argv[1:]) or 0)
     if cmd in HOOKS:
-        mod, fn = HOOKS[cmd].split(":")
+        path = HOOKS[cmd][0]
+        mod, fn = path.split(":")
         try:
             target = getattr(importlib.import_module(mod), fn)
         except (ImportError, AttributeError) as e:
-            print(f"hoformer {cmd}: not available in this installation ({HOOKS[cmd]}: {e})", file=sys.stderr)
+            print(f"hoformer {cmd}: not available in this installation ({path}: {e})", file=sys.stderr)
             return 2
         return int(target(argv[1:]) or 0)
     if cmd in LIGHTNING_COMMANDS or cmd.startswith("-"):
