@@ -1,0 +1,80 @@
+"""Convolutional reference baseline for the 3D classification task (not a model of the three papers).
+
+* ``cnn3d_classifier`` ``x (B, C_in, D, H, W) -> logits (B, num_classes)``: ``len(widths)`` stages of two
+  ``3x3x3`` convolutions (BatchNorm, ReLU), a ``2x2x2`` max-pool between stages, global average pooling and a linear
+  classifier (0.2M parameters at the defaults).
+
+It runs through the same datamodule, task, metrics and checkpoint selection as ``hot_volume_classifier``
+(``configs/hot/medmnist3d/adrenal_cnn3d.yaml``), so it separates what the MedMNIST3D pipeline supports (reader,
+splits, augmentation, AUC / ACC) from what the attention models reach on it; the HOT paper's Table 2 lists ResNet
+CNNs for the same reason.
+
+Axis legend: ``b`` batch, ``c`` channels, ``d h w`` voxels.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from .base import HoformerModel
+from .hot import _check_input, _sizes
+from .registry import register_model
+
+__all__ = ["CNN3DClassifier"]
+
+
+def _stage(c_in: int, c_out: int) -> nn.Sequential:
+    conv = lambda i: [nn.Conv3d(i, c_out, 3, padding=1, bias=False), nn.BatchNorm3d(c_out), nn.ReLU()]  # noqa: E731
+    return nn.Sequential(*conv(c_in), *conv(c_out))
+
+
+@register_model(name="cnn3d_classifier")
+class CNN3DClassifier(HoformerModel):
+    """Small 3D CNN classifier ``(B, C_in, D, H, W) -> logits (B, num_classes)`` (see the module docstring).
+
+    Args:
+        in_channels, input_size, num_classes: as :class:`~hoformer.models.HOTVolumeClassifier`.
+        widths: channels of each stage; every stage but the first halves the resolution, so ``input_size`` must be
+            divisible by ``2 ** (len(widths) - 1)``.
+        dropout: dropout before the classifier.
+    """
+
+    _name, _legend = "cnn3d_classifier", "(B, C_in, D, H, W)"
+
+    def __init__(
+        self,
+        in_channels: int = 1,
+        input_size: int | Sequence[int] = 28,
+        num_classes: int = 2,
+        widths: Sequence[int] = (16, 32, 64),
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        fn = self._name
+        if not isinstance(num_classes, int) or num_classes < 2:
+            raise ValueError(f"{fn}: `num_classes` must be an int >= 2, got {num_classes!r}")
+        widths = tuple(widths)
+        if not widths or not all(isinstance(w, int) and w > 0 for w in widths):
+            raise ValueError(f"{fn}: `widths` must be a non-empty sequence of positive ints, got {widths!r}")
+        self.in_channels, self.num_classes = in_channels, num_classes
+        self.input_size = _sizes(input_size, 3, fn)
+        step = 2 ** (len(widths) - 1)
+        if any(s % step for s in self.input_size):
+            raise ValueError(f"{fn}: `input_size` {self.input_size} must be divisible by 2 ** (len(widths) - 1) = "
+                             f"{step} ({len(widths)} stages, a 2x2x2 max-pool between stages)")
+        layers: list[nn.Module] = []
+        for i, (c_in, c_out) in enumerate(zip((in_channels, *widths[:-1]), widths)):
+            if i:
+                layers.append(nn.MaxPool3d(2))
+            layers.append(_stage(c_in, c_out))
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(widths[-1], num_classes))
+
+    def example_inputs(self, batch_size: int = 2):
+        return (torch.randn(batch_size, self.in_channels, *self.input_size),), {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_input(x, (self.in_channels, *self.input_size), self._name, self._legend)
+        return self.head(self.features(x).mean(dim=(2, 3, 4)))  # b c d h w -> b c -> b classes
