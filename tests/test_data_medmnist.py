@@ -183,6 +183,35 @@ def test_datamodule_size_and_flip_augment(tmp_path):
                                        torch.from_numpy(arrays[f"{split}_images"][0]).float() / 255, rtol=0, atol=0)
 
 
+def test_datamodule_shift_augment(tmp_path):
+    """``shift_augment=k`` translates training volumes by a random offset in [-k, k]^3 with zero fill (every offset
+    occurs), never validation / test volumes; out-of-range values are refused."""
+    arrays, _ = _fake_npz(tmp_path / "vesselmnist3d.npz", counts=(2, 2, 2))
+    raw = torch.from_numpy(arrays["train_images"][1]).float() / 255
+    padded = torch.nn.functional.pad(raw, (1,) * 6)
+
+    def shifted(d, h, w):  # the stored volume moved by (d, h, w) voxels, zeros shifted in
+        return padded[1 - d:29 - d, 1 - h:29 - h, 1 - w:29 - w]
+
+    dm = MedMNIST3DDataModule(str(tmp_path), "vessel", shift_augment=1, verify=False)
+    offsets = [(d, h, w) for d in (-1, 0, 1) for h in (-1, 0, 1) for w in (-1, 0, 1)]
+    seen = set()
+    for _ in range(300):
+        x = dm.dataset("train")[1][0][0]
+        match = [o for o in offsets if torch.equal(x, shifted(*o))]
+        assert len(match) == 1, "a training volume is not a zero-filled shift of the stored one"
+        seen.add(match[0])
+    assert seen == set(offsets)
+    for split in ("val", "test"):
+        torch.testing.assert_close(dm.dataset(split)[0][0][0],
+                                   torch.from_numpy(arrays[f"{split}_images"][0]).float() / 255, rtol=0, atol=0)
+    both = MedMNIST3DDataModule(str(tmp_path), "vessel", flip_augment=True, shift_augment=2, verify=False)
+    assert both.dataset("train")[1][0].shape == (1, 28, 28, 28)
+    for bad in (-1, 28, 1.5):
+        with pytest.raises(ValueError, match=r"`shift_augment` must be an int in \[0, size=28\)"):
+            MedMNIST3DDataModule(str(tmp_path), "vessel", shift_augment=bad, verify=False)
+
+
 def test_datamodule_download_prefers_the_data_root(tmp_path, monkeypatch):
     """``download=True`` without ``root`` uses ``$HOFORMER_DATA/medmnist3d`` when it already holds the file (no
     download; an offline machine with the shared data works), else the writable cache."""

@@ -76,15 +76,20 @@ class LTSFDataModule(SplitDataModule):
 class MedMNIST3DDataModule(SplitDataModule):
     """MedMNIST3D volumes ``(B, 1, S, S, S)`` in [0, 1] with labels ``(B, 1)`` (int64). ``root=None`` resolves to
     ``$HOFORMER_DATA/medmnist3d``; with ``download=True`` to that folder only if it already holds the file, else the
-    writable cache ``~/.cache/hoformer/medmnist3d``. ``flip_augment`` adds random flips along the three
-    spatial axes on the training split. ``verify=False`` skips the official MD5 check (another copy of the file; its
-    layout and label range are still checked)."""
+    writable cache ``~/.cache/hoformer/medmnist3d``. Training-split augmentation (never validation / test):
+    ``flip_augment`` flips each of the three spatial axes with probability 1/2; ``shift_augment=k`` then translates
+    the volume by a random integer in ``[-k, k]`` voxels along each axis, filling with zeros (a random crop of the
+    zero-padded volume). ``verify=False`` skips the official MD5 check (another copy of the file; its layout and
+    label range are still checked)."""
 
     def __init__(self, root: str | None = None, flag: str = "adrenalmnist3d", size: int = 28, batch_size: int = 32,
                  num_workers: int = 0, download: bool = False, flip_augment: bool = False, pin_memory: bool = False,
-                 eval_batch_size: int | None = None, verify: bool = True):
+                 eval_batch_size: int | None = None, verify: bool = True, shift_augment: int = 0):
         super().__init__(batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory,
                          eval_batch_size=eval_batch_size)
+        if not isinstance(shift_augment, int) or not 0 <= shift_augment < size:
+            raise ValueError(f"MedMNIST3DDataModule: `shift_augment` must be an int in [0, size={size}), got "
+                             f"{shift_augment!r}")
         self.save_hyperparameters()
         self.flag, self.size = _flag(flag), size
         if root is None:  # download=True: the data root when it already holds the file, else the writable cache
@@ -96,7 +101,8 @@ class MedMNIST3DDataModule(SplitDataModule):
 
     def _make(self, split: str) -> Dataset:
         h = self.hparams
-        tf = _flip3d if (split == "train" and h.flip_augment) else None
+        augment = split == "train" and (h.flip_augment or h.shift_augment)
+        tf = _Augment3D(h.flip_augment, h.shift_augment) if augment else None
         return MedMNIST3D(self.root, self.flag, split, self.size, transform=tf, download=h.download, verify=h.verify)
 
     @property
@@ -104,13 +110,27 @@ class MedMNIST3DDataModule(SplitDataModule):
         return len(MEDMNIST3D_INFO[self.flag]["labels"])
 
 
-def _flip3d(image):
-    import torch
+class _Augment3D:
+    """Random flips and integer shifts of a ``(C, D, H, W)`` volume, drawn from the global torch RNG (reseeded per
+    epoch and per worker by :class:`~hoformer.train.TaskModule`, so augmented runs resume exactly)."""
 
-    for dim in (-1, -2, -3):
-        if float(torch.rand(())) < 0.5:
-            image = image.flip(dim)
-    return image
+    def __init__(self, flip: bool, shift: int) -> None:
+        self.flip, self.shift = flip, shift
+
+    def __call__(self, image):
+        import torch
+        import torch.nn.functional as F
+
+        if self.flip:
+            for dim in (-1, -2, -3):
+                if float(torch.rand(())) < 0.5:
+                    image = image.flip(dim)
+        k = self.shift
+        if k:
+            d, h, w = (int(x) for x in torch.randint(0, 2 * k + 1, (3,)))  # crop offsets in the padded volume
+            size = image.shape[-3:]
+            image = F.pad(image, (k,) * 6)[..., d:d + size[0], h:h + size[1], w:w + size[2]]
+        return image
 
 
 class MultispectralDataModule(SplitDataModule):
