@@ -568,3 +568,18 @@ def test_paper_scale_defaults():
     for name, depth in (("hot_forecaster", 2), ("hot_volume_classifier", 6), ("hot_segmenter", 6)):
         m = create_model(name)
         assert len(m.encoder.blocks) == depth and m.encoder.norm.normalized_shape == (128,)
+
+
+def test_cnn3d_reference_arguments():
+    m = create_model("cnn3d_classifier", norm="batch", widths=(4, 8), input_size=(8, 6, 4)).eval()
+    assert m(torch.randn(2, 1, 8, 6, 4)).shape == (2, 2)
+    assert any(isinstance(x, torch.nn.BatchNorm3d) for x in m.modules())
+    assert any(isinstance(x, torch.nn.GroupNorm) for x in create_model("cnn3d_classifier").modules())
+    with pytest.raises(ValueError, match="`norm` must be 'group' or 'batch', got 'layer'"):
+        create_model("cnn3d_classifier", norm="layer")
+    with pytest.raises(ValueError, match=r"`input_size` \(28, 28, 27\) must be divisible by 2 \*\* \(len\(widths\)"):
+        create_model("cnn3d_classifier", input_size=(28, 28, 27))
+    with pytest.raises(ValueError, match="`widths` must be a non-empty sequence of positive ints"):
+        create_model("cnn3d_classifier", widths=())
+    with pytest.raises(ValueError, match=r"expected `x` of shape \(B, 1, 28, 28, 28\)"):
+        create_model("cnn3d_classifier")(torch.randn(2, 1, 28, 28, 14))

@@ -144,7 +144,8 @@ def classification():
         # the convolutional reference (not a Table 2 row): same data, epochs, batch and checkpoint selection; AdamW at
         # the usual CNN settings (lr 1e-3, weight decay 1e-4) instead of the transformers' lr 2e-4 / 0.1
         run = f"medmnist3d/{flag}_cnn3d"
-        kw = {"in_channels": 1, "input_size": 28, "num_classes": n, "widths": [16, 32, 64], "dropout": 0.0}
+        kw = {"in_channels": 1, "input_size": 28, "num_classes": n, "widths": [16, 32, 64], "dropout": 0.0,
+              "norm": "group"}
         model = task("ClassificationTask", "cnn3d_classifier", kw)
         model["init_args"].update(lr=1e-3, weight_decay=1e-4)
         yield run, f"Table 2 protocol: {flag.capitalize()}MNIST3D 28^3, small 3D CNN reference (cnn3d_classifier).", {
