@@ -575,6 +575,9 @@ def test_cnn3d_reference_arguments():
     assert m(torch.randn(2, 1, 8, 6, 4)).shape == (2, 2)
     assert any(isinstance(x, torch.nn.BatchNorm3d) for x in m.modules())
     assert any(isinstance(x, torch.nn.GroupNorm) for x in create_model("cnn3d_classifier").modules())
+    odd = create_model("cnn3d_classifier", widths=(12, 6), input_size=4)  # widths not divisible by 8 groups
+    assert [g.num_groups for g in odd.modules() if isinstance(g, torch.nn.GroupNorm)] == [4, 4, 2, 2]
+    assert odd(torch.randn(1, 1, 4, 4, 4)).shape == (1, 2)
     with pytest.raises(ValueError, match="`norm` must be 'group' or 'batch', got 'layer'"):
         create_model("cnn3d_classifier", norm="layer")
     with pytest.raises(ValueError, match=r"`input_size` \(28, 28, 27\) must be divisible by 2 \*\* \(len\(widths\)"):

@@ -13,6 +13,7 @@ Axis legend: ``b`` batch, ``c`` channels, ``d h w`` voxels.
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -27,8 +28,8 @@ __all__ = ["CNN3DClassifier"]
 
 def _stage(c_in: int, c_out: int, norm: str) -> nn.Sequential:
     def conv(i: int) -> list[nn.Module]:
-        bn = nn.BatchNorm3d(c_out) if norm == "batch" else nn.GroupNorm(min(8, c_out), c_out)
-        return [nn.Conv3d(i, c_out, 3, padding=1, bias=False), bn, nn.ReLU()]
+        layer = nn.BatchNorm3d(c_out) if norm == "batch" else nn.GroupNorm(math.gcd(8, c_out), c_out)
+        return [nn.Conv3d(i, c_out, 3, padding=1, bias=False), layer, nn.ReLU()]
 
     return nn.Sequential(*conv(c_in), *conv(c_out))
 
@@ -42,9 +43,9 @@ class CNN3DClassifier(HoformerModel):
         widths: channels of each stage; every stage but the first halves the resolution, so ``input_size`` must be
             divisible by ``2 ** (len(widths) - 1)``.
         dropout: dropout before the classifier.
-        norm: ``"group"`` (GroupNorm, 8 groups: the same function in training and evaluation) or ``"batch"``
-            (BatchNorm; its running statistics lag the weights at lr 1e-3, and on AdrenalMNIST3D the evaluation-mode
-            accuracy then swung between 22 % and 85 % from epoch to epoch, docs/results_hot.md).
+        norm: ``"group"`` (GroupNorm with ``gcd(8, width)`` groups: the same function in training and evaluation)
+            or ``"batch"`` (BatchNorm; its running statistics lag the weights at lr 1e-3, and on AdrenalMNIST3D
+            the evaluation-mode accuracy then swung between 22 % and 85 % from epoch to epoch, docs/results_hot.md).
     """
 
     _name, _legend = "cnn3d_classifier", "(B, C_in, D, H, W)"
