@@ -1,6 +1,7 @@
 """Text classification data for HOBA (paper 004, Table 8): readers, WordPiece tokenizer, datasets, datamodule.
 
-Files are read from ``$HOFORMER_DATA/text/<name>/`` (or ``root=``), never downloaded here:
+Files are read from ``$HOFORMER_DATA/text/<name>/`` (or ``root=``), never downloaded here, and checked against the
+reference SHA-256 (:data:`TEXT_SHA256`) before parsing where one is known (``verify=False`` for another copy):
 
 * ``sst2``: GLUE SST-2 ``train.tsv`` / ``dev.tsv`` (``sentence<TAB>label`` with a header); split ``test`` is
   ``test_labeled_nonglue.tsv`` (a labelled copy from outside GLUE) and raises ``FileNotFoundError`` when that file
