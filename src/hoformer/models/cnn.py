@@ -19,8 +19,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .base import HoformerModel
-from .hot import _check_input, _sizes
+from .hot import _ImageModel
 from .registry import register_model
 
 __all__ = ["CNN3DClassifier"]
@@ -35,7 +34,7 @@ def _stage(c_in: int, c_out: int, norm: str) -> nn.Sequential:
 
 
 @register_model(name="cnn3d_classifier")
-class CNN3DClassifier(HoformerModel):
+class CNN3DClassifier(_ImageModel):
     """Small 3D CNN classifier ``(B, C_in, D, H, W) -> logits (B, num_classes)`` (see the module docstring).
 
     Args:
@@ -63,13 +62,10 @@ class CNN3DClassifier(HoformerModel):
         fn = self._name
         if norm not in ("group", "batch"):
             raise ValueError(f"{fn}: `norm` must be 'group' or 'batch', got {norm!r}")
-        if not isinstance(num_classes, int) or num_classes < 2:
-            raise ValueError(f"{fn}: `num_classes` must be an int >= 2, got {num_classes!r}")
         widths = tuple(widths)
         if not widths or not all(isinstance(w, int) and w > 0 for w in widths):
             raise ValueError(f"{fn}: `widths` must be a non-empty sequence of positive ints, got {widths!r}")
-        self.in_channels, self.num_classes = in_channels, num_classes
-        self.input_size = _sizes(input_size, 3, fn)
+        self._set_io(3, in_channels, input_size, num_classes)
         step = 2 ** (len(widths) - 1)
         if any(s % step for s in self.input_size):
             raise ValueError(f"{fn}: `input_size` {self.input_size} must be divisible by 2 ** (len(widths) - 1) = "
@@ -82,9 +78,6 @@ class CNN3DClassifier(HoformerModel):
         self.features = nn.Sequential(*layers)
         self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(widths[-1], num_classes))
 
-    def example_inputs(self, batch_size: int = 2):
-        return (torch.randn(batch_size, self.in_channels, *self.input_size),), {}
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_input(x, (self.in_channels, *self.input_size), self._name, self._legend)
+        self._check_x(x)
         return self.head(self.features(x).mean(dim=(2, 3, 4)))  # b c d h w -> b c -> b classes

@@ -156,32 +156,44 @@ class HOTForecaster(HoformerModel):
 
 
 # ---------------------------------------------------------------------------------------- 3D classification
-class _PatchGridModel(HoformerModel):
-    """Shared backbone of the image-like HOT models: ``(B, C_in, *input_size)`` -> conv patch embedding (ReLU) ->
-    ``k``-mode grid of patches ``(B, n1..nk, dim)`` -> optional positional encoding -> ``depth`` blocks."""
+class _ImageModel(HoformerModel):
+    """Input side shared by the image / volume models ``(B, C_in, *input_size) -> ...`` (the HOT classifier and
+    segmenter, the CNN reference): the class-count and size checks, ``example_inputs`` and ``forward``'s input check."""
 
     _name, _legend = "", ""
+
+    def _set_io(self, ndim: int, in_channels, input_size, num_classes) -> None:
+        if not isinstance(num_classes, int) or num_classes < 2:
+            raise ValueError(f"{self._name}: `num_classes` must be an int >= 2, got {num_classes!r}")
+        self.in_channels, self.num_classes = in_channels, num_classes
+        self.input_size = _sizes(input_size, ndim, self._name)
+
+    def example_inputs(self, batch_size: int = 2):
+        return (torch.randn(batch_size, self.in_channels, *self.input_size),), {}
+
+    def _check_x(self, x: torch.Tensor) -> None:
+        _check_input(x, (self.in_channels, *self.input_size), self._name, self._legend)
+
+
+class _PatchGridModel(_ImageModel):
+    """Shared backbone of the image-like HOT models: ``(B, C_in, *input_size)`` -> conv patch embedding (ReLU) ->
+    ``k``-mode grid of patches ``(B, n1..nk, dim)`` -> optional positional encoding -> ``depth`` blocks."""
 
     def _build(self, ndim: int, in_channels, num_classes, input_size, attention, dim, depth, num_heads, patch_size,
                mlp_ratio, dropout, drop_path, pos_embed, qk_norm) -> None:
         fn = self._name
         _check_attention(attention, fn)
-        if not isinstance(num_classes, int) or num_classes < 2:
-            raise ValueError(f"{fn}: `num_classes` must be an int >= 2, got {num_classes!r}")
-        self.in_channels, self.num_classes, self.patch_size = in_channels, num_classes, patch_size
-        self.input_size = _sizes(input_size, ndim, fn)
+        self._set_io(ndim, in_channels, input_size, num_classes)
+        self.patch_size = patch_size
         self.grid = _grid(self.input_size, patch_size, fn)
         rope_modes, self.pos = _pos(pos_embed, self.grid, dim, fn)
         self.embed = PatchEmbed(in_channels, dim, patch_size, ndim=ndim, act="relu")
         self.encoder = _encoder(attention, dim, depth, num_heads, ndim, rope_modes, mlp_ratio, dropout, drop_path,
                                 qk_norm)
 
-    def example_inputs(self, batch_size: int = 2):
-        return (torch.randn(batch_size, self.in_channels, *self.input_size),), {}
-
     def _encode(self, x: torch.Tensor, masks, return_attention: bool):
         """``x`` -> encoded grid ``(B, n1..nk, dim)`` and the attention maps (``None`` unless asked)."""
-        _check_input(x, (self.in_channels, *self.input_size), self._name, self._legend)
+        self._check_x(x)
         z = self.embed(x)
         if self.pos is not None:
             z = self.pos(z)
