@@ -11,7 +11,8 @@ in the same process so that machine load hits them alike. On CPU the clock is th
 machine; ``--clock wall`` for wall time); CUDA uses synchronised wall time. Ratios are computed from numbers
 measured in this run.
 
-Peak memory, every measurement in a fresh subprocess:
+Peak memory, every measurement in a fresh subprocess, after one untimed warm-up fwd+bwd of the same call (first-call
+library state, e.g. cuBLAS workspaces or the CPU's ~80 MiB of mapped kernels, is not the candidate's memory):
   * CUDA: ``torch.cuda.max_memory_allocated`` minus the memory held before the call.
   * CPU: peak resident set size of the child: the kernel's high-water mark ``VmHWM`` is reset through
     ``/proc/self/clear_refs`` (value 5) after the inputs exist, then ``VmHWM - VmRSS_before`` is read after the
@@ -32,7 +33,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from hoformer.functional.triplet import triplet_attention, triplet_attention_naive, triplet_windows
+from hoformer.functional.triplet import (
+    _DEFAULT_CHUNK, _tile_rows, triplet_attention, triplet_attention_naive, triplet_windows,
+)
 
 
 # --------------------------------------------------------------------------------------------- candidates
@@ -109,12 +112,14 @@ def memory_child(name, B, H, L, D, args) -> dict[str, float]:
         saved[st.data_ptr()] = max(saved.get(st.data_ptr(), 0), st.nbytes())
         return t
 
+    # one untimed fwd+bwd first: one-time costs of the first call would otherwise count as the kernel's peak.
+    # CUDA: cuBLAS allocates its workspaces (32 MiB per handle on sm90, one per autograd thread) from the caching
+    # allocator; CPU: the first matmuls / autograd calls map ~80 MiB of library code and buffers into the resident set
+    # (measured: fast kernel 128 MiB cold vs 48 MiB warm at the target configuration)
+    CANDIDATES[name][1](x, args).sum().backward()
+    for t in x:
+        t.grad = None
     if device.type == "cuda":
-        # one untimed fwd+bwd first: cuBLAS allocates its workspaces (32 MiB per handle on sm90, one per autograd
-        # thread) from the caching allocator on first use, which would otherwise count as the kernel's peak
-        CANDIDATES[name][1](x, args).sum().backward()
-        for t in x:
-            t.grad = None
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -146,13 +151,16 @@ def measure_memory(name, B, H, L, D, args) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------------------- flops
-def flops(name: str, L: int, D: int, block: int, overlap: float) -> float:
+def flops(name: str, L: int, D: int, block: int, overlap: float, device: str = "cpu") -> float:
     """FLOPs executed by the contractions of one (batch, head), forward + backward (recomputation included)."""
     if name == "full2d":  # flash attention: QK^T, AV forward; backward recomputes QK^T, then dV, dP, dQ, dK
         return 2 * (L * L * D) * 7
     s = min(block, L)
     w = len(triplet_windows(L, block, overlap))
-    units = 6 if name == "naive" else 8  # s^3 d contractions: naive 2 fwd + 4 bwd; fast 2 fwd + 6 bwd (recompute)
+    # s^3 d contractions: naive 2 fwd + 4 bwd; fast 2 fwd + 5 bwd (recompute) when a tile holds whole windows, else
+    # 6 bwd (dv1 and dv2 separately, no (s, s, d) tensor)
+    whole = _tile_rows(1, s, D, _DEFAULT_CHUNK.get(device, 1 << 24))[1] == s
+    units = 6 if name == "naive" else 7 if whole else 8
     return 2 * units * w * s**3 * D
 
 
@@ -179,7 +187,7 @@ def main(argv=None):
     if args._child:
         print(json.dumps(memory_child(args._child, args.batch, args.heads, args.lengths[0], args.dim, args)))
         return
-    H, D = args.heads, args.dim
+    H, D, dev = args.heads, args.dim, torch.device(args.device).type
     clock = "process CPU time" if args.device == "cpu" and args.clock == "cpu" else "wall-clock"
     print(f"device={args.device} dtype={args.dtype} threads={torch.get_num_threads()} torch={torch.__version__} "
           f"timing={clock}, best of {args.repeats}")
@@ -199,8 +207,8 @@ def main(argv=None):
             mem = row["fast"]["peak_mib"] / row["naive"]["peak_mib"]
             print(f"peak-memory ratio fast/naive = {mem:.3f}  (target <= 0.2)")
             print(f"saved-tensor ratio fast/naive = {row['fast']['saved_mib'] / row['naive']['saved_mib']:.3f}")
-        print(f"GFLOP (fwd+bwd): naive {B * H * flops('naive', L, D, args.block, args.overlap) / 1e9:.1f}, "
-              f"fast {B * H * flops('fast', L, D, args.block, args.overlap) / 1e9:.1f}")
+        print(f"GFLOP (fwd+bwd): naive {B * H * flops('naive', L, D, args.block, args.overlap, dev) / 1e9:.1f}, "
+              f"fast {B * H * flops('fast', L, D, args.block, args.overlap, dev) / 1e9:.1f}")
 
     if args.part in ("scaling", "all"):
         B = args.batch or 2
@@ -214,8 +222,8 @@ def main(argv=None):
             mh = mf = {"peak_mib": float("nan")}
             if not args.no_memory:
                 mh, mf = (measure_memory(n, B, H, L, D, args) for n in ("hoba", "full2d"))
-            fh = B * H * flops("fast", L, D, args.block, args.overlap) / 1e9
-            ff = B * H * flops("full2d", L, D, args.block, args.overlap) / 1e9
+            fh = B * H * flops("fast", L, D, args.block, args.overlap, dev) / 1e9
+            ff = B * H * flops("full2d", L, D, args.block, args.overlap, dev) / 1e9
             print(f"| {L} | {t['hoba'] * 1e3:.1f} | {t['full2d'] * 1e3:.1f} | {t['hoba'] / t['full2d']:.2f} | "
                   f"{mh['peak_mib']:.1f} | {mf['peak_mib']:.1f} | {mh['peak_mib'] / mf['peak_mib']:.2f} | "
                   f"{fh:.2f} | {ff:.2f} |", flush=True)

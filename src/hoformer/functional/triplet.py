@@ -15,12 +15,14 @@ and a token covered by several overlapping windows (eq 3) receives the mean of i
 :func:`cross_block_attention` is the global routing of eqs 5-7 over the means of non-overlapping blocks, and
 :func:`block_attention` the matched pairwise (2D) block-local baseline of section 4.3 (same windows, same overlap).
 
-:func:`triplet_attention` never forms the ``(s, s, d)`` value-pair tensor ``U = v1 (x) v2`` of Algorithm 1: it
-uses ``C[i] = sum_j v1[j] * (A[i, j, :] @ v2)``. It processes tiles of (windows x query rows) under an element
-budget, so the live ``(s, s)`` score slices never exceed ``chunk_elements``; the backward pass recomputes the
-scores from ``q, k1, k2`` (flash-attention style), so only the inputs, the per-window outputs and one
-log-sum-exp per (window, query) are kept for autograd. :func:`triplet_attention_naive` is the literal per-window
-algorithm of the paper (explicit score cube and value-pair tensor) and serves as the test reference.
+:func:`triplet_attention` never forms the ``(s, s, d)`` value-pair tensor ``U = v1 (x) v2`` of Algorithm 1: it uses
+``C[i] = sum_j v1[j] * (A[i, j, :] @ v2)``. It processes tiles of (windows x query rows) under an element budget, so
+the live ``(s, s)`` score slices never exceed ``chunk_elements``; the backward pass recomputes the scores from
+``q, k1, k2`` (flash-attention style), so only the inputs, the per-window outputs and one log-sum-exp per (window,
+query) are kept for autograd. Its only ``(s, s, d)`` temporary is the gradient ``dU = A^T dC`` of a tile of whole
+windows (within the same budget as that tile's score cube), which yields ``dv1`` and ``dv2`` in one contraction; a
+window split into row chunks takes two contractions instead. :func:`triplet_attention_naive` is the literal
+per-window algorithm of the paper (explicit score cube and value-pair tensor) and serves as the test reference.
 """
 from __future__ import annotations
 
@@ -242,12 +244,16 @@ class _TripletFn(torch.autograd.Function):
                 ci = i1 - i0
                 qc, gc = qw[:, i0:i1], gw[:, i0:i1]
                 a, p, _ = _scores(qc, k1w, k2w, bw, scale, lse[n0:n1, i0:i1])
-                a2 = a.flatten(1, 2)  # n (i j) l
                 dw = (gc[:, :, None] * v1w[:, None]).flatten(1, 2)  # n (i j) d
                 da = torch.matmul(dw, v2w.mT)  # n (i j) l
-                dv2 += torch.matmul(a2.mT, dw)
-                w_ = torch.matmul(a2, v2w).view(n, ci, S, D)
-                dv1 += (w_ * gc[:, :, None]).sum(1)
+                if ci == S:  # whole windows: one contraction dU = A^T dC gives both value gradients
+                    du = torch.matmul(a.flatten(2).mT, gc).view(n, S, S, D)  # n j l d, one tile's worth
+                    dv1 += (du * v2w[:, None]).sum(2)
+                    dv2 += (du * v1w[:, :, None]).sum(1)
+                else:  # row chunks of a large window: no (s, s, d) tensor, two contractions
+                    a2 = a.flatten(1, 2)  # n (i j) l
+                    dv2 += torch.matmul(a2.mT, dw)
+                    dv1 += (torch.matmul(a2, v2w).view(n, ci, S, D) * gc[:, :, None]).sum(1)
                 delta = (gc * C[n0:n1, i0:i1]).sum(-1)  # n i  (= sum_jl A dA)
                 dt = da.view(n, ci, S, S).sub_(delta[..., None, None]).mul_(a).mul_(scale).flatten(1, 2)  # n (i j) l
                 z = torch.matmul(dt, k2w).view(n, ci, S, D)  # sum_l dT[i,j,l] k2[l]
@@ -336,7 +342,8 @@ def triplet_attention(
         ``(B, H, L, D)``: ``o_i = mean_{m covering i} sum_{j,l} A^m[i,j,l] v1[j] * v2[l]`` (eq 4).
 
     Memory: ``O(B H L D)`` saved for backward (inputs, per-window outputs, one log-sum-exp per row) plus one
-    tile; time ``O(B H L s^2 D)`` (forward 2, backward 6 ``s^3 d`` contractions per window).
+    tile; time ``O(B H L s^2 D)`` (forward 2, backward 5 ``s^3 d`` contractions per window; 6 when a window is
+    split into row chunks because ``s * s * max(s, D)`` exceeds ``chunk_elements``).
     """
     mask = _check_inputs(q, k1, k2, v1, v2, mask, block_size, overlap, "triplet_attention")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
