@@ -333,7 +333,15 @@ def test_config_checkpoints_keep_last_ckpt_at_the_last_epoch(rel, tmp_path, monk
 
 def test_atomic_checkpoint_never_torn(tmp_path, monkeypatch):
     io, path = AtomicCheckpointIO(), tmp_path / "model.ckpt"
-    io.save_checkpoint({"w": torch.ones(3)}, path)
+    old = os.umask(0o022)
+    try:
+        io.save_checkpoint({"w": torch.ones(3)}, path)
+        assert path.stat().st_mode & 0o777 == 0o644  # a plain file's permissions, not mkstemp's 0o600
+        path.chmod(0o640)
+        io.save_checkpoint({"w": torch.ones(3)}, path)
+        assert path.stat().st_mode & 0o777 == 0o640  # an existing file keeps its permissions
+    finally:
+        os.umask(old)
 
     def crash(obj, f, *a, **k):
         Path(f).write_bytes(b"half a checkpoint")
@@ -352,6 +360,7 @@ _DDP_SCRIPT = textwrap.dedent("""
     import json, sys, torch, lightning.pytorch as pl
     from hoformer.data import LTSFDataModule
     from hoformer.train import ForecastingTask
+    from hoformer.train.tasks import SavePredictions
 
     class Count(pl.Callback):  # windows scored on this rank by trainer.validate / trainer.test
         def __init__(self):
@@ -377,7 +386,7 @@ _DDP_SCRIPT = textwrap.dedent("""
     count = Count()
     trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
                          max_epochs=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=[count])
+                         enable_model_summary=False, callbacks=[count, SavePredictions(out)])
     trainer.fit(task, dm)
     res = {"fit": {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}}
     (res["validate"],) = trainer.validate(task, dm, verbose=False)
@@ -385,6 +394,7 @@ _DDP_SCRIPT = textwrap.dedent("""
     res["scored"] = count.n
     res["split_len"] = {"validate": len(dm.dataset("val")), "test": len(dm.dataset("test"))}
     res["direct_call_len"] = len(dm.test_dataloader().sampler)  # outside the trainer: the whole split on every rank
+    trainer.predict(task, dm, return_predictions=False)  # SavePredictions: the test split, rank 0 writes it in order
     with open(f"{out}/rank{trainer.global_rank}.json", "w") as f:
         json.dump(res, f)
     if trainer.is_global_zero:
@@ -400,8 +410,8 @@ def _free_port() -> int:
 
 def test_ddp_two_processes_match_single_process(tmp_path):
     """The stock datamodule and task on 2 gloo DDP processes: the trained weights, the validation metrics of fit,
-    validate and test equal one process's, and every validation / test window (odd counts, uneven batches per rank)
-    is scored exactly once across the ranks."""
+    validate and test and the saved predictions (one file, dataset order) equal one process's, and every validation /
+    test window (odd counts, uneven batches per rank) is scored exactly once across the ranks."""
     script = tmp_path / "ddp_run.py"
     script.write_text(_DDP_SCRIPT)
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1",
@@ -423,6 +433,11 @@ def test_ddp_two_processes_match_single_process(tmp_path):
         for k, v in one[stage].items():
             assert ranks[0][stage][k] == pytest.approx(v, rel=1e-5), f"{stage}: {k}"
             assert ranks[1][stage][k] == ranks[0][stage][k], f"{stage}: {k} differs between ranks"
+    # predict: one file in dataset order (the shares were interleaved rank::2 and written per rank before session 9)
+    assert sorted(p.name for p in (tmp_path / "d2").glob("predictions*")) == ["predictions.pt"]
+    p1, p2 = (torch.load(tmp_path / d / "predictions.pt", weights_only=True) for d in ("d1", "d2"))
+    assert p1.shape == (43, 8, 7)
+    torch.testing.assert_close(p2, p1, rtol=1e-3, atol=1e-4)
     w1, w2 = (torch.load(tmp_path / d / "weights.pt", weights_only=True) for d in ("d1", "d2"))
     for k in w1:
         torch.testing.assert_close(w2[k], w1[k], rtol=1e-4, atol=1e-5, msg=f"{k} differs between DDP and 1 process")
@@ -532,6 +547,28 @@ def test_epoch_shuffle_is_drawn_from_seed_and_epoch(tmp_path):
     assert orders[0] != orders[1] != orders[2]
     assert run(5, burn=17)[0] == orders
     assert run(6)[0][0] != orders[0]
+
+
+def test_epoch_seed_follows_torch_manual_seed_without_seed_everything(monkeypatch):
+    """A Python-API user who seeds with torch.manual_seed(s) (no seed_everything, so no PL_GLOBAL_SEED) gets
+    per-epoch seeds from s: different s, different shuffles / dropout / augmentations; the same s, the same ones."""
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC))
+    seeds = []
+    for s in (1, 2, 1):
+        torch.manual_seed(s)
+        seeds.append(task._epoch_seed())
+    assert seeds[0] != seeds[1] and seeds[0] == seeds[2]
+    monkeypatch.setenv("PL_GLOBAL_SEED", "5")  # seed_everything's seed wins
+    assert task._epoch_seed() == (5 + 1_000_003) % (2**31 - 1)
+
+
+def test_cosine_schedule_needs_a_bounded_run(tmp_path):
+    dm = LTSFDataModule(synthetic=True, synthetic_length=300, seq_len=32, pred_len=8, batch_size=64)
+    task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC))
+    with pytest.raises(ValueError, match=r"scheduler='cosine' decays over the whole run, which needs a finite trainer "
+                                         r"`max_epochs` or `max_steps`"):  # was an OverflowError from int(inf)
+        _trainer(tmp_path, max_epochs=-1, limit_val_batches=0).fit(task, dm)
 
 
 # -------------------------------------------------------------------------------------- losses and options
@@ -743,12 +780,21 @@ def test_out_of_range_labels_name_the_problem():
         with pytest.raises(ValueError, match=rf"ClassificationTask: labels must lie in \[0, num_classes=3\).*\[{bad}\]"):
             cls.shared_step((x, torch.tensor([[0], [bad]])), "train")
     assert torch.isfinite(cls.shared_step((x, torch.tensor([[0], [2]])), "train"))
+    assert torch.isfinite(cls.shared_step((x, torch.tensor([0, 2], dtype=torch.uint8)), "train"))
+    # one-hot / multi-label rows were read as their first column (in range, so silently wrong labels)
+    with pytest.raises(ValueError, match=r"ClassificationTask: labels must be \(B,\) or \(B, 1\) class ids for a "
+                                         r"batch of 2, got shape \(2, 3\)"):
+        cls.shared_step((x, torch.tensor([[0, 0, 1], [1, 0, 0]])), "train")
+    with pytest.raises(TypeError, match=r"ClassificationTask: labels must be integer class ids.*torch.float32"):
+        cls.shared_step((x, torch.tensor([0.9, 2.0])), "train")  # was truncated to [0, 2]
     seg = SegmentationTask("hot_segmenter", dict(in_channels=3, num_classes=5, input_size=16, patch_size=4, dim=16,
                                                  num_heads=2, depth=1), ignore_index=255)
     x = torch.randn(2, 3, 16, 16)
     y = torch.randint(0, 5, (2, 16, 16))
     y[0, :4] = 255  # ignored pixels are fine
     assert torch.isfinite(seg.shared_step((x, y), "train"))
+    with pytest.raises(TypeError, match=r"SegmentationTask: labels must be integer class ids"):
+        seg.shared_step((x, y.float()), "train")
     y[1, 3, 3] = 17
     with pytest.raises(ValueError, match=r"SegmentationTask: labels must lie in \[0, num_classes=5\) \(or "
                                          r"ignore_index=255\), got 1 label\(s\) outside it, values \[17\]"):

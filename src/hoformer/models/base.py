@@ -45,12 +45,29 @@ def _fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def _file_mode(path: Path) -> int:
+    """Permissions a plain ``open(path, "w")`` would leave: the existing file's, else ``0o666`` minus the umask
+    (``mkstemp`` creates its file ``0o600``, which teammates sharing a run directory could not read)."""
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        pass
+    try:  # Linux: read the umask without changing it (os.umask(0) would briefly affect every thread)
+        with open("/proc/self/status") as f:
+            umask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        umask = os.umask(0)
+        os.umask(umask)
+    return 0o666 & ~umask
+
+
 def _stage(path: Path, write_fn: Callable[[str], Any]) -> str:
     """Write a hidden temporary sibling of ``path`` with ``write_fn(tmp)`` and fsync it; returns the temporary path."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
         write_fn(tmp)
+        os.chmod(tmp, _file_mode(path))
         _fsync_file(tmp)
     except BaseException:
         os.unlink(tmp)

@@ -39,6 +39,14 @@ def check_labels(y: torch.Tensor, num_classes: int, fn: str, ignore_index: int |
                  lambda: f", got {int(bad.sum())} label(s) outside it, values {torch.unique(y[bad])[:5].tolist()}")
 
 
+def integer_labels(y: torch.Tensor, fn: str, expected: str) -> torch.Tensor:
+    """``y`` as int64 class ids; floating-point (e.g. one-hot or soft) labels raise instead of being truncated."""
+    if y.is_floating_point() or y.is_complex():
+        raise TypeError(f"{fn}: labels must be integer class ids {expected}, got dtype {y.dtype} with shape "
+                        f"{tuple(y.shape)} (one-hot or soft labels: pass their argmax)")
+    return y.long()
+
+
 class TaskModule(L.LightningModule):
     """Base task.
 
@@ -74,7 +82,11 @@ class TaskModule(L.LightningModule):
         raise NotImplementedError
 
     def _epoch_seed(self) -> int:
-        return (int(os.environ.get("PL_GLOBAL_SEED", 0)) + 1_000_003 * (self.current_epoch + 1)) % (2**31 - 1)
+        """``(seed, epoch)`` -> seed; ``seed`` is Lightning's ``seed_everything`` one, else ``torch.initial_seed()``
+        (a plain ``torch.manual_seed(s)`` of a Python-API user; a fixed 0 would give every such ``s`` the same
+        shuffles, dropout masks and augmentations)."""
+        base = int(os.environ.get("PL_GLOBAL_SEED", torch.initial_seed()))
+        return (base + 1_000_003 * (self.current_epoch + 1)) % (2**31 - 1)
 
     def on_train_epoch_start(self) -> None:
         """Reseed everything random in the coming epoch from ``(seed, epoch)``, before its first batch is fetched.
@@ -139,7 +151,12 @@ class TaskModule(L.LightningModule):
         )
         if hp.scheduler == "constant" and hp.warmup_steps == 0:
             return opt
-        total = max(1, int(self.trainer.estimated_stepping_batches))
+        total = self.trainer.estimated_stepping_batches
+        if hp.scheduler != "constant" and not math.isfinite(total):
+            raise ValueError(f"{type(self).__name__}: scheduler='cosine' decays over the whole run, which needs a "
+                             "finite trainer `max_epochs` or `max_steps` (got an unbounded run); use "
+                             "scheduler='constant' for open-ended training")
+        total = max(1, int(total)) if math.isfinite(total) else 1
         warm = int(hp.warmup_steps)
 
         def factor(step: int) -> float:

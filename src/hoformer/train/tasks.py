@@ -42,7 +42,7 @@ from torchmetrics.classification import AUROC, Accuracy, MulticlassAccuracy, Mul
 
 from hoformer.models.base import atomic_write
 
-from .base import TaskModule, check_labels
+from .base import TaskModule, check_labels, integer_labels
 
 __all__ = [
     "ForecastingTask",
@@ -235,8 +235,14 @@ class ClassificationTask(_HotTask):
 
     def shared_step(self, batch, stage: str) -> torch.Tensor:
         x, y = _unpack(batch, type(self).__name__)
-        y = y.reshape(y.shape[0], -1)[:, 0].long() if y.ndim > 1 else y.long()
-        check_labels(y, self.num_classes, type(self).__name__)
+        name, given = type(self).__name__, tuple(y.shape)
+        y = integer_labels(y, name, "(B,) or (B, 1)")
+        if y.ndim == 2 and y.shape[1] == 1:  # MedMNIST's (N, 1) label arrays
+            y = y[:, 0]
+        if y.shape != x.shape[:1]:
+            raise ValueError(f"{name}: labels must be (B,) or (B, 1) class ids for a batch of {x.shape[0]}, got "
+                             f"shape {given} (multi-label / one-hot targets are not supported)")
+        check_labels(y, self.num_classes, name)
         logits = self.model(x)
         loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
         prob = logits.detach().float().softmax(-1)
@@ -277,7 +283,7 @@ class SegmentationTask(_HotTask):
 
     def shared_step(self, batch, stage: str) -> torch.Tensor:
         x, y = _unpack(batch, type(self).__name__)
-        y = y.long()
+        y = integer_labels(y, type(self).__name__, "(B, H, W) or (B, 1, H, W)")
         if y.ndim == 4 and y.shape[1] == 1:
             y = y[:, 0]
         ii = self.hparams.ignore_index
@@ -347,8 +353,10 @@ class ExportPretrained(pl.Callback):
 
 class SavePredictions(BasePredictionWriter):
     """Write the outputs of ``hoformer predict`` to ``<dirpath or log_dir>/predictions.pt``: one tensor concatenated
-    over batches (forecasts ``(N, pred_len, C)``, class probabilities ``(N, K)`` or label maps ``(N, H, W)``),
-    loadable with ``torch.load(..., weights_only=True)``; ``predictions_rank{r}.pt`` per rank under DDP."""
+    over batches in dataset order (forecasts ``(N, pred_len, C)``, class probabilities ``(N, K)`` or label maps
+    ``(N, H, W)``), loadable with ``torch.load(..., weights_only=True)``. Under DDP every rank scores its share of the
+    samples; global rank 0 gathers them with their dataset indices and writes the one file, in order, each sample once
+    (a padded sampler's repeats dropped)."""
 
     def __init__(self, dirpath: str | None = None) -> None:
         super().__init__("epoch")
@@ -358,8 +366,26 @@ class SavePredictions(BasePredictionWriter):
     def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices) -> None:
         if predictions and isinstance(predictions[0], list):  # several predict dataloaders: keep the first
             predictions = predictions[0]
+        if batch_indices and batch_indices[0] and isinstance(batch_indices[0][0], list):  # per dataloader
+            batch_indices = batch_indices[0]
         out = torch.cat([p.detach().cpu() for p in predictions]) if predictions else torch.empty(0)
+        if trainer.world_size > 1:
+            idx = torch.tensor([i for b in batch_indices for i in b], dtype=torch.long)
+            if len(idx) != len(out):
+                raise RuntimeError(f"SavePredictions: {len(out)} predictions but {len(idx)} sample indices on rank "
+                                   f"{trainer.global_rank}; predict_step must return one row per sample")
+            shares = [None] * trainer.world_size
+            torch.distributed.all_gather_object(shares, (idx, out))
+            if not trainer.is_global_zero:
+                return
+            idx = torch.cat([i for i, _ in shares])
+            outs = [o for _, o in shares if len(o)]
+            out = torch.cat(outs) if outs else torch.empty(0)
+            order = torch.argsort(idx, stable=True)
+            idx, out = idx[order], out[order]
+            first = torch.ones_like(idx, dtype=torch.bool)
+            first[1:] = idx[1:] != idx[:-1]
+            out = out[first]
         root = Path(self.dirpath or trainer.log_dir or trainer.default_root_dir)
-        name = f"predictions_rank{trainer.global_rank}.pt" if trainer.world_size > 1 else "predictions.pt"
-        atomic_write(root / name, lambda tmp: torch.save(out, tmp))
-        self.path = str(root / name)
+        atomic_write(root / "predictions.pt", lambda tmp: torch.save(out, tmp))
+        self.path = str(root / "predictions.pt")
