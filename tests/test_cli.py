@@ -235,6 +235,26 @@ def test_fit_then_test_through_cli(tmp_path, monkeypatch):
     assert torch.load(pred, weights_only=True).shape == (n_test, 96, 7)  # every test window predicted
 
 
+def test_cli_writes_checkpoints_atomically_without_a_config_plugin(tmp_path):
+    """The committed configs name AtomicCheckpointIO; a command line (or YAML) without it gets it from the CLI,
+    and another plugin of the user's does not remove it."""
+    from lightning.pytorch.plugins import MixedPrecision
+
+    from hoformer.train.tasks import AtomicCheckpointIO
+
+    args = ["--model=hoformer.train.ForecastingTask", "--model.model_name=hot_forecaster",
+            '--model.model_kwargs={"seq_len": 32, "pred_len": 8, "num_variates": 7, "dim": 16, "num_heads": 2, '
+            '"depth": 1, "patch_size": 8}', "--data=hoformer.data.LTSFDataModule", "--data.synthetic=true",
+            "--data.seq_len=32", "--data.pred_len=8", "--trainer.logger=false", "--trainer.accelerator=cpu",
+            f"--trainer.default_root_dir={tmp_path}"]
+    for extra in ([], ["--trainer.plugins=lightning.pytorch.plugins.MixedPrecision",
+                       "--trainer.plugins.precision=bf16-mixed", "--trainer.plugins.device=cpu"]):
+        trainer = cli.HoformerCLI(args=args + extra, run=False).trainer
+        assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO), extra
+        if extra:
+            assert isinstance(trainer.strategy.precision_plugin, MixedPrecision)
+
+
 def test_recorded_best_falls_back_when_last_ckpt_is_missing_or_stale(tmp_path):
     assert cli._recorded_best(tmp_path / "last.ckpt", "ModelCheckpoint{}") is None
     torch.save({"callbacks": {"K": {"best_model_path": str(tmp_path / "gone.ckpt")}}}, tmp_path / "last.ckpt")

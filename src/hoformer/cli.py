@@ -4,7 +4,8 @@
 :class:`lightning.pytorch.cli.LightningCLI` in subclass mode for both the model (any
 :class:`hoformer.train.TaskModule`) and the data (any ``LightningDataModule``); callbacks (best-validation
 checkpoint, early stopping, ``save_pretrained`` export) and loggers are configured in the YAML files under
-``configs/``. Checkpoints are written atomically (:class:`hoformer.train.tasks.AtomicCheckpointIO`).
+``configs/``. Checkpoints are written atomically (:class:`hoformer.train.tasks.AtomicCheckpointIO`, set by the
+configs and, when a config does not, by the CLI itself).
 
 Extra sub-commands are plain functions registered with :func:`register_command` (``hoformer demo`` here;
 ``hoformer analyze`` and ``hoformer bench`` are reserved hooks filled in by their modules)::
@@ -66,6 +67,19 @@ def _lightning_cli():
                 TaskModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
                 seed_everything_default=0, args=args, run=run, auto_configure_optimizers=False, **kw,
             )
+
+        def instantiate_trainer(self, **kwargs):
+            """Atomic checkpoint writes whatever the config says: a plain ``TorchCheckpointIO`` (no ``plugins`` in the
+            YAML, or other plugins only) is replaced by :class:`~hoformer.train.tasks.AtomicCheckpointIO`; a custom
+            checkpoint IO of the user's is kept."""
+            from lightning.fabric.plugins import TorchCheckpointIO
+
+            from hoformer.train.tasks import AtomicCheckpointIO
+
+            trainer = super().instantiate_trainer(**kwargs)
+            if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
+                trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+            return trainer
 
         def _resolve_best(self) -> None:
             """``--ckpt_path best`` in a fresh process: the best checkpoint that the run's ``last.ckpt`` (written after
