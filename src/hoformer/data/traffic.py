@@ -183,11 +183,13 @@ def load_los_loop(root: str | os.PathLike | None = None, *, speed_path: str | os
 
 
 def time_features(timestamps) -> np.ndarray:
-    """``(T,)`` datetime64 -> ``(T, 2)`` float32 ``[minute of day, day of week (Mon = 0)]``."""
+    """``(T,)`` datetime64 -> ``(T, 2)`` int16 ``[minute of day, day of week (Mon = 0)]``. Integers, so that a
+    ``bf16-true`` run (Lightning casts a batch's floating-point tensors) cannot round minute 1435 to 1432; the
+    models' cyclic encoding computes in float32 from them."""
     import pandas as pd
 
     idx = pd.DatetimeIndex(timestamps)
-    return np.stack([idx.hour * 60 + idx.minute, idx.dayofweek], axis=-1).astype(np.float32)
+    return np.stack([idx.hour * 60 + idx.minute, idx.dayofweek], axis=-1).astype(np.int16)
 
 
 class StandardScaler:
@@ -213,8 +215,15 @@ class StandardScaler:
         return values * (self.std + self.eps) + self.mean
 
 
+def _check_steps(fn: str, **steps) -> None:
+    for name, v in steps.items():
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{fn}: `{name}` must be an int >= 1 (time steps), got {v!r}")
+
+
 def window_starts(num_steps: int, window: int, horizon: int, stride: int = 1) -> np.ndarray:
     """Start indices of every ``window + horizon`` slice of a ``num_steps`` series."""
+    _check_steps(window=window, horizon=horizon, stride=stride, fn="window_starts")
     last = num_steps - window - horizon
     if last < 0:
         raise ValueError(f"window_starts: series of {num_steps} steps is shorter than window + horizon "
@@ -319,6 +328,7 @@ class TrafficDataModule(SplitDataModule):
             raise ValueError(f"TrafficDataModule: `dataset` must be 'metr_la', 'pems_bay' or 'los_loop', got {dataset!r}")
         self.dataset, self.root = dataset, Path(root) if root else _default_root()
         self.data_path, self.adj_path = data_path, adj_path
+        _check_steps(window=window, horizon=horizon, fn="TrafficDataModule")
         self.window, self.horizon = window, horizon
         self.val_ratio, self.test_ratio = val_ratio, test_ratio
         self.drop_empty_windows, self.start, self.expected_nodes = drop_empty_windows, start, num_nodes

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from .base import TaskModule
-from .metrics import forecasting_metrics, masked_mae
+from .metrics import MaskedMAE, forecasting_metrics, masked_mae
 
 __all__ = ["TrafficForecastingTask", "forecast"]
 
@@ -39,6 +39,9 @@ class TrafficForecastingTask(TaskModule):
         self.use_time, self.exp_gamma = use_time, exp_gamma
         self.val_metrics = forecasting_metrics(tuple(horizons), prefix="val/")
         self.test_metrics = forecasting_metrics(tuple(horizons), prefix="test/")
+        # `val/loss` / `test/loss` (the configs' checkpoint monitor): the epoch's masked MAE over every observed entry,
+        # not a mean of per-batch means, which would depend on the batch size and the DDP split when data is missing
+        self.eval_loss = torch.nn.ModuleDict({"val": MaskedMAE(), "test": MaskedMAE()})
 
     def shared_step(self, batch, stage: str):
         pred = forecast(self.model, batch, self.use_time)
@@ -52,7 +55,8 @@ class TrafficForecastingTask(TaskModule):
             return loss
         metrics = self.val_metrics if stage == "val" else self.test_metrics
         metrics.update(pred.detach(), y, m)
-        self.log(f"{stage}/loss", loss, prog_bar=stage == "val", batch_size=bs, sync_dist=True)
+        self.eval_loss[stage].update(pred.detach(), y, m)
+        self.log(f"{stage}/loss", self.eval_loss[stage], prog_bar=stage == "val", batch_size=bs)
         self.log_dict(metrics, batch_size=bs)
         return loss
 
