@@ -228,6 +228,28 @@ def test_datamodule_splits_and_tokenizer_saved(tmp_path):
     assert "query" in vocab and "question" not in vocab
 
 
+def test_export_holds_the_best_checkpoint_and_leaves_the_live_model_alone(tmp_path):
+    """export_dir gets the best checkpoint's weights; the task's own model keeps the last epoch's (it used to be
+    overwritten on global rank 0 only, so a later trainer.test under DDP mixed best and last weights)."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    root = _write_fake_text_root(tmp_path / "data")
+    dm = TextDataModule("sst2", root=str(root), verify=False, max_len=16, batch_size=8, vocab_size=100)
+    dm.setup()
+    task = TextClassificationTask(model_kwargs=dict(vocab_size=dm.tokenizer.vocab_size, num_classes=2, max_len=16,
+                                                    dim=16, num_heads=2, depth=1, attention="full2d"),
+                                  lr=1e-2, export_dir=str(tmp_path / "export"))
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="step", mode="min")  # the best is epoch 0's
+    pl.Trainer(max_epochs=3, logger=False, callbacks=[ckpt], enable_progress_bar=False, enable_model_summary=False,
+               limit_train_batches=2, limit_val_batches=1).fit(task, dm)
+    best = torch.load(ckpt.best_model_path, weights_only=True)["state_dict"]
+    exported = from_pretrained(tmp_path / "export").state_dict()
+    for k, v in exported.items():
+        torch.testing.assert_close(v, best[f"model.{k}"], rtol=0, atol=0)
+    assert any(not torch.equal(v, best[f"model.{k}"]) for k, v in task.model.state_dict().items())
+
+
 def test_task_distills_with_cached_teacher_logits(tmp_path):
     import lightning.pytorch as pl
 

@@ -267,9 +267,10 @@ class TextClassificationTask(TaskModule):
         return loss
 
     # ------------------------------------------------------------------------------------------- export
-    def save_pretrained(self, directory) -> Path:
-        """Model (safetensors + JSON) and, when a datamodule is attached, its tokenizer in one directory."""
-        d = self.model.save_pretrained(directory)
+    def save_pretrained(self, directory, model: torch.nn.Module | None = None) -> Path:
+        """Model (``model``, default this task's; safetensors + JSON) and, when a datamodule is attached, its
+        tokenizer in one directory."""
+        d = (self.model if model is None else model).save_pretrained(directory)
         dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
         if dm is not None and getattr(dm, "tokenizer", None) is not None:
             dm.tokenizer.save(d)
@@ -280,7 +281,11 @@ class TextClassificationTask(TaskModule):
             return
         cb = self.trainer.checkpoint_callback
         best = getattr(cb, "best_model_path", "") if cb is not None else ""
-        if best and os.path.isfile(best):
+        model = self.model
+        if best and os.path.isfile(best):  # into a copy: the live model (every rank's) keeps its trained weights
+            from hoformer.models import create_model
+
             state = torch.load(best, map_location="cpu", weights_only=True)["state_dict"]
-            self.model.load_state_dict({k[len("model."):]: v for k, v in state.items() if k.startswith("model.")})
-        self.save_pretrained(self.hparams.export_dir)
+            model = create_model(self.model.config["name"], **self.model.config["kwargs"])
+            model.load_state_dict({k[len("model."):]: v for k, v in state.items() if k.startswith("model.")})
+        self.save_pretrained(self.hparams.export_dir, model)
