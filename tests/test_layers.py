@@ -372,6 +372,20 @@ def test_mask_shapes_broadcast_like_sdpa(name):
     assert not torch.allclose(y[1:], att(x[1:], masks=[p[:1] for p in per_sample]))  # sample 0's masks differ
 
 
+def test_divided_attention_one_mode_masks_both_stages():
+    """With one mode both stages attend along it; the second stage used to drop the masks unless
+    return_attention=True (a causal mask leaked future positions in plain forward calls)."""
+    torch.manual_seed(0)
+    att = build_attention("divided", 16, 2).eval()
+    x = torch.randn(2, 5, 16)
+    causal = [torch.ones(5, 5, dtype=torch.bool).tril()]
+    y = att(x, masks=causal)
+    torch.testing.assert_close(y, att(x, masks=causal, return_attention=True)[0])
+    x2 = x.clone()
+    x2[:, 3:] += 10.0  # change the future: the first three outputs must not move
+    torch.testing.assert_close(att(x2, masks=causal)[:, :3], y[:, :3])
+
+
 def test_divided_attention_records_both_stages():
     att = build_attention("divided", 16, 2)
     x = torch.randn(2, 3, 4, 16)

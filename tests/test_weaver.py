@@ -501,6 +501,13 @@ def test_bad_inputs_raise_clear_errors():
         model(torch.randn(2, 12, 10, 1), mask=torch.ones(2, 12, 10, 1))
     with pytest.raises(TypeError, match="floating"):
         model(torch.zeros(2, 12, 10, 1, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"`mask` must have shape \(2, 12, 10, 1\) or \(2, 12, 10\), got "
+                                         r"\(2, 12, 10, 1, 1\)"):  # was a raw broadcast error from masked_fill
+        model(torch.randn(2, 12, 10, 1), mask=torch.ones(2, 12, 10, 1, 1, dtype=torch.bool))
+    for name in ("last_value", "historical_average"):  # out_channels was accepted and ignored
+        with pytest.raises(ValueError, match=rf"`out_channels` must equal in_channels=2 \(or be None\), got 1"):
+            create_model(name, num_nodes=10, in_channels=2, out_channels=1)
+        assert create_model(name, num_nodes=10, in_channels=2, out_channels=2).out_channels == 2
     with pytest.raises(ValueError, match="divisible"):
         create_model("weaver", dim=30, num_heads=8)
     with pytest.raises(ValueError, match="kernel"):

@@ -539,7 +539,10 @@ class DividedAttention(nn.Module):
     Returns ``T(x) + S(x + T(x))`` so that the block's residual reproduces TimeSformer's
     ``x <- x + T(x); x <- x + S(x)``: ``T`` is attention along ``first_mode`` for every fiber of the other modes
     (``self.first``), ``S`` the flattened attention over the other modes for every index of ``first_mode``
-    (``self.rest``). Masks of any documented shape, per sample or per head, apply in either stage.
+    (``self.rest``). Masks of any documented shape, per sample or per head, apply in either stage. With a single mode
+    there are no other modes and ``S`` attends along that mode a second time. Inside a pre-norm
+    :class:`~hoformer.layers.blocks.Block` (one norm before the whole layer) ``S`` sees ``LN(x) + T`` where
+    TimeSformer's own block, with a norm per stage, feeds ``LN(x + T)``.
     """
 
     def __init__(self, dim, num_heads=8, qk_norm=True, rope_modes=(), dropout=0.0, dim_head=None,
@@ -588,8 +591,9 @@ class DividedAttention(nn.Module):
             s = self.rest(hs, masks=rest_masks, return_attention=return_attention)
             s, a_s = s if return_attention else (s, None)
             s = s.view(b, n0, *rest_sizes, self.dim).movedim(1, 1 + fm)
-        else:
-            s, a_s = self.rest(h, masks=masks, return_attention=True) if return_attention else (self.rest(h), None)
+        else:  # one mode: no other modes, so the joint stage attends along the same mode again (same masks)
+            s = self.rest(h, masks=masks, return_attention=return_attention)
+            s, a_s = s if return_attention else (s, None)
         y = t + s
         return (y, [a_t] + list(a_s or [])) if return_attention else y
 

@@ -74,7 +74,7 @@ class TrafficModel(HoformerModel):
                                 f"{getattr(mask, 'dtype', type(mask).__name__)}")
             if mask.ndim == 3:
                 mask = mask.unsqueeze(-1)
-            if mask.shape[:3] != x.shape[:3] or mask.shape[-1] not in (1, x.shape[-1]):
+            if mask.ndim != 4 or mask.shape[:3] != x.shape[:3] or mask.shape[-1] not in (1, x.shape[-1]):
                 raise ValueError(f"{name}: `mask` must have shape {tuple(x.shape)} or {tuple(x.shape[:3])}, "
                                  f"got {tuple(mask.shape)}")
             x = x.masked_fill(~mask, 0.0)
@@ -192,7 +192,18 @@ def traffic_hot(num_layers: int = 2, **kwargs) -> TrafficTransformer:
     return TrafficTransformer(["kronecker"] * num_layers, **kwargs)
 
 
-class LastValue(TrafficModel):
+class _CopyBaseline(TrafficModel):
+    """Parameter-free baselines forecast the input channels themselves: ``out_channels`` must equal ``in_channels``
+    (it was silently ignored)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        if self.out_channels != self.in_channels:
+            raise ValueError(f"{type(self).__name__}: forecasts its input channels, so `out_channels` must equal "
+                             f"in_channels={self.in_channels} (or be None), got {kwargs.get('out_channels')!r}")
+
+
+class LastValue(_CopyBaseline):
     """Parameter-free baseline: repeat each sensor's last observed value over the horizon."""
 
     def forward(self, x: torch.Tensor, time: torch.Tensor | None = None, mask: torch.Tensor | None = None):
@@ -206,7 +217,7 @@ class LastValue(TrafficModel):
         return last.unsqueeze(1).expand(-1, self.horizon, -1, -1).contiguous()
 
 
-class HistoricalAverage(TrafficModel):
+class HistoricalAverage(_CopyBaseline):
     """Parameter-free baseline: each sensor's mean observed value over the history window."""
 
     def forward(self, x: torch.Tensor, time: torch.Tensor | None = None, mask: torch.Tensor | None = None):
