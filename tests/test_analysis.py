@@ -365,6 +365,7 @@ def test_stable_rank_callback_values_and_schedule(tmp_path):
     trainer.fit(task, datamodule=dm)
     df = pd.read_csv(next(tmp_path.rglob("metrics.csv")))
     assert df["train/sr/mode0"].notna().sum() == 3  # steps 0, 3, 6 of 8
+    assert df.loc[df["train/sr/mode0"].notna(), "step"].tolist() == [0, 3, 6]  # logged at the measured step, not +1
     val_rows = df[df["val/loss"].notna()]
     assert val_rows["val/sr/sum"].notna().tolist() == [True, False]  # epoch 0 only (every_n_epochs=2)
 
@@ -471,6 +472,13 @@ def test_analyze_forecast_hoba_slice_and_run_files(tmp_path, monkeypatch):
     srs = _capture(monkeypatch, "plot_stable_rank_curves")
     analyze_checkpoint(ckpt, tmp_path / "f2")
     assert srs[0][0][0] == tmp_path / "run" / "logs" / "version_1" / "metrics.csv"
+    # a later `hoformer test` adds a newer metrics.csv without stable-rank columns: the fit's is still found
+    f = tmp_path / "run" / "logs" / "version_3" / "metrics.csv"
+    f.parent.mkdir(parents=True)
+    f.write_text("epoch,step,test/mse\n0,0,0.4\n")
+    srs.clear()
+    analyze_checkpoint(ckpt, tmp_path / "f3")
+    assert srs[0][0][0] == tmp_path / "run" / "logs" / "version_1" / "metrics.csv"
 
     # HOBA: a token in the overlap of windows [0, 16) and [12, 28) is shown in the later window; token 30 in [24, 40)
     create_model("hoba_classifier", vocab_size=50, max_len=40, dim=16, depth=1, num_heads=2).save_pretrained(
@@ -502,7 +510,7 @@ def test_analyze_model_args_and_datamodule_sources(tmp_path):
     loaded, info = load_checkpoint(path, model_args={"mlp_ratio": 2.0})
     for k, v in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[k], v)
-    assert info["datamodule"] is None and info["run_dir"] == tmp_path
+    assert info["datamodule"] is None and info["run_dir"] is None  # not in <run>/checkpoints: no run folder guessed
     # datamodule from a LightningCLI YAML, a class path, or the checkpoint; explicit data args win
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(yaml.safe_dump({"data": {"class_path": "hoformer.data.LTSFDataModule", "init_args": _DATA}}))
@@ -518,6 +526,67 @@ def test_analyze_model_args_and_datamodule_sources(tmp_path):
         build_datamodule(config=cfg)
     with pytest.raises(ValueError, match="no data given"):
         build_datamodule()
+    model.save_pretrained(tmp_path / "pre")  # a folder's config.json fixes the model: --model-args cannot apply
+    with pytest.raises(ValueError, match=r"--model-args \{'mlp_ratio': 2.0\} cannot apply to the save_pretrained"):
+        load_checkpoint(tmp_path / "pre", model_args={"mlp_ratio": 2.0})
+
+
+class RaggedTextDM:
+    """Text-like batches padded to their own longest sample (40 then 20 tokens); records a restored state."""
+
+    restored: list = []
+
+    def test_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        return [{"ids": torch.randint(1, 50, (2, n), generator=g), "mask": torch.ones(2, n, dtype=torch.bool),
+                 "label": torch.zeros(2, dtype=torch.long)} for n in (40, 20)]
+
+    def load_state_dict(self, state):
+        RaggedTextDM.restored.append(state)
+
+
+def _hoba_ckpt(path, **kw):
+    kw = dict(vocab_size=50, max_len=40, dim=16, depth=1, num_heads=2, **kw)
+    model = create_model("hoba_classifier", **kw)
+    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+                "hyper_parameters": {"model_name": "hoba_classifier", "model_kwargs": kw},
+                "RaggedTextDM": {"tokenizer": "the vocabulary the model was trained with"}}, path)
+    return path
+
+
+def test_analyze_text_models_ragged_batches_2d_baselines_and_checkpoint_state(tmp_path):
+    """Text batches change length between batches (maps of other shapes are not averaged in: used to crash); the
+    datamodule gets the checkpoint's state (the tokenizer the model was trained with) before it is set up; HOBA's
+    2D baselines (full and block-local) and every cross-block routing map are drawn (used to write nothing)."""
+    RaggedTextDM.restored.clear()
+    data = f"{__name__}.RaggedTextDM"
+    with pytest.warns(UserWarning, match="change shape between batches"):
+        files = analyze_checkpoint(_hoba_ckpt(tmp_path / "hoba.ckpt"), tmp_path / "a", data=data, num_batches=2)
+    assert sorted(f.name for f in files) == ["cross_block_00_layers_0_attn.png", "hoba_slice_00.png"]
+    assert RaggedTextDM.restored == [{"tokenizer": "the vocabulary the model was trained with"}]
+    for attention in ("full2d", "block2d"):
+        files = analyze_checkpoint(_hoba_ckpt(tmp_path / f"{attention}.ckpt", attention=attention),
+                                   tmp_path / attention, data=data)
+        names = {f.name for f in files}
+        assert any(n.startswith("attention_") for n in names), (attention, names)
+        assert all(f.stat().st_size > 1000 for f in files)
+    rc = analyze_main(["--checkpoint", str(tmp_path / "missing.ckpt"), "--output", str(tmp_path / "x")])
+    assert rc == 2  # a one-line error, not a traceback
+
+
+def test_bench_options_that_leave_nothing_to_measure(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench_main(["--repeats", "0", "--output", str(tmp_path)])
+    assert "--repeats must be >= 1" in capsys.readouterr().err
+    # every case above --max-full-tokens: a clear error instead of a KeyError after the sweep
+    assert bench_main(["--attention", "full", "--sides", "20", "--max-full-tokens", "10", "--no-memory",
+                       "--output", str(tmp_path / "a")]) == 2
+    assert "every case was skipped" in capsys.readouterr().err
+    # a patch that divides no analytic side: the analytic section is skipped, the measured one written
+    assert bench_main(["--attention", "kronecker_product", "--sides", "4", "--repeats", "1", "--patch", "9",
+                       "--no-memory", "--threads", "1", "--output", str(tmp_path / "b")]) == 0
+    assert (tmp_path / "b" / "bench.csv").is_file() and not (tmp_path / "b" / "bench_flops_3d.csv").exists()
+    assert "analytic 3D sweep skipped" in capsys.readouterr().out
 
 
 def test_run_bench_model_rows_use_hot_model_flops():

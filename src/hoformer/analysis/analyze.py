@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import re
+import sys
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -55,7 +58,8 @@ def load_checkpoint(path, map_location: str = "cpu", model_args: dict | None = N
                     ) -> tuple[torch.nn.Module, dict[str, Any]]:
     """``(model, info)`` from a Lightning ``.ckpt`` (``hyper_parameters`` with ``model_name`` / ``model_kwargs``) or a
     ``save_pretrained`` folder. ``model_args`` override the checkpoint's ``model_kwargs`` (e.g. a constructor default
-    that changed since training). ``info``: ``{"kind", "path", "datamodule": dict | None, "run_dir": Path}``."""
+    that changed since training; ``.ckpt`` only). ``info``: ``{"kind", "path", "datamodule": dict | None, "run_dir":
+    Path | None, "states": {datamodule class name: state_dict}}`` (the states restore e.g. a text datamodule's tokenizer)."""
     from hoformer.models import create_model, from_pretrained
 
     p = Path(path)
@@ -66,8 +70,13 @@ def load_checkpoint(path, map_location: str = "cpu", model_args: dict | None = N
         if not (p / "config.json").is_file():
             raise ValueError(f"analyze: folder {str(p)!r} is not a save_pretrained folder (no config.json); pass a "
                              ".ckpt file or the folder written by save_pretrained / ExportPretrained")
+        if model_args:
+            raise ValueError(f"analyze: --model-args {model_args} cannot apply to the save_pretrained folder {str(p)!r}: "
+                             "its config.json fixes the model (edit it, or pass the Lightning .ckpt instead)")
         model = from_pretrained(p, map_location=map_location)
-        return model, {"kind": "pretrained", "path": p, "datamodule": None, "run_dir": p.parent}
+        tok = p / "tokenizer.json"  # TextClassificationTask.save_pretrained: the vocabulary the model was trained with
+        states = {"TextDataModule": {"tokenizer": tok.read_text()}} if tok.is_file() else {}
+        return model, {"kind": "pretrained", "path": p, "datamodule": None, "run_dir": p.parent, "states": states}
     try:
         ckpt = torch.load(p, map_location=map_location, weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch raises many types for non-checkpoints
@@ -90,9 +99,13 @@ def load_checkpoint(path, map_location: str = "cpu", model_args: dict | None = N
         raise ValueError(f"analyze: weights in {str(p)!r} do not match model {hp['model_name']!r} built with "
                          f"{kwargs}: {problem} (if a constructor default changed since training, pass the old value "
                          "with --model-args)")
-    run_dir = p.parent.parent if p.parent.name == "checkpoints" else p.parent
+    # the run folder (config.yaml, metrics.csv) only for Lightning's layout <run>/checkpoints/*.ckpt: a checkpoint
+    # copied elsewhere (e.g. /tmp) must not pick up some other run's files from its neighbours
+    run_dir = p.parent.parent if p.parent.name == "checkpoints" else None
+    # Lightning stores a datamodule's state_dict under its class name (TextDataModule: the trained tokenizer)
+    states = {k: v for k, v in ckpt.items() if isinstance(v, dict) and k[:1].isupper()}
     return model, {"kind": "ckpt", "path": p, "datamodule": ckpt.get("datamodule_hyper_parameters"),
-                   "run_dir": run_dir}
+                   "run_dir": run_dir, "states": states}
 
 
 def _instantiate(class_path: str, init_args: dict):
@@ -171,11 +184,16 @@ def analyze_checkpoint(checkpoint, output, *, config=None, data: str | None = No
     if config is None and data is None and not (stored or {}).get("_class_path"):
         config = _find_run_file(info["run_dir"], "config.yaml") if info["kind"] == "ckpt" else None
     dm = build_datamodule(config=config, data=data, data_args=data_args, stored=stored)
+    state = info["states"].get(type(dm).__qualname__)
+    if state and hasattr(dm, "load_state_dict"):  # before setup: e.g. the tokenizer the model was trained with
+        dm.load_state_dict(state)
     batches = _batches(dm, split, num_batches)
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    mean: list[AttentionRecord] | None = None
+    sums: list[AttentionRecord] | None = None
+    counts: list[int] = []
+    ragged: set[str] = set()
     first = first_pred = None
     for bi, batch in enumerate(batches):
         args, kwargs, target = split_batch(model, batch)
@@ -190,11 +208,20 @@ def analyze_checkpoint(checkpoint, output, *, config=None, data: str | None = No
         if not recs:
             raise ValueError(f"analyze: model {name!r} recorded no attention maps")
         bm = batch_mean_maps(recs)
-        mean = bm if mean is None else [r._replace(maps=[a + b for a, b in zip(r.maps, m.maps)])
-                                        for r, m in zip(mean, bm)]
+        if sums is None:
+            sums, counts = bm, [1] * len(bm)
+        else:  # text batches are padded to their own longest sample: maps of another size are not averaged in
+            for j, (r, m) in enumerate(zip(sums, bm)):
+                if [a.shape for a in r.maps] == [b.shape for b in m.maps]:
+                    sums[j], counts[j] = r._replace(maps=[a + b for a, b in zip(r.maps, m.maps)]), counts[j] + 1
+                else:
+                    ragged.add(r.name)
         if bi == 0:
             first, first_pred = (args, kwargs, target, batch, recs), pred
-    mean = [r._replace(maps=[m / len(batches) for m in r.maps]) for r in mean]
+    if ragged:
+        warnings.warn(f"analyze: the maps of {sorted(ragged)} change shape between batches (padded sequence "
+                      "lengths); each is averaged over the batches of the first batch's shape only", stacklevel=2)
+    mean = [r._replace(maps=[m / c for m in r.maps]) for r, c in zip(sums, counts)]
     modes = MODE_NAMES.get(name)
     for i, r in enumerate(mean):
         tag = f"{i:02d}_{_safe(r.name)}"
@@ -205,7 +232,7 @@ def analyze_checkpoint(checkpoint, output, *, config=None, data: str | None = No
             names = [modes[j] for j in idx] if fits else None
             written.append(plot_mode_maps(r.maps, out / f"attention_{tag}.png", mode_names=names, max_heads=max_heads,
                                           title=f"{name}: {r.name} ({r.kind}{', ' + r.combine if r.combine else ''}), "
-                                                f"{split} mean over {len(batches)} batch(es)"))
+                                                f"{split} mean over {counts[i]} batch(es)"))
             if signed:  # Weaver valence maps: signed messages
                 for m, mname in zip(r.maps, names or [f"mode{j}" for j in range(len(r.maps))]):
                     written.append(plot_signed_maps(m, out / f"weaver_{_safe(mname)}_{i:02d}.png",
@@ -215,6 +242,17 @@ def analyze_checkpoint(checkpoint, output, *, config=None, data: str | None = No
         elif r.kind == "full" and r.maps[0].shape[-1] <= 1024:
             written.append(plot_mode_maps(r.maps, out / f"attention_{tag}.png", mode_names=["tokens"],
                                           max_heads=max_heads, title=f"{name}: {r.name} (full), {split} mean"))
+        elif r.kind == "block":  # HOBA's 2D baselines: (H, L, L) full, or (H, W, s, s) per window (mean over them)
+            local = r.maps[0] if r.maps[0].ndim == 3 else r.maps[0].mean(1)
+            what = "tokens" if r.maps[0].ndim == 3 else "position in window"
+            written.append(plot_mode_maps([local], out / f"attention_{tag}.png", mode_names=[what],
+                                          max_heads=max_heads, title=f"{name}: {r.name} (2D "
+                                          f"{'full' if r.maps[0].ndim == 3 else 'block-local, mean over windows'}), "
+                                          f"{split} mean over {counts[i]} batch(es)"))
+        if r.kind in ("triplet", "block") and len(r.maps) > 1:  # cross-block routing (eqs 5-7) over block means
+            written.append(plot_mode_maps([r.maps[1]], out / f"cross_block_{tag}.png", mode_names=["block"],
+                                          max_heads=max_heads, title=f"{name}: {r.name} cross-block attention, "
+                                          f"{split} mean over {counts[i]} batch(es)"))
     # HOBA: a key1 x key2 slice of one query token of one sample (no batch averaging: positions are sample-specific)
     args, kwargs, target, batch, recs = first
     for i, r in enumerate(recs):
@@ -233,7 +271,7 @@ def analyze_checkpoint(checkpoint, output, *, config=None, data: str | None = No
                                           title=f"{name}: {r.name}, sample {sample}, token {t} (window {w}, "
                                                 f"positions {starts[w]}..{starts[w] + s - 1})"))
     written += _forecast(first_pred, args, target, batch, out, name, sample)
-    mpath = Path(metrics) if metrics is not None else _find_run_file(info["run_dir"], "metrics.csv")
+    mpath = Path(metrics) if metrics is not None else _find_run_file(info["run_dir"], "metrics.csv", _has_sr)
     if mpath is not None:
         try:
             written.append(plot_stable_rank_curves(mpath, out / "stable_rank.png"))
@@ -264,12 +302,23 @@ def _forecast(pred, args, target, batch, out: Path, name: str, sample: int) -> l
     return []
 
 
-def _find_run_file(run_dir: Path | None, name: str) -> Path | None:
+def _has_sr(path: Path) -> bool:
+    """A ``metrics.csv`` whose header has stable-rank columns (``hoformer test`` / ``predict`` add version folders
+    whose metrics have none, and must not hide the fit's)."""
+    try:
+        with open(path) as f:
+            return "sr/" in f.readline()
+    except OSError:
+        return False
+
+
+def _find_run_file(run_dir: Path | None, name: str, accept=None) -> Path | None:
     """Newest ``name`` under a run folder (LightningCLI writes ``config.yaml`` and CSVLogger ``metrics.csv`` into
-    ``<run>/logs/version_*``)."""
+    ``<run>/logs/version_*``) for which ``accept(path)`` holds."""
     if run_dir is None or not Path(run_dir).is_dir():
         return None
     found = [f for depth in range(4) for f in Path(run_dir).glob("/".join(["*"] * depth + [name]))]
+    found = [f for f in found if accept is None or accept(f)]
     found.sort(key=lambda p: p.stat().st_mtime)
     return found[-1] if found else None
 
@@ -292,6 +341,10 @@ def analyze_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--output", default="runs/analysis", help="folder of the PNGs (default runs/analysis)")
     a = p.parse_args(argv)
+    if a.num_batches < 1:
+        p.error(f"--num-batches must be >= 1, got {a.num_batches}")
+    if importlib.util.find_spec("matplotlib") is None:
+        p.error("needs matplotlib for its figures: pip install 'hoformer[plots]' (or `make install`)")
     parsed = {}
     for opt in ("data_args", "model_args"):
         try:
@@ -300,10 +353,18 @@ def analyze_main(argv: Sequence[str] | None = None) -> int:
             p.error(f"--{opt.replace('_', '-')} must be a JSON object: {e}")
         if not isinstance(parsed[opt], dict):
             p.error(f"--{opt.replace('_', '-')} must be a JSON object")
-    files = analyze_checkpoint(a.checkpoint, a.output, config=a.config, data=a.data, data_args=parsed["data_args"],
-                    split=a.split, num_batches=a.num_batches, metrics=a.metrics, token=a.token, sample=a.sample,
-                    max_heads=a.max_heads, device=a.device, model_args=parsed["model_args"])
+    try:
+        files = analyze_checkpoint(a.checkpoint, a.output, config=a.config, data=a.data,
+                                   data_args=parsed["data_args"], split=a.split, num_batches=a.num_batches,
+                                   metrics=a.metrics, token=a.token, sample=a.sample, max_heads=a.max_heads,
+                                   device=a.device, model_args=parsed["model_args"])
+    except (FileNotFoundError, ValueError) as e:  # the documented input errors: one line, not a traceback
+        print(f"hoformer analyze: error: {e}", file=sys.stderr)
+        return 2
     for f in files:
         print(f)
     print(f"hoformer analyze: wrote {len(files)} figure(s) to {a.output}")
+    if not files:
+        print("hoformer analyze: warning: nothing to draw for this model", file=sys.stderr)
+        return 1
     return 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import math
 import os
 import statistics
@@ -237,6 +238,12 @@ def _strs(s: str) -> list[str]:
     return [v.strip() for v in s.split(",") if v.strip()]
 
 
+def _to_csv(df, path: Path) -> None:
+    from hoformer.models.base import atomic_write
+
+    atomic_write(path, lambda tmp: df.to_csv(tmp, index=False))
+
+
 def bench_main(argv: Sequence[str] | None = None) -> int:
     """``hoformer bench``: attention / model scaling benchmark; writes ``bench.csv``, ``bench_summary.csv``,
     ``bench_flops_3d.csv`` and PNGs to ``--output`` and prints a summary table."""
@@ -268,6 +275,11 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="small sweep (< 60 s on a CPU): product, sum and full "
                    "attention on 3-mode cubes of side 4..12, one model size")
     a = p.parse_args(argv)
+    for opt in ("repeats", "dim", "heads", "batch", "modes", "patch", "analytic_depth", "analytic_dim"):
+        if getattr(a, opt) < 1:
+            p.error(f"--{opt.replace('_', '-')} must be >= 1, got {getattr(a, opt)}")
+    if importlib.util.find_spec("matplotlib") is None:  # before the sweep, not after it
+        p.error("needs matplotlib for its figures: pip install 'hoformer[plots]' (or `make install`)")
     if a.threads:
         torch.set_num_threads(a.threads)
     if a.quick:
@@ -280,6 +292,7 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--attention: unknown {bad}; expected names from {sorted(ATTENTION_TYPES)}")
     import pandas as pd
 
+    sides3 = sorted({s for s in (28, 56, 84, 112, 140, 168, 196, 224) if s <= a.analytic_max and s % a.patch == 0})
     out = Path(a.output)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -289,10 +302,14 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
                  repeats=a.repeats, models=a.models, model_sides=a.model_sides, model_depth=a.model_depth,
                  patch=a.patch, max_full_tokens=a.max_full_tokens, max_seconds=a.max_seconds, device=a.device,
                  dtype=a.dtype, memory=not a.no_memory)
+    if not rows:
+        print(f"hoformer bench: error: every case was skipped (--max-full-tokens {a.max_full_tokens}, "
+              f"--max-seconds {a.max_seconds}, sides {a.sides}); nothing measured", file=sys.stderr)
+        return 2
     df = pd.DataFrame(rows)
-    df.to_csv(out / "bench.csv", index=False)
+    _to_csv(df, out / "bench.csv")
     summary = summarize(df)
-    summary.to_csv(out / "bench_summary.csv", index=False)
+    _to_csv(summary, out / "bench_summary.csv")
     files = [out / "bench.csv", out / "bench_summary.csv"]
     for target, d in df.groupby("target", sort=False):
         tag = "" if target == "layer" else f"_{target}"
@@ -303,25 +320,30 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
             if d[y].notna().any() and (d[y] > 0).any():
                 files.append(plot_scaling(d, out / f"bench{tag}_{y}.png", y=y, ylabel=label, tail=0.5,
                                           title=f"{target} ({d['device'].iloc[0]}): slopes fitted on the larger half"))
-    sides3 = sorted({s for s in (28, 56, 84, 112, 140, 168, 196, 224) if s <= a.analytic_max and s % a.patch == 0})
     atts3 = [x for x in ("kronecker_product", "kronecker_sum", "full", "divided", "axial") if x in ATTENTION_TYPES]
-    ana = pd.DataFrame(analytic_3d_sweep(atts3, sides3, patch=a.patch, dim=a.analytic_dim, depth=a.analytic_depth,
-                                         heads=8))
-    ana.to_csv(out / "bench_flops_3d.csv", index=False)
-    files += [out / "bench_flops_3d.csv",
-              plot_scaling(ana, out / "bench_flops_3d.png", x="input_side", y="gflops",
-                           ylabel="GFLOPs per sample (analytic)",
-                           title=f"hot_volume_classifier, patch {a.patch}, depth {a.analytic_depth}, dim "
-                                 f"{a.analytic_dim}: 3D input side")]
+    ana = None
+    if sides3:
+        ana = pd.DataFrame(analytic_3d_sweep(atts3, sides3, patch=a.patch, dim=a.analytic_dim,
+                                             depth=a.analytic_depth, heads=8))
+        _to_csv(ana, out / "bench_flops_3d.csv")
+        files += [out / "bench_flops_3d.csv",
+                  plot_scaling(ana, out / "bench_flops_3d.png", x="input_side", y="gflops",
+                               ylabel="GFLOPs per sample (analytic)",
+                               title=f"hot_volume_classifier, patch {a.patch}, depth {a.analytic_depth}, dim "
+                                     f"{a.analytic_dim}: 3D input side")]
     with pd.option_context("display.width", 160, "display.max_columns", 20, "display.float_format", "{:.3g}".format):
         print("\nper-sample results:")
         print(df[["target", "attention", "sizes", "tokens", "gflops", "gflops_counted", "time_fwd_ms",
                   "time_fwdbwd_ms", "mem_fwdbwd_mb"]].to_string(index=False))
         print("\ngrowth exponents in the number of tokens (fitted on the larger half of each sweep):")
         print(summary.to_string(index=False))
-        big = ana[ana.input_side == ana.input_side.max()]
-        print(f"\nanalytic GFLOPs per sample at {int(big.input_side.iloc[0])}^3 (patch {a.patch}):")
-        print(big[["attention", "tokens", "gflops"]].to_string(index=False))
+        if ana is not None:
+            big = ana[ana.input_side == ana.input_side.max()]
+            print(f"\nanalytic GFLOPs per sample at {int(big.input_side.iloc[0])}^3 (patch {a.patch}):")
+            print(big[["attention", "tokens", "gflops"]].to_string(index=False))
+        else:
+            print(f"\nanalytic 3D sweep skipped: no volume side in 28..{a.analytic_max} (steps of 28) is a multiple "
+                  f"of --patch {a.patch}")
     print(f"\nwrote {len(files)} files to {out} in {time.time() - t0:.1f} s")
     return 0
 

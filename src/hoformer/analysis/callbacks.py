@@ -106,6 +106,7 @@ class StableRankCallback(Callback):
         self._stack: contextlib.ExitStack | None = None
         self._records: list | None = None
         self._val: dict[str, list[float]] = defaultdict(list)
+        self._step = -1  # global step of the last training measurement
 
     # ---------------------------------------------------------------------------------------------- helpers
     def _start(self, pl_module) -> None:
@@ -127,14 +128,16 @@ class StableRankCallback(Callback):
 
     # ------------------------------------------------------------------------------------------------ train
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if self.train_every_n_steps and trainer.global_step % self.train_every_n_steps == 0:
+        step = trainer.global_step
+        if self.train_every_n_steps and step % self.train_every_n_steps == 0 and step != self._step:
+            self._step = step  # the step's first micro-batch only (gradient accumulation keeps global_step)
             self._start(pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         vals = self._stop()
         if vals and trainer.is_global_zero:  # straight to the loggers: not throttled by log_every_n_steps
-            for logger in trainer.loggers:
-                logger.log_metrics({f"train/sr/{k}": v for k, v in vals.items()}, step=trainer.global_step)
+            for logger in trainer.loggers:  # at the step that was measured (global_step has moved on by now)
+                logger.log_metrics({f"train/sr/{k}": v for k, v in vals.items()}, step=self._step)
 
     # ------------------------------------------------------------------------------------------- validation
     def on_validation_epoch_start(self, trainer, pl_module) -> None:

@@ -40,10 +40,14 @@ def _np(a) -> np.ndarray:
 
 
 def _save(fig, path) -> Path:
+    """Atomic PNG write (a crash never leaves a truncated figure), then the figure is closed."""
+    from hoformer.models.base import atomic_write
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    _plt().close(fig)
+    try:
+        atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format=path.suffix.lstrip(".") or "png"))
+    finally:
+        _plt().close(fig)
     return path
 
 
