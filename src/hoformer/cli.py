@@ -115,7 +115,10 @@ def _recorded_best(last: Path, state_key: str) -> str | None:
 
     if not last.is_file():
         return None
-    ckpt = torch.load(last, map_location="cpu", weights_only=False, mmap=True)  # our own checkpoint: Lightning's format
+    try:  # Lightning checkpoints load with weights_only=True (no unpickling of arbitrary objects)
+        ckpt = torch.load(last, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - torch raises many types for unreadable files: fall back to the glob
+        return None
     best = (ckpt.get("callbacks") or {}).get(state_key, {}).get("best_model_path")
     return best if best and Path(best).is_file() else None
 
