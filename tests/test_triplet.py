@@ -12,6 +12,7 @@ from hoformer.functional import (
     triplet_attention,
     triplet_attention_naive,
     triplet_attention_weights,
+    triplet_grid_length,
     triplet_windows,
 )
 from hoformer.layers import (
@@ -48,6 +49,18 @@ def _mask(B, L, pad):
 ])
 def test_windows(L, b, ov, expected):
     assert triplet_windows(L, b, ov) == expected
+
+
+@pytest.mark.parametrize("L,b,ov,grid", [
+    (10, 4, 0.0, 12), (12, 4, 0.0, 12), (13, 4, 0.25, 16), (10, 4, 0.25, 13), (20, 16, 0.25, 28),
+    (14, 16, 0.25, 28), (12, 16, 0.25, 12), (3, 8, 0.0, 3), (40, 16, 0.25, 52),
+])
+def test_grid_length_gives_the_fixed_window_grid(L, b, ov, grid):
+    """Padded to triplet_grid_length, the windows are exactly the grid starts m * stride below L (eq 3), with no
+    end-aligned window; L <= stride stays one window [0, L)."""
+    assert triplet_grid_length(L, b, ov) == grid
+    stride = max(1, round(b * (1 - ov)))
+    assert triplet_windows(grid, b, ov) == ([0] if L <= stride else list(range(0, L, stride)))
 
 
 def test_naive_matches_explicit_triple_loop():
@@ -285,7 +298,8 @@ def test_text_attention_layers(name):
     y, maps = layer(x, mask=m, return_attention=True)
     assert y.shape == x.shape and torch.isfinite(y).all()
     torch.testing.assert_close(layer(x, mask=m), y)
-    local = {"hoba": (2, 2, 3, 4, 4, 4), "triplet_full": (2, 2, 1, 10, 10, 10), "block2d": (2, 2, 3, 4, 4),
+    # blocked: the fixed grid [0, 4), [3, 7), [6, 10), [9, 13) (padded to 13), not the functional's end window [6, 10)
+    local = {"hoba": (2, 2, 4, 4, 4, 4), "triplet_full": (2, 2, 1, 10, 10, 10), "block2d": (2, 2, 4, 4, 4),
              "full2d": (2, 2, 10, 10)}[name]
     assert maps[0].shape == local
     if name in ("hoba", "block2d"):
@@ -303,7 +317,11 @@ def test_hoba_layer_is_triplet_then_cross_block():
     m = _mask(2, 9, 2)
     hc = HOBAttention(16, 2, block_size=4).double()
     xs = hc.to_in(x).view(2, 9, 5, 2, 8).permute(2, 0, 3, 1, 4)
-    o = cross_block_attention(triplet_attention(*xs, block_size=4, overlap=0.25, mask=m), block_size=4, mask=m)
+    g = triplet_grid_length(9, 4, 0.25)  # 10: the layer pads to the fixed window grid, then crops
+    assert g == 10
+    o = triplet_attention(*(torch.nn.functional.pad(t, (0, 0, 0, 1)) for t in xs), block_size=4, overlap=0.25,
+                          mask=torch.nn.functional.pad(m, (0, 1)))[:, :, :9]
+    o = cross_block_attention(o, block_size=4, mask=m)
     torch.testing.assert_close(hc(x, mask=m), hc.to_out(o.transpose(1, 2).reshape(2, 9, 16)))
     assert isinstance(hc.cross, CrossBlockAttention)
 
@@ -385,9 +403,9 @@ def test_layer_maps_are_normalised_attention(name):
         sums, keys = local.sum(-1), m[:, None, None, :].expand_as(local)
         torch.testing.assert_close(sums, m[:, None, :].to(F64).expand_as(sums))
     else:
-        idx = torch.tensor(triplet_windows(10, 4 if name != "triplet_full" else 10, 0.25 if name != "triplet_full"
-                                           else 0.0))[:, None] + torch.arange(local.shape[3])
-        mw = m[:, idx]  # b w s
+        idx = torch.tensor(layer.window_starts(10))[:, None] + torch.arange(local.shape[3])
+        mp = torch.nn.functional.pad(m, (0, int(idx.max()) + 1 - 10))  # the grid's padding is masked
+        mw = mp[:, idx]  # b w s
         sums = local.flatten(4).sum(-1)  # b h w s
         torch.testing.assert_close(sums, mw[:, None].to(F64).expand_as(sums))
         keys = mw[:, None, :, None, :].expand(local.shape[:5])

@@ -261,11 +261,14 @@ def analyze_checkpoint(checkpoint, output, *, config=None, data: str | None = No
         cube = r.maps[0]  # (B, H, W, s, s, s)
         mod = model.get_submodule(r.name)
         L = args[0].shape[1]
-        bs = getattr(mod, "block_size", None) or L
-        starts = triplet_windows(L, bs, getattr(mod, "overlap", 0.0) if bs < L else 0.0)
+        if hasattr(mod, "window_starts"):  # the layers' fixed window grid (padded to it)
+            starts = mod.window_starts(L)
+        else:
+            bs = getattr(mod, "block_size", None) or L
+            starts = triplet_windows(L, bs, getattr(mod, "overlap", 0.0) if bs < L else 0.0)
         t = min(max(token, 0), L - 1)
         w = max(j for j, s0 in enumerate(starts) if s0 <= t)
-        s = min(bs, L)
+        s = cube.shape[-1]  # window size
         written.append(plot_triplet_slice(cube[min(sample, cube.shape[0] - 1), :, w], out / f"hoba_slice_{i:02d}.png",
                                           token=t - starts[w], max_heads=max_heads,
                                           title=f"{name}: {r.name}, sample {sample}, token {t} (window {w}, "

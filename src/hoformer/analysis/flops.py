@@ -43,9 +43,11 @@ def favor_num_features(dim_head: int) -> int:
 
 
 def _windows(L: int, block_size: int, overlap: float) -> tuple[int, int]:
-    from hoformer.functional.triplet import triplet_windows
+    """(windows, window size) of the HOBA layers on length ``L``: the fixed grid they pad to."""
+    from hoformer.functional.triplet import triplet_grid_length, triplet_windows
 
-    return len(triplet_windows(L, block_size, overlap)), min(block_size, L)
+    g = triplet_grid_length(L, block_size, overlap)
+    return len(triplet_windows(g, block_size, overlap)), min(block_size, g)
 
 
 def attention_flops(kind: str, sizes: Sequence[int], dim: int, num_heads: int = 8, *, dim_head: int | None = None,

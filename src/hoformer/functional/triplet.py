@@ -35,6 +35,7 @@ from .scores import masked_softmax
 
 __all__ = [
     "triplet_windows",
+    "triplet_grid_length",
     "triplet_attention",
     "triplet_attention_naive",
     "triplet_attention_weights",
@@ -59,6 +60,21 @@ def triplet_windows(seq_len: int, block_size: int, overlap: float = 0.0) -> list
     if starts[-1] + block_size < seq_len:
         starts.append(seq_len - block_size)
     return starts
+
+
+def triplet_grid_length(seq_len: int, block_size: int, overlap: float = 0.0) -> int:
+    """Length to pad a ``seq_len`` sequence to so that its windows are the fixed grid of eq 3.
+
+    :func:`triplet_windows` ends a sequence whose length is off the stride grid with a window ``[L - s, L)``, so
+    the windows over a token would depend on how much padding follows it (a text batch is padded to its longest
+    sample). Padded (with masked positions) to ``((seq_len - 1) // stride) * stride + block_size``, every grid window
+    ``[m * stride, m * stride + block_size)`` that starts before ``seq_len`` is present and nothing else: a token gets
+    the same windows, hence the same output, whatever the padding (the paper pads every sequence to one length).
+    ``seq_len <= stride`` is returned as is: its one window ``[0, seq_len)`` already equals the first grid window.
+    """
+    _check_window_args(seq_len, block_size, overlap, "triplet_grid_length")
+    stride = max(1, round(block_size * (1 - overlap)))
+    return seq_len if seq_len <= stride else ((seq_len - 1) // stride) * stride + block_size
 
 
 def _check_window_args(seq_len, block_size, overlap, fn: str) -> None:

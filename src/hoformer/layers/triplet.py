@@ -23,6 +23,11 @@ only then are heads concatenated and ``W_O`` applied. Algorithm 1 of the appendi
 overlap normalisation after the cross-block update (lines 19-22), which would also divide the cross-block term by the
 overlap count; the equations are taken as the specification.
 
+Windows: the blocked layers use the fixed grid of eq 3 (starts ``0, s, 2s, ...``) up to the last start below the
+input length, padding the input with masked positions to :func:`~hoformer.functional.triplet_grid_length` and
+cropping the output, so a token's output does not depend on how much padding its batch has (the functional
+:func:`~hoformer.functional.triplet_attention` ends an off-grid length with a window ``[L - s, L)`` instead).
+
 ``maps`` (also collected by :func:`hoformer.layers.record_attention`): ``[local, cross]`` with local
 ``(B, H, W, s, s, s)`` triplet cubes / ``(B, H, W, s, s)`` 2D windows / ``(B, H, L, L)`` full 2D, and cross
 ``(B, H, M, M)`` when cross-block routing is on.
@@ -40,6 +45,8 @@ from hoformer.functional.triplet import (
     cross_block_attention,
     triplet_attention,
     triplet_attention_weights,
+    triplet_grid_length,
+    triplet_windows,
 )
 
 from .attention import _Recordable
@@ -116,12 +123,26 @@ class _HeadsAttention(_Recordable):
     def _local(self, xs, mask, want: bool):  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def window_starts(self, seq_len: int) -> list[int]:
+        """Start positions of the local windows this layer uses on a ``seq_len`` input (the fixed grid of eq 3 up
+        to the last start below ``seq_len``; ``[0]`` for the unblocked variants)."""
+        if self.block_size is None:
+            return [0]
+        return triplet_windows(triplet_grid_length(seq_len, self.block_size, self.overlap), self.block_size,
+                               self.overlap)
+
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, return_attention: bool = False):
         _check_seq(x, mask, self.dim, type(self).__name__)
         b, n, _ = x.shape
         xs = self.to_in(x).view(b, n, self.n_proj, self.heads, self.dim_head).permute(2, 0, 3, 1, 4).unbind(0)
         want = return_attention or self._record is not None
-        o, maps = self._local(xs, mask, want)
+        grid = n if self.block_size is None else triplet_grid_length(n, self.block_size, self.overlap)
+        if grid > n:  # fixed windows (eq 3) whatever the batch's padding: pad with masked positions, crop after
+            real = mask if mask is not None else x.new_ones(b, n, dtype=torch.bool)
+            o, maps = self._local([F.pad(t, (0, 0, 0, grid - n)) for t in xs], F.pad(real, (0, grid - n)), want)
+            o = o[:, :, :n]
+        else:
+            o, maps = self._local(xs, mask, want)
         if self.cross is not None:
             o, a = self.cross(o, mask=mask, return_attention=True) if want else (self.cross(o, mask=mask), None)
             if want:
