@@ -43,6 +43,20 @@ def test_round_trip_and_split(synth_root):
     assert ds["train"].num_classes == 17 and len(CDL_CLASSES) == 134
 
 
+def test_a_patch_in_two_formats_is_one_sample(synth_root, tmp_path):
+    """A patch folder holding the same image as .npy and .npz (e.g. converted next to the originals) is one sample
+    (the .npy): it used to be two, so the benchmark split grew and put copies of a patch into train and test."""
+    import shutil
+
+    root = shutil.copytree(synth_root, tmp_path / "two_formats")
+    for f in (root / "ssl4eo_l_oli_sr_benchmark").rglob("all_bands.npy"):
+        np.savez(f.with_suffix(".npz"), np.load(f))
+    for split in ("train", "val", "test"):
+        got = SSL4EOLDataset(root, "nlcd", split).samples
+        want = SSL4EOLDataset(synth_root, "nlcd", split).samples
+        assert [p.relative_to(root) for p, _ in got] == [p.relative_to(synth_root) for p, _ in want], split
+
+
 def test_synthetic_task_is_learnable(synth_root):
     ds = SSL4EOLDataset(synth_root, "nlcd", "train")
     xs, ys = zip(*(ds[i] for i in range(len(ds))))

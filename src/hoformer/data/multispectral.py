@@ -191,8 +191,19 @@ class SSL4EOLDataset(Dataset):
         return len(self.classes)
 
     def _find_images(self) -> list[Path]:
+        """One image per patch folder, sorted by folder: a patch stored in several formats (e.g. the .tif originals
+        next to their .npy conversion) is one sample (was one per file: duplicates across the splits), read from
+        the first format of ``_EXTS`` present."""
         base = self.root / self._img_dir
-        return sorted(p for p in base.rglob("all_bands.*") if p.suffix.lower() in _EXTS) if base.is_dir() else []
+        if not base.is_dir():
+            return []
+        rank = {e: i for i, e in enumerate(_EXTS)}
+        best: dict[Path, Path] = {}
+        for p in base.rglob("all_bands.*"):
+            ext = p.suffix.lower()
+            if ext in rank and (p.parent not in best or rank[ext] < rank[best[p.parent].suffix.lower()]):
+                best[p.parent] = p
+        return [best[d] for d in sorted(best)]
 
     def _mask_path(self, img: Path) -> Path:
         rel = img.parent.relative_to(self.root / self._img_dir)
