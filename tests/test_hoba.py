@@ -139,6 +139,17 @@ def test_local_hf_style_tokenizer_dirs(tmp_path):
     tok = TextTokenizer.from_pretrained(rob)
     ids = tok.encode("the cat sat")
     assert ids[0] == 0 and ids[-1] == 2 and tok.pad_id == 1 and tok.decode(ids[1:-1]) == "the cat sat"
+    # GPT-2 style: vocab.json + merges.txt without a pad token (id 0 is a real token there): '<pad>' is added
+    gpt = ByteLevelBPETokenizer()
+    gpt.train_from_iterator(CORPUS, vocab_size=300, min_frequency=1, show_progress=False)
+    (tmp_path / "gpt2").mkdir()
+    gpt.save_model(str(tmp_path / "gpt2"))
+    n = gpt.get_vocab_size()
+    with pytest.warns(UserWarning, match="no pad token"):
+        tok = TextTokenizer.from_pretrained(tmp_path / "gpt2")
+    assert tok.pad_id == n and tok.vocab_size == n + 1 and tok.decode(tok.encode("the cat")).strip() == "the cat"
+    with pytest.raises(ValueError, match=r"train_limit must be None or an int >= 1, got -100"):
+        TextDataModule("trec", train_limit=-100)
 
 
 # ------------------------------------------------------------------------------------------------ readers
@@ -248,6 +259,35 @@ def test_export_holds_the_best_checkpoint_and_leaves_the_live_model_alone(tmp_pa
     for k, v in exported.items():
         torch.testing.assert_close(v, best[f"model.{k}"], rtol=0, atol=0)
     assert any(not torch.equal(v, best[f"model.{k}"]) for k, v in task.model.state_dict().items())
+
+
+def test_teacher_logits_follow_the_datamodule_of_each_run(tmp_path):
+    """A task reused with another datamodule in the same process (fit on one, test on another) gets teacher logits
+    for the new data: the in-memory cache used to be returned without its fingerprint check (stale test/kl)."""
+    import lightning.pytorch as pl
+
+    root = _write_fake_text_root(tmp_path / "data")
+    dm = TextDataModule("sst2", root=str(root), verify=False, max_len=16, batch_size=8, vocab_size=100,
+                        tokenizer_dir=str(tmp_path / "teacher"))
+    dm.setup()
+    mk = dict(vocab_size=dm.tokenizer.vocab_size, num_classes=2, max_len=16, dim=16, num_heads=2, depth=1)
+    teacher = create_model("hoba_classifier", attention="full2d", **mk).eval()
+    teacher.save_pretrained(tmp_path / "teacher")
+    task = TextClassificationTask(model_kwargs=dict(mk, attention="full2d"), teacher=str(tmp_path / "teacher"))
+    kw = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    pl.Trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=1, **kw).fit(task, dm)
+    import shutil
+
+    root2 = shutil.copytree(root, tmp_path / "data2")  # the same files, but another dev set of the same size
+    (root2 / "sst2" / "dev.tsv").write_text("sentence\tlabel\ndull boring mess 7\t0\ngood fun film 3\t1\n")
+    dm2 = TextDataModule("sst2", root=str(root2), verify=False, max_len=16, batch_size=8,
+                         tokenizer=str(tmp_path / "teacher"))
+    pl.Trainer(**kw).test(task, dm2, verbose=False)
+    want = torch.empty(len(dm2.datasets["test"]), 2)
+    with torch.no_grad():
+        for b in dm2.test_dataloader():
+            want[b["index"]] = teacher(b["ids"], b["mask"])
+    torch.testing.assert_close(task.teacher_cache["test"], want)
 
 
 def test_task_distills_with_cached_teacher_logits(tmp_path):

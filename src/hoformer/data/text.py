@@ -246,7 +246,12 @@ class TextTokenizer:
         self.tok.no_truncation()
         vocab = self.tok.get_vocab()
         pad = next((t for t in ("[PAD]", "<pad>") if t in vocab), None)
-        self.pad_id = vocab[pad] if pad is not None else 0
+        if pad is None:  # e.g. GPT-2's vocab.json: id 0 is "!", a real token, which padding_idx would freeze
+            self.tok.add_special_tokens(["<pad>"])
+            pad = "<pad>"
+            warnings.warn(f"TextTokenizer: the vocabulary has no pad token ([PAD] or <pad>); added '<pad>' as id "
+                          f"{self.tok.token_to_id(pad)} (vocab_size is now {self.tok.get_vocab_size()})", stacklevel=2)
+        self.pad_id = self.tok.token_to_id(pad)
 
     @classmethod
     def train(cls, texts: Sequence[str], vocab_size: int = 8000, min_frequency: int = 2,
@@ -469,6 +474,9 @@ class TextDataModule(SplitDataModule):
             raise ValueError(f"TextDataModule: holdout must be 'grouped' or 'random', got {holdout!r}")
         if sst2_test not in ("dev", "nonglue"):
             raise ValueError(f"TextDataModule: sst2_test must be 'dev' or 'nonglue', got {sst2_test!r}")
+        if train_limit is not None and (isinstance(train_limit, bool) or not isinstance(train_limit, int)
+                                        or train_limit < 1):  # -100 silently dropped the last 100 examples
+            raise ValueError(f"TextDataModule: train_limit must be None or an int >= 1, got {train_limit!r}")
         self.dataset_name, self.root, self.max_len = dataset, root, max_len
         self.tokenizer_path, self.tokenizer_dir, self.vocab_size = tokenizer, tokenizer_dir, vocab_size
         self.val_fraction, self.train_limit, self.seed = val_fraction, train_limit, seed

@@ -143,6 +143,7 @@ class TextClassificationTask(TaskModule):
         self.acc = torch.nn.ModuleDict({s: MulticlassAccuracy(n_cls, average="micro", validate_args=False)
                                         for s in ("fit", "val", "test")})
         self.teacher_cache: dict[str, torch.Tensor] = {}
+        self._teacher_data_fp: dict | None = None  # the data the in-memory teacher logits belong to
         self._embeddings_loaded = False
 
     # ------------------------------------------------------------------------------------------- setup
@@ -175,13 +176,16 @@ class TextClassificationTask(TaskModule):
 
     def _teacher_splits(self, splits) -> None:
         hp = self.hparams
-        if not (hp.teacher or hp.teacher_logits) or all(s in self.teacher_cache for s in splits):
+        if not (hp.teacher or hp.teacher_logits):
             return
         dm = self._datamodule()
         cache_path = Path(hp.teacher_logits) if hp.teacher_logits else None
         # the cache is keyed by the data it was computed on (token ids + labels of every split, in order, and max_len)
         # and, when the teacher directory is known, by the teacher's weights *and* config
         data_fp = {"max_len": dm.max_len, **{s: _ids_fingerprint(dm.datasets[s]) for s in ("train", "val", "test")}}
+        if all(s in self.teacher_cache for s in splits) and self._teacher_data_fp == data_fp:
+            return  # the in-memory logits are for this very data (a task reused with another datamodule is not)
+        self.teacher_cache.clear()
         fp = None
         if hp.teacher:
             tdir = Path(hp.teacher)
@@ -220,6 +224,7 @@ class TextClassificationTask(TaskModule):
                 raise ValueError(f"TextClassificationTask: teacher logits for {s!r} have shape {tuple(t.shape)}, "
                                  f"expected {(len(dm.datasets[s]), self.model.num_classes)}")
             self.teacher_cache[s] = t.float().to(self.device)
+        self._teacher_data_fp = data_fp
 
     @torch.no_grad()
     def _run_teacher(self, tdir: Path, dm, splits) -> dict[str, torch.Tensor]:
