@@ -316,9 +316,16 @@ def test_demo_dataset_choice(tmp_path, monkeypatch, capsys):
         cli.main(["demo", *out])
     assert (seen[-1]["name"], seen[-1]["root"], seen[-1]["synthetic"]) == ("ETTh1", str(tmp_path / "d" / "ltsf"),
                                                                             False)
+    # a named dataset must be in $HOFORMER_DATA itself: no silent fallback to ../shared/data (it used to check for
+    # ETTh1 whatever --dataset said, then train on another folder's weather.csv)
+    assert cli.main(["demo", "--dataset", "weather", *out]) == 2
+    assert f"dataset 'weather' not found under {tmp_path / 'd'}/ltsf" in capsys.readouterr().err
+    (tmp_path / "d" / "ltsf" / "weather").mkdir()
+    (tmp_path / "d" / "ltsf" / "weather" / "weather.csv").write_text("date,OT\n")
     with pytest.raises(Stop):
         cli.main(["demo", "--dataset", "weather", *out])
-    assert (seen[-1]["name"], seen[-1]["synthetic"]) == ("weather", False)
+    assert (seen[-1]["name"], seen[-1]["root"], seen[-1]["synthetic"]) == ("weather", str(tmp_path / "d" / "ltsf"),
+                                                                           False)
     monkeypatch.setenv("HOFORMER_DATA", str(tmp_path / "empty"))
     monkeypatch.setattr(cli, "__file__", str(tmp_path / "a" / "b" / "c" / "cli.py"))  # no repo-relative data
     monkeypatch.chdir(tmp_path)

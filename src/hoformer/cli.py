@@ -202,14 +202,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------- demo
-def _demo_data_root() -> Path | None:
+def _demo_data_root(name: str = "ETTh1") -> Path | None:
+    """The data folder holding ``ltsf/<name's file>``: ``$HOFORMER_DATA`` when set (and only it: never another
+    folder than the one named), else ``../shared/data`` next to the working directory or the repository."""
+    from hoformer.data.ltsf import _LOOKUP, LTSF_DATASETS
+
+    key = _LOOKUP.get(name.lower())
+    rel = LTSF_DATASETS[key].path if key else name
     env = os.environ.get("HOFORMER_DATA")
-    cands = [Path(env)] if env else []
-    cands += [Path.cwd().parent / "shared" / "data", Path(__file__).resolve().parents[3] / "shared" / "data"]
-    for c in cands:
-        if (c / "ltsf" / "ETT-small" / "ETTh1.csv").is_file():
-            return c
-    return None
+    cands = [Path(env)] if env else [Path.cwd().parent / "shared" / "data",
+                                     Path(__file__).resolve().parents[3] / "shared" / "data"]
+    return next((c for c in cands if (c / "ltsf" / rel).is_file()), None)
 
 
 @register_command("demo", help="train a small HOT forecaster (ETTh1 if $HOFORMER_DATA has it, else synthetic)")
@@ -240,14 +243,16 @@ def demo(argv: list[str]) -> int:
 
     torch.set_num_threads(a.threads)
     pl.seed_everything(a.seed, verbose=False)
-    root = _demo_data_root()
     name = a.dataset
+    root = _demo_data_root("ETTh1" if name in ("auto", "synthetic") else name)
     if name == "auto":
         name = "ETTh1" if root is not None else "synthetic"
     if name == "synthetic":
         print("hoformer demo: no real data found ($HOFORMER_DATA or ../shared/data): using the synthetic dataset")
     elif root is None:
-        print("hoformer demo: set HOFORMER_DATA to the directory holding ltsf/", file=sys.stderr)
+        where = os.environ.get("HOFORMER_DATA") or "../shared/data"
+        print(f"hoformer demo: dataset {name!r} not found under {where}/ltsf; set HOFORMER_DATA to the directory "
+              "holding ltsf/", file=sys.stderr)
         return 2
     data = LTSFDataModule(root=None if name == "synthetic" else str(root / "ltsf"), name=name,
                           synthetic=name == "synthetic", seq_len=96, pred_len=96, batch_size=a.batch_size,
