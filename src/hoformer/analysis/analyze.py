@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import json
 import re
 import sys
@@ -39,6 +38,7 @@ from .plots import (
     plot_signed_maps,
     plot_stable_rank_curves,
     plot_triplet_slice,
+    require_matplotlib,
 )
 
 __all__ = ["analyze_checkpoint", "analyze_main", "load_checkpoint", "build_datamodule", "MODE_NAMES"]
@@ -346,8 +346,7 @@ def analyze_main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.num_batches < 1:
         p.error(f"--num-batches must be >= 1, got {a.num_batches}")
-    if importlib.util.find_spec("matplotlib") is None:
-        p.error("needs matplotlib for its figures: pip install 'hoformer[plots]' (or `make install`)")
+    require_matplotlib(p)
     parsed = {}
     for opt in ("data_args", "model_args"):
         try:

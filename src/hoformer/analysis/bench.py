@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import math
 import os
 import statistics
@@ -27,7 +26,7 @@ from typing import Callable, Sequence
 import torch
 
 from .flops import attention_flops, count_flops, hot_model_flops
-from .plots import fit_exponent, plot_scaling
+from .plots import fit_exponent, plot_scaling, require_matplotlib
 
 __all__ = ["run_bench", "bench_main", "cpu_peak_memory", "peak_memory", "measure", "DEFAULT_ATTENTIONS"]
 
@@ -278,8 +277,7 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
     for opt in ("repeats", "dim", "heads", "batch", "modes", "patch", "analytic_depth", "analytic_dim"):
         if getattr(a, opt) < 1:
             p.error(f"--{opt.replace('_', '-')} must be >= 1, got {getattr(a, opt)}")
-    if importlib.util.find_spec("matplotlib") is None:  # before the sweep, not after it
-        p.error("needs matplotlib for its figures: pip install 'hoformer[plots]' (or `make install`)")
+    require_matplotlib(p)
     if a.threads:
         torch.set_num_threads(a.threads)
     if a.quick:

@@ -33,6 +33,15 @@ def _plt():
     return plt
 
 
+def require_matplotlib(parser) -> None:
+    """``parser.error`` naming the extra to install when matplotlib is missing: for the figure-writing commands,
+    before they do any work (``bench`` would otherwise run its whole sweep first)."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        parser.error("needs matplotlib for its figures: pip install 'hoformer[plots]' (or `make install`)")
+
+
 def _np(a) -> np.ndarray:
     if hasattr(a, "detach"):
         a = a.detach().float().cpu().numpy()
