@@ -203,16 +203,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # ----------------------------------------------------------------------------------------------------- demo
 def _demo_data_root(name: str = "ETTh1") -> Path | None:
-    """The data folder holding ``ltsf/<name's file>``: ``$HOFORMER_DATA`` when set (and only it: never another
-    folder than the one named), else ``../shared/data`` next to the working directory or the repository."""
+    """The data folder holding ``ltsf/<name's file>``: the library's data root (``$HOFORMER_DATA`` when set, and
+    only it: never another folder than the one named; else ``../shared/data`` next to the working directory), or,
+    without ``$HOFORMER_DATA``, ``shared/data`` next to the repository."""
+    from hoformer.data._utils import default_data_root
     from hoformer.data.ltsf import _LOOKUP, LTSF_DATASETS
 
     key = _LOOKUP.get(name.lower())
     rel = LTSF_DATASETS[key].path if key else name
-    env = os.environ.get("HOFORMER_DATA")
-    cands = [Path(env)] if env else [Path.cwd().parent / "shared" / "data",
-                                     Path(__file__).resolve().parents[3] / "shared" / "data"]
-    return next((c for c in cands if (c / "ltsf" / rel).is_file()), None)
+    cands = [default_data_root()]
+    if not os.environ.get("HOFORMER_DATA"):
+        cands.append(Path(__file__).resolve().parents[3] / "shared" / "data")
+    return next((c for c in cands if c is not None and (c / "ltsf" / rel).is_file()), None)
 
 
 @register_command("demo", help="train a small HOT forecaster (ETTh1 if $HOFORMER_DATA has it, else synthetic)")
