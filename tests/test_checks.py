@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hoformer._checks import check_values
+from hoformer._checks import check_int, check_values, is_int
 
 
 def test_cpu_raises_with_detail_only_on_failure():
@@ -44,3 +44,18 @@ def test_call_sites_take_the_async_path_off_the_cpu(monkeypatch):
     check_time_features(torch.zeros(2, 5, 2, device="meta"), "w")
     assert len(seen) == 4 and "labels must lie" in seen[0] and "minute of day" in seen[1]
     assert "day of week" in seen[2] and "fraction" in seen[3]
+
+
+def test_check_int_refuses_bools_floats_and_small_values_and_names_the_argument():
+    import numpy as np
+
+    assert is_int(3) and is_int(np.int64(3)) and not is_int(True) and not is_int(3.0) and not is_int("3")
+    check_int("f", "n", 1)
+    check_int("f", "n", np.int32(5))
+    check_int("f", "n", 0, low=0)
+    check_int("f", "n", None, optional=True)
+    for bad in (0, -1, True, 2.0, "2", None):
+        with pytest.raises(ValueError, match=rf"^f: `n` must be an int >= 1, got {bad!r}$"):
+            check_int("f", "n", bad)
+    with pytest.raises(ValueError, match=r"^f: `n` must be an int >= 2 or None \(why\), got 1$"):
+        check_int("f", "n", 1, low=2, optional=True, note=" (why)")

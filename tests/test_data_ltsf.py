@@ -234,11 +234,12 @@ def test_split_datamodule_base():
     dm.train_dataloader()
     assert dm.made == [("test",)]  # one build serves every split
 
-    for kw, arg in (({"batch_size": 0}, "batch_size"), ({"eval_batch_size": -1}, "eval_batch_size"),
-                    ({"num_workers": -1}, "num_workers")):
-        with pytest.raises(ValueError, match=f"PerSplit: {arg} must be"):
+    for kw, arg in (({"batch_size": 0}, "batch_size"), ({"batch_size": 2.5}, "batch_size"),
+                    ({"eval_batch_size": -1}, "eval_batch_size"), ({"num_workers": -1}, "num_workers"),
+                    ({"num_workers": True}, "num_workers")):
+        with pytest.raises(ValueError, match=f"PerSplit: `{arg}` must be an int"):
             PerSplit(**kw)
-    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+    with pytest.raises(ValueError, match="`batch_size` must be an int >= 1, got 0"):
         LTSFDataModule(synthetic=True, batch_size=0)
     with pytest.raises(NotImplementedError, match="_make"):
         SplitDataModule().setup()
@@ -463,8 +464,9 @@ def test_negative_index_and_argument_errors(ett_root):
              ({"label_len": -1}, "label_len must be"),
              ({"features": "X"}, "features must be 'M', 'S' or 'MS', got 'X'"),
              ({"features": "S", "target": "nope"}, "target 'nope' is not a column of 'ETTh1'"),
-             ({"seq_len": 0}, "seq_len must be a positive int, got 0"),
-             ({"pred_len": True}, "pred_len must be a positive int, got True"),
+             ({"seq_len": 0}, "LTSFDataset: `seq_len` must be an int >= 1, got 0"),
+             ({"pred_len": True}, "LTSFDataset: `pred_len` must be an int >= 1, got True"),
+             ({"seq_len": 24.0}, "LTSFDataset: `seq_len` must be an int >= 1, got 24.0"),
              ({"seq_len": 8641}, r"seq_len=8641 is longer than the training slice \(8640 rows of 14400\)"),
              ({"seq_len": 8640, "pred_len": 2881}, "too few for seq_len=8640 \\+ pred_len=2881")]
     for over, msg in cases:

@@ -148,7 +148,7 @@ def test_local_hf_style_tokenizer_dirs(tmp_path):
     with pytest.warns(UserWarning, match="no pad token"):
         tok = TextTokenizer.from_pretrained(tmp_path / "gpt2")
     assert tok.pad_id == n and tok.vocab_size == n + 1 and tok.decode(tok.encode("the cat")).strip() == "the cat"
-    with pytest.raises(ValueError, match=r"train_limit must be None or an int >= 1, got -100"):
+    with pytest.raises(ValueError, match=r"TextDataModule: `train_limit` must be an int >= 1 or None, got -100"):
         TextDataModule("trec", train_limit=-100)
 
 

@@ -9,12 +9,29 @@ waits.
 """
 from __future__ import annotations
 
-from typing import Callable
+import numbers
+from typing import Any, Callable
 
 import torch
 
 
 DETAIL = "{detail}"
+
+
+def is_int(v: Any) -> bool:
+    """An integer that is not a bool (Python or NumPy ints): ``True`` is an ``int`` in Python but never a size."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def check_int(fn: str, name: str, value: Any, *, low: int = 1, optional: bool = False, note: str = "") -> None:
+    """The one argument check for sizes, lengths and counts: raise
+    ``ValueError("{fn}: `{name}` must be an int >= {low}[ or None][note], got {value!r}")`` unless ``value`` is an
+    int (:func:`is_int`: bools and floats are refused, NumPy ints accepted) ``>= low``, or None when ``optional``."""
+    if optional and value is None:
+        return
+    if not is_int(value) or value < low:
+        raise ValueError(f"{fn}: `{name}` must be an int >= {low}{' or None' if optional else ''}{note}, "
+                         f"got {value!r}")
 
 
 def check_values(ok: torch.Tensor, message: str, detail: Callable[[], str] | None = None,

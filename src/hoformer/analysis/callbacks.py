@@ -19,6 +19,8 @@ from collections import defaultdict
 
 import torch
 
+from hoformer._checks import check_int
+
 from .maps import AttentionRecord, recording
 from .ranks import kron_product_stable_rank, kron_sum_stable_rank, stable_rank
 
@@ -95,11 +97,8 @@ class StableRankCallback(Callback):
                  full_max_tokens: int = 1024, iters: int = 64, per_layer: bool = False) -> None:
         super().__init__()
         for name, v in (("every_n_epochs", every_n_epochs), ("num_batches", num_batches)):
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"StableRankCallback: `{name}` must be an int >= 1, got {v!r}")
-        if not isinstance(train_every_n_steps, int) or train_every_n_steps < 0:
-            raise ValueError(f"StableRankCallback: `train_every_n_steps` must be an int >= 0, "
-                             f"got {train_every_n_steps!r}")
+            check_int("StableRankCallback", name, v)
+        check_int("StableRankCallback", "train_every_n_steps", train_every_n_steps, low=0)
         self.every_n_epochs, self.num_batches = every_n_epochs, num_batches
         self.train_every_n_steps = train_every_n_steps
         self.kw = dict(full_max_tokens=full_max_tokens, iters=iters, per_layer=per_layer)

@@ -29,6 +29,8 @@ from typing import Callable, Iterable, Iterator
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
+from hoformer._checks import check_int
+
 __all__ = ["SplitDataModule"]
 
 try:
@@ -103,13 +105,10 @@ class SplitDataModule(LightningDataModule):
     def __init__(self, batch_size: int = 32, num_workers: int = 0, pin_memory: bool = False,
                  eval_batch_size: int | None = None) -> None:
         super().__init__()
-        if batch_size < 1:
-            raise ValueError(f"{type(self).__name__}: batch_size must be >= 1, got {batch_size}")
-        if eval_batch_size is not None and eval_batch_size < 0:
-            raise ValueError(f"{type(self).__name__}: eval_batch_size must be >= 1 (None or 0: batch_size), got "
-                             f"{eval_batch_size}")
-        if num_workers < 0:
-            raise ValueError(f"{type(self).__name__}: num_workers must be >= 0, got {num_workers}")
+        fn = type(self).__name__
+        check_int(fn, "batch_size", batch_size)
+        check_int(fn, "eval_batch_size", eval_batch_size, low=0, optional=True, note=" (None or 0: batch_size)")
+        check_int(fn, "num_workers", num_workers, low=0)
         self.batch_size, self.num_workers, self.pin_memory = batch_size, num_workers, pin_memory
         self.eval_batch_size = eval_batch_size or batch_size
         self.datasets: dict[str, Dataset] = {}

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from torch.utils.data import Dataset
 
+from hoformer._checks import is_int
+
 from ._base import SplitDataModule
 from ._utils import cache_dir, default_data_root, resolve_root
 from .ltsf import LTSF_DATASETS, LTSFDataset, SyntheticLTSF, _LOOKUP
@@ -87,7 +89,7 @@ class MedMNIST3DDataModule(SplitDataModule):
                  eval_batch_size: int | None = None, verify: bool = True, shift_augment: int = 0):
         super().__init__(batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory,
                          eval_batch_size=eval_batch_size)
-        if not isinstance(shift_augment, int) or not 0 <= shift_augment < size:
+        if not is_int(shift_augment) or not 0 <= shift_augment < size:
             raise ValueError(f"MedMNIST3DDataModule: `shift_augment` must be an int in [0, size={size}), got "
                              f"{shift_augment!r}")
         self.save_hyperparameters()

@@ -28,6 +28,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from hoformer._checks import check_int, is_int
+
 from ._utils import (VERIFY_HINT, SchemaError, cache_dir, default_data_root, download_url, resolve_root,
                      verify_file)
 
@@ -264,9 +266,8 @@ class LTSFDataset(Dataset):
     def _build(self, values, dates, columns, protocol, split, seq_len, pred_len, scale, features, label_len, target,
                time_features, freq):
         for arg, v in (("seq_len", seq_len), ("pred_len", pred_len)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{arg} must be a positive int, got {v!r}")
-        if not isinstance(label_len, int) or not 0 <= label_len <= seq_len:
+            check_int(type(self).__name__, arg, v)
+        if not is_int(label_len) or not 0 <= label_len <= seq_len:
             raise ValueError(f"label_len must be an int in [0, seq_len={seq_len}], got {label_len!r}")
         if split not in _SPLITS:
             raise ValueError(f"split must be one of {_SPLITS}, got {split!r}")

@@ -43,6 +43,8 @@ from typing import Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from hoformer._checks import check_int, is_int
+
 from ._base import SplitDataModule
 from ._utils import VERIFY_HINT, SchemaError, resolve_root, verify_file
 
@@ -339,9 +341,8 @@ def _bert_lowercase(d: Path) -> bool:
 
 
 def _truncate(ids: list[int], max_len: int | None) -> list[int]:
-    if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 2):
-        raise ValueError(f"TextTokenizer: `max_len` must be an int >= 2 (the closing [SEP] / </s> is kept) or None, "
-                         f"got {max_len!r}")
+    check_int("TextTokenizer", "max_len", max_len, low=2, optional=True,
+              note=" (the closing [SEP] / </s> is kept)")
     if max_len is None or len(ids) <= max_len:
         return ids
     return ids[: max_len - 1] + ids[-1:]  # keep the closing [SEP] / </s>
@@ -354,7 +355,7 @@ class TextClassificationDataset(Dataset):
     def __init__(self, ids: list[list[int]], labels: Sequence[int], num_classes: int) -> None:
         if len(ids) != len(labels):
             raise ValueError(f"TextClassificationDataset: {len(ids)} texts but {len(labels)} labels")
-        bad = [y for y in labels if isinstance(y, bool) or not isinstance(y, int) or not 0 <= y < num_classes]
+        bad = [y for y in labels if not is_int(y) or not 0 <= y < num_classes]
         if bad:
             raise ValueError(f"TextClassificationDataset: labels must be ints in [0, {num_classes}), got {bad[0]!r}")
         self.ids, self.labels, self.num_classes = ids, list(labels), num_classes
@@ -474,9 +475,7 @@ class TextDataModule(SplitDataModule):
             raise ValueError(f"TextDataModule: holdout must be 'grouped' or 'random', got {holdout!r}")
         if sst2_test not in ("dev", "nonglue"):
             raise ValueError(f"TextDataModule: sst2_test must be 'dev' or 'nonglue', got {sst2_test!r}")
-        if train_limit is not None and (isinstance(train_limit, bool) or not isinstance(train_limit, int)
-                                        or train_limit < 1):  # -100 silently dropped the last 100 examples
-            raise ValueError(f"TextDataModule: train_limit must be None or an int >= 1, got {train_limit!r}")
+        check_int("TextDataModule", "train_limit", train_limit, optional=True)  # -100 dropped the last 100 examples
         self.dataset_name, self.root, self.max_len = dataset, root, max_len
         self.tokenizer_path, self.tokenizer_dir, self.vocab_size = tokenizer, tokenizer_dir, vocab_size
         self.val_fraction, self.train_limit, self.seed = val_fraction, train_limit, seed

@@ -29,6 +29,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from hoformer._checks import check_int
+
 from ._base import SplitDataModule
 from ._utils import VERIFY_HINT, SchemaError, verify_file
 
@@ -217,8 +219,7 @@ class StandardScaler:
 
 def _check_steps(fn: str, **steps) -> None:
     for name, v in steps.items():
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{fn}: `{name}` must be an int >= 1 (time steps), got {v!r}")
+        check_int(fn, name, v, note=" (time steps)")
 
 
 def window_starts(num_steps: int, window: int, horizon: int, stride: int = 1) -> np.ndarray:

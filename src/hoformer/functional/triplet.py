@@ -30,6 +30,8 @@ import functools
 
 import torch
 
+from hoformer._checks import check_int
+
 from .kronecker import _autocast_off, _opaque_to_compile
 from .scores import masked_softmax
 
@@ -78,12 +80,10 @@ def triplet_grid_length(seq_len: int, block_size: int, overlap: float = 0.0) -> 
 
 
 def _check_window_args(seq_len, block_size, overlap, fn: str) -> None:
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"{fn}: `block_size` must be an int >= 1, got {block_size!r}")
+    check_int(fn, "block_size", block_size)
     if isinstance(overlap, bool) or not isinstance(overlap, (int, float)) or not 0.0 <= overlap < 1.0:
         raise ValueError(f"{fn}: `overlap` must be a float in [0, 1), got {overlap!r}")
-    if not isinstance(seq_len, int) or seq_len < 1:
-        raise ValueError(f"{fn}: sequence length must be >= 1, got {seq_len!r}")
+    check_int(fn, "seq_len", seq_len, note=" (the sequence length)")
 
 
 def _check_inputs(q, k1, k2, v1, v2, mask, block_size, overlap, fn: str, names=("q", "k1", "k2", "v1", "v2")):
@@ -365,8 +365,7 @@ def triplet_attention(
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if chunk_elements is None:
         chunk_elements = _DEFAULT_CHUNK.get(q.device.type, 1 << 24)
-    if not isinstance(chunk_elements, int) or chunk_elements < 1:
-        raise ValueError(f"triplet_attention: `chunk_elements` must be a positive int, got {chunk_elements!r}")
+    check_int("triplet_attention", "chunk_elements", chunk_elements)
     return _TripletFn.apply(q, k1, k2, v1, v2, mask, block_size, float(overlap), scale, chunk_elements)
 
 

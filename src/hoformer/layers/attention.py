@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hoformer._checks import is_int
 from hoformer.functional.kronecker import full_attention, kron_dense, kronecker_attention
 from hoformer.functional.scores import SCORE_FNS, get_score_fn, masked_softmax
 
@@ -62,7 +63,7 @@ def _check_x(x, dim: int, name: str, nmodes: int | None = None) -> None:
 
 
 def _check_rope_modes(rope_modes, nmodes: int, name: str) -> None:
-    bad = [m for m in rope_modes if not isinstance(m, int) or not 0 <= m < nmodes]
+    bad = [m for m in rope_modes if not is_int(m) or not 0 <= m < nmodes]
     if bad:
         raise ValueError(f"{name}: `rope_modes` must be 0-based mode indices in [0, {nmodes}) for an input with "
                          f"{nmodes} modes, got {tuple(rope_modes)}")
@@ -466,7 +467,7 @@ class AxialAttention(_QKV):
             raise ValueError(f"AxialAttention: `combine` must be 'sum' or 'sequential', got {combine!r}")
         if modes is not None:
             modes = tuple(modes)
-            if not modes or len(set(modes)) != len(modes) or any(not isinstance(m, int) or m < 0 for m in modes):
+            if not modes or len(set(modes)) != len(modes) or any(not is_int(m) or m < 0 for m in modes):
                 raise ValueError(f"AxialAttention: `modes` must be distinct non-negative mode indices, got {modes}")
         self.modes = modes
         self.combine, self.rope_modes = combine, tuple(rope_modes)
@@ -550,7 +551,7 @@ class DividedAttention(nn.Module):
         super().__init__()
         if first_mode < 0:
             raise ValueError(f"DividedAttention: `first_mode` must be a non-negative mode index, got {first_mode}")
-        if any(not isinstance(m, int) or m < 0 for m in rope_modes):
+        if any(not is_int(m) or m < 0 for m in rope_modes):
             raise ValueError(f"DividedAttention: `rope_modes` must be non-negative mode indices, got {tuple(rope_modes)}")
         self.first_mode, self.dim = first_mode, dim
         rope_rest = tuple(i - (i > first_mode) for i in rope_modes if i != first_mode)

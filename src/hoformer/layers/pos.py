@@ -12,18 +12,14 @@ Axis legend: ``b`` batch, ``h`` heads, ``n`` positions along one mode, ``d`` fea
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Sequence
 
 import torch
 from torch import nn
 
+from hoformer._checks import check_int, is_int
+
 __all__ = ["RotaryEmbedding", "rotate_half", "apply_rotary", "axial_rotary", "AbsolutePositionalEncoding", "sincos_1d"]
-
-
-def _is_int(v) -> bool:
-    """An integer that is not a bool (Python or NumPy ints)."""
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -80,7 +76,7 @@ def axial_rotary(x: torch.Tensor, sizes: Sequence[int], rope_modes: Sequence[int
     if not rope_modes:
         return x
     k = len(sizes)
-    bad = [m for m in rope_modes if not _is_int(m) or not 0 <= m < k]
+    bad = [m for m in rope_modes if not is_int(m) or not 0 <= m < k]
     if bad:
         raise ValueError(f"axial_rotary: `rope_modes` must be 0-based mode indices in [0, {k}) for sizes "
                          f"{tuple(sizes)}, got {tuple(rope_modes)}")
@@ -129,15 +125,14 @@ class AbsolutePositionalEncoding(nn.Module):
         if kind not in ("learned", "sincos", "none"):
             raise ValueError(f"{fn}: `kind` must be learned|sincos|none, got {kind!r}")
         sizes = tuple(sizes)
-        if not sizes or any(not _is_int(n) or n <= 0 for n in sizes):
+        if not sizes or any(not is_int(n) or n <= 0 for n in sizes):
             raise ValueError(f"{fn}: `sizes` must be a non-empty sequence of positive ints (N1, .., Nk), got {sizes}")
-        if not _is_int(dim) or dim <= 0:
-            raise ValueError(f"{fn}: `dim` must be a positive int, got {dim!r}")
+        check_int(fn, "dim", dim)
         sizes, dim = tuple(int(n) for n in sizes), int(dim)
         self.sizes, self.dim, self.kind = sizes, dim, kind
         self.modes = tuple(range(len(sizes))) if modes is None else tuple(modes)
         if len(set(self.modes)) != len(self.modes) or any(
-            not _is_int(m) or not 0 <= m < len(sizes) for m in self.modes
+            not is_int(m) or not 0 <= m < len(sizes) for m in self.modes
         ):
             raise ValueError(f"{fn}: `modes` must be distinct 0-based mode indices in [0, {len(sizes)}) for sizes "
                              f"{sizes}, got {self.modes}")

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hoformer._checks import check_int
 from hoformer.functional.scores import masked_softmax
 
 from hoformer.functional.triplet import (
@@ -104,9 +105,7 @@ class _HeadsAttention(_Recordable):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"{type(self).__name__}: dim={dim} must be divisible by num_heads={num_heads}")
-        if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int)
-                                       or block_size < 1):
-            raise ValueError(f"{type(self).__name__}: `block_size` must be an int >= 1 or None, got {block_size!r}")
+        check_int(type(self).__name__, "block_size", block_size, optional=True)
         if isinstance(overlap, bool) or not isinstance(overlap, (int, float)):
             raise TypeError(f"{type(self).__name__}: `overlap` must be a float in [0, 1), got "
                             f"{type(overlap).__name__} {overlap!r}")

@@ -19,6 +19,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from hoformer._checks import is_int
+
 from .hot import _ImageModel
 from .registry import register_model
 
@@ -63,7 +65,7 @@ class CNN3DClassifier(_ImageModel):
         if norm not in ("group", "batch"):
             raise ValueError(f"{fn}: `norm` must be 'group' or 'batch', got {norm!r}")
         widths = tuple(widths)
-        if not widths or not all(isinstance(w, int) and w > 0 for w in widths):
+        if not widths or not all(is_int(w) and w > 0 for w in widths):
             raise ValueError(f"{fn}: `widths` must be a non-empty sequence of positive ints, got {widths!r}")
         self._set_io(3, in_channels, input_size, num_classes)
         step = 2 ** (len(widths) - 1)

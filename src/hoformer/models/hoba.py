@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from hoformer._checks import check_values
+from hoformer._checks import check_values, check_int
 from hoformer.layers.triplet import TEXT_ATTENTIONS, HOBABlock
 
 from .base import HoformerModel
@@ -75,8 +75,7 @@ class HOBAClassifier(HoformerModel):
     ) -> None:
         super().__init__()
         for name, v in (("vocab_size", vocab_size), ("num_classes", num_classes), ("max_len", max_len)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"hoba_classifier: `{name}` must be a positive int, got {v!r}")
+            check_int("hoba_classifier", name, v)
         if attention not in TEXT_ATTENTIONS:
             raise ValueError(f"hoba_classifier: unknown attention {attention!r}; expected one of {TEXT_ATTENTIONS}")
         if pooling not in ("cls", "mean"):

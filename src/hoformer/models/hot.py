@@ -20,6 +20,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from hoformer._checks import check_int, is_int
 from hoformer.layers import ATTENTION_TYPES, AbsolutePositionalEncoding, Encoder, PatchEmbed
 
 from .base import HoformerModel
@@ -59,8 +60,8 @@ def _check_input(x, shape: tuple, fn: str, legend: str) -> None:
 
 
 def _sizes(input_size, n: int, fn: str) -> tuple[int, ...]:
-    sizes = (input_size,) * n if isinstance(input_size, int) else tuple(input_size)
-    if len(sizes) != n or not all(isinstance(s, int) and s > 0 for s in sizes):
+    sizes = (input_size,) * n if is_int(input_size) else tuple(input_size)
+    if len(sizes) != n or not all(is_int(s) and s > 0 for s in sizes):
         raise ValueError(f"{fn}: `input_size` must be a positive int or {n} ints, got {input_size!r}")
     return sizes
 
@@ -75,7 +76,7 @@ def _pos(kind: str, grid: Sequence[int], dim: int, fn: str):
 
 
 def _grid(sizes, patch: int, fn: str, what: str = "input_size") -> tuple[int, ...]:
-    if not isinstance(patch, int) or patch <= 0 or any(s % patch for s in sizes):
+    if not is_int(patch) or patch <= 0 or any(s % patch for s in sizes):
         raise ValueError(f"{fn}: `{what}` {tuple(sizes)} must be divisible by `patch_size` (a positive int), "
                          f"got patch_size={patch!r}")
     return tuple(s // patch for s in sizes)
@@ -123,8 +124,7 @@ class HOTForecaster(HoformerModel):
         fn = "hot_forecaster"
         _check_attention(attention, fn, FORECAST_ATTENTIONS)
         for name, v in (("seq_len", seq_len), ("pred_len", pred_len), ("num_variates", num_variates)):
-            if not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{fn}: `{name}` must be a positive int, got {v!r}")
+            check_int(fn, name, v)
         if pool not in ("mean", "flatten"):
             raise ValueError(f"{fn}: `pool` must be 'mean' or 'flatten', got {pool!r}")
         (self.num_patches,) = _grid((seq_len,), patch_size, fn, "seq_len")
@@ -163,8 +163,7 @@ class _ImageModel(HoformerModel):
     _name, _legend = "", ""
 
     def _set_io(self, ndim: int, in_channels, input_size, num_classes) -> None:
-        if not isinstance(num_classes, int) or num_classes < 2:
-            raise ValueError(f"{self._name}: `num_classes` must be an int >= 2, got {num_classes!r}")
+        check_int(self._name, "num_classes", num_classes, low=2)
         self.in_channels, self.num_classes = in_channels, num_classes
         self.input_size = _sizes(input_size, ndim, self._name)
 

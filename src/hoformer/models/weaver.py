@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hoformer._checks import check_int
 from hoformer.functional.weaver import check_time_features
 from hoformer.layers.blocks import Block
 from hoformer.layers.weaver import (
@@ -48,8 +49,7 @@ class TrafficModel(HoformerModel):
         super().__init__()
         for name, v in (("num_nodes", num_nodes), ("window", window), ("horizon", horizon),
                         ("in_channels", in_channels)):
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"{type(self).__name__}: `{name}` must be a positive int, got {v!r}")
+            check_int(type(self).__name__, name, v)
         self.num_nodes, self.window, self.horizon = num_nodes, window, horizon
         self.in_channels, self.out_channels = in_channels, out_channels or in_channels
         self.record_attention = False

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torchmetrics import Metric
 
-from hoformer._checks import check_values
+from hoformer._checks import check_values, is_int
 
 __all__ = ["masked_mae", "MaskedMAE", "MaskedMAPE", "MaskedRMSE", "forecasting_metrics"]
 
@@ -46,7 +46,7 @@ class _MaskedMetric(Metric):
 
     def __init__(self, at: int | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
-        if at is not None and (not isinstance(at, int) or at < 1):
+        if at is not None and (not is_int(at) or at < 1):
             raise ValueError(f"{type(self).__name__}: `at` must be a 1-based horizon step or None, got {at!r}")
         self.at = at
         self.add_state("total", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
