@@ -394,3 +394,32 @@ def test_divided_attention_records_both_stages():
     names = [n for n, _ in rec]
     assert names == ["first", "rest"], names
     assert [tuple(m.shape) for _, ms in rec for m in ms] == [tuple(m.shape) for m in maps]
+
+
+def test_hot_stack_with_dropout_trains_under_torch_compile_aot_eager():
+    """PatchEmbed returns channels-last *memory* and Block makes its input contiguous, so a HOT stack with dropout
+    trains under torch.compile(backend="aot_eager") (no C++ toolchain needed): with a strided residual stream the
+    traced backward ``view``s a dropout gradient whose eager CPU strides differ from the traced ones
+    (aten.native_dropout_backward; the Kronecker kernels' graph breaks expose the stream to it) and fails. The
+    compiled forward and gradients equal eager ones, for the PatchEmbed path and for a non-contiguous input given to
+    the Encoder directly."""
+    import torch._dynamo as dynamo
+
+    emb = PatchEmbed(1, 16, 4, ndim=2, act="relu")
+    enc = Encoder(16, depth=1, num_heads=2, attention="kronecker_product", dropout=0.1, num_modes=2)
+    assert emb(torch.randn(2, 1, 12, 16)).is_contiguous()
+    cases = [(torch.nn.Sequential(emb, enc).train(), torch.randn(2, 1, 12, 16)),
+             (enc.train(), torch.randn(2, 16, 4, 3).transpose(1, 3))]  # (2, 3, 4, 16), not contiguous
+    for model, x in cases:
+        def step(fn):
+            torch.manual_seed(1)
+            y = fn(x)
+            w = torch.linspace(-1, 1, y.numel()).view_as(y)
+            return y, torch.autograd.grad((y * w).sum(), list(model.parameters()))
+
+        dynamo.reset()
+        y, g = step(torch.compile(model, backend="aot_eager"))
+        y0, g0 = step(model)
+        torch.testing.assert_close(y, y0)
+        for a, b in zip(g, g0):
+            torch.testing.assert_close(a, b)

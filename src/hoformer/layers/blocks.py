@@ -109,7 +109,8 @@ class PatchEmbed(nn.Module):
         bad = [s for s, p in zip(x.shape[2:], self.patch_size) if s % p]
         if bad:
             raise ValueError(f"PatchEmbed: spatial sizes {tuple(x.shape[2:])} must be divisible by patch {self.patch_size}")
-        return self.act(self.proj(x)).movedim(1, -1)
+        # channels last in memory too, not a movedim view of the conv's channels-first output (see Block.forward)
+        return self.act(self.proj(x)).movedim(1, -1).contiguous()
 
 
 def _norm(kind: str, dim: int) -> nn.Module:
@@ -148,6 +149,11 @@ class Block(nn.Module):
         self.drop_path = DropPath(drop_path)
 
     def forward(self, x, masks=None, return_attention: bool = False):
+        # A strided residual stream (x + a keeps x's strides) breaks torch.compile(backend="aot_eager") training:
+        # the eager CPU kernel of aten.native_dropout_backward follows the gradient's strides, its traced (fake)
+        # strides are contiguous, so the traced backward's `view` of a dropout gradient fails (pytorch#120035).
+        # Free when x is already contiguous, as PatchEmbed's output is.
+        x = x.contiguous()
         a = self.attn(self.norm1(x), masks=masks, return_attention=return_attention)
         a, maps = a if return_attention else (a, None)
         x = x + self.drop_path(a)
