@@ -375,3 +375,11 @@ def test_torch_compile_treats_the_kernels_as_opaque_calls():
         (g0,) = torch.autograd.grad(y0.square().sum(), v)
         torch.testing.assert_close(y, y0)
         torch.testing.assert_close(g, g0)
+
+
+def test_full_attention_scale_keyword():
+    from hoformer.functional import full_attention
+
+    q, k, v = (torch.randn(1, 2, 3, 4, 5, dtype=torch.float64) for _ in range(3))
+    a = torch.softmax(q.reshape(1, 2, 12, 5) @ k.reshape(1, 2, 12, 5).transpose(-1, -2) * 0.3, -1)
+    torch.testing.assert_close(full_attention(q, k, v, scale=0.3), (a @ v.reshape(1, 2, 12, 5)).view_as(v))

@@ -423,3 +423,18 @@ def test_hot_stack_with_dropout_trains_under_torch_compile_aot_eager():
         torch.testing.assert_close(y, y0)
         for a, b in zip(g, g0):
             torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("name", ["kronecker_product", "kronecker_sum", "full", "axial", "axial_sequential",
+                                  "divided", "kronecker_tanimoto"])
+def test_attention_dropout_is_off_in_eval(name):
+    """Attention and output dropout act in training only: in eval a layer with p=0.5 equals the same weights at p=0."""
+    from hoformer.layers import build_attention
+
+    kw = {"num_modes": 2} if name.startswith("kronecker") or name == "axial_sequential" else {}
+    x = torch.randn(2, 3, 4, 16)
+    drop = build_attention(name, 16, 2, attn_dropout=0.5, dropout=0.5, **kw).eval()
+    ref = build_attention(name, 16, 2, **kw).eval()
+    ref.load_state_dict(drop.state_dict())
+    torch.testing.assert_close(drop(x), ref(x))
+    torch.testing.assert_close(drop(x, return_attention=True)[0], ref(x))

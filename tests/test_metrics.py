@@ -112,3 +112,18 @@ def test_mape_excludes_near_zero_targets_even_when_marked_observed():
         mae = MaskedMAE(at=at)
         mae.update(*t)
         assert float(mae.compute()) == pytest.approx(np.abs(p - yy).mean(), rel=1e-5)
+
+
+@pytest.mark.parametrize("at", [None, 2])
+def test_mape_excludes_masked_nonzero_targets(at):
+    """The mask is honoured for non-zero targets too (the zero-target filter alone hid a mask-ignoring bug)."""
+    g = torch.Generator().manual_seed(0)
+    y = torch.rand(4, 3, 5, 1, generator=g, dtype=torch.float64) * 50 + 20      # no zeros at all
+    pred = y + torch.randn(y.shape, generator=g, dtype=torch.float64)
+    mask = torch.rand(y.shape, generator=g) > 0.3
+    pred[~mask] = 1e6                                                # a masked entry must not count
+    m = MaskedMAPE(at=at)
+    m.update(pred, y, mask)
+    sl = (slice(None),) if at is None else (slice(None), at - 1)
+    p, t, k = pred[sl], y[sl], mask[sl]
+    assert float(m.compute()) == pytest.approx(float(100 * ((p - t) / t).abs()[k].mean()), rel=1e-6)

@@ -586,3 +586,30 @@ def test_cnn3d_reference_arguments():
         create_model("cnn3d_classifier", widths=())
     with pytest.raises(ValueError, match=r"expected `x` of shape \(B, 1, 28, 28, 28\)"):
         create_model("cnn3d_classifier")(torch.randn(2, 1, 28, 28, 14))
+
+
+def _batch_rows(obj, sl, n):
+    """``obj`` with every batch-major tensor (leading dim ``n``) sliced by ``sl``."""
+    if isinstance(obj, torch.Tensor):
+        return obj[sl] if obj.ndim and obj.shape[0] == n else obj
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_batch_rows(o, sl, n) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _batch_rows(v, sl, n) for k, v in obj.items()}
+    return obj
+
+
+@pytest.mark.parametrize("name", ALL_MODELS)
+def test_samples_in_a_batch_are_independent(name):
+    """In eval mode a sample's output does not depend on the other samples of its batch (statistics pooled over the
+    batch, e.g. a RevIN mean over (B, T), passed every other generic test)."""
+    torch.manual_seed(0)
+    model = create_model(name).eval()
+    args, kwargs = model.example_inputs(batch_size=3)
+    with torch.no_grad():
+        full = float_outputs(model, args, kwargs)
+        one = float_outputs(model, _batch_rows(list(args), slice(1, 2), 3), _batch_rows(kwargs, slice(1, 2), 3))
+    assert len(full) == len(one) and any(f.ndim and f.shape[0] == 3 for f in full)
+    for f, o in zip(full, one):
+        if f.ndim and f.shape[0] == 3:
+            torch.testing.assert_close(f[1:2], o, rtol=1e-4, atol=1e-5)

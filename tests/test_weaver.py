@@ -629,3 +629,15 @@ def test_weaver_learns_los_loop_better_than_last_value(data_root):
                 metric.update(forecast(m, b), b["y"], b["y_mask"])
         scores[name] = float(metric.compute())
     assert scores["weaver"] < scores["last"], scores
+
+
+def test_valence_attention_uses_ratio_time_over_time_and_ratio_space_over_nodes():
+    """Eq 46: the pooling over time (spatial nodes) uses k = ceil(rho_T P), the pooling over nodes rho_S."""
+    from hoformer.functional.weaver import atk_pool
+    from hoformer.layers.weaver import KroneckerValenceAttention
+
+    layer = KroneckerValenceAttention(num_nodes=5, dim=8, num_heads=2, kern_dim=3, kern_layers=1,
+                                      ratio_space=0.4, ratio_time=0.75).double()
+    u = torch.randn(2, 4, 5, 8, dtype=torch.float64)
+    torch.testing.assert_close(layer.pool_s(u), atk_pool(u, layer.pool_s.scorers, 0.75, 1))  # over P=4 steps: k=3
+    torch.testing.assert_close(layer.pool_t(u), atk_pool(u, layer.pool_t.scorers, 0.4, 2))   # over N=5 nodes: k=2

@@ -140,6 +140,9 @@ class KroneckerValenceAttention(_Recordable):
     (cyclic TOD/DOW, eqs 52-54) feed multi-head valence attention maps ``Theta_S (B, H, N, N)`` and
     ``Theta_T (B, H, P, P)`` (eq 47); the P^2-KMV (eqs 55-57) weaves them with the embedding, then GLU head mixing
     and a residual (eq 58, the W-iKPS).
+
+    ``ratio_time`` (rho_T) is the top-k ratio of the pooling *over time* that yields the spatial nodes
+    (``k = ceil(rho_T * P)``, eqs 42-46), ``ratio_space`` that of the pooling over nodes that yields the temporal ones.
     """
 
     def __init__(self, num_nodes: int, dim: int, num_heads: int = 8, kernel: str = "tanimoto", num_scorers: int = 5,
