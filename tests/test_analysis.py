@@ -21,6 +21,7 @@ from hoformer.analysis import (
     fit_exponent,
     StableRankCallback,
 )
+from hoformer.analysis.maps import recording
 from hoformer.functional import kron_apply, kron_dense, kron_sum_apply, kron_sum_dense
 from hoformer.layers import build_attention
 from hoformer.models import create_model, from_pretrained
@@ -58,7 +59,7 @@ def test_recording_does_not_change_outputs_and_model_level_maps():
     assert [r.name for r in recs] == ["encoder.blocks.0.attn", "encoder.blocks.1.attn"]
     assert [tuple(m.shape) for m in recs[0].maps] == [(2, 2, 3, 3), (2, 2, 4, 4)]
     torch.testing.assert_close(model(x), ref)
-    assert all(m._record is None for m in model.modules() if hasattr(m, "_record"))
+    assert all(not m._sinks for m in model.modules() if hasattr(m, "_sinks"))
 
 
 def test_attention_maps_of_weaver_and_hoba_models():
@@ -607,3 +608,19 @@ def test_run_bench_model_rows_use_hot_model_flops():
     with pytest.raises(ValueError, match="--models supports 'hot_volume_classifier'"):
         run_bench(attentions=("full",), sides=(), models=("hot_forecaster",), model_sides=(2,), device="cpu",
                   log=lambda *a: None)
+
+
+def test_nested_recordings_each_get_every_map():
+    """An inner recording (e.g. StableRankCallback's during a step the user also records) neither steals the outer
+    recording's maps nor ends it: each block sees every forward made while it is open."""
+    model = create_model("hot_forecaster", seq_len=12, pred_len=4, num_variates=3, patch_size=3, dim=16, num_heads=2,
+                         depth=2).eval()
+    x = torch.randn(2, 12, 3)
+    with recording(model) as outer:
+        model(x)
+        inner = attention_maps(model, x)
+        model(x)
+    assert len(inner) == 2 and len(outer) == 6
+    for a, b in zip(outer[2:4], inner):
+        assert a.name == b.name and all(torch.equal(p, q) for p, q in zip(a.maps, b.maps))
+    assert all(not m._sinks for m in model.modules() if hasattr(m, "_sinks"))

@@ -383,3 +383,25 @@ def test_full_attention_scale_keyword():
     q, k, v = (torch.randn(1, 2, 3, 4, 5, dtype=torch.float64) for _ in range(3))
     a = torch.softmax(q.reshape(1, 2, 12, 5) @ k.reshape(1, 2, 12, 5).transpose(-1, -2) * 0.3, -1)
     torch.testing.assert_close(full_attention(q, k, v, scale=0.3), (a @ v.reshape(1, 2, 12, 5)).view_as(v))
+
+
+def test_kronecker_attention_names_mismatched_batch_dtype_and_masks():
+    """Mismatches that used to surface as raw torch errors (or blamed kron_apply's `factors[0]`, which the caller
+    never passed) name the argument; broadcastable size-1 batch / head dims stay allowed; a feature map with negative
+    values (NaN through the row normaliser) is refused."""
+    v = torch.randn(2, 2, 3, 4, 5)
+    q = [torch.randn(2, 2, 3, 5), torch.randn(2, 2, 4, 5)]
+    k = [torch.randn(2, 2, 3, 5), torch.randn(2, 2, 4, 5)]
+    lead = r"must have leading dims broadcastable to \(B, H\) = \(2, 2\)"
+    with pytest.raises(ValueError, match=rf"`q\[0\]` {lead}"):
+        kronecker_attention([torch.randn(3, 2, 3, 5), q[1]], k, v)
+    for m in (torch.ones(5, 2, 3, 3, dtype=torch.bool), torch.ones(1, 2, 2, 3, 3, dtype=torch.bool)):
+        with pytest.raises(ValueError, match=rf"`masks\[0\]` {lead}"):
+            kronecker_attention(q, k, v, masks=[m, None])
+    with pytest.raises(TypeError, match=r"`q\[0\]` \(torch.float32\) and `k\[0\]` \(torch.float64\) must share"):
+        kronecker_attention(q, [k[0].double(), k[1]], v)
+    y = kronecker_attention([q[0][:1], q[1][:, :1]], k, v, masks=[torch.ones(1, 2, 3, 3, dtype=torch.bool), None])
+    assert y.shape == v.shape and torch.isfinite(y).all()
+    with pytest.raises(ValueError, match="`feature_map` must return non-negative features.*got a minimum of -"):
+        kronecker_attention(q, k, v, kernel="linear", feature_map=lambda x: x)
+    assert torch.isfinite(kronecker_attention(q, k, v, kernel="linear", feature_map=torch.exp)).all()

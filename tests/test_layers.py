@@ -438,3 +438,25 @@ def test_attention_dropout_is_off_in_eval(name):
     ref.load_state_dict(drop.state_dict())
     torch.testing.assert_close(drop(x), ref(x))
     torch.testing.assert_close(drop(x, return_attention=True)[0], ref(x))
+
+
+@pytest.mark.parametrize("name", ["kronecker_product", "kronecker_linear", "full", "axial", "divided"])
+def test_layer_sizes_rates_and_rope_modes_are_checked(name):
+    """0 is not "use the default" (dim_head=0 built dim_head=dim//heads), rates outside [0, 1) are refused at
+    construction by every layer (AxialAttention trained with attn_dropout=-1), a bare int for rope_modes names the
+    argument instead of "'int' object is not iterable", num_heads=0 no longer divides by zero."""
+    cases = [({"dim_head": 0}, ValueError, "`dim_head` must be an int >= 1 or None, got 0"),
+             ({"num_heads": 0}, ValueError, "`num_heads` must be an int >= 1, got 0"),
+             ({"attn_dropout": -1.0}, ValueError, r"`attn_dropout` must be a float in \[0, 1\), got -1.0"),
+             ({"dropout": 1.0}, ValueError, r"`dropout` must be a float in \[0, 1\), got 1.0"),
+             ({"rope_modes": 1}, TypeError, "`rope_modes` must be a sequence of 0-based mode indices")]
+    if name == "kronecker_linear":
+        cases.append(({"num_features": 0}, ValueError, "`num_features` must be an int >= 1 or None, got 0"))
+    for kw, exc, msg in cases:
+        args = {"num_heads": 2, **kw}
+        with pytest.raises(exc, match=msg):
+            build_attention(name, 16, args.pop("num_heads"), **args)
+    with pytest.raises(ValueError, match="Encoder: `depth` must be an int >= 0"):
+        Encoder(16, depth=-1, num_heads=2)
+    with pytest.raises(ValueError, match=r"an empty batch \(B = 0\)"):
+        build_attention(name, 16, 2)(torch.randn(0, 3, 4, 16))

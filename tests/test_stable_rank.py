@@ -7,6 +7,7 @@ import torch
 from hoformer.analysis import (
     kron_product_stable_rank,
     kron_sum_fro_sq,
+    kron_sum_spectral_norm,
     kron_sum_stable_rank,
     stable_rank,
 )
@@ -127,3 +128,21 @@ def test_stable_rank_rejects_bad_input():
         kron_product_stable_rank(torch.rand(2, 3, 3))
     with pytest.raises(TypeError, match="floating-point"):
         kron_sum_fro_sq([torch.ones(3, 3, dtype=torch.long)])
+
+
+@pytest.mark.parametrize("low", [torch.bfloat16, torch.float16])
+def test_low_precision_maps_are_ranked_in_float32(low):
+    """Maps recorded under bf16 / fp16 autocast: every stable-rank function computes (and returns) float32 values
+    equal to those of the float32 maps (torch.linalg refuses low precision; a bf16 result has 2-3 digits)."""
+    g = torch.Generator().manual_seed(0)
+    fs = [torch.softmax(torch.randn(2, 3, n, n, generator=g) * 3, -1).to(low) for n in (4, 5)]
+    ref = [f.float() for f in fs]
+    for fn, args in ((stable_rank, (fs[0],)), (kron_product_stable_rank, (fs,)),
+                     (lambda f: kron_sum_stable_rank(f, method="bound"), (fs,)),
+                     (kron_sum_stable_rank, (fs,)), (kron_sum_spectral_norm, (fs,)), (kron_sum_fro_sq, (fs,))):
+        out = fn(*args)
+        want = fn(*((ref[0],) if args[0] is fs[0] else (ref,)))
+        assert out.dtype == torch.float32 and out.shape == (2, 3)
+        torch.testing.assert_close(out, want)
+    mixed = kron_sum_stable_rank([ref[0].double(), fs[1]])  # mixed precisions promote to the widest
+    assert mixed.dtype == torch.float64

@@ -13,6 +13,7 @@ The ``1/k`` normalisation of HOT's sum does not change a stable rank (it is scal
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Sequence
 
@@ -34,13 +35,22 @@ def _check_factors(factors, fn: str) -> list[torch.Tensor]:
             raise ValueError(f"{fn}: `factors[{i}]` must be square (..., Ni, Ni), got {tuple(s.shape)}")
         if s.shape[:-2] != lead:
             raise ValueError(f"{fn}: `factors[{i}]` leading dims {tuple(s.shape[:-2])} differ from {tuple(lead)}")
-    return list(factors)
+    dtype = functools.reduce(torch.promote_types, [s.dtype for s in factors], torch.float32)
+    return [s.to(dtype) for s in factors]
+
+
+def _working_precision(a: torch.Tensor) -> torch.Tensor:
+    """Maps recorded under bf16 / fp16 autocast arrive in low precision; norms and SVDs run in (at least) float32,
+    and the results stay there (a stable rank in bf16 has 2-3 significant digits)."""
+    return a.to(torch.promote_types(a.dtype, torch.float32))
 
 
 def stable_rank(a: torch.Tensor) -> torch.Tensor:
-    """Eq 10: ``|A|_F^2 / |A|_2^2`` for ``a (..., n, m)``."""
+    """Eq 10: ``|A|_F^2 / |A|_2^2`` for ``a (..., n, m)``; bf16 / fp16 input is computed and returned in float32
+    (as are the Kronecker variants below)."""
     if not isinstance(a, torch.Tensor) or a.ndim < 2 or not a.is_floating_point():
         raise ValueError(f"stable_rank: `a` must be a floating tensor (..., n, m), got {getattr(a, 'shape', type(a))}")
+    a = _working_precision(a)
     fro = a.pow(2).sum((-1, -2))
     spec = torch.linalg.matrix_norm(a, ord=2)
     return fro / spec.pow(2)
@@ -80,8 +90,8 @@ def kron_sum_spectral_norm(factors: Sequence[torch.Tensor], iters: int = 64, see
     lead = factors[0].shape[:-2]
     sizes = [s.shape[-1] for s in factors]
     n = math.prod(sizes)
-    dtype = torch.promote_types(factors[0].dtype, torch.float32)
-    fs = [s.to(dtype).reshape(-1, 1, *s.shape[-2:]) for s in factors]  # (L, 1, Ni, Ni) as (B, H)
+    dtype = factors[0].dtype
+    fs = [s.reshape(-1, 1, *s.shape[-2:]) for s in factors]  # (L, 1, Ni, Ni) as (B, H)
     ft = [s.transpose(-1, -2) for s in fs]
     nb = fs[0].shape[0]
 
@@ -113,7 +123,7 @@ def kron_sum_spectral_norm(factors: Sequence[torch.Tensor], iters: int = 64, see
         b = torch.stack(betas, -1)
         t = t + torch.diag_embed(b, 1) + torch.diag_embed(b, -1)
     lam = torch.linalg.eigvalsh(t)[..., -1].clamp_min(0)
-    return lam.sqrt().reshape(lead).to(factors[0].dtype)
+    return lam.sqrt().reshape(lead)
 
 
 def kron_sum_stable_rank(factors: Sequence[torch.Tensor], method: str = "exact", iters: int = 64) -> torch.Tensor:

@@ -25,6 +25,8 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from hoformer._checks import DETAIL, check_values
+
 from .scores import masked_softmax
 
 __all__ = [
@@ -503,6 +505,18 @@ def _check_dropout(p, fn: str) -> None:
 def _check_qkv(q, k, v, masks, fn):
     _check_tensor(v, "v", fn, 4)
     _check_qk_masks(q, k, masks, v.shape[2:-1], fn, f"`v` of shape {tuple(v.shape)} has ")
+    bh = tuple(v.shape[:2])
+    named = [(f"{name}[{i}]", t) for i in range(len(q)) for name, t in (("q", q[i]), ("k", k[i]))]
+    named += [(f"masks[{i}]", m) for i, m in enumerate(masks or ()) if m is not None]
+    for name, t in named:  # leading dims broadcast against v's (B, H): size 1 or equal, at most two of them
+        lead = tuple(t.shape[:-2])
+        if len(lead) > 2 or any(a not in (1, c) for a, c in zip(lead[::-1], bh[::-1])):
+            raise ValueError(f"{fn}: `{name}` must have leading dims broadcastable to (B, H) = {bh} of `v` (at most "
+                             f"two, each 1 or equal), got shape {tuple(t.shape)}")
+    if not torch.is_autocast_enabled(v.device.type):
+        for i in range(len(q)):
+            if q[i].dtype != k[i].dtype:
+                raise TypeError(f"{fn}: `q[{i}]` ({q[i].dtype}) and `k[{i}]` ({k[i].dtype}) must share a dtype")
     return v.ndim - 3
 
 
@@ -558,7 +572,12 @@ def kronecker_attention(
             raise ValueError(f"{fn}: `scale` and `dropout_p` apply to softmax factors only; kernel='linear' never "
                              f"forms S_i (got scale={scale}, dropout_p={dropout_p})")
         phi = feature_map or elu_feature_map
-        ops = [_linear_op(phi(qi), phi(ki), b, h, v.dtype) for qi, ki in zip(q, k)]
+        feats = [(phi(qi), phi(ki)) for qi, ki in zip(q, k)]
+        if feature_map is not None:  # negative features make the row normaliser cross 0: NaN / inf, silently
+            check_values(torch.stack([torch.stack([fq.min(), fk.min()]) for fq, fk in feats]).min() >= 0,
+                         f"{fn}: `feature_map` must return non-negative features (e.g. elu(x) + 1, FAVOR+){DETAIL}",
+                         lambda: f", got a minimum of {min(min(fq.min(), fk.min()) for fq, fk in feats).item():.3g}")
+        ops = [_linear_op(fq, fk, b, h, v.dtype) for fq, fk in feats]
         if combine == "product":
             return _kron_apply_cf(ops, v.movedim(-1, 2), v.shape[2:-1])
         return _kron_sum_ops(ops, v, True)

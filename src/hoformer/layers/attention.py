@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hoformer._checks import is_int
+from hoformer._checks import check_int, is_int
 from hoformer.functional.kronecker import full_attention, kron_dense, kronecker_attention
 from hoformer.functional.scores import SCORE_FNS, get_score_fn, masked_softmax
 
@@ -59,7 +59,15 @@ def _check_x(x, dim: int, name: str, nmodes: int | None = None) -> None:
     if nmodes is not None and x.ndim - 2 != nmodes:
         raise ValueError(f"{name}: expected {nmodes} modes, got x of shape {tuple(x.shape)}")
     if x.numel() == 0:
-        raise ValueError(f"{name}: `x` has an empty mode, got shape {tuple(x.shape)}")
+        what = "an empty batch (B = 0)" if x.shape[0] == 0 else "an empty mode"
+        raise ValueError(f"{name}: `x` has {what}, got shape {tuple(x.shape)}")
+
+
+def _mode_tuple(modes, fn: str, arg: str = "rope_modes") -> tuple[int, ...]:
+    """A sequence of mode indices as a tuple (a bare int is refused: ``rope_modes=(1,)``, not ``1``)."""
+    if isinstance(modes, (str, bytes)) or not isinstance(modes, Sequence) or not all(is_int(m) for m in modes):
+        raise TypeError(f"{fn}: `{arg}` must be a sequence of 0-based mode indices (ints), e.g. (0, 1), got {modes!r}")
+    return tuple(int(m) for m in modes)
 
 
 def _check_rope_modes(rope_modes, nmodes: int, name: str) -> None:
@@ -105,15 +113,33 @@ def _kron_and(masks: Sequence[torch.Tensor | None], sizes: Sequence[int], device
     return full.view((1,) * (4 - full.ndim) + tuple(full.shape)) if full.ndim < 4 else full
 
 
-class _Recordable(nn.Module):
-    """Mixin: ``record_attention`` sets ``_record`` to a list that receives ``(layer_name, maps)``."""
+def _check_layer_args(fn: str, dim, num_heads, dim_head, dropout, attn_dropout) -> None:
+    """Sizes and rates every attention layer takes; ``dim_head=None`` means ``dim // num_heads`` (0 is refused)."""
+    check_int(fn, "dim", dim)
+    check_int(fn, "num_heads", num_heads)
+    check_int(fn, "dim_head", dim_head, optional=True)
+    if dim_head is None and dim % num_heads:
+        raise ValueError(f"{fn}: dim={dim} is not divisible by num_heads={num_heads}")
+    for name, p in (("dropout", dropout), ("attn_dropout", attn_dropout)):
+        if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0):
+            raise ValueError(f"{fn}: `{name}` must be a float in [0, 1), got {p!r}")
 
-    _record: list | None = None
-    _record_name: str = ""
+
+class _Recordable(nn.Module):
+    """Mixin: every active ``record_attention`` block adds a sink ``(records, layer_name)``; ``records`` receives
+    ``(layer_name, maps)``. Blocks nest: an inner recording (e.g. a callback's) leaves the outer one's intact."""
+
+    _sinks: tuple = ()
+
+    @property
+    def _recording(self) -> bool:
+        return bool(self._sinks)
 
     def _maybe_record(self, maps) -> None:
-        if self._record is not None:
-            self._record.append((self._record_name, [m.detach() for m in maps]))
+        if self._sinks:
+            maps = [m.detach() for m in maps]
+            for records, name in self._sinks:
+                records.append((name, maps))
 
 
 @contextlib.contextmanager
@@ -129,12 +155,12 @@ def record_attention(model: nn.Module):
     records: list = []
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, _Recordable)]
     for n, m in layers:
-        m._record, m._record_name = records, n
+        m._sinks = m._sinks + ((records, n),)
     try:
         yield records
     finally:
         for _, m in layers:
-            m._record = None
+            m._sinks = tuple(sink for sink in m._sinks if sink[0] is not records)
 
 
 # --------------------------------------------------------------------------------------------- FAVOR+
@@ -149,8 +175,9 @@ class FavorFeatures(nn.Module):
 
     def __init__(self, dim: int, num_features: int | None = None, redraw_interval: int = 0) -> None:
         super().__init__()
+        check_int("FavorFeatures", "num_features", num_features, optional=True)
         self.dim = dim
-        self.num_features = num_features or max(dim, int(dim * math.log(dim)))
+        self.num_features = max(dim, int(dim * math.log(dim))) if num_features is None else num_features
         self.redraw_interval = redraw_interval
         self.register_buffer("projection", self._draw(), persistent=True)
         self.register_buffer("calls", torch.zeros((), dtype=torch.long), persistent=True)
@@ -289,13 +316,12 @@ class KroneckerAttention(_Recordable):
                              f"got {kernel!r}")
         if pool not in ("sum", "mean"):
             raise ValueError(f"KroneckerAttention: `pool` must be 'sum' or 'mean', got {pool!r}")
-        if dim_head is None and dim % num_heads:
-            raise ValueError(f"KroneckerAttention: dim={dim} is not divisible by num_heads={num_heads}")
+        _check_layer_args("KroneckerAttention", dim, num_heads, dim_head, dropout, attn_dropout)
         self.dim, self.heads = dim, num_heads
-        self.dim_head = dim_head or dim // num_heads
+        self.dim_head = dim // num_heads if dim_head is None else dim_head
         inner = self.heads * self.dim_head
         self.combine, self.kernel, self.pool = combine, kernel, pool
-        self.rope_modes = tuple(rope_modes)
+        self.rope_modes = _mode_tuple(rope_modes, "KroneckerAttention")
         self.attn_dropout = dropout if attn_dropout is None else attn_dropout
         self.num_modes = num_modes
         # per-mode q/k projections are created lazily for the first k seen unless num_modes is given
@@ -346,7 +372,7 @@ class KroneckerAttention(_Recordable):
         # values as a (b, h, n1..nk, e) *view* of the (b, n.., h*e) projection; kron_apply / kron_sum_apply keep that
         # memory layout, so merging the heads before to_out is a view too
         v = self.to_v(x).view(b, *sizes, self.heads, self.dim_head).movedim(-2, 1)
-        want_maps = return_attention or self._record is not None
+        want_maps = return_attention or self._recording
         if self.kernel == "linear":
             if self.favor is not None:
                 self.favor.step()
@@ -385,10 +411,9 @@ class _QKV(_Recordable):
 
     def __init__(self, dim, num_heads, qk_norm, dropout, dim_head, bias=True, attn_dropout=None):
         super().__init__()
-        if dim_head is None and dim % num_heads:
-            raise ValueError(f"{type(self).__name__}: dim={dim} is not divisible by num_heads={num_heads}")
+        _check_layer_args(type(self).__name__, dim, num_heads, dim_head, dropout, attn_dropout)
         self.dim, self.heads = dim, num_heads
-        self.dim_head = dim_head or dim // num_heads
+        self.dim_head = dim // num_heads if dim_head is None else dim_head
         inner = self.heads * self.dim_head
         self.to_qkv = nn.Linear(dim, 3 * inner, bias=bias)
         self.q_norm = nn.LayerNorm(self.dim_head) if qk_norm else nn.Identity()
@@ -427,7 +452,7 @@ class FullAttention(_QKV):
     def __init__(self, dim, num_heads=8, qk_norm=True, rope_modes=(), dropout=0.0, dim_head=None, attn_dropout=None,
                  bias=True, rope_theta=10000.0, num_modes=None):
         super().__init__(dim, num_heads, qk_norm, dropout, dim_head, bias=bias, attn_dropout=attn_dropout)
-        self.rope_modes, self.rope_theta, self.num_modes = tuple(rope_modes), rope_theta, num_modes
+        self.rope_modes, self.rope_theta, self.num_modes = _mode_tuple(rope_modes, "FullAttention"), rope_theta, num_modes
 
     def forward(self, x, masks=None, return_attention=False):
         _check_x(x, self.dim, "FullAttention", self.num_modes)
@@ -438,7 +463,7 @@ class FullAttention(_QKV):
         q = axial_rotary(q, sizes, self.rope_modes, self.rope_theta)
         k = axial_rotary(k, sizes, self.rope_modes, self.rope_theta)
         mask = _kron_and(masks, sizes, x.device)
-        want = return_attention or self._record is not None
+        want = return_attention or self._recording
         if not want:
             y = full_attention(q.unsqueeze(2), k.unsqueeze(2), v.unsqueeze(2), mask=mask,
                                dropout_p=self.attn_dropout if self.training else 0.0).squeeze(2)
@@ -470,7 +495,7 @@ class AxialAttention(_QKV):
             if not modes or len(set(modes)) != len(modes) or any(not is_int(m) or m < 0 for m in modes):
                 raise ValueError(f"AxialAttention: `modes` must be distinct non-negative mode indices, got {modes}")
         self.modes = modes
-        self.combine, self.rope_modes = combine, tuple(rope_modes)
+        self.combine, self.rope_modes = combine, _mode_tuple(rope_modes, "AxialAttention")
         self.rotary = RotaryEmbedding(self.dim_head, rope_theta) if self.rope_modes else None
         self.extra = nn.ModuleList()  # sequential: qkv projections of modes 2..k, from the (heads * dim_head) values
         self.num_modes = num_modes
@@ -508,7 +533,7 @@ class AxialAttention(_QKV):
         _check_rope_modes(self.rope_modes, nm, "AxialAttention")
         self._ensure(nm)
         masks = _check_masks(masks, sizes, "AxialAttention", x.shape[0], self.heads) or [None] * nm
-        want = return_attention or self._record is not None
+        want = return_attention or self._recording
         maps = []
         q, k, v = self.qkv(x)
         if self.combine == "sum":
@@ -549,9 +574,9 @@ class DividedAttention(nn.Module):
     def __init__(self, dim, num_heads=8, qk_norm=True, rope_modes=(), dropout=0.0, dim_head=None,
                  first_mode=0, attn_dropout=None, bias=True, rope_theta=10000.0, num_modes=None):
         super().__init__()
-        if first_mode < 0:
-            raise ValueError(f"DividedAttention: `first_mode` must be a non-negative mode index, got {first_mode}")
-        if any(not is_int(m) or m < 0 for m in rope_modes):
+        check_int("DividedAttention", "first_mode", first_mode, low=0, note=" (a mode index)")
+        rope_modes = _mode_tuple(rope_modes, "DividedAttention")
+        if any(m < 0 for m in rope_modes):
             raise ValueError(f"DividedAttention: `rope_modes` must be non-negative mode indices, got {tuple(rope_modes)}")
         self.first_mode, self.dim = first_mode, dim
         rope_rest = tuple(i - (i > first_mode) for i in rope_modes if i != first_mode)
@@ -576,7 +601,7 @@ class DividedAttention(nn.Module):
         rest_sizes = xt.shape[2:-1]
         x2 = xt.reshape(b, n0, -1, self.dim)  # (b, n0, prod(rest), d)
         q, k, v = self.first.qkv(x2)
-        want = return_attention or self.first._record is not None
+        want = return_attention or self.first._recording
         t, a_t = self.first._along(q, k, v, 0, masks[fm], want)
         if want:
             self.first._maybe_record([a_t])

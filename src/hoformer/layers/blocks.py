@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hoformer._checks import check_int
+
 from .attention import build_attention
 
 __all__ = ["Mlp", "SwiGLU", "RMSNorm", "DropPath", "PatchEmbed", "Block", "Encoder"]
@@ -167,6 +169,7 @@ class Encoder(nn.Module):
     def __init__(self, dim: int, depth: int, num_heads: int = 8, drop_path: float = 0.0, norm: str = "layernorm",
                  **block_kw) -> None:
         super().__init__()
+        check_int("Encoder", "depth", depth, low=0, note=" (0: no blocks, the final norm only)")
         rates = [drop_path * i / max(1, depth - 1) for i in range(depth)]
         self.blocks = nn.ModuleList(Block(dim, num_heads, drop_path=r, norm=norm, **block_kw) for r in rates)
         self.norm = _norm(norm, dim)

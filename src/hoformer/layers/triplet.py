@@ -134,7 +134,7 @@ class _HeadsAttention(_Recordable):
         _check_seq(x, mask, self.dim, type(self).__name__)
         b, n, _ = x.shape
         xs = self.to_in(x).view(b, n, self.n_proj, self.heads, self.dim_head).permute(2, 0, 3, 1, 4).unbind(0)
-        want = return_attention or self._record is not None
+        want = return_attention or self._recording
         grid = n if self.block_size is None else triplet_grid_length(n, self.block_size, self.overlap)
         if grid > n:  # fixed windows (eq 3) whatever the batch's padding: pad with masked positions, crop after
             real = mask if mask is not None else x.new_ones(b, n, dtype=torch.bool)
