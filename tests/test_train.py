@@ -702,7 +702,7 @@ class _FakeScore(pl.Callback):
 
 
 def _fit_with_export(tmp_path, monitor: str, extra_callback, max_epochs: int, limit_train_batches: int):
-    """A tiny synthetic forecaster fitted with ``extra_callback``, a best-by-``monitor`` ModelCheckpoint and
+    """A tiny synthetic forecaster fitted with ``extra_callback`` (one or a list), a best-by-``monitor`` ModelCheckpoint and
     ExportPretrained -> ``(task, checkpoint callback, export callback)``."""
     dm = LTSFDataModule(synthetic=True, synthetic_length=300, seq_len=32, pred_len=8, batch_size=16)
     task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC), lr=1e-2,
@@ -710,7 +710,8 @@ def _fit_with_export(tmp_path, monitor: str, extra_callback, max_epochs: int, li
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor=monitor, mode="min")
     export = ExportPretrained(str(tmp_path / "pretrained"))
     trainer = _trainer(tmp_path, max_epochs=max_epochs, limit_train_batches=limit_train_batches, limit_val_batches=1,
-                       num_sanity_val_steps=0, callbacks=[extra_callback, ckpt, export], enable_checkpointing=True)
+                       num_sanity_val_steps=0, enable_checkpointing=True,
+                       callbacks=[*(extra_callback if isinstance(extra_callback, list) else [extra_callback]), ckpt, export])
     trainer.fit(task, dm)
     return task, ckpt, export
 
@@ -823,3 +824,33 @@ def test_fit_and_test_in_bf16(tmp_path, precision):
         assert res and all(np.isfinite(v) for v in res.values()), res
         want = torch.float32 if precision == "bf16-mixed" else torch.bfloat16
         assert {p.dtype for p in task.parameters()} == {want}
+
+
+def test_compile_model_callback_trains_like_eager_and_keeps_checkpoints_plain(tmp_path):
+    """CompileModel (backend aot_eager: no C++ toolchain) compiles the model in place: a fit gives the eager fit's
+    weights (same seed), checkpoints and the export keep the plain state-dict keys, and EMA (which deep-copies the
+    module) works on top of it."""
+    import torch._dynamo
+    from lightning.pytorch.callbacks import EMAWeightAveraging
+
+    from hoformer.train import CompileModel
+
+    with pytest.raises(ValueError, match="`backend` must be one of"):
+        CompileModel(backend="nope")
+
+    states = {}
+    for name, cb in (("compiled", CompileModel(backend="aot_eager")), ("eager", pl.Callback())):
+        torch._dynamo.reset()
+        pl.seed_everything(0)
+        task, ckpt, export = _fit_with_export(tmp_path / name, "val/mae", cb, max_epochs=1, limit_train_batches=3)
+        states[name] = torch.load(ckpt.best_model_path, weights_only=True)["state_dict"]
+        assert all(k.startswith("model.") and "_orig_mod" not in k for k in states[name])
+        assert from_pretrained(export.path).state_dict().keys() == task.model.state_dict().keys()
+        assert (task.model._compiled_call_impl is not None) == (name == "compiled")
+    for k, v in states["eager"].items():
+        torch.testing.assert_close(states["compiled"][k], v, rtol=1e-4, atol=1e-5, msg=k)
+    torch._dynamo.reset()
+    _, ckpt, _ = _fit_with_export(tmp_path / "ema", "val/mae", [CompileModel(backend="aot_eager"),
+                                                                EMAWeightAveraging(decay=0.5)], 1, 3)
+    saved = torch.load(ckpt.best_model_path, weights_only=True)
+    assert any(not torch.equal(saved["state_dict"][k], saved["current_model_state"][k]) for k in saved["state_dict"])

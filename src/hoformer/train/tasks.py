@@ -52,6 +52,7 @@ __all__ = [
     "checkpoint_callbacks",
     "ExportPretrained",
     "SavePredictions",
+    "CompileModel",
     "plot_forecast",
 ]
 
@@ -349,6 +350,37 @@ class ExportPretrained(pl.Callback):
             model.load_state_dict(state)
         root = self.dirpath or os.path.join(trainer.log_dir or trainer.default_root_dir, "pretrained")
         self.path = str(model.save_pretrained(root))
+
+
+class CompileModel(pl.Callback):
+    """``torch.compile`` the task's model for fit / validate / test / predict, from a config or the command line::
+
+        hoformer fit --config C.yaml --trainer.callbacks+=hoformer.train.CompileModel [--trainer.callbacks.mode=max-autotune]
+
+    Compiles in place (``nn.Module.compile``), so the state-dict keys, checkpoints, resumes, EMA and
+    ``save_pretrained`` are those of the uncompiled model. The Kronecker and triplet kernels stay opaque eager calls
+    (``torch.compiler.disable``); the compiler fuses the projections, norms, MLPs and softmaxes around them.
+
+    Args: ``backend``, ``mode``, ``fullgraph``, ``dynamic``, ``options`` as in :func:`torch.compile`
+    (``backend="aot_eager"`` needs no C++ toolchain).
+    """
+
+    def __init__(self, backend: str = "inductor", mode: str | None = None, fullgraph: bool = False,
+                 dynamic: bool | None = None, options: dict[str, Any] | None = None) -> None:
+        import torch._dynamo
+
+        known = torch._dynamo.list_backends(exclude_tags=())
+        if backend not in known:
+            raise ValueError(f"CompileModel: `backend` must be one of {sorted(known)}, got {backend!r}")
+        if mode is not None and options is not None:
+            raise ValueError("CompileModel: give `mode` or `options`, not both (torch.compile refuses the pair)")
+        self.kwargs = dict(backend=backend, mode=mode, fullgraph=fullgraph, dynamic=dynamic, options=options)
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        model = getattr(pl_module, "model", None)
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"CompileModel: {type(pl_module).__name__} has no `model` module to compile")
+        model.compile(**self.kwargs)
 
 
 class SavePredictions(BasePredictionWriter):
