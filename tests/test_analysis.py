@@ -624,3 +624,37 @@ def test_nested_recordings_each_get_every_map():
     for a, b in zip(outer[2:4], inner):
         assert a.name == b.name and all(torch.equal(p, q) for p, q in zip(a.maps, b.maps))
     assert all(not m._sinks for m in model.modules() if hasattr(m, "_sinks"))
+
+
+@pytest.mark.parametrize("kind", ["kronecker_tanimoto", "kronecker_cosine"])
+def test_kernel_kronecker_attention_flops_match_flop_counter(kind):
+    from hoformer.analysis.flops import attention_flops, count_flops
+    from hoformer.layers import build_attention
+
+    layer = build_attention(kind, 32, 4).eval()
+    x = torch.randn(2, 3, 5, 6, 32)
+    got = attention_flops(kind, (3, 5, 6), 32, 4, batch=2)
+    assert got["total"] > 0 and got["total"] == count_flops(layer, x)
+
+
+@pytest.mark.parametrize("first_mode", [1, 2])
+def test_divided_attention_flops_follow_first_mode(first_mode):
+    from hoformer.analysis.flops import attention_flops, count_flops
+    from hoformer.layers import build_attention
+
+    layer = build_attention("divided", 32, 4, first_mode=first_mode).eval()
+    x = torch.randn(2, 3, 5, 6, 32)
+    got = attention_flops("divided", (3, 5, 6), 32, 4, batch=2, first_mode=first_mode)["total"]
+    assert got == count_flops(layer, x)
+
+
+def test_weaver_maps_are_recorded_as_a_kronecker_product():
+    """Weaver's valence attention is Theta_T (x) Theta_S: its maps are recorded with combine="product" (the stable
+    rank / figure code combines the factors by it)."""
+    from hoformer.analysis import attention_maps
+    from hoformer.models import create_model
+
+    w = create_model("weaver", num_nodes=5, window=4, horizon=4, dim=16, num_heads=2).eval()
+    args, kwargs = w.example_inputs(2)
+    (rec,) = attention_maps(w, *args, **kwargs)
+    assert (rec.kind, rec.combine) == ("kronecker", "product")

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -334,3 +335,20 @@ def test_demo_dataset_choice(tmp_path, monkeypatch, capsys):
     assert (seen[-1]["name"], seen[-1]["root"], seen[-1]["synthetic"]) == ("synthetic", None, True)
     assert cli.main(["demo", "--dataset", "ETTh1", *out]) == 2
     assert "set HOFORMER_DATA" in capsys.readouterr().err
+
+
+def test_ckpt_path_best_falls_back_to_the_newest_best_checkpoint(tmp_path):
+    """Without a readable ``last.ckpt``, ``--ckpt_path best`` resolves to the *newest* ``best-*.ckpt``."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from hoformer import cli
+
+    paths = [tmp_path / f"best-epoch={e:03d}.ckpt" for e in (5, 1, 3)]
+    for k, p in enumerate(paths):
+        p.write_bytes(b"x")
+        os.utime(p, (1_000_000 + k, 1_000_000 + k))  # written in this order: epoch 3 is the newest
+    cb = ModelCheckpoint(dirpath=tmp_path, monitor="val/mae")
+    ns = SimpleNamespace(subcommand="test", config_init={"test": {"ckpt_path": "best"}},
+                         trainer=SimpleNamespace(checkpoint_callback=cb))
+    cli._lightning_cli()._resolve_best(ns)
+    assert ns.config_init["test"]["ckpt_path"] == str(paths[-1])

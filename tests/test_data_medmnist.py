@@ -229,3 +229,18 @@ def test_datamodule_download_prefers_the_data_root(tmp_path, monkeypatch):
         dm.dataset("train")
     with pytest.raises(FileNotFoundError, match="organmnist3d.npz"):
         MedMNIST3DDataModule(flag="organ").dataset("train")
+
+
+def test_size_64_files_are_checked_against_the_64_digest(tmp_path, monkeypatch):
+    """``size=64`` verifies ``{flag}_64.npz`` against the official 64^3 MD5, not the 28^3 one."""
+    from hoformer.data import MEDMNIST3D_INFO, MedMNIST3D
+    from hoformer.data._utils import ChecksumError
+
+    arrays, md5 = _fake_npz(tmp_path / "adrenalmnist3d_64.npz", counts=(2, 1, 1), size=64)
+    monkeypatch.setitem(MEDMNIST3D_INFO["adrenalmnist3d"]["md5"], 64, md5)
+    ds = MedMNIST3D(tmp_path, "adrenal", "train", size=64)  # the 64 digest matches: accepted
+    assert len(ds) == 2 and ds[0][0].shape == (1, 64, 64, 64)
+    monkeypatch.setitem(MEDMNIST3D_INFO["adrenalmnist3d"]["md5"], 64, "0" * 32)
+    monkeypatch.setitem(MEDMNIST3D_INFO["adrenalmnist3d"]["md5"], 28, md5)
+    with pytest.raises(ChecksumError, match="adrenalmnist3d_64.npz"):
+        MedMNIST3D(tmp_path, "adrenal", "train", size=64)

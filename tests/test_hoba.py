@@ -5,7 +5,9 @@ import json
 import math
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
+import lightning.pytorch as pl
 import pytest
 import torch
 
@@ -708,3 +710,104 @@ def test_task_setup_refuses_vocab_length_and_padding_mismatch(tmp_path):
         t._trainer = SimpleNamespace(datamodule=dm)
         with pytest.raises(ValueError, match=match):
             t.setup("fit")
+
+
+def _quiet_trainer(tmp_path, **kw):
+    return pl.Trainer(default_root_dir=tmp_path, accelerator="cpu", devices=1, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, **kw)
+
+
+def test_teacher_cache_with_teacher_is_keyed_to_the_data(tmp_path):
+    """With ``teacher`` given, a cache file written for other data (here another ``max_len``, same split sizes and the
+    same teacher) is stale: the logits are recomputed on this data, not reused."""
+    from hoformer.data import TextDataModule
+    from hoformer.train import TextClassificationTask
+
+    dm, teacher, task = _task_env(tmp_path)
+    cache = tmp_path / "logits.pt"
+    task(teacher=str(tmp_path / "teacher"), teacher_logits=str(cache))._teacher_splits(("train", "val", "test"))
+    dm2 = TextDataModule("sst2", root=str(tmp_path / "data"), verify=False, max_len=6, batch_size=8,
+                         tokenizer=str(tmp_path / "teacher"))
+    dm2.setup()
+    assert {s: len(dm2.datasets[s]) for s in dm2.datasets} == {s: len(dm.datasets[s]) for s in dm.datasets}
+    mk = {**teacher.config["kwargs"], "attention": "hoba", "block_size": 4}
+    t2 = TextClassificationTask(model_kwargs=mk, teacher=str(tmp_path / "teacher"), teacher_logits=str(cache))
+    t2._trainer = SimpleNamespace(datamodule=dm2)
+    t2._teacher_splits(("train",))
+    ds = dm2.datasets["train"]
+    with torch.no_grad():
+        want = torch.stack([teacher(ds[i]["ids"][None], torch.ones(1, len(ds[i]["ids"]), dtype=torch.bool))[0]
+                            for i in range(len(ds))])
+    torch.testing.assert_close(t2.teacher_cache["train"], want, rtol=1e-5, atol=1e-6)
+    assert torch.load(cache, weights_only=True)["fingerprint"]["max_len"] == 6  # rewritten for this data
+
+
+def test_validation_batches_use_the_validation_teacher_rows(tmp_path):
+    """A validation batch is distilled against the *validation* split's teacher logits (its ``index`` is a
+    validation index), not the training rows with the same indices."""
+    from hoformer.data.text import collate_text
+    from hoformer.train import kd_loss
+
+    dm, _, task = _task_env(tmp_path)
+    t = task(teacher=str(tmp_path / "teacher"), kd_alpha=0.5, kd_temperature=2.0)
+    t._teacher_splits(("train", "val"))
+    ds = dm.datasets["val"]
+    idx = list(range(min(4, len(ds))))
+    batch = collate_text([ds[i] for i in idx], pad_id=dm.tokenizer.pad_id)
+    t._trainer = None  # self.log is a no-op without a trainer
+    t.model.eval()
+    loss = t.shared_step(batch, "val")
+    with torch.no_grad():
+        z = t.model(batch["ids"], batch["mask"])
+    want = kd_loss(z, batch["label"], t.teacher_cache["val"][idx], alpha=0.5, temperature=2.0)[0]
+    torch.testing.assert_close(loss.detach(), want)
+    assert not torch.allclose(want, kd_loss(z, batch["label"], t.teacher_cache["train"][idx], alpha=0.5,
+                                            temperature=2.0)[0])
+
+
+def test_train_and_validation_accuracy_are_separate_states(tmp_path):
+    """``val/acc`` (the HOBA configs' checkpoint / early-stopping monitor) accumulates validation batches only; the
+    training accuracy of the same epoch must not leak into it (nor validation into ``train/acc``)."""
+    from hoformer.data.text import collate_text
+
+    dm, _, task = _task_env(tmp_path)
+    t = task()
+    t._trainer = None  # self.log is a no-op without a trainer
+    t.model.eval()
+
+    def batch(split, right):
+        ds = dm.datasets[split]
+        b = collate_text([ds[i] for i in range(4)], pad_id=dm.tokenizer.pad_id)
+        with torch.no_grad():
+            pred = t.model(b["ids"], b["mask"]).argmax(-1)
+        b["label"] = pred if right else 1 - pred  # every prediction right / wrong
+        return b
+
+    t.shared_step(batch("train", right=False), "train")
+    t.shared_step(batch("val", right=True), "val")
+    assert t.acc["val"].compute().item() == 1.0
+    assert t.acc["fit"].compute().item() == 0.0
+
+
+def test_validate_alone_distills_with_the_validation_teacher_logits(tmp_path):
+    """``trainer.validate`` without a preceding fit still loads the teacher logits (on_validation_start), so
+    ``val/loss`` is eq 8 and ``val/kl`` is logged, as during fit."""
+    from hoformer.train.text import teacher_logits_fingerprint
+
+    dm, _, task = _task_env(tmp_path)
+    g = torch.Generator().manual_seed(0)
+    logits = {s: 3 * torch.randn(len(dm.datasets[s]), 2, generator=g) for s in ("train", "val", "test")}
+    path = tmp_path / "foreign.pt"
+    torch.save({**logits, "fingerprint": teacher_logits_fingerprint(dm)}, path)
+    t = task(teacher_logits=str(path), kd_alpha=0.5, kd_temperature=2.0)
+    (res,) = _quiet_trainer(tmp_path).validate(t, dm, verbose=False)
+    assert "val/kl" in res and res["val/kl"] > 0
+    assert res["val/loss"] == pytest.approx(0.5 * res["val/ce"] + 0.5 * 4 * res["val/kl"], rel=1e-5)
+
+
+def test_text_batches_pad_with_the_tokenizer_pad_id(tmp_path):
+    """The datamodule's loaders pad with *its tokenizer's* pad id (a RoBERTa-style vocabulary pads with 1, not 0)."""
+    dm, _, _ = _task_env(tmp_path)
+    dm.tokenizer.pad_id = 3
+    b = next(iter(dm.val_dataloader()))
+    assert (~b["mask"]).any() and (b["ids"][~b["mask"]] == 3).all()

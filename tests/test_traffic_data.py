@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pickle
 
+import lightning.pytorch as pl
 import numpy as np
 import pandas as pd
 import pytest
@@ -359,3 +360,119 @@ def test_non_numeric_cells_give_schema_errors(tmp_path):
     df.to_hdf(tmp_path / "bad.h5", key="df")
     with pytest.raises(SchemaError, match="column '2'.*must be numeric, got 'x' at row 1"):
         read_traffic_h5(tmp_path / "bad.h5")
+
+
+def _quiet_trainer(tmp_path, **kw):
+    return pl.Trainer(default_root_dir=tmp_path, accelerator="cpu", devices=1, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, **kw)
+
+
+def _traffic_batch(tmp_path, n=8):
+    from hoformer.data.traffic import TrafficDataModule
+
+    _write(tmp_path)  # 10 % readings missing + an all-sensor outage
+    dm = TrafficDataModule("metr_la", root=str(tmp_path), verify=False, batch_size=n, num_nodes=N)
+    dm.setup()
+    ds = dm.splits["train"]
+    # windows whose target is partly missing (the outage starts at step 100)
+    idx = [i for i in range(len(ds)) if 0 < ds[i]["y_mask"].float().mean() < 0.9][:n]
+    return dm, torch.utils.data.default_collate([ds[i] for i in idx])
+
+
+def test_traffic_training_loss_is_masked_on_the_original_scale(tmp_path):
+    """The training loss is the masked MAE over observed targets only (a missing reading is stored as 0 and must not
+    be a target of 0 km/h), on the original scale."""
+    from hoformer.train.metrics import masked_mae
+    from hoformer.train.traffic import TrafficForecastingTask, forecast
+
+    _, batch = _traffic_batch(tmp_path)
+    assert (~batch["y_mask"]).any() and batch["y_mask"].any()
+    torch.manual_seed(0)
+    task = TrafficForecastingTask("weaver", {"num_nodes": N, "dim": 16, "num_heads": 4, "dropout": 0.0})
+    task.model.eval()
+    loss = task.shared_step(batch, "train")
+    with torch.no_grad():
+        pred = forecast(task.model, batch)
+    m = batch["y_mask"]
+    want = (pred - batch["y"]).abs()[m].mean()
+    torch.testing.assert_close(loss.detach(), want)
+    torch.testing.assert_close(loss.detach(), masked_mae(pred, batch["y"], m))
+    assert not torch.allclose(loss.detach(), (pred - batch["y"]).abs().mean())  # the unmasked MAE differs
+
+
+def test_traffic_forecast_feeds_time_features_to_the_model(tmp_path):
+    """``forecast(use_time=True)`` passes the batch's TOD/DOW features and the input mask to the model (Weaver's
+    temporal encoding), ``use_time=False`` passes no time, and the output is mapped back to the original scale."""
+    from hoformer.train.traffic import forecast
+
+    _, batch = _traffic_batch(tmp_path)
+    seen = []
+
+    class Stub(torch.nn.Module):
+        def forward(self, x, time=None, mask=None):
+            seen.append((time, mask))
+            return torch.ones_like(x)
+
+    std, mean = batch["std"][:, None, None, :], batch["mean"][:, None, None, :]
+    torch.testing.assert_close(forecast(Stub(), batch, use_time=True), torch.ones_like(batch["x"]) * std + mean)
+    assert seen[-1][0] is batch["time"] and seen[-1][1] is batch["mask"]
+    forecast(Stub(), batch, use_time=False)
+    assert seen[-1][0] is None and seen[-1][1] is batch["mask"]
+
+
+class _RecordLR(pl.Callback):
+    def __init__(self):
+        self.lrs = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.lrs.append((trainer.current_epoch, trainer.optimizers[0].param_groups[0]["lr"]))
+
+
+def test_traffic_exp_gamma_is_adam_with_l2_decayed_per_epoch(tmp_path):
+    """``exp_gamma`` (Weaver section 6.1): Adam with ``weight_decay`` as L2 on every parameter, and the learning rate
+    multiplied by gamma once per *epoch* (not per optimizer step)."""
+    from hoformer.data.traffic import TrafficDataModule
+    from hoformer.train.traffic import TrafficForecastingTask
+
+    _write(tmp_path)
+    dm = TrafficDataModule("metr_la", root=str(tmp_path), verify=False, batch_size=8, num_nodes=N)
+    task = TrafficForecastingTask("weaver", {"num_nodes": N, "dim": 16, "num_heads": 4}, lr=1e-3,
+                                  weight_decay=0.01, exp_gamma=0.5)
+    rec = _RecordLR()
+    trainer = _quiet_trainer(tmp_path, max_epochs=3, limit_train_batches=3, limit_val_batches=0, callbacks=[rec])
+    trainer.fit(task, dm)
+    (opt,) = trainer.optimizers
+    assert type(opt) is torch.optim.Adam
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.01]
+    assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == \
+        sum(p.numel() for p in task.model.parameters())
+    assert rec.lrs == [(e, pytest.approx(1e-3 * 0.5**e, rel=1e-12)) for e in range(3) for _ in range(3)]
+
+
+def test_columns_reordered_by_a_non_involutive_permutation(tmp_path):
+    """Data columns are put in graph order for any permutation (the existing test uses a reversal, which is its own
+    inverse and so cannot tell the permutation from its inverse)."""
+    from hoformer.data.traffic import TrafficDataModule
+
+    ids = [str(i) for i in range(N)]
+    graph_ids = ids[2:] + ids[:2]  # a rotation: not its own inverse
+    values = _write(tmp_path, graph_ids=graph_ids, ids=ids)
+    dm = TrafficDataModule("metr_la", root=str(tmp_path), verify=False, drop_empty_windows=False)
+    dm.setup()
+    assert dm.sensor_ids == graph_ids
+    y = dm.splits["train"].y[:, :, 0].numpy()  # (T, N) original-scale series, graph order
+    for j, sid in enumerate(graph_ids):
+        np.testing.assert_allclose(y[:, j], values[:, ids.index(sid)].astype(np.float32), err_msg=sid)
+
+
+def test_los_loop_time_features_are_five_minute_steps(tmp_path):
+    """Los-loop has no timestamps: 5-minute steps from ``start`` (default 2012-03-01 00:00, a Thursday)."""
+    from hoformer.data.traffic import TrafficDataModule
+
+    _write_los(tmp_path / "los_loop")
+    dm = TrafficDataModule("los_loop", root=str(tmp_path), verify=False, num_nodes=N, drop_empty_windows=False)
+    dm.setup()
+    tf = dm.splits["train"].time.numpy()  # (T, 2) minute of day, day of week
+    steps = np.arange(T) * 5
+    np.testing.assert_array_equal(tf[:, 0], steps % 1440)
+    np.testing.assert_array_equal(tf[:, 1], (3 + steps // 1440) % 7)

@@ -854,3 +854,11 @@ def test_compile_model_callback_trains_like_eager_and_keeps_checkpoints_plain(tm
                                                                 EMAWeightAveraging(decay=0.5)], 1, 3)
     saved = torch.load(ckpt.best_model_path, weights_only=True)
     assert any(not torch.equal(saved["state_dict"][k], saved["current_model_state"][k]) for k in saved["state_dict"])
+
+
+def test_atomic_checkpoint_io_refuses_storage_options(tmp_path):
+    from hoformer.train.tasks import AtomicCheckpointIO
+
+    with pytest.raises(TypeError, match="storage_options"):
+        AtomicCheckpointIO().save_checkpoint({"a": 1}, tmp_path / "x.ckpt", storage_options={"compress": True})
+    assert not (tmp_path / "x.ckpt").exists()
