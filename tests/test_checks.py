@@ -59,3 +59,20 @@ def test_check_int_refuses_bools_floats_and_small_values_and_names_the_argument(
             check_int("f", "n", bad)
     with pytest.raises(ValueError, match=r"^f: `n` must be an int >= 2 or None \(why\), got 1$"):
         check_int("f", "n", 1, low=2, optional=True, note=" (why)")
+
+
+def test_compiled_code_checks_without_a_graph_break():
+    """Under torch.compile the CPU check is the asynchronous assert too (a host read of `ok` broke the graph at every
+    check); bad values still raise, with the message."""
+    import torch._dynamo
+
+    def f(x):
+        check_values((x >= 0).all(), "f: `x` must be >= 0{detail}", lambda: "")
+        return x * 2
+
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(f)(torch.ones(3)).graph_break_count == 0
+    g = torch.compile(f, backend="aot_eager")
+    torch.testing.assert_close(g(torch.ones(3)), torch.full((3,), 2.0))
+    with pytest.raises(RuntimeError, match="f: `x` must be >= 0"):
+        g(-torch.ones(3))

@@ -1,0 +1,108 @@
+"""Training-step time of registered models, eager vs ``torch.compile`` (what ``hoformer.train.CompileModel`` does).
+
+Run:  .venv/bin/python benchmarks/compile.py [--device cuda] [--backend inductor] [--mode default] [--reps 5]
+                                             [--models hot_forecaster hot_volume_classifier ...]
+
+One training step = forward, cross-entropy / MSE loss, backward, AdamW step, at the paper-config sizes below
+(``--small`` shrinks them for a quick look). Eager and compiled copies of the same model (same weights, same batch)
+are timed round-robin and the minimum over ``--reps`` rounds is kept, so load changes on a shared machine hit both;
+the table prints the ratio compiled / eager and the one-off compile time (first compiled step minus one eager step).
+The Kronecker and triplet kernels stay opaque eager calls under compile (``torch.compiler.disable``): the compiler
+fuses the projections, norms, MLPs and softmaxes around them.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+
+import torch
+import torch.nn.functional as F
+
+from hoformer.models import create_model
+
+# name -> (model kwargs, batch size), the sizes of the committed paper configs
+CASES = {
+    "hot_forecaster": (dict(seq_len=96, pred_len=96, num_variates=21, dim=128, depth=2, num_heads=8, patch_size=8,
+                            dropout=0.1), 32),
+    "hot_volume_classifier": (dict(in_channels=1, input_size=28, num_classes=2, dim=128, depth=6, num_heads=8,
+                                   patch_size=4, dropout=0.1), 32),
+    "hoba_classifier": (dict(vocab_size=8000, num_classes=6, max_len=64, dim=256, depth=3, num_heads=4,
+                             attention="hoba", block_size=16), 32),
+}
+
+
+def _batch(model, name: str, batch: int, device):
+    args, kwargs = model.example_inputs(batch_size=batch)
+    args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
+    kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    return args, kwargs
+
+
+def _loss(out: torch.Tensor, name: str) -> torch.Tensor:
+    if out.is_floating_point() and out.ndim == 2 and name != "hot_forecaster":  # logits (B, K)
+        return F.cross_entropy(out, torch.zeros(out.shape[0], dtype=torch.long, device=out.device))
+    return out.float().pow(2).mean()
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--backend", default="inductor")
+    p.add_argument("--mode", default=None, help="torch.compile mode (default, reduce-overhead, max-autotune)")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--models", nargs="+", default=list(CASES), choices=list(CASES))
+    p.add_argument("--small", action="store_true", help="half the batch and depth (a quick look)")
+    a = p.parse_args(argv)
+    if a.reps < 1:
+        p.error(f"--reps must be >= 1, got {a.reps}")
+    device = torch.device(a.device)
+    print(f"device {device}, backend {a.backend}, mode {a.mode}, threads {torch.get_num_threads()}, reps {a.reps}")
+    print(f"| model | eager ms/step | compiled ms/step | compiled / eager | compile s |")
+    print(f"|---|---:|---:|---:|---:|")
+    for name in a.models:
+        kw, batch = CASES[name]
+        if a.small:
+            kw, batch = {**kw, "depth": max(1, kw["depth"] // 2)}, max(2, batch // 2)
+        torch.manual_seed(0)
+        eager = create_model(name, **kw).to(device).train()
+        compiled = copy.deepcopy(eager)
+        compiled.compile(backend=a.backend, mode=a.mode)
+        args, kwargs = _batch(eager, name, batch, device)
+        opts = {m: torch.optim.AdamW(m.parameters(), lr=1e-4) for m in (eager, compiled)}
+
+        def step(m):
+            opts[m].zero_grad(set_to_none=True)
+            _loss(m(*args, **kwargs), name).backward()
+            opts[m].step()
+
+        step(eager)
+        _sync(device)
+        t0 = time.perf_counter()
+        step(eager)
+        _sync(device)
+        t_eager_one = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        step(compiled)  # compiles forward and backward
+        step(compiled)  # a recompile for the second call's guards, if any
+        _sync(device)
+        t_compile = time.perf_counter() - t0 - 2 * t_eager_one
+        best = {"eager": float("inf"), "compiled": float("inf")}
+        for _ in range(a.reps):
+            for key, m in (("eager", eager), ("compiled", compiled)):
+                _sync(device)
+                t0 = time.perf_counter()
+                step(m)
+                _sync(device)
+                best[key] = min(best[key], time.perf_counter() - t0)
+        print(f"| {name} | {best['eager'] * 1e3:.1f} | {best['compiled'] * 1e3:.1f} | "
+              f"**{best['compiled'] / best['eager']:.2f}** | {max(t_compile, 0.0):.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
