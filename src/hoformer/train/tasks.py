@@ -363,6 +363,9 @@ class CompileModel(pl.Callback):
 
     Args: ``backend``, ``mode``, ``fullgraph``, ``dynamic``, ``options`` as in :func:`torch.compile`
     (``backend="aot_eager"`` needs no C++ toolchain).
+
+    Measured on CPU (``benchmarks/compile.py``, docs/results.md): 1.14-1.97x *slower* per training step than eager,
+    so it is meant for accelerators.
     """
 
     def __init__(self, backend: str = "inductor", mode: str | None = None, fullgraph: bool = False,
