@@ -14,4 +14,5 @@ mkdir -p "$OUT"
 "$PY" benchmarks/attention.py --device cuda --reps 5 --dtype bfloat16 2>&1 | tee "$OUT/attention_bf16.txt"
 "$PY" benchmarks/triplet.py --device cuda 2>&1 | tee "$OUT/triplet.txt"                # issue 5 targets
 "$PY" benchmarks/weaver.py --device cuda 2>&1 | tee "$OUT/weaver.txt"
+"$PY" benchmarks/compile.py --device cuda 2>&1 | tee "$OUT/compile.txt"              # CompileModel on the device
 echo "gpu_checks: logs in $OUT"
