@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import lightning.pytorch as pl
 import pytest
 import torch
+import torch.nn.functional as F
 
 from hoformer.data import TextDataModule, TextTokenizer, read_text_split
 from hoformer.data._utils import SchemaError
@@ -811,3 +812,24 @@ def test_text_batches_pad_with_the_tokenizer_pad_id(tmp_path):
     dm.tokenizer.pad_id = 3
     b = next(iter(dm.val_dataloader()))
     assert (~b["mask"]).any() and (b["ids"][~b["mask"]] == 3).all()
+
+
+
+@pytest.mark.parametrize("attention", ["hoba", "full2d"])
+def test_pre_norm_encoder_ends_with_the_final_layernorm(attention):
+    """Pre-norm stacks need a final LayerNorm (the residual stream is never normalised otherwise): encode() ends with
+    ``LN(x_L)``; at init (weight 1, bias 0) every token state has zero mean and unit variance. Kills: the final norm
+    dropped for norm_first=True."""
+    torch.manual_seed(0)
+    m = create_model("hoba_classifier", vocab_size=40, num_classes=3, max_len=16, dim=16, num_heads=2, depth=2,
+                     block_size=4, attention=attention).double().eval()
+    ids = torch.randint(1, 40, (2, 11))
+    mask = torch.ones(2, 11, dtype=torch.bool)
+    mask[1, 7:] = False
+    with torch.no_grad():
+        x = m.embed(ids) * mask[..., None]
+        for layer in m.layers:
+            x = layer(x, mask=mask)
+        ref = F.layer_norm(x, (16,))  # the final norm at init: weight 1, bias 0, eps 1e-5
+        # real tokens only: padded states are unspecified (they never reach the logits)
+        torch.testing.assert_close(m.encode(ids, mask)[mask], ref[mask], rtol=1e-10, atol=1e-10)

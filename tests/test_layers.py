@@ -22,6 +22,7 @@ from hoformer.layers import (
     record_attention,
 )
 
+D64 = torch.float64
 
 
 def test_one_mode_equals_standard_multihead_attention():
@@ -460,3 +461,52 @@ def test_layer_sizes_rates_and_rope_modes_are_checked(name):
         Encoder(16, depth=-1, num_heads=2)
     with pytest.raises(ValueError, match=r"an empty batch \(B = 0\)"):
         build_attention(name, 16, 2)(torch.randn(0, 3, 4, 16))
+
+
+
+def test_rotary_theta_sets_the_frequencies():
+    """RoPE with base theta: pair (i, i + d/2) of position n is rotated by n * theta^(-2i/d). Kills: theta ignored
+    (10000 hard-coded)."""
+    d, theta, n = 8, 100.0, 5
+    rot = RotaryEmbedding(d, theta)
+    x = torch.randn(2, n, d, dtype=D64)
+    freqs = theta ** (-torch.arange(0, d, 2, dtype=D64) / d)  # (d/2,)
+    ang = torch.arange(n, dtype=D64)[:, None] * freqs  # (n, d/2)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    ref = torch.cat([x1 * ang.cos() - x2 * ang.sin(), x1 * ang.sin() + x2 * ang.cos()], -1)
+    torch.testing.assert_close(rot(x), ref, rtol=1e-6, atol=1e-6)  # angles are float32 by design
+
+
+def test_encoder_drop_path_grows_linearly_with_depth():
+    """Stochastic depth 0 .. drop_path linearly over the blocks (timm / DeiT). Kills: the same rate in every block."""
+    enc = Encoder(16, depth=4, num_heads=2, drop_path=0.3)
+    assert [b.drop_path.p for b in enc.blocks] == pytest.approx([0.0, 0.1, 0.2, 0.3])
+    assert [b.drop_path.p for b in Encoder(16, depth=1, num_heads=2, drop_path=0.3).blocks] == [0.0]
+
+
+def test_sequential_axial_attention_normalises_every_modes_queries_and_keys():
+    """``combine="sequential"`` with ``qk_norm=True``: every stage's fresh q/k go through the q/k LayerNorms, not only
+    the first stage's. Explicit per-fibre loop. Kills: q/k norm skipped after the first mode."""
+    torch.manual_seed(0)
+    att = AxialAttention(8, 2, qk_norm=True, combine="sequential", num_modes=2).double().eval()
+    for ln in (att.q_norm, att.k_norm):  # make the norms non-trivial
+        torch.nn.init.normal_(ln.weight)
+        torch.nn.init.normal_(ln.bias)
+    x = torch.randn(2, 3, 4, 8, dtype=D64)
+
+    def along(q, k, v, m):
+        out = torch.empty_like(v)
+        others = [range(s) if i != m else [slice(None)] for i, s in enumerate(v.shape[2:-1])]
+        for idx in itertools.product(*others):
+            sl = (slice(None), slice(None), *idx)
+            out[sl] = (q[sl] @ k[sl].transpose(-1, -2) / q.shape[-1] ** 0.5).softmax(-1) @ v[sl]
+        return out
+
+    with torch.no_grad():
+        q, k, v = att.qkv(x)  # first stage: normalised q/k
+        y = along(q, k, v, 0)
+        cur = y.movedim(1, -2).flatten(-2)
+        q2, k2, v2 = (t.movedim(-2, 1) for t in
+                      att.extra[0](cur).view(*cur.shape[:-1], 3, att.heads, att.dim_head).unbind(-3))
+        ref = att.out(along(att.q_norm(q2), att.k_norm(k2), v2, 1))
+        torch.testing.assert_close(att(x), ref)

@@ -20,6 +20,7 @@ from hoformer.models.hot import FORECAST_ATTENTIONS
 from _outputs import float_outputs, tensors
 
 ALL_MODELS = list_models()
+D64 = torch.float64
 HOT_ATTENTIONS = ["kronecker_product", "kronecker_sum", "kronecker_linear", "full", "axial", "divided"]
 FORECAST_ALL = HOT_ATTENTIONS + sorted(FORECAST_ATTENTIONS)
 
@@ -613,3 +614,94 @@ def test_samples_in_a_batch_are_independent(name):
     for f, o in zip(full, one):
         if f.ndim and f.shape[0] == 3:
             torch.testing.assert_close(f[1:2], o, rtol=1e-4, atol=1e-5)
+
+
+
+def _forecaster_reference(m, x):
+    """HOT forecaster written out (appendix B.4): RevIN with the biased variance and eps 1e-5 inside the sqrt, a
+    per-variate linear patch embedding + ReLU, the encoder, pool over *time patches* (mean or time-major flatten),
+    the linear head to pred_len, de-normalisation with the same statistics."""
+    b, L, c = x.shape
+    p = m.embed.patch_size[0]
+    mu = x.mean(1, keepdim=True)
+    sd = torch.sqrt(((x - mu) ** 2).mean(1, keepdim=True) + 1e-5)
+    xn = (x - mu) / sd
+    patches = xn.permute(0, 2, 1).reshape(b, c, L // p, p)  # (b, c, t, p): variate c's t-th patch
+    w, bias = m.embed.proj.weight[:, 0, :], m.embed.proj.bias  # Conv1d(1, D, p, stride=p)
+    z = m.encoder(torch.relu(patches @ w.T + bias))  # (b, c, t, d)
+    pooled = z.mean(2) if m.pool == "mean" else z.reshape(b, c, -1)
+    return m.head(pooled).transpose(1, 2) * sd + mu
+
+
+@pytest.mark.parametrize("pool", ["flatten", "mean"])
+def test_forecaster_matches_explicit_revin_pipeline(pool):
+    """Kills: RevIN std without eps (NaN on a constant variate), RevIN with the unbiased variance, mean pooling over
+    the wrong mode."""
+    torch.manual_seed(0)
+    m = create_model("hot_forecaster", seq_len=32, pred_len=8, num_variates=4, dim=16, num_heads=2, depth=2,
+                     pool=pool).double().eval()
+    x = torch.randn(2, 32, 4, dtype=D64) * 3 + 1
+    x[0, :, 1] = 3.0  # a constant (flat-lined) sensor: RevIN's eps keeps it finite
+    with torch.no_grad():
+        y = m(x)
+        assert torch.isfinite(y).all()
+        torch.testing.assert_close(y, _forecaster_reference(m, x), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("pos_embed", ["rope", "sincos", "learned", "none"])
+def test_volume_classifier_is_head_of_global_average_pool(pos_embed):
+    """logits = head(mean over all 3 patch modes of encoder(pos(embed(x)))). Kills: pooling a single token, the
+    absolute positional encoding not applied."""
+    torch.manual_seed(0)
+    m = create_model("hot_volume_classifier", input_size=8, patch_size=2, num_classes=3, dim=16, num_heads=2,
+                     depth=1, pos_embed=pos_embed).double().eval()
+    if m.pos is not None and m.pos.kind == "learned":
+        for t in m.pos.tables:
+            torch.nn.init.normal_(t)  # visible against the embedding
+    x = torch.randn(2, 1, 8, 8, 8, dtype=D64)
+    with torch.no_grad():
+        z = m.embed(x)
+        z = m.pos(z) if m.pos is not None else z
+        ref = m.head(m.encoder(z).mean(dim=(1, 2, 3)))
+        torch.testing.assert_close(m(x), ref, rtol=1e-10, atol=1e-10)
+
+
+def _flip_patches(x, mode, p):
+    """Reverse the order of the patches along spatial mode ``mode`` of ``x (B, C, S1..Sk)`` (each patch intact)."""
+    ax = 2 + mode
+    return x.unflatten(ax, (x.shape[ax] // p, p)).flip(ax).flatten(ax, ax + 1)
+
+
+@pytest.mark.parametrize("pos_embed", ["rope", "sincos", "learned"])
+def test_volume_classifier_position_code_reaches_every_mode(pos_embed):
+    """Without a position code Kronecker attention is equivariant to reordering the patches of any one mode and the
+    global mean pool makes the logits invariant; every documented position code must break that on *every* mode.
+    Kills: RoPE on all modes but the last, the absolute encoding not applied."""
+    torch.manual_seed(0)
+    kw = dict(input_size=8, patch_size=2, num_classes=3, dim=16, num_heads=2, depth=1)
+    ref = create_model("hot_volume_classifier", pos_embed="none", **kw).double().eval()
+    m = create_model("hot_volume_classifier", pos_embed=pos_embed, **kw).double().eval()
+    if pos_embed == "rope":
+        assert all(blk.attn.rope_modes == (0, 1, 2) for blk in m.encoder.blocks)
+    if pos_embed == "learned":
+        for t in m.pos.tables:
+            torch.nn.init.normal_(t)
+    x = torch.randn(2, 1, 8, 8, 8, dtype=D64)
+    with torch.no_grad():
+        for mode in range(3):
+            xf = _flip_patches(x, mode, 2)
+            torch.testing.assert_close(ref(xf), ref(x), rtol=1e-9, atol=1e-9)  # the invariance the test relies on
+            assert not torch.allclose(m(xf), m(x), rtol=1e-6, atol=1e-6), (pos_embed, mode)
+
+
+def test_cnn3d_pools_between_stages_only():
+    """``len(widths)`` stages with a 2x2x2 max-pool *between* stages: 28^3 -> 7^3 with 3 stages; logits are the
+    classifier of the global average. Kills: a max-pool before the first stage too."""
+    torch.manual_seed(0)
+    m = create_model("cnn3d_classifier", input_size=28, num_classes=2).double().eval()
+    assert sum(isinstance(mod, torch.nn.MaxPool3d) for mod in m.modules()) == 2
+    x = torch.randn(2, 1, 28, 28, 28, dtype=D64)
+    with torch.no_grad():
+        f = m.features(x)
+        assert f.shape == (2, 64, 7, 7, 7)
+        torch.testing.assert_close(m(x), m.head(f.mean(dim=(2, 3, 4))))

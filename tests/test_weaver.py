@@ -505,7 +505,7 @@ def test_bad_inputs_raise_clear_errors():
                                          r"\(2, 12, 10, 1, 1\)"):  # was a raw broadcast error from masked_fill
         model(torch.randn(2, 12, 10, 1), mask=torch.ones(2, 12, 10, 1, 1, dtype=torch.bool))
     for name in ("last_value", "historical_average"):  # out_channels was accepted and ignored
-        with pytest.raises(ValueError, match=rf"`out_channels` must equal in_channels=2 \(or be None\), got 1"):
+        with pytest.raises(ValueError, match=r"`out_channels` must equal in_channels=2 \(or be None\), got 1"):
             create_model(name, num_nodes=10, in_channels=2, out_channels=1)
         assert create_model(name, num_nodes=10, in_channels=2, out_channels=2).out_channels == 2
     with pytest.raises(ValueError, match="divisible"):
@@ -641,3 +641,62 @@ def test_valence_attention_uses_ratio_time_over_time_and_ratio_space_over_nodes(
     u = torch.randn(2, 4, 5, 8, dtype=torch.float64)
     torch.testing.assert_close(layer.pool_s(u), atk_pool(u, layer.pool_s.scorers, 0.75, 1))  # over P=4 steps: k=3
     torch.testing.assert_close(layer.pool_t(u), atk_pool(u, layer.pool_t.scorers, 0.4, 2))   # over N=5 nodes: k=2
+
+
+
+def test_dictionary_retrieval_runs_entmax_in_float32_for_half_inputs():
+    """Eq 37's entmax-1.5 runs in float32 for bf16 / fp16 logits (the docstring's promise): weights are float32 and
+    equal to the float32 computation on the same (rounded) inputs. Kills: entmax in the input's half precision."""
+    torch.manual_seed(0)
+    logits = (torch.randn(2, 6, 16) * 3).bfloat16()
+    tau, dic = torch.randn(6, 1).bfloat16(), torch.randn(16, 12).bfloat16()
+    w, cof = dictionary_retrieval(logits, tau, dic)
+    w_ref, cof_ref = dictionary_retrieval(logits.float(), tau.float(), dic.float())
+    assert w.dtype == torch.float32 and cof.dtype == torch.bfloat16
+    torch.testing.assert_close(w, w_ref)
+    torch.testing.assert_close(cof, cof_ref.bfloat16())
+
+
+@pytest.mark.parametrize("name", ["traffic_full_attention", "traffic_alternating", "traffic_hot"])
+def test_traffic_transformer_readout_maps_each_nodes_flattened_history(name):
+    """STAEformer's output projection: node n's forecast (Q, C) = head(norm(h)[:, :, n] flattened over (P, E)).
+    Kills: flattening (P, N, E) without moving N first, viewing the (B, N, Q*C) head output as (B, Q, N, C)."""
+    torch.manual_seed(0)
+    m = create_model(name, num_nodes=5, window=6, horizon=4, in_channels=2, dim=8, num_heads=2).double().eval()
+    seen = {}
+    m.norm.register_forward_hook(lambda mod, inp, out: seen.__setitem__("h", out))
+    x = torch.randn(3, 6, 5, 2, dtype=D64)
+    with torch.no_grad():
+        y = m(x)
+        h = seen["h"]  # (b, p, n, e)
+        ref = torch.stack([m.head(h[:, :, n].reshape(3, -1)).view(3, 4, 2) for n in range(5)], dim=2)
+        torch.testing.assert_close(y, ref)
+
+
+def test_traffic_temporal_only_baseline_is_node_local():
+    """With temporal attention only (each sensor's own history) node j's forecast depends on node j's input only.
+    Kills the same two readout mutants behaviourally."""
+    from hoformer.models.weaver import TrafficTransformer
+
+    torch.manual_seed(0)
+    m = TrafficTransformer(["temporal"], num_nodes=5, window=6, horizon=4, dim=8, num_heads=2).double().eval()
+    x = torch.randn(2, 6, 5, 1, dtype=D64)
+    x2 = x.clone()
+    x2[:, :, 3] += 1.0
+    with torch.no_grad():
+        diff = (m(x2) - m(x)).abs().amax(dim=(0, 1, 3))  # per node
+    assert diff[3] > 1e-6 and (diff[[0, 1, 2, 4]] < 1e-12).all()
+
+
+def test_traffic_hot_baseline_uses_mean_pooled_kronecker_attention():
+    """traffic_hot's blocks are HOT Kronecker attention with *mean* pooling and plain q/k (BASELINE_ATTENTION):
+    each block's attention equals a stand-alone KroneckerAttention(pool="mean", qk_norm=False) with its weights.
+    Kills: the preset dropping pool="mean" (sum pooling, N_other^2 larger logits without q/k norm)."""
+    torch.manual_seed(0)
+    m = create_model("traffic_hot", num_nodes=5, window=6, horizon=4, dim=8, num_heads=2).double().eval()
+    ref = KroneckerAttention(8, 2, pool="mean", qk_norm=False, num_modes=2, attn_dropout=0.0).double().eval()
+    h = torch.randn(2, 6, 5, 8, dtype=D64)
+    with torch.no_grad():
+        for blk in m.blocks:
+            ref.load_state_dict(blk.attn.state_dict())
+            torch.testing.assert_close(blk.attn(h), ref(h))
