@@ -235,7 +235,9 @@ class LTSFDataset(Dataset):
             (``y`` is then ``(pred_len, 1)``).
         target: target column for S/MS (moved to the last column, as in TSLib); default "OT".
         time_features: also return calendar marks, items become ``(x, y, x_mark, y_mark)``.
-        freq: calendar-feature frequency (default: the dataset's own, e.g. "h" for ETTh, "t" for ETTm/weather).
+        freq: calendar-feature frequency (default: the dataset's own, e.g. "h" for ETTh, "t" for ETTm/weather, as in
+            Informer; TSLib's run scripts leave ``--freq h`` for every dataset: pass ``freq="h"`` to get their 4
+            features). The hoformer models do not read the marks.
         verify: check the file's SHA-256 when the reference copy's is known (``False`` for other copies).
         download: fetch a missing file from its canonical URL (ETT only; others come in the TSLib bundle); the
             download is atomic and checked against the pinned SHA-256 where one is known (ETTh1, ETTm1).
