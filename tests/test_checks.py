@@ -1,10 +1,12 @@
 """hoformer._checks.check_values: descriptive errors on CPU, asynchronous device-side asserts elsewhere."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
-from hoformer._checks import check_int, check_values, is_int
+from hoformer._checks import check_fraction, check_int, check_values, is_int
 
 
 def test_cpu_raises_with_detail_only_on_failure():
@@ -76,3 +78,13 @@ def test_compiled_code_checks_without_a_graph_break():
     torch.testing.assert_close(g(torch.ones(3)), torch.full((3,), 2.0))
     with pytest.raises(RuntimeError, match="f: `x` must be >= 0"):
         g(-torch.ones(3))
+
+
+def test_check_fraction_is_the_one_rate_check():
+    """Rates and overlaps (dropout, drop-path, HOBA overlap) share one check and one message."""
+    for ok in (0, 0.0, 0.5, 0.999):
+        check_fraction("f", "p", ok)
+    check_fraction("f", "p", None, optional=True)
+    for bad in (1.0, -0.1, True, "0.1", None):
+        with pytest.raises(ValueError, match=rf"^f: `p` must be a float in \[0, 1\), got {re.escape(repr(bad))}$"):
+            check_fraction("f", "p", bad)

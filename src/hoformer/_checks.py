@@ -35,6 +35,15 @@ def check_int(fn: str, name: str, value: Any, *, low: int = 1, optional: bool = 
                          f"got {value!r}")
 
 
+def check_fraction(fn: str, name: str, value: Any, *, optional: bool = False) -> None:
+    """The one check for rates and overlaps: raise ``ValueError("{fn}: `{name}` must be a float in [0, 1), got
+    {value!r}")`` unless ``value`` is a real number (bools refused) in ``[0, 1)``, or None when ``optional``."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{fn}: `{name}` must be a float in [0, 1), got {value!r}")
+
+
 def check_values(ok: torch.Tensor, message: str, detail: Callable[[], str] | None = None,
                  exc: type[Exception] = ValueError) -> None:
     """Require the 0-dim bool tensor ``ok``. On CPU, when it is False: ``raise exc(message)`` with the literal

@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from hoformer._checks import DETAIL, check_values
+from hoformer._checks import DETAIL, check_fraction, check_values
 
 from .scores import masked_softmax
 
@@ -497,11 +497,6 @@ def _check_qk_masks(q, k, masks, sizes, fn, where: str = "") -> None:
                 raise ValueError(f"{fn}: `masks[{i}]` must have shape (..., {n}, {n}), got {tuple(m.shape)}")
 
 
-def _check_dropout(p, fn: str) -> None:
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
-        raise ValueError(f"{fn}: `dropout_p` must be a float in [0, 1), got {p!r}")
-
-
 def _check_qkv(q, k, v, masks, fn):
     _check_tensor(v, "v", fn, 4)
     _check_qk_masks(q, k, masks, v.shape[2:-1], fn, f"`v` of shape {tuple(v.shape)} has ")
@@ -559,7 +554,7 @@ def kronecker_attention(
         raise ValueError(f"{fn}: `combine` must be 'product' or 'sum', got {combine!r}")
     if kernel not in ("softmax", "linear"):
         raise ValueError(f"{fn}: `kernel` must be 'softmax' or 'linear', got {kernel!r}")
-    _check_dropout(dropout_p, fn)
+    check_fraction(fn, "dropout_p", dropout_p)
     b, h = v.shape[:2]
     if score_fn is not None and scale is not None:
         raise ValueError(f"{fn}: `scale` has no effect with a signed `score_fn` (its scores are used as they are)")
@@ -623,7 +618,7 @@ def full_attention(
         raise ValueError(
             f"{fn}: `q`, `k`, `v` must share (B, H, N1..Nk), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
-    _check_dropout(dropout_p, fn)
+    check_fraction(fn, "dropout_p", dropout_p)
     b, h = v.shape[:2]
     sizes = v.shape[2:-1]
     n = math.prod(sizes)

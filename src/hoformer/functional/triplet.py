@@ -30,7 +30,7 @@ import functools
 
 import torch
 
-from hoformer._checks import check_int
+from hoformer._checks import check_fraction, check_int
 
 from .kronecker import _autocast_off, _opaque_to_compile
 from .scores import masked_softmax
@@ -81,8 +81,7 @@ def triplet_grid_length(seq_len: int, block_size: int, overlap: float = 0.0) -> 
 
 def _check_window_args(seq_len, block_size, overlap, fn: str) -> None:
     check_int(fn, "block_size", block_size)
-    if isinstance(overlap, bool) or not isinstance(overlap, (int, float)) or not 0.0 <= overlap < 1.0:
-        raise ValueError(f"{fn}: `overlap` must be a float in [0, 1), got {overlap!r}")
+    check_fraction(fn, "overlap", overlap)
     check_int(fn, "seq_len", seq_len, note=" (the sequence length)")
 
 

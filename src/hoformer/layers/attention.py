@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hoformer._checks import check_int, is_int
+from hoformer._checks import check_fraction, check_int, is_int
 from hoformer.functional.kronecker import full_attention, kron_dense, kronecker_attention
 from hoformer.functional.scores import SCORE_FNS, get_score_fn, masked_softmax
 
@@ -120,9 +120,8 @@ def _check_layer_args(fn: str, dim, num_heads, dim_head, dropout, attn_dropout) 
     check_int(fn, "dim_head", dim_head, optional=True)
     if dim_head is None and dim % num_heads:
         raise ValueError(f"{fn}: dim={dim} is not divisible by num_heads={num_heads}")
-    for name, p in (("dropout", dropout), ("attn_dropout", attn_dropout)):
-        if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0):
-            raise ValueError(f"{fn}: `{name}` must be a float in [0, 1), got {p!r}")
+    check_fraction(fn, "dropout", dropout, optional=True)
+    check_fraction(fn, "attn_dropout", attn_dropout, optional=True)
 
 
 class _Recordable(nn.Module):

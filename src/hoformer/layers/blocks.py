@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hoformer._checks import check_int
+from hoformer._checks import check_fraction, check_int
 
 from .attention import build_attention
 
@@ -70,8 +70,7 @@ class DropPath(nn.Module):
 
     def __init__(self, p: float = 0.0) -> None:
         super().__init__()
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
-            raise ValueError(f"DropPath: `p` must be a float in [0, 1), got {p!r}")
+        check_fraction("DropPath", "p", p)
         self.p = float(p)
 
     def forward(self, x):
