@@ -70,8 +70,9 @@ def _mode_tuple(modes, fn: str, arg: str = "rope_modes") -> tuple[int, ...]:
     return tuple(int(m) for m in modes)
 
 
-def _check_rope_modes(rope_modes, nmodes: int, name: str) -> None:
-    bad = [m for m in rope_modes if not is_int(m) or not 0 <= m < nmodes]
+def _check_rope_modes(rope_modes: tuple[int, ...], nmodes: int, name: str) -> None:
+    """Range check at forward time (the ints were checked at construction by :func:`_mode_tuple`)."""
+    bad = [m for m in rope_modes if not 0 <= m < nmodes]
     if bad:
         raise ValueError(f"{name}: `rope_modes` must be 0-based mode indices in [0, {nmodes}) for an input with "
                          f"{nmodes} modes, got {tuple(rope_modes)}")
@@ -576,14 +577,14 @@ class DividedAttention(nn.Module):
         check_int("DividedAttention", "first_mode", first_mode, low=0, note=" (a mode index)")
         rope_modes = _mode_tuple(rope_modes, "DividedAttention")
         if any(m < 0 for m in rope_modes):
-            raise ValueError(f"DividedAttention: `rope_modes` must be non-negative mode indices, got {tuple(rope_modes)}")
+            raise ValueError(f"DividedAttention: `rope_modes` must be non-negative mode indices, got {rope_modes}")
         self.first_mode, self.dim = first_mode, dim
         rope_rest = tuple(i - (i > first_mode) for i in rope_modes if i != first_mode)
         self.first = AxialAttention(dim, num_heads, qk_norm, (0,) if first_mode in rope_modes else (), dropout, dim_head,
                                     attn_dropout=attn_dropout, bias=bias, rope_theta=rope_theta)
         self.rest = FullAttention(dim, num_heads, qk_norm, rope_rest, dropout, dim_head, attn_dropout=attn_dropout,
                                   bias=bias, rope_theta=rope_theta)
-        self.rope_modes, self.num_modes = tuple(rope_modes), num_modes
+        self.rope_modes, self.num_modes = rope_modes, num_modes
 
     def forward(self, x, masks=None, return_attention=False):
         _check_x(x, self.dim, "DividedAttention", self.num_modes)
