@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 from types import SimpleNamespace
 
-import lightning.pytorch as pl
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,6 +15,8 @@ from hoformer.data import TextDataModule, TextTokenizer, read_text_split
 from hoformer.data._utils import SchemaError
 from hoformer.models import create_model, from_pretrained
 from hoformer.train import TextClassificationTask, kd_loss
+
+from _trainer import quiet_trainer
 
 ATTS = ["hoba", "triplet_full", "block2d", "full2d"]
 
@@ -713,11 +714,6 @@ def test_task_setup_refuses_vocab_length_and_padding_mismatch(tmp_path):
             t.setup("fit")
 
 
-def _quiet_trainer(tmp_path, **kw):
-    return pl.Trainer(default_root_dir=tmp_path, accelerator="cpu", devices=1, logger=False,
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, **kw)
-
-
 def test_teacher_cache_with_teacher_is_keyed_to_the_data(tmp_path):
     """With ``teacher`` given, a cache file written for other data (here another ``max_len``, same split sizes and the
     same teacher) is stale: the logits are recomputed on this data, not reused."""
@@ -801,7 +797,7 @@ def test_validate_alone_distills_with_the_validation_teacher_logits(tmp_path):
     path = tmp_path / "foreign.pt"
     torch.save({**logits, "fingerprint": teacher_logits_fingerprint(dm)}, path)
     t = task(teacher_logits=str(path), kd_alpha=0.5, kd_temperature=2.0)
-    (res,) = _quiet_trainer(tmp_path).validate(t, dm, verbose=False)
+    (res,) = quiet_trainer(tmp_path).validate(t, dm, verbose=False)
     assert "val/kl" in res and res["val/kl"] > 0
     assert res["val/loss"] == pytest.approx(0.5 * res["val/ce"] + 0.5 * 4 * res["val/kl"], rel=1e-5)
 

@@ -23,6 +23,8 @@ from hoformer.data.traffic import (
     window_starts,
 )
 
+from _trainer import quiet_trainer
+
 T, N = 300, 6
 
 
@@ -362,11 +364,6 @@ def test_non_numeric_cells_give_schema_errors(tmp_path):
         read_traffic_h5(tmp_path / "bad.h5")
 
 
-def _quiet_trainer(tmp_path, **kw):
-    return pl.Trainer(default_root_dir=tmp_path, accelerator="cpu", devices=1, logger=False,
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, **kw)
-
-
 def _traffic_batch(tmp_path, n=8):
     from hoformer.data.traffic import TrafficDataModule
 
@@ -439,7 +436,7 @@ def test_traffic_exp_gamma_is_adam_with_l2_decayed_per_epoch(tmp_path):
     task = TrafficForecastingTask("weaver", {"num_nodes": N, "dim": 16, "num_heads": 4}, lr=1e-3,
                                   weight_decay=0.01, exp_gamma=0.5)
     rec = _RecordLR()
-    trainer = _quiet_trainer(tmp_path, max_epochs=3, limit_train_batches=3, limit_val_batches=0, callbacks=[rec])
+    trainer = quiet_trainer(tmp_path, max_epochs=3, limit_train_batches=3, limit_val_batches=0, callbacks=[rec])
     trainer.fit(task, dm)
     (opt,) = trainer.optimizers
     assert type(opt) is torch.optim.Adam

@@ -24,14 +24,9 @@ from hoformer.models import from_pretrained
 from hoformer.train import ClassificationTask, ForecastingTask, SegmentationTask
 from hoformer.train.tasks import AtomicCheckpointIO, ExportPretrained
 
+from _trainer import quiet_trainer
+
 TINY_FC = dict(dim=16, num_heads=2, depth=1, patch_size=8)
-
-
-def _trainer(tmp_path, **kw) -> pl.Trainer:
-    kw.setdefault("logger", False)
-    kw.setdefault("enable_checkpointing", False)
-    return pl.Trainer(default_root_dir=tmp_path, accelerator="cpu", devices=1, enable_progress_bar=False,
-                      enable_model_summary=False, **kw)
 
 
 class _DM(pl.LightningDataModule):
@@ -53,7 +48,7 @@ def test_fit_one_epoch_real_etth1(data_root, tmp_path):
                            original_scale=True)
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val/mae", mode="min", save_last=True)
     export = ExportPretrained()
-    trainer = _trainer(tmp_path, max_epochs=1, limit_train_batches=8, limit_val_batches=2, limit_test_batches=2,
+    trainer = quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=8, limit_val_batches=2, limit_test_batches=2,
                        logger=CSVLogger(tmp_path), callbacks=[ckpt, export], plugins=[AtomicCheckpointIO()],
                        enable_checkpointing=True)
     trainer.fit(task, dm)
@@ -76,7 +71,7 @@ def test_fit_one_epoch_real_adrenalmnist3d(data_root, tmp_path):
     task = ClassificationTask("hot_volume_classifier", dict(num_classes=2, dim=16, num_heads=2, depth=1,
                                                             patch_size=7), lr=1e-3)
     before = {k: v.clone() for k, v in task.model.state_dict().items()}
-    trainer = _trainer(tmp_path, max_epochs=1, limit_train_batches=4, limit_val_batches=2)
+    trainer = quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=4, limit_val_batches=2)
     trainer.fit(task, dm)
     m = trainer.callback_metrics
     assert torch.isfinite(m["train/loss_epoch"])
@@ -103,7 +98,7 @@ def test_fit_one_epoch_synthetic_segmentation(tmp_path):
                                  synthetic_size=32, crop_size=None, batch_size=4)
     task = SegmentationTask("hot_segmenter", dict(in_channels=7, num_classes=17, input_size=32, dim=16, num_heads=2,
                                                   depth=1, patch_size=8), lr=1e-3)
-    trainer = _trainer(tmp_path, max_epochs=1)
+    trainer = quiet_trainer(tmp_path, max_epochs=1)
     trainer.fit(task, dm)
     (res,) = trainer.test(task, dm, verbose=False)
     # pixel accuracy and mIoU (mean over classes present in the predictions or the labels) by hand
@@ -124,7 +119,7 @@ def test_forecasting_metrics_score_every_window(tmp_path):
                         eval_batch_size=8)
     task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC),
                            original_scale=True, plot_variates=0)
-    (res,) = _trainer(tmp_path).test(task, dm, verbose=False)
+    (res,) = quiet_trainer(tmp_path).test(task, dm, verbose=False)
     ds = dm.dataset("test")
     assert len(ds) % 8 != 0  # a ragged last batch
     with torch.no_grad():
@@ -150,7 +145,7 @@ def test_forecasting_task_follows_tslib_for_ms_and_label_len(tmp_path, features,
                         features=features, label_len=label_len)
     task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=4, **TINY_FC),
                            plot_variates=0)
-    (res,) = _trainer(tmp_path).test(task, dm, verbose=False)
+    (res,) = quiet_trainer(tmp_path).test(task, dm, verbose=False)
     ds = dm.dataset("test")
     with torch.no_grad():
         x = torch.stack([ds[i][0] for i in range(len(ds))])
@@ -166,7 +161,7 @@ def test_forecasting_task_rejects_a_horizon_mismatch(tmp_path):
     dm = LTSFDataModule(synthetic=True, synthetic_length=400, seq_len=32, pred_len=16, batch_size=8)
     task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC), plot_variates=0)
     with pytest.raises(ValueError, match=r"model output .* != target"):
-        _trainer(tmp_path).test(task, dm, verbose=False)
+        quiet_trainer(tmp_path).test(task, dm, verbose=False)
 
 
 def _naive_auc(score, y):
@@ -181,7 +176,7 @@ def test_classification_metrics_match_naive(tmp_path, num_classes):
     x, y = torch.rand(37, 1, 8, 8, 8), torch.arange(37) % num_classes
     task = ClassificationTask("hot_volume_classifier", dict(input_size=8, patch_size=4, num_classes=num_classes,
                                                             dim=16, num_heads=2, depth=1))
-    (res,) = _trainer(tmp_path).test(task, _DM(TensorDataset(x, y[:, None]), 5), verbose=False)
+    (res,) = quiet_trainer(tmp_path).test(task, _DM(TensorDataset(x, y[:, None]), 5), verbose=False)
     with torch.no_grad():
         prob = task.model.eval()(x).softmax(-1)
     acc = (prob.argmax(-1) == y).float().mean().item()
@@ -199,7 +194,7 @@ def test_segmentation_metrics_match_naive(tmp_path):
     x, y = torch.randn(6, 3, 16, 16), torch.randint(0, k, (6, 16, 16))
     task = SegmentationTask("hot_segmenter", dict(in_channels=3, num_classes=k, input_size=16, patch_size=4, dim=16,
                                                   num_heads=2, depth=1))
-    (res,) = _trainer(tmp_path).test(task, _DM(TensorDataset(x, y), 4), verbose=False)
+    (res,) = quiet_trainer(tmp_path).test(task, _DM(TensorDataset(x, y), 4), verbose=False)
     with torch.no_grad():
         pred = task.model.eval()(x).argmax(1)
     ious = []
@@ -250,7 +245,7 @@ def _resume_run(tmp_path, callbacks, ckpt_path=None, augment=False, num_workers=
     task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, dropout=0.2, **TINY_FC),
                            lr=3e-3, warmup_steps=3, plot_variates=0)
     ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True)
-    trainer = _trainer(tmp_path, max_epochs=3, limit_train_batches=6, limit_val_batches=2,
+    trainer = quiet_trainer(tmp_path, max_epochs=3, limit_train_batches=6, limit_val_batches=2,
                        callbacks=[ckpt, *callbacks], enable_checkpointing=True, plugins=[AtomicCheckpointIO()])
     trainer.fit(task, dm, ckpt_path=ckpt_path)
     return task
@@ -463,7 +458,7 @@ def _fit_for_schedule(tmp_path, **task_kw):
     task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC),
                            plot_variates=0, **task_kw)
     rec = _RecordLR()
-    trainer = _trainer(tmp_path, max_epochs=2, limit_train_batches=4, limit_val_batches=0, callbacks=[rec])
+    trainer = quiet_trainer(tmp_path, max_epochs=2, limit_train_batches=4, limit_val_batches=0, callbacks=[rec])
     trainer.fit(task, dm)
     return task, trainer, rec.lrs
 
@@ -535,7 +530,7 @@ def test_epoch_shuffle_is_drawn_from_seed_and_epoch(tmp_path):
         dm = DM(synthetic=True, synthetic_length=300, seq_len=32, pred_len=8, batch_size=64)
         task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC),
                                plot_variates=0)
-        _trainer(tmp_path, max_epochs=3, limit_val_batches=0).fit(task, dm)
+        quiet_trainer(tmp_path, max_epochs=3, limit_val_batches=0).fit(task, dm)
         n = len(dm.dataset("train"))
         assert len(log) == 3 * n
         return [log[e * n:(e + 1) * n] for e in range(3)], n
@@ -568,7 +563,7 @@ def test_cosine_schedule_needs_a_bounded_run(tmp_path):
     task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC))
     with pytest.raises(ValueError, match=r"scheduler='cosine' decays over the whole run, which needs a finite trainer "
                                          r"`max_epochs` or `max_steps`"):  # was an OverflowError from int(inf)
-        _trainer(tmp_path, max_epochs=-1, limit_val_batches=0).fit(task, dm)
+        quiet_trainer(tmp_path, max_epochs=-1, limit_val_batches=0).fit(task, dm)
 
 
 # -------------------------------------------------------------------------------------- losses and options
@@ -585,7 +580,7 @@ def test_forecasting_loss_and_original_scale_metrics(tmp_path, loss):
                         eval_batch_size=16)
     task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC), loss=loss,
                            original_scale=True, plot_variates=0)
-    (res,) = _trainer(tmp_path).test(task, dm, verbose=False)
+    (res,) = quiet_trainer(tmp_path).test(task, dm, verbose=False)
     x, y = _all_windows(dm.dataset("test"))
     with torch.no_grad():
         p = task.model.eval().double()(x)
@@ -619,7 +614,7 @@ def test_classification_label_smoothing_loss(tmp_path):
     x, y = torch.rand(13, 1, 8, 8, 8), torch.arange(13) % 3
     task = ClassificationTask("hot_volume_classifier", dict(input_size=8, patch_size=4, num_classes=3, dim=16,
                                                             num_heads=2, depth=1), label_smoothing=0.2)
-    (res,) = _trainer(tmp_path).test(task, _DM(TensorDataset(x, y[:, None]), 13), verbose=False)
+    (res,) = quiet_trainer(tmp_path).test(task, _DM(TensorDataset(x, y[:, None]), 13), verbose=False)
     with torch.no_grad():
         logits = task.model.eval()(x)
     assert res["test/loss"] == pytest.approx(_ce_naive(logits, y, 0.2), rel=1e-5)
@@ -636,7 +631,7 @@ def test_segmentation_ignore_index(tmp_path, ignore):
     y[:, :5] = ignore
     task = SegmentationTask("hot_segmenter", dict(in_channels=3, num_classes=k, input_size=16, patch_size=4, dim=16,
                                                   num_heads=2, depth=1), ignore_index=ignore)
-    (res,) = _trainer(tmp_path).test(task, _DM(TensorDataset(x, y[:, None]), 2), verbose=False)
+    (res,) = quiet_trainer(tmp_path).test(task, _DM(TensorDataset(x, y[:, None]), 2), verbose=False)
     with torch.no_grad():
         logits = task.model.eval()(x).double()
     pred = logits.argmax(1)
@@ -682,7 +677,7 @@ def test_predictions_written_in_order(tmp_path):
             def predict_dataloader(self):
                 return DataLoader(ds, batch_size=4)  # 4 + 4 + 3 / 4 + 3: a ragged last batch
 
-        _trainer(tmp_path, callbacks=[writer]).predict(task, DM(), return_predictions=False)
+        quiet_trainer(tmp_path, callbacks=[writer]).predict(task, DM(), return_predictions=False)
         got = torch.load(writer.path, weights_only=True)
         with torch.no_grad():
             want = ref(task.model.eval())
@@ -709,7 +704,7 @@ def _fit_with_export(tmp_path, monitor: str, extra_callback, max_epochs: int, li
                            plot_variates=0)
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor=monitor, mode="min")
     export = ExportPretrained(str(tmp_path / "pretrained"))
-    trainer = _trainer(tmp_path, max_epochs=max_epochs, limit_train_batches=limit_train_batches, limit_val_batches=1,
+    trainer = quiet_trainer(tmp_path, max_epochs=max_epochs, limit_train_batches=limit_train_batches, limit_val_batches=1,
                        num_sanity_val_steps=0, enable_checkpointing=True,
                        callbacks=[*(extra_callback if isinstance(extra_callback, list) else [extra_callback]), ckpt, export])
     trainer.fit(task, dm)
@@ -764,7 +759,7 @@ def test_worker_seeds_are_drawn_from_seed_and_epoch(tmp_path):
     pl.seed_everything(3, verbose=False)
     dm = DM(synthetic=True, synthetic_length=300, seq_len=32, pred_len=8, batch_size=8, num_workers=1)
     task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC), plot_variates=0)
-    _trainer(tmp_path, max_epochs=2, limit_train_batches=1, limit_val_batches=0, callbacks=[Grab()]).fit(task, dm)
+    quiet_trainer(tmp_path, max_epochs=2, limit_train_batches=1, limit_val_batches=0, callbacks=[Grab()]).fit(task, dm)
     want = [torch.empty((), dtype=torch.int64).random_(generator=torch.Generator().manual_seed(
         (3 + 1_000_003 * (e + 1)) % (2**31 - 1) + 1)).item() for e in range(2)]
     assert seen == want
@@ -817,7 +812,7 @@ def test_fit_and_test_in_bf16(tmp_path, precision):
                                  synthetic_size=32, crop_size=None, batch_size=4)),
     ]
     for task, dm in cases:
-        trainer = _trainer(tmp_path, max_steps=3, limit_val_batches=1, precision=precision)
+        trainer = quiet_trainer(tmp_path, max_steps=3, limit_val_batches=1, precision=precision)
         trainer.fit(task, dm)
         assert torch.isfinite(trainer.callback_metrics["train/loss"])
         (res,) = trainer.test(task, dm, verbose=False)
