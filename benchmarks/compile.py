@@ -2,11 +2,14 @@
 
 Run:  .venv/bin/python benchmarks/compile.py [--device cuda] [--backend inductor] [--mode default] [--reps 5]
                                              [--models hot_forecaster hot_volume_classifier ...]
+                                             [--fallback-random auto|on|off]
 
 One training step = forward, cross-entropy / MSE loss, backward, AdamW step, at the paper-config sizes below
 (``--small`` shrinks them for a quick look). Eager and compiled copies of the same model (same weights, same batch)
 are timed round-robin and the minimum over ``--reps`` rounds is kept, so load changes on a shared machine hit both;
 the table prints the ratio compiled / eager and the one-off compile time (first compiled step minus one eager step).
+The models are compiled with the arguments ``hoformer.train.CompileModel`` would use (``--fallback-random auto``:
+Inductor's dropout masks from ATen's random ops on CPU, its own generated ones elsewhere).
 The Kronecker and triplet kernels stay opaque eager calls under compile (``torch.compiler.disable``): the compiler
 fuses the projections, norms, MLPs and softmaxes around them.
 """
@@ -20,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from hoformer.models import create_model
+from hoformer.train import CompileModel
 
 # name -> (model kwargs, batch size), the sizes of the committed paper configs
 CASES = {
@@ -58,11 +62,15 @@ def main(argv=None) -> None:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--models", nargs="+", default=list(CASES), choices=list(CASES))
     p.add_argument("--small", action="store_true", help="half the batch and depth (a quick look)")
+    p.add_argument("--fallback-random", choices=("auto", "on", "off"), default="auto",
+                   help="Inductor's fallback_random as CompileModel sets it (auto: on for CPU, off elsewhere)")
     a = p.parse_args(argv)
     if a.reps < 1:
         p.error(f"--reps must be >= 1, got {a.reps}")
     device = torch.device(a.device)
-    print(f"device {device}, backend {a.backend}, mode {a.mode}, threads {torch.get_num_threads()}, reps {a.reps}")
+    fallback = {"auto": None, "on": True, "off": False}[a.fallback_random]
+    compile_kwargs = CompileModel.compile_kwargs(device, backend=a.backend, mode=a.mode, fallback_random=fallback)
+    print(f"device {device}, threads {torch.get_num_threads()}, reps {a.reps}, torch.compile({compile_kwargs})")
     print("| model | eager ms/step | compiled ms/step | compiled / eager | compile s |")
     print("|---|---:|---:|---:|---:|")
     for name in a.models:
@@ -72,7 +80,7 @@ def main(argv=None) -> None:
         torch.manual_seed(0)
         eager = create_model(name, **kw).to(device).train()
         compiled = copy.deepcopy(eager)
-        compiled.compile(backend=a.backend, mode=a.mode)
+        compiled.compile(**compile_kwargs)
         args, kwargs = _batch(eager, batch, device)
         opts = {m: torch.optim.AdamW(m.parameters(), lr=1e-4) for m in (eager, compiled)}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -849,6 +850,72 @@ def test_compile_model_callback_trains_like_eager_and_keeps_checkpoints_plain(tm
                                                                 EMAWeightAveraging(decay=0.5)], 1, 3)
     saved = torch.load(ckpt.best_model_path, weights_only=True)
     assert any(not torch.equal(saved["state_dict"][k], saved["current_model_state"][k]) for k in saved["state_dict"])
+
+
+def test_compile_model_resolves_fallback_random_per_device(monkeypatch):
+    """Inductor on CPU gets ``fallback_random`` (a ``mode`` spelled out as its options, since torch.compile refuses
+    mode + options); accelerators, other backends, an explicit choice and user options that set it are left alone;
+    ``setup`` compiles for the strategy's device."""
+    from types import SimpleNamespace
+
+    from torch._inductor import list_mode_options
+
+    from hoformer.train import CompileModel
+
+    kw = CompileModel.compile_kwargs
+    assert kw("cpu") == dict(backend="inductor", mode=None, fullgraph=False, dynamic=None,
+                             options={"fallback_random": True})
+    assert kw("cpu", mode="max-autotune")["options"] == {**list_mode_options("max-autotune"), "fallback_random": True}
+    assert kw("cpu", mode="max-autotune")["mode"] is None
+    assert kw("cpu", options={"epilogue_fusion": False})["options"] == {"epilogue_fusion": False,
+                                                                       "fallback_random": True}
+    plain = dict(backend="inductor", mode="max-autotune", fullgraph=False, dynamic=None, options=None)
+    assert kw("cuda", mode="max-autotune") == plain
+    assert kw(torch.device("cpu"), mode="max-autotune", fallback_random=False) == plain
+    assert kw("cuda", fallback_random=True)["options"] == {"fallback_random": True}
+    assert kw("cpu", backend="aot_eager")["options"] is None
+    assert kw("cpu", options={"fallback_random": False})["options"] == {"fallback_random": False}
+    with pytest.raises(TypeError, match="`fallback_random` must be a bool or None"):
+        CompileModel(fallback_random="yes")
+
+    seen = {}
+    task = SimpleNamespace(model=torch.nn.Linear(2, 2))
+    monkeypatch.setattr(task.model, "compile", lambda **k: seen.update(k))
+    for device, want in (("cpu", {"fallback_random": True}), ("cuda", None)):
+        trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device(device)))
+        CompileModel().setup(trainer, task, "fit")
+        assert seen["options"] == want, device
+
+
+@pytest.mark.skipif(not any(map(shutil.which, ("c++", "g++", "clang++"))), reason="Inductor needs a C++ compiler")
+def test_compile_model_inductor_on_cpu_draws_eager_dropout_masks():
+    """What ``fallback_random`` is for: compiled with CompileModel's CPU arguments (Inductor), a dropout model's
+    training forward and gradients equal eager ones from the same seed (Inductor's own generated random numbers give
+    other masks: outputs ~1 apart on this case)."""
+    import copy
+
+    import torch._dynamo
+
+    from hoformer.models import create_model
+    from hoformer.train import CompileModel
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = create_model("hot_forecaster", seq_len=16, pred_len=8, num_variates=3, dim=16, depth=1, num_heads=2,
+                         patch_size=4, dropout=0.3).train()
+    (x,), _ = eager.example_inputs(batch_size=4)
+    compiled = copy.deepcopy(eager)
+    compiled.compile(**CompileModel.compile_kwargs("cpu"))
+    runs = []
+    for model in (eager, compiled):
+        torch.manual_seed(1)
+        y = model(x)
+        y.pow(2).mean().backward()
+        runs.append((y.detach(), [p.grad for p in model.parameters()]))
+    torch._dynamo.reset()
+    torch.testing.assert_close(runs[1][0], runs[0][0], rtol=1e-5, atol=1e-5)
+    for g_compiled, g_eager in zip(runs[1][1], runs[0][1]):
+        torch.testing.assert_close(g_compiled, g_eager, rtol=1e-4, atol=1e-5)
 
 
 def test_atomic_checkpoint_io_refuses_storage_options(tmp_path):

@@ -362,14 +362,19 @@ class CompileModel(pl.Callback):
     (``torch.compiler.disable``); the compiler fuses the projections, norms, MLPs and softmaxes around them.
 
     Args: ``backend``, ``mode``, ``fullgraph``, ``dynamic``, ``options`` as in :func:`torch.compile`
-    (``backend="aot_eager"`` needs no C++ toolchain).
+    (``backend="aot_eager"`` needs no C++ toolchain). ``fallback_random``: Inductor draws dropout masks with ATen's
+    random ops instead of its own generated ones (Inductor's ``fallback_random`` option); ``None`` (default) turns it
+    on when the model trains on CPU, where Inductor's generated random numbers made a dropout training step 1.1-2x
+    slower than eager (``benchmarks/compile.py``, docs/results.md). With it, compiled dropout draws the same masks as
+    eager from the same seed. On GPUs Inductor's fused Philox dropout is the faster one, so it stays off there.
 
-    Measured on CPU (``benchmarks/compile.py``, docs/results.md): 1.14-1.97x *slower* per training step than eager,
-    so it is meant for accelerators.
+    Measured on CPU (``benchmarks/compile.py``, docs/results.md): 0.92-1.03x the eager step time, so compiling is
+    meant for accelerators.
     """
 
     def __init__(self, backend: str = "inductor", mode: str | None = None, fullgraph: bool = False,
-                 dynamic: bool | None = None, options: dict[str, Any] | None = None) -> None:
+                 dynamic: bool | None = None, options: dict[str, Any] | None = None,
+                 fallback_random: bool | None = None) -> None:
         import torch._dynamo
 
         known = torch._dynamo.list_backends(exclude_tags=())
@@ -377,13 +382,34 @@ class CompileModel(pl.Callback):
             raise ValueError(f"CompileModel: `backend` must be one of {sorted(known)}, got {backend!r}")
         if mode is not None and options is not None:
             raise ValueError("CompileModel: give `mode` or `options`, not both (torch.compile refuses the pair)")
+        if fallback_random is not None and not isinstance(fallback_random, bool):
+            raise TypeError(f"CompileModel: `fallback_random` must be a bool or None, got {fallback_random!r}")
         self.kwargs = dict(backend=backend, mode=mode, fullgraph=fullgraph, dynamic=dynamic, options=options)
+        self.fallback_random = fallback_random
+
+    @staticmethod
+    def compile_kwargs(device: torch.device | str, backend: str = "inductor", mode: str | None = None,
+                       fullgraph: bool = False, dynamic: bool | None = None, options: dict[str, Any] | None = None,
+                       fallback_random: bool | None = None) -> dict[str, Any]:
+        """The :func:`torch.compile` keyword arguments for a model on ``device``: with Inductor and
+        ``fallback_random`` (``None``: on CPU only), ``mode`` is spelled out as its options
+        (``torch._inductor.list_mode_options``, what torch.compile does with it) plus ``fallback_random=True``."""
+        kwargs = dict(backend=backend, mode=mode, fullgraph=fullgraph, dynamic=dynamic, options=options)
+        if fallback_random is None:
+            fallback_random = torch.device(device).type == "cpu"
+        if backend != "inductor" or not fallback_random or "fallback_random" in (options or {}):
+            return kwargs
+        from torch._inductor import list_mode_options
+
+        merged = {**(list_mode_options(mode, dynamic) if mode else {}), **(options or {}), "fallback_random": True}
+        return {**kwargs, "mode": None, "options": merged}
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         model = getattr(pl_module, "model", None)
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"CompileModel: {type(pl_module).__name__} has no `model` module to compile")
-        model.compile(**self.kwargs)
+        model.compile(**self.compile_kwargs(trainer.strategy.root_device, **self.kwargs,
+                                            fallback_random=self.fallback_random))
 
 
 class SavePredictions(BasePredictionWriter):
