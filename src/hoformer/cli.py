@@ -91,7 +91,7 @@ def _lightning_cli():
             if cb.monitor is None:
                 raise ValueError("--ckpt_path best: this config's ModelCheckpoint monitors no metric, so there is no "
                                  "best checkpoint (the CPU-budget HOBA configs evaluate the last epoch); pass the "
-                                 "path of a checkpoint, e.g. <default_root_dir>/logs/version_0/checkpoints/last.ckpt")
+                                 "path of a checkpoint, e.g. <logger save_dir>/logs/version_0/checkpoints/last.ckpt")
             d = Path(cb.dirpath) if cb.dirpath else None
             recorded = _recorded_best(d / "last.ckpt", cb.state_key) if d is not None else None
             if recorded is not None:
