@@ -405,3 +405,17 @@ def test_kronecker_attention_names_mismatched_batch_dtype_and_masks():
     with pytest.raises(ValueError, match="`feature_map` must return non-negative features.*got a minimum of -"):
         kronecker_attention(q, k, v, kernel="linear", feature_map=lambda x: x)
     assert torch.isfinite(kronecker_attention(q, k, v, kernel="linear", feature_map=torch.exp)).all()
+
+
+def test_linear_factor_is_the_applied_operator_also_on_rows_without_mass():
+    """The explicit linear-kernel factor (recorded maps, analysis) floors the row sums like the operator attention
+    applies: a query whose features are all 0 gets a zero row in both (the recorded map used to be NaN there)."""
+    from hoformer.functional.kronecker import linear_factor
+
+    fq, fk = torch.rand(2, 1, 3, 4, dtype=torch.float64), torch.rand(2, 1, 3, 4, dtype=torch.float64)
+    fq[:, :, 1] = 0
+    v = torch.randn(2, 1, 3, 5, dtype=torch.float64)
+    y = kronecker_attention([fq], [fk], v, kernel="linear", feature_map=lambda t: t)
+    s = linear_factor(fq, fk)
+    assert torch.isfinite(s).all() and (s[:, :, 1] == 0).all()
+    torch.testing.assert_close(y, s @ v)

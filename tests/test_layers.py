@@ -204,6 +204,8 @@ def test_axial_attention_along_chosen_modes_equals_per_fiber_loop(modes, combine
         AxialAttention(8, 2, modes=(2,))(torch.randn(1, 3, 4, 8))
     with pytest.raises(ValueError, match="distinct non-negative"):
         AxialAttention(8, 2, modes=(1, 1))
+    with pytest.raises(TypeError, match="`modes` must be a sequence of 0-based mode indices"):
+        AxialAttention(8, 2, modes=1)
 
 
 @pytest.mark.parametrize("name", ["full", "axial", "divided", "kronecker_product"])
@@ -450,6 +452,7 @@ def test_layer_sizes_rates_and_rope_modes_are_checked(name):
              ({"num_heads": 0}, ValueError, "`num_heads` must be an int >= 1, got 0"),
              ({"attn_dropout": -1.0}, ValueError, r"`attn_dropout` must be a float in \[0, 1\), got -1.0"),
              ({"dropout": 1.0}, ValueError, r"`dropout` must be a float in \[0, 1\), got 1.0"),
+             ({"dropout": None}, ValueError, r"`dropout` must be a float in \[0, 1\), got None"),
              ({"rope_modes": 1}, TypeError, "`rope_modes` must be a sequence of 0-based mode indices")]
     if name == "kronecker_linear":
         cases.append(({"num_features": 0}, ValueError, "`num_features` must be an int >= 1 or None, got 0"))

@@ -11,10 +11,12 @@ For a value tensor ``v (b, h, n1..nk, d)`` and one small attention matrix per mo
 * sum (eq 4, 9):      ``y = (1/k) sum_m v x_m S_m`` (mode-m product), the Kronecker sum ``S_1 (+) ... (+) S_k``.
 
 Neither forms the ``prod(n) x prod(n)`` matrix. :func:`kron_apply` is also Weaver's P^Delta-KMV (paper 003,
-appendix F) and is the single fast primitive of the library: ``k`` batched matmuls, one per mode, applied in place
-of layout (mode 1 is one bmm; for a later mode the fibres before it become batch entries), so no transposed copy of
-the value is ever made. On CPU the whole chain (forward, recompute, backward) runs on cache-sized chunks of
-(batch, head) pairs between reused buffers; see the note above :func:`_chunk_pairs`.
+appendix F): ``k`` batched matmuls, one per mode, applied in place of layout (mode 1 is one bmm; for a later mode the
+fibres before it become batch entries), so the value is not transposed except to unfold a long mode with a short
+tail (:func:`_mode_mul`). The softmax path of both products (:class:`_KronApply`, :class:`_KronSumApply`) runs its
+whole chain (forward, recompute, backward) on cache-sized chunks of (batch, head) pairs between reused buffers on
+CPU (see the note above :func:`_chunk_pairs`); the linear kernel's operator-valued factors use plain batched matmuls
+on the whole value.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import torch.nn.functional as F
 
 from hoformer._checks import DETAIL, check_fraction, check_values
 
-from .scores import masked_softmax
+from .scores import dot_scores, masked_softmax
 
 __all__ = [
     "kron_apply",
@@ -55,7 +57,7 @@ def _check_tensor(t, name: str, fn: str, min_ndim: int) -> None:
         raise ValueError(f"{fn}: `{name}` is empty, got shape {tuple(t.shape)}")
 
 
-def _check_factors(factors, v: torch.Tensor, fn: str, *, square: bool = True) -> list[torch.Tensor]:
+def _check_factors(factors, v: torch.Tensor, fn: str) -> list[torch.Tensor]:
     if isinstance(factors, torch.Tensor) or not isinstance(factors, Sequence) or len(factors) == 0:
         raise TypeError(f"{fn}: `factors` must be a non-empty list of tensors, got {type(factors).__name__}")
     _check_tensor(v, "v", fn, 4)
@@ -69,7 +71,7 @@ def _check_factors(factors, v: torch.Tensor, fn: str, *, square: bool = True) ->
     for m, s in enumerate(factors):
         _check_tensor(s, f"factors[{m}]", fn, 2)
         n = v.shape[2 + m]
-        if s.ndim > 4 or s.shape[-1] != n or (square and s.shape[-2] != n):
+        if s.ndim > 4 or s.shape[-2:] != (n, n):
             raise ValueError(
                 f"{fn}: `factors[{m}]` must have shape (B, H, {n}, {n}) (size-1 B/H broadcast) to match mode {m + 1}"
                 f" of `v` {tuple(v.shape)}, got {tuple(s.shape)}"
@@ -364,7 +366,7 @@ class _KronSumApply(torch.autograd.Function):
     """``alpha * sum_m v x_m S_m``, cache-blocked and copy-free like :class:`_KronApply` (the terms accumulate in one
     buffer through ``baddbmm``), with a hand-written backward: ``dv = alpha * sum_m g x_m S_m^T`` (the adjoint of a
     Kronecker sum is the sum of the transposes) and ``dS_m = alpha * G_(m) V_(m)^T`` from the chunk's mode-``m``
-    fibres. Only ``v`` is saved."""
+    fibres. Saves ``v`` and the factors."""
 
     @staticmethod
     @_autocast_off
@@ -420,13 +422,12 @@ class _KronSumApply(torch.autograd.Function):
 
 
 @_opaque_to_compile
-def _kron_sum_ops(ops, v: torch.Tensor, normalize: bool) -> torch.Tensor:
+def _kron_sum_ops(ops, v: torch.Tensor) -> torch.Tensor:
     """Kronecker sum for operator-valued factors (the linear kernel): ``op(X (bh, P, n_m)) -> S_m X^T``."""
     out = None
     for m, op in enumerate(ops):
         out = _fold_add(out, op(_unfold(v, m, v.shape[2 + m])), m, v)
-    k = len(ops)
-    return out / k if normalize and k > 1 else out
+    return out / len(ops) if len(ops) > 1 else out
 
 
 # ------------------------------------------------------------------------------------------------ attention
@@ -454,6 +455,11 @@ def mode_attention_factors(
                         f"{type(q).__name__}")
     _check_qk_masks(q, k, masks, [qi.shape[-2] if isinstance(qi, torch.Tensor) and qi.ndim >= 2 else -1 for qi in q],
                     "mode_attention_factors")
+    return _mode_factors(q, k, scale, masks, score_fn)
+
+
+def _mode_factors(q, k, scale, masks, score_fn) -> list[torch.Tensor]:
+    """:func:`mode_attention_factors` without the argument checks (its callers have made them)."""
     out = []
     for i, (qi, ki) in enumerate(zip(q, k)):
         mask = None if masks is None else masks[i]
@@ -462,8 +468,7 @@ def mode_attention_factors(
             if mask is not None:
                 s = s * mask
         else:
-            sc = qi.shape[-1] ** -0.5 if scale is None else scale
-            s = masked_softmax(torch.matmul(qi, ki.transpose(-1, -2)) * sc, mask)  # fully masked rows: 0
+            s = masked_softmax(dot_scores(qi, ki, scale=scale), mask)  # fully masked rows: 0
         out.append(s)
     return out
 
@@ -512,7 +517,6 @@ def _check_qkv(q, k, v, masks, fn):
         for i in range(len(q)):
             if q[i].dtype != k[i].dtype:
                 raise TypeError(f"{fn}: `q[{i}]` ({q[i].dtype}) and `k[{i}]` ({k[i].dtype}) must share a dtype")
-    return v.ndim - 3
 
 
 def kronecker_attention(
@@ -575,13 +579,20 @@ def kronecker_attention(
         ops = [_linear_op(fq, fk, b, h, v.dtype) for fq, fk in feats]
         if combine == "product":
             return _kron_apply_cf(ops, v.movedim(-1, 2), v.shape[2:-1])
-        return _kron_sum_ops(ops, v, True)
+        return _kron_sum_ops(ops, v)
 
-    factors = mode_attention_factors(q, k, scale=scale, masks=masks, score_fn=score_fn)
+    factors = _mode_factors(q, k, scale, masks, score_fn)
     factors = [s.to(v.dtype) for s in factors]
     used = [F.dropout(s, p=dropout_p) for s in factors] if dropout_p > 0 else factors
     y = kron_apply(used, v) if combine == "product" else kron_sum_apply(used, v, normalize=True)
     return (y, factors) if return_factors else y
+
+
+def linear_factor(fq: torch.Tensor, fk: torch.Tensor) -> torch.Tensor:
+    """The linear kernel's factor ``S = diag(fq fk^T 1)^-1 fq fk^T`` formed explicitly (for recorded maps and
+    analysis; attention itself applies it by associativity, :func:`_linear_op`, with the same floor on the row sums)."""
+    a = torch.matmul(fq, fk.transpose(-1, -2))
+    return a / a.sum(-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
 
 
 def _linear_op(fq: torch.Tensor, fk: torch.Tensor, b: int, h: int, dtype) -> Callable:
@@ -624,13 +635,16 @@ def full_attention(
     n = math.prod(sizes)
     if mask is not None and (mask.dtype != torch.bool or mask.shape[-2:] != (n, n)):
         raise ValueError(f"{fn}: `mask` must be bool (..., {n}, {n}), got {mask.dtype} {tuple(mask.shape)}")
-    y = F.scaled_dot_product_attention(
-        q.reshape(b, h, n, -1), k.reshape(b, h, n, -1), v.reshape(b, h, n, -1),
-        attn_mask=mask, dropout_p=dropout_p, scale=scale,
-    )
-    if mask is not None:  # SDPA gives NaN on fully-masked rows: make them zero like the Kronecker path
-        y = y.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+    y = sdpa(q.reshape(b, h, n, -1), k.reshape(b, h, n, -1), v.reshape(b, h, n, -1), mask=mask, scale=scale,
+             dropout_p=dropout_p)
     return y.view(b, h, *sizes, -1)
+
+
+def sdpa(q, k, v, *, mask=None, scale=None, dropout_p=0.0) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` over the second-to-last dim (unchecked), with hoformer's masking rule: a
+    row whose ``mask`` allows no key gives zeros (SDPA gives NaN there), as in the Kronecker path."""
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+    return y if mask is None else y.masked_fill(~mask.any(-1, keepdim=True), 0.0)
 
 
 # ------------------------------------------------------------------------------------- dense references

@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hoformer._checks import check_fraction, check_int, is_int
-from hoformer.functional.kronecker import full_attention, kron_dense, kronecker_attention
-from hoformer.functional.scores import SCORE_FNS, get_score_fn, masked_softmax
+from hoformer.functional.kronecker import kron_dense, kronecker_attention, linear_factor, sdpa
+from hoformer.functional.scores import SCORE_FNS, dot_scores, get_score_fn, masked_softmax
 
 from .pos import RotaryEmbedding, axial_rotary
 
@@ -121,7 +121,7 @@ def _check_layer_args(fn: str, dim, num_heads, dim_head, dropout, attn_dropout) 
     check_int(fn, "dim_head", dim_head, optional=True)
     if dim_head is None and dim % num_heads:
         raise ValueError(f"{fn}: dim={dim} is not divisible by num_heads={num_heads}")
-    check_fraction(fn, "dropout", dropout, optional=True)
+    check_fraction(fn, "dropout", dropout)
     check_fraction(fn, "attn_dropout", attn_dropout, optional=True)
 
 
@@ -234,7 +234,7 @@ class _ModePools(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, mean: bool):
         k = x.ndim - 2
-        ctx.shape, ctx.mean, ctx.dtype, ctx.device = x.shape, mean, x.dtype, x.device
+        ctx.shape, ctx.mean = x.shape, mean
         outs = []
         for i in range(k):
             others = [1 + j for j in range(k) if j != i]
@@ -248,9 +248,7 @@ class _ModePools(torch.autograd.Function):
         sizes = shape[1:-1]
         acc = None
         for i in reversed(range(k)):  # acc: (b, n_i, .., n_k, e)
-            g = gs[i]
-            if g is None:
-                g = torch.zeros(shape[0], sizes[i], shape[-1], dtype=ctx.dtype, device=ctx.device)
+            g = gs[i]  # never None: autograd materialises zeros for unused outputs
             if ctx.mean:
                 g = g / (math.prod(sizes) // sizes[i])
             g = g.reshape(shape[0], sizes[i], *([1] * (k - 1 - i)), shape[-1])
@@ -374,15 +372,14 @@ class KroneckerAttention(_Recordable):
         v = self.to_v(x).view(b, *sizes, self.heads, self.dim_head).movedim(-2, 1)
         want_maps = return_attention or self._recording
         if self.kernel == "linear":
-            if self.favor is not None:
-                self.favor.step()
+            self.favor.step()
             phi_q = [self.favor(q, is_query=True) for q in qs]
             phi_k = [self.favor(k, is_query=False) for k in ks]
             y = kronecker_attention(phi_q, phi_k, v, combine=self.combine, kernel="linear", masks=masks,
                                     feature_map=_identity)
             maps = None
             if want_maps:  # materialise the (small) factors only when asked
-                maps = [_normalise_rows(torch.matmul(a, c.transpose(-1, -2))) for a, c in zip(phi_q, phi_k)]
+                maps = [linear_factor(a, c) for a, c in zip(phi_q, phi_k)]
         else:
             y, maps = kronecker_attention(
                 qs, ks, v, combine=self.combine, masks=masks, return_factors=True, score_fn=self.score_fn,
@@ -396,10 +393,6 @@ class KroneckerAttention(_Recordable):
 
 def _identity(x):
     return x
-
-
-def _normalise_rows(a: torch.Tensor) -> torch.Tensor:
-    return a / a.sum(-1, keepdim=True)
 
 
 # ------------------------------------------------------------------------------------------- baselines
@@ -433,14 +426,12 @@ class _QKV(_Recordable):
 
 
 def _attend(q, k, v, mask, dropout_p, want_maps):
-    """SDPA over the second-to-last dim; dense maps only when asked (then computed explicitly)."""
+    """Attention over the second-to-last dim of ``(b, h, .., n, e)`` (the dims between are batch dims): SDPA, or the
+    explicit maps when they are asked for; either way a fully masked row gives zeros."""
     if want_maps:
-        a = masked_softmax(torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5, mask)
+        a = masked_softmax(dot_scores(q, k), mask)
         return torch.matmul(F.dropout(a, dropout_p), v), a
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-    if mask is not None:
-        y = y.masked_fill(~mask.any(-1, keepdim=True), 0.0)
-    return y, None
+    return sdpa(q, k, v, mask=mask, dropout_p=dropout_p), None
 
 
 class FullAttention(_QKV):
@@ -464,12 +455,8 @@ class FullAttention(_QKV):
         k = axial_rotary(k, sizes, self.rope_modes, self.rope_theta)
         mask = _kron_and(masks, sizes, x.device)
         want = return_attention or self._recording
-        if not want:
-            y = full_attention(q.unsqueeze(2), k.unsqueeze(2), v.unsqueeze(2), mask=mask,
-                               dropout_p=self.attn_dropout if self.training else 0.0).squeeze(2)
-            a = None
-        else:
-            y, a = _attend(q, k, v, mask, self.attn_dropout if self.training else 0.0, True)
+        y, a = _attend(q, k, v, mask, self.attn_dropout if self.training else 0.0, want)
+        if want:
             self._maybe_record([a])
         y = self.out(y.view(b, self.heads, *sizes, self.dim_head))
         return (y, [a]) if return_attention else y
@@ -491,8 +478,8 @@ class AxialAttention(_QKV):
         if combine not in ("sum", "sequential"):
             raise ValueError(f"AxialAttention: `combine` must be 'sum' or 'sequential', got {combine!r}")
         if modes is not None:
-            modes = tuple(modes)
-            if not modes or len(set(modes)) != len(modes) or any(not is_int(m) or m < 0 for m in modes):
+            modes = _mode_tuple(modes, "AxialAttention", "modes")
+            if not modes or len(set(modes)) != len(modes) or any(m < 0 for m in modes):
                 raise ValueError(f"AxialAttention: `modes` must be distinct non-negative mode indices, got {modes}")
         self.modes = modes
         self.combine, self.rope_modes = combine, _mode_tuple(rope_modes, "AxialAttention")
@@ -607,19 +594,18 @@ class DividedAttention(nn.Module):
             self.first._maybe_record([a_t])
         t = self.first.out(t).view(xt.shape).movedim(1, 1 + fm)
         h = x + t
-        # joint attention over the other modes, for every position of first_mode
-        hs = h.movedim(1 + fm, 1).reshape(b * n0, *rest_sizes, self.dim) if nm > 1 else h
-        # the joint stage's batch is (b, n0) flattened: a per-sample (B, H|1, n, n) mask follows its sample to the
-        # n0 rows b * n0 .. b * n0 + n0 - 1
-        rest_masks = [m.repeat_interleave(n0, 0) if m is not None and m.ndim == 4 and m.shape[0] > 1 else m
-                      for i, m in enumerate(masks) if i != fm] if nm > 1 else None
-        if nm > 1:
-            s = self.rest(hs, masks=rest_masks, return_attention=return_attention)
-            s, a_s = s if return_attention else (s, None)
-            s = s.view(b, n0, *rest_sizes, self.dim).movedim(1, 1 + fm)
-        else:  # one mode: no other modes, so the joint stage attends along the same mode again (same masks)
+        if nm == 1:  # no other modes: the joint stage attends along the same mode again (same masks)
             s = self.rest(h, masks=masks, return_attention=return_attention)
-            s, a_s = s if return_attention else (s, None)
+        else:  # joint attention over the other modes, for every position of first_mode
+            hs = h.movedim(1 + fm, 1).reshape(b * n0, *rest_sizes, self.dim)
+            # the joint stage's batch is (b, n0) flattened: a per-sample (B, H|1, n, n) mask follows its sample to
+            # the n0 rows b * n0 .. b * n0 + n0 - 1
+            rest_masks = [m.repeat_interleave(n0, 0) if m is not None and m.ndim == 4 and m.shape[0] > 1 else m
+                          for i, m in enumerate(masks) if i != fm]
+            s = self.rest(hs, masks=rest_masks, return_attention=return_attention)
+        s, a_s = s if return_attention else (s, None)
+        if nm > 1:
+            s = s.view(b, n0, *rest_sizes, self.dim).movedim(1, 1 + fm)
         y = t + s
         return (y, [a_t] + list(a_s or [])) if return_attention else y
 
