@@ -642,3 +642,15 @@ def test_trainer_eval_sampler_shares(monkeypatch):
     assert _base._trainer_eval_sampler(Stream(), T(3)) is None
     monkeypatch.setattr(_base.dist, "is_initialized", lambda: False)
     assert _base._trainer_eval_sampler(ds, T(3)) is None
+
+
+def test_write_synthetic_ltsf_csv_checks_num_variates(tmp_path):
+    """num_variates sets the width of generic files, must match fixed-layout ones, and 0 is refused (it used to be
+    read as "the dataset's width")."""
+    path = write_synthetic_ltsf_csv(tmp_path / "ecl.csv", "electricity", n_rows=50, num_variates=4)
+    assert path.read_text().splitlines()[0] == "date,0,1,2,OT"
+    with pytest.raises(ValueError, match="`num_variates` must be an int >= 1 or None, got 0"):
+        write_synthetic_ltsf_csv(tmp_path / "x.csv", "electricity", n_rows=50, num_variates=0)
+    with pytest.raises(ValueError, match="ETTh1 has 7 variates, got num_variates=3"):
+        write_synthetic_ltsf_csv(tmp_path / "y.csv", "ETTh1", num_variates=3)
+    assert not (tmp_path / "x.csv").exists() and not (tmp_path / "y.csv").exists()

@@ -52,6 +52,9 @@ def test_sst2_datamodule_never_validates_on_the_reported_set(tmp_path, nonglue):
             TextDataModule("sst2", root=str(root), verify=False, max_len=16, vocab_size=100, sst2_test="nonglue").setup()
     with pytest.raises(ValueError, match="sst2_test"):
         TextDataModule("sst2", root=str(root), verify=False, sst2_test="test")
+    for bad in (2, 16.5, None):  # a float length used to pass the check and fail at padding time
+        with pytest.raises(ValueError, match=rf"TextDataModule: `max_len` must be an int >= 3 .*got {bad}"):
+            TextDataModule("sst2", root=str(root), verify=False, max_len=bad)
 
 
 # ------------------------------------------------------------------------------ readers on hand-written files

@@ -378,7 +378,7 @@ def test_save_pretrained_failure_while_writing_keeps_previous_save(tmp_path, mon
 
 
 def test_atomic_write_fsyncs_file_and_directory(tmp_path, monkeypatch):
-    from hoformer.models.base import atomic_write
+    from hoformer._io import atomic_write
 
     synced, real_fsync, proc = [], os.fsync, os.path.exists("/proc/self/fd")
 

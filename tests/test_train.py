@@ -189,6 +189,14 @@ def test_classification_metrics_match_naive(tmp_path, num_classes):
     assert res["test/auc"] == pytest.approx(auc, abs=1e-5)
 
 
+def test_image_tasks_need_a_model_with_classes():
+    """The metric size comes from the model (every image model sets ``num_classes``); a model without classes is
+    named in the error instead of an AttributeError."""
+    for task in (ClassificationTask, SegmentationTask):
+        with pytest.raises(TypeError, match=f"{task.__name__}: model 'hot_forecaster' has no `num_classes`"):
+            task("hot_forecaster", dict(seq_len=16, pred_len=8, num_variates=2, dim=16, num_heads=2, depth=1))
+
+
 def test_segmentation_metrics_match_naive(tmp_path):
     torch.manual_seed(0)
     k = 5

@@ -7,13 +7,15 @@ checkpoint, early stopping, ``save_pretrained`` export) and loggers are configur
 ``configs/``. Checkpoints are written atomically (:class:`hoformer.train.tasks.AtomicCheckpointIO`, set by the
 configs and, when a config does not, by the CLI itself).
 
-Extra sub-commands are plain functions registered with :func:`register_command` (``hoformer demo`` here;
-``hoformer analyze`` and ``hoformer bench`` are reserved hooks filled in by their modules)::
+Extra sub-commands are plain functions ``fn(argv) -> exit code``: ``hoformer demo`` is registered here with
+:func:`register_command`; ``hoformer analyze`` and ``hoformer bench`` are ``"module:function"`` entries of
+:data:`HOOKS`, imported only when run (the other commands do not pay for their imports). A registered command of the
+same name takes precedence over a hook::
 
     from hoformer.cli import register_command
 
-    @register_command("bench", help="attention benchmarks")
-    def bench(argv: list[str]) -> int: ...
+    @register_command("export-onnx", help="export a checkpoint to ONNX")
+    def export_onnx(argv: list[str]) -> int: ...
 """
 from __future__ import annotations
 
@@ -246,12 +248,12 @@ def demo(argv: list[str]) -> int:
     torch.set_num_threads(a.threads)
     pl.seed_everything(a.seed, verbose=False)
     name = a.dataset
-    root = _demo_data_root("ETTh1" if name in ("auto", "synthetic") else name)
+    root = None if name == "synthetic" else _demo_data_root("ETTh1" if name == "auto" else name)
     if name == "auto":
         name = "ETTh1" if root is not None else "synthetic"
-    if name == "synthetic":
-        print("hoformer demo: no real data found ($HOFORMER_DATA or ../shared/data): using the synthetic dataset")
-    elif root is None:
+        if root is None:
+            print("hoformer demo: no real data found ($HOFORMER_DATA or ../shared/data): using the synthetic dataset")
+    elif name != "synthetic" and root is None:
         where = os.environ.get("HOFORMER_DATA") or "../shared/data"
         print(f"hoformer demo: dataset {name!r} not found under {where}/ltsf; set HOFORMER_DATA to the directory "
               "holding ltsf/", file=sys.stderr)

@@ -238,7 +238,7 @@ def _strs(s: str) -> list[str]:
 
 
 def _to_csv(df, path: Path) -> None:
-    from hoformer.models.base import atomic_write
+    from hoformer._io import atomic_write
 
     atomic_write(path, lambda tmp: df.to_csv(tmp, index=False))
 

@@ -50,7 +50,7 @@ def _np(a) -> np.ndarray:
 
 def _save(fig, path) -> Path:
     """Atomic PNG write (a crash never leaves a truncated figure), then the figure is closed."""
-    from hoformer.models.base import atomic_write
+    from hoformer._io import atomic_write
 
     path = Path(path)
     try:

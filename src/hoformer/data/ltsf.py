@@ -5,8 +5,10 @@ paper):
 
 * ETTh1/ETTh2: 12/4/4 months of hourly rows -> train ``[0, 8640)``, val ``[8640, 11520)``, test ``[11520, 14400)``;
   ETTm1/ETTm2: the same months at 15 minutes (x4: 34560/11520/11520 rows).
-* every other CSV (weather, electricity/ECL, traffic, exchange_rate, national_illness/ILI, solar): 70/10/20 % of
-  the rows in time order (``int(0.7 n)`` train, ``int(0.2 n)`` test, the rest validation).
+* every other CSV (weather, electricity/ECL, traffic, exchange_rate, national_illness/ILI): 70/10/20 % of the rows
+  in time order (``int(0.7 n)`` train, ``int(0.2 n)`` test, the rest validation); solar (TSLib's ``Dataset_Solar``):
+  ``int(0.7 n)`` train, ``int(0.1 n)`` validation, the last ``int(0.2 n)`` rows test (a row between validation and
+  test can go unused).
 * validation and test slices start ``seq_len`` rows before their border, so the first validation target starts right
   after the last training row and *no* test time step goes unscored.
 * a StandardScaler (mean / population std, std 0 -> 1) is fitted on the training rows only and applied everywhere.
@@ -19,8 +21,6 @@ with ``pred_len`` in {24, 36, 48, 60} (not forced here).
 from __future__ import annotations
 
 import functools
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +29,7 @@ import torch
 from torch.utils.data import Dataset
 
 from hoformer._checks import check_int, is_int
+from hoformer._io import atomic_write
 
 from ._utils import (VERIFY_HINT, SchemaError, cache_dir, default_data_root, download_url, resolve_root,
                      verify_file)
@@ -134,7 +135,7 @@ def ltsf_time_features(dates, freq: str = "h") -> np.ndarray:
             "h": ["hour", "dow", "dom", "doy"], "d": ["dow", "dom", "doy"], "b": ["dow", "dom", "doy"],
             "w": ["dom", "woy"], "m": ["moy"]}
     key = freq.lower().lstrip("0123456789")
-    key = {"min": "t", "10min": "t", "15min": "t"}.get(key, key)
+    key = "t" if key == "min" else key  # "10min", "15min" -> "min" above
     if key not in sets:
         raise ValueError(f"freq must be one of {sorted(sets)} (or 'min'), got {freq!r}")
     return np.stack([np.asarray(feats[k](), dtype=np.float64) for k in sets[key]], -1).astype(np.float32)
@@ -409,7 +410,7 @@ class SyntheticLTSF(LTSFDataset):
                     time_features, "h")
 
 
-_SYNTH_FORMATS = {  # protocol -> (columns, pandas freq, start)
+_SYNTH_FORMATS = {  # dataset family -> (columns, pandas freq (ETT: from its protocol), first timestamp)
     "ETT": (["HUFL", "HULL", "MUFL", "MULL", "LUFL", "LULL", "OT"], None, "2016-07-01 00:00:00"),
     "weather": (["p (mbar)", "T (degC)", "Tpot (K)", "Tdew (degC)", "rh (%)", "VPmax (mbar)", "VPact (mbar)",
                  "VPdef (mbar)", "sh (g/kg)", "H2OC (mmol/mol)", "rho (g/m**3)", "wv (m/s)", "max. wv (m/s)",
@@ -434,6 +435,7 @@ def write_synthetic_ltsf_csv(path, name: str = "ETTh1", n_rows: int | None = Non
     key = _LOOKUP.get(name.lower())
     if key is None:
         raise ValueError(f"name must be one of {sorted(LTSF_DATASETS)}, got {name!r}")
+    check_int("write_synthetic_ltsf_csv", "num_variates", num_variates, optional=True)
     spec = LTSF_DATASETS[key]
     if key.startswith("ETT"):
         cols, start = _SYNTH_FORMATS["ETT"][0], _SYNTH_FORMATS["ETT"][2]
@@ -442,26 +444,18 @@ def write_synthetic_ltsf_csv(path, name: str = "ETTh1", n_rows: int | None = Non
     elif key in _SYNTH_FORMATS:
         cols, freq, start = _SYNTH_FORMATS[key]
     else:
-        c = num_variates or spec.channels
+        c = spec.channels if num_variates is None else num_variates
         cols, freq, start = [str(i) for i in range(c - 1)] + ["OT"], "h", "2016-07-01 00:00:00"
     if num_variates is not None and num_variates != len(cols):
-        if key.startswith("ETT") or key in _SYNTH_FORMATS:
-            raise ValueError(f"{key} has {len(cols)} variates, got num_variates={num_variates}")
+        raise ValueError(f"write_synthetic_ltsf_csv: {key} has {len(cols)} variates, got num_variates={num_variates}")
     n_rows = n_rows or 2000
     values = synthetic_multiway_series(n_rows, len(cols), seed=seed)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        if key == "solar":
-            np.savetxt(tmp, values, delimiter=",", fmt="%.6g")
-        else:
-            df = pd.DataFrame(values, columns=cols)
-            df.insert(0, "date", pd.date_range(start, periods=n_rows, freq=freq).strftime("%Y-%m-%d %H:%M:%S"))
-            df.to_csv(tmp, index=False, encoding="utf-8", lineterminator="\r\n" if key == "weather" else "\n")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    if key == "solar":
+        atomic_write(path, lambda tmp: np.savetxt(tmp, values, delimiter=",", fmt="%.6g"))
+    else:
+        df = pd.DataFrame(values, columns=cols)
+        df.insert(0, "date", pd.date_range(start, periods=n_rows, freq=freq).strftime("%Y-%m-%d %H:%M:%S"))
+        atomic_write(path, lambda tmp: df.to_csv(tmp, index=False, encoding="utf-8",
+                                                 lineterminator="\r\n" if key == "weather" else "\n"))
     return path

@@ -302,7 +302,7 @@ class TextTokenizer:
                                 f" in {p}")
 
     def save(self, directory: str | os.PathLike) -> Path:
-        from hoformer.models.base import atomic_write
+        from hoformer._io import atomic_write
 
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
@@ -314,10 +314,11 @@ class TextTokenizer:
         return self.tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, max_len: int | None = None) -> list[int]:
-        ids = self.tok.encode(text).ids
-        return _truncate(ids, max_len)
+        _check_max_len(max_len)
+        return _truncate(self.tok.encode(text).ids, max_len)
 
     def encode_batch(self, texts: Sequence[str], max_len: int | None = None) -> list[list[int]]:
+        _check_max_len(max_len)
         return [_truncate(e.ids, max_len) for e in self.tok.encode_batch(list(texts))]
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -340,9 +341,11 @@ def _bert_lowercase(d: Path) -> bool:
     return not any("A" <= c <= "Z" for t in words for c in t)
 
 
+def _check_max_len(max_len: int | None) -> None:
+    check_int("TextTokenizer", "max_len", max_len, low=2, optional=True, note=" (the closing [SEP] / </s> is kept)")
+
+
 def _truncate(ids: list[int], max_len: int | None) -> list[int]:
-    check_int("TextTokenizer", "max_len", max_len, low=2, optional=True,
-              note=" (the closing [SEP] / </s> is kept)")
     if max_len is None or len(ids) <= max_len:
         return ids
     return ids[: max_len - 1] + ids[-1:]  # keep the closing [SEP] / </s>
@@ -436,8 +439,8 @@ class TextDataModule(SplitDataModule):
         val_fraction: held-out share of the training file used for validation (every dataset, SST-2 included:
             SST-2's ``dev.tsv`` is its reported test split, so it must not also select checkpoints).
         holdout: ``"grouped"`` (default: whole groups are held out, see the module docstring: duplicates together,
-            SST-2 phrases with their sentence) or ``"random"`` (examples independently; the split of the session-3-6
-            SST-2 / TREC results, kept to reproduce them).
+            SST-2 phrases with their sentence) or ``"random"`` (examples independently; the split of the first SST-2 /
+            TREC results in docs/results_text.md, kept to reproduce them).
         sst2_test: SST-2 only: the reported ``test`` split, ``"dev"`` (GLUE ``dev.tsv``, as in the HOBA paper) or
             ``"nonglue"`` (``test_labeled_nonglue.tsv``; an error if absent).
         train_limit: keep only the first ``train_limit`` shuffled training examples (compute budgets).
@@ -467,8 +470,7 @@ class TextDataModule(SplitDataModule):
         super().__init__(batch_size=batch_size, num_workers=num_workers, eval_batch_size=eval_batch_size)
         if dataset not in TEXT_DATASETS:
             raise ValueError(f"TextDataModule: unknown dataset {dataset!r}; expected one of {TEXT_DATASETS}")
-        if max_len < 3:
-            raise ValueError(f"TextDataModule: max_len must be >= 3 ([CLS] x [SEP]), got {max_len}")
+        check_int("TextDataModule", "max_len", max_len, low=3, note=" ([CLS] x [SEP])")
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"TextDataModule: val_fraction must be in (0, 1), got {val_fraction}")
         if holdout not in ("grouped", "random"):
@@ -556,7 +558,7 @@ class TextDataModule(SplitDataModule):
                 return TextTokenizer.from_pretrained(d)
         tok = TextTokenizer.train(train_texts, vocab_size=self.vocab_size)
         if d is not None:
-            from hoformer.models.base import atomic_write
+            from hoformer._io import atomic_write
 
             tok.save(d)
             atomic_write(d / "tokenizer_meta.json", lambda tmp: Path(tmp).write_text(json.dumps(meta)))

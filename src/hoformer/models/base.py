@@ -5,15 +5,16 @@ import contextlib
 import inspect
 import json
 import os
-import tempfile
 import threading
 import uuid
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import nn
+
+from hoformer._io import atomic_write, fsync_dir, mkdir, stage
 
 __all__ = ["HoformerModel", "from_pretrained", "atomic_write"]
 
@@ -21,82 +22,6 @@ WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
 #: safetensors metadata key / config key pairing the two files of one ``save_pretrained`` call
 SAVE_ID_KEY = "save_id"
-
-
-def _fsync_file(path: str | os.PathLike) -> None:
-    fd = os.open(path, os.O_RDWR)  # Windows refuses fsync on a read-only descriptor
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: str | os.PathLike) -> None:
-    """Persist a directory entry change (a rename). Best effort: some platforms (Windows) cannot open a directory."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _file_mode(path: Path) -> int:
-    """Permissions a plain ``open(path, "w")`` would leave: the existing file's, else ``0o666`` minus the umask
-    (``mkstemp`` creates its file ``0o600``, which teammates sharing a run directory could not read)."""
-    try:
-        return path.stat().st_mode & 0o777
-    except OSError:
-        pass
-    try:  # Linux: read the umask without changing it (os.umask(0) would briefly affect every thread)
-        with open("/proc/self/status") as f:
-            umask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
-    except (OSError, StopIteration, ValueError):
-        umask = os.umask(0)
-        os.umask(umask)
-    return 0o666 & ~umask
-
-
-def _stage(path: Path, write_fn: Callable[[str], Any]) -> str:
-    """Write a hidden temporary sibling of ``path`` with ``write_fn(tmp)`` and fsync it; returns the temporary path."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write_fn(tmp)
-        os.chmod(tmp, _file_mode(path))
-        _fsync_file(tmp)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return tmp
-
-
-def _mkdir(directory: Path) -> None:
-    created = not directory.is_dir()
-    directory.mkdir(parents=True, exist_ok=True)
-    if created:
-        _fsync_dir(directory.parent)
-
-
-def atomic_write(path: str | os.PathLike, write_fn) -> None:
-    """Call ``write_fn(tmp_path)`` then atomically rename onto ``path`` (no torn files on crash).
-
-    The temporary file is fsynced before the rename and the parent directory after it, so that after a crash
-    ``path`` holds either its previous content or the complete new one.
-    """
-    path = Path(path)
-    _mkdir(path.parent)
-    tmp = _stage(path, write_fn)
-    try:
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    _fsync_dir(path.parent)
 
 
 # --------------------------------------------------------------------------- constructor-call recording
@@ -162,22 +87,22 @@ class HoformerModel(nn.Module):
         payload = json.dumps({"hoformer_version": _version(), **cfg, SAVE_ID_KEY: save_id}, indent=2,
                              sort_keys=True, default=_json_default)
         directory = Path(directory)
-        _mkdir(directory)
+        mkdir(directory)
         # safetensors refuses shared storage; clone so tied weights round-trip.
         state = {k: v.detach().contiguous().clone() for k, v in self.state_dict().items()}
         w_path, c_path = directory / WEIGHTS_NAME, directory / CONFIG_NAME
         staged: list[str] = []
         try:
-            staged.append(_stage(w_path, lambda p: save_file(state, p, metadata={"format": "pt",
+            staged.append(stage(w_path, lambda p: save_file(state, p, metadata={"format": "pt",
                                                                                  SAVE_ID_KEY: save_id})))
-            staged.append(_stage(c_path, lambda p: Path(p).write_text(payload)))
+            staged.append(stage(c_path, lambda p: Path(p).write_text(payload)))
             os.replace(staged[0], w_path)
             os.replace(staged[1], c_path)
         finally:
             for tmp in staged:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
-        _fsync_dir(directory)
+        fsync_dir(directory)
         return directory
 
 

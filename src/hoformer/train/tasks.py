@@ -11,13 +11,9 @@ stops early on it, the paper-protocol configs train their fixed epoch count.
 
 Support pieces used by the CLI and the configs: :class:`AtomicCheckpointIO` (checkpoints are written to a temporary
 file and renamed, so an interrupted save never leaves a torn ``.ckpt``), :class:`ExportPretrained` (writes the best
-checkpoint's model as ``save_pretrained`` safetensors + JSON at the end of ``fit``) and :func:`plot_forecast`.
-
-Every task (through :class:`~hoformer.train.base.TaskModule`) reseeds, at the start of each training epoch, the
-``RandomSampler``'s and the ``DataLoader``'s generators and the global RNGs (random / numpy / torch: dropout and
-augmentations) from ``(seed, epoch)``, and the project's training loaders start their iterator (and workers) only at the
-epoch's first batch; so a run resumed from an epoch-boundary checkpoint replays exactly the same batches, augmentations
-and dropout masks as an uninterrupted run (tested with ``num_workers`` 0 and 2).
+checkpoint's model as ``save_pretrained`` safetensors + JSON at the end of ``fit``), :class:`SavePredictions` (the
+outputs of ``hoformer predict``), :class:`CompileModel` (``torch.compile`` in place), :func:`checkpoint_callbacks`
+and :func:`plot_forecast`. Resumes are exact: see :meth:`~hoformer.train.base.TaskModule.on_train_epoch_start`.
 
 :class:`ForecastingTask` follows Time-Series-Library for the LTSF datamodule's options: with ``label_len > 0`` only the
 last ``pred_len`` target steps are scored, and with ``features="MS"`` (all variates in, the target out) the last output
@@ -40,7 +36,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection, SymmetricMeanAbsolutePercentageError
 from torchmetrics.classification import AUROC, Accuracy, MulticlassAccuracy, MulticlassJaccardIndex
 
-from hoformer.models.base import atomic_write
+from hoformer._io import atomic_write
 
 from .base import TaskModule, check_labels, integer_labels
 
@@ -76,6 +72,17 @@ class _HotTask(TaskModule):
     def _stage_metrics(self, make) -> None:
         self.metrics = torch.nn.ModuleDict({f"m_{s}": make(f"{s}/") for s in STAGES})  # "train" is a Module attr
 
+    def _model_classes(self) -> int:
+        n = getattr(self.model, "num_classes", None)
+        if n is None:
+            raise TypeError(f"{type(self).__name__}: model {self.hparams.model_name!r} has no `num_classes` (a "
+                            "classifier / segmenter is needed, see hoformer.models.list_models())")
+        return int(n)
+
+    def _predict_input(self, batch) -> torch.Tensor:
+        """The model input of a predict batch: the batch itself or the first entry of ``(x, y)``."""
+        return batch if isinstance(batch, torch.Tensor) else _unpack(batch, type(self).__name__)[0]
+
     def _log_metrics(self, stage: str, loss: torch.Tensor, batch_size: int) -> None:
         on_step = stage == "train"
         self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=True, batch_size=batch_size,
@@ -93,7 +100,7 @@ class ForecastingTask(_HotTask):
             :class:`~hoformer.train.base.TaskModule` (paper: Adam, lr 2e-4, weight decay in {0.01, 0.1, 0.3, 0.5}).
         loss: ``"mse"`` (the paper's L2 loss) or ``"mae"``.
         original_scale: also log ``{val,test}/{mse,mae}_orig`` on the original scale (needs a datamodule with
-            ``inverse_transform(array (..., C))``).
+            ``inverse_transform(tensor (..., C))``, called on the model's device, returning a tensor or an array).
         plot_variates: number of variates drawn in the test forecast PNG (0 disables it).
     """
 
@@ -164,15 +171,13 @@ class ForecastingTask(_HotTask):
         if fn is None:
             raise ValueError("ForecastingTask(original_scale=True) needs a datamodule with `inverse_transform`")
 
-        def inv(t: torch.Tensor) -> torch.Tensor:
-            out = fn(t.cpu().numpy())
-            return torch.as_tensor(np.asarray(out), dtype=torch.float32, device=t.device)
+        def inv(t: torch.Tensor) -> torch.Tensor:  # on the model's device: no host round trip per step
+            return torch.as_tensor(fn(t), dtype=torch.float32, device=t.device)
 
         return inv
 
     def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0):
-        x = batch if isinstance(batch, torch.Tensor) else _unpack(batch, type(self).__name__)[0]
-        return self.model(x)
+        return self.model(self._predict_input(batch))
 
     def on_test_epoch_start(self) -> None:
         self._plot_sample = None
@@ -218,8 +223,7 @@ class ClassificationTask(_HotTask):
         label_smoothing: float = 0.0,
     ) -> None:
         super().__init__(model_name, model_kwargs, lr, weight_decay, betas, warmup_steps, scheduler, min_lr_ratio)
-        n = int((model_kwargs or {}).get("num_classes", getattr(self.model, "num_classes", 2)))
-        self.num_classes = n
+        self.num_classes = n = self._model_classes()
         # validate_args=False: check_labels has validated the labels, and torchmetrics' own check (torch.unique +
         # a Python branch) would be a host sync per step on a GPU
         kw = {"validate_args": False}
@@ -252,8 +256,7 @@ class ClassificationTask(_HotTask):
         return loss
 
     def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0):
-        x = batch if isinstance(batch, torch.Tensor) else _unpack(batch, type(self).__name__)[0]
-        return self.model(x).softmax(-1)
+        return self.model(self._predict_input(batch)).softmax(-1)
 
 
 # ----------------------------------------------------------------------------------------------- segmentation
@@ -274,8 +277,7 @@ class SegmentationTask(_HotTask):
         ignore_index: int | None = None,
     ) -> None:
         super().__init__(model_name, model_kwargs, lr, weight_decay, betas, warmup_steps, scheduler, min_lr_ratio)
-        n = int((model_kwargs or {}).get("num_classes", getattr(self.model, "num_classes", 17)))
-        self.num_classes = n
+        self.num_classes = n = self._model_classes()
         self._stage_metrics(lambda p: MetricCollection({
             # validate_args=False: labels are validated by check_labels (torchmetrics' check syncs per step on GPU)
             "acc": MulticlassAccuracy(n, average="micro", ignore_index=ignore_index, validate_args=False),
@@ -298,8 +300,7 @@ class SegmentationTask(_HotTask):
         return loss
 
     def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0):
-        x = batch if isinstance(batch, torch.Tensor) else _unpack(batch, type(self).__name__)[0]
-        return self.model(x).argmax(1)
+        return self.model(self._predict_input(batch)).argmax(1)
 
 
 # ----------------------------------------------------------------------------------------------- run plumbing

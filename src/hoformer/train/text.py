@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
+from hoformer.data._utils import sha256sum
+
 from .base import TaskModule, check_labels
 
 __all__ = ["kd_loss", "TextClassificationTask", "teacher_logits_fingerprint"]
@@ -68,14 +70,6 @@ def kd_loss(student_logits: torch.Tensor, labels: torch.Tensor, teacher_logits: 
     kl = F.kl_div(F.log_softmax(student_logits.float() / t, -1), F.softmax(teacher_logits.float() / t, -1),
                   reduction="batchmean")
     return (1 - alpha) * ce + alpha * t * t * kl, ce, kl
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _ids_fingerprint(dataset) -> str:
@@ -189,7 +183,7 @@ class TextClassificationTask(TaskModule):
         fp = None
         if hp.teacher:
             tdir = Path(hp.teacher)
-            fp = {"teacher": _sha256(tdir / "model.safetensors"), "teacher_config": _sha256(tdir / "config.json"),
+            fp = {"teacher": sha256sum(tdir / "model.safetensors"), "teacher_config": sha256sum(tdir / "config.json"),
                   **data_fp}
         cached = {}
         if cache_path is not None and cache_path.is_file():
@@ -215,7 +209,7 @@ class TextClassificationTask(TaskModule):
             cached.update(self._run_teacher(Path(hp.teacher), dm, missing))
             cached["fingerprint"] = fp
             if cache_path is not None:
-                from hoformer.models.base import atomic_write
+                from hoformer._io import atomic_write
 
                 atomic_write(cache_path, lambda p: torch.save(cached, p))
         for s in ("train", "val", "test"):

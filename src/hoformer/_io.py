@@ -1,0 +1,86 @@
+"""Crash-safe file writes (weights, checkpoints, predictions, tokenizers, caches, figures, CSVs): :func:`atomic_write`
+for one file; :func:`stage` plus ``os.replace`` for files renamed together (``save_pretrained``)."""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+__all__ = ["atomic_write"]
+
+
+def _fsync_file(path: str | os.PathLike) -> None:
+    fd = os.open(path, os.O_RDWR)  # Windows refuses fsync on a read-only descriptor
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Persist a directory entry change (a rename). Best effort: some platforms (Windows) cannot open a directory."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _file_mode(path: Path) -> int:
+    """Permissions a plain ``open(path, "w")`` would leave: the existing file's, else ``0o666`` minus the umask
+    (``mkstemp`` creates its file ``0o600``, which teammates sharing a run directory could not read)."""
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        pass
+    try:  # Linux: read the umask without changing it (os.umask(0) would briefly affect every thread)
+        with open("/proc/self/status") as f:
+            umask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        umask = os.umask(0)
+        os.umask(umask)
+    return 0o666 & ~umask
+
+
+def stage(path: Path, write_fn: Callable[[str], Any]) -> str:
+    """Write a hidden temporary sibling of ``path`` with ``write_fn(tmp)`` and fsync it; returns the temporary path."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write_fn(tmp)
+        os.chmod(tmp, _file_mode(path))
+        _fsync_file(tmp)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp
+
+
+def mkdir(directory: Path) -> None:
+    created = not directory.is_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    if created:
+        fsync_dir(directory.parent)
+
+
+def atomic_write(path: str | os.PathLike, write_fn) -> None:
+    """Call ``write_fn(tmp_path)`` then atomically rename onto ``path`` (no torn files on crash).
+
+    The temporary file is fsynced before the rename and the parent directory after it, so that after a crash
+    ``path`` holds either its previous content or the complete new one.
+    """
+    path = Path(path)
+    mkdir(path.parent)
+    tmp = stage(path, write_fn)
+    try:
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    fsync_dir(path.parent)
