@@ -377,6 +377,30 @@ def test_torch_compile_treats_the_kernels_as_opaque_calls():
         torch.testing.assert_close(g, g0)
 
 
+def test_torch_compile_traces_the_linear_kernel_whole():
+    """The linear kernel is plain batched matmuls, so it is left to the compiler: a kronecker_linear layer (FAVOR+
+    features, product and sum) is one graph without breaks (with the kernel opaque: 3 graphs), and compiled (eager
+    backend) forward + backward equal the eager ones."""
+    import torch._dynamo as dynamo
+
+    from hoformer.layers import KroneckerAttention
+
+    x = torch.randn(2, 4, 5, 16, dtype=f64, requires_grad=True)
+    for combine in ("product", "sum"):
+        att = KroneckerAttention(16, 2, combine=combine, kernel="linear", num_modes=2).double()
+        dynamo.reset()
+        ex = dynamo.explain(att)(x)
+        assert (ex.graph_count, ex.graph_break_count) == (1, 0), (combine, ex.break_reasons)
+        dynamo.reset()
+        y = torch.compile(att, backend="eager")(x)
+        (g,) = torch.autograd.grad(y.square().sum(), x)
+        y0 = att(x)
+        (g0,) = torch.autograd.grad(y0.square().sum(), x)
+        torch.testing.assert_close(y, y0)
+        torch.testing.assert_close(g, g0)
+    dynamo.reset()
+
+
 def test_full_attention_scale_keyword():
     from hoformer.functional import full_attention
 

@@ -98,7 +98,9 @@ def _opaque_to_compile(fn: Callable) -> Callable:
     which ``import hoformer.models`` should not pay). Under torch.compile the hand-written kernels (workspace buffers
     written with ``out=``, ``data_ptr`` checks, host-side chunk loops and caches) then run as one opaque eager call
     each: one graph break per call instead of Dynamo tracing their Python internals (ten and more breaks per call,
-    cached index tensors baked into graphs)."""
+    cached index tensors baked into graphs). The linear kernel's plain batched matmuls (:func:`_kron_apply_cf`,
+    :func:`_kron_sum_ops`) are left to the compiler: a ``kronecker_linear`` layer compiles to one graph (CPU,
+    inductor: 0.64-0.69x the eager fwd+bwd time, against 0.86-1.01x with them opaque)."""
     disabled: list[Callable] = []
 
     @functools.wraps(fn)
@@ -110,7 +112,6 @@ def _opaque_to_compile(fn: Callable) -> Callable:
     return call
 
 
-@_opaque_to_compile
 def _kron_apply_cf(factors: list[Callable], vt: torch.Tensor, mode_sizes: Sequence[int]) -> torch.Tensor:
     """Product of operator-valued factors (the linear kernel) on a channels-first value ``vt (b, h, d, n1..nk)``;
     returns ``(b, h, n1..nk, d)``. ``factors[m]`` is a callable ``X (bh, P, n_m) -> (bh, n_m, P)`` computing
@@ -421,7 +422,6 @@ class _KronSumApply(torch.autograd.Function):
         return (gv, None, *gs)
 
 
-@_opaque_to_compile
 def _kron_sum_ops(ops, v: torch.Tensor) -> torch.Tensor:
     """Kronecker sum for operator-valued factors (the linear kernel): ``op(X (bh, P, n_m)) -> S_m X^T``."""
     out = None
