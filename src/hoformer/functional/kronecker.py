@@ -98,7 +98,7 @@ def _opaque_to_compile(fn: Callable) -> Callable:
     which ``import hoformer.models`` should not pay). Under torch.compile the hand-written kernels (workspace buffers
     written with ``out=``, ``data_ptr`` checks, host-side chunk loops and caches) then run as one opaque eager call
     each: one graph break per call instead of Dynamo tracing their Python internals (ten and more breaks per call,
-    cached index tensors baked into graphs). The linear kernel's plain batched matmuls (:func:`_kron_apply_cf`,
+    cached index tensors baked into graphs). The linear kernel's plain batched matmuls (:func:`_kron_apply_ops`,
     :func:`_kron_sum_ops`) are left to the compiler: a ``kronecker_linear`` layer compiles to one graph (CPU,
     inductor: 0.64-0.69x the eager fwd+bwd time, against 0.86-1.01x with them opaque)."""
     disabled: list[Callable] = []
@@ -112,7 +112,7 @@ def _opaque_to_compile(fn: Callable) -> Callable:
     return call
 
 
-def _kron_apply_cf(factors: list[Callable], vt: torch.Tensor, mode_sizes: Sequence[int]) -> torch.Tensor:
+def _kron_apply_ops(factors: list[Callable], vt: torch.Tensor, mode_sizes: Sequence[int]) -> torch.Tensor:
     """Product of operator-valued factors (the linear kernel) on a channels-first value ``vt (b, h, d, n1..nk)``;
     returns ``(b, h, n1..nk, d)``. ``factors[m]`` is a callable ``X (bh, P, n_m) -> (bh, n_m, P)`` computing
     ``S_m X^T`` (each step takes the last axis of a rotating layout and emits it first, so after ``k`` steps the
@@ -181,7 +181,7 @@ class _Workspace:
             buf = self.bufs[key] = self.like.new_empty(n)
         return buf[:n].view(shape)
 
-    def gather(self, key, src: torch.Tensor, shape) -> torch.Tensor:
+    def as_contiguous(self, key, src: torch.Tensor, shape) -> torch.Tensor:
         """``src`` reshaped to ``shape``: a view when ``src`` is contiguous, else a copy into a reused buffer."""
         if src.is_contiguous():
             return src.view(shape)
@@ -246,7 +246,7 @@ def _mode_gram(g: torch.Tensor, x: torch.Tensor, sizes: Sequence[int], m: int, o
     return torch.bmm(gu, xu.transpose(1, 2), out=out)
 
 
-def _write(dst: torch.Tensor, key, ws: _Workspace, shape) -> torch.Tensor:
+def _dst_buffer(dst: torch.Tensor, key, ws: _Workspace, shape) -> torch.Tensor:
     """Where a chunk result goes: straight into ``dst`` when it is contiguous, else into a buffer (then copied)."""
     return dst.view(shape) if dst.is_contiguous() else ws.get(key, shape)
 
@@ -285,9 +285,9 @@ class _KronApply(torch.autograd.Function):
         for bs, hs in _chunks(b, h, _chunk_pairs(v)):
             fs = _pair_factors(factors, bs, hs)
             shape = (fs[0].shape[0], *sizes, v.shape[-1])
-            x = ws.gather("x", v[bs, hs], shape)
+            x = ws.as_contiguous("x", v[bs, hs], shape)
             for m, s in enumerate(fs):
-                dst = _write(out[bs, hs], "y", ws, shape) if m == k - 1 else ws.get(("t", m % 2), shape)
+                dst = _dst_buffer(out[bs, hs], "y", ws, shape) if m == k - 1 else ws.get(("t", m % 2), shape)
                 x = _mode_mul(s, x, sizes, m, dst, ws)
             if x.data_ptr() != out[bs, hs].data_ptr():
                 out[bs, hs] = x.view(out[bs, hs].shape)
@@ -310,15 +310,15 @@ class _KronApply(torch.autograd.Function):
             fs = _pair_factors(factors, bs, hs)
             c = fs[0].shape[0]
             shape = (c, *sizes, v.shape[-1])
-            inputs = [ws.gather("x", v[bs, hs], shape)]
+            inputs = [ws.as_contiguous("x", v[bs, hs], shape)]
             for m in range(last):  # the input of every step whose factor needs a gradient
                 inputs.append(_mode_mul(fs[m], inputs[m], sizes, m, ws.get(("in", m), shape), ws))
-            g = ws.gather("g", gy[bs, hs], shape)
+            g = ws.as_contiguous("g", gy[bs, hs], shape)
             for m in reversed(range(k)):
                 if gs[m] is not None:
                     _mode_gram(g, inputs[m], sizes, m, gs[m][bs, hs].view(c, sizes[m], sizes[m]), ws)
                 if m or need_v:
-                    dst = _write(gv[bs, hs], "gv", ws, shape) if m == 0 else ws.get(("t", m % 2), shape)
+                    dst = _dst_buffer(gv[bs, hs], "gv", ws, shape) if m == 0 else ws.get(("t", m % 2), shape)
                     g = _mode_mul(fs[m].transpose(1, 2), g, sizes, m, dst, ws)
             if need_v and g.data_ptr() != gv[bs, hs].data_ptr():
                 gv[bs, hs] = g.view(gv[bs, hs].shape)
@@ -385,8 +385,8 @@ class _KronSumApply(torch.autograd.Function):
         """``dst = alpha * sum_m src x_m S_m`` (``S_m^T`` if ``transpose``) for one chunk ``(cb, ch, n1..nk, d)``."""
         sizes = src.shape[2:-1]
         shape = (fs[0].shape[0], *sizes, src.shape[-1])
-        x = ws.gather("x", src, shape)
-        y = _write(dst, "y", ws, shape)
+        x = ws.as_contiguous("x", src, shape)
+        y = _dst_buffer(dst, "y", ws, shape)
         for m, s in enumerate(fs):
             _mode_mul(s.transpose(1, 2) if transpose else s, x, sizes, m, y, ws, accumulate=m > 0)
         if alpha != 1.0:
@@ -413,7 +413,7 @@ class _KronSumApply(torch.autograd.Function):
                 continue
             c = fs[0].shape[0]
             shape = (c, *sizes, v.shape[-1])
-            gc, vc = ws.gather("g", g[bs, hs], shape), ws.gather("x", v[bs, hs], shape)
+            gc, vc = ws.as_contiguous("g", g[bs, hs], shape), ws.as_contiguous("x", v[bs, hs], shape)
             for m in range(len(fs)):
                 if gs[m] is not None:
                     d = _mode_gram(gc, vc, sizes, m, gs[m][bs, hs].view(c, sizes[m], sizes[m]), ws)
@@ -578,7 +578,7 @@ def kronecker_attention(
                          lambda: f", got a minimum of {min(min(fq.min(), fk.min()) for fq, fk in feats).item():.3g}")
         ops = [_linear_op(fq, fk, b, h, v.dtype) for fq, fk in feats]
         if combine == "product":
-            return _kron_apply_cf(ops, v.movedim(-1, 2), v.shape[2:-1])
+            return _kron_apply_ops(ops, v.movedim(-1, 2), v.shape[2:-1])
         return _kron_sum_ops(ops, v)
 
     factors = _mode_factors(q, k, scale, masks, score_fn)
