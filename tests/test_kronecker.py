@@ -443,3 +443,40 @@ def test_linear_factor_is_the_applied_operator_also_on_rows_without_mass():
     s = linear_factor(fq, fk)
     assert torch.isfinite(s).all() and (s[:, :, 1] == 0).all()
     torch.testing.assert_close(y, s @ v)
+
+
+def test_full_attention_zeroes_fully_masked_rows_whatever_sdpa_gives(monkeypatch):
+    """hoformer's masking rule does not rely on the SDPA kernel: kernels that give NaN on a row whose mask allows no
+    key (older torch, some GPU backends; this CPU build gives 0) still give zeros through ``sdpa`` /
+    ``full_attention``."""
+    import torch.nn.functional as F
+
+    import hoformer.functional.kronecker as kr
+    from hoformer.functional import full_attention
+
+    real = F.scaled_dot_product_attention
+
+    def nan_rows(q, k, v, attn_mask=None, **kw):
+        y = real(q, k, v, attn_mask=attn_mask, **kw)
+        return y if attn_mask is None else y.masked_fill(~attn_mask.any(-1, keepdim=True), float("nan"))
+
+    monkeypatch.setattr(kr.F, "scaled_dot_product_attention", nan_rows)
+    q, k, v = (torch.randn(2, 2, 3, 2, 4, dtype=f64) for _ in range(3))
+    mask = torch.ones(6, 6, dtype=torch.bool)
+    mask[3] = False
+    y = full_attention(q, k, v, mask=mask)
+    assert torch.isfinite(y).all()
+    assert (y.reshape(2, 2, 6, 4)[:, :, 3] == 0).all()
+    y2 = kr.sdpa(q.reshape(2, 2, 6, 4), k.reshape(2, 2, 6, 4), v.reshape(2, 2, 6, 4), mask=mask)
+    torch.testing.assert_close(y2, y.reshape(2, 2, 6, 4))
+
+
+def test_kron_apply_refuses_non_square_factors():
+    """Every factor must be square (n_m x n_m): a factor with the right last dim but the wrong number of rows is named
+    in a ValueError (product and sum), not a shape error deep in the kernel or a silently reshaped result."""
+    v = torch.randn(1, 2, 4, 5, 3, dtype=f64)
+    good = torch.softmax(torch.randn(1, 2, 5, 5, dtype=f64), -1)
+    for bad in (torch.rand(1, 2, 3, 4, dtype=f64), torch.rand(1, 2, 6, 4, dtype=f64)):
+        for fn in (kron_apply, kron_sum_apply):
+            with pytest.raises(ValueError, match=r"`factors\[0\]` must have shape \(B, H, 4, 4\)"):
+                fn([bad, good], v)

@@ -513,3 +513,26 @@ def test_sequential_axial_attention_normalises_every_modes_queries_and_keys():
                       att.extra[0](cur).view(*cur.shape[:-1], 3, att.heads, att.dim_head).unbind(-3))
         ref = att.out(along(att.q_norm(q2), att.k_norm(k2), v2, 1))
         torch.testing.assert_close(att(x), ref)
+
+
+@pytest.mark.parametrize("name", ["full", "axial", "divided"])
+def test_attn_dropout_also_applies_when_maps_are_returned(name):
+    """In training, ``attn_dropout`` drops attention weights on the explicit-maps path too (``return_attention`` or
+    recording), not only on the SDPA path; the returned maps are the weights before dropout."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4, 16)
+    no_attn = build_attention(name, 16, 2, dropout=0.0, attn_dropout=0.0).train()
+    with_attn = build_attention(name, 16, 2, dropout=0.0, attn_dropout=0.5).train()
+    with_attn.load_state_dict(no_attn.state_dict())
+    y0, maps0 = no_attn(x, return_attention=True)
+    y1, maps1 = with_attn(x, return_attention=True)
+    assert not torch.allclose(y1, y0)
+    torch.testing.assert_close(maps1[0], maps0[0])  # (later stages of divided see the dropped-out first stage)
+    torch.testing.assert_close(with_attn.eval()(x, return_attention=True)[0], y0)  # eval: no dropout
+
+
+def test_axial_attention_refuses_negative_modes():
+    with pytest.raises(ValueError, match="distinct non-negative"):
+        AxialAttention(8, 2, modes=(-1,))
+    with pytest.raises(ValueError, match="distinct non-negative"):
+        AxialAttention(8, 2, modes=(0, -2))

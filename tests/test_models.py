@@ -5,6 +5,8 @@ import inspect
 import json
 import os
 import re
+import stat
+import sys
 import warnings
 
 import pytest
@@ -396,6 +398,39 @@ def test_atomic_write_fsyncs_file_and_directory(tmp_path, monkeypatch):
     else:
         assert len(synced) >= 2
 
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX permission bits")
+def test_atomic_write_leaves_the_permissions_of_a_plain_open(tmp_path):
+    """A new file gets 0o666 minus the umask (not mkstemp's 0o600); a rewritten file keeps its own mode."""
+    from hoformer._io import atomic_write
+
+    old = os.umask(0o027)
+    try:
+        new = tmp_path / "new.txt"
+        atomic_write(new, lambda tmp: open(tmp, "w").write("a"))
+        assert stat.S_IMODE(new.stat().st_mode) == 0o640
+        kept = tmp_path / "kept.txt"
+        kept.write_text("old")
+        os.chmod(kept, 0o604)
+        atomic_write(kept, lambda tmp: open(tmp, "w").write("b"))
+        assert stat.S_IMODE(kept.stat().st_mode) == 0o604 and kept.read_text() == "b"
+    finally:
+        os.umask(old)
+
+
+def test_atomic_write_into_a_new_directory_persists_its_entry(tmp_path, monkeypatch):
+    """A directory created for the file is itself made durable: its parent is fsynced (then the new directory after
+    the rename); an existing directory's parent is not."""
+    import hoformer._io as io
+
+    synced = []
+    monkeypatch.setattr(io, "fsync_dir", lambda p: synced.append(os.fspath(p)))
+    io.atomic_write(tmp_path / "a" / "f.txt", lambda tmp: open(tmp, "w").write("x"))
+    assert synced == [os.fspath(tmp_path), os.fspath(tmp_path / "a")]
+    synced.clear()
+    io.atomic_write(tmp_path / "a" / "g.txt", lambda tmp: open(tmp, "w").write("y"))
+    assert synced == [os.fspath(tmp_path / "a")]
 
 # -------------------------------------------------------------------------------- HOT public API shapes
 @pytest.mark.parametrize("attention", FORECAST_ALL)

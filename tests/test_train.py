@@ -932,3 +932,66 @@ def test_atomic_checkpoint_io_refuses_storage_options(tmp_path):
     with pytest.raises(TypeError, match="storage_options"):
         AtomicCheckpointIO().save_checkpoint({"a": 1}, tmp_path / "x.ckpt", storage_options={"compress": True})
     assert not (tmp_path / "x.ckpt").exists()
+
+
+def test_compile_model_setup_passes_an_explicit_fallback_random(monkeypatch):
+    """An explicit ``fallback_random`` overrides the per-device default in ``setup``: off on CPU, on for a GPU; and
+    ``compile_kwargs`` itself refuses ``mode`` with ``options`` like the constructor."""
+    from types import SimpleNamespace
+
+    from hoformer.train import CompileModel
+
+    seen = {}
+    task = SimpleNamespace(model=torch.nn.Linear(2, 2))
+    monkeypatch.setattr(task.model, "compile", lambda **k: seen.update(k))
+    for device, choice, want in (("cpu", False, None), ("cuda", True, {"fallback_random": True})):
+        trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device(device)))
+        CompileModel(fallback_random=choice).setup(trainer, task, "fit")
+        assert seen["options"] == want, (device, choice)
+    with pytest.raises(ValueError, match="give `mode` or `options`, not both"):
+        CompileModel.compile_kwargs("cpu", mode="max-autotune", options={"epilogue_fusion": False})
+
+
+def test_predict_step_takes_a_bare_input_tensor():
+    """A predict batch may be the input tensor itself (no labels), an ``(x, y)`` pair or an ``{"x", "y"}`` dict:
+    the same predictions for every task."""
+    torch.manual_seed(0)
+    tasks = [
+        ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC)),
+        ClassificationTask("hot_volume_classifier", dict(input_size=8, patch_size=4, num_classes=3, dim=16,
+                                                         num_heads=2, depth=1)),
+        SegmentationTask("hot_segmenter", dict(in_channels=3, num_classes=5, input_size=16, patch_size=4, dim=16,
+                                               num_heads=2, depth=1)),
+    ]
+    for task in tasks:
+        task.eval()
+        (x,), _ = task.model.example_inputs(batch_size=3)
+        y = torch.zeros(3, dtype=torch.long)
+        with torch.no_grad():
+            bare = task.predict_step(x, 0)
+            for batch in ((x, y), [x, y], {"x": x, "y": y}):
+                assert torch.equal(task.predict_step(batch, 0), bare), type(task).__name__
+
+
+@pytest.mark.parametrize("as_numpy", [False, True])
+def test_original_scale_metrics_with_an_array_returning_inverse_transform(tmp_path, as_numpy):
+    """``inverse_transform`` gets a tensor on the model's device and may return a tensor or a numpy array: the
+    ``*_orig`` metrics are the same."""
+
+    class DM(LTSFDataModule):
+        def inverse_transform(self, data):
+            assert isinstance(data, torch.Tensor)
+            out = super().inverse_transform(data)
+            return out.cpu().numpy() if as_numpy else out
+
+    dm = DM(synthetic=True, synthetic_length=400, seq_len=32, pred_len=8, batch_size=8, eval_batch_size=16)
+    task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC),
+                           original_scale=True, plot_variates=0)
+    (res,) = quiet_trainer(tmp_path).test(task, dm, verbose=False)
+    ds = dm.dataset("test")
+    x = torch.stack([ds[i][0] for i in range(len(ds))]).double()
+    y = torch.stack([ds[i][1] for i in range(len(ds))]).double()
+    with torch.no_grad():
+        p = task.model.eval().double()(x)
+    std = torch.from_numpy(ds.std)
+    assert res["test/mae_orig"] == pytest.approx(((p - y) * std).abs().mean().item(), rel=1e-5)

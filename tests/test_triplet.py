@@ -447,3 +447,18 @@ def test_torch_compile_of_a_hoba_model_matches_eager():
     torch.testing.assert_close(y, y0)
     for a, b in zip(g, g0):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("scale,chunk", [(0.37, None), (1.3, 60)])
+def test_fast_gradients_use_the_given_scale(scale, chunk):
+    """The backward takes the forward's ``scale`` (folded into the queries), not the default ``D ** -0.5``: gradients
+    with a non-default scale equal the naive reference's (whole windows and row chunks)."""
+    torch.manual_seed(3)
+    x = _qkv(L=13, grad=True)
+    kw = dict(block_size=5, overlap=0.5, mask=_mask(2, 13, 2), scale=scale)
+    fast = triplet_attention(*x, **kw, **({} if chunk is None else {"chunk_elements": chunk}))
+    ref = triplet_attention_naive(*x, **kw)
+    torch.testing.assert_close(fast, ref, rtol=1e-10, atol=1e-12)
+    g = torch.randn_like(ref)
+    for a, r in zip(torch.autograd.grad(fast, x, g), torch.autograd.grad(ref, x, g)):
+        torch.testing.assert_close(a, r, rtol=1e-10, atol=1e-12)

@@ -381,12 +381,11 @@ class CompileModel(pl.Callback):
         known = torch._dynamo.list_backends(exclude_tags=())
         if backend not in known:
             raise ValueError(f"CompileModel: `backend` must be one of {sorted(known)}, got {backend!r}")
-        if mode is not None and options is not None:
-            raise ValueError("CompileModel: give `mode` or `options`, not both (torch.compile refuses the pair)")
         if fallback_random is not None and not isinstance(fallback_random, bool):
             raise TypeError(f"CompileModel: `fallback_random` must be a bool or None, got {fallback_random!r}")
         self.kwargs = dict(backend=backend, mode=mode, fullgraph=fullgraph, dynamic=dynamic, options=options)
         self.fallback_random = fallback_random
+        self.compile_kwargs("cpu", **self.kwargs)  # a bad combination fails here, not at setup
 
     @staticmethod
     def compile_kwargs(device: torch.device | str, backend: str = "inductor", mode: str | None = None,
@@ -395,6 +394,8 @@ class CompileModel(pl.Callback):
         """The :func:`torch.compile` keyword arguments for a model on ``device``: with Inductor and
         ``fallback_random`` (``None``: on CPU only), ``mode`` is spelled out as its options
         (``torch._inductor.list_mode_options``, what torch.compile does with it) plus ``fallback_random=True``."""
+        if mode is not None and options is not None:
+            raise ValueError("CompileModel: give `mode` or `options`, not both (torch.compile refuses the pair)")
         kwargs = dict(backend=backend, mode=mode, fullgraph=fullgraph, dynamic=dynamic, options=options)
         if fallback_random is None:
             fallback_random = torch.device(device).type == "cpu"
