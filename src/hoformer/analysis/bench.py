@@ -25,6 +25,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from hoformer._io import atomic_write
+
 from .flops import attention_flops, count_flops, hot_model_flops
 from .plots import fit_exponent, plot_scaling, require_matplotlib
 
@@ -238,8 +240,6 @@ def _strs(s: str) -> list[str]:
 
 
 def _to_csv(df, path: Path) -> None:
-    from hoformer._io import atomic_write
-
     atomic_write(path, lambda tmp: df.to_csv(tmp, index=False))
 
 

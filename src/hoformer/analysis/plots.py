@@ -12,6 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
+from hoformer._io import atomic_write
+
 __all__ = [
     "plot_mode_maps",
     "plot_stable_rank_curves",
@@ -50,8 +52,6 @@ def _np(a) -> np.ndarray:
 
 def _save(fig, path) -> Path:
     """Atomic PNG write (a crash never leaves a truncated figure), then the figure is closed."""
-    from hoformer._io import atomic_write
-
     path = Path(path)
     try:
         atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format=path.suffix.lstrip(".") or "png"))

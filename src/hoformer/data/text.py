@@ -44,6 +44,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from hoformer._checks import check_int, is_int
+from hoformer._io import atomic_write
 
 from ._base import SplitDataModule
 from ._utils import VERIFY_HINT, SchemaError, resolve_root, verify_file
@@ -302,8 +303,6 @@ class TextTokenizer:
                                 f" in {p}")
 
     def save(self, directory: str | os.PathLike) -> Path:
-        from hoformer._io import atomic_write
-
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         atomic_write(d / self.FILE, lambda tmp: self.tok.save(tmp))
@@ -558,8 +557,6 @@ class TextDataModule(SplitDataModule):
                 return TextTokenizer.from_pretrained(d)
         tok = TextTokenizer.train(train_texts, vocab_size=self.vocab_size)
         if d is not None:
-            from hoformer._io import atomic_write
-
             tok.save(d)
             atomic_write(d / "tokenizer_meta.json", lambda tmp: Path(tmp).write_text(json.dumps(meta)))
         return tok

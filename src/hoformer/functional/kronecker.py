@@ -642,7 +642,8 @@ def full_attention(
 
 def sdpa(q, k, v, *, mask=None, scale=None, dropout_p=0.0) -> torch.Tensor:
     """``F.scaled_dot_product_attention`` over the second-to-last dim (unchecked), with hoformer's masking rule: a
-    row whose ``mask`` allows no key gives zeros (SDPA gives NaN there), as in the Kronecker path."""
+    row whose ``mask`` allows no key gives zeros (some SDPA kernels and torch versions give NaN there), as in the
+    Kronecker path."""
     y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
     return y if mask is None else y.masked_fill(~mask.any(-1, keepdim=True), 0.0)
 

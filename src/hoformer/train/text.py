@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
+from hoformer._io import atomic_write
 from hoformer.data._utils import sha256sum
 
 from .base import TaskModule, check_labels
@@ -209,8 +210,6 @@ class TextClassificationTask(TaskModule):
             cached.update(self._run_teacher(Path(hp.teacher), dm, missing))
             cached["fingerprint"] = fp
             if cache_path is not None:
-                from hoformer._io import atomic_write
-
                 atomic_write(cache_path, lambda p: torch.save(cached, p))
         for s in ("train", "val", "test"):
             t = cached[s]
