@@ -851,6 +851,7 @@ def test_compile_model_callback_trains_like_eager_and_keeps_checkpoints_plain(tm
         assert all(k.startswith("model.") and "_orig_mod" not in k for k in states[name])
         assert from_pretrained(export.path).state_dict().keys() == task.model.state_dict().keys()
         assert (task.model._compiled_call_impl is not None) == (name == "compiled")
+        assert (task.example_input_array is None) == (name == "compiled")  # no batch-1 summary graph to compile
     for k, v in states["eager"].items():
         torch.testing.assert_close(states["compiled"][k], v, rtol=1e-4, atol=1e-5, msg=k)
     torch._dynamo.reset()
@@ -995,3 +996,34 @@ def test_original_scale_metrics_with_an_array_returning_inverse_transform(tmp_pa
         p = task.model.eval().double()(x)
     std = torch.from_numpy(ds.std)
     assert res["test/mae_orig"] == pytest.approx(((p - y) * std).abs().mean().item(), rel=1e-5)
+
+
+def test_every_task_gives_lightning_a_one_sample_input():
+    """``example_input_array`` is one sample of the model's own ``example_inputs``: Lightning's model summary lists
+    input / output sizes and the FLOPs of a forward (it printed "Total FLOPs: 0"), and the summary's forward leaves
+    the model in training mode."""
+    from lightning.pytorch.utilities.model_summary import ModelSummary
+
+    from hoformer.train.text import TextClassificationTask
+    from hoformer.train.traffic import TrafficForecastingTask
+
+    tasks = [
+        ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC)),
+        ClassificationTask("hot_volume_classifier", dict(input_size=8, patch_size=4, num_classes=3, dim=16,
+                                                         num_heads=2, depth=1)),
+        SegmentationTask("hot_segmenter", dict(in_channels=3, num_classes=5, input_size=16, patch_size=4, dim=16,
+                                               num_heads=2, depth=1)),
+        TextClassificationTask("hoba_classifier", dict(vocab_size=100, num_classes=2, max_len=32, dim=16,
+                                                       num_heads=2, depth=1)),
+        TrafficForecastingTask("weaver", dict(num_nodes=5, dim=16, num_heads=4)),
+    ]
+    for task in tasks:
+        name = type(task).__name__
+        x = task.example_input_array
+        first = x if isinstance(x, torch.Tensor) else next(iter(x.values() if isinstance(x, dict) else x))
+        assert first.shape[0] == 1, name
+        summary = ModelSummary(task, max_depth=1)
+        assert summary.total_flops > 0, name
+        assert summary.in_sizes[0] != "?" and summary.out_sizes[0] != "?", name
+        assert task.model.training, name
+

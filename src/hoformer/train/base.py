@@ -8,6 +8,7 @@ resumed from an epoch-boundary checkpoint continues exactly.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import random
@@ -47,6 +48,15 @@ def integer_labels(y: torch.Tensor, fn: str, expected: str) -> torch.Tensor:
     return y.long()
 
 
+def _one_sample_input(model) -> Any:
+    """A one-sample input of ``model`` (its ``example_inputs``) as ``LightningModule.example_input_array``: Lightning's
+    model summary then lists input / output sizes and the FLOPs of one forward instead of "Total FLOPs: 0"."""
+    args, kwargs = model.example_inputs(batch_size=1)
+    if kwargs:
+        return dict(inspect.signature(model.forward).bind(*args, **kwargs).arguments)
+    return args[0] if len(args) == 1 else tuple(args)
+
+
 class TaskModule(L.LightningModule):
     """Base task.
 
@@ -74,6 +84,7 @@ class TaskModule(L.LightningModule):
             raise ValueError(f"scheduler must be 'cosine' or 'constant', got {scheduler!r}")
         self.save_hyperparameters()
         self.model = create_model(model_name, **(model_kwargs or {}))
+        self.example_input_array = _one_sample_input(self.model)
 
     def forward(self, *args, **kwargs):
         return self.model(*args, **kwargs)

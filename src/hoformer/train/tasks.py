@@ -412,6 +412,9 @@ class CompileModel(pl.Callback):
             raise TypeError(f"CompileModel: {type(pl_module).__name__} has no `model` module to compile")
         model.compile(**self.compile_kwargs(trainer.strategy.root_device, **self.kwargs,
                                             fallback_random=self.fallback_random))
+        # Lightning's model summary would run the one-sample example through the compiled model: an extra batch-1
+        # eval graph to compile, and a batch-size change that turns on dynamic shapes for the training graphs
+        pl_module.example_input_array = None
 
 
 class SavePredictions(BasePredictionWriter):
