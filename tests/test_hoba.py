@@ -683,6 +683,10 @@ def test_shared_step_uses_teacher_rows_of_the_batch_indices(tmp_path):
     with pytest.raises(ValueError, match="init_head_from_teacher=True needs init_embeddings_from"):
         task(init_head_from_teacher=True)
     t._teacher_splits(("train",))
+    # distinct rows per example: a random tiny teacher gives nearly the same logits for every input, which made the
+    # wrong-rows check below pass or fail with the student's random init
+    cache = t.teacher_cache["train"]
+    t.teacher_cache["train"] = 3 * torch.randn(cache.shape, generator=torch.Generator().manual_seed(0))
     from hoformer.data.text import collate_text
 
     ds = dm.datasets["train"]

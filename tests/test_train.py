@@ -1026,4 +1026,13 @@ def test_every_task_gives_lightning_a_one_sample_input():
         assert summary.total_flops > 0, name
         assert summary.in_sizes[0] != "?" and summary.out_sizes[0] != "?", name
         assert task.model.training, name
+    from hoformer.models import create_model
+
+    kw = dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC)
+    draws = []
+    for build in (lambda: create_model("hot_forecaster", **kw), lambda: ForecastingTask("hot_forecaster", kw)):
+        torch.manual_seed(0)
+        build()
+        draws.append(torch.rand(3))
+    torch.testing.assert_close(draws[1], draws[0])  # the random example input does not move the global RNG
 

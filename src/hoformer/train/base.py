@@ -51,7 +51,8 @@ def integer_labels(y: torch.Tensor, fn: str, expected: str) -> torch.Tensor:
 def _one_sample_input(model) -> Any:
     """A one-sample input of ``model`` (its ``example_inputs``) as ``LightningModule.example_input_array``: Lightning's
     model summary then lists input / output sizes and the FLOPs of one forward instead of "Total FLOPs: 0"."""
-    args, kwargs = model.example_inputs(batch_size=1)
+    with torch.random.fork_rng(devices=[]):  # building a task must not move the global RNG (random example data)
+        args, kwargs = model.example_inputs(batch_size=1)
     if kwargs:
         return dict(inspect.signature(model.forward).bind(*args, **kwargs).arguments)
     return args[0] if len(args) == 1 else tuple(args)
