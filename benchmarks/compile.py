@@ -10,8 +10,8 @@ are timed round-robin and the minimum over ``--reps`` rounds is kept, so load ch
 the table prints the ratio compiled / eager and the one-off compile time (first compiled step minus one eager step).
 The models are compiled with the arguments ``hoformer.train.CompileModel`` would use (``--fallback-random auto``:
 Inductor's dropout masks from ATen's random ops on CPU, its own generated ones elsewhere).
-The Kronecker and triplet kernels stay opaque eager calls under compile (``torch.compiler.disable``): the compiler
-fuses the projections, norms, MLPs and softmaxes around them.
+The softmax Kronecker and the triplet kernels stay opaque eager calls under compile (``torch.compiler.disable``):
+the compiler fuses the projections, norms, MLPs and softmaxes around them.
 """
 from __future__ import annotations
 

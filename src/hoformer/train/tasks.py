@@ -359,8 +359,9 @@ class CompileModel(pl.Callback):
         hoformer fit --config C.yaml --trainer.callbacks+=hoformer.train.CompileModel [--trainer.callbacks.mode=max-autotune]
 
     Compiles in place (``nn.Module.compile``), so the state-dict keys, checkpoints, resumes, EMA and
-    ``save_pretrained`` are those of the uncompiled model. The Kronecker and triplet kernels stay opaque eager calls
-    (``torch.compiler.disable``); the compiler fuses the projections, norms, MLPs and softmaxes around them.
+    ``save_pretrained`` are those of the uncompiled model. The softmax Kronecker and the triplet kernels stay opaque
+    eager calls (``torch.compiler.disable``; the linear Kronecker kernel is traced); the compiler fuses the
+    projections, norms, MLPs and softmaxes around them.
 
     Args: ``backend``, ``mode``, ``fullgraph``, ``dynamic``, ``options`` as in :func:`torch.compile`
     (``backend="aot_eager"`` needs no C++ toolchain). ``fallback_random``: Inductor draws dropout masks with ATen's
