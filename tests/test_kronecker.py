@@ -355,6 +355,19 @@ def test_masked_softmax_rule():
             masked_softmax(logits, bad)
 
 
+def _assert_compiled_matches_eager(fn, x):
+    """``torch.compile(fn, backend="eager")`` (Dynamo only, no C++ toolchain) gives eager's output and input gradient."""
+    import torch._dynamo as dynamo
+
+    dynamo.reset()
+    y = torch.compile(fn, backend="eager")(x)
+    (g,) = torch.autograd.grad(y.square().sum(), x)
+    y0 = fn(x)
+    (g0,) = torch.autograd.grad(y0.square().sum(), x)
+    torch.testing.assert_close(y, y0)
+    torch.testing.assert_close(g, g0)
+
+
 def test_torch_compile_treats_the_kernels_as_opaque_calls():
     """Under torch.compile the hand-written kernels are one opaque eager call each (torch.compiler.disable): the
     softmax path of kronecker_attention is a single graph plus that call, and compiled (eager backend: Dynamo only,
@@ -368,13 +381,7 @@ def test_torch_compile_treats_the_kernels_as_opaque_calls():
             return kronecker_attention(q, k, v, combine=combine)
 
         assert dynamo.explain(fn)(v).graph_count == 1, combine
-        dynamo.reset()
-        y = torch.compile(fn, backend="eager")(v)
-        (g,) = torch.autograd.grad(y.square().sum(), v)
-        y0 = fn(v)
-        (g0,) = torch.autograd.grad(y0.square().sum(), v)
-        torch.testing.assert_close(y, y0)
-        torch.testing.assert_close(g, g0)
+        _assert_compiled_matches_eager(fn, v)
 
 
 def test_torch_compile_traces_the_linear_kernel_whole():
@@ -391,13 +398,7 @@ def test_torch_compile_traces_the_linear_kernel_whole():
         dynamo.reset()
         ex = dynamo.explain(att)(x)
         assert (ex.graph_count, ex.graph_break_count) == (1, 0), (combine, ex.break_reasons)
-        dynamo.reset()
-        y = torch.compile(att, backend="eager")(x)
-        (g,) = torch.autograd.grad(y.square().sum(), x)
-        y0 = att(x)
-        (g0,) = torch.autograd.grad(y0.square().sum(), x)
-        torch.testing.assert_close(y, y0)
-        torch.testing.assert_close(g, g0)
+        _assert_compiled_matches_eager(att, x)
     dynamo.reset()
 
 

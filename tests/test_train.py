@@ -953,18 +953,22 @@ def test_compile_model_setup_passes_an_explicit_fallback_random(monkeypatch):
         CompileModel.compile_kwargs("cpu", mode="max-autotune", options={"epilogue_fusion": False})
 
 
-def test_predict_step_takes_a_bare_input_tensor():
-    """A predict batch may be the input tensor itself (no labels), an ``(x, y)`` pair or an ``{"x", "y"}`` dict:
-    the same predictions for every task."""
-    torch.manual_seed(0)
-    tasks = [
+def _tiny_hot_tasks() -> list:
+    """One tiny task of each HOT kind: forecasting, 3D classification, segmentation."""
+    return [
         ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC)),
         ClassificationTask("hot_volume_classifier", dict(input_size=8, patch_size=4, num_classes=3, dim=16,
                                                          num_heads=2, depth=1)),
         SegmentationTask("hot_segmenter", dict(in_channels=3, num_classes=5, input_size=16, patch_size=4, dim=16,
                                                num_heads=2, depth=1)),
     ]
-    for task in tasks:
+
+
+def test_predict_step_takes_a_bare_input_tensor():
+    """A predict batch may be the input tensor itself (no labels), an ``(x, y)`` pair or an ``{"x", "y"}`` dict:
+    the same predictions for every task."""
+    torch.manual_seed(0)
+    for task in _tiny_hot_tasks():
         task.eval()
         (x,), _ = task.model.example_inputs(batch_size=3)
         y = torch.zeros(3, dtype=torch.long)
@@ -1007,12 +1011,7 @@ def test_every_task_gives_lightning_a_one_sample_input():
     from hoformer.train.text import TextClassificationTask
     from hoformer.train.traffic import TrafficForecastingTask
 
-    tasks = [
-        ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC)),
-        ClassificationTask("hot_volume_classifier", dict(input_size=8, patch_size=4, num_classes=3, dim=16,
-                                                         num_heads=2, depth=1)),
-        SegmentationTask("hot_segmenter", dict(in_channels=3, num_classes=5, input_size=16, patch_size=4, dim=16,
-                                               num_heads=2, depth=1)),
+    tasks = _tiny_hot_tasks() + [
         TextClassificationTask("hoba_classifier", dict(vocab_size=100, num_classes=2, max_len=32, dim=16,
                                                        num_heads=2, depth=1)),
         TrafficForecastingTask("weaver", dict(num_nodes=5, dim=16, num_heads=4)),

@@ -101,9 +101,11 @@ def test_fast_matches_naive_fp64_with_grads(L, b, ov, pad, chunk):
 
         w = _window_index(L, b, ov, torch.device("cpu")).shape[0]
         assert _tile_rows(2 * 2 * w, b, 4, chunk) == ((1, 2) if chunk == 60 else (3, b)) and (2 * 2 * w) % 3
-    x = _qkv(L=L, grad=True)
-    m = _mask(2, L, pad)
-    kw = dict(block_size=b, overlap=ov, mask=m)
+    _assert_fast_matches_naive(_qkv(L=L, grad=True), chunk, block_size=b, overlap=ov, mask=_mask(2, L, pad))
+
+
+def _assert_fast_matches_naive(x, chunk, **kw):
+    """Outputs and the five input gradients of the fast kernel (``chunk_elements=chunk``) equal the naive reference."""
     fast = triplet_attention(*x, **kw, **({} if chunk is None else {"chunk_elements": chunk}))
     ref = triplet_attention_naive(*x, **kw)
     torch.testing.assert_close(fast, ref, rtol=1e-10, atol=1e-12)
@@ -454,11 +456,5 @@ def test_fast_gradients_use_the_given_scale(scale, chunk):
     """The backward takes the forward's ``scale`` (folded into the queries), not the default ``D ** -0.5``: gradients
     with a non-default scale equal the naive reference's (whole windows and row chunks)."""
     torch.manual_seed(3)
-    x = _qkv(L=13, grad=True)
-    kw = dict(block_size=5, overlap=0.5, mask=_mask(2, 13, 2), scale=scale)
-    fast = triplet_attention(*x, **kw, **({} if chunk is None else {"chunk_elements": chunk}))
-    ref = triplet_attention_naive(*x, **kw)
-    torch.testing.assert_close(fast, ref, rtol=1e-10, atol=1e-12)
-    g = torch.randn_like(ref)
-    for a, r in zip(torch.autograd.grad(fast, x, g), torch.autograd.grad(ref, x, g)):
-        torch.testing.assert_close(a, r, rtol=1e-10, atol=1e-12)
+    _assert_fast_matches_naive(_qkv(L=13, grad=True), chunk, block_size=5, overlap=0.5, mask=_mask(2, 13, 2),
+                               scale=scale)
