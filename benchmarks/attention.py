@@ -1,6 +1,7 @@
 """Speed and memory of KroneckerAttention vs the paper-equation baseline, full and axial attention.
 
 Run:  .venv/bin/python benchmarks/attention.py [--device cuda] [--batch 32] [--reps 3] [--quick]
+                                               [--variants paper_product kron_linear kron_linear_assoc ...]
 
 Everything is measured side by side in one run and reported as ratios (machines are noisy). Peak memory is the
 CUDA allocator's peak on GPU; on CPU it is the peak of live tensor bytes reconstructed from the profiler's
@@ -15,12 +16,14 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from unittest import mock
 
 import torch
 from torch import nn
 
 from hoformer.analysis.bench import peak_memory
 from hoformer.analysis.flops import count_executed_flops, count_flops
+from hoformer.functional import kronecker as kronecker_module
 from hoformer.functional import kronecker_attention
 from hoformer.layers import AxialAttention, FullAttention, KroneckerAttention
 
@@ -57,6 +60,19 @@ class PaperKronecker(nn.Module):
         if self.combine == "sum":
             out = out / k
         return self.wo(out.reshape(*x.shape))
+
+
+class AssociativeLinear(nn.Module):
+    """``kron_linear`` with every factor applied by associativity, ``phi(q_i) (phi(k_i)^T X)`` (the only route before
+    the kernel learnt to form short modes' factors): what the routing buys, measured in the same run."""
+
+    def __init__(self, dim, heads, num_modes, combine="product"):
+        super().__init__()
+        self.inner = KroneckerAttention(dim, heads, combine=combine, kernel="linear", num_modes=num_modes)
+
+    def forward(self, x):
+        with mock.patch.object(kronecker_module, "forms_linear_factor", lambda n, f, p: False):
+            return self.inner(x)
 
 
 def _time_once(fn, device) -> float:
@@ -102,6 +118,9 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--quick", action="store_true", help="batch 4, 2 reps, skip full attention at 4096 tokens")
+    ap.add_argument("--variants", nargs="+", default=None, metavar="NAME",
+                    help="only these rows (the paper baselines the ratios need are always run); default: all")
+    ap.add_argument("--no-core", action="store_true", help="skip the functional-core throughput at the largest shape")
     args = ap.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     if args.quick:
@@ -124,11 +143,18 @@ def main():
             "kron_product": KroneckerAttention(dim, heads, combine="product", num_modes=k),
             "kron_sum": KroneckerAttention(dim, heads, combine="sum", num_modes=k),
             "kron_linear": KroneckerAttention(dim, heads, kernel="linear", num_modes=k),
+            "kron_linear_sum": KroneckerAttention(dim, heads, combine="sum", kernel="linear", num_modes=k),
+            "kron_linear_assoc": AssociativeLinear(dim, heads, k),
             "full": FullAttention(dim, heads),
             "axial": AxialAttention(dim, heads),
         }
         if args.quick and math.prod(sizes) > 1024:
             variants.pop("full")
+        if args.variants:
+            unknown = set(args.variants) - set(variants) - ({"full"} if args.quick else set())
+            if unknown:
+                ap.error(f"--variants: unknown {sorted(unknown)}; choose from {sorted(variants)}")
+            variants = {n: m for n, m in variants.items() if n in {"paper_product", "paper_sum", *args.variants}}
         steps, clears = {}, {}
         for name, mod in variants.items():
             mod = mod.to(device=device, dtype=dtype)
@@ -148,13 +174,17 @@ def main():
             clears[name]()  # the previous call's gradients would be freed inside the measured call (CUDA)
             res[name] = (times[name], peak_memory(fn, device), count_executed_flops(fn))
         for name, (t, mem, fl) in res.items():
-            base = res["paper_sum" if name == "kron_sum" else "paper_product"]
+            base = res["paper_sum" if name.endswith("_sum") else "paper_product"]
             print(f"{str(sizes):>14} {name:>18} {t * 1e3:11.1f} {mem / 2**20:9.1f} {fl / t / 1e9:8.1f} "
                   f"{t / base[0]:8.2f} {mem / max(base[1], 1):9.2f} {fl / base[2]:10.2f}")
-        if "full" in res:
+        if "full" in res and "kron_product" in res and "kron_sum" in res:
             summary.append((sizes, res["full"][0] / res["kron_product"][0], res["full"][0] / res["kron_sum"][0]))
         print()
 
+    for sizes, rp, rs in summary:
+        print(f"full / kronecker time at {sizes}: product {rp:.1f}x, sum {rs:.1f}x")
+    if args.no_core:
+        return
     # functional core throughput at the largest shape: pooled q/k given, fwd+bwd of kronecker_attention
     sizes, dim, heads = SHAPES[-1]
     e = dim // heads
@@ -180,8 +210,6 @@ def main():
         print(f"functional core {combine:>7} at {sizes} (B={args.batch}, H={heads}, E={e}): {t * 1e3:.1f} ms, "
               f"useful {useful / t / 1e9:.1f} GFLOP/s = {useful / t / 1e9 / peak:.0%} of matmul peak "
               f"(executed incl. recompute: {executed / t / 1e9:.1f} GFLOP/s = {executed / t / 1e9 / peak:.0%})")
-    for sizes, rp, rs in summary:
-        print(f"full / kronecker time at {sizes}: product {rp:.1f}x, sum {rs:.1f}x")
 
 
 if __name__ == "__main__":

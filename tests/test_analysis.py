@@ -139,6 +139,17 @@ def test_attention_flops_match_flop_counter(kind):
     assert attention_flops(kind, (3, 5, 6), 32, 4, batch=2, projections=False)["total"] == got["scores"] + got["apply"]
 
 
+def test_linear_attention_flops_follow_the_kernels_route():
+    """kronecker_linear forms short modes' factors and applies long ones by associativity: a (40, 3) input mixes the
+    two routes (40 x 3 x 8-dim heads, 16 features: mode 0 associative, mode 1 formed) and the count follows both."""
+    from hoformer.functional.kronecker import forms_linear_factor
+
+    assert not forms_linear_factor(40, 16, 3 * 8) and forms_linear_factor(3, 16, 40 * 8)
+    for sizes in ((40, 3), (3, 40), (40,), (3, 5, 6)):
+        layer, x = build_attention("kronecker_linear", 32, 4).eval(), torch.randn(2, *sizes, 32)
+        assert attention_flops("kronecker_linear", sizes, 32, 4, batch=2)["total"] == count_flops(layer, x), sizes
+
+
 @pytest.mark.parametrize("name,kind,kw", [("hoba", "hoba", {}), ("block2d", "block2d", {}), ("full2d", "full2d", {}),
                                           ("triplet_full", "triplet", {"block_size": None})])
 def test_text_attention_flops_match_flop_counter(name, kind, kw):

@@ -150,20 +150,90 @@ def test_masks_and_fully_masked_rows():
         assert (y[0, :, 1] == 0).all()
 
 
-@pytest.mark.parametrize("sizes", [(5,), (3, 4), (2, 3, 4)])
+def _linear_ref(q, k, masks):
+    """Dense linear-kernel factors: ``A = phi(q) phi(k)^T`` with masked entries 0, rows normalised (0 if empty)."""
+    fs = []
+    for qi, ki, m in zip(q, k, masks):
+        a = elu_feature_map(qi) @ elu_feature_map(ki).transpose(-1, -2)
+        a = a if m is None else torch.where(m, a, 0.0)
+        s = a.sum(-1, keepdim=True)
+        fs.append(torch.where(s > 0, a / s, 0.0))
+    return fs
+
+
+_ROUTES = {"explicit": lambda n, f, p: True, "associative": lambda n, f, p: False,
+           "mixed": lambda n, f, p: n <= 3, "cost": None}
+
+
+@pytest.mark.parametrize("sizes", [(5,), (3, 4), (2, 3, 4), (3, 13)])
 @pytest.mark.parametrize("combine", ["product", "sum"])
-def test_linear_kernel_equals_dense_phi(sizes, combine):
+@pytest.mark.parametrize("route", list(_ROUTES))
+def test_linear_kernel_equals_dense_phi(monkeypatch, sizes, combine, route):
+    """Whichever way each factor is applied (formed and applied by the cache-blocked kernels, by associativity, a mix
+    of both, or as the cost rule picks), the linear kernel is the dense row-normalised ``phi(q_i) phi(k_i)^T``."""
+    from hoformer.functional import kronecker as kr
+
+    if _ROUTES[route] is not None:
+        monkeypatch.setattr(kr, "forms_linear_factor", _ROUTES[route])
     q, k = _pooled_qk(sizes)
     v = torch.randn(2, 3, *sizes, 2, dtype=f64)
-    y = kronecker_attention(q, k, v, combine=combine, kernel="linear")
-    fs = []
-    for qi, ki in zip(q, k):
-        a = elu_feature_map(qi) @ elu_feature_map(ki).transpose(-1, -2)
-        fs.append(a / a.sum(-1, keepdim=True))
-    dense = kron_dense(fs) if combine == "product" else kron_sum_dense(fs, normalize=True)
+    y, fs = kronecker_attention(q, k, v, combine=combine, kernel="linear", return_factors=True)
+    ref = _linear_ref(q, k, [None] * len(sizes))
+    for a, r in zip(fs, ref, strict=True):
+        torch.testing.assert_close(a, r)
+    dense = kron_dense(ref) if combine == "product" else kron_sum_dense(ref, normalize=True)
+    torch.testing.assert_close(dense.sum(-1), torch.ones(dense.shape[:-1], dtype=f64))  # row-stochastic (Thm 4.1)
     torch.testing.assert_close(y, _dense_apply(dense, v))
-    with pytest.raises(ValueError, match="masks"):
-        kronecker_attention(q, k, v, kernel="linear", masks=[torch.ones(n, n, dtype=torch.bool) for n in sizes])
+    torch.testing.assert_close(kronecker_attention(q, k, v, combine=combine, kernel="linear"), y)
+
+
+@pytest.mark.parametrize("combine", ["product", "sum"])
+@pytest.mark.parametrize("route", ["cost", "associative"])
+def test_linear_kernel_masks_and_fully_masked_rows(monkeypatch, combine, route):
+    """Per-mode masks with the linear kernel (any bool pattern: a masked mode's factor is formed, whatever the cost
+    rule says about the others): masked entries of ``phi(q) phi(k)^T`` are 0 before the row normalisation, a query
+    whose keys are all masked gives zeros, and the gradients equal the dense computation's."""
+    from hoformer.functional import kronecker as kr
+
+    if _ROUTES[route] is not None:
+        monkeypatch.setattr(kr, "forms_linear_factor", _ROUTES[route])
+    sizes = (4, 5, 3)
+    q, k = _pooled_qk(sizes)
+    for t in (*q, *k):
+        t.requires_grad_(True)
+    v = torch.randn(2, 3, *sizes, 3, dtype=f64, requires_grad=True)
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    pad = torch.ones(2, 1, 4, 4, dtype=torch.bool)
+    pad[0, :, 1, :] = False  # query 1 of sample 0 may attend nothing
+    pad[1, :, :, 2] = False  # key 2 of sample 1 is padding
+    masks = [pad, causal, None]
+    y, fs = kronecker_attention(q, k, v, combine=combine, kernel="linear", masks=masks, return_factors=True)
+    ref = _linear_ref(q, k, masks)
+    for a, r in zip(fs, ref, strict=True):
+        torch.testing.assert_close(a, r)
+    assert (fs[1].triu(1) == 0).all() and (fs[0][1, :, :, 2] == 0).all()
+    assert (fs[0][0, :, 1] == 0).all() and (fs[1].sum(-1) > 0.999).all()
+    dense = kron_dense(ref) if combine == "product" else kron_sum_dense(ref, normalize=True)
+    want = _dense_apply(dense, v)
+    torch.testing.assert_close(y, want)
+    if combine == "product":
+        assert (y[0, :, 1] == 0).all(), "a fully masked query row gives zeros"
+    g = torch.randn_like(y)
+    got = torch.autograd.grad((y * g).sum(), [*q, *k, v])
+    exp = torch.autograd.grad((want * g).sum(), [*q, *k, v])
+    for a, b in zip(got, exp):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b)
+
+
+def test_linear_kernel_cost_rule():
+    """The factor of a mode is formed when ``2 n^2 (f + p)`` flops (form, apply) are at most the ``4 n f p`` of the
+    associative route: short modes (HOT's 7-32) with many random features are formed, a long mode is not."""
+    from hoformer.functional.kronecker import forms_linear_factor
+
+    assert forms_linear_factor(16, 44, 4096) and forms_linear_factor(32, 64, 24 * 16)
+    assert not forms_linear_factor(512, 16, 4 * 16) and not forms_linear_factor(96, 16, 7 * 16)
+    assert forms_linear_factor(16, 10, 40) and not forms_linear_factor(17, 10, 40)  # the boundary: n (f + p) = 2 f p
 
 
 def test_gradcheck_product_sum_linear():
@@ -171,8 +241,11 @@ def test_gradcheck_product_sum_linear():
     q = [torch.randn(1, 2, n, 3, dtype=f64, requires_grad=True) for n in sizes]
     k = [torch.randn(1, 2, n, 3, dtype=f64, requires_grad=True) for n in sizes]
     v = torch.randn(1, 2, *sizes, 2, dtype=f64, requires_grad=True)
-    for combine, kernel in [("product", "softmax"), ("sum", "softmax"), ("product", "linear")]:
-        fn = lambda *a: kronecker_attention(list(a[:2]), list(a[2:4]), a[4], combine=combine, kernel=kernel)
+    causal = torch.ones(3, 3, dtype=torch.bool).tril()
+    for combine, kernel, masks in [("product", "softmax", None), ("sum", "softmax", None), ("product", "linear", None),
+                                   ("product", "linear", [None, causal]), ("sum", "linear", [None, causal])]:
+        fn = lambda *a: kronecker_attention(list(a[:2]), list(a[2:4]), a[4], combine=combine, kernel=kernel,
+                                            masks=masks)
         assert torch.autograd.gradcheck(fn, (*q, *k, v))
     fs = [torch.randn(1, 1, n, n, dtype=f64, requires_grad=True) for n in (2, 2, 3)]
     vv = torch.randn(1, 1, 2, 2, 3, 2, dtype=f64, requires_grad=True)

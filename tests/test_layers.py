@@ -353,7 +353,7 @@ def test_rope_modes_out_of_range_raise(name):
         att(torch.randn(1, 3, 4, 16))
 
 
-@pytest.mark.parametrize("name", ["kronecker_product", "full", "axial", "divided"])
+@pytest.mark.parametrize("name", ["kronecker_product", "kronecker_linear", "full", "axial", "divided"])
 def test_mask_shapes_broadcast_like_sdpa(name):
     att = build_attention(name, 16, 2).double().eval()
     x = torch.randn(2, 3, 4, 16, dtype=torch.float64)
@@ -373,6 +373,22 @@ def test_mask_shapes_broadcast_like_sdpa(name):
     for b in range(2):
         torch.testing.assert_close(y[b : b + 1], att(x[b : b + 1], masks=[p[b : b + 1] for p in per_sample]))
     assert not torch.allclose(y[1:], att(x[1:], masks=[p[:1] for p in per_sample]))  # sample 0's masks differ
+
+
+@pytest.mark.parametrize("name", ["kronecker_product", "kronecker_sum", "kronecker_linear"])
+def test_causal_masks_are_exact_for_every_kronecker_kernel(name):
+    """One mode under a causal mask: changing the future leaves past outputs unchanged to rounding. The FAVOR+ key
+    features used to add their 1e-6 floor after subtracting a max over *all* keys, so future keys moved past outputs
+    by ~1e-5; the linear kernel refused masks before it learnt to form masked factors."""
+    torch.manual_seed(0)
+    att = build_attention(name, 16, 2, num_modes=1).double().eval()
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    causal = [torch.ones(6, 6, dtype=torch.bool).tril()]
+    y = att(x, masks=causal)
+    x2 = x.clone()
+    x2[:, 4:] *= 25.0  # a large change of the future keys' features (and of the FAVOR+ key stabiliser)
+    torch.testing.assert_close(att(x2, masks=causal)[:, :4], y[:, :4], rtol=0, atol=1e-12)
+    assert not torch.allclose(att(x2)[:, :4], y[:, :4])  # without the mask the future does reach the past
 
 
 def test_divided_attention_one_mode_masks_both_stages():

@@ -8,7 +8,9 @@ Axis legend: ``b`` batch, ``h`` heads, ``e`` head dim, ``d`` model dim, ``N = pr
 attention              matmul FLOPs of one layer (``inner = h e``), projections excluded
 =====================  ===========================================================================================
 kronecker product/sum  scores ``2 b h e sum N_i^2`` + apply ``2 b h e N sum N_i`` (HOT eqs 8-9: ``O(N sum N_i)``)
-kronecker linear       ``phi``: ``4 b h e f sum N_i``, normaliser ``2 b h f sum N_i``, apply ``4 b h e f N k``
+kronecker linear       ``phi``: ``4 b h e f sum N_i``; per mode, as the kernel routes it (no masks): formed
+                       ``S_i``: ``2 b h f N_i^2`` + apply ``2 b h e N N_i``, or by associativity: normaliser
+                       ``2 b h f N_i`` + apply ``4 b h e f N``
 full                   ``4 b h e N^2``
 axial (sum)            ``4 b h e N sum N_i``
 divided (TimeSformer)  ``4 b h e N (N_1 + N / N_1)``
@@ -27,6 +29,8 @@ import math
 from typing import Callable, Sequence
 
 import torch
+
+from hoformer.functional.kronecker import forms_linear_factor
 
 __all__ = ["ATTENTION_FLOP_KINDS", "attention_flops", "hot_model_flops", "count_flops", "count_executed_flops",
            "favor_num_features"]
@@ -87,8 +91,14 @@ def attention_flops(kind: str, sizes: Sequence[int], dim: int, num_heads: int = 
     elif kind == "kronecker_linear":
         f = num_features or favor_num_features(e)
         proj = 4 * b * sn * d * inner + 4 * b * n * d * inner
-        scores = 4 * b * h * e * f * sn + 2 * b * h * f * sn  # phi(q), phi(k); normaliser phi(q) phi(k)^T 1
-        apply = 4 * b * h * e * f * n * k
+        scores = 4 * b * h * e * f * sn  # phi(q), phi(k)
+        for ni in sizes:
+            if forms_linear_factor(ni, f, n * e // ni):
+                scores += 2 * b * h * f * ni * ni  # A_i = phi(q_i) phi(k_i)^T
+                apply += 2 * b * h * e * n * ni
+            else:
+                scores += 2 * b * h * f * ni  # normaliser phi(q_i) (phi(k_i)^T 1)
+                apply += 4 * b * h * e * f * n  # phi(q_i) (phi(k_i)^T X)
     elif kind == "full":
         proj, scores, apply = qkv_out, 2 * b * h * e * n * n, 2 * b * h * e * n * n
     elif kind in ("axial", "axial_sequential"):

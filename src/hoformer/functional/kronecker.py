@@ -15,8 +15,9 @@ appendix F): ``k`` batched matmuls, one per mode, applied in place of layout (mo
 fibres before it become batch entries), so the value is not transposed except to unfold a long mode with a short
 tail (:func:`_mode_mul`). The softmax path of both products (:class:`_KronApply`, :class:`_KronSumApply`) runs its
 whole chain (forward, recompute, backward) on cache-sized chunks of (batch, head) pairs between reused buffers on
-CPU (see the note above :func:`_chunk_pairs`); the linear kernel's operator-valued factors use plain batched matmuls
-on the whole value.
+CPU (see the note above :func:`_chunk_pairs`). The linear kernel forms its factors too when that is cheaper (short
+modes) or a mode is masked, and then shares that path; otherwise its operator-valued factors use plain batched
+matmuls on the whole value (:func:`_linear_attention`).
 """
 from __future__ import annotations
 
@@ -539,13 +540,14 @@ def kronecker_attention(
         q, k: ``k`` pooled per-mode queries / keys ``(B, H, Ni, Dqk)``.
         v: values ``(B, H, N1..Nk, Dv)``.
         combine: ``"product"`` (``S_1 (x) .. (x) S_k``) or ``"sum"`` (``(1/k) S_1 (+) .. (+) S_k``).
-        kernel: ``"softmax"`` or ``"linear"`` (``S_i = diag(phi(q_i) phi(k_i)^T 1)^-1 phi(q_i) phi(k_i)^T``, applied
-            by associativity without forming ``S_i``).
+        kernel: ``"softmax"`` or ``"linear"`` (``S_i = diag(A_i 1)^-1 A_i``, ``A_i = phi(q_i) phi(k_i)^T``; applied
+            by associativity without forming ``S_i``, or formed when that is cheaper or the mode is masked).
         scale: softmax logit scale, keyword only; default ``Dqk ** -0.5``.
-        masks: per mode ``None`` or bool ``(..., Ni, Ni)``, True = may attend (SDPA convention). Softmax only.
+        masks: per mode ``None`` or bool ``(..., Ni, Ni)``, True = may attend (SDPA convention); any kernel (linear:
+            masked entries of ``A_i`` are 0 before the row normalisation). A row with no allowed key gives zeros.
         feature_map: ``phi`` of the linear kernel (default ``elu(x) + 1``); it must return positive features.
         dropout_p: dropout on the factor matrices (softmax kernel).
-        return_factors: also return the list of ``S_i`` (softmax / signed kernels).
+        return_factors: also return the list of ``S_i`` (for the linear kernel the normalised ``A_i``).
         score_fn: optional signed score kernel ``(q_i, k_i) -> (B, H, Ni, Ni)`` used as the factor instead of the
             softmax (e.g. ``tanimoto_scores``); kernel must be ``"softmax"``.
 
@@ -563,23 +565,19 @@ def kronecker_attention(
     if score_fn is not None and scale is not None:
         raise ValueError(f"{fn}: `scale` has no effect with a signed `score_fn` (its scores are used as they are)")
     if kernel == "linear":
-        if masks is not None and any(m is not None for m in masks):
-            raise ValueError(f"{fn}: `masks` are not supported with kernel='linear' (use kernel='softmax')")
-        if return_factors or score_fn is not None:
-            raise ValueError(f"{fn}: return_factors / score_fn need kernel='softmax' (linear never forms S_i)")
+        if score_fn is not None:
+            raise ValueError(f"{fn}: `score_fn` needs kernel='softmax' (the linear kernel's factors are "
+                             f"row-normalised phi(q_i) phi(k_i)^T)")
         if scale is not None or dropout_p:
-            raise ValueError(f"{fn}: `scale` and `dropout_p` apply to softmax factors only; kernel='linear' never "
-                             f"forms S_i (got scale={scale}, dropout_p={dropout_p})")
+            raise ValueError(f"{fn}: `scale` and `dropout_p` apply to softmax factors only; kernel='linear' may "
+                             f"apply S_i by associativity without forming it (got scale={scale}, dropout_p={dropout_p})")
         phi = feature_map or elu_feature_map
         feats = [(phi(qi), phi(ki)) for qi, ki in zip(q, k)]
         if feature_map is not None:  # negative features make the row normaliser cross 0: NaN / inf, silently
             check_values(torch.stack([torch.stack([fq.min(), fk.min()]) for fq, fk in feats]).min() >= 0,
                          f"{fn}: `feature_map` must return non-negative features (e.g. elu(x) + 1, FAVOR+){DETAIL}",
                          lambda: f", got a minimum of {min(min(fq.min(), fk.min()) for fq, fk in feats).item():.3g}")
-        ops = [_linear_op(fq, fk, b, h, v.dtype) for fq, fk in feats]
-        if combine == "product":
-            return _kron_apply_ops(ops, v.movedim(-1, 2), v.shape[2:-1])
-        return _kron_sum_ops(ops, v)
+        return _linear_attention(feats, v, combine, masks, return_factors)
 
     factors = _mode_factors(q, k, scale, masks, score_fn)
     factors = [s.to(v.dtype) for s in factors]
@@ -588,11 +586,55 @@ def kronecker_attention(
     return (y, factors) if return_factors else y
 
 
-def linear_factor(fq: torch.Tensor, fk: torch.Tensor) -> torch.Tensor:
-    """The linear kernel's factor ``S = diag(fq fk^T 1)^-1 fq fk^T`` formed explicitly (for recorded maps and
-    analysis; attention itself applies it by associativity, :func:`_linear_op`, with the same floor on the row sums)."""
+def linear_factor(fq: torch.Tensor, fk: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The linear kernel's factor ``S = diag(A 1)^-1 A`` with ``A = fq fk^T`` (entries where the bool ``mask`` is False
+    set to 0 first), formed explicitly. The row sums are floored at the dtype's smallest normal number, so a row
+    without mass (a query whose keys are all masked, or all-zero features) is 0, as in the associative
+    :func:`_linear_op`."""
     a = torch.matmul(fq, fk.transpose(-1, -2))
+    if mask is not None:
+        a = a.masked_fill(~mask, 0.0)
     return a / a.sum(-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
+
+
+def forms_linear_factor(n: int, f: int, p: int) -> bool:
+    """The linear kernel's route for an unmasked mode of size ``n``: whether forming a linear-kernel factor ``S (n, n)`` and applying it to ``p`` columns (``2 n^2 (f + p)``
+    flops: ``fq fk^T``, then ``S X``) costs no more than applying it by associativity (``4 n f p``: ``fk^T X``, then
+    ``fq (.)``), for ``f`` features. HOT's modes are short (``n`` below ``2 f`` or so), so usually it does."""
+    return n * (f + p) <= 2 * f * p
+
+
+def _linear_attention(feats, v: torch.Tensor, combine: str, masks, return_factors: bool):
+    """The linear kernel (paper 002 eqs 10-12) on features ``feats[i] = (phi(q_i), phi(k_i))`` ``(B, H, Ni, F)``.
+
+    Per mode, ``S_i = diag(A_i 1)^-1 A_i`` with ``A_i = phi(q_i) phi(k_i)^T`` (masked entries of ``A_i`` set to 0) is
+    applied either by associativity, ``phi(q_i) (phi(k_i)^T X)`` (:func:`_linear_op`, cost linear in ``Ni``), or
+    formed explicitly (:func:`linear_factor`) when it is cheaper (:func:`forms_linear_factor`) or masked (a mask is
+    not a low-rank operator). When every factor is explicit, the cache-blocked :func:`kron_apply` /
+    :func:`kron_sum_apply` apply them, as for the softmax kernel; under ``torch.compile`` plain matmuls do, so the
+    kernel stays traceable. Both routes compute the same operator.
+    """
+    b, h, sizes = v.shape[0], v.shape[1], v.shape[2:-1]
+    total = v[0, 0].numel()
+    masks = [None] * len(sizes) if masks is None else list(masks)
+    feats = [(fq.to(v.dtype), fk.to(v.dtype)) for fq, fk in feats]
+    explicit = [m is not None or forms_linear_factor(n, fq.shape[-1], total // n)
+                for (fq, _), m, n in zip(feats, masks, sizes)]
+    factors = [linear_factor(fq, fk, m) if e or return_factors else None
+               for (fq, fk), m, e in zip(feats, masks, explicit)]
+    if all(explicit) and not torch.compiler.is_compiling():
+        y = kron_apply(factors, v) if combine == "product" else kron_sum_apply(factors, v, normalize=True)
+    else:
+        ops = [_matrix_op(s, b, h) if e else _linear_op(fq, fk, b, h, v.dtype)
+               for (fq, fk), s, e in zip(feats, factors, explicit)]
+        y = _kron_apply_ops(ops, v.movedim(-1, 2), sizes) if combine == "product" else _kron_sum_ops(ops, v)
+    return (y, factors) if return_factors else y
+
+
+def _matrix_op(s: torch.Tensor, b: int, h: int) -> Callable:
+    """``X (bh, P, n) -> S X^T`` for an explicit factor ``s (B|1, H|1, n, n)``."""
+    s = _flat_factor(s, b, h)
+    return lambda x: torch.matmul(s, x.transpose(1, 2))
 
 
 def _linear_op(fq: torch.Tensor, fk: torch.Tensor, b: int, h: int, dtype) -> Callable:

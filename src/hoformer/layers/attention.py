@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hoformer._checks import check_fraction, check_int, is_int
-from hoformer.functional.kronecker import kron_dense, kronecker_attention, linear_factor, sdpa
+from hoformer.functional.kronecker import kron_dense, kronecker_attention, sdpa
 from hoformer.functional.scores import SCORE_FNS, dot_scores, get_score_fn, masked_softmax
 
 from .pos import RotaryEmbedding, axial_rotary
@@ -170,7 +170,10 @@ class FavorFeatures(nn.Module):
     ``phi(x) = exp(w^T x' - |x'|^2 / 2 - c) / sqrt(m)`` with ``x' = x * d^-1/4`` and orthogonal Gaussian ``w``, so
     ``E[phi(q) phi(k)^T] ~ exp(q.k / sqrt(d))``. The projection is a buffer (checkpoints reproduce); call
     :meth:`redraw` (done automatically every ``redraw_interval`` training forwards when > 0).
-    ``c`` is a stabiliser: the per-row max for queries, a global max for keys; both cancel in the row normalisation.
+    ``c`` is a stabiliser against overflow: the per-row max for queries, the max over all keys of a (batch, head) for
+    keys. The ``1e-6`` floor of Performer's features is scaled by ``exp(-c)`` as well, so ``c`` is an exact common
+    factor that cancels in the row normalisation: a key feature does not depend on the other keys, and a causal mask
+    is exact (with the floor added after stabilising, future keys would move the past outputs by ~1e-5).
     """
 
     def __init__(self, dim: int, num_features: int | None = None, redraw_interval: int = 0) -> None:
@@ -222,7 +225,8 @@ class FavorFeatures(nn.Module):
             stab = proj.amax(dim=-1, keepdim=True)
         else:
             stab = proj.amax(dim=(-1, -2), keepdim=True)
-        return (torch.exp(proj - sq - stab.detach()) + 1e-6) / math.sqrt(self.num_features)
+        stab = stab.detach().clamp_min(0.0)  # guards exp(proj) against overflow; >= 0 so exp(-stab) cannot overflow
+        return (torch.exp(proj - sq - stab) + 1e-6 * torch.exp(-stab)) / math.sqrt(self.num_features)
 
 
 # ----------------------------------------------------------------------------------------- Kronecker
@@ -375,11 +379,9 @@ class KroneckerAttention(_Recordable):
             self.favor.step()
             phi_q = [self.favor(q, is_query=True) for q in qs]
             phi_k = [self.favor(k, is_query=False) for k in ks]
-            y = kronecker_attention(phi_q, phi_k, v, combine=self.combine, kernel="linear", masks=masks,
-                                    feature_map=_identity)
-            maps = None
-            if want_maps:  # materialise the (small) factors only when asked
-                maps = [linear_factor(a, c) for a, c in zip(phi_q, phi_k)]
+            out = kronecker_attention(phi_q, phi_k, v, combine=self.combine, kernel="linear", masks=masks,
+                                      feature_map=_identity, return_factors=want_maps)
+            y, maps = out if want_maps else (out, None)
         else:
             y, maps = kronecker_attention(
                 qs, ks, v, combine=self.combine, masks=masks, return_factors=True, score_fn=self.score_fn,
