@@ -8,7 +8,7 @@ checkpoint, early stopping, ``save_pretrained`` export) and loggers are configur
 configs and, when a config does not, by the CLI itself).
 
 Extra sub-commands are plain functions ``fn(argv) -> exit code``: ``hoformer demo`` is registered here with
-:func:`register_command`; ``hoformer analyze`` and ``hoformer bench`` are ``"module:function"`` entries of
+:func:`register_command`; ``hoformer analyze``, ``bench`` and ``forecast`` are ``"module:function"`` entries of
 :data:`HOOKS`, imported only when run (the other commands do not pay for their imports). A registered command of the
 same name takes precedence over a hook::
 
@@ -37,6 +37,8 @@ HOOKS: dict[str, tuple[str, str]] = {
     "analyze": ("hoformer.analysis.analyze:analyze_main",
                 "figures of a checkpoint on a data split: attention maps, stable ranks, forecast"),
     "bench": ("hoformer.analysis.bench:bench_main", "attention / model scaling benchmark: time, memory, FLOPs"),
+    "forecast": ("hoformer.train.forecast:forecast_main",
+                 "forecast the steps after the end of a series with a trained forecaster (CSV out)"),
 }
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
 

@@ -41,7 +41,8 @@ from .plots import (
     require_matplotlib,
 )
 
-__all__ = ["analyze_checkpoint", "analyze_main", "load_checkpoint", "build_datamodule", "MODE_NAMES"]
+__all__ = ["analyze_checkpoint", "analyze_main", "load_checkpoint", "build_datamodule", "checkpoint_datamodule",
+           "MODE_NAMES"]
 
 #: axis names of each model family's modes (figure labels)
 MODE_NAMES = {
@@ -64,15 +65,16 @@ def load_checkpoint(path, map_location: str = "cpu", model_args: dict | None = N
 
     p = Path(path)
     if not p.exists():
-        raise FileNotFoundError(f"analyze: checkpoint {str(p)!r} does not exist (expected a Lightning .ckpt file or a "
-                                "save_pretrained folder with config.json and model.safetensors)")
+        raise FileNotFoundError(f"load_checkpoint: checkpoint {str(p)!r} does not exist (expected a Lightning .ckpt "
+                                "file or a save_pretrained folder with config.json and model.safetensors)")
     if p.is_dir():
         if not (p / "config.json").is_file():
-            raise ValueError(f"analyze: folder {str(p)!r} is not a save_pretrained folder (no config.json); pass a "
-                             ".ckpt file or the folder written by save_pretrained / ExportPretrained")
+            raise ValueError(f"load_checkpoint: folder {str(p)!r} is not a save_pretrained folder (no config.json); "
+                             "pass a .ckpt file or the folder written by save_pretrained / ExportPretrained")
         if model_args:
-            raise ValueError(f"analyze: --model-args {model_args} cannot apply to the save_pretrained folder {str(p)!r}: "
-                             "its config.json fixes the model (edit it, or pass the Lightning .ckpt instead)")
+            raise ValueError(f"load_checkpoint: --model-args {model_args} cannot apply to the save_pretrained folder "
+                             f"{str(p)!r}: its config.json fixes the model (edit it, or pass the Lightning .ckpt "
+                             "instead)")
         model = from_pretrained(p, map_location=map_location)
         tok = p / "tokenizer.json"  # TextClassificationTask.save_pretrained: the vocabulary the model was trained with
         states = {"TextDataModule": {"tokenizer": tok.read_text()}} if tok.is_file() else {}
@@ -80,13 +82,14 @@ def load_checkpoint(path, map_location: str = "cpu", model_args: dict | None = N
     try:
         ckpt = torch.load(p, map_location=map_location, weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch raises many types for non-checkpoints
-        raise ValueError(f"analyze: cannot read {str(p)!r} as a Lightning checkpoint ({type(e).__name__}: {e})") from e
+        raise ValueError(f"load_checkpoint: cannot read {str(p)!r} as a Lightning checkpoint "
+                         f"({type(e).__name__}: {e})") from e
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-        raise ValueError(f"analyze: {str(p)!r} is not a Lightning checkpoint (no 'state_dict')")
+        raise ValueError(f"load_checkpoint: {str(p)!r} is not a Lightning checkpoint (no 'state_dict')")
     hp = dict(ckpt.get("hyper_parameters") or {})
     if "model_name" not in hp:
-        raise ValueError(f"analyze: checkpoint {str(p)!r} has no 'model_name' hyper-parameter (was it written by a "
-                         f"hoformer TaskModule?); found {sorted(hp)[:10]}")
+        raise ValueError(f"load_checkpoint: checkpoint {str(p)!r} has no 'model_name' hyper-parameter (was it "
+                         f"written by a hoformer TaskModule?); found {sorted(hp)[:10]}")
     kwargs = {**dict(hp.get("model_kwargs") or {}), **dict(model_args or {})}
     model = create_model(hp["model_name"], **kwargs)
     state = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
@@ -96,7 +99,7 @@ def load_checkpoint(path, map_location: str = "cpu", model_args: dict | None = N
     except RuntimeError as e:  # shape mismatches
         problem = str(e).replace("\n", " ")
     if problem:
-        raise ValueError(f"analyze: weights in {str(p)!r} do not match model {hp['model_name']!r} built with "
+        raise ValueError(f"load_checkpoint: weights in {str(p)!r} do not match model {hp['model_name']!r} built with "
                          f"{kwargs}: {problem} (if a constructor default changed since training, pass the old value "
                          "with --model-args)")
     # the run folder (config.yaml, metrics.csv) only for Lightning's layout <run>/checkpoints/*.ckpt: a checkpoint
@@ -113,7 +116,7 @@ def _instantiate(class_path: str, init_args: dict):
     try:
         cls = getattr(importlib.import_module(mod), name)
     except (ImportError, AttributeError, ValueError) as e:
-        raise ValueError(f"analyze: cannot import datamodule class {class_path!r} ({e})") from e
+        raise ValueError(f"build_datamodule: cannot import datamodule class {class_path!r} ({e})") from e
     return cls(**{k: v for k, v in init_args.items() if not k.startswith("_")})
 
 
@@ -127,18 +130,33 @@ def build_datamodule(*, config=None, data: str | None = None, data_args: dict | 
 
         cp = Path(config)
         if not cp.is_file():
-            raise FileNotFoundError(f"analyze: config {str(cp)!r} does not exist")
+            raise FileNotFoundError(f"build_datamodule: config {str(cp)!r} does not exist")
         cfg = yaml.safe_load(cp.read_text()) or {}
         sec = cfg.get("data")
         if not isinstance(sec, dict) or "class_path" not in sec:
-            raise ValueError(f"analyze: config {str(cp)!r} has no `data: {{class_path: ..., init_args: ...}}` section")
+            raise ValueError(f"build_datamodule: config {str(cp)!r} has no `data: {{class_path: ..., init_args: ...}}` "
+                             "section")
         return _instantiate(sec["class_path"], {**(sec.get("init_args") or {}), **overrides})
     if data is not None:
         return _instantiate(data, overrides)
     if stored and stored.get("_class_path"):
         return _instantiate(stored["_class_path"], {**stored, **overrides})
-    raise ValueError("analyze: no data given: pass --config CONFIG.yaml (LightningCLI config with a `data` section) "
-                     "or --data CLASS_PATH [--data-args JSON]; the checkpoint stores no datamodule class")
+    raise ValueError("build_datamodule: no data given: pass --config CONFIG.yaml (LightningCLI config with a `data` "
+                     "section) or --data CLASS_PATH [--data-args JSON]; the checkpoint stores no datamodule class")
+
+
+def checkpoint_datamodule(info: dict, *, config=None, data: str | None = None, data_args: dict | None = None):
+    """The datamodule of a checkpoint loaded by :func:`load_checkpoint`: from ``config`` / ``data`` when given, else
+    the hyper-parameters stored in a Lightning checkpoint, else the ``config.yaml`` LightningCLI saved in its run
+    folder; with the state the checkpoint stored for it (e.g. the tokenizer the model was trained with)."""
+    stored = info["datamodule"]
+    if config is None and data is None and not (stored or {}).get("_class_path"):
+        config = _find_run_file(info["run_dir"], "config.yaml") if info["kind"] == "ckpt" else None
+    dm = build_datamodule(config=config, data=data, data_args=data_args, stored=stored)
+    state = info["states"].get(type(dm).__qualname__)
+    if state and hasattr(dm, "load_state_dict"):  # before setup
+        dm.load_state_dict(state)
+    return dm
 
 
 def _batches(dm, split: str, n: int) -> list:
@@ -180,13 +198,7 @@ def analyze_checkpoint(checkpoint, output, *, config=None, data: str | None = No
     model, info = load_checkpoint(checkpoint, map_location=device, model_args=model_args)
     model.eval().to(device)
     name = (getattr(model, "config", None) or {}).get("name", type(model).__name__)
-    stored = info["datamodule"]
-    if config is None and data is None and not (stored or {}).get("_class_path"):
-        config = _find_run_file(info["run_dir"], "config.yaml") if info["kind"] == "ckpt" else None
-    dm = build_datamodule(config=config, data=data, data_args=data_args, stored=stored)
-    state = info["states"].get(type(dm).__qualname__)
-    if state and hasattr(dm, "load_state_dict"):  # before setup: e.g. the tokenizer the model was trained with
-        dm.load_state_dict(state)
+    dm = checkpoint_datamodule(info, config=config, data=data, data_args=data_args)
     batches = _batches(dm, split, num_batches)
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)

@@ -300,6 +300,7 @@ class LTSFDataset(Dataset):
         self.split, self.seq_len, self.pred_len, self.label_len = split, seq_len, pred_len, label_len
         self.scale, self.features, self.target, self.freq, self.protocol = scale, features, target, freq, protocol
         self.columns, self.borders, self.n_rows = columns, (b1, b2), len(values)
+        self._file_values, self._file_dates = values, dates  # the whole file (read-only), for forecast()
         self.data = torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32))
         self.dates = None if dates is None else dates[b1:b2]
         self.marks = None
@@ -357,11 +358,115 @@ class LTSFDataset(Dataset):
                 mean, dtype=data.dtype, device=data.device)
         return data * std + mean
 
+    # ------------------------------------------------------------------ forecasting beyond the data
+    def forecast(self, model, history=None, *, end: int | None = None):
+        """Forecast the ``pred_len`` steps that follow row ``end`` of ``history``, on the original scale.
+
+        The model sees the ``seq_len`` rows ``[end - seq_len, end)``, standardised with this dataset's train-slice
+        statistics (the scaler the model was trained with), in training's column order.
+
+        Args:
+            model: a forecaster ``(1, seq_len, C) -> (1, pred_len, C)`` (e.g. ``hot_forecaster``); it runs in eval
+                mode under ``no_grad`` on its own device and dtype, and its training flag is restored.
+            history: where the lookback comes from: ``None`` (this dataset's file), a CSV path in the LTSF layout
+                (``date`` first, then named columns; extra columns ignored), or a ``pandas.DataFrame`` with those
+                columns (a ``date`` column optional). Use it for data newer than the training file: the scaler stays
+                the training one.
+            end: 0-based row after the lookback (default: the number of rows, i.e. forecast the unseen future; a
+                smaller ``end`` is a backtest whose dates are the file's own).
+
+        Returns:
+            ``pandas.DataFrame`` with ``pred_len`` rows: a ``date`` column (extrapolated with the file's inferred
+            step past its end; ``step`` 1.. when the data have no timestamps) and the forecast columns (every
+            variate, or the ``target`` for ``features`` "S" / "MS").
+        """
+        import pandas as pd
+
+        values, dates = self._history(history)
+        end = len(values) if end is None else end
+        if not is_int(end) or not self.seq_len <= end <= len(values):
+            raise ValueError(f"forecast: `end` must be an int in [seq_len={self.seq_len}, {len(values)}] (rows of "
+                             f"the history), got {end!r}")
+        x = torch.from_numpy(np.ascontiguousarray(values[end - self.seq_len:end], dtype=np.float32))
+        x = self.transform(x) if self.scale else x
+        param = next(iter(model.parameters()), None)
+        device, dtype = (param.device, param.dtype) if param is not None else (x.device, x.dtype)
+        was_training = model.training
+        try:
+            model.eval()
+            with torch.no_grad():
+                pred = model(x[None].to(device=device, dtype=dtype))[0].float().cpu()
+        finally:
+            model.train(was_training)
+        if pred.ndim != 2 or pred.shape[0] != self.pred_len or pred.shape[1] not in (len(self.columns), 1):
+            raise ValueError(f"forecast: the model maps (1, {self.seq_len}, {len(self.columns)}) to "
+                             f"{(1, *pred.shape)}, expected (1, {self.pred_len}, {len(self.columns)}) (pred_len of "
+                             f"this dataset)")
+        if self.features == "MS" and pred.shape[1] > 1:
+            pred = pred[:, -1:]  # all variates in, the target (last column) out
+        out = self.inverse_transform(pred).numpy()
+        df = pd.DataFrame(out, columns=self.columns if out.shape[1] == len(self.columns) else self.columns[-1:])
+        when = _future_dates(dates, end, self.pred_len)
+        df.insert(0, "date" if when is not None else "step",
+                  when if when is not None else np.arange(1, self.pred_len + 1))
+        return df
+
+    def _history(self, history) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(values (T, C) in training's column order, dates (T,) | None)`` of the forecast input."""
+        if history is None:
+            return self._file_values, self._file_dates
+        import pandas as pd
+
+        if isinstance(history, (str, Path)):
+            path = Path(history)
+            if not path.is_file():
+                raise FileNotFoundError(f"forecast: history file {str(path)!r} not found")
+            st = path.stat()
+            dates, values, columns = _read_table(str(path), self.protocol != "solar", st.st_mtime_ns, st.st_size)
+            frame = pd.DataFrame(values, columns=list(columns))
+        elif isinstance(history, pd.DataFrame):
+            frame = history
+            dates = pd.to_datetime(frame["date"]).to_numpy("datetime64[ns]") if "date" in frame.columns else None
+        else:
+            raise TypeError(f"forecast: `history` must be None, a CSV path or a pandas.DataFrame, got "
+                            f"{type(history).__name__}")
+        frame.columns = [str(c).strip() for c in frame.columns]
+        missing = [c for c in self.columns if c not in frame.columns]
+        if missing:
+            raise ValueError(f"forecast: history lacks the training column(s) {missing} (has {list(frame.columns)})")
+        try:
+            values = frame[self.columns].to_numpy(np.float64)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"forecast: history columns {self.columns} must be numeric ({e})") from e
+        if not np.isfinite(values).all():
+            raise ValueError("forecast: history has missing or non-finite values in the training columns")
+        return values, dates
+
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(name={self.name!r}, split={self.split!r}, seq_len={self.seq_len}, "
                 f"pred_len={self.pred_len}, features={self.features!r}, variates={self.num_variates}, "
                 f"rows={self.borders}, windows={len(self)})")
 
+
+
+def _future_dates(dates, end: int, n: int):
+    """Timestamps of the ``n`` rows from row ``end``: the file's own while it has them, past its end the last one
+    plus multiples of the step (pandas' inferred frequency of the last rows, so calendar steps like month starts
+    work; else their most common difference). ``None`` without timestamps."""
+    if dates is None:
+        return None
+    import pandas as pd
+
+    if end + n <= len(dates):
+        return pd.DatetimeIndex(dates[end:end + n])
+    recent = pd.DatetimeIndex(dates[max(0, end - 64):end])
+    if len(recent) < 2:
+        raise ValueError("forecast: at least two timestamps are needed to extrapolate the dates")
+    freq = pd.infer_freq(recent) if len(recent) >= 3 else None
+    if freq is None:
+        steps, counts = np.unique(np.diff(recent.asi8), return_counts=True)
+        freq = pd.Timedelta(int(steps[counts.argmax()]), unit="ns")
+    return pd.date_range(recent[-1], periods=n + 1, freq=freq)[1:]
 
 
 def synthetic_multiway_series(length: int = 4000, num_variates: int = 7, *, seed: int = 0, period: int = 24,

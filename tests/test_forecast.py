@@ -1,0 +1,152 @@
+"""Forecasting past the end of the data: LTSFDataset.forecast and ``hoformer forecast``."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from hoformer.data import LTSFDataset
+from hoformer.data.ltsf import write_synthetic_ltsf_csv
+from hoformer.models import create_model
+from hoformer.train.forecast import forecast_checkpoint, forecast_main
+
+
+class Persistence(torch.nn.Module):
+    """``y = the last pred_len input steps`` (or a constant ``fill``), in float64, recording what it was fed."""
+
+    def __init__(self, pred_len: int, fill: float | None = None) -> None:
+        super().__init__()
+        self.pred_len, self.fill, self.seen = pred_len, fill, None
+        self.w = torch.nn.Parameter(torch.ones((), dtype=torch.float64))
+
+    def forward(self, x):
+        self.seen = (x.clone(), self.training, torch.is_grad_enabled())
+        y = x[:, -self.pred_len:] * self.w
+        return torch.full_like(y, self.fill) if self.fill is not None else y
+
+
+def _etth1(tmp_path, n_rows=14400 + 50):
+    write_synthetic_ltsf_csv(tmp_path / "ETT-small" / "ETTh1.csv", "ETTh1", n_rows=n_rows)
+    return LTSFDataset(tmp_path, "ETTh1", "test", seq_len=48, pred_len=24, verify=False)
+
+
+def test_forecast_feeds_the_last_rows_scaled_with_the_train_statistics(tmp_path):
+    ds = _etth1(tmp_path)
+    raw = pd.read_csv(tmp_path / "ETT-small" / "ETTh1.csv")
+    model = Persistence(24).train()
+    df = ds.forecast(model)
+    # the input: the file's last 48 rows (beyond the protocol's 14,400: the data the user has), standardised with
+    # the statistics of the 8,640 training rows, in float64 (the model's dtype)
+    x, training, grad = model.seen
+    assert x.dtype == torch.float64 and not training and not grad and model.training  # eval + no_grad, then restored
+    want = (raw.iloc[-48:, 1:].to_numpy() - raw.iloc[:8640, 1:].to_numpy().mean(0)) / raw.iloc[:8640, 1:].to_numpy().std(0)
+    np.testing.assert_allclose(x[0].numpy(), want, rtol=1e-5, atol=1e-5)
+    # the output: original scale (persistence returns the last 24 rows), dated after the last timestamp
+    assert list(df.columns) == ["date", *raw.columns[1:]]
+    np.testing.assert_allclose(df.iloc[:, 1:].to_numpy(), raw.iloc[-24:, 1:].to_numpy(), rtol=1e-5, atol=1e-4)
+    last = pd.Timestamp(raw["date"].iloc[-1])
+    assert list(df["date"]) == list(pd.date_range(last, periods=25, freq="h")[1:])
+
+
+def test_forecast_backtest_end_uses_the_files_dates(tmp_path):
+    ds = _etth1(tmp_path)
+    raw = pd.read_csv(tmp_path / "ETT-small" / "ETTh1.csv")
+    model = Persistence(24)
+    df = ds.forecast(model, end=1000)
+    np.testing.assert_allclose(model.seen[0][0].numpy(), ds.transform(raw.iloc[952:1000, 1:].to_numpy()), atol=1e-5)
+    assert list(df["date"]) == list(pd.to_datetime(raw["date"].iloc[1000:1024]))
+    for bad in (47, len(raw) + 1, 10.5, None.__class__):
+        with pytest.raises(ValueError, match="`end` must be an int in"):
+            ds.forecast(model, end=bad)
+
+
+def test_forecast_history_keeps_the_training_scaler(tmp_path):
+    """Newer data in another file: the lookback comes from it, the scaler from the training file (a refit on the
+    longer file would move a custom CSV's 70 % border); columns are matched by name, extra ones ignored."""
+    ds = _etth1(tmp_path)
+    raw = pd.read_csv(tmp_path / "ETT-small" / "ETTh1.csv")
+    newer = pd.concat([raw, raw.iloc[-100:].assign(date=pd.date_range(raw["date"].iloc[-1], periods=101,
+                                                                        freq="h")[1:].astype(str))])
+    newer.iloc[:8640, 1:] *= 3.0  # a scaler refit on this file would have another mean
+    newer = newer[["date", "OT", *raw.columns[1:-1]]].assign(extra=1.0)  # other column order, one extra column
+    newer.to_csv(tmp_path / "newer.csv", index=False)
+    zero = Persistence(24, fill=0.0)  # predicts the training mean on the original scale
+    for history in (tmp_path / "newer.csv", str(tmp_path / "newer.csv"), newer):
+        df = ds.forecast(zero, history)
+        np.testing.assert_allclose(df.iloc[0, 1:].to_numpy(np.float64), raw.iloc[:8640, 1:].to_numpy().mean(0),
+                                   rtol=1e-5)
+        assert df["date"].iloc[0] == pd.Timestamp(newer["date"].iloc[-1]) + pd.Timedelta(hours=1)
+    with pytest.raises(ValueError, match=r"lacks the training column\(s\) \['OT'\]"):
+        ds.forecast(zero, newer.drop(columns="OT"))
+    with pytest.raises(ValueError, match="non-finite"):
+        ds.forecast(zero, newer.assign(OT=np.nan))
+    with pytest.raises(TypeError, match="`history` must be None, a CSV path or a pandas.DataFrame"):
+        ds.forecast(zero, raw.to_numpy())
+    with pytest.raises(FileNotFoundError, match="history file"):
+        ds.forecast(zero, tmp_path / "missing.csv")
+
+
+def test_forecast_target_features_weekly_dates_and_shape_errors(tmp_path):
+    write_synthetic_ltsf_csv(tmp_path / "illness" / "national_illness.csv", "national_illness", n_rows=300)
+    raw = pd.read_csv(tmp_path / "illness" / "national_illness.csv")
+    for features in ("MS", "S"):
+        ds = LTSFDataset(tmp_path, "ILI", "train", seq_len=36, pred_len=12, features=features, verify=False)
+        df = ds.forecast(Persistence(12))
+        assert list(df.columns) == ["date", "OT"]
+        np.testing.assert_allclose(df["OT"].to_numpy(), raw["OT"].iloc[-12:].to_numpy(), rtol=1e-5)
+        assert df["date"].iloc[0] - pd.Timestamp(raw["date"].iloc[-1]) == pd.Timedelta(days=7)
+    with pytest.raises(ValueError, match=r"expected \(1, 12, 1\) \(pred_len of this dataset\)"):
+        ds.forecast(Persistence(6))
+
+
+def test_forecast_without_timestamps_numbers_the_steps(tmp_path):
+    write_synthetic_ltsf_csv(tmp_path / "Solar" / "solar_AL.txt", "solar", n_rows=400, num_variates=4)
+    ds = LTSFDataset(tmp_path, "solar", "train", seq_len=24, pred_len=8, verify=False)
+    df = ds.forecast(Persistence(8))
+    assert list(df["step"]) == list(range(1, 9)) and df.shape == (8, 5)
+
+
+_DATA = dict(synthetic=True, seq_len=16, pred_len=8, num_variates=3, synthetic_length=300, batch_size=4)
+_MODEL = dict(seq_len=16, pred_len=8, num_variates=3, dim=16, depth=1, num_heads=2, patch_size=4)
+
+
+def test_hoformer_forecast_from_ckpt_and_pretrained(tmp_path, capsys):
+    model = create_model("hot_forecaster", **_MODEL)
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    ckpt.parent.mkdir(parents=True)
+    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+                "hyper_parameters": {"model_name": "hot_forecaster", "model_kwargs": _MODEL},
+                "datamodule_hyper_parameters": {"_class_path": "hoformer.data.LTSFDataModule", **_DATA}}, ckpt)
+    out = tmp_path / "out" / "forecast.csv"
+    assert forecast_main(["--checkpoint", str(ckpt), "--output", str(out)]) == 0
+    assert "hoformer forecast: 8 steps (2020-01-13 12:00:00 .. 2020-01-13 19:00:00) x 3 column(s)" in \
+        capsys.readouterr().out  # 300 hourly rows from 2020-01-01 00:00: the last is 2020-01-13 11:00
+    got = pd.read_csv(out)
+    assert list(got.columns) == ["date", "v0", "v1", "OT"] and len(got) == 8
+    from hoformer.data import SyntheticLTSF
+
+    want = SyntheticLTSF("train", 16, 8, num_variates=3, length=300).forecast(model)
+    np.testing.assert_allclose(got.iloc[:, 1:].to_numpy(), want.iloc[:, 1:].to_numpy(), rtol=1e-5, atol=1e-6)
+    # a save_pretrained folder stores no data: --config gives it (here a LightningCLI-style YAML)
+    model.save_pretrained(tmp_path / "pre")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(json.dumps({"data": {"class_path": "hoformer.data.LTSFDataModule", "init_args": _DATA}}))
+    df = forecast_checkpoint(tmp_path / "pre", config=cfg, end=100)
+    np.testing.assert_allclose(df.iloc[:, 1:].to_numpy(), SyntheticLTSF("train", 16, 8, num_variates=3, length=300)
+                               .forecast(model, end=100).iloc[:, 1:].to_numpy(), rtol=1e-5, atol=1e-6)
+    # errors: one line and exit code 2
+    assert forecast_main(["--checkpoint", str(tmp_path / "missing.ckpt")]) == 2
+    assert forecast_main(["--checkpoint", str(ckpt), "--end", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "hoformer forecast: error: load_checkpoint: checkpoint" in err and "`end` must be an int in" in err
+    assert forecast_main(["--checkpoint", str(tmp_path / "pre")]) == 2
+    assert "no data given" in capsys.readouterr().err
+
+
+def test_hoformer_forecast_is_a_cli_command(capsys):
+    from hoformer.cli import main
+
+    assert main(["--help"]) == 0 and "forecast" in capsys.readouterr().out
