@@ -833,3 +833,78 @@ def test_pre_norm_encoder_ends_with_the_final_layernorm(attention):
         ref = F.layer_norm(x, (16,))  # the final norm at init: weight 1, bias 0, eps 1e-5
         # real tokens only: padded states are unspecified (they never reach the logits)
         torch.testing.assert_close(m.encode(ids, mask)[mask], ref[mask], rtol=1e-10, atol=1e-10)
+
+
+# ------------------------------------------------------------------------- a local Hugging Face teacher (paper: RoBERTa)
+def _hf_teacher(tdir, texts, num_labels=2, id2label=None, seed=0):
+    """A tiny RoBERTa sequence classifier with a word-level tokenizer of its own, saved like a fine-tuned checkpoint."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(texts, trainers.WordLevelTrainer(special_tokens=["<pad>", "<unk>", "<s>", "</s>"]))
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>",
+                                                bos_token="<s>", eos_token="</s>", model_max_length=12)
+    fast.save_pretrained(tdir)
+    torch.manual_seed(seed)
+    cfg = transformers.RobertaConfig(vocab_size=fast.vocab_size, hidden_size=16, num_hidden_layers=1,
+                                     num_attention_heads=2, intermediate_size=32, max_position_embeddings=16,
+                                     pad_token_id=0, num_labels=num_labels,
+                                     **({"id2label": id2label} if id2label else {}))
+    model = transformers.RobertaForSequenceClassification(cfg).eval()
+    model.save_pretrained(tdir)
+    return model, fast
+
+
+def test_local_hugging_face_teacher_logits_on_raw_texts(tmp_path, monkeypatch):
+    """A local Hugging Face checkpoint (the paper's RoBERTa teacher, here a tiny one) as `teacher`: its logits come
+    from the raw texts of each split, in the datamodule's order, through its own tokenizer (truncated to its own
+    maximum length, padded per batch), are cached with a fingerprint of its files, and recomputed when they change;
+    label names that disagree with the data's classes are refused instead of distilling swapped classes."""
+    dm, _, task = _task_env(tmp_path)
+    tdir = tmp_path / "roberta"
+    model, tok = _hf_teacher(tdir, dm.texts("train"), id2label={0: "NEGATIVE", 1: "POSITIVE"})
+    cache = tmp_path / "hf_logits.pt"
+    t = task(teacher=str(tdir), teacher_logits=str(cache))
+    t._teacher_splits(("train", "val", "test"))
+    with torch.no_grad():
+        for s in ("train", "val", "test"):  # one text at a time, unpadded: batching and padding change nothing
+            texts = dm.texts(s)
+            assert len(texts) == len(dm.datasets[s]) and texts == dm.texts(s)
+            want = torch.cat([model(**tok([x], truncation=True, max_length=12, return_tensors="pt")).logits
+                              for x in texts])
+            torch.testing.assert_close(t.teacher_cache[s], want, rtol=1e-4, atol=1e-5)
+    assert dm.texts("test") == ["good film", "boring"]  # SST-2 dev, in file order
+    # cache hit without re-running; other weights -> recomputed
+    monkeypatch.setattr(TextClassificationTask, "_run_hf_teacher", lambda *a, **k: pytest.fail("teacher re-run"))
+    t2 = task(teacher=str(tdir), teacher_logits=str(cache))
+    t2._teacher_splits(("train",))
+    assert torch.equal(t2.teacher_cache["train"], t.teacher_cache["train"])
+    monkeypatch.undo()
+    model2, _ = _hf_teacher(tdir, dm.texts("train"), id2label={0: "negative", 1: "positive"}, seed=1)
+    t3 = task(teacher=str(tdir), teacher_logits=str(cache))
+    t3._teacher_splits(("train",))
+    assert not torch.allclose(t3.teacher_cache["train"], t.teacher_cache["train"])
+    # a student distils from it end to end (one epoch)
+    trainer = quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=2, limit_val_batches=1)
+    trainer.fit(task(teacher=str(tdir), teacher_logits=str(cache)), datamodule=dm)
+    assert "train/kl" in trainer.callback_metrics or "val/kl" in trainer.callback_metrics
+    # refused: other label names / order, other number of labels
+    _hf_teacher(tmp_path / "swapped", dm.texts("train"), id2label={0: "positive", 1: "negative"})
+    with pytest.raises(ValueError, match=r"labels \['positive', 'negative'\].*not the data's classes"):
+        task(teacher=str(tmp_path / "swapped"))._teacher_splits(("train",))
+    _hf_teacher(tmp_path / "three", dm.texts("train"), num_labels=3)
+    with pytest.raises(ValueError, match="num_labels=3"):
+        task(teacher=str(tmp_path / "three"))._teacher_splits(("train",))
+
+
+def test_text_datamodule_texts_follow_the_split_order(tmp_path):
+    root = _write_fake_text_root(tmp_path / "data")
+    dm = TextDataModule("trec", root=str(root), verify=False, max_len=16, vocab_size=60)
+    for s in ("train", "val", "test"):
+        texts = dm.texts(s)
+        assert [dm.tokenizer.encode(x, 16) for x in texts] == [dm.datasets[s][i]["ids"].tolist()
+                                                               for i in range(len(texts))]
+    with pytest.raises(ValueError, match="`split` must be"):
+        dm.texts("dev")

@@ -483,6 +483,7 @@ class TextDataModule(SplitDataModule):
         self.sst2_test, self.holdout, self.verify = sst2_test, holdout, verify
         self.tokenizer: TextTokenizer | None = None
         self.class_names: list[str] = []
+        self._texts: dict[str, list[str]] = {}
 
     @property
     def num_classes(self) -> int:
@@ -514,6 +515,7 @@ class TextDataModule(SplitDataModule):
         """All three splits at once, whichever ``names`` were asked for: the tokenizer is trained on the training
         split."""
         raw, self.class_names = self._raw_splits()
+        self._texts = {split: texts for split, (texts, _) in raw.items()}
         if self.tokenizer is None:
             self.tokenizer = self._make_tokenizer(raw["train"][0])
         return {split: TextClassificationDataset(self.tokenizer.encode_batch(texts, self.max_len), labels,
@@ -581,6 +583,15 @@ class TextDataModule(SplitDataModule):
                           "using the checkpoint's (the one the model was trained with)", stacklevel=2)
         self.tokenizer = TextTokenizer(Tokenizer.from_str(saved))
         self.datasets = {}  # re-encoded with the checkpoint's tokenizer when next asked for
+
+    def texts(self, split: str) -> list[str]:
+        """The raw texts of ``split`` ("train" | "val" | "test"), in the order of its dataset (what a teacher with a
+        tokenizer of its own reads, e.g. a local Hugging Face checkpoint)."""
+        if split not in ("train", "val", "test"):
+            raise ValueError(f"TextDataModule.texts: `split` must be 'train', 'val' or 'test', got {split!r}")
+        if not self._texts:
+            self.setup()
+        return self._texts[split]
 
     def ordered_train_dataloader(self) -> DataLoader:
         """The training split in index order, no shuffling (teacher logits for distillation)."""

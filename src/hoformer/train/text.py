@@ -7,16 +7,20 @@
   ``z_S / tau``), which the paper's "KL divergence between teacher and student distributions" also reads as.
 * :class:`TextClassificationTask` - trains a registered text model (default ``hoba_classifier``) on
   :class:`hoformer.data.TextDataModule` batches, optionally distilled from a teacher. Teacher logits come from a
-  teacher ``save_pretrained`` directory (a 2D model trained by this project: same tokenizer) and are cached on disk
-  (``teacher_logits``) so student epochs never re-run the teacher; a logits file produced elsewhere (e.g. from a local
-  pretrained RoBERTa) can be given alone: ``{"train": (N_train, C), "val": ..., "test": ...}`` in the datamodule's
-  split order (``torch.save``). The student can inherit the teacher's embeddings (``init_embeddings_from``).
+  teacher ``save_pretrained`` directory (a 2D model trained by this project: same tokenizer) or a local Hugging Face
+  sequence-classification checkpoint (e.g. a fine-tuned RoBERTa, the paper's teacher; needs the ``hf`` extra: it reads
+  the raw texts with its own tokenizer, never the network), and are cached on disk (``teacher_logits``) so student
+  epochs never re-run the teacher; a logits file produced elsewhere can be given alone: ``{"train": (N_train, C),
+  "val": ..., "test": ...}`` in the datamodule's split order (``torch.save``). The student can inherit a hoformer
+  teacher's embeddings (``init_embeddings_from``).
 
 Metric names: ``{train,val,test}/{loss,ce,kl,acc}`` (``kl`` only where teacher logits exist).
 """
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 import warnings
 import os
 from pathlib import Path
@@ -80,6 +84,30 @@ def _ids_fingerprint(dataset) -> str:
     return h.hexdigest()
 
 
+def _is_hf_checkpoint(tdir: Path) -> bool:
+    """A Hugging Face model directory (``config.json`` with a ``model_type``), not a hoformer ``save_pretrained`` one
+    (``{"name", "kwargs"}``)."""
+    try:
+        cfg = json.loads((tdir / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and "model_type" in cfg and "kwargs" not in cfg
+
+
+def _teacher_fingerprint(tdir: Path) -> dict:
+    """What a teacher's logits depend on besides the data: its weights and config (and, for a Hugging Face teacher,
+    its tokenizer files). A hoformer teacher keeps the digests of its ``model.safetensors`` / ``config.json`` as
+    before, so caches written earlier stay valid."""
+    if not _is_hf_checkpoint(tdir):
+        return {"teacher": sha256sum(tdir / "model.safetensors"), "teacher_config": sha256sum(tdir / "config.json")}
+    files = sorted(p for p in tdir.iterdir() if p.is_file() and p.suffix in (".safetensors", ".bin", ".json", ".txt",
+                                                                               ".model"))
+    if not any(p.suffix in (".safetensors", ".bin") for p in files):
+        raise FileNotFoundError(f"TextClassificationTask: Hugging Face teacher {str(tdir)!r} has no weights "
+                                "(*.safetensors / *.bin)")
+    return {"teacher": {p.name: sha256sum(p) for p in files}}
+
+
 def teacher_logits_fingerprint(datamodule) -> dict:
     """The data part of a teacher-logits cache's ``fingerprint`` (``max_len`` and a hash of every split's token ids
     and labels, in order): store it as ``{"train": (N, C), "val": ..., "test": ..., "fingerprint": this}`` when the
@@ -96,7 +124,10 @@ class TextClassificationTask(TaskModule):
         model_name, model_kwargs, lr, weight_decay, betas, warmup_steps, scheduler, min_lr_ratio: see
             :class:`~hoformer.train.base.TaskModule` (paper: AdamW, weight decay 0.01, 10% linear warm-up).
         kd_alpha, kd_temperature: eq 8 (paper: 0.3, 2.0). Ignored without a teacher.
-        teacher: ``save_pretrained`` directory of the teacher (same tokenizer as the datamodule).
+        teacher: ``save_pretrained`` directory of the teacher (same tokenizer as the datamodule), or a local Hugging
+            Face ``AutoModelForSequenceClassification`` directory (``config.json`` with a ``model_type``; its own
+            tokenizer in the same directory; its ``num_labels`` and, unless generic ``LABEL_k``, its ``id2label``
+            names must match the dataset's classes in order).
         teacher_logits: cache file of the teacher's logits per split (written when ``teacher`` is given and the
             cache is missing or stale; read alone when ``teacher`` is None).
         init_embeddings_from: ``save_pretrained`` directory whose ``embed.*`` weights initialise the student.
@@ -183,9 +214,7 @@ class TextClassificationTask(TaskModule):
         self.teacher_cache.clear()
         fp = None
         if hp.teacher:
-            tdir = Path(hp.teacher)
-            fp = {"teacher": sha256sum(tdir / "model.safetensors"), "teacher_config": sha256sum(tdir / "config.json"),
-                  **data_fp}
+            fp = {**_teacher_fingerprint(Path(hp.teacher)), **data_fp}
         cached = {}
         if cache_path is not None and cache_path.is_file():
             cached = torch.load(cache_path, map_location="cpu", weights_only=True)
@@ -223,6 +252,8 @@ class TextClassificationTask(TaskModule):
     def _run_teacher(self, tdir: Path, dm, splits) -> dict[str, torch.Tensor]:
         from hoformer.models import from_pretrained
 
+        if _is_hf_checkpoint(tdir):
+            return self._run_hf_teacher(tdir, dm, splits)
         teacher = from_pretrained(tdir, map_location="cpu").to(self.device).eval()
         out = {}
         loaders = {"train": dm.ordered_train_dataloader, "val": dm.val_dataloader, "test": dm.test_dataloader}
@@ -230,6 +261,41 @@ class TextClassificationTask(TaskModule):
             logits = torch.empty(len(dm.datasets[s]), self.model.num_classes)
             for b in loaders[s]():
                 logits[b["index"]] = teacher(b["ids"].to(self.device), b["mask"].to(self.device)).float().cpu()
+            out[s] = logits
+        return out
+
+    @torch.no_grad()
+    def _run_hf_teacher(self, tdir: Path, dm, splits) -> dict[str, torch.Tensor]:
+        """Logits of a local Hugging Face sequence classifier on the raw texts of ``splits`` (its own tokenizer,
+        truncated to its own maximum length), in the datamodule's order; ``local_files_only``: never the network."""
+        try:
+            from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        except ImportError as e:
+            raise ImportError(f"TextClassificationTask: teacher {str(tdir)!r} is a Hugging Face checkpoint; running it "
+                              "needs the `transformers` package (pip install 'hoformer[hf]')") from e
+        teacher = AutoModelForSequenceClassification.from_pretrained(tdir, local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(tdir, local_files_only=True)
+        n = teacher.config.num_labels
+        names = [str(teacher.config.id2label[i]) for i in range(n)]
+        if n != self.model.num_classes:
+            raise ValueError(f"TextClassificationTask: teacher {str(tdir)!r} has num_labels={n}, the data "
+                             f"{len(dm.class_names)} classes {dm.class_names}")
+        generic = all(re.fullmatch(r"LABEL_\d+", x) for x in names)
+        if not generic and [x.lower() for x in names] != [c.lower() for c in dm.class_names]:
+            raise ValueError(f"TextClassificationTask: teacher {str(tdir)!r} labels {names} (config.json id2label) are "
+                             f"not the data's classes {dm.class_names} in that order; a teacher trained with another "
+                             "label order would distil swapped classes (fix id2label if only the names differ)")
+        teacher = teacher.to(self.device).eval()
+        limit = getattr(tok, "model_max_length", None)
+        limit = limit if isinstance(limit, int) and 0 < limit <= 100_000 else 512  # "no limit" sentinels: 512
+        bs = dm.eval_batch_size or dm.batch_size
+        out = {}
+        for s in splits:
+            texts = dm.texts(s)
+            logits = torch.empty(len(texts), n)
+            for i in range(0, len(texts), bs):
+                enc = tok(texts[i:i + bs], padding=True, truncation=True, max_length=limit, return_tensors="pt")
+                logits[i:i + bs] = teacher(**enc.to(self.device)).logits.float().cpu()
             out[s] = logits
         return out
 
