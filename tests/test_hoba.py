@@ -908,3 +908,38 @@ def test_text_datamodule_texts_follow_the_split_order(tmp_path):
                                                                for i in range(len(texts))]
     with pytest.raises(ValueError, match="`split` must be"):
         dm.texts("dev")
+
+
+@pytest.mark.parametrize("family", ["roberta", "bert"])
+def test_student_inherits_hugging_face_embeddings_and_roberta_head(tmp_path, family):
+    """The paper's students start from the teacher's embeddings and classification head. From a local Hugging Face
+    checkpoint: the student's embedding layer reproduces the teacher's on real tokens (RoBERTa's positions counted
+    from pad + 1, BERT's token type 0 folded in), and RoBERTa's dense-tanh-out_proj head becomes the student's."""
+    transformers = pytest.importorskip("transformers")
+    common = dict(vocab_size=30, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                  max_position_embeddings=24, num_labels=3, layer_norm_eps=1e-5)
+    torch.manual_seed(0)
+    if family == "roberta":
+        hf = transformers.RobertaForSequenceClassification(transformers.RobertaConfig(pad_token_id=1, **common))
+    else:
+        hf = transformers.BertForSequenceClassification(transformers.BertConfig(pad_token_id=0, **common))
+    hf.eval().save_pretrained(tmp_path / family)
+    student = create_model("hoba_classifier", vocab_size=30, num_classes=3, max_len=12, dim=16, num_heads=2, depth=1,
+                           pad_id=hf.config.pad_token_id).eval()
+    copied = student.load_embeddings_from(tmp_path / family, head=family == "roberta")
+    assert sorted(copied) == sorted(["embed.tokens.weight", "embed.positions.weight", "embed.norm.weight",
+                                     "embed.norm.bias"] + (["head.1.weight", "head.1.bias", "head.4.weight",
+                                                            "head.4.bias"] if family == "roberta" else []))
+    ids = torch.randint(2, 30, (2, 12))
+    with torch.no_grad():
+        base = hf.roberta if family == "roberta" else hf.bert
+        torch.testing.assert_close(student.embed(ids), base.embeddings(input_ids=ids), rtol=1e-5, atol=1e-5)
+        if family == "roberta":
+            h = torch.randn(2, 12, 16)
+            torch.testing.assert_close(student.head(h[:, 0]), hf.classifier(h), rtol=1e-5, atol=1e-5)
+    if family == "bert":
+        with pytest.raises(ValueError, match="RoBERTa-style classification head"):
+            student.load_embeddings_from(tmp_path / family, head=True)
+    wide = create_model("hoba_classifier", vocab_size=30, num_classes=3, max_len=12, dim=32, num_heads=2, depth=1)
+    with pytest.raises(ValueError, match="shape mismatch for embed.tokens.weight"):
+        wide.load_embeddings_from(tmp_path / family)

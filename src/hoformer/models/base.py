@@ -106,6 +106,16 @@ class HoformerModel(nn.Module):
         return directory
 
 
+def hf_config(directory: str | os.PathLike) -> dict | None:
+    """The ``config.json`` of a Hugging Face model directory (it has a ``model_type``; a :meth:`save_pretrained`
+    one has ``name`` / ``kwargs`` instead), or ``None`` for anything else."""
+    try:
+        cfg = json.loads((Path(directory) / CONFIG_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return cfg if isinstance(cfg, dict) and "model_type" in cfg and "kwargs" not in cfg else None
+
+
 def _version() -> str:
     from hoformer import __version__
 

@@ -20,7 +20,7 @@ from torch import nn
 from hoformer._checks import check_values, check_int
 from hoformer.layers.triplet import TEXT_ATTENTIONS, HOBABlock
 
-from .base import HoformerModel
+from .base import HoformerModel, hf_config
 from .registry import register_model
 
 __all__ = ["HOBAClassifier", "hoba_classifier"]
@@ -161,14 +161,16 @@ class HOBAClassifier(HoformerModel):
 
     @torch.no_grad()
     def load_embeddings_from(self, source: "HOBAClassifier | str | os.PathLike", head: bool = False) -> list[str]:
-        """Copy the embedding weights (and the classifier head when ``head=True``) from a teacher model or a
-        ``save_pretrained`` directory, as the paper's students inherit the teacher's embeddings. Returns the copied
-        parameter names; shapes must match (same vocabulary and width), except that a teacher with a longer position
-        table gives its first ``max_len`` positions (a RoBERTa teacher has 514, its students 64 or 128)."""
+        """Copy the embedding weights (and the classifier head when ``head=True``) from a teacher model, a
+        ``save_pretrained`` directory or a local Hugging Face checkpoint directory (BERT / RoBERTa family: word,
+        position and LayerNorm weights; BERT's token-type 0 row folded into the positions; RoBERTa's positions read
+        from row ``pad_token_id + 1`` on; ``head``: RoBERTa's ``classifier.dense`` / ``out_proj``, the same
+        Linear-tanh-Linear on the first token), as the paper's students inherit the teacher's embeddings and head.
+        Returns the copied parameter names; shapes must match (same vocabulary, i.e. the teacher's tokenizer, and
+        width), except that a longer position table gives its first ``max_len`` positions (a RoBERTa teacher has 514,
+        its students 64 or 128)."""
         if isinstance(source, (str, os.PathLike)):
-            from safetensors.torch import load_file
-
-            state = load_file(str(Path(source) / "model.safetensors"))
+            state = _hf_as_student(Path(source), head) if hf_config(Path(source)) else _load_safetensors(source)
         else:
             state = source.state_dict()
         prefixes = ("embed.",) + (("head.",) if head else ())
@@ -186,6 +188,47 @@ class HOBAClassifier(HoformerModel):
         if not copied:
             raise ValueError("load_embeddings_from: the source has no 'embed.*' weights")
         return copied
+
+
+def _load_safetensors(directory) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(directory) / "model.safetensors"))
+
+
+def _hf_as_student(directory: Path, head: bool) -> dict[str, torch.Tensor]:
+    """A Hugging Face checkpoint's embedding (and RoBERTa head) weights under :class:`HOBAClassifier`'s names."""
+    from safetensors.torch import load_file
+
+    cfg = hf_config(directory)
+    files = sorted(directory.glob("*.safetensors"))
+    if files:
+        state = {k: v for f in files for k, v in load_file(str(f)).items()}
+    elif (directory / "pytorch_model.bin").is_file():
+        state = torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    else:
+        raise FileNotFoundError(f"load_embeddings_from: no *.safetensors or pytorch_model.bin in {str(directory)!r}")
+    word = [k for k in state if k.endswith("embeddings.word_embeddings.weight")]
+    if len(word) != 1:
+        raise ValueError(f"load_embeddings_from: {str(directory)!r} ({cfg['model_type']}) has no single BERT-style "
+                         f"'embeddings.word_embeddings.weight' (found {word})")
+    pre = word[0][: -len("word_embeddings.weight")]  # e.g. "roberta.embeddings."
+    pos = state[pre + "position_embeddings.weight"]
+    if "roberta" in cfg["model_type"]:  # RoBERTa counts positions from padding_idx + 1
+        pos = pos[int(cfg.get("pad_token_id", 1)) + 1:]
+    if pre + "token_type_embeddings.weight" in state:  # every token has type 0: a constant added to each position
+        pos = pos + state[pre + "token_type_embeddings.weight"][0]
+    out = {"embed.tokens.weight": state[word[0]], "embed.positions.weight": pos,
+           "embed.norm.weight": state[pre + "LayerNorm.weight"], "embed.norm.bias": state[pre + "LayerNorm.bias"]}
+    if head:
+        names = {"head.1.weight": "classifier.dense.weight", "head.1.bias": "classifier.dense.bias",
+                 "head.4.weight": "classifier.out_proj.weight", "head.4.bias": "classifier.out_proj.bias"}
+        if not all(v in state for v in names.values()):
+            raise ValueError(f"load_embeddings_from: head=True needs a RoBERTa-style classification head "
+                             f"(classifier.dense / classifier.out_proj), which {str(directory)!r} "
+                             f"({cfg['model_type']}) does not have")
+        out.update({k: state[v] for k, v in names.items()})
+    return out
 
 
 @register_model

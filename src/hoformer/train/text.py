@@ -11,15 +11,14 @@
   sequence-classification checkpoint (e.g. a fine-tuned RoBERTa, the paper's teacher; needs the ``hf`` extra: it reads
   the raw texts with its own tokenizer, never the network), and are cached on disk (``teacher_logits``) so student
   epochs never re-run the teacher; a logits file produced elsewhere can be given alone: ``{"train": (N_train, C),
-  "val": ..., "test": ...}`` in the datamodule's split order (``torch.save``). The student can inherit a hoformer
-  teacher's embeddings (``init_embeddings_from``).
+  "val": ..., "test": ...}`` in the datamodule's split order (``torch.save``). The student can inherit the teacher's
+  embeddings and head (``init_embeddings_from``, ``init_head_from_teacher``; Hugging Face BERT / RoBERTa too).
 
 Metric names: ``{train,val,test}/{loss,ce,kl,acc}`` (``kl`` only where teacher logits exist).
 """
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import warnings
 import os
@@ -32,6 +31,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from hoformer._io import atomic_write
 from hoformer.data._utils import sha256sum
+from hoformer.models.base import hf_config
 
 from .base import TaskModule, check_labels
 
@@ -84,21 +84,11 @@ def _ids_fingerprint(dataset) -> str:
     return h.hexdigest()
 
 
-def _is_hf_checkpoint(tdir: Path) -> bool:
-    """A Hugging Face model directory (``config.json`` with a ``model_type``), not a hoformer ``save_pretrained`` one
-    (``{"name", "kwargs"}``)."""
-    try:
-        cfg = json.loads((tdir / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(cfg, dict) and "model_type" in cfg and "kwargs" not in cfg
-
-
 def _teacher_fingerprint(tdir: Path) -> dict:
     """What a teacher's logits depend on besides the data: its weights and config (and, for a Hugging Face teacher,
     its tokenizer files). A hoformer teacher keeps the digests of its ``model.safetensors`` / ``config.json`` as
     before, so caches written earlier stay valid."""
-    if not _is_hf_checkpoint(tdir):
+    if not hf_config(tdir):
         return {"teacher": sha256sum(tdir / "model.safetensors"), "teacher_config": sha256sum(tdir / "config.json")}
     files = sorted(p for p in tdir.iterdir() if p.is_file() and p.suffix in (".safetensors", ".bin", ".json", ".txt",
                                                                                ".model"))
@@ -130,7 +120,9 @@ class TextClassificationTask(TaskModule):
             names must match the dataset's classes in order).
         teacher_logits: cache file of the teacher's logits per split (written when ``teacher`` is given and the
             cache is missing or stale; read alone when ``teacher`` is None).
-        init_embeddings_from: ``save_pretrained`` directory whose ``embed.*`` weights initialise the student.
+        init_embeddings_from: ``save_pretrained`` directory whose ``embed.*`` weights initialise the student, or a
+            local Hugging Face BERT / RoBERTa checkpoint (the student then needs its width and, through the
+            datamodule's ``tokenizer``, its vocabulary and pad id; see ``HOBAClassifier.load_embeddings_from``).
         init_head_from_teacher: also copy the classifier head (``head.*``) from ``init_embeddings_from`` (the paper
             initialises "embeddings and classification heads" from the teacher; needs the same width and classes).
         export_dir: at the end of ``fit``, save the model (best checkpoint when one exists) and the datamodule's
@@ -252,7 +244,7 @@ class TextClassificationTask(TaskModule):
     def _run_teacher(self, tdir: Path, dm, splits) -> dict[str, torch.Tensor]:
         from hoformer.models import from_pretrained
 
-        if _is_hf_checkpoint(tdir):
+        if hf_config(tdir):
             return self._run_hf_teacher(tdir, dm, splits)
         teacher = from_pretrained(tdir, map_location="cpu").to(self.device).eval()
         out = {}
