@@ -42,7 +42,8 @@ def test_forecast_feeds_the_last_rows_scaled_with_the_train_statistics(tmp_path)
     # the statistics of the 8,640 training rows, in float64 (the model's dtype)
     x, training, grad = model.seen
     assert x.dtype == torch.float64 and not training and not grad and model.training  # eval + no_grad, then restored
-    want = (raw.iloc[-48:, 1:].to_numpy() - raw.iloc[:8640, 1:].to_numpy().mean(0)) / raw.iloc[:8640, 1:].to_numpy().std(0)
+    train = raw.iloc[:8640, 1:].to_numpy()
+    want = (raw.iloc[-48:, 1:].to_numpy() - train.mean(0)) / train.std(0)
     np.testing.assert_allclose(x[0].numpy(), want, rtol=1e-5, atol=1e-5)
     # the output: original scale (persistence returns the last 24 rows), dated after the last timestamp
     assert list(df.columns) == ["date", *raw.columns[1:]]

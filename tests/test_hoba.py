@@ -835,7 +835,7 @@ def test_pre_norm_encoder_ends_with_the_final_layernorm(attention):
         torch.testing.assert_close(m.encode(ids, mask)[mask], ref[mask], rtol=1e-10, atol=1e-10)
 
 
-# ------------------------------------------------------------------------- a local Hugging Face teacher (paper: RoBERTa)
+# ---------------------------------------------------------------- a local Hugging Face teacher (paper: RoBERTa)
 def _hf_teacher(tdir, texts, num_labels=2, id2label=None, seed=0):
     """A tiny RoBERTa sequence classifier with a word-level tokenizer of its own, saved like a fine-tuned checkpoint."""
     transformers = pytest.importorskip("transformers")

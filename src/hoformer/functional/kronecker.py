@@ -570,7 +570,8 @@ def kronecker_attention(
                              f"row-normalised phi(q_i) phi(k_i)^T)")
         if scale is not None or dropout_p:
             raise ValueError(f"{fn}: `scale` and `dropout_p` apply to softmax factors only; kernel='linear' may "
-                             f"apply S_i by associativity without forming it (got scale={scale}, dropout_p={dropout_p})")
+                             f"apply S_i by associativity without forming it (got scale={scale}, "
+                             f"dropout_p={dropout_p})")
         phi = feature_map or elu_feature_map
         feats = [(phi(qi), phi(ki)) for qi, ki in zip(q, k)]
         if feature_map is not None:  # negative features make the row normaliser cross 0: NaN / inf, silently
@@ -598,9 +599,10 @@ def linear_factor(fq: torch.Tensor, fk: torch.Tensor, mask: torch.Tensor | None 
 
 
 def forms_linear_factor(n: int, f: int, p: int) -> bool:
-    """The linear kernel's route for an unmasked mode of size ``n``: whether forming a linear-kernel factor ``S (n, n)`` and applying it to ``p`` columns (``2 n^2 (f + p)``
-    flops: ``fq fk^T``, then ``S X``) costs no more than applying it by associativity (``4 n f p``: ``fk^T X``, then
-    ``fq (.)``), for ``f`` features. HOT's modes are short (``n`` below ``2 f`` or so), so usually it does."""
+    """The linear kernel's route for an unmasked mode of size ``n``: whether forming its factor ``S (n, n)`` and
+    applying it to ``p`` columns (``2 n^2 (f + p)`` flops: ``fq fk^T``, then ``S X``) costs no more than applying it
+    by associativity (``4 n f p``: ``fk^T X``, then ``fq (.)``), for ``f`` features. HOT's modes are short (``n``
+    below ``2 f`` or so), so usually it does."""
     return n * (f + p) <= 2 * f * p
 
 
