@@ -75,11 +75,14 @@ def test_forecast_history_keeps_the_training_scaler(tmp_path):
     newer = newer[["date", "OT", *raw.columns[1:-1]]].assign(extra=1.0)  # other column order, one extra column
     newer.to_csv(tmp_path / "newer.csv", index=False)
     zero = Persistence(24, fill=0.0)  # predicts the training mean on the original scale
+    newer = newer.rename(columns={"OT": " OT "})  # names are stripped as when reading a CSV; the frame is not changed
     for history in (tmp_path / "newer.csv", str(tmp_path / "newer.csv"), newer):
         df = ds.forecast(zero, history)
         np.testing.assert_allclose(df.iloc[0, 1:].to_numpy(np.float64), raw.iloc[:8640, 1:].to_numpy().mean(0),
                                    rtol=1e-5)
         assert df["date"].iloc[0] == pd.Timestamp(newer["date"].iloc[-1]) + pd.Timedelta(hours=1)
+    assert " OT " in newer.columns
+    newer = newer.rename(columns={" OT ": "OT"})
     with pytest.raises(ValueError, match=r"lacks the training column\(s\) \['OT'\]"):
         ds.forecast(zero, newer.drop(columns="OT"))
     with pytest.raises(ValueError, match="non-finite"):

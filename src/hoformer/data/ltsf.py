@@ -425,12 +425,11 @@ class LTSFDataset(Dataset):
             dates, values, columns = _read_table(str(path), self.protocol != "solar", st.st_mtime_ns, st.st_size)
             frame = pd.DataFrame(values, columns=list(columns))
         elif isinstance(history, pd.DataFrame):
-            frame = history
+            frame = history.rename(columns=lambda c: str(c).strip())  # a new frame: the caller's is left as it is
             dates = pd.to_datetime(frame["date"]).to_numpy("datetime64[ns]") if "date" in frame.columns else None
         else:
             raise TypeError(f"forecast: `history` must be None, a CSV path or a pandas.DataFrame, got "
                             f"{type(history).__name__}")
-        frame.columns = [str(c).strip() for c in frame.columns]
         missing = [c for c in self.columns if c not in frame.columns]
         if missing:
             raise ValueError(f"forecast: history lacks the training column(s) {missing} (has {list(frame.columns)})")
