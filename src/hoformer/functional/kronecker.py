@@ -589,13 +589,18 @@ def kronecker_attention(
 
 def linear_factor(fq: torch.Tensor, fk: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """The linear kernel's factor ``S = diag(A 1)^-1 A`` with ``A = fq fk^T`` (entries where the bool ``mask`` is False
-    set to 0 first), formed explicitly. The row sums are floored at the dtype's smallest normal number, so a row
-    without mass (a query whose keys are all masked, or all-zero features) is 0, as in the associative
-    :func:`_linear_op`."""
+    set to 0 first), formed explicitly. A row without mass (a query whose keys are all masked, or all-zero features)
+    is 0, with finite gradients, as in the associative :func:`_linear_op`."""
     a = torch.matmul(fq, fk.transpose(-1, -2))
     if mask is not None:
         a = a.masked_fill(~mask, 0.0)
-    return a / a.sum(-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
+    return a / _safe_denominator(a.sum(-1, keepdim=True))
+
+
+def _safe_denominator(s: torch.Tensor) -> torch.Tensor:
+    """Row sums ``s >= 0`` with the empty rows' 0 replaced by 1 (their numerators are 0). Not a clamp at the dtype's
+    smallest normal number: FAVOR+ row sums are often below fp16's (6e-5), and ``g / tiny`` overflows in backward."""
+    return torch.where(s > 0, s, torch.ones_like(s))
 
 
 def forms_linear_factor(n: int, f: int, p: int) -> bool:
@@ -622,7 +627,7 @@ def _linear_attention(feats, v: torch.Tensor, combine: str, masks, return_factor
     feats = [(fq.to(v.dtype), fk.to(v.dtype)) for fq, fk in feats]
     explicit = [m is not None or forms_linear_factor(n, fq.shape[-1], total // n)
                 for (fq, _), m, n in zip(feats, masks, sizes)]
-    factors = [linear_factor(fq, fk, m) if e or return_factors else None
+    factors = [linear_factor(fq, fk, m).to(v.dtype) if e or return_factors else None  # v's dtype under autocast too
                for (fq, fk), m, e in zip(feats, masks, explicit)]
     if all(explicit) and not torch.compiler.is_compiling():
         y = kron_apply(factors, v) if combine == "product" else kron_sum_apply(factors, v, normalize=True)
@@ -644,7 +649,7 @@ def _linear_op(fq: torch.Tensor, fk: torch.Tensor, b: int, h: int, dtype) -> Cal
     fq = _flat_factor(fq.to(dtype), b, h)  # (bh, n, f)
     fk = _flat_factor(fk.to(dtype), b, h)
     denom = torch.matmul(fq, fk.sum(dim=1, keepdim=True).transpose(1, 2))  # (bh, n, 1)
-    inv = 1.0 / denom.clamp_min(torch.finfo(dtype).tiny)
+    inv = 1.0 / _safe_denominator(denom)
 
     def op(x: torch.Tensor) -> torch.Tensor:
         kv = torch.matmul(fk.transpose(1, 2), x.transpose(1, 2))  # (bh, f, P)
