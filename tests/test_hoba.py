@@ -836,8 +836,9 @@ def test_pre_norm_encoder_ends_with_the_final_layernorm(attention):
 
 
 # ---------------------------------------------------------------- a local Hugging Face teacher (paper: RoBERTa)
-def _hf_teacher(tdir, texts, num_labels=2, id2label=None, seed=0):
-    """A tiny RoBERTa sequence classifier with a word-level tokenizer of its own, saved like a fine-tuned checkpoint."""
+def _hf_teacher(tdir, texts, num_labels=2, id2label=None, seed=0, max_positions=16, model_max_length=12):
+    """A tiny RoBERTa sequence classifier with a word-level tokenizer of its own, saved like a fine-tuned checkpoint
+    (``model_max_length=None``: a tokenizer that does not say, read back as a huge "no limit" sentinel)."""
     transformers = pytest.importorskip("transformers")
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
@@ -845,11 +846,13 @@ def _hf_teacher(tdir, texts, num_labels=2, id2label=None, seed=0):
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.train_from_iterator(texts, trainers.WordLevelTrainer(special_tokens=["<pad>", "<unk>", "<s>", "</s>"]))
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>",
-                                                bos_token="<s>", eos_token="</s>", model_max_length=12)
+                                                bos_token="<s>", eos_token="</s>",
+                                                **({"model_max_length": model_max_length} if model_max_length else {}))
     fast.save_pretrained(tdir)
     torch.manual_seed(seed)
     cfg = transformers.RobertaConfig(vocab_size=fast.vocab_size, hidden_size=16, num_hidden_layers=1,
-                                     num_attention_heads=2, intermediate_size=32, max_position_embeddings=16,
+                                     num_attention_heads=2, intermediate_size=32,
+                                     max_position_embeddings=max_positions,
                                      pad_token_id=0, num_labels=num_labels,
                                      **({"id2label": id2label} if id2label else {}))
     model = transformers.RobertaForSequenceClassification(cfg).eval()
@@ -881,8 +884,18 @@ def test_local_hugging_face_teacher_logits_on_raw_texts(tmp_path, monkeypatch):
     t2 = task(teacher=str(tdir), teacher_logits=str(cache))
     t2._teacher_splits(("train",))
     assert torch.equal(t2.teacher_cache["train"], t.teacher_cache["train"])
+    # a student vocabulary retrained from scratch (other token ids, same texts) keeps the cache: the Hugging Face
+    # teacher reads the raw texts, so its logits are keyed to them, not to the student's ids
+    dm2 = TextDataModule("sst2", root=str(tmp_path / "data"), verify=False, max_len=16, batch_size=8, vocab_size=60)
+    dm2.setup()
+    assert dm2.datasets["train"].ids != dm.datasets["train"].ids and dm2.texts("train") == dm.texts("train")
+    t4 = task(teacher=str(tdir), teacher_logits=str(cache))
+    t4._trainer = SimpleNamespace(datamodule=dm2)
+    t4._teacher_splits(("train",))
+    assert torch.equal(t4.teacher_cache["train"], t.teacher_cache["train"])
     monkeypatch.undo()
-    model2, _ = _hf_teacher(tdir, dm.texts("train"), id2label={0: "negative", 1: "positive"}, seed=1)
+    # other weights only (same labels, tokenizer files rewritten alike): recomputed
+    model2, _ = _hf_teacher(tdir, dm.texts("train"), id2label={0: "NEGATIVE", 1: "POSITIVE"}, seed=1)
     t3 = task(teacher=str(tdir), teacher_logits=str(cache))
     t3._teacher_splits(("train",))
     assert not torch.allclose(t3.teacher_cache["train"], t.teacher_cache["train"])
@@ -897,6 +910,14 @@ def test_local_hugging_face_teacher_logits_on_raw_texts(tmp_path, monkeypatch):
     _hf_teacher(tmp_path / "three", dm.texts("train"), num_labels=3)
     with pytest.raises(ValueError, match="num_labels=3"):
         task(teacher=str(tmp_path / "three"))._teacher_splits(("train",))
+    # a tokenizer that states no maximum and a short position table (RoBERTa: 5 rows - pad offset 2 = 3 tokens): the
+    # texts (4 words) are cut to what the model can read instead of indexing past its positions
+    small, stok = _hf_teacher(tmp_path / "short", dm.texts("train"), max_positions=5, model_max_length=None)
+    ts = task(teacher=str(tmp_path / "short"))
+    ts._teacher_splits(("train",))
+    with torch.no_grad():
+        want = small(**stok(dm.texts("train")[:1], truncation=True, max_length=3, return_tensors="pt")).logits
+    torch.testing.assert_close(ts.teacher_cache["train"][:1], want, rtol=1e-4, atol=1e-5)
 
 
 def test_text_datamodule_texts_follow_the_split_order(tmp_path):
@@ -910,7 +931,7 @@ def test_text_datamodule_texts_follow_the_split_order(tmp_path):
         dm.texts("dev")
 
 
-@pytest.mark.parametrize("family", ["roberta", "bert"])
+@pytest.mark.parametrize("family", ["roberta", "bert", "camembert", "bert_sharded_bin"])
 def test_student_inherits_hugging_face_embeddings_and_roberta_head(tmp_path, family):
     """The paper's students start from the teacher's embeddings and classification head. From a local Hugging Face
     checkpoint: the student's embedding layer reproduces the teacher's on real tokens (RoBERTa's positions counted
@@ -919,27 +940,37 @@ def test_student_inherits_hugging_face_embeddings_and_roberta_head(tmp_path, fam
     common = dict(vocab_size=30, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
                   max_position_embeddings=24, num_labels=3, layer_norm_eps=1e-5)
     torch.manual_seed(0)
+    roberta_like = family in ("roberta", "camembert")  # positions from pad + 1, dense-tanh-out_proj head
     if family == "roberta":
         hf = transformers.RobertaForSequenceClassification(transformers.RobertaConfig(pad_token_id=1, **common))
+    elif family == "camembert":
+        hf = transformers.CamembertForSequenceClassification(transformers.CamembertConfig(pad_token_id=1, **common))
     else:
         hf = transformers.BertForSequenceClassification(transformers.BertConfig(pad_token_id=0, **common))
-    hf.eval().save_pretrained(tmp_path / family)
+    d = tmp_path / family
+    hf.eval().save_pretrained(d)
+    if family == "bert_sharded_bin":  # an older checkpoint: pickled weights in two shards
+        state = hf.state_dict()
+        keys = sorted(state)
+        for i, part in enumerate((keys[: len(keys) // 2], keys[len(keys) // 2:])):
+            torch.save({k: state[k] for k in part}, d / f"pytorch_model-0000{i + 1}-of-00002.bin")
+        for f in d.glob("*.safetensors"):
+            f.unlink()
     student = create_model("hoba_classifier", vocab_size=30, num_classes=3, max_len=12, dim=16, num_heads=2, depth=1,
                            pad_id=hf.config.pad_token_id).eval()
-    copied = student.load_embeddings_from(tmp_path / family, head=family == "roberta")
+    copied = student.load_embeddings_from(d, head=roberta_like)
     assert sorted(copied) == sorted(["embed.tokens.weight", "embed.positions.weight", "embed.norm.weight",
                                      "embed.norm.bias"] + (["head.1.weight", "head.1.bias", "head.4.weight",
-                                                            "head.4.bias"] if family == "roberta" else []))
+                                                            "head.4.bias"] if roberta_like else []))
     ids = torch.randint(2, 30, (2, 12))
     with torch.no_grad():
-        base = hf.roberta if family == "roberta" else hf.bert
-        torch.testing.assert_close(student.embed(ids), base.embeddings(input_ids=ids), rtol=1e-5, atol=1e-5)
-        if family == "roberta":
+        torch.testing.assert_close(student.embed(ids), hf.base_model.embeddings(input_ids=ids), rtol=1e-5, atol=1e-5)
+        if roberta_like:
             h = torch.randn(2, 12, 16)
             torch.testing.assert_close(student.head(h[:, 0]), hf.classifier(h), rtol=1e-5, atol=1e-5)
-    if family == "bert":
+    if not roberta_like:
         with pytest.raises(ValueError, match="RoBERTa-style classification head"):
-            student.load_embeddings_from(tmp_path / family, head=True)
+            student.load_embeddings_from(d, head=True)
     wide = create_model("hoba_classifier", vocab_size=30, num_classes=3, max_len=12, dim=32, num_heads=2, depth=1)
     with pytest.raises(ValueError, match="shape mismatch for embed.tokens.weight"):
-        wide.load_embeddings_from(tmp_path / family)
+        wide.load_embeddings_from(d)

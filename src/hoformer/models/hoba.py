@@ -20,7 +20,7 @@ from torch import nn
 from hoformer._checks import check_values, check_int
 from hoformer.layers.triplet import TEXT_ATTENTIONS, HOBABlock
 
-from .base import HoformerModel, hf_config
+from .base import HoformerModel, hf_config, hf_position_offset
 from .registry import register_model
 
 __all__ = ["HOBAClassifier", "hoba_classifier"]
@@ -163,9 +163,10 @@ class HOBAClassifier(HoformerModel):
     def load_embeddings_from(self, source: "HOBAClassifier | str | os.PathLike", head: bool = False) -> list[str]:
         """Copy the embedding weights (and the classifier head when ``head=True``) from a teacher model, a
         ``save_pretrained`` directory or a local Hugging Face checkpoint directory (BERT / RoBERTa family: word,
-        position and LayerNorm weights; BERT's token-type 0 row folded into the positions; RoBERTa's positions read
-        from row ``pad_token_id + 1`` on; ``head``: RoBERTa's ``classifier.dense`` / ``out_proj``, the same
-        Linear-tanh-Linear on the first token), as the paper's students inherit the teacher's embeddings and head.
+        position and LayerNorm weights; BERT's token-type 0 row folded into the positions; the RoBERTa family's
+        positions read from row ``pad_token_id + 1`` on (``hf_position_offset``); ``head``: RoBERTa's
+        ``classifier.dense`` / ``out_proj``, the same Linear-tanh-Linear on the first token), as the paper's students
+        inherit the teacher's embeddings and head.
         Returns the copied parameter names; shapes must match (same vocabulary, i.e. the teacher's tokenizer, and
         width), except that a longer position table gives its first ``max_len`` positions (a RoBERTa teacher has 514,
         its students 64 or 128)."""
@@ -201,21 +202,21 @@ def _hf_as_student(directory: Path, head: bool) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     cfg = hf_config(directory)
-    files = sorted(directory.glob("*.safetensors"))
-    if files:
-        state = {k: v for f in files for k, v in load_file(str(f)).items()}
-    elif (directory / "pytorch_model.bin").is_file():
-        state = torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    else:
-        raise FileNotFoundError(f"load_embeddings_from: no *.safetensors or pytorch_model.bin in {str(directory)!r}")
+    state: dict[str, torch.Tensor] = {}
+    for f in sorted(directory.glob("*.safetensors")) or sorted(directory.glob("pytorch_model*.bin")):  # shards too
+        state.update(load_file(str(f)) if f.suffix == ".safetensors" else
+                     torch.load(f, map_location="cpu", weights_only=True))
+    if not state:
+        raise FileNotFoundError(f"load_embeddings_from: no *.safetensors or pytorch_model*.bin in {str(directory)!r}")
     word = [k for k in state if k.endswith("embeddings.word_embeddings.weight")]
     if len(word) != 1:
         raise ValueError(f"load_embeddings_from: {str(directory)!r} ({cfg['model_type']}) has no single BERT-style "
                          f"'embeddings.word_embeddings.weight' (found {word})")
     pre = word[0][: -len("word_embeddings.weight")]  # e.g. "roberta.embeddings."
-    pos = state[pre + "position_embeddings.weight"]
-    if "roberta" in cfg["model_type"]:  # RoBERTa counts positions from padding_idx + 1
-        pos = pos[int(cfg.get("pad_token_id", 1)) + 1:]
+    if pre + "position_embeddings.weight" not in state:
+        raise ValueError(f"load_embeddings_from: {str(directory)!r} ({cfg['model_type']}) has no learned absolute "
+                         f"positions ('{pre}position_embeddings.weight'); the student's position table needs them")
+    pos = state[pre + "position_embeddings.weight"][hf_position_offset(cfg):]  # RoBERTa: from pad + 1
     if pre + "token_type_embeddings.weight" in state:  # every token has type 0: a constant added to each position
         pos = pos + state[pre + "token_type_embeddings.weight"][0]
     out = {"embed.tokens.weight": state[word[0]], "embed.positions.weight": pos,

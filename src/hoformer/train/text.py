@@ -31,7 +31,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from hoformer._io import atomic_write
 from hoformer.data._utils import sha256sum
-from hoformer.models.base import hf_config
+from hoformer.models.base import hf_config, hf_position_offset
 
 from .base import TaskModule, check_labels
 
@@ -84,6 +84,16 @@ def _ids_fingerprint(dataset) -> str:
     return h.hexdigest()
 
 
+def _hf_max_length(tok, cfg: dict) -> int:
+    """Tokens a Hugging Face teacher reads: its tokenizer's ``model_max_length`` (large "no limit" sentinels
+    ignored), at most its position table (``max_position_embeddings`` less the RoBERTa family's ``pad + 1`` offset),
+    512 when neither says."""
+    limits = [tok.model_max_length] if 0 < getattr(tok, "model_max_length", 0) <= 100_000 else []
+    if cfg.get("max_position_embeddings"):
+        limits.append(int(cfg["max_position_embeddings"]) - hf_position_offset(cfg))
+    return int(min(limits)) if limits else 512
+
+
 def _teacher_fingerprint(tdir: Path) -> dict:
     """What a teacher's logits depend on besides the data: its weights and config (and, for a Hugging Face teacher,
     its tokenizer files). A hoformer teacher keeps the digests of its ``model.safetensors`` / ``config.json`` as
@@ -96,6 +106,21 @@ def _teacher_fingerprint(tdir: Path) -> dict:
         raise FileNotFoundError(f"TextClassificationTask: Hugging Face teacher {str(tdir)!r} has no weights "
                                 "(*.safetensors / *.bin)")
     return {"teacher": {p.name: sha256sum(p) for p in files}}
+
+
+def _data_fingerprint(dm, hf: bool = False) -> dict:
+    """What the teacher logits of every split depend on in the data: the student's token ids (and ``max_len``) for a
+    teacher that shares the student's tokenizer; the raw texts and labels for a Hugging Face teacher, which reads the
+    texts with its own tokenizer (a retrained student vocabulary, not bit-reproducible, must not re-run it)."""
+    if not hf:
+        return {"max_len": dm.max_len, **{s: _ids_fingerprint(dm.datasets[s]) for s in ("train", "val", "test")}}
+    out = {}
+    for s in ("train", "val", "test"):
+        h = hashlib.sha256()
+        for text, label in zip(dm.texts(s), dm.datasets[s].labels):
+            h.update(text.encode("utf-8") + b"\0" + str(int(label)).encode() + b"\0")
+        out[f"{s}_texts"] = h.hexdigest()
+    return out
 
 
 def teacher_logits_fingerprint(datamodule) -> dict:
@@ -200,7 +225,7 @@ class TextClassificationTask(TaskModule):
         cache_path = Path(hp.teacher_logits) if hp.teacher_logits else None
         # the cache is keyed by the data it was computed on (token ids + labels of every split, in order, and max_len)
         # and, when the teacher directory is known, by the teacher's weights *and* config
-        data_fp = {"max_len": dm.max_len, **{s: _ids_fingerprint(dm.datasets[s]) for s in ("train", "val", "test")}}
+        data_fp = _data_fingerprint(dm, hf=bool(hp.teacher) and hf_config(Path(hp.teacher)) is not None)
         if all(s in self.teacher_cache for s in splits) and self._teacher_data_fp == data_fp:
             return  # the in-memory logits are for this very data (a task reused with another datamodule is not)
         self.teacher_cache.clear()
@@ -278,8 +303,7 @@ class TextClassificationTask(TaskModule):
                              f"not the data's classes {dm.class_names} in that order; a teacher trained with another "
                              "label order would distil swapped classes (fix id2label if only the names differ)")
         teacher = teacher.to(self.device).eval()
-        limit = getattr(tok, "model_max_length", None)
-        limit = limit if isinstance(limit, int) and 0 < limit <= 100_000 else 512  # "no limit" sentinels: 512
+        limit = _hf_max_length(tok, teacher.config.to_dict())
         bs = dm.eval_batch_size or dm.batch_size
         out = {}
         for s in splits:
