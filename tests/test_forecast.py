@@ -102,8 +102,49 @@ def test_forecast_target_features_weekly_dates_and_shape_errors(tmp_path):
         assert list(df.columns) == ["date", "OT"]
         np.testing.assert_allclose(df["OT"].to_numpy(), raw["OT"].iloc[-12:].to_numpy(), rtol=1e-5)
         assert df["date"].iloc[0] - pd.Timestamp(raw["date"].iloc[-1]) == pd.Timedelta(days=7)
-    with pytest.raises(ValueError, match=r"expected \(1, 12, 1\) \(pred_len of this dataset\)"):
+    with pytest.raises(ValueError, match=r"expected \(1, 12, 1\) \(pred_len and features='S'"):
         ds.forecast(Persistence(6))
+
+
+class LastColumn(Persistence):
+    def forward(self, x):
+        return super().forward(x)[..., -1:]
+
+
+def test_forecast_refuses_a_target_only_output_for_all_variates(tmp_path):
+    """features="M" forecasts every variate: a model giving one column is an error (it was labelled 'OT' silently
+    without a scaler), while "MS" takes the target column of a full-width output or a one-column output."""
+    write_synthetic_ltsf_csv(tmp_path / "illness" / "national_illness.csv", "national_illness", n_rows=300)
+    for scale in (True, False):
+        ds = LTSFDataset(tmp_path, "ILI", "train", seq_len=36, pred_len=12, scale=scale, verify=False)
+        with pytest.raises(ValueError, match=r"expected \(1, 12, 7\) \(pred_len and features='M'"):
+            ds.forecast(LastColumn(12))
+    ms = LTSFDataset(tmp_path, "ILI", "train", seq_len=36, pred_len=12, features="MS", verify=False)
+    pd.testing.assert_frame_equal(ms.forecast(LastColumn(12)), ms.forecast(Persistence(12)))
+
+
+def test_forecast_dates_across_the_end_gaps_time_zones_and_bad_histories(tmp_path):
+    """A backtest crossing the end keeps the file's own timestamps and extrapolates the rest from its last one (a gap
+    before the last row stays); a DataFrame's time zone (date column or DatetimeIndex) is kept; histories that are too
+    short, not finite or not advancing in time are named as such."""
+    ds = _etth1(tmp_path)  # seq_len 48, pred_len 24
+    raw = pd.read_csv(tmp_path / "ETT-small" / "ETTh1.csv").iloc[-200:].reset_index(drop=True)
+    raw["date"] = pd.to_datetime(raw["date"])
+    raw.loc[199, "date"] += pd.Timedelta(hours=2)  # the last row comes 3 hours after the one before
+    df = ds.forecast(Persistence(24), raw, end=190)
+    want = list(raw["date"].iloc[190:]) + list(pd.date_range(raw["date"].iloc[-1], periods=15, freq="h")[1:])
+    assert list(df["date"]) == want
+    local = raw.assign(date=raw["date"].dt.tz_localize("Europe/Paris"))
+    for frame in (local, local.set_index("date")):
+        got = ds.forecast(Persistence(24), frame)
+        assert got["date"].iloc[0] == local["date"].iloc[-1] + pd.Timedelta(hours=1)
+        assert str(got["date"].dt.tz) == "Europe/Paris"
+    with pytest.raises(ValueError, match="the history has 10 rows, fewer than seq_len=48"):
+        ds.forecast(Persistence(24), raw.iloc[:10])
+    with pytest.raises(ValueError, match="non-finite value in column 'MULL' at row 7"):
+        ds.forecast(Persistence(24), raw.assign(MULL=raw["MULL"].where(raw.index != 7)))
+    with pytest.raises(ValueError, match="timestamps do not advance"):
+        ds.forecast(Persistence(24), raw.assign(date=raw["date"].iloc[0]))
 
 
 def test_forecast_without_timestamps_numbers_the_steps(tmp_path):
@@ -151,6 +192,8 @@ def test_hoformer_forecast_from_ckpt_and_pretrained(tmp_path, capsys):
 
 
 def test_hoformer_forecast_is_a_cli_command(capsys):
-    from hoformer.cli import main
+    from hoformer.cli import HOOKS, main
 
-    assert main(["--help"]) == 0 and "forecast" in capsys.readouterr().out
+    assert HOOKS["forecast"][0] == "hoformer.train.forecast:forecast_main"
+    assert main(["--help"]) == 0
+    assert any(line.split()[:1] == ["forecast"] for line in capsys.readouterr().out.splitlines())

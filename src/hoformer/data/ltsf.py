@@ -370,10 +370,10 @@ class LTSFDataset(Dataset):
                 mode under ``no_grad`` on its own device and dtype, and its training flag is restored.
             history: where the lookback comes from: ``None`` (this dataset's file), a CSV path in the LTSF layout
                 (``date`` first, then named columns; extra columns ignored), or a ``pandas.DataFrame`` with those
-                columns (a ``date`` column optional). Use it for data newer than the training file: the scaler stays
-                the training one.
+                columns (timestamps, optional, from a ``date`` column or a ``DatetimeIndex``; their time zone is
+                kept). Use it for data newer than the training file: the scaler stays the training one.
             end: 0-based row after the lookback (default: the number of rows, i.e. forecast the unseen future; a
-                smaller ``end`` is a backtest whose dates are the file's own).
+                smaller ``end`` is a backtest whose dates are the history's own as far as it goes).
 
         Returns:
             ``pandas.DataFrame`` with ``pred_len`` rows: a ``date`` column (extrapolated with the file's inferred
@@ -382,7 +382,9 @@ class LTSFDataset(Dataset):
         """
         import pandas as pd
 
-        values, dates = self._history(history)
+        values, dates, tz = self._history(history)
+        if len(values) < self.seq_len:
+            raise ValueError(f"forecast: the history has {len(values)} rows, fewer than seq_len={self.seq_len}")
         end = len(values) if end is None else end
         if not is_int(end) or not self.seq_len <= end <= len(values):
             raise ValueError(f"forecast: `end` must be an int in [seq_len={self.seq_len}, {len(values)}] (rows of "
@@ -398,24 +400,31 @@ class LTSFDataset(Dataset):
                 pred = model(x[None].to(device=device, dtype=dtype))[0].float().cpu()
         finally:
             model.train(was_training)
-        if pred.ndim != 2 or pred.shape[0] != self.pred_len or pred.shape[1] not in (len(self.columns), 1):
+        widths = sorted({len(self.columns), 1} if self.features != "M" else {len(self.columns)})  # S / MS: target
+        if pred.ndim != 2 or pred.shape[0] != self.pred_len or pred.shape[1] not in widths:
             raise ValueError(f"forecast: the model maps (1, {self.seq_len}, {len(self.columns)}) to "
-                             f"{(1, *pred.shape)}, expected (1, {self.pred_len}, {len(self.columns)}) (pred_len of "
-                             f"this dataset)")
+                             f"{(1, *pred.shape)}, expected (1, {self.pred_len}, {' or '.join(map(str, widths))}) "
+                             f"(pred_len and features={self.features!r} of this dataset)")
         if self.features == "MS" and pred.shape[1] > 1:
             pred = pred[:, -1:]  # all variates in, the target (last column) out
         out = self.inverse_transform(pred).numpy()
         df = pd.DataFrame(out, columns=self.columns if out.shape[1] == len(self.columns) else self.columns[-1:])
         when = _future_dates(dates, end, self.pred_len)
+        if when is not None and tz is not None:
+            when = when.tz_localize("UTC").tz_convert(tz)
         df.insert(0, "date" if when is not None else "step",
                   when if when is not None else np.arange(1, self.pred_len + 1))
         return df
 
-    def _history(self, history) -> tuple[np.ndarray, np.ndarray | None]:
-        """``(values (T, C) in training's column order, dates (T,) | None)`` of the forecast input."""
+    def _history(self, history) -> tuple[np.ndarray, np.ndarray | None, object]:
+        """``(values (T, C) in training's column order, dates (T,) as UTC-naive datetime64 | None, time zone |
+        None)`` of the forecast input (a DataFrame's time zone, from its ``date`` column or ``DatetimeIndex``, is kept
+        for the output; files are read as naive timestamps, offsets converted to UTC)."""
         if history is None:
-            return self._file_values, self._file_dates
+            return self._file_values, self._file_dates, None
         import pandas as pd
+
+        tz = None
 
         if isinstance(history, (str, Path)):
             path = Path(history)
@@ -426,7 +435,13 @@ class LTSFDataset(Dataset):
             frame = pd.DataFrame(values, columns=list(columns))
         elif isinstance(history, pd.DataFrame):
             frame = history.rename(columns=lambda c: str(c).strip())  # a new frame: the caller's is left as it is
-            dates = pd.to_datetime(frame["date"]).to_numpy("datetime64[ns]") if "date" in frame.columns else None
+            stamps = (pd.DatetimeIndex(pd.to_datetime(frame["date"])) if "date" in frame.columns else
+                      frame.index if isinstance(frame.index, pd.DatetimeIndex) else None)
+            dates = None
+            if stamps is not None:
+                tz = stamps.tz
+                dates = (stamps.tz_convert("UTC").tz_localize(None) if tz is not None else stamps).to_numpy(
+                    "datetime64[ns]")
         else:
             raise TypeError(f"forecast: `history` must be None, a CSV path or a pandas.DataFrame, got "
                             f"{type(history).__name__}")
@@ -437,9 +452,12 @@ class LTSFDataset(Dataset):
             values = frame[self.columns].to_numpy(np.float64)
         except (TypeError, ValueError) as e:
             raise ValueError(f"forecast: history columns {self.columns} must be numeric ({e})") from e
-        if not np.isfinite(values).all():
-            raise ValueError("forecast: history has missing or non-finite values in the training columns")
-        return values, dates
+        bad = np.argwhere(~np.isfinite(values))
+        if bad.size:
+            i, j = bad[0]
+            raise ValueError(f"forecast: history has a missing or non-finite value in column {self.columns[j]!r} at "
+                             f"row {i} ({len(bad)} such cells)")
+        return values, dates, tz
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(name={self.name!r}, split={self.split!r}, seq_len={self.seq_len}, "
@@ -449,23 +467,27 @@ class LTSFDataset(Dataset):
 
 
 def _future_dates(dates, end: int, n: int):
-    """Timestamps of the ``n`` rows from row ``end``: the file's own while it has them, past its end the last one
+    """Timestamps of the ``n`` rows from row ``end``: the file's own while it has them, past its end its last one
     plus multiples of the step (pandas' inferred frequency of the last rows, so calendar steps like month starts
     work; else their most common difference). ``None`` without timestamps."""
     if dates is None:
         return None
     import pandas as pd
 
-    if end + n <= len(dates):
-        return pd.DatetimeIndex(dates[end:end + n])
-    recent = pd.DatetimeIndex(dates[max(0, end - 64):end])
+    own = pd.DatetimeIndex(dates[end:end + n])
+    if len(own) == n:
+        return own
+    recent = pd.DatetimeIndex(dates[max(0, len(dates) - 64):])
     if len(recent) < 2:
         raise ValueError("forecast: at least two timestamps are needed to extrapolate the dates")
     freq = pd.infer_freq(recent) if len(recent) >= 3 else None
     if freq is None:
         steps, counts = np.unique(np.diff(recent.asi8), return_counts=True)
+        if steps[counts.argmax()] <= 0:
+            raise ValueError("forecast: the history's timestamps do not advance (their most common step is "
+                             f"{pd.Timedelta(int(steps[counts.argmax()]), unit='ns')}); cannot extrapolate the dates")
         freq = pd.Timedelta(int(steps[counts.argmax()]), unit="ns")
-    return pd.date_range(recent[-1], periods=n + 1, freq=freq)[1:]
+    return own.append(pd.date_range(recent[-1], periods=n - len(own) + 1, freq=freq)[1:])
 
 
 def synthetic_multiway_series(length: int = 4000, num_variates: int = 7, *, seed: int = 0, period: int = 24,

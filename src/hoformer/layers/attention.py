@@ -173,7 +173,9 @@ class FavorFeatures(nn.Module):
     ``c`` is a stabiliser against overflow: the per-row max for queries, the max over all keys of a (batch, head) for
     keys. The ``1e-6`` floor of Performer's features is scaled by ``exp(-c)`` as well, so ``c`` is an exact common
     factor that cancels in the row normalisation: a key feature does not depend on the other keys, and a causal mask
-    is exact (with the floor added after stabilising, future keys would move the past outputs by ~1e-5).
+    holds to rounding (with the floor added after stabilising, future keys moved the past outputs by ~1e-5). The
+    shared key stabiliser still couples keys through underflow: a key whose projection exceeds the others' by ~90
+    (float32) flushes their features to 0.
     """
 
     def __init__(self, dim: int, num_features: int | None = None, redraw_interval: int = 0) -> None:
