@@ -197,3 +197,26 @@ def test_hoformer_forecast_is_a_cli_command(capsys):
     assert HOOKS["forecast"][0] == "hoformer.train.forecast:forecast_main"
     assert main(["--help"]) == 0
     assert any(line.split()[:1] == ["forecast"] for line in capsys.readouterr().out.splitlines())
+
+
+def test_forecast_calendar_steps_in_local_time_offsets_and_order(tmp_path):
+    """Daily / monthly local data keep their wall-clock time across a DST change (the step is extrapolated in the
+    history's time zone, not in UTC); mixed UTC offsets, as a tz-aware series written to CSV has them, are read (as
+    UTC) from a DataFrame or a file; a newest-first history is refused, naming the row, instead of feeding the model
+    a reversed lookback with dates running backwards."""
+    ds = _etth1(tmp_path)
+    raw = pd.read_csv(tmp_path / "ETT-small" / "ETTh1.csv").iloc[-200:].reset_index(drop=True)
+    daily = raw.assign(date=pd.date_range(end="2024-03-21", periods=200, freq="D", tz="Europe/Paris"))
+    got = ds.forecast(Persistence(24), daily)["date"]
+    assert list(got) == list(pd.date_range("2024-03-22", periods=24, freq="D", tz="Europe/Paris"))
+    assert (got.dt.hour == 0).all()  # the spring DST change (2024-03-31) is crossed at local midnight
+    monthly = raw.assign(date=pd.date_range(end="2024-03-01", periods=200, freq="MS", tz="Europe/Paris"))
+    assert ds.forecast(Persistence(24), monthly.set_index("date"))["date"].iloc[1] == pd.Timestamp(
+        "2024-05-01", tz="Europe/Paris")
+    aware = raw.assign(date=pd.date_range(end="2024-04-05 12:00", periods=200, freq="h", tz="Europe/Paris"))
+    aware.to_csv(tmp_path / "paris.csv", index=False)  # offsets +01:00 then +02:00 in the text
+    want = pd.Timestamp("2024-04-05 13:00", tz="Europe/Paris")
+    assert ds.forecast(Persistence(24), pd.read_csv(tmp_path / "paris.csv"))["date"].iloc[0] == want
+    assert ds.forecast(Persistence(24), tmp_path / "paris.csv")["date"].iloc[0] == want.tz_convert(None)  # naive UTC
+    with pytest.raises(ValueError, match=r"timestamps do not advance at row 1 .* sort it oldest first"):
+        ds.forecast(Persistence(24), raw.iloc[::-1])

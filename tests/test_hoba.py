@@ -893,6 +893,10 @@ def test_local_hugging_face_teacher_logits_on_raw_texts(tmp_path, monkeypatch):
     t4._trainer = SimpleNamespace(datamodule=dm2)
     t4._teacher_splits(("train",))
     assert torch.equal(t4.teacher_cache["train"], t.teacher_cache["train"])
+    # the cache file alone (teacher=None) is checked against the texts it was keyed to, and reused
+    t5 = task(teacher_logits=str(cache))
+    t5._teacher_splits(("train", "val"))
+    assert torch.equal(t5.teacher_cache["val"], t.teacher_cache["val"]) and "train_texts" in t5._teacher_data_fp
     monkeypatch.undo()
     # other weights only (same labels, tokenizer files rewritten alike): recomputed
     model2, _ = _hf_teacher(tdir, dm.texts("train"), id2label={0: "NEGATIVE", 1: "POSITIVE"}, seed=1)
@@ -931,7 +935,7 @@ def test_text_datamodule_texts_follow_the_split_order(tmp_path):
         dm.texts("dev")
 
 
-@pytest.mark.parametrize("family", ["roberta", "bert", "camembert", "bert_sharded_bin"])
+@pytest.mark.parametrize("family", ["roberta", "bert", "camembert", "xlm-roberta", "bert_sharded_bin"])
 def test_student_inherits_hugging_face_embeddings_and_roberta_head(tmp_path, family):
     """The paper's students start from the teacher's embeddings and classification head. From a local Hugging Face
     checkpoint: the student's embedding layer reproduces the teacher's on real tokens (RoBERTa's positions counted
@@ -940,11 +944,13 @@ def test_student_inherits_hugging_face_embeddings_and_roberta_head(tmp_path, fam
     common = dict(vocab_size=30, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
                   max_position_embeddings=24, num_labels=3, layer_norm_eps=1e-5)
     torch.manual_seed(0)
-    roberta_like = family in ("roberta", "camembert")  # positions from pad + 1, dense-tanh-out_proj head
+    roberta_like = family in ("roberta", "camembert", "xlm-roberta")  # positions from pad + 1, RoBERTa's head
     if family == "roberta":
         hf = transformers.RobertaForSequenceClassification(transformers.RobertaConfig(pad_token_id=1, **common))
     elif family == "camembert":
         hf = transformers.CamembertForSequenceClassification(transformers.CamembertConfig(pad_token_id=1, **common))
+    elif family == "xlm-roberta":
+        hf = transformers.XLMRobertaForSequenceClassification(transformers.XLMRobertaConfig(pad_token_id=1, **common))
     else:
         hf = transformers.BertForSequenceClassification(transformers.BertConfig(pad_token_id=0, **common))
     d = tmp_path / family

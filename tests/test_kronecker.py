@@ -259,6 +259,27 @@ def test_linear_kernel_half_precision_keeps_small_row_sums():
     assert (got - want).abs().max() / want.abs().max() < 0.01
 
 
+@pytest.mark.parametrize("route", ["explicit", "associative"])
+@pytest.mark.parametrize("dtype, scale", [(torch.float16, 1e-4), (torch.float32, 1e-21)])
+def test_linear_kernel_tiny_features_stay_finite_and_exact(monkeypatch, route, dtype, scale):
+    """Features so small that the row sums are subnormal (fp16: ~5e-6; float32: ~1e-40): the reciprocal of such a sum
+    overflowed (every output non-finite). Features are rescaled by detached maxima (factors that cancel in the row
+    normalisation) and fp16 runs in float32, so outputs match float64 and gradients stay finite on both routes."""
+    from hoformer.functional import kronecker as kr
+
+    monkeypatch.setattr(kr, "forms_linear_factor", _ROUTES[route])
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.rand(1, 1, 64, 8, generator=g, dtype=f64) * scale for _ in range(2))
+    v = torch.randn(1, 1, 64, 2, generator=g, dtype=f64)
+    want = kronecker_attention([q], [k], v, kernel="linear", feature_map=lambda t: t)
+    qd, kd = q.to(dtype).requires_grad_(), k.to(dtype).requires_grad_()
+    got = kronecker_attention([qd], [kd], v.to(dtype), kernel="linear", feature_map=lambda t: t)
+    assert got.dtype == dtype and torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-3 if dtype == torch.float16 else 1e-6)
+    got.float().sum().backward()
+    assert torch.isfinite(qd.grad).all() and torch.isfinite(kd.grad).all()
+
+
 def test_linear_kernel_cost_rule():
     """The factor of a mode is formed when ``2 n^2 (f + p)`` flops (form, apply) are at most the ``4 n f p`` of the
     associative route: short modes (HOT's 7-32) with many random features are formed, a long mode is not."""

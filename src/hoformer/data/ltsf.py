@@ -21,6 +21,7 @@ with ``pred_len`` in {24, 36, 48, 60} (not forced here).
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,7 +165,9 @@ def _read_table(path: str, header: bool, _mtime_ns: int, _size: int):
                               f"first column, got columns {columns[:6]}{' ...' if len(columns) > 6 else ''}")
         if len(columns) < 2:
             raise SchemaError(f"{path}: expected at least one variate column after 'date', got none")
-        parsed = pd.to_datetime(df.iloc[:, 0], errors="coerce")
+        # utc=True: timestamps with UTC offsets (mixed across DST, as pandas writes tz-aware series) become naive UTC;
+        # naive ones are unchanged
+        parsed = pd.to_datetime(df.iloc[:, 0], errors="coerce", utc=True).dt.tz_localize(None)
         bad = np.flatnonzero(parsed.isna().to_numpy())
         if bad.size:
             raise SchemaError(f"{path}: unparsable 'date' value {df.iloc[bad[0], 0]!r} at line {bad[0] + first_row}")
@@ -409,9 +412,7 @@ class LTSFDataset(Dataset):
             pred = pred[:, -1:]  # all variates in, the target (last column) out
         out = self.inverse_transform(pred).numpy()
         df = pd.DataFrame(out, columns=self.columns if out.shape[1] == len(self.columns) else self.columns[-1:])
-        when = _future_dates(dates, end, self.pred_len)
-        if when is not None and tz is not None:
-            when = when.tz_localize("UTC").tz_convert(tz)
+        when = _future_dates(dates, end, self.pred_len, tz)
         df.insert(0, "date" if when is not None else "step",
                   when if when is not None else np.arange(1, self.pred_len + 1))
         return df
@@ -435,7 +436,7 @@ class LTSFDataset(Dataset):
             frame = pd.DataFrame(values, columns=list(columns))
         elif isinstance(history, pd.DataFrame):
             frame = history.rename(columns=lambda c: str(c).strip())  # a new frame: the caller's is left as it is
-            stamps = (pd.DatetimeIndex(pd.to_datetime(frame["date"])) if "date" in frame.columns else
+            stamps = (_parse_stamps(frame["date"]) if "date" in frame.columns else
                       frame.index if isinstance(frame.index, pd.DatetimeIndex) else None)
             dates = None
             if stamps is not None:
@@ -445,6 +446,12 @@ class LTSFDataset(Dataset):
         else:
             raise TypeError(f"forecast: `history` must be None, a CSV path or a pandas.DataFrame, got "
                             f"{type(history).__name__}")
+        if dates is not None and len(dates) > 1:
+            back = np.flatnonzero(np.diff(dates.astype("int64")) <= 0)
+            if back.size:  # newest-first exports, duplicates: the lookback would be fed out of order
+                i = int(back[0]) + 1
+                raise ValueError(f"forecast: the history's timestamps do not advance at row {i} ({dates[i - 1]} then "
+                                 f"{dates[i]}); sort it oldest first without duplicates")
         missing = [c for c in self.columns if c not in frame.columns]
         if missing:
             raise ValueError(f"forecast: history lacks the training column(s) {missing} (has {list(frame.columns)})")
@@ -466,7 +473,20 @@ class LTSFDataset(Dataset):
 
 
 
-def _future_dates(dates, end: int, n: int):
+def _parse_stamps(column):
+    """A ``date`` column as a ``DatetimeIndex``: its time zone kept, mixed UTC offsets (a tz-aware series written to
+    text across a DST change) read as UTC."""
+    import pandas as pd
+
+    try:
+        return pd.DatetimeIndex(pd.to_datetime(column))
+    except ValueError as e:
+        if "mixed time" not in str(e).lower():
+            raise
+        return pd.DatetimeIndex(pd.to_datetime(column, utc=True))
+
+
+def _future_dates(dates, end: int, n: int, tz=None):
     """Timestamps of the ``n`` rows from row ``end``: the file's own while it has them, past its end its last one
     plus multiples of the step (pandas' inferred frequency of the last rows, so calendar steps like month starts
     work; else their most common difference). ``None`` without timestamps."""
@@ -474,19 +494,25 @@ def _future_dates(dates, end: int, n: int):
         return None
     import pandas as pd
 
-    own = pd.DatetimeIndex(dates[end:end + n])
+    idx = pd.DatetimeIndex(dates)
+    if tz is not None:  # extrapolate in local time: calendar steps (days, months) keep their wall-clock hour
+        idx = idx.tz_localize("UTC").tz_convert(tz)
+    own = idx[end:end + n]
     if len(own) == n:
         return own
-    recent = pd.DatetimeIndex(dates[max(0, len(dates) - 64):])
+    recent = idx[max(0, len(idx) - 64):]
     if len(recent) < 2:
         raise ValueError("forecast: at least two timestamps are needed to extrapolate the dates")
-    freq = pd.infer_freq(recent) if len(recent) >= 3 else None
+    with warnings.catch_warnings():  # pandas 3 announces an offset instead of a string: date_range takes both
+        warnings.simplefilter("ignore")
+        freq = pd.infer_freq(recent) if len(recent) >= 3 else None
     if freq is None:
         steps, counts = np.unique(np.diff(recent.asi8), return_counts=True)
         if steps[counts.argmax()] <= 0:
             raise ValueError("forecast: the history's timestamps do not advance (their most common step is "
                              f"{pd.Timedelta(int(steps[counts.argmax()]), unit='ns')}); cannot extrapolate the dates")
-        freq = pd.Timedelta(int(steps[counts.argmax()]), unit="ns")
+        step = pd.Timedelta(int(steps[counts.argmax()]), unit="ns")
+        freq = f"{step.days}D" if tz is not None and step % pd.Timedelta(days=1) == pd.Timedelta(0) else step
     return own.append(pd.date_range(recent[-1], periods=n - len(own) + 1, freq=freq)[1:])
 
 

@@ -591,14 +591,24 @@ def linear_factor(fq: torch.Tensor, fk: torch.Tensor, mask: torch.Tensor | None 
     """The linear kernel's factor ``S = diag(A 1)^-1 A`` with ``A = fq fk^T`` (entries where the bool ``mask`` is False
     set to 0 first), formed explicitly. A row without mass (a query whose keys are all masked, or all-zero features)
     is 0, with finite gradients, as in the associative :func:`_linear_op`."""
+    fq, fk = _rescaled(fq, fk)
     a = torch.matmul(fq, fk.transpose(-1, -2))
     if mask is not None:
         a = a.masked_fill(~mask, 0.0)
     return a / _safe_denominator(a.sum(-1, keepdim=True))
 
 
+def _rescaled(fq: torch.Tensor, fk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fq / max_f fq`` per query and ``fk / max fk`` per (batch, head): factors common to a row of ``S`` (they cancel
+    in its normalisation; detached, so gradients are unchanged) that keep small features off the subnormal numbers,
+    whose sums and reciprocals lose precision or overflow."""
+    cq = fq.detach().amax(-1, keepdim=True)
+    ck = fk.detach().amax((-2, -1), keepdim=True)
+    return fq / _safe_denominator(cq), fk / _safe_denominator(ck)
+
+
 def _safe_denominator(s: torch.Tensor) -> torch.Tensor:
-    """Row sums ``s >= 0`` with the empty rows' 0 replaced by 1 (their numerators are 0). Not a clamp at the dtype's
+    """Non-negative ``s`` with its zeros replaced by 1 (the rows they normalise are 0). Not a clamp at the dtype's
     smallest normal number: FAVOR+ row sums are often below fp16's (6e-5), and ``g / tiny`` overflows in backward."""
     return torch.where(s > 0, s, torch.ones_like(s))
 
@@ -624,18 +634,24 @@ def _linear_attention(feats, v: torch.Tensor, combine: str, masks, return_factor
     b, h, sizes = v.shape[0], v.shape[1], v.shape[2:-1]
     total = v[0, 0].numel()
     masks = [None] * len(sizes) if masks is None else list(masks)
-    feats = [(fq.to(v.dtype), fk.to(v.dtype)) for fq, fk in feats]
-    explicit = [m is not None or forms_linear_factor(n, fq.shape[-1], total // n)
-                for (fq, _), m, n in zip(feats, masks, sizes)]
-    factors = [linear_factor(fq, fk, m).to(v.dtype) if e or return_factors else None  # v's dtype under autocast too
-               for (fq, fk), m, e in zip(feats, masks, explicit)]
-    if all(explicit) and not torch.compiler.is_compiling():
-        y = kron_apply(factors, v) if combine == "product" else kron_sum_apply(factors, v, normalize=True)
-    else:
-        ops = [_matrix_op(s, b, h) if e else _linear_op(fq, fk, b, h, v.dtype)
-               for (fq, fk), s, e in zip(feats, factors, explicit)]
-        y = _kron_apply_ops(ops, v.movedim(-1, 2), sizes) if combine == "product" else _kron_sum_ops(ops, v)
-    return (y, factors) if return_factors else y
+    # in v's dtype (autocast off: its casts would undo this choice), but fp16 runs in float32: its range ends at 6e-5
+    # (normal) / 6e-8 (subnormal), where FAVOR+ row sums and products often are; bf16 has float32's range
+    dtype = torch.float32 if v.dtype == torch.float16 else v.dtype
+    with torch.autocast(v.device.type, enabled=False):
+        va = v.to(dtype)
+        feats = [(fq.to(dtype), fk.to(dtype)) for fq, fk in feats]
+        explicit = [m is not None or forms_linear_factor(n, fq.shape[-1], total // n)
+                    for (fq, _), m, n in zip(feats, masks, sizes)]
+        factors = [linear_factor(fq, fk, m) if e or return_factors else None
+                   for (fq, fk), m, e in zip(feats, masks, explicit)]
+        if all(explicit) and not torch.compiler.is_compiling():
+            y = kron_apply(factors, va) if combine == "product" else kron_sum_apply(factors, va, normalize=True)
+        else:
+            ops = [_matrix_op(s, b, h) if e else _linear_op(fq, fk, b, h)
+                   for (fq, fk), s, e in zip(feats, factors, explicit)]
+            y = _kron_apply_ops(ops, va.movedim(-1, 2), sizes) if combine == "product" else _kron_sum_ops(ops, va)
+    y = y.to(v.dtype)
+    return (y, [f.to(v.dtype) for f in factors]) if return_factors else y
 
 
 def _matrix_op(s: torch.Tensor, b: int, h: int) -> Callable:
@@ -644,16 +660,15 @@ def _matrix_op(s: torch.Tensor, b: int, h: int) -> Callable:
     return lambda x: torch.matmul(s, x.transpose(1, 2))
 
 
-def _linear_op(fq: torch.Tensor, fk: torch.Tensor, b: int, h: int, dtype) -> Callable:
+def _linear_op(fq: torch.Tensor, fk: torch.Tensor, b: int, h: int) -> Callable:
     """``X (bh, P, n) -> S X^T`` with ``S = diag(fq fk^T 1)^-1 fq fk^T``, never forming ``S`` (cost O(n f P))."""
-    fq = _flat_factor(fq.to(dtype), b, h)  # (bh, n, f)
-    fk = _flat_factor(fk.to(dtype), b, h)
-    denom = torch.matmul(fq, fk.sum(dim=1, keepdim=True).transpose(1, 2))  # (bh, n, 1)
-    inv = 1.0 / _safe_denominator(denom)
+    fq, fk = _rescaled(fq, fk)
+    fq, fk = _flat_factor(fq, b, h), _flat_factor(fk, b, h)  # (bh, n, f)
+    denom = _safe_denominator(torch.matmul(fq, fk.sum(dim=1, keepdim=True).transpose(1, 2)))  # (bh, n, 1)
 
     def op(x: torch.Tensor) -> torch.Tensor:
         kv = torch.matmul(fk.transpose(1, 2), x.transpose(1, 2))  # (bh, f, P)
-        return torch.matmul(fq, kv) * inv
+        return torch.matmul(fq, kv) / denom  # a division: the reciprocal of a tiny sum can overflow
 
     return op
 

@@ -118,13 +118,19 @@ def hf_config(directory: str | os.PathLike) -> dict | None:
 
 #: Hugging Face model types whose learned positions start at ``pad_token_id + 1`` (RoBERTa's embeddings)
 _PAD_OFFSET_TYPES = frozenset({"roberta", "xlm-roberta", "xlm-roberta-xl", "roberta-prelayernorm", "camembert",
-                               "longformer", "data2vec-text", "ibert", "mpnet", "luke", "markuplm", "xmod"})
+                               "longformer", "data2vec-text", "ibert", "mpnet", "luke", "markuplm", "xmod", "lilt"})
+#: Hugging Face model types whose positions start at a fixed row
+_FIXED_OFFSET_TYPES = {"nystromformer": 2, "yoso": 2, "mra": 2}
 
 
 def hf_position_offset(cfg: dict) -> int:
     """First row of a Hugging Face config's learned position table that position 0 uses: ``pad_token_id + 1`` for
-    the RoBERTa family (:data:`_PAD_OFFSET_TYPES`, ``pad_token_id`` 1 when unset), 0 for BERT and the rest."""
-    if cfg.get("model_type") not in _PAD_OFFSET_TYPES:
+    the RoBERTa family (:data:`_PAD_OFFSET_TYPES`, ``pad_token_id`` 1 when unset), a fixed row for a few others
+    (:data:`_FIXED_OFFSET_TYPES`), 0 for BERT and the rest."""
+    kind = cfg.get("model_type")
+    if kind in _FIXED_OFFSET_TYPES:
+        return _FIXED_OFFSET_TYPES[kind]
+    if kind not in _PAD_OFFSET_TYPES:
         return 0
     pad = cfg.get("pad_token_id")
     return (1 if pad is None else int(pad)) + 1

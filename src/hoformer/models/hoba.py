@@ -219,6 +219,9 @@ def _hf_as_student(directory: Path, head: bool) -> dict[str, torch.Tensor]:
     pos = state[pre + "position_embeddings.weight"][hf_position_offset(cfg):]  # RoBERTa: from pad + 1
     if pre + "token_type_embeddings.weight" in state:  # every token has type 0: a constant added to each position
         pos = pos + state[pre + "token_type_embeddings.weight"][0]
+    if pre + "LayerNorm.weight" not in state:  # e.g. xlm-roberta-xl normalises inside its layers instead
+        raise ValueError(f"load_embeddings_from: {str(directory)!r} ({cfg['model_type']}) has no embedding LayerNorm "
+                         f"('{pre}LayerNorm.weight'), which the student's embeddings apply")
     out = {"embed.tokens.weight": state[word[0]], "embed.positions.weight": pos,
            "embed.norm.weight": state[pre + "LayerNorm.weight"], "embed.norm.bias": state[pre + "LayerNorm.bias"]}
     if head:

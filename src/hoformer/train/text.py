@@ -84,14 +84,16 @@ def _ids_fingerprint(dataset) -> str:
     return h.hexdigest()
 
 
-def _hf_max_length(tok, cfg: dict) -> int:
+def _hf_max_length(tok, config) -> int:
     """Tokens a Hugging Face teacher reads: its tokenizer's ``model_max_length`` (large "no limit" sentinels
-    ignored), at most its position table (``max_position_embeddings`` less the RoBERTa family's ``pad + 1`` offset),
-    512 when neither says."""
-    limits = [tok.model_max_length] if 0 < getattr(tok, "model_max_length", 0) <= 100_000 else []
-    if cfg.get("max_position_embeddings"):
-        limits.append(int(cfg["max_position_embeddings"]) - hf_position_offset(cfg))
-    return int(min(limits)) if limits else 512
+    ignored), at most its position table (``max_position_embeddings``, or an alias such as ``n_positions``, less the
+    RoBERTa family's ``pad + 1`` offset), 512 when neither says."""
+    stated = getattr(tok, "model_max_length", None)
+    limits = [int(stated)] if isinstance(stated, (int, float)) and 0 < stated <= 100_000 else []
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions:
+        limits.append(int(positions) - hf_position_offset(config.to_dict()))
+    return min(limits) if limits else 512
 
 
 def _teacher_fingerprint(tdir: Path) -> dict:
@@ -223,9 +225,12 @@ class TextClassificationTask(TaskModule):
             return
         dm = self._datamodule()
         cache_path = Path(hp.teacher_logits) if hp.teacher_logits else None
-        # the cache is keyed by the data it was computed on (token ids + labels of every split, in order, and max_len)
-        # and, when the teacher directory is known, by the teacher's weights *and* config
-        data_fp = _data_fingerprint(dm, hf=bool(hp.teacher) and hf_config(Path(hp.teacher)) is not None)
+        # the cache is keyed by the data it was computed on (token ids + labels of every split, in order, and max_len;
+        # for a Hugging Face teacher the raw texts + labels) and, when the teacher directory is known, by the
+        # teacher's weights *and* config; logits loaded without a teacher keep the kind of key they were stored with
+        hf = (hf_config(Path(hp.teacher)) is not None if hp.teacher else
+              "train_texts" in (self._teacher_data_fp or {}))
+        data_fp = _data_fingerprint(dm, hf=hf)
         if all(s in self.teacher_cache for s in splits) and self._teacher_data_fp == data_fp:
             return  # the in-memory logits are for this very data (a task reused with another datamodule is not)
         self.teacher_cache.clear()
@@ -243,7 +248,9 @@ class TextClassificationTask(TaskModule):
                               "cannot be checked against this data (order, tokenizer, max_len); only shapes are "
                               "checked. Store one with hoformer.train.text.teacher_logits_fingerprint(datamodule).",
                               stacklevel=2)
-            elif fp is None and {k: stored.get(k) for k in data_fp} != data_fp:
+            elif fp is None and "train_texts" in stored:  # written by a Hugging Face teacher: keyed to the texts
+                data_fp = _data_fingerprint(dm, hf=True)
+            if fp is None and stored is not None and {k: stored.get(k) for k in data_fp} != data_fp:
                 bad = sorted(k for k in data_fp if stored.get(k) != data_fp[k])
                 raise ValueError(f"TextClassificationTask: teacher_logits {cache_path} was computed on other data "
                                  f"(fingerprint differs for {bad}: another tokenizer, max_len, split or order); "
@@ -303,7 +310,7 @@ class TextClassificationTask(TaskModule):
                              f"not the data's classes {dm.class_names} in that order; a teacher trained with another "
                              "label order would distil swapped classes (fix id2label if only the names differ)")
         teacher = teacher.to(self.device).eval()
-        limit = _hf_max_length(tok, teacher.config.to_dict())
+        limit = _hf_max_length(tok, teacher.config)
         bs = dm.eval_batch_size or dm.batch_size
         out = {}
         for s in splits:
