@@ -191,6 +191,29 @@ def test_hoformer_forecast_from_ckpt_and_pretrained(tmp_path, capsys):
     assert "no data given" in capsys.readouterr().err
 
 
+def test_hoformer_forecast_from_a_plain_fit_checkpoint(tmp_path, capsys):
+    """A checkpoint of a plain ``Trainer.fit`` (``hoformer demo``) stores the datamodule's hyper-parameters without
+    its class: ``--data CLASS`` names it, the stored arguments are used, ``--data-args`` override them."""
+    model = create_model("hot_forecaster", **_MODEL)
+    ckpt = tmp_path / "plain.ckpt"
+    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+                "hyper_parameters": {"model_name": "hot_forecaster", "model_kwargs": _MODEL},
+                "datamodule_hyper_parameters": dict(_DATA)}, ckpt)
+    assert forecast_main(["--checkpoint", str(ckpt)]) == 2
+    assert "no data given" in capsys.readouterr().err
+    out = tmp_path / "f.csv"
+    assert forecast_main(["--checkpoint", str(ckpt), "--data", "hoformer.data.LTSFDataModule",
+                          "--output", str(out)]) == 0
+    from hoformer.data import SyntheticLTSF
+
+    want = SyntheticLTSF("train", 16, 8, num_variates=3, length=300).forecast(model)
+    np.testing.assert_allclose(pd.read_csv(out).iloc[:, 1:].to_numpy(), want.iloc[:, 1:].to_numpy(), rtol=1e-5,
+                               atol=1e-6)
+    assert forecast_main(["--checkpoint", str(ckpt), "--data", "hoformer.data.LTSFDataModule", "--data-args",
+                          json.dumps({"synthetic_length": 20})]) == 2  # overridden: too short for a window
+    assert "hoformer forecast: error:" in capsys.readouterr().err
+
+
 def test_hoformer_forecast_is_a_cli_command(capsys):
     from hoformer.cli import HOOKS, main
 
@@ -218,5 +241,7 @@ def test_forecast_calendar_steps_in_local_time_offsets_and_order(tmp_path):
     want = pd.Timestamp("2024-04-05 13:00", tz="Europe/Paris")
     assert ds.forecast(Persistence(24), pd.read_csv(tmp_path / "paris.csv"))["date"].iloc[0] == want
     assert ds.forecast(Persistence(24), tmp_path / "paris.csv")["date"].iloc[0] == want.tz_convert(None)  # naive UTC
-    with pytest.raises(ValueError, match=r"timestamps do not advance at row 1 .* sort it oldest first"):
-        ds.forecast(Persistence(24), raw.iloc[::-1])
+    with pytest.raises(ValueError, match=r"timestamps go back in time at row 153 .* sort it oldest first"):
+        ds.forecast(Persistence(24), raw.iloc[::-1])  # checked in the rows the forecast uses: the last 48
+    repeated = raw.assign(date=raw["date"].where(raw.index != 20, raw["date"].shift(1)))  # one repeated timestamp,
+    assert len(ds.forecast(Persistence(24), repeated)) == 24  # as the Weather file has: allowed

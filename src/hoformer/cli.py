@@ -299,6 +299,9 @@ def demo(argv: list[str]) -> int:
     print(f"checkpoint:      {ckpt.best_model_path}")
     print(f"save_pretrained: {export.path}   (hoformer.models.from_pretrained(dir))")
     print(f"forecast plot:   {task.forecast_plot_path}")
+    if name != "synthetic":
+        print(f"the future:      hoformer forecast --checkpoint '{ckpt.best_model_path}' "
+              "--data hoformer.data.LTSFDataModule --output forecast.csv")
     return 0
 
 

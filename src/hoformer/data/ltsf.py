@@ -392,6 +392,7 @@ class LTSFDataset(Dataset):
         if not is_int(end) or not self.seq_len <= end <= len(values):
             raise ValueError(f"forecast: `end` must be an int in [seq_len={self.seq_len}, {len(values)}] (rows of "
                              f"the history), got {end!r}")
+        _check_order(dates, end - self.seq_len, min(end + self.pred_len, len(values)))
         x = torch.from_numpy(np.ascontiguousarray(values[end - self.seq_len:end], dtype=np.float32))
         x = self.transform(x) if self.scale else x
         param = next(iter(model.parameters()), None)
@@ -446,12 +447,6 @@ class LTSFDataset(Dataset):
         else:
             raise TypeError(f"forecast: `history` must be None, a CSV path or a pandas.DataFrame, got "
                             f"{type(history).__name__}")
-        if dates is not None and len(dates) > 1:
-            back = np.flatnonzero(np.diff(dates.astype("int64")) <= 0)
-            if back.size:  # newest-first exports, duplicates: the lookback would be fed out of order
-                i = int(back[0]) + 1
-                raise ValueError(f"forecast: the history's timestamps do not advance at row {i} ({dates[i - 1]} then "
-                                 f"{dates[i]}); sort it oldest first without duplicates")
         missing = [c for c in self.columns if c not in frame.columns]
         if missing:
             raise ValueError(f"forecast: history lacks the training column(s) {missing} (has {list(frame.columns)})")
@@ -475,15 +470,31 @@ class LTSFDataset(Dataset):
 
 def _parse_stamps(column):
     """A ``date`` column as a ``DatetimeIndex``: its time zone kept, mixed UTC offsets (a tz-aware series written to
-    text across a DST change) read as UTC."""
+    text across a DST change) read as UTC. pandas 3 refuses mixed offsets, pandas 2 returns objects (with a warning)
+    that ``DatetimeIndex`` refuses: either way the column is parsed again with ``utc=True``."""
     import pandas as pd
 
     try:
-        return pd.DatetimeIndex(pd.to_datetime(column))
-    except ValueError as e:
-        if "mixed time" not in str(e).lower():
-            raise
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            return pd.DatetimeIndex(pd.to_datetime(column))
+    except (ValueError, TypeError):
         return pd.DatetimeIndex(pd.to_datetime(column, utc=True))
+
+
+def _check_order(dates, start: int, stop: int) -> None:
+    """Refuse timestamps that go back in time within the rows a forecast uses (``[start, stop)``: its lookback and the
+    backtest horizon): a newest-first export would feed the lookback reversed. Repeated timestamps are allowed (the
+    Weather file repeats one); rows outside the window are not the forecast's business."""
+    if dates is None or stop - start < 2:
+        return
+    back = np.flatnonzero(np.diff(dates[start:stop].astype("int64")) < 0)
+    if back.size:
+        import pandas as pd
+
+        i = start + int(back[0]) + 1
+        raise ValueError(f"forecast: the history's timestamps go back in time at row {i} ({pd.Timestamp(dates[i - 1])}"
+                         f" then {pd.Timestamp(dates[i])}); sort it oldest first")
 
 
 def _future_dates(dates, end: int, n: int, tz=None):

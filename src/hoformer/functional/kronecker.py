@@ -336,6 +336,9 @@ def kron_apply(factors: Sequence[torch.Tensor], v: torch.Tensor) -> torch.Tensor
 
     Returns:
         ``(B, H, N1, ..., Nk, D)`` with ``y[.., i1..ik, d] = sum_j prod_m S_m[i_m, j_m] v[.., j1..jk, d]``.
+
+    First-order gradients only (the backward is hand-written and ``once_differentiable``): a second backward through
+    it raises, and ``torch.autograd.grad(..., allow_unused=True)`` of a gradient w.r.t. the factors gives ``None``.
     """
     factors = _check_factors(factors, v, "kron_apply")
     return _KronApply.apply(v, *_expand_factors(factors, v))
@@ -345,7 +348,7 @@ def kron_apply(factors: Sequence[torch.Tensor], v: torch.Tensor) -> torch.Tensor
 def kron_sum_apply(factors: Sequence[torch.Tensor], v: torch.Tensor, normalize: bool = True) -> torch.Tensor:
     """Apply the Kronecker sum ``S_1 (+) ... (+) S_k`` (HOT eq 9): ``sum_m v x_m S_m``, times ``1/k`` if ``normalize``.
 
-    Shapes as in :func:`kron_apply`.
+    Shapes and first-order gradients as in :func:`kron_apply`.
     """
     factors = _check_factors(factors, v, "kron_sum_apply")
     alpha = 1.0 / len(factors) if normalize else 1.0

@@ -26,14 +26,20 @@ from hoformer._io import atomic_write
 __all__ = ["forecast_checkpoint", "forecast_main"]
 
 
-def forecast_checkpoint(checkpoint, *, config=None, data_args: dict | None = None, history=None,
-                        end: int | None = None, device: str = "cpu"):
+def forecast_checkpoint(checkpoint, *, config=None, data: str | None = None, data_args: dict | None = None,
+                        history=None, end: int | None = None, device: str = "cpu"):
     """``pandas.DataFrame`` of the forecast of ``checkpoint`` after row ``end`` of ``history`` (defaults: the end of
-    the training file); see :meth:`hoformer.data.LTSFDataset.forecast`."""
+    the training file); see :meth:`hoformer.data.LTSFDataset.forecast`. The data come from ``config``, or the class
+    path ``data`` with ``data_args`` on top of the datamodule hyper-parameters the checkpoint stored (a checkpoint
+    of a plain ``Trainer.fit``, e.g. ``hoformer demo``'s, stores them without their class), or the checkpoint /
+    its run folder alone."""
     from hoformer.analysis.analyze import checkpoint_datamodule, load_checkpoint
 
     model, info = load_checkpoint(checkpoint, map_location=device)
-    dm = checkpoint_datamodule(info, config=config, data_args=data_args)
+    stored = info["datamodule"] or {}
+    if data is not None and not stored.get("_class_path"):
+        data_args = {**{k: v for k, v in stored.items() if not k.startswith("_")}, **(data_args or {})}
+    dm = checkpoint_datamodule(info, config=config, data=data, data_args=data_args)
     dataset = dm.dataset("train") if hasattr(dm, "dataset") else None
     if not callable(getattr(dataset, "forecast", None)):
         raise ValueError(f"forecast: the checkpoint's data ({type(dm).__name__}) is not an LTSF datamodule; pass "
@@ -48,6 +54,8 @@ def forecast_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--checkpoint", "--ckpt", required=True, help="Lightning .ckpt or save_pretrained folder")
     p.add_argument("--config", help="LightningCLI YAML whose `data` section gives the LTSF data (default: the "
                                     "checkpoint's stored datamodule or its run's config.yaml)")
+    p.add_argument("--data", help="datamodule class path (e.g. hoformer.data.LTSFDataModule) when the checkpoint "
+                                  "stores its hyper-parameters but not its class (a plain Trainer.fit)")
     p.add_argument("--data-args", default="{}", help="JSON overrides of the data's init args (e.g. root)")
     p.add_argument("--history", help="CSV in the LTSF layout to forecast from (default: the training file); its "
                                      "columns must include the training ones")
@@ -62,9 +70,9 @@ def forecast_main(argv: Sequence[str] | None = None) -> int:
     if not isinstance(data_args, dict):
         p.error("--data-args must be a JSON object")
     try:
-        df = forecast_checkpoint(a.checkpoint, config=a.config, data_args=data_args, history=a.history, end=a.end,
-                                 device=a.device)
-    except (FileNotFoundError, ValueError, TypeError) as e:  # the documented input errors: one line
+        df = forecast_checkpoint(a.checkpoint, config=a.config, data=a.data, data_args=data_args, history=a.history,
+                                 end=a.end, device=a.device)
+    except (FileNotFoundError, ValueError, TypeError) as e:  # input errors (incl. wrong data args): one line
         print(f"hoformer forecast: error: {e}", file=sys.stderr)
         return 2
     out = Path(a.output)
