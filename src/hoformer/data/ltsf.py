@@ -427,7 +427,6 @@ class LTSFDataset(Dataset):
         import pandas as pd
 
         tz = None
-
         if isinstance(history, (str, Path)):
             path = Path(history)
             if not path.is_file():
@@ -465,7 +464,6 @@ class LTSFDataset(Dataset):
         return (f"{type(self).__name__}(name={self.name!r}, split={self.split!r}, seq_len={self.seq_len}, "
                 f"pred_len={self.pred_len}, features={self.features!r}, variates={self.num_variates}, "
                 f"rows={self.borders}, windows={len(self)})")
-
 
 
 def _parse_stamps(column):
