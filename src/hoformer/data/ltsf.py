@@ -394,7 +394,7 @@ class LTSFDataset(Dataset):
                              f"the history), got {end!r}")
         _check_order(dates, end - self.seq_len, min(end + self.pred_len, len(values)))
         x = torch.from_numpy(np.ascontiguousarray(values[end - self.seq_len:end], dtype=np.float32))
-        x = self.transform(x) if self.scale else x
+        x = self.transform(x)  # the identity without a scaler
         param = next(iter(model.parameters()), None)
         device, dtype = (param.device, param.dtype) if param is not None else (x.device, x.dtype)
         was_training = model.training

@@ -171,7 +171,8 @@ class HOBAClassifier(HoformerModel):
         width), except that a longer position table gives its first ``max_len`` positions (a RoBERTa teacher has 514,
         its students 64 or 128)."""
         if isinstance(source, (str, os.PathLike)):
-            state = _hf_as_student(Path(source), head) if hf_config(Path(source)) else _load_safetensors(source)
+            cfg = hf_config(source)
+            state = _hf_as_student(Path(source), cfg, head) if cfg else _load_safetensors(source)
         else:
             state = source.state_dict()
         prefixes = ("embed.",) + (("head.",) if head else ())
@@ -197,11 +198,11 @@ def _load_safetensors(directory) -> dict[str, torch.Tensor]:
     return load_file(str(Path(directory) / "model.safetensors"))
 
 
-def _hf_as_student(directory: Path, head: bool) -> dict[str, torch.Tensor]:
-    """A Hugging Face checkpoint's embedding (and RoBERTa head) weights under :class:`HOBAClassifier`'s names."""
+def _hf_as_student(directory: Path, cfg: dict, head: bool) -> dict[str, torch.Tensor]:
+    """A Hugging Face checkpoint's (config ``cfg``) embedding (and RoBERTa head) weights under
+    :class:`HOBAClassifier`'s names."""
     from safetensors.torch import load_file
 
-    cfg = hf_config(directory)
     state: dict[str, torch.Tensor] = {}
     for f in sorted(directory.glob("*.safetensors")) or sorted(directory.glob("pytorch_model*.bin")):  # shards too
         state.update(load_file(str(f)) if f.suffix == ".safetensors" else

@@ -96,11 +96,11 @@ def _hf_max_length(tok, config) -> int:
     return min(limits) if limits else 512
 
 
-def _teacher_fingerprint(tdir: Path) -> dict:
+def _teacher_fingerprint(tdir: Path, hf: bool) -> dict:
     """What a teacher's logits depend on besides the data: its weights and config (and, for a Hugging Face teacher,
-    its tokenizer files). A hoformer teacher keeps the digests of its ``model.safetensors`` / ``config.json`` as
-    before, so caches written earlier stay valid."""
-    if not hf_config(tdir):
+    ``hf``, its tokenizer files). A hoformer teacher keeps the digests of its ``model.safetensors`` / ``config.json``
+    as before, so caches written earlier stay valid."""
+    if not hf:
         return {"teacher": sha256sum(tdir / "model.safetensors"), "teacher_config": sha256sum(tdir / "config.json")}
     files = sorted(p for p in tdir.iterdir() if p.is_file() and p.suffix in (".safetensors", ".bin", ".json", ".txt",
                                                                                ".model"))
@@ -130,8 +130,7 @@ def teacher_logits_fingerprint(datamodule) -> dict:
     and labels, in order): store it as ``{"train": (N, C), "val": ..., "test": ..., "fingerprint": this}`` when the
     logits come from elsewhere (e.g. a local Hugging Face teacher), so a student run on other data is refused."""
     datamodule.setup()
-    return {"max_len": datamodule.max_len,
-            **{s: _ids_fingerprint(datamodule.datasets[s]) for s in ("train", "val", "test")}}
+    return _data_fingerprint(datamodule)
 
 
 class TextClassificationTask(TaskModule):
@@ -236,7 +235,7 @@ class TextClassificationTask(TaskModule):
         self.teacher_cache.clear()
         fp = None
         if hp.teacher:
-            fp = {**_teacher_fingerprint(Path(hp.teacher)), **data_fp}
+            fp = {**_teacher_fingerprint(Path(hp.teacher), hf), **data_fp}
         cached = {}
         if cache_path is not None and cache_path.is_file():
             cached = torch.load(cache_path, map_location="cpu", weights_only=True)
@@ -260,7 +259,8 @@ class TextClassificationTask(TaskModule):
             raise FileNotFoundError(f"TextClassificationTask: teacher_logits {cache_path} lacks splits {missing} "
                                     "and no `teacher` directory was given to compute them")
         if missing:
-            cached.update(self._run_teacher(Path(hp.teacher), dm, missing))
+            run = self._run_hf_teacher if hf else self._run_teacher
+            cached.update(run(Path(hp.teacher), dm, missing))
             cached["fingerprint"] = fp
             if cache_path is not None:
                 atomic_write(cache_path, lambda p: torch.save(cached, p))
@@ -276,8 +276,6 @@ class TextClassificationTask(TaskModule):
     def _run_teacher(self, tdir: Path, dm, splits) -> dict[str, torch.Tensor]:
         from hoformer.models import from_pretrained
 
-        if hf_config(tdir):
-            return self._run_hf_teacher(tdir, dm, splits)
         teacher = from_pretrained(tdir, map_location="cpu").to(self.device).eval()
         out = {}
         loaders = {"train": dm.ordered_train_dataloader, "val": dm.val_dataloader, "test": dm.test_dataloader}
