@@ -104,8 +104,7 @@ def _history(dataset, history) -> tuple[np.ndarray, np.ndarray | None, object]:
         path = Path(history)
         if not path.is_file():
             raise FileNotFoundError(f"forecast: history file {str(path)!r} not found")
-        st = path.stat()
-        dates, values, columns = _read_table(str(path), dataset.protocol != "solar", st.st_mtime_ns, st.st_size)
+        dates, values, columns = read_series_table(path, dataset.protocol != "solar", encoding=dataset.encoding)
         frame = pd.DataFrame(values, columns=list(columns))
     elif isinstance(history, pd.DataFrame):
         frame = history.rename(columns=lambda c: str(c).strip())  # a new frame: the caller's is left as it is
