@@ -438,8 +438,8 @@ class TextDataModule(SplitDataModule):
         val_fraction: held-out share of the training file used for validation (every dataset, SST-2 included:
             SST-2's ``dev.tsv`` is its reported test split, so it must not also select checkpoints).
         holdout: ``"grouped"`` (default: whole groups are held out, see the module docstring: duplicates together,
-            SST-2 phrases with their sentence) or ``"random"`` (examples independently; the split of the first SST-2 /
-            TREC results in docs/results_text.md, kept to reproduce them).
+            SST-2 phrases with their sentence) or ``"random"`` (examples independently; kept to reproduce results measured
+            with it, see CHANGELOG.md).
         sst2_test: SST-2 only: the reported ``test`` split, ``"dev"`` (GLUE ``dev.tsv``, as in the HOBA paper) or
             ``"nonglue"`` (``test_labeled_nonglue.tsv``; an error if absent).
         train_limit: keep only the first ``train_limit`` shuffled training examples (compute budgets).
