@@ -132,6 +132,13 @@ class TaskModule(L.LightningModule):
         (:func:`hoformer.compat.sync_dist_batch_size`: exact DDP epoch means of uneven per-rank shares)."""
         super().log(name, value, *args, **sync_dist_batch_size(kwargs))
 
+    def configure_callbacks(self):
+        """A :class:`~hoformer.train.guards.NonFiniteGuard` and a :class:`~hoformer.train.guards.CleanStaleTempFiles`
+        (each unless the trainer has one)."""
+        from .guards import default_callbacks
+
+        return default_callbacks(self._trainer)
+
     def training_step(self, batch, batch_idx):
         return self.shared_step(batch, "train")
 
