@@ -1,4 +1,4 @@
-"""Forecasting past the end of the data: LTSFDataset.forecast and ``hoformer forecast``."""
+"""Forecasting past the end of the data: forecast_series and ``hoformer forecast``."""
 from __future__ import annotations
 
 import json

@@ -137,10 +137,12 @@ class ForecastingTask(_HotTask):
 
     def shared_step(self, batch, stage: str) -> torch.Tensor:
         name = type(self).__name__
-        if not isinstance(batch, dict) or "x" not in batch or "y" not in batch:
-            got = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
+        if not isinstance(batch, dict):  # a bare (x, y) pair: a complete series without scaler statistics
+            x, y = _unpack(batch, name)
+            batch = {"x": x, "y": y}
+        if "x" not in batch or "y" not in batch:
             raise TypeError(f"{name}: batches must be dicts of the windowed-series format (hoformer.data.series) with "
-                            f"keys 'x' and 'y', got {got}")
+                            f"keys 'x' and 'y' (or (x, y) pairs), got {sorted(batch)}")
         x, y = batch["x"], batch["y"]
         pred = self.model(x)
         if pred.shape != y.shape and pred.ndim == y.ndim and y.shape[-1] == 1:
