@@ -552,3 +552,26 @@ def test_axial_attention_refuses_negative_modes():
         AxialAttention(8, 2, modes=(-1,))
     with pytest.raises(ValueError, match="distinct non-negative"):
         AxialAttention(8, 2, modes=(0, -2))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", sorted(ATTENTION_TYPES))
+def test_layers_validate_their_inputs_once(name, causal, monkeypatch):
+    """A layer checks ``x`` and ``masks`` at its entry and then calls the unchecked functional internals: the public
+    functional checks are never reached from a layer's forward, backward or recorded forward."""
+    from hoformer.functional import kronecker as kron_mod
+    from hoformer.functional import scores as scores_mod
+
+    def checked_again(*args, **kwargs):
+        raise AssertionError("a layer's input was validated a second time")
+
+    for mod, fname in [(kron_mod, "_check_qkv"), (kron_mod, "_check_factors"), (kron_mod, "_check_qk_masks"),
+                       (scores_mod, "_check_qk")]:
+        monkeypatch.setattr(mod, fname, checked_again)
+    layer = build_attention(name, 16, 2, num_modes=2, causal_mode=1 if causal else None)
+    x = torch.randn(2, 3, 4, 16, requires_grad=True)
+    masks = [torch.ones(3, 3, dtype=torch.bool).tril(), None]
+    layer(x, masks=masks).sum().backward()
+    with record_attention(layer) as maps:
+        layer(x)
+    assert maps

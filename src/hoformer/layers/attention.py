@@ -39,8 +39,8 @@ from torch import nn
 
 from hoformer._checks import check_fraction, check_int, is_int
 from hoformer.functional.causal import _apply_rest, _causal_kronecker, causal_mask, causal_row
-from hoformer.functional.kronecker import kron_dense, kronecker_attention, sdpa
-from hoformer.functional.scores import SCORE_FNS, dot_scores, get_score_fn, masked_softmax
+from hoformer.functional.kronecker import _kronecker_attention, _linear_attention, kron_dense, sdpa
+from hoformer.functional.scores import _SCORE_KERNELS, _dot, masked_softmax
 
 from .pos import RotaryEmbedding, axial_rotary
 
@@ -395,8 +395,8 @@ class KroneckerAttention(_Recordable):
         super().__init__()
         if combine not in ("product", "sum"):
             raise ValueError(f"KroneckerAttention: `combine` must be 'product' or 'sum', got {combine!r}")
-        if kernel not in ("softmax", "linear", *SCORE_FNS):
-            raise ValueError(f"KroneckerAttention: `kernel` must be one of {('softmax', 'linear', *SCORE_FNS)}, "
+        if kernel not in ("softmax", "linear", *_SCORE_KERNELS):
+            raise ValueError(f"KroneckerAttention: `kernel` must be one of {('softmax', 'linear', *_SCORE_KERNELS)}, "
                              f"got {kernel!r}")
         if pool not in ("sum", "mean"):
             raise ValueError(f"KroneckerAttention: `pool` must be 'sum' or 'mean', got {pool!r}")
@@ -420,7 +420,7 @@ class KroneckerAttention(_Recordable):
         self.k_norm = nn.LayerNorm(self.dim_head) if qk_norm else nn.Identity()
         self.rotary = RotaryEmbedding(self.dim_head, rope_theta) if self.rope_modes else None
         self.favor = FavorFeatures(self.dim_head, num_features, redraw_interval) if kernel == "linear" else None
-        self.score_fn = get_score_fn(kernel) if kernel in SCORE_FNS else None
+        self.score_fn = _SCORE_KERNELS.get(kernel)  # unchecked: forward has checked x
 
     def _ensure_modes(self, k: int) -> None:
         if len(self.to_qk) == 0:
@@ -602,22 +602,15 @@ class KroneckerAttention(_Recordable):
             self.favor.step()
             phi_q = [self.favor(q, is_query=True) for q in qs]
             phi_k = [self.favor(k, is_query=False) for k in ks]
-            out = kronecker_attention(phi_q, phi_k, v, combine=self.combine, kernel="linear", masks=masks,
-                                      feature_map=_identity, return_factors=want_maps)
+            out = _linear_attention(list(zip(phi_q, phi_k)), v, self.combine, masks, want_maps)
             y, maps = out if want_maps else (out, None)
         else:
-            y, maps = kronecker_attention(
-                qs, ks, v, combine=self.combine, masks=masks, return_factors=True, score_fn=self.score_fn,
-                dropout_p=self.attn_dropout if self.training else 0.0,
-            )
+            y, maps = _kronecker_attention(qs, ks, v, self.combine, None, masks,
+                                           self.attn_dropout if self.training else 0.0, True, self.score_fn)
         if maps is not None:
             self._maybe_record(maps)
         y = self.to_out(y.movedim(1, -2).reshape(b, *sizes, -1))
         return (y, maps) if return_attention else y
-
-
-def _identity(x):
-    return x
 
 
 # ------------------------------------------------------------------------------------------- baselines
@@ -654,7 +647,7 @@ def _attend(q, k, v, mask, dropout_p, want_maps):
     """Attention over the second-to-last dim of ``(b, h, .., n, e)`` (the dims between are batch dims): SDPA, or the
     explicit maps when they are asked for; either way a fully masked row gives zeros."""
     if want_maps:
-        a = masked_softmax(dot_scores(q, k), mask)
+        a = masked_softmax(_dot(q, k), mask)
         return torch.matmul(F.dropout(a, dropout_p), v), a
     return sdpa(q, k, v, mask=mask, dropout_p=dropout_p), None
 
