@@ -27,6 +27,7 @@ from hoformer.layers import (
     FullAttention,
     RMSNorm,
     SwiGLU,
+    record_attention,
     sincos_1d,
 )
 
@@ -357,10 +358,15 @@ def test_block_is_pre_norm_residual_composition(attention, mlp, norm):
         h = x + blk.attn(blk.norm1(x), masks=m)
         ref = h + blk.mlp(blk.norm2(h))
         torch.testing.assert_close(blk(x, masks=m), ref)  # eval: drop path is the identity
-        y, maps = blk(x, masks=m, return_attention=True)
+        with record_attention(blk) as rec:  # the block's maps are its attention layer's, on the normed input
+            y = blk(x, masks=m)
         torch.testing.assert_close(y, ref)
-        for a, r in zip(maps, blk.attn(blk.norm1(x), masks=m, return_attention=True)[1], strict=True):
-            torch.testing.assert_close(a, r)
+        with record_attention(blk.attn) as direct:
+            blk.attn(blk.norm1(x), masks=m)
+        assert rec and [n for n, _ in rec] == [f"attn.{n}" if n else "attn" for n, _ in direct]
+        for (_, got), (_, want) in zip(rec, direct, strict=True):
+            for a, r in zip(got, want, strict=True):
+                torch.testing.assert_close(a, r)
     # training: stochastic depth acts on each residual branch (not on the stream), same draws in the same order
     blk.train()
     torch.manual_seed(5)
