@@ -31,9 +31,10 @@ bench: install
 gpu-checks: install
 	PY=$(PY) bash benchmarks/gpu_checks.sh
 
-# the documentation site (mkdocs.yml) into build/site; --strict: a broken link or API reference fails
+# the documentation site (mkdocs.yml) into build/site; --strict: a broken link, anchor or API reference fails
+# (not --quiet: it hides the warnings from --strict)
 docs: install
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir build/site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info src/*.egg-info .pytest_cache

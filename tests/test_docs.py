@@ -1,4 +1,4 @@
-"""The documentation is executable: every tutorial's Python blocks run as written (on the small synthetic data the
+"""The documentation is executable: the Python blocks of every tutorial and of the concepts page run as written (on the small synthetic data the
 pages make themselves), and the site builds with ``mkdocs build --strict`` (a broken link, anchor or API reference
 fails)."""
 
@@ -14,6 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TUTORIALS = sorted((ROOT / "docs" / "tutorials").glob("*.md"))
+RUNNABLE = [ROOT / "docs" / "concepts.md", *TUTORIALS]  # pages whose python blocks run as one program
 
 
 def python_blocks(path: Path) -> list[str]:
@@ -26,8 +27,8 @@ def test_every_tutorial_has_code():
     assert not empty, f"tutorials without a python block: {empty}"
 
 
-@pytest.mark.parametrize("page", TUTORIALS, ids=[p.stem for p in TUTORIALS])
-def test_tutorial_runs(page, tmp_path, monkeypatch):
+@pytest.mark.parametrize("page", RUNNABLE, ids=[p.stem for p in RUNNABLE])
+def test_page_runs(page, tmp_path, monkeypatch):
     """The page's blocks run in order in one namespace, in an empty working directory, as a reader would paste them."""
     import matplotlib  # the `plots` extra, part of `all`
 
@@ -43,9 +44,11 @@ def test_tutorial_runs(page, tmp_path, monkeypatch):
 
 def test_docs_site_builds_strict(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(tmp_path / "site")],
-        cwd=ROOT, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "--site-dir",
+         str(tmp_path / "site")],
+        cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
-    # needs the `docs` extra (part of `all`, which `make test` installs)
+    # needs the `docs` extra (part of `all`, which `make test` installs); not --quiet, which hides the warnings
+    # that --strict turns into a failure
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / "site" / "api" / "functional" / "index.html").is_file()

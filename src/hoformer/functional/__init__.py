@@ -3,3 +3,4 @@ from .kronecker import *  # noqa: F401,F403
 from .scores import *  # noqa: F401,F403
 from .triplet import *  # noqa: F401,F403
 from .weaver import *  # noqa: F401,F403
+from .causal import *  # noqa: F401,F403

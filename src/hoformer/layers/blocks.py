@@ -159,6 +159,15 @@ class Block(nn.Module):
         x = x + self.drop_path(self.attn(self.norm1(x), masks=masks))
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
+    def step(self, x, cache):
+        """One decoding step of a block whose attention is causal (see ``KroneckerAttention.step``): ``x`` is one
+        index of the causal mode; the norms and the MLP act per token. Eval-mode arithmetic, no gradients."""
+        if not hasattr(self.attn, "step"):
+            raise TypeError(f"Block.step: {type(self.attn).__name__} has no incremental decoding")
+        with torch.no_grad():
+            x = x + self.attn.step(self.norm1(x), cache)
+            return x + self.mlp(self.norm2(x))
+
 
 class Encoder(nn.Module):
     """``depth`` :class:`Block` s with linearly increasing drop-path and a final norm."""
@@ -175,3 +184,18 @@ class Encoder(nn.Module):
         for blk in self.blocks:
             x = blk(x, masks=masks)
         return self.norm(x)
+
+    def init_cache(self) -> list:
+        """Decoding state for :meth:`step`: one cache per block (blocks built with a causal ``causal_mode``)."""
+        return [blk.attn.init_cache() for blk in self.blocks]
+
+    def step(self, x, cache: list):
+        """The encoder's output at the next index of the causal mode from that index's input slice ``x`` (size 1 along
+        the causal mode): equal to ``forward`` on every slice so far, read at the last. Per-step cost: the blocks'
+        (see ``KroneckerAttention.step``)."""
+        if not isinstance(cache, list) or len(cache) != len(self.blocks):
+            raise TypeError(f"Encoder.step: `cache` must be the list from init_cache() ({len(self.blocks)} entries)")
+        for blk, c in zip(self.blocks, cache):
+            x = blk.step(x, c)
+        with torch.no_grad():
+            return self.norm(x)
