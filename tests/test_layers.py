@@ -230,8 +230,9 @@ def test_blocks_patch_embed_positional():
     pe = AbsolutePositionalEncoding((2, 2, 2), 16, kind="sincos")
     pl = AbsolutePositionalEncoding((2, 2, 2), 16, kind="learned", modes=(1, 2))
     enc = Encoder(16, depth=2, num_heads=2, attention="kronecker_sum", mlp="swiglu", num_modes=3, drop_path=0.1)
-    y, maps = enc(pl(pe(x)), return_attention=True)
-    assert y.shape == x.shape and len(maps) == 2 and len(maps[0]) == 3
+    with record_attention(enc) as rec:
+        y = enc(pl(pe(x)))
+    assert y.shape == x.shape and len(rec) == 2 and len(rec[0][1]) == 3
     with pytest.raises(ValueError, match="divisible"):
         emb(torch.randn(2, 2, 5, 8, 8))
     with pytest.raises(ValueError, match=r"\(B, 2, S, S, S\)"):
