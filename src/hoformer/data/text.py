@@ -47,7 +47,7 @@ from hoformer._checks import check_int, is_int
 from hoformer._io import atomic_write
 
 from ._base import SplitDataModule
-from ._utils import VERIFY_HINT, SchemaError, resolve_root, verify_file
+from ._utils import VERIFY_HINT, SchemaError, require_file, resolve_root, verify_file
 
 __all__ = [
     "TEXT_DATASETS",
@@ -86,8 +86,7 @@ def _need(path: Path, folder: str, verify: bool) -> Path:
     """``path`` if it exists, after checking it against the reference SHA-256 (:data:`TEXT_SHA256`) when ``verify``
     and its digest is known; ``folder`` is the dataset's folder name ("sst2", "trec", "ag_news", "imdb")."""
     what = _DISPLAY[folder]
-    if not path.is_file():
-        raise FileNotFoundError(f"{what}: expected {path}, not found (set HOFORMER_DATA or pass root=...)")
+    require_file(path, what, "Set HOFORMER_DATA or pass root=...")
     want = TEXT_SHA256.get(f"{folder}/{path.name}") if verify else None
     if want is not None:
         verify_file(path, sha256=want, hint=f"Expected the reference {folder}/{path.name} of {what}. {VERIFY_HINT}")

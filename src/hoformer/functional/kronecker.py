@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from hoformer._checks import DETAIL, check_fraction, check_values
+from hoformer._checks import DETAIL, check_fraction, check_scale, check_values
 
 from .scores import dot_scores, masked_softmax
 
@@ -459,6 +459,7 @@ def mode_attention_factors(
                         f"{type(q).__name__}")
     _check_qk_masks(q, k, masks, [qi.shape[-2] if isinstance(qi, torch.Tensor) and qi.ndim >= 2 else -1 for qi in q],
                     "mode_attention_factors")
+    check_scale("mode_attention_factors", scale)
     return _mode_factors(q, k, scale, masks, score_fn)
 
 
@@ -564,6 +565,7 @@ def kronecker_attention(
     if kernel not in ("softmax", "linear"):
         raise ValueError(f"{fn}: `kernel` must be 'softmax' or 'linear', got {kernel!r}")
     check_fraction(fn, "dropout_p", dropout_p)
+    check_scale(fn, scale)
     b, h = v.shape[:2]
     if score_fn is not None and scale is not None:
         raise ValueError(f"{fn}: `scale` has no effect with a signed `score_fn` (its scores are used as they are)")
@@ -579,8 +581,8 @@ def kronecker_attention(
         feats = [(phi(qi), phi(ki)) for qi, ki in zip(q, k)]
         if feature_map is not None:  # negative features make the row normaliser cross 0: NaN / inf, silently
             check_values(torch.stack([torch.stack([fq.min(), fk.min()]) for fq, fk in feats]).min() >= 0,
-                         f"{fn}: `feature_map` must return non-negative features (e.g. elu(x) + 1, FAVOR+){DETAIL}",
-                         lambda: f", got a minimum of {min(min(fq.min(), fk.min()) for fq, fk in feats).item():.3g}")
+                         f"{fn}: kernel='linear' needs finite `q` / `k` and a `feature_map` returning non-negative "
+                         f"features (e.g. elu(x) + 1, FAVOR+){DETAIL}", lambda: _feature_problem(q, k, feats))
         return _linear_attention(feats, v, combine, masks, return_factors)
 
     factors = _mode_factors(q, k, scale, masks, score_fn)
@@ -588,6 +590,21 @@ def kronecker_attention(
     used = [F.dropout(s, p=dropout_p) for s in factors] if dropout_p > 0 else factors
     y = kron_apply(used, v) if combine == "product" else kron_sum_apply(used, v, normalize=True)
     return (y, factors) if return_factors else y
+
+
+def _feature_problem(q, k, feats) -> str:
+    """What made the linear kernel's feature check fail: a non-finite input, non-finite features or a negative one."""
+    for i, (fq, fk) in enumerate(feats):
+        for name, x, f in ((f"q[{i}]", q[i], fq), (f"k[{i}]", k[i], fk)):
+            bad = ~torch.isfinite(x)
+            if bad.any():
+                nan = int(torch.isnan(x).sum())
+                return (f"; got non-finite input `{name}` ({nan} NaN, {int(bad.sum()) - nan} inf of {x.numel()} "
+                        f"values, shape {tuple(x.shape)})")
+            if not torch.isfinite(f).all():
+                return f"; `feature_map` returned non-finite features for the finite input `{name}`"
+    lo = min(min(fq.min(), fk.min()) for fq, fk in feats).item()
+    return f"; `feature_map` must return non-negative features, got a minimum of {lo:.3g}"
 
 
 def linear_factor(fq: torch.Tensor, fk: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -697,6 +714,7 @@ def full_attention(
             f"{fn}: `q`, `k`, `v` must share (B, H, N1..Nk), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
     check_fraction(fn, "dropout_p", dropout_p)
+    check_scale(fn, scale)
     b, h = v.shape[:2]
     sizes = v.shape[2:-1]
     n = math.prod(sizes)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from hoformer._checks import check_scale
+
 __all__ = ["dot_scores", "tanimoto_scores", "cosine_scores", "get_score_fn", "SCORE_FNS", "masked_softmax"]
 
 
@@ -29,6 +31,7 @@ def _check_qk(q: torch.Tensor, k: torch.Tensor, fn: str) -> None:
 def dot_scores(q: torch.Tensor, k: torch.Tensor, *, scale: float | None = None) -> torch.Tensor:
     """Scaled dot-product logits ``q k^T * scale`` (scale default ``D ** -0.5``)."""
     _check_qk(q, k, "dot_scores")
+    check_scale("dot_scores", scale)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     return torch.matmul(q, k.transpose(-1, -2)) * scale
 

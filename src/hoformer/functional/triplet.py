@@ -30,7 +30,7 @@ import functools
 
 import torch
 
-from hoformer._checks import check_fraction, check_int
+from hoformer._checks import check_fraction, check_int, check_scale
 
 from .kronecker import _autocast_off, _opaque_to_compile
 from .scores import masked_softmax
@@ -147,6 +147,7 @@ def triplet_attention_naive(q, k1, k2, v1, v2, *, block_size: int, overlap: floa
     :func:`triplet_attention`."""
     mask = _check_inputs(q, k1, k2, v1, v2, mask, block_size, overlap, "triplet_attention_naive")
     B, H, L, D = q.shape
+    check_scale("triplet_attention_naive", scale)
     scale = D**-0.5 if scale is None else scale
     out = torch.zeros_like(q)
     count = q.new_zeros(L)
@@ -171,6 +172,7 @@ def triplet_attention_weights(q, k1, k2, *, block_size: int, overlap: float = 0.
     ``(key1, key2)`` for real queries (zeros for padded queries). Dense; meant for analysis / attention maps."""
     mask = _check_inputs(q, k1, k2, k1, k1, mask, block_size, overlap, "triplet_attention_weights",
                          ("q", "k1", "k2", "k1", "k1"))
+    check_scale("triplet_attention_weights", scale)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     idx = _window_index(q.shape[2], block_size, overlap, q.device)
     cdt = _compute_dtype(q.dtype)  # scores in fp32 like the fast kernel, so the maps are the weights it uses
@@ -370,6 +372,7 @@ def triplet_attention(
     split into row chunks because ``s * s * max(s, D)`` exceeds ``chunk_elements``).
     """
     mask = _check_inputs(q, k1, k2, v1, v2, mask, block_size, overlap, "triplet_attention")
+    check_scale("triplet_attention", scale)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if chunk_elements is None:
         chunk_elements = _DEFAULT_CHUNK.get(q.device.type, 1 << 24)
@@ -400,6 +403,7 @@ def block_attention(q, k, v, *, block_size: int, overlap: float = 0.0, scale=Non
     zeros. The per-window maps are :func:`block_attention_weights`.
     """
     mask = _check_inputs(q, k, k, v, v, mask, block_size, overlap, "block_attention", ("q", "k", "k", "v", "v"))
+    check_scale("block_attention", scale)
     B, H, L, D = q.shape
     a, idx, _ = _block_weights(q, k, block_size, overlap, scale, mask)
     cw = torch.matmul(a, v[:, :, idx])  # b h w s d
@@ -415,6 +419,7 @@ def block_attention_weights(q, k, *, block_size: int, overlap: float = 0.0, scal
     padded queries). Meant for analysis / attention maps."""
     mask = _check_inputs(q, k, k, k, k, mask, block_size, overlap, "block_attention_weights",
                          ("q", "k", "k", "k", "k"))
+    check_scale("block_attention_weights", scale)
     a, _, mw = _block_weights(q, k, block_size, overlap, scale, mask)
     return a if mw is None else a * mw[:, None, :, :, None]
 
@@ -469,6 +474,7 @@ def cross_block_attention(o, *, block_size: int, mask=None, scale=None):
         ``(B, H, L, D)``. The block attention ``(B, H, M, M)`` is :func:`cross_block_attention_weights`.
     """
     mask = _check_cross(o, block_size, mask, "cross_block_attention")
+    check_scale("cross_block_attention", scale)
     L = o.shape[2]
     a, r = _cross_weights(o, block_size, mask, scale)
     g = torch.matmul(a, r)  # b h m d
@@ -482,4 +488,5 @@ def cross_block_attention_weights(o, *, block_size: int, mask=None, scale=None):
     """The block attention ``A (B, H, M, M)`` of :func:`cross_block_attention` (eq 6), ``M = ceil(L / block_size)``.
     Meant for analysis / attention maps."""
     mask = _check_cross(o, block_size, mask, "cross_block_attention_weights")
+    check_scale("cross_block_attention_weights", scale)
     return _cross_weights(o, block_size, mask, scale)[0]
