@@ -51,7 +51,7 @@ from hoformer.functional.triplet import (
     triplet_windows,
 )
 
-from .attention import _Recordable
+from .attention import RecordableAttention
 from .blocks import Mlp
 
 __all__ = [
@@ -99,7 +99,7 @@ class CrossBlockAttention(nn.Module):
         return f"block_size={self.block_size}"
 
 
-class _HeadsAttention(_Recordable):
+class _HeadsAttention(RecordableAttention):
     """Shared plumbing: fused input projection into ``n_proj`` per-head tensors, local attention, optional
     cross-block routing, merge heads, ``W_O``."""
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from .attention import _Recordable
+from .attention import RecordableAttention
 from .blocks import RMSNorm
 from hoformer.functional.weaver import (
     VALENCE_KERNELS,
@@ -132,7 +132,7 @@ class WeaverInput(nn.Module):
         return self.drop(self.glu(self.norm(u))) + u  # eq 40
 
 
-class KroneckerValenceAttention(_Recordable):
+class KroneckerValenceAttention(RecordableAttention):
     """Weaver's Kronecker attention module (eqs 42-58).
 
     ATk-pooling gives spatial ``U_S (B, N, E)`` and temporal ``U_T (B, P, E)`` node representations; the spatial
