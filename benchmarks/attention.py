@@ -150,7 +150,7 @@ def ab_worker(batch: int) -> None:
         print(_time_once(steps[(int(i), name)], torch.device("cpu")), flush=True)
 
 
-def ab_compare(against: str, batch: int, reps: int) -> None:
+def ab_compare(against: str, batch: int, reps: int, variants=None) -> None:
     import hoformer
 
     here = os.path.dirname(os.path.dirname(hoformer.__file__))
@@ -168,7 +168,7 @@ def ab_compare(against: str, batch: int, reps: int) -> None:
         w.stdin.flush()
         return float(w.stdout.readline())
 
-    keys = [(i, name) for i in range(len(SHAPES)) for name in AB_VARIANTS]
+    keys = [(i, name) for i in range(len(SHAPES)) for name in AB_VARIANTS if not variants or name in variants]
     times = {(side, key): [] for side in workers for key in keys}
     for r in range(reps + 1):  # round 0 warms up
         for key in keys:
@@ -207,7 +207,10 @@ def main():
                     help="before/after of the Kronecker layers against the hoformer in SRC (e.g. OTHER/src), CPU")
     args = ap.parse_args()
     if args.against:
-        ab_compare(args.against, args.batch, args.reps)
+        unknown = set(args.variants or ()) - set(AB_VARIANTS)
+        if unknown:
+            ap.error(f"--variants with --against: unknown {sorted(unknown)}; choose from {list(AB_VARIANTS)}")
+        ab_compare(args.against, args.batch, args.reps, args.variants)
         return
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     if args.quick:
