@@ -2,7 +2,9 @@
 metrics with those recorded by ``benchmarks/ltsf_sweep.py`` (a provenance check: same checkpoint + clean code must give
 the recorded numbers bit for bit).
 
-Run:  python benchmarks/ltsf_retest.py --records 'runs/weather_cpu*.jsonl' configs/hot/ltsf_cpu/weather_96_*.yaml
+Run:  python benchmarks/ltsf_retest.py --records 'runs/weather_cpu*.jsonl' 'hot/ltsf_cpu/weather_96_*'
+
+The runs are named as in ``benchmarks/paper_configs.py`` (patterns allowed) or by their config files.
 
 Prints one JSON line per config: the recorded and the re-tested test MSE / MAE and whether they are identical.
 """
@@ -22,7 +24,7 @@ import yaml
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("configs", nargs="+")
+    ap.add_argument("configs", nargs="+", help="paper_configs.py experiment names / patterns, or config files")
     ap.add_argument("--records", default="runs/*.jsonl", help="glob of ltsf_sweep.py JSONL files")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
@@ -33,13 +35,23 @@ def main() -> None:
                 r = json.loads(line)
                 recorded[r["config"]] = r
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
-    for c in args.configs:
+    import fnmatch
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from paper_configs import experiments
+
+    exps = experiments()
+    names = [c for c in args.configs if c.endswith(".yaml")]
+    names += [n for n in exps if any(fnmatch.fnmatch(n, p) for p in args.configs)]
+    for c in names:
         if c not in recorded:
             print(json.dumps({"config": c, "error": "no recorded run"}), flush=True)
             continue
-        root = Path(yaml.safe_load(Path(c).read_text())["trainer"]["default_root_dir"])
+        cfg_args = ["--config", c] if c.endswith(".yaml") else exps[c]
+        root = Path(yaml.safe_load(Path(c).read_text())["trainer"]["default_root_dir"]) if c.endswith(".yaml") \
+            else Path("runs") / c
         before = set(glob.glob(str(root / "logs" / "version_*")))
-        r = subprocess.run([sys.executable, "-m", "hoformer.cli", "test", "--config", c,
+        r = subprocess.run([sys.executable, "-m", "hoformer.cli", "test", *cfg_args,
                             "--trainer.enable_progress_bar=false", "--ckpt_path", "best"],
                            env=env, capture_output=True, text=True)
         new = sorted(set(glob.glob(str(root / "logs" / "version_*"))) - before)

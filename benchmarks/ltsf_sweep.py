@@ -1,7 +1,8 @@
-"""Run ``hoformer fit`` + ``hoformer test --ckpt_path best`` for a list of forecasting configs and collect the test
-metrics into one JSONL file (one line per run; runs already in the file are skipped, so the sweep can be resumed).
+"""Run ``hoformer fit`` + ``hoformer test --ckpt_path best`` for a list of forecasting experiments of
+``benchmarks/paper_configs.py`` (names or shell-style patterns) and collect the test metrics into one JSONL file (one
+line per run; runs already in the file are skipped, so the sweep can be resumed).
 
-Run:  .venv/bin/python benchmarks/ltsf_sweep.py --out runs/ltsf_cpu.jsonl configs/hot/ltsf_cpu/etth1_96_*.yaml
+Run:  .venv/bin/python benchmarks/ltsf_sweep.py --out runs/ltsf_cpu.jsonl 'hot/ltsf_cpu/etth1_96_*'
       .venv/bin/python benchmarks/ltsf_sweep.py --out runs/ltsf_cpu.jsonl --table   # print the markdown table
 
 Each run uses ``OMP_NUM_THREADS=--threads`` and ``--trainer.max_time`` as given; the wall time of ``fit`` and the
@@ -20,7 +21,20 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import fnmatch
+import importlib.util
+
 import yaml
+
+_spec = importlib.util.spec_from_file_location("paper_configs", Path(__file__).with_name("paper_configs.py"))
+paper_configs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(paper_configs)
+
+
+def _arg(args: list[str], key: str, default=None):
+    """The value of the last ``key=value`` override in ``args``."""
+    vals = [a.split("=", 1)[1] for a in args if a.startswith(key + "=")]
+    return vals[-1] if vals else default
 
 
 def _run(cmd: list[str], env: dict, log) -> int:
@@ -51,9 +65,18 @@ def _best_val(root: Path) -> dict:
     return {k: float(v) for k, v in best.items() if k.startswith("val/") and v}
 
 
-def run_one(config: Path, args) -> dict:
-    cfg = yaml.safe_load(config.read_text())
-    root = Path(cfg["trainer"]["default_root_dir"])
+def run_one(name: str, args) -> dict:
+    """``name``: an experiment of paper_configs.py, or a config file (its ``# extends:`` bases are read too)."""
+    if name.endswith(".yaml"):
+        cfg = yaml.safe_load(Path(name).read_text()) or {}
+        root = Path(cfg["trainer"]["default_root_dir"])
+        data = (cfg.get("data") or {}).get("init_args", {})
+        model = ((cfg.get("model") or {}).get("init_args", {}).get("model") or {}).get("init_args", {})
+        exp = ["--config", name] + [f"--data.init_args.{k}={v}" for k, v in data.items() if k in ("name", "pred_len")]
+        exp += [f"--model.model.init_args.attention={model['attention']}"] if "attention" in model else []
+    else:
+        exp = paper_configs.experiments()[name]
+        root = Path(f"runs/{name}")
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
     common = ["--trainer.enable_progress_bar=false", f"--trainer.max_time={args.max_time}"]
     if args.max_epochs:
@@ -62,15 +85,15 @@ def run_one(config: Path, args) -> dict:
     root.mkdir(parents=True, exist_ok=True)
     with open(root / "sweep.log", "a") as log:
         t0 = time.time()
-        if _run(hoformer + ["fit", "--config", str(config), *common], env, log):
+        if _run(hoformer + ["fit", *exp, *common], env, log):  # hoformer.cli reads `# extends:` bases
             raise RuntimeError(f"fit failed, see {root / 'sweep.log'}")
         fit_s = time.time() - t0
-        if _run(hoformer + ["test", "--config", str(config), *common, "--ckpt_path", "best"], env, log):
+        if _run(hoformer + ["test", *exp, *common, "--ckpt_path", "best"], env, log):
             raise RuntimeError(f"test failed, see {root / 'sweep.log'}")
     best = sorted((root / "checkpoints").glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)[-1].name
-    m = cfg["model"]["init_args"]["model_kwargs"]
-    return {"config": str(config), "dataset": cfg["data"]["init_args"]["name"], "pred_len": m["pred_len"],
-            "attention": m["attention"], "fit_s": round(fit_s, 1),
+    return {"config": name, "dataset": _arg(exp, "--data.init_args.name", "ETTh1"),
+            "pred_len": int(_arg(exp, "--data.init_args.pred_len", 96)),
+            "attention": _arg(exp, "--model.model.init_args.attention", "kronecker_product"), "fit_s": round(fit_s, 1),
             "best_epoch": int(re.search(r"epoch=?(\d+)", best).group(1)), **_best_val(root), **_test_metrics(root)}
 
 
@@ -98,7 +121,8 @@ def table(path: Path) -> str:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("configs", nargs="*", type=Path)
+    ap.add_argument("experiments", nargs="*",
+                    help="paper_configs.py names or patterns (e.g. 'hot/ltsf_cpu/etth1_96_*') or config files")
     ap.add_argument("--out", type=Path, required=True, help="JSONL results file (appended; done runs skipped)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-time", default="00:00:30:00", help="Lightning max_time per fit (DD:HH:MM:SS)")
@@ -111,11 +135,13 @@ def main():
     done = set()
     if args.out.exists():
         done = {json.loads(line)["config"] for line in args.out.read_text().splitlines() if line.strip()}
-    for config in args.configs:
-        if str(config) in done:
-            print(f"skip {config} (in {args.out})")
+    names = [p for p in args.experiments if p.endswith(".yaml")]
+    names += [n for n in paper_configs.experiments() if any(fnmatch.fnmatch(n, p) for p in args.experiments)]
+    for name in names:
+        if name in done:
+            print(f"skip {name} (in {args.out})")
             continue
-        r = run_one(config, args)
+        r = run_one(name, args)
         print(json.dumps(r), flush=True)
         with args.out.open("a") as f:
             f.write(json.dumps(r) + "\n")

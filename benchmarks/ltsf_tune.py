@@ -2,7 +2,8 @@
 "ETTh1: seed spread and validation-selected tuning of HOT product").
 
 Writes one config per variant x horizon under ``runs/tune/<dataset>_<model>/<variant>/`` (derived from the committed
-``configs/hot/ltsf_cpu/<dataset>_96_<h>_<model>.yaml``: only the keys named by the variant change, the run directory
+experiment ``hot/ltsf_cpu/<dataset>_96_<h>_<model>`` of ``benchmarks/paper_configs.py``: only the keys named by the
+variant change, the run directory
 moves under the variant) and runs them with ``benchmarks/ltsf_sweep.py`` (one JSONL per variant). ``--summary``
 prints, per variant, the average over the four horizons of the *validation* MSE / MAE of the tested checkpoint (what
 the variant is selected on) next to the test metrics.
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HORIZONS = (96, 192, 336, 720)
 # seed -> variant suffix ("grid" runs seed 2024); 2027 / 2028 complete the HOT paper's five seeds (Tables 9 / 10)
 SEEDS = {2024: "", 2025: "_seed2025", 2026: "_seed2026", 2027: "_seed2027", 2028: "_seed2028"}
-# variant -> overrides: "model.<k>" for model_kwargs, "task.<k>" for the ForecastingTask, "data.<k>" for the data,
+# variant -> overrides: "model.<k>" for the model's init args, "task.<k>" for the task's optim, "data.<k>" for the data,
 # "run.<k>" for a top-level key (seed_everything), "callback.<class path>" for a trainer callback added with these
 # init_args
 VARIANTS = {
@@ -52,39 +53,54 @@ VARIANTS = {
 }
 
 
-def _move(node, old: str, new: str):
-    """Every string value that is ``old`` or a path under it, re-rooted at ``new`` (run dir, logger / checkpoint
-    dirs)."""
-    if isinstance(node, dict):
-        return {k: _move(v, old, new) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_move(v, old, new) for v in node]
-    if isinstance(node, str) and (node == old or node.startswith(old + "/")):
-        return new + node[len(old):]
-    return node
+def _nest(args: list[str]) -> dict:
+    """``--a.b.c=v`` overrides -> ``{"a": {"b": {"c": v}}}`` (values parsed as YAML)."""
+    out: dict = {}
+    for a in args:
+        key, value = a[2:].split("=", 1)
+        *path, last = key.split(".")
+        node = out
+        for k in path:
+            node = node.setdefault(k, {})
+        node[last] = yaml.safe_load(value)
+    return out
+
+
+def _merge(a: dict, b: dict) -> dict:
+    return {**a, **{k: _merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
+                    for k, v in b.items()}}
 
 
 def write_configs(dataset: str, model: str, variant: str) -> list[Path]:
+    """One config per horizon: the paper_configs.py experiment ``hot/ltsf_cpu/<dataset>_96_<h>_<model>`` (its protocol
+    file, extended) with the variant's keys changed and the run directory under ``runs/tune/``."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from paper_configs import experiments
+
+    base = yaml.safe_load((ROOT / "configs/hot/ltsf_cpu.yaml").read_text())
     out = []
     for h in HORIZONS:
-        src = ROOT / f"configs/hot/ltsf_cpu/{dataset}_96_{h}_{model}.yaml"
-        cfg = yaml.safe_load(src.read_text())
+        name = f"hot/ltsf_cpu/{dataset}_96_{h}_{model}"
+        _, protocol, *args = experiments()[name]
         run = f"runs/tune/{dataset}_{model}/{variant}/{dataset}_96_{h}"
-        cfg = _move(cfg, cfg["trainer"]["default_root_dir"], run)
+        cfg = _nest([a for a in args if not a.startswith("--trainer.default_root_dir")])
+        cfg = _merge(cfg, {"trainer": {"default_root_dir": run}})
         for key, value in VARIANTS[variant].items():
             where, k = key.split(".", 1)
-            if where == "callback":
-                cfg["trainer"]["callbacks"].append({"class_path": k, "init_args": value})
+            if where == "callback":  # a list replaces the protocol's: keep its callbacks
+                callbacks = cfg["trainer"].setdefault("callbacks", list(base["trainer"]["callbacks"]))
+                callbacks.append({"class_path": k, "init_args": value})
                 continue
-            target = {"model": cfg["model"]["init_args"]["model_kwargs"], "task": cfg["model"]["init_args"],
-                      "data": cfg["data"]["init_args"], "run": cfg}[where]
-            if k not in target:
-                raise KeyError(f"variant {variant!r}: {key} is not a key of {src}")
-            target[k] = value
+            path = {"model": ["model", "init_args", "model", "init_args"], "task": ["model", "init_args", "optim"],
+                    "data": ["data", "init_args"], "run": []}[where]
+            update: dict = {k: value}
+            for p in reversed(path):
+                update = {p: update}
+            cfg = _merge(cfg, update)
         path = ROOT / run / "config.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"# {src.name} with variant {variant!r}: {VARIANTS[variant]}\n"
-                        + yaml.safe_dump(cfg, sort_keys=False))
+        path.write_text(f"# extends: {(ROOT / protocol).resolve()}\n# {name} with variant {variant!r}: "
+                        f"{VARIANTS[variant]}\n" + yaml.safe_dump(cfg, sort_keys=False))
         out.append(path.relative_to(ROOT))
     return out
 
@@ -98,9 +114,8 @@ def import_grid(dataset: str, model: str, records: Path) -> Path:
     rows = []
     for line in records.read_text().splitlines():
         r = json.loads(line) if line.strip() else None
-        if r and Path(r["config"]).name in {f"{dataset}_96_{h}_{model}.yaml" for h in HORIZONS}:
-            cfg = yaml.safe_load((ROOT / r["config"]).read_text())
-            rows.append({**r, **_best_val(ROOT / cfg["trainer"]["default_root_dir"])})
+        if r and r["config"] in {f"hot/ltsf_cpu/{dataset}_96_{h}_{model}" for h in HORIZONS}:
+            rows.append({**r, **_best_val(ROOT / "runs" / r["config"])})
     out = ROOT / f"runs/tune/{dataset}_{model}/grid.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -15,6 +15,7 @@ import os
 import pytest
 import torch
 
+from hoformer.train import Optimization
 from hoformer.functional import (
     kron_apply,
     kron_dense,
@@ -179,8 +180,9 @@ def test_lightning_bf16_mixed_fit_on_device(tmp_path):
     from hoformer.data import LTSFDataModule
     from hoformer.train import ForecastingTask
 
-    task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, dim=16, num_heads=2,
-                                                  depth=1, patch_size=8), lr=1e-3, plot_variates=0)
+    task = ForecastingTask(create_model("hot_forecaster", **dict(seq_len=32, pred_len=8, num_variates=7, dim=16, num_heads=2,
+                                                  depth=1, patch_size=8)),
+                           optim=Optimization(lr=1e-3, weight_decay=0.1), plot_variates=0)
     dm = LTSFDataModule(synthetic=True, synthetic_length=400, seq_len=32, pred_len=8, batch_size=8)
     trainer = pl.Trainer(default_root_dir=tmp_path, accelerator="gpu" if DEVICE.type == "cuda" else "cpu",
                          devices=1, precision="bf16-mixed", max_steps=3, limit_val_batches=1, logger=False,

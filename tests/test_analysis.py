@@ -106,8 +106,8 @@ def test_stable_rank_callback_logs_to_csv(tmp_path):
     from hoformer.train import ForecastingTask
 
     dm = LTSFDataModule(synthetic=True, seq_len=16, pred_len=8, num_variates=3, synthetic_length=300, batch_size=8)
-    task = ForecastingTask("hot_forecaster", dict(seq_len=16, pred_len=8, num_variates=3, dim=16, depth=1,
-                                                  num_heads=2, patch_size=4, attention="kronecker_sum"))
+    task = ForecastingTask(create_model("hot_forecaster", **dict(seq_len=16, pred_len=8, num_variates=3, dim=16, depth=1,
+                                                  num_heads=2, patch_size=4, attention="kronecker_sum")))
     trainer = pl.Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=1, num_sanity_val_steps=0,
                          logger=CSVLogger(tmp_path, name="logs"), enable_checkpointing=False,
                          callbacks=[StableRankCallback(train_every_n_steps=1, num_batches=1)],
@@ -367,8 +367,8 @@ def test_stable_rank_callback_values_and_schedule(tmp_path):
 
     dm = LTSFDataModule(synthetic=True, seq_len=16, pred_len=8, num_variates=3, synthetic_length=300, batch_size=8,
                         eval_batch_size=7)
-    task = ForecastingTask("hot_forecaster", dict(seq_len=16, pred_len=8, num_variates=3, dim=16, depth=2,
-                                                  num_heads=2, patch_size=4, attention="kronecker_sum"),
+    task = ForecastingTask(create_model("hot_forecaster", **dict(seq_len=16, pred_len=8, num_variates=3, dim=16, depth=2,
+                                                  num_heads=2, patch_size=4, attention="kronecker_sum")),
                            plot_variates=0)
     kw = dict(logger=CSVLogger(tmp_path, name="logs"), enable_checkpointing=False, enable_progress_bar=False,
               enable_model_summary=False, log_every_n_steps=1, num_sanity_val_steps=0)

@@ -131,9 +131,9 @@ def lightning_cli(tmp: Path, *extra: str) -> None:
 
     sub, *rest = extra
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        main([sub, "--model=hoformer.train.ForecastingTask", "--model.model_name=hot_forecaster",
-              "--model.model_kwargs={seq_len: 16, pred_len: 8, num_variates: 7, dim: 16, num_heads: 2, depth: 1, "
-              "patch_size: 8}", "--data=hoformer.data.LTSFDataModule", "--data.synthetic=true",
+        main([sub, "--model=hoformer.train.ForecastingTask", "--model.model=hoformer.models.HOTForecaster",
+              "--model.model.dim=16", "--model.model.num_heads=2", "--model.model.depth=1",
+              "--model.model.patch_size=8", "--data=hoformer.data.LTSFDataModule", "--data.synthetic=true",
               "--data.seq_len=16", "--data.pred_len=8", "--trainer.max_epochs=1", "--trainer.logger=false",
               "--trainer.enable_checkpointing=false", "--trainer.limit_train_batches=1",
               "--trainer.limit_val_batches=1", "--trainer.limit_test_batches=1", "--trainer.accelerator=cpu",

@@ -20,9 +20,13 @@ from hoformer.data import LTSF_DATASETS, MEDMNIST3D_INFO, NLCD_CLASSES, CDL_CLAS
 from hoformer.models import create_model, from_pretrained
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIGS = sorted((REPO / "configs" / "hot").rglob("*.yaml"))
-MONITOR = {"ForecastingTask": ("val/mae", "min"), "ClassificationTask": ("val/auc", "max"),
-           "SegmentationTask": ("val/acc", "max")}
+
+
+def _import_file(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def _import(path: str):
@@ -122,85 +126,160 @@ def test_command_line_run_prints_no_lightningcli_args_warning():
 
 
 # ---------------------------------------------------------------------------------------------- configs
-def test_config_set_is_complete():
-    names = {p.relative_to(REPO / "configs" / "hot").as_posix() for p in CONFIGS}
+CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
+EXPERIMENTS = _import_file(REPO / "benchmarks" / "paper_configs.py").experiments()
+#: experiment files that extend a protocol file: what differs from it, nothing else
+SMALL = 40
+
+
+def _printed(args, capsys) -> dict:
+    with pytest.raises(SystemExit) as e:
+        cli.main(["fit", *args, "--print_config"])
+    assert e.value.code in (0, None)
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+def test_configs_compose_from_a_shared_trainer():
+    """Every config extends (directly or through a protocol file) configs/trainer.yaml; experiment files are small;
+    no output path appears in a config except the one ``trainer.default_root_dir``."""
+    assert len(CONFIGS) <= 40 and sum(len(p.read_text().splitlines()) for p in CONFIGS) <= 1200
+    for path in CONFIGS:
+        chain = cli._bases(path)
+        assert chain[-1] == str(path) and (path.name == "trainer.yaml" or chain[0].endswith("configs/trainer.yaml"))
+        text = path.read_text()
+        assert text.count("runs/") <= 1 + text.count("/pretrained"), path  # teacher inputs are the only other paths
+        is_protocol = any(cli._bases(other)[-2:-1] == [str(path)] for other in CONFIGS if other != path)
+        if not is_protocol and path.name != "trainer.yaml":
+            assert len(text.splitlines()) <= SMALL, f"{path}: an experiment file holds only what differs"
+
+
+def test_paper_experiments_are_all_expressible():
+    """benchmarks/paper_configs.py keeps every paper experiment the configs used to spell out one file each."""
+    names = set(EXPERIMENTS)
+    assert len(names) == 350
     for ds in ("etth1", "etth2", "ettm1", "ettm2", "weather", "electricity", "traffic", "solar"):
         for h in (96, 192, 336, 720):
             for v in ("hot_product", "hot_sum", "full", "spatial", "temporal"):
-                assert f"ltsf/{ds}_96_{h}_{v}.yaml" in names
-    for flag in ("organ", "nodule", "adrenal", "fracture", "vessel"):
+                assert f"hot/ltsf/{ds}_96_{h}_{v}" in names
+    for flag in ("organ", "nodule", "adrenal", "fracture", "vessel", "synapse"):
         for v in ("hot_product", "hot_sum", "full", "cnn3d"):
-            assert f"medmnist3d/{flag}_{v}.yaml" in names
+            assert f"hot/medmnist3d/{flag}_{v}" in names
     for prod in ("nlcd", "cdl"):
         for v in ("hot_product", "hot_sum"):
-            assert f"ssl4eo_l/{prod}_{v}.yaml" in names
+            assert f"hot/ssl4eo_l/{prod}_{v}" in names
+    for ds in ("metr_la", "pems_bay", "los_loop"):
+        assert {f"weaver/{ds}_t", f"weaver/{ds}_nt"} <= names
+    assert {"hoba/sst2_teacher", "hoba/sst2_hoba_3l_b16", "hoba/imdb_full2d_6l", "hoba/cpu_trec_triplet_full"} <= names
+    for name, args in EXPERIMENTS.items():
+        assert args[-1] == f"--trainer.default_root_dir=runs/{name}" and (REPO / args[1]).is_file(), name
 
 
-def test_configs_match_generator(tmp_path):
-    spec = importlib.util.spec_from_file_location("hot_generate", REPO / "configs" / "hot" / "generate.py")
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
-    written = gen.main(tmp_path)
-    assert len(written) == len(CONFIGS)
-    for p in written:
-        committed = REPO / "configs" / "hot" / p.relative_to(tmp_path)
-        assert committed.read_text() == p.read_text(), f"{committed} is stale: re-run configs/hot/generate.py"
+@pytest.mark.parametrize("path", [p for p in CONFIGS if p.name != "trainer.yaml"],
+                         ids=lambda p: p.relative_to(REPO / "configs").as_posix())
+def test_config_parses_with_the_protocol(path, capsys):
+    """Each committed config parses through LightningCLI (its bases first); the HOT paper protocol (appendix B.4 /
+    Table 6) where it applies."""
+    cfg = _printed(["--config", str(path)], capsys)
+    task, model = cfg["model"]["class_path"], cfg["model"]["init_args"]["model"]
+    optim = cfg["model"]["init_args"]["optim"]
+    assert cfg["trainer"]["default_root_dir"].startswith("runs/")
+    assert any(c["class_path"].endswith("ExportPretrained") for c in cfg["trainer"]["callbacks"])
+    if "/hot/" in path.as_posix() and not path.stem.endswith("cnn3d"):
+        paper = "ltsf_cpu" not in path.as_posix()
+        assert optim["lr"] == (2e-4 if paper else 1e-3) and optim["weight_decay"] == 0.1
+        assert model["init_args"]["dim"] == (128 if paper else 64)
+        assert model["init_args"]["depth"] == (2 if task.endswith("ForecastingTask") else 6)
+        assert cfg["trainer"]["max_epochs"] == (100 if paper else 10) and cfg["data"]["init_args"]["batch_size"] == 32
+    if path.stem.endswith("cnn3d"):  # the CNN reference next to Table 2: CNN optimiser settings
+        assert (optim["lr"], optim["weight_decay"]) == (1e-3, 1e-4)
+        assert model["class_path"] == "hoformer.models.CNN3DClassifier" and "attention" not in model["init_args"]
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
-def test_config_is_valid(path):
-    cfg = yaml.safe_load(path.read_text())
-    assert set(cfg) == {"seed_everything", "trainer", "model", "data"} and isinstance(cfg["seed_everything"], int)
-    where = path.name
-    model, data, trainer = cfg["model"], cfg["data"], cfg["trainer"]
-    task_cls = _check_init_args(model["class_path"], model["init_args"], where)
-    data_cls = _check_init_args(data["class_path"], data["init_args"], where)
-    args = model["init_args"]
-    paper = path.parent.name != "ltsf_cpu"  # ltsf_cpu/: the documented CPU-budget grid (configs/hot/generate.py)
-    kw = args["model_kwargs"]
-    m = create_model(args["model_name"], **kw)  # validates every model argument
-    if args["model_name"] == "cnn3d_classifier":  # the CNN reference next to Table 2: CNN optimiser settings
-        assert (args["lr"], args["weight_decay"]) == (1e-3, 1e-4) and paper
-    else:
-        assert args["lr"] == (2e-4 if paper else 1e-3) and args["weight_decay"] in (0.01, 0.1, 0.3, 0.5)  # Table 6
-        assert kw["dim"] == (128 if paper else 64)
-        if paper and kw["attention"] != "spatial":  # spatial = iTransformer: one token per variate (patch = seq_len)
-            assert kw["patch_size"] in (2, 4)  # Table 6
-        assert len(m.encoder.blocks) == (2 if task_cls.__name__ == "ForecastingTask" else 6)
-    d = data["init_args"]
-    if data_cls.__name__ == "LTSFDataModule":
-        assert kw["seq_len"] == d["seq_len"] and kw["pred_len"] == d["pred_len"]
-        assert kw["num_variates"] == LTSF_DATASETS[d["name"]].channels
-    elif data_cls.__name__ == "MedMNIST3DDataModule":
-        assert kw["num_classes"] == len(MEDMNIST3D_INFO[d["flag"]]["labels"]) and kw["input_size"] == d["size"]
-    else:
-        assert kw["num_classes"] == len({"nlcd": NLCD_CLASSES, "cdl": CDL_CLASSES}[d["product"]])
-    monitor, mode = MONITOR[task_cls.__name__]
-    cbs = {c["class_path"].rsplit(".", 1)[1]: c.get("init_args", {}) for c in trainer["callbacks"]}
-    best, last = [c["init_args"] for c in trainer["callbacks"] if c["class_path"].endswith("ModelCheckpoint")]
-    assert last == {"dirpath": best["dirpath"], "filename": "last", "enable_version_counter": False}
-    cbs["ModelCheckpoint"] = best
-    # the paper trains a fixed 100 epochs and tests the best-validation checkpoint (B.4): early stopping only in
-    # the CPU-budget grid
-    assert ("EarlyStopping" in cbs) == (not paper)
-    for name in ("ModelCheckpoint", "EarlyStopping")[: 1 if paper else 2]:
-        assert cbs[name]["monitor"] == monitor and cbs[name]["mode"] == mode
-    assert "ExportPretrained" in cbs and "SavePredictions" in cbs
-    for c in trainer["callbacks"] + trainer["logger"] + trainer["plugins"]:
-        _check_init_args(c["class_path"], c.get("init_args", {}), where)
-    assert trainer["max_epochs"] == (100 if paper else 10) and data["init_args"]["batch_size"] == 32
+@pytest.mark.parametrize("name", ["hot/ltsf/traffic_96_720_spatial", "hot/ltsf_cpu/weather_96_336_full",
+                                  "hot/medmnist3d/organ_cnn3d", "hot/ssl4eo_l/cdl_hot_sum", "weaver/pems_bay_nt",
+                                  "weaver/ablation_pems_bay_dict_m8_k4", "weaver/los_loop_cpu_alternating",
+                                  "hoba/ag_news_teacher", "hoba/imdb_block2d_nocb_6l", "hoba/cpu_sst2_full2d"])
+def test_paper_experiments_parse(name, capsys):
+    """The grid's overrides reach their arguments (a sample over every protocol file and kind of override)."""
+    cfg = _printed(EXPERIMENTS[name], capsys)
+    assert cfg["trainer"]["default_root_dir"] == f"runs/{name}"
+    model = cfg["model"]["init_args"]["model"]["init_args"]
+    if name == "hot/ltsf/traffic_96_720_spatial":
+        assert cfg["data"]["init_args"]["pred_len"] == 720 and model["attention"] == "spatial"
+        assert model["patch_size"] == 96
+    if name == "weaver/pems_bay_nt":
+        assert model["use_time"] is False and cfg["model"]["init_args"]["use_time"] is False
+    if name == "weaver/los_loop_cpu_alternating":
+        assert cfg["model"]["init_args"]["model"]["class_path"] == "hoformer.models.TrafficTransformer"
+        assert model["layout"] == "alternating" and model["dim"] == 32
+    if name == "hoba/imdb_block2d_nocb_6l":
+        assert (model["depth"], model["attention"], model["cross_block"], model["max_len"]) == (6, "block2d", False,
+                                                                                                 512)
 
 
-@pytest.mark.parametrize("rel", ["ltsf/etth1_96_96_hot_product.yaml", "medmnist3d/adrenal_hot_sum.yaml",
-                                 "ssl4eo_l/nlcd_hot_product.yaml"])
-def test_print_config_through_lightningcli(rel, capsys):
+def test_fit_help_shows_typed_model_arguments(capsys):
+    """The model is a typed argument of the task: its class's help lists every argument with type and default."""
+    with pytest.raises(SystemExit):
+        cli.main(["fit", "--model.model.help", "hoformer.models.HOTForecaster"])
+    out = capsys.readouterr().out
+    assert "--model.attention" in out and "type: Literal['kronecker_product'" in out
+    assert "--model.dim DIM" in out and "(type: int, default: 128)" in out
+
+
+def test_misspelled_model_argument_fails_at_parse_time_naming_the_valid_ones(capsys):
+    cfg = str(REPO / "configs" / "hot" / "ltsf" / "etth1_96_96_hot_product.yaml")
     with pytest.raises(SystemExit) as e:
-        cli.main(["fit", "--config", str(REPO / "configs" / "hot" / rel), "--print_config"])
-    assert e.value.code in (0, None)
-    printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed["model"]["init_args"]["model_kwargs"] == yaml.safe_load(
-        (REPO / "configs" / "hot" / rel).read_text())["model"]["init_args"]["model_kwargs"]
-    assert printed["seed_everything"] == 2024
+        cli.main(["fit", "--config", cfg, "--model.model.init_args.dimm=3"])
+    assert e.value.code not in (0, None)
+    err = capsys.readouterr().err
+    assert "hoformer.models.HOTForecaster has no argument 'dimm': did you mean 'dim'?" in err
+    assert "its arguments are seq_len, pred_len, num_variates, attention, dim" in err
+
+
+def test_one_data_override_switches_to_another_csv(tmp_path, monkeypatch, capsys):
+    """A config pointed at another CSV with another number of columns by one ``--data`` override: the model's
+    variates (and lookback / horizon) come from the datamodule, the run trains and tests."""
+    from hoformer.data import write_synthetic_ltsf_csv
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOFORMER_DATA", str(tmp_path))
+    (tmp_path / "ltsf").mkdir()
+    csv = write_synthetic_ltsf_csv(tmp_path / "ltsf" / "mine.csv", "electricity", 1500, num_variates=5)
+    cfg = str(REPO / "configs" / "hot" / "ltsf_cpu" / "etth1_96_96_hot_product.yaml")
+    quick = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
+             "--trainer.limit_test_batches=1", "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}/r"]
+    obj = cli.HoformerCLI(args=[*cli.expand_configs(["--config", cfg]), f"--data.name={csv}", *quick], run=False)
+    assert obj.model.model.config["kwargs"]["num_variates"] == 5 == obj.datamodule.num_variates
+    assert cli.main(["fit", *cli.expand_configs(["--config", cfg]), f"--data.name={csv}", *quick]) == 0
+    assert (tmp_path / "r" / "checkpoints" / "last.ckpt").is_file()
+    assert cli.main(["test", "--config", cfg, f"--data.name={csv}", *quick, "--ckpt_path", "best"]) == 0
+
+
+def test_test_command_loads_a_checkpoint_of_the_earlier_layout(tmp_path, monkeypatch):
+    """``hoformer test --ckpt_path`` with a checkpoint whose task recorded ``model_name`` / ``model_kwargs`` (the layout
+    of tasks configured by registry name): the weights it holds are the ones tested."""
+    monkeypatch.chdir(tmp_path)
+    cfg = str(REPO / "configs" / "hot" / "ltsf" / "etth1_96_96_hot_sum.yaml")
+    over = ["--data.init_args.synthetic=true", "--data.init_args.synthetic_length=1200", "--data.num_workers=0",
+            "--model.model.init_args.dim=16", "--model.model.init_args.depth=1", "--model.model.init_args.num_heads=2",
+            "--model.model.init_args.patch_size=8", "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1",
+            "--trainer.limit_test_batches=1", "--trainer.max_epochs=1", "--trainer.enable_progress_bar=false",
+            f"--trainer.default_root_dir={tmp_path}/r"]
+    assert cli.main(["fit", "--config", cfg, *over]) == 0
+    ckpt = torch.load(tmp_path / "r" / "checkpoints" / "last.ckpt", weights_only=True)
+    hp = ckpt["hyper_parameters"]
+    spec = hp.pop("model_config")
+    optim = hp.pop("optim")
+    ckpt["hyper_parameters"] = {"model_name": spec["name"], "model_kwargs": spec["kwargs"], **hp,
+                                **{k: optim[k] for k in ("lr", "weight_decay", "betas", "warmup_steps")}}
+    ckpt["state_dict"] = {k: 2 * v if v.is_floating_point() else v for k, v in ckpt["state_dict"].items()}
+    torch.save(ckpt, tmp_path / "old.ckpt")
+    obj = cli.HoformerCLI(args=[*cli.expand_configs(["--config", cfg]), *over], run=False)
+    obj.trainer.test(obj.model, obj.datamodule, ckpt_path=str(tmp_path / "old.ckpt"), verbose=False)
+    for k, v in obj.model.state_dict().items():
+        if k.startswith("model."):
+            assert torch.equal(v, ckpt["state_dict"][k]), k
+    assert cli.main(["test", "--config", cfg, *over, "--ckpt_path", str(tmp_path / "old.ckpt")]) == 0
 
 
 # -------------------------------------------------------------------------------------------- end to end
@@ -210,8 +289,8 @@ def test_fit_then_test_through_cli(tmp_path, monkeypatch):
     cfg = str(REPO / "configs" / "hot" / "ltsf" / "etth1_96_96_hot_sum.yaml")
     over = ["--data.init_args.synthetic=true", "--data.init_args.synthetic_length=1200",
             "--data.init_args.num_workers=0", "--data.init_args.eval_batch_size=256",
-            '--model.init_args.model_kwargs={"seq_len": 96, "pred_len": 96, "num_variates": 7, '
-            '"attention": "kronecker_sum", "dim": 16, "depth": 1, "num_heads": 2, "patch_size": 8}',
+            "--model.model.init_args.dim=16", "--model.model.init_args.depth=1",
+            "--model.model.init_args.num_heads=2", "--model.model.init_args.patch_size=8",
             "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.accelerator=cpu",
             "--trainer.enable_progress_bar=false"]
     assert cli.main(["fit", "--config", cfg, *over]) == 0
@@ -223,7 +302,7 @@ def test_fit_then_test_through_cli(tmp_path, monkeypatch):
     # a newer best-*.ckpt of another run in the same directory: `--ckpt_path best` takes the one last.ckpt records
     stale = run / "checkpoints" / "best-epoch=99.ckpt"
     stale.write_bytes(b"not a checkpoint")
-    model = from_pretrained(next(run.glob("logs/version_*/pretrained")))
+    model = from_pretrained(run / "pretrained")
     assert model.config["kwargs"]["attention"] == "kronecker_sum" and model.config["kwargs"]["dim"] == 16
     assert (next(run.glob("logs/version_*")) / "config.yaml").is_file()  # LightningCLI saved the resolved config
     assert cli.main(["test", "--config", cfg, *over, "--ckpt_path", "best"]) == 0
@@ -243,9 +322,9 @@ def test_cli_writes_checkpoints_atomically_without_a_config_plugin(tmp_path):
 
     from hoformer.train.tasks import AtomicCheckpointIO
 
-    args = ["--model=hoformer.train.ForecastingTask", "--model.model_name=hot_forecaster",
-            '--model.model_kwargs={"seq_len": 32, "pred_len": 8, "num_variates": 7, "dim": 16, "num_heads": 2, '
-            '"depth": 1, "patch_size": 8}', "--data=hoformer.data.LTSFDataModule", "--data.synthetic=true",
+    args = ["--model=hoformer.train.ForecastingTask", "--model.model=hoformer.models.HOTForecaster",
+            "--model.model.dim=16", "--model.model.num_heads=2", "--model.model.depth=1", "--model.model.patch_size=8",
+            "--data=hoformer.data.LTSFDataModule", "--data.synthetic=true",
             "--data.seq_len=32", "--data.pred_len=8", "--trainer.logger=false", "--trainer.accelerator=cpu",
             f"--trainer.default_root_dir={tmp_path}"]
     for extra in ([], ["--trainer.plugins=lightning.pytorch.plugins.MixedPrecision",
@@ -272,8 +351,9 @@ def test_test_best_without_checkpoint_is_clear(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="best"):
         cli.main(["test", "--config", cfg, "--data.init_args.synthetic=true", "--ckpt_path", "best"])
     # a config whose only ModelCheckpoint monitors nothing (CPU-budget HOBA: last epoch) has no "best" at all
-    with pytest.raises(ValueError, match="monitors no metric.*last.ckpt"):
-        cli.main(["test", "--config", str(REPO / "configs" / "hoba" / "cpu_trec_hoba.yaml"), "--ckpt_path", "best"])
+    with pytest.raises(ValueError, match="monitors no metric.*checkpoints/last.ckpt"):
+        cli.main(["test", "--config", str(REPO / "configs" / "hoba" / "cpu_trec_teacher.yaml"), "--ckpt_path", "best",
+                  "--data.train_limit=300"])
 
 
 def test_demo_synthetic(tmp_path, capsys):

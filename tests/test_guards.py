@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import lightning.pytorch as pl
 
+from hoformer.models import create_model
 from hoformer.train import ForecastingTask
 from hoformer.train.guards import CleanStaleTempFiles, NonFiniteError, NonFiniteGuard, read_checkpoint
 from hoformer.train.tasks import AtomicCheckpointIO
@@ -62,13 +63,15 @@ def test_fit_refuses_a_pickle_payload_even_with_weights_only_forced_off(tmp_path
         import sys, torch, lightning.pytorch as pl
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_guards import _Data, _data, TINY
+        from hoformer.models import create_model
         from hoformer.train import ForecastingTask
         from hoformer.train.tasks import AtomicCheckpointIO
         trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
                              enable_progress_bar=False, enable_model_summary=False, plugins=[AtomicCheckpointIO()],
                              default_root_dir={str(tmp_path)!r})
         try:
-            trainer.fit(ForecastingTask("hot_forecaster", TINY), _Data(*_data()), ckpt_path={str(evil)!r})
+            trainer.fit(ForecastingTask(create_model("hot_forecaster", **TINY)), _Data(*_data()),
+                        ckpt_path={str(evil)!r})
         except Exception as e:
             print("ERROR", type(e).__name__, e)
     """)
@@ -127,7 +130,7 @@ def test_read_checkpoint_names_truncated_and_empty_files(tmp_path):
 def test_nonfinite_inputs_stop_training_naming_step_batch_and_inputs(tmp_path):
     x, y = _data()
     x[9, 3, 1] = float("nan")  # batch index 2 with batch size 4
-    task = ForecastingTask("hot_forecaster", TINY)
+    task = ForecastingTask(create_model("hot_forecaster", **TINY))
     trainer = quiet_trainer(tmp_path, max_epochs=1)
     before = {k: v.clone() for k, v in task.state_dict().items()}
     with pytest.raises(NonFiniteError) as e:
@@ -141,7 +144,7 @@ def test_nonfinite_inputs_stop_training_naming_step_batch_and_inputs(tmp_path):
 
 
 def test_nonfinite_weights_name_the_first_module(tmp_path):
-    task = ForecastingTask("hot_forecaster", TINY)
+    task = ForecastingTask(create_model("hot_forecaster", **TINY))
     first_linear = next(n for n, m in task.model.named_modules() if isinstance(m, torch.nn.Linear))
     with torch.no_grad():
         task.model.get_submodule(first_linear).weight.fill_(float("inf"))
@@ -156,7 +159,7 @@ def test_nonfinite_weights_name_the_first_module(tmp_path):
 def test_nonfinite_guard_is_a_default_and_can_be_disabled(tmp_path):
     x, y = _data()
     x[0, 0, 0] = float("inf")
-    task = ForecastingTask("hot_forecaster", TINY)
+    task = ForecastingTask(create_model("hot_forecaster", **TINY))
     trainer = quiet_trainer(tmp_path, max_epochs=1, callbacks=[NonFiniteGuard(enabled=False)])
     trainer.fit(task, _Data(x, y))  # the user's disabled guard replaces the default one: trains on
     assert sum(isinstance(c, NonFiniteGuard) for c in trainer.callbacks) == 1
@@ -175,7 +178,7 @@ def test_stale_checkpoint_temp_files_are_removed_at_the_next_start(tmp_path, cap
     ckpt = ModelCheckpoint(dirpath=ckdir, filename="last", enable_version_counter=False)
     trainer = quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=1, limit_val_batches=0, callbacks=[ckpt],
                             enable_checkpointing=True, plugins=[AtomicCheckpointIO()])
-    trainer.fit(ForecastingTask("hot_forecaster", TINY), _Data(*_data()))
+    trainer.fit(ForecastingTask(create_model("hot_forecaster", **TINY)), _Data(*_data()))
     assert not any(p.exists() for p in stale)
     assert all(p.exists() for p in keep)
     assert sum(isinstance(c, CleanStaleTempFiles) for c in trainer.callbacks) == 1

@@ -11,6 +11,8 @@ import pandas as pd
 import pytest
 import torch
 
+from hoformer.train import Optimization
+from hoformer.models import create_model
 from hoformer.data._utils import ChecksumError, SchemaError
 from hoformer.data.traffic import (
     TRAFFIC_SHA256,
@@ -187,7 +189,8 @@ def test_training_task_fit_and_test(tmp_path, model_name):
     _write(tmp_path)
     dm = TrafficDataModule("metr_la", root=str(tmp_path), verify=False, batch_size=8)
     kw = {"num_nodes": N, "dim": 16, "num_heads": 4} if model_name == "weaver" else {"num_nodes": N}
-    task = TrafficForecastingTask(model_name, kw, exp_gamma=0.9)
+    task = TrafficForecastingTask(create_model(model_name, **kw),
+                                  optim=Optimization(optimizer="adam", weight_decay=0.0, schedule="exponential", gamma=0.9))
     trainer = L.Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=2, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(task, dm)
@@ -256,7 +259,7 @@ def test_traffic_task_test_metrics_match_numpy_reference(tmp_path, source, reque
         ebs = 8  # 399 test windows
         dm = TrafficDataModule("los_loop", root=str(root), batch_size=8, eval_batch_size=ebs, num_nodes=207)
     ref, n_windows, mean = _last_value_reference(values)
-    task = TrafficForecastingTask("last_value", {"num_nodes": values.shape[1]})
+    task = TrafficForecastingTask(create_model("last_value", **{"num_nodes": values.shape[1]}))
     trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False)
     (res,) = trainer.test(task, dm, verbose=False)
@@ -392,7 +395,7 @@ def test_traffic_training_loss_is_masked_on_the_original_scale(tmp_path):
     _, batch = _traffic_batch(tmp_path)
     assert (~batch["y_mask"]).any() and batch["y_mask"].any()
     torch.manual_seed(0)
-    task = TrafficForecastingTask("weaver", {"num_nodes": N, "dim": 16, "num_heads": 4, "dropout": 0.0})
+    task = TrafficForecastingTask(create_model("weaver", **{"num_nodes": N, "dim": 16, "num_heads": 4, "dropout": 0.0}))
     task.model.eval()
     loss = task.shared_step(batch, "train")
     with torch.no_grad():
@@ -440,8 +443,8 @@ def test_traffic_exp_gamma_is_adam_with_l2_decayed_per_epoch(tmp_path):
 
     _write(tmp_path)
     dm = TrafficDataModule("metr_la", root=str(tmp_path), verify=False, batch_size=8, num_nodes=N)
-    task = TrafficForecastingTask("weaver", {"num_nodes": N, "dim": 16, "num_heads": 4}, lr=1e-3,
-                                  weight_decay=0.01, exp_gamma=0.5)
+    task = TrafficForecastingTask(create_model("weaver", **{"num_nodes": N, "dim": 16, "num_heads": 4}),
+                                  optim=Optimization(lr=1e-3, weight_decay=0.01, optimizer="adam", schedule="exponential", gamma=0.5))
     rec = _RecordLR()
     trainer = quiet_trainer(tmp_path, max_epochs=3, limit_train_batches=3, limit_val_batches=0, callbacks=[rec])
     trainer.fit(task, dm)

@@ -20,6 +20,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from hoformer.train import Optimization
+from hoformer.models import create_model
 from hoformer.data import LTSFDataModule, MedMNIST3DDataModule, MultispectralDataModule
 from hoformer.models import from_pretrained
 from hoformer.train import ClassificationTask, ForecastingTask, SegmentationTask
@@ -45,8 +47,8 @@ class _DM(pl.LightningDataModule):
 def test_fit_one_epoch_real_etth1(data_root, tmp_path):
     dm = LTSFDataModule(root=str(data_root / "ltsf"), name="ETTh1", seq_len=96, pred_len=24, batch_size=32,
                         eval_batch_size=256)
-    task = ForecastingTask("hot_forecaster", dict(seq_len=96, pred_len=24, num_variates=7, **TINY_FC), lr=1e-3,
-                           original_scale=True)
+    task = ForecastingTask(create_model("hot_forecaster", **dict(seq_len=96, pred_len=24, num_variates=7, **TINY_FC)),
+                           optim=Optimization(lr=1e-3, weight_decay=0.1), original_scale=True)
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val/mae", mode="min", save_last=True)
     export = ExportPretrained()
     trainer = quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=8, limit_val_batches=2, limit_test_batches=2,
@@ -69,8 +71,9 @@ def test_fit_one_epoch_real_etth1(data_root, tmp_path):
 
 def test_fit_one_epoch_real_adrenalmnist3d(data_root, tmp_path):
     dm = MedMNIST3DDataModule(root=str(data_root / "medmnist3d"), flag="adrenal", batch_size=16)
-    task = ClassificationTask("hot_volume_classifier", dict(num_classes=2, dim=16, num_heads=2, depth=1,
-                                                            patch_size=7), lr=1e-3)
+    task = ClassificationTask(create_model("hot_volume_classifier", **dict(num_classes=2, dim=16, num_heads=2, depth=1,
+                                                            patch_size=7)),
+                              optim=Optimization(lr=1e-3, weight_decay=0.1))
     before = {k: v.clone() for k, v in task.model.state_dict().items()}
     trainer = quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=4, limit_val_batches=2)
     trainer.fit(task, dm)
@@ -97,8 +100,9 @@ def test_fit_one_epoch_real_adrenalmnist3d(data_root, tmp_path):
 def test_fit_one_epoch_synthetic_segmentation(tmp_path):
     dm = MultispectralDataModule(root=str(tmp_path / "ssl4eo"), product="nlcd", synthetic=True, synthetic_n=8,
                                  synthetic_size=32, crop_size=None, batch_size=4)
-    task = SegmentationTask("hot_segmenter", dict(in_channels=7, num_classes=17, input_size=32, dim=16, num_heads=2,
-                                                  depth=1, patch_size=8), lr=1e-3)
+    task = SegmentationTask(create_model("hot_segmenter", **dict(in_channels=7, num_classes=17, input_size=32, dim=16, num_heads=2,
+                                                  depth=1, patch_size=8)),
+                            optim=Optimization(lr=1e-3, weight_decay=0.1))
     trainer = quiet_trainer(tmp_path, max_epochs=1)
     trainer.fit(task, dm)
     (res,) = trainer.test(task, dm, verbose=False)
@@ -118,7 +122,7 @@ def test_forecasting_metrics_score_every_window(tmp_path):
     """Epoch metrics over uneven batches equal MSE/MAE/SMAPE over all test windows (nothing dropped)."""
     dm = LTSFDataModule(synthetic=True, synthetic_length=700, seq_len=32, pred_len=8, batch_size=8,
                         eval_batch_size=8)
-    task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC),
+    task = ForecastingTask(create_model("hot_forecaster", **dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC)),
                            original_scale=True, plot_variates=0)
     (res,) = quiet_trainer(tmp_path).test(task, dm, verbose=False)
     ds = dm.dataset("test")
@@ -145,7 +149,7 @@ def test_forecasting_task_follows_tslib_for_ms_and_label_len(tmp_path, features,
     write_synthetic_ltsf_csv(tmp_path / "custom.csv", "electricity", 600, num_variates=4)  # date,0,1,2,OT
     dm = LTSFDataModule(root=str(tmp_path), name="custom.csv", seq_len=32, pred_len=8, batch_size=8, eval_batch_size=64,
                         features=features, label_len=label_len)
-    task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=4, **TINY_FC),
+    task = ForecastingTask(create_model("hot_forecaster", **dict(seq_len=32, pred_len=8, num_variates=4, **TINY_FC)),
                            plot_variates=0)
     (res,) = quiet_trainer(tmp_path).test(task, dm, verbose=False)
     ds = dm.dataset("test")
@@ -162,7 +166,8 @@ def test_forecasting_task_follows_tslib_for_ms_and_label_len(tmp_path, features,
 def test_forecasting_task_rejects_a_horizon_mismatch(tmp_path):
     """A model whose pred_len differs from the datamodule's is an error, not silently re-sliced."""
     dm = LTSFDataModule(synthetic=True, synthetic_length=400, seq_len=32, pred_len=16, batch_size=8)
-    task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC), plot_variates=0)
+    task = ForecastingTask(create_model("hot_forecaster", **dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC)),
+                           plot_variates=0)
     with pytest.raises(ValueError, match=r"model output .* != target"):
         quiet_trainer(tmp_path).test(task, dm, verbose=False)
 
@@ -177,8 +182,8 @@ def _naive_auc(score, y):
 def test_classification_metrics_match_naive(tmp_path, num_classes):
     torch.manual_seed(0)
     x, y = torch.rand(37, 1, 8, 8, 8), torch.arange(37) % num_classes
-    task = ClassificationTask("hot_volume_classifier", dict(input_size=8, patch_size=4, num_classes=num_classes,
-                                                            dim=16, num_heads=2, depth=1))
+    task = ClassificationTask(create_model("hot_volume_classifier", **dict(input_size=8, patch_size=4, num_classes=num_classes,
+                                                            dim=16, num_heads=2, depth=1)))
     (res,) = quiet_trainer(tmp_path).test(task, _DM(TensorDataset(x, y[:, None]), 5), verbose=False)
     with torch.no_grad():
         prob = task.model.eval()(x).softmax(-1)
@@ -196,15 +201,15 @@ def test_image_tasks_need_a_model_with_classes():
     named in the error instead of an AttributeError."""
     for task in (ClassificationTask, SegmentationTask):
         with pytest.raises(TypeError, match=f"{task.__name__}: model 'hot_forecaster' has no `num_classes`"):
-            task("hot_forecaster", dict(seq_len=16, pred_len=8, num_variates=2, dim=16, num_heads=2, depth=1))
+            task(create_model("hot_forecaster", seq_len=16, pred_len=8, num_variates=2, dim=16, num_heads=2, depth=1))
 
 
 def test_segmentation_metrics_match_naive(tmp_path):
     torch.manual_seed(0)
     k = 5
     x, y = torch.randn(6, 3, 16, 16), torch.randint(0, k, (6, 16, 16))
-    task = SegmentationTask("hot_segmenter", dict(in_channels=3, num_classes=k, input_size=16, patch_size=4, dim=16,
-                                                  num_heads=2, depth=1))
+    task = SegmentationTask(create_model("hot_segmenter", **dict(in_channels=3, num_classes=k, input_size=16, patch_size=4, dim=16,
+                                                  num_heads=2, depth=1)))
     (res,) = quiet_trainer(tmp_path).test(task, _DM(TensorDataset(x, y), 4), verbose=False)
     with torch.no_grad():
         pred = task.model.eval()(x).argmax(1)
@@ -253,8 +258,7 @@ def _resume_run(tmp_path, callbacks, ckpt_path=None, augment=False, num_workers=
     pl.seed_everything(0, verbose=False)
     dm = (_AugmentedLTSF if augment else LTSFDataModule)(synthetic=True, synthetic_length=800, seq_len=32, pred_len=8,
                                                          batch_size=16, num_workers=num_workers)
-    task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, dropout=0.2, **TINY_FC),
-                           lr=3e-3, warmup_steps=3, plot_variates=0)
+    task = ForecastingTask(create_model("hot_forecaster", **dict(seq_len=32, pred_len=8, num_variates=7, dropout=0.2, **TINY_FC)), optim=Optimization(lr=3e-3, warmup_steps=3, weight_decay=0.1), plot_variates=0)
     ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True)
     trainer = quiet_trainer(tmp_path, max_epochs=3, limit_train_batches=6, limit_val_batches=2,
                        callbacks=[ckpt, *callbacks], enable_checkpointing=True, plugins=[AtomicCheckpointIO()])
@@ -303,25 +307,23 @@ class _Worsening(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-@pytest.mark.parametrize("rel", ["hot/ltsf/etth1_96_96_hot_product.yaml", "hot/ltsf_cpu/weather_96_96_hot_sum.yaml",
-                                 "hot/medmnist3d/adrenal_full.yaml", "weaver/metr_la_t.yaml",
-                                 "hoba/sst2_hoba_6l.yaml", "hoba/cpu_trec_hoba.yaml"])
-def test_config_checkpoints_keep_last_ckpt_at_the_last_epoch(rel, tmp_path, monkeypatch):
-    """The committed configs' checkpoint callbacks write ``last.ckpt`` after *every* epoch (the resume point), also
-    when the monitored metric stops improving: Lightning >= 2.6 writes ``save_last`` only together with a new top-k
-    checkpoint, which left ``last.ckpt`` at the best epoch (a resume lost every epoch after it). The best-validation
-    checkpoint is still the first checkpoint callback (what ``--ckpt_path best`` and the export read)."""
-    import importlib
-
-    import yaml
+@pytest.mark.parametrize("rel", ["hot/ltsf/etth1_96_96_hot_product.yaml", "hot/ltsf_cpu/etth1_96_96_hot_product.yaml",
+                                 "hot/medmnist3d/adrenal_hot_sum.yaml", "weaver/los_loop_t.yaml",
+                                 "weaver/los_loop_cpu.yaml", "hoba/cpu_trec_teacher.yaml"])
+def test_config_checkpoints_keep_last_ckpt_at_the_last_epoch(rel, tmp_path, monkeypatch, data_root):
+    """The checkpoint callbacks of the committed configs (given there, or added by the CLI from the task's model
+    selection metric) write ``last.ckpt`` after *every* epoch (the resume point), also when the monitored metric
+    stops improving: Lightning >= 2.6 writes ``save_last`` only together with a new top-k checkpoint, which left
+    ``last.ckpt`` at the best epoch (a resume lost every epoch after it). The best-validation checkpoint is still the
+    first checkpoint callback (what ``--ckpt_path best`` and the export read)."""
+    from hoformer.cli import HoformerCLI, expand_configs
+    from lightning.pytorch.callbacks import EarlyStopping
 
     monkeypatch.chdir(tmp_path)  # the configs' runs/... paths are relative
-    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / rel).read_text())
-    callbacks = []
-    for c in cfg["trainer"]["callbacks"]:
-        if c["class_path"].endswith(("ModelCheckpoint", "EarlyStopping")):
-            mod, name = c["class_path"].rsplit(".", 1)
-            callbacks.append(getattr(importlib.import_module(mod), name)(**c.get("init_args", {})))
+    cfg = expand_configs(["--config", str(Path(__file__).resolve().parents[1] / "configs" / rel)])
+    extra = ["--data.train_limit=300"] if rel.startswith("hoba") else []
+    built = HoformerCLI(args=[*cfg, *extra, "--trainer.logger=false"], run=False).trainer.callbacks
+    callbacks = [c for c in built if isinstance(c, (ModelCheckpoint, EarlyStopping))]
     ckpts = [c for c in callbacks if isinstance(c, ModelCheckpoint)]
     best = ckpts[0] if ckpts[0].monitor else None
     monitor = best.monitor if best else "val/acc"
@@ -365,7 +367,8 @@ def test_atomic_checkpoint_never_torn(tmp_path, monkeypatch):
 _DDP_SCRIPT = textwrap.dedent("""
     import json, sys, torch, lightning.pytorch as pl
     from hoformer.data import LTSFDataModule
-    from hoformer.train import ForecastingTask
+    from hoformer.models import create_model
+    from hoformer.train import ForecastingTask, Optimization
     from hoformer.train.tasks import SavePredictions
 
     class Count(pl.Callback):  # windows scored on this rank by trainer.validate / trainer.test
@@ -387,8 +390,9 @@ _DDP_SCRIPT = textwrap.dedent("""
     # batches of 7 (DDP: 22 + 21 test windows, 4 + 3 batches)
     dm = LTSFDataModule(synthetic=True, synthetic_length=251, seq_len=32, pred_len=8, batch_size=136 // devices,
                         eval_batch_size=7)
-    task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, dim=16, num_heads=2,
-                           depth=1, patch_size=8, dropout=0.0), lr=3e-3, original_scale=True, plot_variates=0)
+    task = ForecastingTask(create_model("hot_forecaster", **dict(seq_len=32, pred_len=8, num_variates=7, dim=16, num_heads=2,
+                           depth=1, patch_size=8, dropout=0.0)), optim=Optimization(lr=3e-3, weight_decay=0.1),
+                           original_scale=True, plot_variates=0)
     count = Count()
     trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
                          max_epochs=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -448,8 +452,8 @@ def test_ddp_two_processes_match_single_process(tmp_path):
     for k in w1:
         torch.testing.assert_close(w2[k], w1[k], rtol=1e-4, atol=1e-5, msg=f"{k} differs between DDP and 1 process")
     pl.seed_everything(0, verbose=False)  # same initial weights as the scripts
-    init = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, dim=16, num_heads=2, depth=1,
-                                                  patch_size=8, dropout=0.0)).model.state_dict()
+    init = ForecastingTask(create_model("hot_forecaster", **dict(seq_len=32, pred_len=8, num_variates=7, dim=16, num_heads=2, depth=1,
+                                                  patch_size=8, dropout=0.0))).model.state_dict()
     assert max((w1[k] - init[k]).abs().max().item() for k in w1) > 1e-3  # training really moved the weights
 
 
@@ -464,10 +468,10 @@ class _RecordLR(pl.Callback):
         self.lrs.append([g["lr"] for g in trainer.optimizers[0].param_groups])
 
 
-def _fit_for_schedule(tmp_path, **task_kw):
+def _fit_for_schedule(tmp_path, **optim):
     dm = LTSFDataModule(synthetic=True, synthetic_length=300, seq_len=32, pred_len=8, batch_size=16)
-    task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC),
-                           plot_variates=0, **task_kw)
+    task = ForecastingTask(create_model("hot_forecaster", **dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC)),
+                           optim=Optimization(**optim), plot_variates=0)
     rec = _RecordLR()
     trainer = quiet_trainer(tmp_path, max_epochs=2, limit_train_batches=4, limit_val_batches=0, callbacks=[rec])
     trainer.fit(task, dm)
@@ -500,14 +504,15 @@ def test_adamw_groups_and_cosine_warmup_schedule(tmp_path):
 
 
 def test_constant_schedule(tmp_path):
-    _, _, lrs = _fit_for_schedule(tmp_path / "a", lr=1e-3, scheduler="constant", warmup_steps=2)
+    _, _, lrs = _fit_for_schedule(tmp_path / "a", lr=1e-3, schedule="constant", warmup_steps=2)
     assert [g[0] for g in lrs] == pytest.approx([5e-4] + [1e-3] * 7, rel=1e-12)
-    _, trainer, lrs = _fit_for_schedule(tmp_path / "b", lr=1e-3, scheduler="constant")
+    _, trainer, lrs = _fit_for_schedule(tmp_path / "b", lr=1e-3, schedule="constant")
     assert [g[0] for g in lrs] == [1e-3] * 8 and trainer.lr_scheduler_configs == []
-    with pytest.raises(ValueError, match="scheduler must be 'cosine' or 'constant', got 'step'"):
-        ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC), scheduler="step")
+    with pytest.raises(ValueError, match="`schedule` must be 'cosine', 'constant' or 'exponential', got 'step'"):
+        Optimization(lr=2e-4, schedule="step", weight_decay=0.1)
     with pytest.raises(ValueError, match="`loss` must be 'mse' or 'mae', got 'huber'"):
-        ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC), loss="huber")
+        ForecastingTask(create_model("hot_forecaster", **dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC)),
+                        loss="huber")
 
 
 class _Indexed(Dataset):
@@ -539,8 +544,7 @@ def test_epoch_shuffle_is_drawn_from_seed_and_epoch(tmp_path):
         pl.seed_everything(seed, verbose=False)
         torch.rand(burn)
         dm = DM(synthetic=True, synthetic_length=300, seq_len=32, pred_len=8, batch_size=64)
-        task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC),
-                               plot_variates=0)
+        task = ForecastingTask(create_model("hot_forecaster", **dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC)), plot_variates=0)
         quiet_trainer(tmp_path, max_epochs=3, limit_val_batches=0).fit(task, dm)
         n = len(dm.dataset("train"))
         assert len(log) == 3 * n
@@ -559,7 +563,7 @@ def test_epoch_seed_follows_torch_manual_seed_without_seed_everything(monkeypatc
     """A Python-API user who seeds with torch.manual_seed(s) (no seed_everything, so no PL_GLOBAL_SEED) gets
     per-epoch seeds from s: different s, different shuffles / dropout / augmentations; the same s, the same ones."""
     monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
-    task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC))
+    task = ForecastingTask(create_model("hot_forecaster", **dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC)))
     seeds = []
     for s in (1, 2, 1):
         torch.manual_seed(s)
@@ -571,8 +575,8 @@ def test_epoch_seed_follows_torch_manual_seed_without_seed_everything(monkeypatc
 
 def test_cosine_schedule_needs_a_bounded_run(tmp_path):
     dm = LTSFDataModule(synthetic=True, synthetic_length=300, seq_len=32, pred_len=8, batch_size=64)
-    task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC))
-    with pytest.raises(ValueError, match=r"scheduler='cosine' decays over the whole run, which needs a finite trainer "
+    task = ForecastingTask(create_model("hot_forecaster", **dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC)))
+    with pytest.raises(ValueError, match=r"schedule='cosine' decays over the whole run, which needs a finite trainer "
                                          r"`max_epochs` or `max_steps`"):  # was an OverflowError from int(inf)
         quiet_trainer(tmp_path, max_epochs=-1, limit_val_batches=0).fit(task, dm)
 
@@ -589,8 +593,8 @@ def test_forecasting_loss_and_original_scale_metrics(tmp_path, loss):
     inverse-transformed (original-scale) forecasts; the forecast plot shows the first test window."""
     dm = LTSFDataModule(synthetic=True, synthetic_length=700, seq_len=32, pred_len=8, batch_size=8,
                         eval_batch_size=16)
-    task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC), loss=loss,
-                           original_scale=True, plot_variates=0)
+    task = ForecastingTask(create_model("hot_forecaster", **dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC)),
+                           loss=loss, original_scale=True, plot_variates=0)
     (res,) = quiet_trainer(tmp_path).test(task, dm, verbose=False)
     x, y = _all_windows(dm.dataset("test"))
     with torch.no_grad():
@@ -623,8 +627,8 @@ def _ce_naive(logits, y, eps):
 def test_classification_label_smoothing_loss(tmp_path):
     torch.manual_seed(1)
     x, y = torch.rand(13, 1, 8, 8, 8), torch.arange(13) % 3
-    task = ClassificationTask("hot_volume_classifier", dict(input_size=8, patch_size=4, num_classes=3, dim=16,
-                                                            num_heads=2, depth=1), label_smoothing=0.2)
+    task = ClassificationTask(create_model("hot_volume_classifier", **dict(input_size=8, patch_size=4, num_classes=3, dim=16,
+                                                            num_heads=2, depth=1)), label_smoothing=0.2)
     (res,) = quiet_trainer(tmp_path).test(task, _DM(TensorDataset(x, y[:, None]), 13), verbose=False)
     with torch.no_grad():
         logits = task.model.eval()(x)
@@ -640,8 +644,8 @@ def test_segmentation_ignore_index(tmp_path, ignore):
     k = 4
     x, y = torch.randn(5, 3, 16, 16), torch.randint(0, k, (5, 16, 16))
     y[:, :5] = ignore
-    task = SegmentationTask("hot_segmenter", dict(in_channels=3, num_classes=k, input_size=16, patch_size=4, dim=16,
-                                                  num_heads=2, depth=1), ignore_index=ignore)
+    task = SegmentationTask(create_model("hot_segmenter", **dict(in_channels=3, num_classes=k, input_size=16, patch_size=4, dim=16,
+                                                  num_heads=2, depth=1)), ignore_index=ignore)
     (res,) = quiet_trainer(tmp_path).test(task, _DM(TensorDataset(x, y[:, None]), 2), verbose=False)
     with torch.no_grad():
         logits = task.model.eval()(x).double()
@@ -674,11 +678,11 @@ def test_predictions_written_in_order(tmp_path):
     x3 = torch.rand(11, 1, 8, 8, 8)
     x2 = torch.randn(7, 3, 16, 16)
     cases = [  # the reference: the model's float32 outputs, softmax in float64 / argmax
-        (ClassificationTask("hot_volume_classifier", dict(input_size=8, patch_size=4, num_classes=3, dim=16,
-                                                          num_heads=2, depth=1)),
+        (ClassificationTask(create_model("hot_volume_classifier", **dict(input_size=8, patch_size=4, num_classes=3, dim=16,
+                                                          num_heads=2, depth=1))),
          TensorDataset(x3, torch.zeros(11, 1, dtype=torch.long)), lambda m: m(x3).double().softmax(-1)),
-        (SegmentationTask("hot_segmenter", dict(in_channels=3, num_classes=5, input_size=16, patch_size=4, dim=16,
-                                                num_heads=2, depth=1)),
+        (SegmentationTask(create_model("hot_segmenter", **dict(in_channels=3, num_classes=5, input_size=16, patch_size=4, dim=16,
+                                                num_heads=2, depth=1))),
          TensorDataset(x2, torch.zeros(7, 16, 16, dtype=torch.long)), lambda m: m(x2).argmax(1)),
     ]
     for i, (task, ds, ref) in enumerate(cases):
@@ -711,8 +715,8 @@ def _fit_with_export(tmp_path, monitor: str, extra_callback, max_epochs: int, li
     """A tiny synthetic forecaster fitted with ``extra_callback`` (one or a list), a best-by-``monitor`` ModelCheckpoint and
     ExportPretrained -> ``(task, checkpoint callback, export callback)``."""
     dm = LTSFDataModule(synthetic=True, synthetic_length=300, seq_len=32, pred_len=8, batch_size=16)
-    task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC), lr=1e-2,
-                           plot_variates=0)
+    task = ForecastingTask(create_model("hot_forecaster", **dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC)),
+                           optim=Optimization(lr=1e-2, weight_decay=0.1), plot_variates=0)
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor=monitor, mode="min")
     export = ExportPretrained(str(tmp_path / "pretrained"))
     trainer = quiet_trainer(tmp_path, max_epochs=max_epochs, limit_train_batches=limit_train_batches, limit_val_batches=1,
@@ -769,7 +773,8 @@ def test_worker_seeds_are_drawn_from_seed_and_epoch(tmp_path):
 
     pl.seed_everything(3, verbose=False)
     dm = DM(synthetic=True, synthetic_length=300, seq_len=32, pred_len=8, batch_size=8, num_workers=1)
-    task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC), plot_variates=0)
+    task = ForecastingTask(create_model("hot_forecaster", **dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC)),
+                           plot_variates=0)
     quiet_trainer(tmp_path, max_epochs=2, limit_train_batches=1, limit_val_batches=0, callbacks=[Grab()]).fit(task, dm)
     want = [torch.empty((), dtype=torch.int64).random_(generator=torch.Generator().manual_seed(
         (3 + 1_000_003 * (e + 1)) % (2**31 - 1) + 1)).item() for e in range(2)]
@@ -780,8 +785,8 @@ def test_out_of_range_labels_name_the_problem():
     """A label >= num_classes (or < 0) is a dataset / config mismatch: a clear error naming num_classes, not an
     IndexError from inside cross_entropy (a device-side assert on CUDA); ignore_index pixels stay allowed."""
     torch.manual_seed(0)
-    cls = ClassificationTask("hot_volume_classifier", dict(input_size=8, patch_size=4, num_classes=3, dim=16,
-                                                           num_heads=2, depth=1))
+    cls = ClassificationTask(create_model("hot_volume_classifier", **dict(input_size=8, patch_size=4, num_classes=3, dim=16,
+                                                           num_heads=2, depth=1)))
     x = torch.rand(2, 1, 8, 8, 8)
     for bad in (3, -1):
         with pytest.raises(ValueError, match=rf"ClassificationTask: labels must lie in \[0, num_classes=3\).*\[{bad}\]"):
@@ -794,8 +799,8 @@ def test_out_of_range_labels_name_the_problem():
         cls.shared_step((x, torch.tensor([[0, 0, 1], [1, 0, 0]])), "train")
     with pytest.raises(TypeError, match=r"ClassificationTask: labels must be integer class ids.*torch.float32"):
         cls.shared_step((x, torch.tensor([0.9, 2.0])), "train")  # was truncated to [0, 2]
-    seg = SegmentationTask("hot_segmenter", dict(in_channels=3, num_classes=5, input_size=16, patch_size=4, dim=16,
-                                                 num_heads=2, depth=1), ignore_index=255)
+    seg = SegmentationTask(create_model("hot_segmenter", **dict(in_channels=3, num_classes=5, input_size=16, patch_size=4, dim=16,
+                                                 num_heads=2, depth=1)), ignore_index=255)
     x = torch.randn(2, 3, 16, 16)
     y = torch.randint(0, 5, (2, 16, 16))
     y[0, :4] = 255  # ignored pixels are fine
@@ -814,11 +819,11 @@ def test_fit_and_test_in_bf16(tmp_path, precision):
     epoch of the forecasting and segmentation tasks give finite losses and metrics; mixed precision keeps fp32
     master weights."""
     cases = [
-        (ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC), lr=1e-3,
-                         plot_variates=0),
+        (ForecastingTask(create_model("hot_forecaster", **dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC)),
+                         optim=Optimization(lr=1e-3, weight_decay=0.1), plot_variates=0),
          LTSFDataModule(synthetic=True, synthetic_length=400, seq_len=32, pred_len=8, batch_size=8)),
-        (SegmentationTask("hot_segmenter", dict(in_channels=7, num_classes=17, input_size=32, dim=16, num_heads=2,
-                                                depth=1, patch_size=8), lr=1e-3),
+        (SegmentationTask(create_model("hot_segmenter", **dict(in_channels=7, num_classes=17, input_size=32, dim=16, num_heads=2,
+                                                depth=1, patch_size=8)), optim=Optimization(lr=1e-3, weight_decay=0.1)),
          MultispectralDataModule(root=str(tmp_path / "ssl4eo"), product="nlcd", synthetic=True, synthetic_n=8,
                                  synthetic_size=32, crop_size=None, batch_size=4)),
     ]
@@ -958,11 +963,11 @@ def test_compile_model_setup_passes_an_explicit_fallback_random(monkeypatch):
 def _tiny_hot_tasks() -> list:
     """One tiny task of each HOT kind: forecasting, 3D classification, segmentation."""
     return [
-        ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC)),
-        ClassificationTask("hot_volume_classifier", dict(input_size=8, patch_size=4, num_classes=3, dim=16,
-                                                         num_heads=2, depth=1)),
-        SegmentationTask("hot_segmenter", dict(in_channels=3, num_classes=5, input_size=16, patch_size=4, dim=16,
-                                               num_heads=2, depth=1)),
+        ForecastingTask(create_model("hot_forecaster", **dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC))),
+        ClassificationTask(create_model("hot_volume_classifier", **dict(input_size=8, patch_size=4, num_classes=3, dim=16,
+                                                         num_heads=2, depth=1))),
+        SegmentationTask(create_model("hot_segmenter", **dict(in_channels=3, num_classes=5, input_size=16, patch_size=4, dim=16,
+                                               num_heads=2, depth=1))),
     ]
 
 
@@ -987,7 +992,7 @@ def test_original_scale_metrics_come_from_the_batch_statistics(tmp_path):
 
     dm = LTSFDataModule(synthetic=True, synthetic_length=400, seq_len=32, pred_len=8)
     ds = dm.dataset("test")
-    task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC),
+    task = ForecastingTask(create_model("hot_forecaster", **dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC)),
                            original_scale=True, plot_variates=0)
 
     def doubled(items):
@@ -1016,9 +1021,9 @@ def test_every_task_gives_lightning_a_one_sample_input():
     from hoformer.train.traffic import TrafficForecastingTask
 
     tasks = _tiny_hot_tasks() + [
-        TextClassificationTask("hoba_classifier", dict(vocab_size=100, num_classes=2, max_len=32, dim=16,
-                                                       num_heads=2, depth=1)),
-        TrafficForecastingTask("weaver", dict(num_nodes=5, dim=16, num_heads=4)),
+        TextClassificationTask(create_model("hoba_classifier", **dict(vocab_size=100, num_classes=2, max_len=32, dim=16,
+                                                       num_heads=2, depth=1))),
+        TrafficForecastingTask(create_model("weaver", **dict(num_nodes=5, dim=16, num_heads=4))),
     ]
     for task in tasks:
         name = type(task).__name__
@@ -1029,11 +1034,10 @@ def test_every_task_gives_lightning_a_one_sample_input():
         assert summary.total_flops > 0, name
         assert summary.in_sizes[0] != "?" and summary.out_sizes[0] != "?", name
         assert task.model.training, name
-    from hoformer.models import create_model
-
     kw = dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC)
     draws = []
-    for build in (lambda: create_model("hot_forecaster", **kw), lambda: ForecastingTask("hot_forecaster", kw)):
+    for build in (lambda: create_model("hot_forecaster", **kw),
+                  lambda: ForecastingTask(create_model("hot_forecaster", **kw))):
         torch.manual_seed(0)
         build()
         draws.append(torch.rand(3))
@@ -1063,20 +1067,21 @@ def _task_and_data(kind, tmp_path, data_root):
     if kind == "forecasting":
         dm = LTSFDataModule(synthetic=True, synthetic_length=500, seq_len=32, pred_len=8, batch_size=16,
                             eval_batch_size=32)
-        return lambda: ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC),
-                                       original_scale=True, plot_variates=0), dm, 16, 32
+        return lambda: ForecastingTask(create_model("hot_forecaster", **dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC)), original_scale=True, plot_variates=0), dm, 16, 32
     if kind == "traffic":
-        return lambda: TrafficForecastingTask("weaver", dict(num_nodes=5, dim=16, num_heads=4)), \
+        return lambda: TrafficForecastingTask(create_model("weaver", **dict(num_nodes=5, dim=16, num_heads=4))), \
             _traffic_dm(tmp_path), 16, 32
     if kind == "classification":
         dm = MedMNIST3DDataModule(root=str(data_root / "medmnist3d"), flag="adrenal", batch_size=16,
                                   eval_batch_size=64)
-        return lambda: ClassificationTask("hot_volume_classifier", dict(num_classes=2, dim=16, num_heads=2, depth=1,
-                                                                        patch_size=7), lr=1e-3), dm, 16, 64
+        return lambda: ClassificationTask(create_model("hot_volume_classifier", **dict(num_classes=2, dim=16, num_heads=2, depth=1,
+                                                                        patch_size=7)),
+                                          optim=Optimization(lr=1e-3, weight_decay=0.1)), dm, 16, 64
     dm = MultispectralDataModule(root=str(tmp_path / "ssl4eo"), product="nlcd", synthetic=True, synthetic_n=8,
                                  synthetic_size=32, crop_size=None, batch_size=4, flip=False)
-    return lambda: SegmentationTask("hot_segmenter", dict(in_channels=7, num_classes=17, input_size=32, dim=16,
-                                                          num_heads=2, depth=1, patch_size=8), lr=1e-3), dm, 4, 4
+    return lambda: SegmentationTask(create_model("hot_segmenter", **dict(in_channels=7, num_classes=17, input_size=32, dim=16,
+                                                          num_heads=2, depth=1, patch_size=8)),
+                                    optim=Optimization(lr=1e-3, weight_decay=0.1)), dm, 4, 4
 
 
 @pytest.mark.parametrize("kind", ["forecasting", "traffic", "classification", "segmentation"])

@@ -37,7 +37,7 @@ def load_checkpoint(path, map_location: str = "cpu", model_args: dict | None = N
     ``save_pretrained`` folder. ``model_args`` override the checkpoint's ``model_kwargs`` (e.g. a constructor default
     that changed since training; ``.ckpt`` only). ``info``: ``{"kind", "path", "datamodule": dict | None, "run_dir":
     Path | None, "states": {datamodule class name: state_dict}}`` (the states restore e.g. a text datamodule's tokenizer)."""
-    from hoformer.models import create_model, from_pretrained
+    from hoformer.models import from_pretrained, model_from_config
 
     p = Path(path)
     if not p.exists():
@@ -65,7 +65,7 @@ def load_checkpoint(path, map_location: str = "cpu", model_args: dict | None = N
     hp = dict(ckpt.get("hyper_parameters") or {})
     name, kwargs = model_spec(hp, str(p))
     kwargs = {**kwargs, **dict(model_args or {})}
-    model = create_model(name, **kwargs)
+    model = model_from_config({"name": name, "kwargs": kwargs})
     state = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)

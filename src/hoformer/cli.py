@@ -55,11 +55,60 @@ def register_command(name: str, help: str = ""):
     return deco
 
 
+#: model constructor arguments the data determines -> the datamodule attribute that gives them; linked by the CLI
+#: (LightningCLI ``link_arguments``, at instantiation), so a config writes them nowhere: a model that takes the
+#: argument gets the datamodule's value (a datamodule without the attribute gives ``None``)
+DATA_LINKS = {
+    "seq_len": "seq_len", "pred_len": "pred_len", "num_variates": "num_variates",  # forecasting
+    "num_nodes": "num_nodes", "window": "window", "horizon": "horizon",  # traffic
+    "in_channels": "in_channels", "input_size": "input_size", "num_classes": "num_classes",  # images, volumes
+    "vocab_size": "vocab_size", "pad_id": "pad_id",  # text (max_len: the model's position table may be longer)
+}
+
+
+def _data_attr(attr: str):
+    def value(dm):
+        return getattr(dm, attr, None)
+
+    value.__name__ = f"data.{attr}"
+    return value
+
+
+def _explain_unknown_option(message: str) -> str:
+    """Append the accepted arguments (and the closest one) to jsonargparse's "Option 'x' is not accepted" error of a
+    ``class_path`` (a misspelled model or task argument)."""
+    import difflib
+    import re
+
+    bad = re.search(r"Option '([^']+)' is not accepted", message)
+    paths = re.findall(r"class_path '([\w.]+)'", message[:bad.start()] if bad else "")
+    if not bad or not paths:
+        return message
+    mod, _, name = paths[-1].rpartition(".")
+    try:
+        import inspect
+
+        cls = getattr(importlib.import_module(mod), name)
+        params = [p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs")]
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return message
+    option = bad.group(1).split(".")[-1]
+    close = difflib.get_close_matches(option, params, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return (f"{message}\n{paths[-1]} has no argument {option!r}: {hint}its arguments are {', '.join(params)}")
+
+
 def _lightning_cli():
-    from lightning.pytorch.cli import LightningCLI
+    from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+    class HoformerArgumentParser(LightningArgumentParser):
+        def error(self, message, *args, **kwargs):
+            return super().error(_explain_unknown_option(str(message)), *args, **kwargs)
 
     class HoformerCLI(LightningCLI):
-        """LightningCLI with subclass mode for model and data and hoformer's defaults (see module doc)."""
+        """LightningCLI with subclass mode for task and data, the model a typed argument of the task whose
+        data-determined arguments are linked from the datamodule (:data:`DATA_LINKS`), and hoformer's defaults (see
+        module doc)."""
 
         def __init__(self, args=None, run: bool = True, **kw):
             from lightning.pytorch import LightningDataModule
@@ -67,35 +116,70 @@ def _lightning_cli():
             from hoformer.train import TaskModule
 
             kw.setdefault("save_config_kwargs", {"overwrite": True})
+            kw.setdefault("parser_class", HoformerArgumentParser)
             super().__init__(
                 TaskModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
                 seed_everything_default=0, args=args, run=run, auto_configure_optimizers=False, **kw,
             )
 
+        def _parse_ckpt_path(self) -> None:
+            """LightningCLI (lightning 2.3-2.6, ``LightningCLI._parse_ckpt_path``) re-parses the hyper-parameters
+            stored in a ``--ckpt_path`` checkpoint as init args of the task; a hoformer task records its model's
+            ``config`` and its ``optim`` there (and checkpoints of earlier tasks their ``model_name`` /
+            ``model_kwargs``), which are not init args. The config defines the task; the checkpoint gives the
+            weights (:mod:`hoformer.checkpoint` rebuilds a model from the hyper-parameters alone). The file is
+            still read here, so a truncated or refused checkpoint is reported naming it
+            (:func:`hoformer.train.guards.read_checkpoint`)."""
+            sub = self.config.get("subcommand")
+            path = self.config[sub].get("ckpt_path") if sub else None
+            if path and Path(path).is_file():
+                from hoformer.train.guards import read_checkpoint
+
+                read_checkpoint(path, fn=f"hoformer {sub} --ckpt_path")
+
+        def add_arguments_to_parser(self, parser) -> None:
+            for arg, attr in DATA_LINKS.items():
+                parser.link_arguments("data", f"model.init_args.model.init_args.{arg}", compute_fn=_data_attr(attr),
+                                      apply_on="instantiate")
+
         def instantiate_trainer(self, **kwargs):
-            """Atomic checkpoint writes whatever the config says: a plain ``TorchCheckpointIO`` (no ``plugins`` in the
-            YAML, or other plugins only) is replaced by :class:`~hoformer.train.tasks.AtomicCheckpointIO`; a custom
-            checkpoint IO of the user's is kept."""
+            """Everything a run writes lives under ``trainer.default_root_dir`` (the one output setting): without a
+            ``logger`` in the config, a CSV logger (``<root>/logs``) and, when TensorBoard is installed, a TensorBoard
+            logger (``<root>/tb``); without a ``ModelCheckpoint``, the best checkpoint by the task's model-selection
+            metric (``selection``) and ``last.ckpt`` after every epoch (:func:`~hoformer.train.tasks.checkpoint_callbacks`);
+            a ``ModelCheckpoint`` without ``dirpath`` writes to ``<root>/checkpoints``.
+            Checkpoints are written atomically whatever the config says: a plain ``TorchCheckpointIO`` is replaced by
+            :class:`~hoformer.train.tasks.AtomicCheckpointIO`; a custom checkpoint IO of the user's is kept."""
+            import importlib.util
+
             from lightning.fabric.plugins import TorchCheckpointIO
+            from lightning.pytorch.callbacks import ModelCheckpoint
+            from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
             from hoformer.train.tasks import AtomicCheckpointIO
 
+            from hoformer.train.tasks import checkpoint_callbacks
+
+            cfg = self._get(self.config_init, "trainer", default={})
+            root = cfg.get("default_root_dir") or os.getcwd()
+            callbacks = list(cfg.get("callbacks") or [])
+            if cfg.get("enable_checkpointing") is not False and "callbacks" not in kwargs \
+                    and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
+                monitor, mode = getattr(self.model, "selection", (None, "min"))
+                kwargs["callbacks"] = callbacks + [
+                    ModelCheckpoint(**c["init_args"])
+                    for c in checkpoint_callbacks(os.path.join(root, "checkpoints"), monitor, mode)]
+            if cfg.get("logger") in (None, True) and "logger" not in kwargs:
+                kwargs["logger"] = [CSVLogger(root, name="logs")]
+                if importlib.util.find_spec("tensorboard") is not None:
+                    kwargs["logger"].append(TensorBoardLogger(root, name="tb"))
             trainer = super().instantiate_trainer(**kwargs)
+            for cb in trainer.callbacks:
+                if isinstance(cb, ModelCheckpoint) and cb.dirpath is None:
+                    cb.dirpath = os.path.join(root, "checkpoints")
             if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
                 trainer.strategy.checkpoint_io = AtomicCheckpointIO()
             return trainer
-
-        def _parse_ckpt_path(self) -> None:
-            """LightningCLI reads the hyper-parameters of ``--ckpt_path`` here; a truncated or unreadable file is
-            reported naming it (:func:`hoformer.train.guards.read_checkpoint`) instead of torch's bare error."""
-            try:
-                super()._parse_ckpt_path()
-            except Exception:
-                from hoformer.train.guards import read_checkpoint
-
-                sub = self.config.get("subcommand")
-                read_checkpoint(self.config[sub].get("ckpt_path"), fn=f"hoformer {sub} --ckpt_path")
-                raise
 
         def _resolve_best(self) -> None:
             """``--ckpt_path best`` in a fresh process: the best checkpoint that the run's ``last.ckpt`` (written after
@@ -107,7 +191,7 @@ def _lightning_cli():
             if cb.monitor is None:
                 raise ValueError("--ckpt_path best: this config's ModelCheckpoint monitors no metric, so there is no "
                                  "best checkpoint (the CPU-budget HOBA configs evaluate the last epoch); pass the "
-                                 "path of a checkpoint, e.g. <logger save_dir>/logs/version_0/checkpoints/last.ckpt")
+                                 "path of a checkpoint, e.g. <default_root_dir>/checkpoints/last.ckpt")
             d = Path(cb.dirpath) if cb.dirpath else None
             recorded = _recorded_best(d / "last.ckpt", cb.state_key) if d is not None else None
             if recorded is not None:
@@ -186,6 +270,47 @@ def _misplaced_config(argv: list[str]) -> str | None:
     return None
 
 
+def _bases(path: Path, seen: tuple[Path, ...] = ()) -> list[str]:
+    """The configs ``path`` extends (its leading ``# extends: <relative path>`` comment lines), bases first,
+    recursively; ``path`` itself last."""
+    path = Path(path)
+    if path in seen:
+        raise ValueError(f"hoformer: config {path} extends itself ({' -> '.join(map(str, seen + (path,)))})")
+    out: list[str] = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:  # LightningCLI reports a missing / unreadable config
+        return [str(path)]
+    for line in lines:
+        if not line.startswith("#"):
+            break
+        if line.startswith("# extends:"):
+            base = Path(os.path.normpath(path.parent / line.split(":", 1)[1].strip()))
+            if not base.is_file():
+                raise FileNotFoundError(f"hoformer: config {path} extends {base}, which does not exist")
+            out += _bases(base, seen + (path,))
+    return out + [str(path)]
+
+
+def expand_configs(argv: list[str]) -> list[str]:
+    """``--config X`` -> ``--config BASE ... --config X`` for each base config ``X`` extends (a shared trainer, a
+    family's protocol), so an experiment file holds only what differs."""
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a in ("--config", "-c") and i + 1 < len(argv):
+            for p in _bases(Path(argv[i + 1])):
+                out += [a, p]
+            i += 2
+            continue
+        if a.startswith("--config="):
+            out += [f"--config={p}" for p in _bases(Path(a.split("=", 1)[1]))]
+        else:
+            out.append(a)
+        i += 1
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hoformer`` console script."""
     from_command_line = argv is None
@@ -210,8 +335,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if err:
             print(err, file=sys.stderr)
             return 2
+        try:
+            expanded = expand_configs(argv)
+        except (FileNotFoundError, ValueError) as e:
+            print(e, file=sys.stderr)
+            return 2
+        if from_command_line and expanded != argv:
+            sys.argv[1:] = expanded
         # from the command line LightningCLI reads sys.argv itself (given both, it warns on every run)
-        _lightning_cli()(args=None if from_command_line else argv)
+        _lightning_cli()(args=None if from_command_line else expanded)
         return 0
     print(f"hoformer: unknown command {cmd!r}\n\n{_usage()}", file=sys.stderr)
     return 2
@@ -257,6 +389,8 @@ def demo(argv: list[str]) -> int:
     from lightning.pytorch.loggers import CSVLogger
 
     from hoformer.data import LTSFDataModule
+    from hoformer.models import create_model
+    from hoformer.train import Optimization
     from hoformer.train.tasks import AtomicCheckpointIO, ExportPretrained, ForecastingTask, checkpoint_callbacks
 
     torch.set_num_threads(a.threads)
@@ -279,12 +413,9 @@ def demo(argv: list[str]) -> int:
     c = ds["train"].num_variates
     print(f"hoformer demo: dataset {name} ({c} variates), windows train/val/test = "
           f"{len(ds['train'])}/{len(ds['val'])}/{len(ds['test'])}")
-    task = ForecastingTask(
-        "hot_forecaster",
-        dict(seq_len=96, pred_len=96, num_variates=c, attention=a.attention, dim=64, depth=2, num_heads=4,
-             patch_size=8, dropout=0.1),
-        lr=1e-3, weight_decay=0.1, warmup_steps=50, original_scale=True,
-    )
+    model = create_model("hot_forecaster", seq_len=96, pred_len=96, num_variates=c, attention=a.attention, dim=64,
+                         depth=2, num_heads=4, patch_size=8, dropout=0.1)
+    task = ForecastingTask(model, Optimization(lr=1e-3, weight_decay=0.1, warmup_steps=50), original_scale=True)
     out = Path(a.output)
     ckpt, last = (ModelCheckpoint(**c["init_args"])
                   for c in checkpoint_callbacks(out / "checkpoints", "val/mae", "min", "best-{epoch}"))

@@ -113,6 +113,15 @@ class MedMNIST3DDataModule(SplitDataModule):
     def num_classes(self) -> int:
         return len(MEDMNIST3D_INFO[self.flag]["labels"])
 
+    @property
+    def in_channels(self) -> int:
+        return 1
+
+    @property
+    def input_size(self) -> int:
+        """Edge of the cubic volumes."""
+        return self.size
+
 
 class _Augment3D:
     """Random flips and integer shifts of a ``(C, D, H, W)`` volume, drawn from the global torch RNG (reseeded per
@@ -192,6 +201,12 @@ class MultispectralDataModule(SplitDataModule):
     @property
     def in_channels(self) -> int:
         return SSL4EO_SENSORS[self.sensor][0]
+
+    @property
+    def input_size(self) -> int:
+        """Edge of the model's input: the crop, else the whole patch."""
+        h = self.hparams
+        return h.crop_size or (h.synthetic_size if h.synthetic else 264)
 
     @property
     def num_classes(self) -> int:

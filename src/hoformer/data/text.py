@@ -489,6 +489,12 @@ class TextDataModule(SplitDataModule):
         self.setup()
         return len(self.class_names)
 
+    @property
+    def pad_id(self) -> int:
+        """The tokenizer's padding id (builds the splits: the tokenizer may be trained on the training split)."""
+        self.setup()
+        return self.tokenizer.pad_id
+
     def _raw_splits(self):
         texts, labels, classes = read_text_split(self.dataset_name, "train", self.root, self.verify)
         order = list(range(len(texts)))

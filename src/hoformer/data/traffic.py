@@ -239,6 +239,18 @@ class TrafficDataModule(SplitDataModule):
         self.split_protocol = split_protocol
 
     @property
+    def num_nodes(self) -> int:
+        """Sensors ``N`` (reads the data)."""
+        if getattr(self, "_num_nodes", None) is None:
+            self.setup()
+        return self._num_nodes
+
+    @property
+    def in_channels(self) -> int:
+        """Channels ``C`` of the series (speed: 1)."""
+        return 1
+
+    @property
     def splits(self) -> dict[str, SeriesWindows]:
         """The built splits by name (the same dict as ``datasets``)."""
         return self.datasets
@@ -278,7 +290,7 @@ class TrafficDataModule(SplitDataModule):
             i = int(back[0]) + 1
             raise SchemaError(f"TrafficDataModule: the {self.dataset} timestamps go back in time at row {i} "
                               f"({stamps[i - 1]} then {stamps[i]}); the rows must be in time order, oldest first")
-        self.num_nodes, self.sensor_ids, self.adj = n, ids, adj
+        self._num_nodes, self.sensor_ids, self.adj = n, ids, adj
         data = values[..., None]  # (T, N, C=1)
         mask = data != 0
         starts, train_rows = chronological_split(self.split_protocol, len(data), self.window, self.horizon,

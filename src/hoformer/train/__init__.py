@@ -1,5 +1,6 @@
 """Lightning tasks, losses and metrics. Requires the ``train`` extra (lightning, torchmetrics)."""
 from .base import TaskModule  # noqa: F401
+from .optim import Optimization  # noqa: F401
 from .metrics import *  # noqa: F401,F403
 from .tasks import *  # noqa: F401,F403
 from .traffic import *  # noqa: F401,F403

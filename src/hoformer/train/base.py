@@ -1,15 +1,17 @@
 """Shared LightningModule base for every hoformer task.
 
-Subclasses implement ``shared_step(batch, stage) -> loss`` and log their metrics; this base builds the model
-from the registry, configures AdamW with linear warm-up + cosine decay, and exports weights with
+Subclasses implement ``shared_step(batch, stage) -> loss`` and log their metrics; this base holds the model (a typed
+argument: a LightningCLI config names its class and arguments), configures the optimiser and schedule of
+:class:`~hoformer.train.optim.Optimization`, and exports weights with
 ``save_pretrained`` so a trained run is usable without Lightning. Each training epoch's shuffling, dropout and
 random augmentations (in the main process and in ``DataLoader`` workers) are drawn from ``(seed, epoch)``, so a run
 resumed from an epoch-boundary checkpoint continues exactly.
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import inspect
-import math
 import os
 import random
 from typing import Any
@@ -22,7 +24,9 @@ from torch.utils.data import DataLoader, RandomSampler
 
 from hoformer._checks import check_values
 from hoformer.compat import sync_dist_batch_size
-from hoformer.models import create_model
+from hoformer.models import HoformerModel
+
+from .optim import Optimization, configure_optimization
 
 __all__ = ["TaskModule"]
 
@@ -59,33 +63,43 @@ def _one_sample_input(model) -> Any:
 
 
 class TaskModule(L.LightningModule):
-    """Base task.
+    """Base task: a model and how to optimise it; subclasses add their loss and metrics.
 
     Args:
-        model_name: registered model name (see ``hoformer.models.list_models()``).
-        model_kwargs: keyword arguments of ``create_model``.
-        lr, weight_decay, betas: AdamW settings.
-        warmup_steps: linear warm-up steps; then cosine decay to ``min_lr_ratio * lr`` over the run
-            (``scheduler="cosine"``), or a constant rate (``scheduler="constant"``).
+        model: the model (any :class:`~hoformer.models.HoformerModel`: ``HOTForecaster(...)``,
+            ``create_model("hot_forecaster", ...)``, a LightningCLI ``class_path`` / ``init_args``).
+        optim: optimiser and learning-rate schedule (:class:`~hoformer.train.optim.Optimization`).
+
+    The checkpoint's hyper-parameters record the model's ``config`` (``model_config``: registered name and
+    constructor arguments) and ``optim`` as a dict, so :mod:`hoformer.checkpoint` rebuilds the model without the task.
     """
 
-    def __init__(
-        self,
-        model_name: str,
-        model_kwargs: dict[str, Any] | None = None,
-        lr: float = 1e-3,
-        weight_decay: float = 0.05,
-        betas: tuple[float, float] = (0.9, 0.999),
-        warmup_steps: int = 0,
-        scheduler: str = "cosine",
-        min_lr_ratio: float = 0.01,
-    ) -> None:
+    #: the task's defaults for ``optim`` (the subclasses' constructors use their own)
+    default_optim = Optimization()
+    #: ``(metric, mode)`` the task's model selection uses (the CLI's best checkpoint); ``None``: the last epoch
+    selection: tuple[str | None, str] = (None, "min")
+
+    def __init__(self, model: HoformerModel, optim: Optimization | None = None) -> None:
         super().__init__()
-        if scheduler not in ("cosine", "constant"):
-            raise ValueError(f"scheduler must be 'cosine' or 'constant', got {scheduler!r}")
-        self.save_hyperparameters()
-        self.model = create_model(model_name, **(model_kwargs or {}))
+        if not isinstance(model, HoformerModel):
+            raise TypeError(f"{type(self).__name__}: `model` must be a hoformer model (a HoformerModel such as "
+                            "hoformer.models.create_model('hot_forecaster', ...)), got "
+                            f"{type(model).__name__}")
+        optim = optim if optim is not None else self.default_optim
+        if isinstance(optim, dict):
+            optim = Optimization(**optim)
+        if not isinstance(optim, Optimization):
+            raise TypeError(f"{type(self).__name__}: `optim` must be an Optimization, got {type(optim).__name__}")
+        self.save_hyperparameters(ignore=["model", "optim"])
+        self.hparams["model_config"] = copy.deepcopy(model.config)
+        self.hparams["optim"] = dataclasses.asdict(optim)
+        self.model, self.optim = model, optim
         self.example_input_array = _one_sample_input(self.model)
+
+    @property
+    def model_name(self) -> str:
+        """The model's registered name (``model.config["name"]``)."""
+        return str(self.model.config.get("name", type(self.model).__name__))
 
     def forward(self, *args, **kwargs):
         return self.model(*args, **kwargs)
@@ -149,37 +163,8 @@ class TaskModule(L.LightningModule):
         return self.shared_step(batch, "test")
 
     def configure_optimizers(self):
-        hp = self.hparams
-        decay, no_decay = [], []
-        for n, p in self.model.named_parameters():
-            if not p.requires_grad:
-                continue
-            (no_decay if p.ndim < 2 or n.endswith(".bias") else decay).append(p)
-        opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=hp.lr,
-            betas=tuple(hp.betas),
-        )
-        if hp.scheduler == "constant" and hp.warmup_steps == 0:
-            return opt
-        total = self.trainer.estimated_stepping_batches
-        if hp.scheduler != "constant" and not math.isfinite(total):
-            raise ValueError(f"{type(self).__name__}: scheduler='cosine' decays over the whole run, which needs a "
-                             "finite trainer `max_epochs` or `max_steps` (got an unbounded run); use "
-                             "scheduler='constant' for open-ended training")
-        total = max(1, int(total)) if math.isfinite(total) else 1
-        warm = int(hp.warmup_steps)
-
-        def factor(step: int) -> float:
-            if step < warm:
-                return (step + 1) / warm
-            if hp.scheduler == "constant":
-                return 1.0
-            t = min(1.0, (step - warm) / max(1, total - warm))
-            return hp.min_lr_ratio + (1 - hp.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
-
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return configure_optimization(self.optim, self.model, self.trainer.estimated_stepping_batches,
+                                      type(self).__name__)
 
     def save_pretrained(self, directory):
         return self.model.save_pretrained(directory)

@@ -39,7 +39,10 @@ from torchmetrics.classification import AUROC, Accuracy, MulticlassAccuracy, Mul
 
 from hoformer._io import atomic_write
 
+from hoformer.models import HoformerModel
+
 from .base import TaskModule, check_labels, integer_labels
+from .optim import Optimization
 
 __all__ = [
     "ForecastingTask",
@@ -76,7 +79,7 @@ class _HotTask(TaskModule):
     def _model_classes(self) -> int:
         n = getattr(self.model, "num_classes", None)
         if n is None:
-            raise TypeError(f"{type(self).__name__}: model {self.hparams.model_name!r} has no `num_classes` (a "
+            raise TypeError(f"{type(self).__name__}: model {self.model_name!r} has no `num_classes` (a "
                             "classifier / segmenter is needed, see hoformer.models.list_models())")
         return int(n)
 
@@ -97,31 +100,28 @@ class ForecastingTask(_HotTask):
     """Multivariate long-term forecasting: ``x (B, seq_len, C) -> y (B, pred_len, C)``.
 
     Args:
-        model_name, model_kwargs, lr, weight_decay, betas, warmup_steps, scheduler, min_lr_ratio: see
-            :class:`~hoformer.train.base.TaskModule` (paper: Adam, lr 2e-4, weight decay in {0.01, 0.1, 0.3, 0.5}).
+        model, optim: see :class:`~hoformer.train.base.TaskModule` (paper: Adam, lr 2e-4, weight decay in {0.01, 0.1,
+            0.3, 0.5}).
         loss: ``"mse"`` (the paper's L2 loss) or ``"mae"``.
         original_scale: also log ``{val,test}/{mse,mae}_orig`` on the original scale (``y * std + mean`` with the
             scaler statistics every batch carries).
         plot_variates: number of variates drawn in the test forecast PNG (0 disables it).
     """
 
+    selection = ("val/mae", "min")
+    default_optim = Optimization(lr=2e-4, weight_decay=0.1)  # when `optim` is None
+
     def __init__(
         self,
-        model_name: str = "hot_forecaster",
-        model_kwargs: dict[str, Any] | None = None,
-        lr: float = 2e-4,
-        weight_decay: float = 0.1,
-        betas: tuple[float, float] = (0.9, 0.999),
-        warmup_steps: int = 0,
-        scheduler: str = "cosine",
-        min_lr_ratio: float = 0.01,
+        model: HoformerModel,
+        optim: Optimization | None = Optimization(lr=2e-4, weight_decay=0.1),
         loss: str = "mse",
         original_scale: bool = False,
         plot_variates: int = 3,
     ) -> None:
         if loss not in ("mse", "mae"):
             raise ValueError(f"ForecastingTask: `loss` must be 'mse' or 'mae', got {loss!r}")
-        super().__init__(model_name, model_kwargs, lr, weight_decay, betas, warmup_steps, scheduler, min_lr_ratio)
+        super().__init__(model, optim)
         self._stage_metrics(lambda p: MetricCollection(
             {"mse": MeanSquaredError(), "mae": MeanAbsoluteError(), "smape": SymmetricMeanAbsolutePercentageError()},
             prefix=p,
@@ -206,19 +206,16 @@ class ClassificationTask(_HotTask):
     """3D image classification (MedMNIST3D): ``x (B, 1, D, H, W) -> logits (B, num_classes)``; labels ``(B,)`` or
     ``(B, 1)``. Logs ``{stage}/auc`` (macro one-vs-rest; binary: AUC of class 1) and ``{stage}/acc``."""
 
+    selection = ("val/auc", "max")
+    default_optim = Optimization(lr=2e-4, weight_decay=0.1)  # when `optim` is None
+
     def __init__(
         self,
-        model_name: str = "hot_volume_classifier",
-        model_kwargs: dict[str, Any] | None = None,
-        lr: float = 2e-4,
-        weight_decay: float = 0.1,
-        betas: tuple[float, float] = (0.9, 0.999),
-        warmup_steps: int = 0,
-        scheduler: str = "cosine",
-        min_lr_ratio: float = 0.01,
+        model: HoformerModel,
+        optim: Optimization | None = Optimization(lr=2e-4, weight_decay=0.1),
         label_smoothing: float = 0.0,
     ) -> None:
-        super().__init__(model_name, model_kwargs, lr, weight_decay, betas, warmup_steps, scheduler, min_lr_ratio)
+        super().__init__(model, optim)
         self.num_classes = n = self._model_classes()
         # validate_args=False: check_labels has validated the labels, and torchmetrics' own check (torch.unique +
         # a Python branch) would be a host sync per step on a GPU
@@ -260,19 +257,16 @@ class SegmentationTask(_HotTask):
     """Per-pixel classification: ``x (B, C_in, H, W) -> logits (B, num_classes, H, W)``; masks ``(B, H, W)`` int.
     Logs ``{stage}/acc`` (pixel accuracy) and ``{stage}/miou``; ``ignore_index`` pixels are skipped."""
 
+    selection = ("val/acc", "max")
+    default_optim = Optimization(lr=2e-4, weight_decay=0.1)  # when `optim` is None
+
     def __init__(
         self,
-        model_name: str = "hot_segmenter",
-        model_kwargs: dict[str, Any] | None = None,
-        lr: float = 2e-4,
-        weight_decay: float = 0.1,
-        betas: tuple[float, float] = (0.9, 0.999),
-        warmup_steps: int = 0,
-        scheduler: str = "cosine",
-        min_lr_ratio: float = 0.01,
+        model: HoformerModel,
+        optim: Optimization | None = Optimization(lr=2e-4, weight_decay=0.1),
         ignore_index: int | None = None,
     ) -> None:
-        super().__init__(model_name, model_kwargs, lr, weight_decay, betas, warmup_steps, scheduler, min_lr_ratio)
+        super().__init__(model, optim)
         self.num_classes = n = self._model_classes()
         self._stage_metrics(lambda p: MetricCollection({
             # validate_args=False: labels are validated by check_labels (torchmetrics' check syncs per step on GPU)
@@ -339,7 +333,8 @@ def checkpoint_callbacks(dirpath, monitor: str | None = None, mode: str = "min",
 
 class ExportPretrained(pl.Callback):
     """At the end of ``fit``, load the best checkpoint's weights (or the current ones when no checkpoint was written)
-    into a fresh registry model and ``save_pretrained`` it to ``dirpath`` (default ``<log_dir>/pretrained``)."""
+    into a fresh model and ``save_pretrained`` it to ``dirpath`` (default ``<default_root_dir>/pretrained``), with the
+    datamodule's tokenizer when it has one (text)."""
 
     def __init__(self, dirpath: str | None = None) -> None:
         self.dirpath = dirpath
@@ -348,17 +343,20 @@ class ExportPretrained(pl.Callback):
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.is_global_zero:
             return
-        from hoformer.models import create_model
+        from hoformer.models import model_from_config
 
         model = pl_module.model
         best = getattr(trainer.checkpoint_callback, "best_model_path", "") if trainer.checkpoint_callback else ""
         if best and os.path.isfile(best):
             ckpt = torch.load(best, map_location="cpu", weights_only=True)
             state = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
-            model = create_model(model.config["name"], **model.config["kwargs"])
+            model = model_from_config(model.config)
             model.load_state_dict(state)
-        root = self.dirpath or os.path.join(trainer.log_dir or trainer.default_root_dir, "pretrained")
+        root = self.dirpath or os.path.join(trainer.default_root_dir, "pretrained")
         self.path = str(model.save_pretrained(root))
+        tokenizer = getattr(getattr(trainer, "datamodule", None), "tokenizer", None)
+        if tokenizer is not None and callable(getattr(tokenizer, "save", None)):
+            tokenizer.save(root)
 
 
 class CompileModel(pl.Callback):

@@ -33,7 +33,10 @@ from hoformer._io import atomic_write
 from hoformer.data._utils import sha256sum
 from hoformer.models.hf import hf_config, hf_position_offset
 
+from hoformer.models import HoformerModel
+
 from .base import TaskModule, check_labels
+from .optim import Optimization
 
 __all__ = ["kd_loss", "TextClassificationTask", "teacher_logits_fingerprint"]
 
@@ -137,8 +140,8 @@ class TextClassificationTask(TaskModule):
     """Sequence classification (``ids, mask -> logits``) with optional distillation (eq 8).
 
     Args:
-        model_name, model_kwargs, lr, weight_decay, betas, warmup_steps, scheduler, min_lr_ratio: see
-            :class:`~hoformer.train.base.TaskModule` (paper: AdamW, weight decay 0.01, 10% linear warm-up).
+        model, optim: see :class:`~hoformer.train.base.TaskModule` (paper: AdamW, weight decay 0.01, 10% linear
+            warm-up).
         kd_alpha, kd_temperature: eq 8 (paper: 0.3, 2.0). Ignored without a teacher.
         teacher: ``save_pretrained`` directory of the teacher (same tokenizer as the datamodule), or a local Hugging
             Face ``AutoModelForSequenceClassification`` directory (``config.json`` with a ``model_type``; its own
@@ -155,16 +158,13 @@ class TextClassificationTask(TaskModule):
             tokenizer there, ready for ``hoformer.models.from_pretrained`` / ``TextTokenizer.from_pretrained``.
     """
 
+    selection = ("val/acc", "max")
+    default_optim = Optimization(lr=1e-3, weight_decay=0.01)  # when `optim` is None
+
     def __init__(
         self,
-        model_name: str = "hoba_classifier",
-        model_kwargs: dict[str, Any] | None = None,
-        lr: float = 1e-3,
-        weight_decay: float = 0.01,
-        betas: tuple[float, float] = (0.9, 0.999),
-        warmup_steps: int = 0,
-        scheduler: str = "cosine",
-        min_lr_ratio: float = 0.01,
+        model: HoformerModel,
+        optim: Optimization | None = Optimization(lr=1e-3, weight_decay=0.01),
         kd_alpha: float = 0.3,
         kd_temperature: float = 2.0,
         teacher: str | None = None,
@@ -179,10 +179,10 @@ class TextClassificationTask(TaskModule):
         if init_head_from_teacher and not init_embeddings_from:
             raise ValueError("TextClassificationTask: init_head_from_teacher=True needs init_embeddings_from (the "
                              "teacher's save_pretrained directory)")
-        super().__init__(model_name, model_kwargs, lr, weight_decay, betas, warmup_steps, scheduler, min_lr_ratio)
+        super().__init__(model, optim)
         n_cls = getattr(self.model, "num_classes", None)
         if n_cls is None:
-            raise ValueError(f"TextClassificationTask: model {model_name!r} has no `num_classes`")
+            raise ValueError(f"TextClassificationTask: model {self.model_name!r} has no `num_classes`")
         # validate_args=False: kd_loss validates the labels (torchmetrics' own check is a host sync per step on GPU)
         self.acc = torch.nn.ModuleDict({s: MulticlassAccuracy(n_cls, average="micro", validate_args=False)
                                         for s in ("fit", "val", "test")})
@@ -206,11 +206,11 @@ class TextClassificationTask(TaskModule):
         vocab, model_vocab = dm.tokenizer.vocab_size, getattr(self.model, "vocab_size", None)
         if model_vocab is not None and vocab > model_vocab:
             raise ValueError(f"TextClassificationTask: tokenizer has {vocab} tokens but the model's vocab_size is "
-                             f"{model_vocab}; set model_kwargs.vocab_size >= {vocab}")
+                             f"{model_vocab}; set the model's vocab_size >= {vocab}")
         model_pad = getattr(self.model, "pad_id", None)
         if model_pad is not None and model_pad != dm.tokenizer.pad_id:  # else padding trains and a real token does not
             raise ValueError(f"TextClassificationTask: the tokenizer pads with id {dm.tokenizer.pad_id} but the "
-                             f"model's pad_id is {model_pad}; set model_kwargs.pad_id={dm.tokenizer.pad_id}")
+                             f"model's pad_id is {model_pad}; set the model's pad_id={dm.tokenizer.pad_id}")
         if getattr(self.model, "max_len", dm.max_len) < dm.max_len:
             raise ValueError(f"TextClassificationTask: data max_len={dm.max_len} exceeds the model's max_len="
                              f"{self.model.max_len}")
@@ -368,9 +368,9 @@ class TextClassificationTask(TaskModule):
         best = getattr(cb, "best_model_path", "") if cb is not None else ""
         model = self.model
         if best and os.path.isfile(best):  # into a copy: the live model (every rank's) keeps its trained weights
-            from hoformer.models import create_model
+            from hoformer.models import model_from_config
 
             state = torch.load(best, map_location="cpu", weights_only=True)["state_dict"]
-            model = create_model(self.model.config["name"], **self.model.config["kwargs"])
+            model = model_from_config(self.model.config)
             model.load_state_dict({k[len("model."):]: v for k, v in state.items() if k.startswith("model.")})
         self.save_pretrained(self.hparams.export_dir, model)

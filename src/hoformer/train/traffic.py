@@ -6,11 +6,12 @@ Batches are the windowed-series dicts of :mod:`hoformer.data.series` (``x``, ``y
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from hoformer.models import HoformerModel
+
 from .base import TaskModule
+from .optim import Optimization
 from .metrics import MaskedMAE, forecasting_metrics, masked_mae
 
 __all__ = ["TrafficForecastingTask", "forecast", "original_scale"]
@@ -28,21 +29,23 @@ def forecast(model: torch.nn.Module, batch: dict[str, torch.Tensor], use_time: b
 
 
 class TrafficForecastingTask(TaskModule):
-    """Lightning task for ``(B, P, N, C) -> (B, Q, N, C)`` forecasters from the registry.
+    """Lightning task for ``(B, P, N, C) -> (B, Q, N, C)`` forecasters.
 
-    Args (besides :class:`~hoformer.train.base.TaskModule`'s):
+    Args:
+        model: the forecaster (e.g. ``Weaver``, ``TrafficTransformer``, the ``LastValue`` baseline).
+        optim: see :class:`~hoformer.train.base.TaskModule`; the paper's optimiser (section 6.1) is
+            ``Optimization(optimizer="adam", weight_decay=L2, schedule="exponential", gamma=0.9)``.
         horizons: 1-based horizon steps with separate metrics.
         use_time: pass the batch's TOD/DOW features to the model.
-        exp_gamma: if set, use the paper's optimiser instead of the base AdamW + cosine: Adam (``weight_decay``
-            as L2) with an exponential learning-rate decay ``gamma`` per epoch (section 6.1: 0.9).
     """
 
-    def __init__(self, model_name: str = "weaver", model_kwargs: dict[str, Any] | None = None, lr: float = 1e-3,
-                 weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999), warmup_steps: int = 0,
-                 scheduler: str = "cosine", min_lr_ratio: float = 0.01, horizons: tuple[int, ...] = (3, 6, 12),
-                 use_time: bool = True, exp_gamma: float | None = None) -> None:
-        super().__init__(model_name, model_kwargs, lr, weight_decay, betas, warmup_steps, scheduler, min_lr_ratio)
-        self.use_time, self.exp_gamma = use_time, exp_gamma
+    selection = ("val/loss", "min")
+    default_optim = Optimization(lr=1e-3, weight_decay=0.0)  # when `optim` is None
+
+    def __init__(self, model: HoformerModel, optim: Optimization | None = Optimization(lr=1e-3, weight_decay=0.0),
+                 horizons: tuple[int, ...] = (3, 6, 12), use_time: bool = True) -> None:
+        super().__init__(model, optim)
+        self.use_time = use_time
         self.val_metrics = forecasting_metrics(tuple(horizons), prefix="val/")
         self.test_metrics = forecasting_metrics(tuple(horizons), prefix="test/")
         # `val/loss` / `test/loss` (the configs' checkpoint monitor): the epoch's masked MAE over every observed entry,
@@ -65,13 +68,3 @@ class TrafficForecastingTask(TaskModule):
         self.log(f"{stage}/loss", self.eval_loss[stage], prog_bar=stage == "val", batch_size=bs)
         self.log_dict(metrics, batch_size=bs)
         return loss
-
-    def configure_optimizers(self):
-        if not any(p.requires_grad for p in self.model.parameters()):
-            return None
-        if self.exp_gamma is None:
-            return super().configure_optimizers()
-        opt = torch.optim.Adam(self.model.parameters(), lr=self.hparams.lr, betas=tuple(self.hparams.betas),
-                               weight_decay=self.hparams.weight_decay)
-        sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=self.exp_gamma)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}
