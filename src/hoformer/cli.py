@@ -81,14 +81,14 @@ def _lightning_cli():
             import torch
 
             sub = self.subcommand
-            n = self.config[sub].get("threads")
+            n = (self.config[sub] if sub else self.config).get("threads")
             if n is not None:
                 if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                    raise ValueError(f"hoformer {sub}: `--threads` must be an int >= 1, got {n!r}")
+                    raise ValueError(f"hoformer {sub or 'cli'}: `--threads` must be an int >= 1, got {n!r}")
                 torch.set_num_threads(n)
             how = "set by --threads" if n is not None else (
                 "from OMP_NUM_THREADS" if os.environ.get("OMP_NUM_THREADS") else "PyTorch's default, one per core")
-            print(f"hoformer {sub}: PyTorch uses {torch.get_num_threads()} CPU thread(s) ({how}; change with "
+            print(f"hoformer {sub or 'cli'}: PyTorch uses {torch.get_num_threads()} CPU thread(s) ({how}; change with "
                   "--threads N or OMP_NUM_THREADS=N, e.g. when several runs share the machine)", file=sys.stderr)
 
         def instantiate_trainer(self, **kwargs):
