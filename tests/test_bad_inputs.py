@@ -335,7 +335,7 @@ DATA = [
          ("train.tsv", "found a directory")),
     Case("read_text_split/imdb-columns", lambda tmp: read_text_split("imdb", "train", write(
         tmp / "imdb" / "train.csv", "body,stars\nok,5\n").parent.parent), ValueError,
-         ("train.csv", "text column", "['body', 'stars']")),
+         ("train.csv", "no label column", "'sentiment'", "['body', 'stars']")),
     Case("read_text_split/imdb-labels", lambda tmp: read_text_split("imdb", "train", write(
         tmp / "imdb" / "train.csv", "review,sentiment\nok,great\n").parent.parent), ValueError,
          ("train.csv", "great")),
@@ -425,7 +425,66 @@ CLI = [
          pickle.UnpicklingError, ("evil.ckpt",)),
 ]
 
-CASES: list[Case] = F_KRON + F_SCORES + F_TRIPLET + LAYERS + MODELS + DATA + CHECKPOINTS + CLI
+def _task(**kw):
+    from hoformer.train import ClassificationTask
+
+    return ClassificationTask("hot_volume_classifier", dict(num_classes=3, input_size=8, patch_size=4, dim=16,
+                                                            num_heads=2, depth=1), **kw)
+
+
+def _table(tmp: Path, content: str | bytes, name: str = "t.csv", **kw):
+    from hoformer.data.text_csv import read_text_table
+
+    return read_text_table(write(tmp / name, content), **kw)
+
+
+TASKS_AND_TABLES = [
+    Case("ClassificationTask/class-weight-str", lambda _: _task(class_weight="balance"), ValueError,
+         ("`class_weight`", "'balanced'", "'balance'")),
+    Case("ClassificationTask/class-weight-length", lambda _: _task(class_weight=[1.0, 2.0]), ValueError,
+         ("`class_weight`", "3 numbers", "[1.0, 2.0]")),
+    Case("ClassificationTask/class-weight-negative", lambda _: _task(class_weight=[1.0, -1.0, 1.0]), ValueError,
+         ("`class_weight`", ">= 0", "-1.0")),
+    Case("ClassificationTask/class-weight-nan", lambda _: _task(class_weight=[1.0, float("nan"), 1.0]), ValueError,
+         ("`class_weight`", "finite")),
+    Case("ClassificationTask/balanced-without-data", lambda _: _task(class_weight="balanced").class_weights(),
+         ValueError, ("class_weight='balanced'", "no training data")),
+    Case("read_text_table/missing", lambda tmp: __import__("hoformer.data.text_csv", fromlist=["x"])
+         .read_text_table(tmp / "absent.tsv"), FileNotFoundError, ("absent.tsv",)),
+    Case("read_text_table/directory", lambda tmp: __import__("hoformer.data.text_csv", fromlist=["x"])
+         .read_text_table(tmp), IsADirectoryError, ("found a directory",)),
+    Case("read_text_table/no-text-column", lambda tmp: _table(tmp, "a,label\nx,1\n"), ValueError,
+         ("t.csv", "no text column", "['a', 'label']")),
+    Case("read_text_table/unknown-column", lambda tmp: _table(tmp, "text,label\nx,1\n", text_column="body"),
+         ValueError, ("t.csv", "`text_column`='body'", "['text', 'label']")),
+    Case("read_text_table/column-index", lambda tmp: _table(tmp, "text,label\nx,1\n", label_column=5), ValueError,
+         ("`label_column`=5", "out of range")),
+    Case("read_text_table/column-type", lambda tmp: _table(tmp, "text,label\nx,1\n", label_column=1.0), TypeError,
+         ("`label_column`", "float")),
+    Case("read_text_table/empty-label", lambda tmp: _table(tmp, "text,label\nx,1\ny,\n"), ValueError,
+         ("t.csv line 3", "empty label")),
+    Case("read_text_table/short-row", lambda tmp: _table(tmp, "text,label\nx\n"), ValueError,
+         ("t.csv line 2", "1 field(s)")),
+    Case("read_text_table/unknown-label", lambda tmp: _table(tmp, "text,label\nx,maybe\n", labels=["no", "yes"]),
+         ValueError, ("t.csv line 2", "'maybe'", "['no', 'yes']")),
+    Case("read_text_table/encoding", lambda tmp: _table(tmp, b"text,label\ncaf\xe9,1\n"), ValueError,
+         ("t.csv line 2", "utf-8", "encoding=")),
+    Case("read_text_table/bad-gzip", lambda tmp: _table(tmp, b"not gzip", name="t.csv.gz"), ValueError,
+         ("t.csv.gz",)),
+    Case("read_text_table/empty", lambda tmp: _table(tmp, ""), ValueError, ("t.csv", "empty")),
+    Case("read_text_table/header-only", lambda tmp: _table(tmp, "text,label\n"), ValueError, ("t.csv", "no rows")),
+    Case("read_text_table/same-column", lambda tmp: _table(tmp, "text,label\nx,1\n", text_column=0,
+                                                           label_column="text"),
+         ValueError, ("same", "'text'")),
+    Case("read_text_table/delimiter", lambda tmp: _table(tmp, "text,label\nx,1\n", delimiter=";;"), ValueError,
+         ("`delimiter`", "';;'")),
+    Case("read_text_split/imdb-missing-lists-paths", lambda tmp: read_text_split("imdb", "train", tmp), FileNotFoundError,
+         ("train.csv.gz", "IMDB Dataset.csv", "dataset='csv'")),
+    Case("TextDataModule/csv-without-files", lambda tmp: __import__("hoformer.data", fromlist=["x"])
+         .TextDataModule("csv", train_file="a.csv"), ValueError, ("`train_file` and `test_file`", "None")),
+]
+
+CASES: list[Case] = F_KRON + F_SCORES + F_TRIPLET + LAYERS + MODELS + DATA + TASKS_AND_TABLES + CHECKPOINTS + CLI
 
 
 def test_corpus_size_and_unique_ids():
