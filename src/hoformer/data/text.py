@@ -185,16 +185,19 @@ def _read_ag_news(root: Path, split: str, verify: bool):
     return texts, labels, classes
 
 
-_IMDB_LABELS = {"negative": 0, "positive": 1, "Negative": 0, "Positive": 1, "NEGATIVE": 0, "POSITIVE": 1,
-                "neg": 0, "pos": 1, "0": 0, "1": 1}
+_IMDB_LABELS = {"negative": 0, "positive": 1, "neg": 0, "pos": 1, "0": 0, "1": 1}  # compared in lower case
 
 
 def _read_imdb(root: Path, split: str, verify: bool):
     """IMDB through :func:`~hoformer.data.text_csv.read_text_table`: ``<split>.csv`` (or ``.csv.gz``), else one
     ``IMDB Dataset.csv`` (first half train, second half test); any text / label column names it knows."""
     path = find_table(root, [f"{split}.csv", "IMDB Dataset.csv"], "IMDB")
-    table = read_text_table(path, labels=_IMDB_LABELS)
-    texts, labels = table.texts, table.labels
+    table = read_text_table(path)
+    raw = [table.class_names[i].lower() for i in table.labels]
+    bad = sorted({x for x in raw if x not in _IMDB_LABELS})
+    if bad:
+        raise SchemaError(f"IMDB: {path} labels must be positive/negative or 0/1, got {bad[:5]}")
+    texts, labels = table.texts, [_IMDB_LABELS[x] for x in raw]
     if not path.name.startswith(f"{split}.csv"):
         mid = len(texts) // 2
         sl = slice(None, mid) if split == "train" else slice(mid, None)
