@@ -27,8 +27,17 @@ from hoformer.layers import (
     FullAttention,
     RMSNorm,
     SwiGLU,
+    record_attention,
     sincos_1d,
 )
+
+
+def _with_maps(layer, *args, **kwargs):
+    """``layer(*args, **kwargs)`` and the maps it recorded (every recorded list, in call order, concatenated)."""
+    with record_attention(layer) as rec:
+        y = layer(*args, **kwargs)
+    return y, [m for _, ms in rec for m in ms]
+
 
 F64 = torch.float64
 
@@ -235,7 +244,7 @@ def test_full_attention_masks_match_dense_reference(case):
     x = torch.randn(2, 3, 4, 8, dtype=F64)
     masks = _masks(case, (3, 4), 2, 2)
     ref_y, ref_a = _full_reference(att, x, masks)
-    y, (a,) = att(x, masks=masks, return_attention=True)  # explicit softmax path
+    y, (a,) = _with_maps(att, x, masks=masks)  # explicit softmax path
     torch.testing.assert_close(a, ref_a)
     torch.testing.assert_close(y, ref_y)
     torch.testing.assert_close(att(x, masks=masks), ref_y)  # SDPA path
@@ -254,7 +263,7 @@ def test_full_attention_qk_norm_matches_dense_reference():
     x = torch.randn(2, 3, 4, 8, dtype=F64)
     masks = _masks(MASK_CASES[-1], (3, 4), 2, 2)
     ref_y, ref_a = _full_reference(att, x, masks)
-    y, (a,) = att(x, masks=masks, return_attention=True)
+    y, (a,) = _with_maps(att, x, masks=masks)
     torch.testing.assert_close(a, ref_a)
     torch.testing.assert_close(y, ref_y)
     torch.testing.assert_close(att(x, masks=masks), ref_y)  # SDPA path
@@ -278,7 +287,7 @@ def test_axial_attention_masks_match_per_fibre_reference(case, combine, dim_head
     x = torch.randn(2, 2, 3, 4, 8, dtype=F64)
     masks = _masks(case, (2, 3, 4), 2, 2)
     ref_y, ref_maps = _axial_reference(att, x, masks, (0, 1, 2))
-    y, maps = att(x, masks=masks, return_attention=True)
+    y, maps = _with_maps(att, x, masks=masks)
     for a, r in zip(maps, ref_maps, strict=True):
         torch.testing.assert_close(a.expand_as(r), r)
     torch.testing.assert_close(y, ref_y)
@@ -297,7 +306,7 @@ def test_divided_attention_is_T_plus_S_of_x_plus_T(first_mode, case):
     x = torch.randn(2, 3, 4, 2, 8, dtype=F64)
     masks = None if case is None else _masks(case, (3, 4, 2), 2, 2)
     ref_y, ref_maps = _divided_reference(att, x, masks, first_mode)
-    y, maps = att(x, masks=masks, return_attention=True)
+    y, maps = _with_maps(att, x, masks=masks)
     assert len(maps) == 2
     for a, r in zip(maps, ref_maps):
         torch.testing.assert_close(a.expand_as(r), r)
@@ -420,9 +429,9 @@ def test_block_is_pre_norm_residual_composition(attention, mlp, norm):
         h = x + blk.attn(blk.norm1(x), masks=m)
         ref = h + blk.mlp(blk.norm2(h))
         torch.testing.assert_close(blk(x, masks=m), ref)  # eval: drop path is the identity
-        y, maps = blk(x, masks=m, return_attention=True)
+        y, maps = _with_maps(blk, x, masks=m)
         torch.testing.assert_close(y, ref)
-        for a, r in zip(maps, blk.attn(blk.norm1(x), masks=m, return_attention=True)[1], strict=True):
+        for a, r in zip(maps, _with_maps(blk.attn, blk.norm1(x), masks=m)[1], strict=True):
             torch.testing.assert_close(a, r)
     # training: stochastic depth acts on each residual branch (not on the stream), same draws in the same order
     blk.train()

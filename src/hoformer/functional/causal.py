@@ -42,12 +42,12 @@ from .kronecker import (
     _linear_attention,
     _rescaled,
     _safe_denominator,
+    _kron_apply,
+    _kron_sum_apply,
     elu_feature_map,
-    kron_apply,
-    kron_sum_apply,
     linear_factor,
 )
-from .scores import dot_scores, masked_softmax
+from .scores import _dot, masked_softmax
 
 __all__ = ["causal_kronecker_attention", "causal_mask"]
 
@@ -182,7 +182,7 @@ def _causal_kronecker(q, k, v, *, combine, kernel, scale, masks, dropout_p, want
     elif score_fn is not None:
         s0 = score_fn(q[0], k[0]) * m0
     else:
-        s0 = masked_softmax(dot_scores(q[0], k[0], scale=scale), m0)
+        s0 = masked_softmax(_dot(q[0], k[0], scale), m0)
     s0 = s0.to(dtype)
     used0 = F.dropout(s0, p=dropout_p) if dropout_p > 0 else s0
     vf = v.reshape(b, h, T, -1)
@@ -223,14 +223,14 @@ def _apply_rest(z, v, q, k, masks, rest_shape, *, combine, kernel, scale, dropou
             s = score_fn(qi, ki)
             s = s if m5 is None else s * m5
         else:
-            s = masked_softmax(dot_scores(qi, ki, scale=scale), m5)
+            s = masked_softmax(_dot(qi, ki, scale), m5)
         factors.append(s.to(z.dtype).expand(b, h, T, *s.shape[-2:]))
     used = [F.dropout(s, p=dropout_p) for s in factors] if dropout_p > 0 else factors
     flat = [s.reshape(b, h * T, *s.shape[-2:]) for s in used]
     if combine == "product":
-        y = kron_apply(flat, zb)
+        y = _kron_apply(flat, zb)
     else:
-        y = (zb + kron_sum_apply(flat, vb, normalize=False)) / (nrest + 1)
+        y = (zb + _kron_sum_apply(flat, vb, normalize=False)) / (nrest + 1)
     return y.reshape(b, h, T, *rest_shape), factors if want_factors else []
 
 
@@ -250,4 +250,4 @@ def causal_row(q: torch.Tensor, k: torch.Tensor, *, kernel: str = "softmax", sca
         return a / _safe_denominator(a.sum(-1, keepdim=True))
     if score_fn is not None:
         return score_fn(q, k)
-    return dot_scores(q, k, scale=scale).softmax(-1)
+    return _dot(q, k, scale).softmax(-1)

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from hoformer._checks import DETAIL, check_fraction, check_scale, check_values
 
-from .scores import dot_scores, masked_softmax
+from .scores import _dot, masked_softmax
 
 __all__ = [
     "kron_apply",
@@ -326,7 +326,6 @@ class _KronApply(torch.autograd.Function):
         return (gv, *gs)
 
 
-@_opaque_to_compile
 def kron_apply(factors: Sequence[torch.Tensor], v: torch.Tensor) -> torch.Tensor:
     """Apply ``S_1 (x) ... (x) S_k`` to every ``(b, h, :, d)`` fiber of ``v`` (HOT eq 8; Weaver P^Delta-KMV).
 
@@ -340,17 +339,26 @@ def kron_apply(factors: Sequence[torch.Tensor], v: torch.Tensor) -> torch.Tensor
     First-order gradients only (the backward is hand-written and ``once_differentiable``): a second backward through
     it raises, and ``torch.autograd.grad(..., allow_unused=True)`` of a gradient w.r.t. the factors gives ``None``.
     """
-    factors = _check_factors(factors, v, "kron_apply")
-    return _KronApply.apply(v, *_expand_factors(factors, v))
+    return _kron_apply(_check_factors(factors, v, "kron_apply"), v)
 
 
 @_opaque_to_compile
+def _kron_apply(factors: Sequence[torch.Tensor], v: torch.Tensor) -> torch.Tensor:
+    """:func:`kron_apply` without the argument checks: factors ``(.., Ni, Ni)`` broadcasting to ``(B, H)``."""
+    return _KronApply.apply(v, *_expand_factors(factors, v))
+
+
 def kron_sum_apply(factors: Sequence[torch.Tensor], v: torch.Tensor, normalize: bool = True) -> torch.Tensor:
     """Apply the Kronecker sum ``S_1 (+) ... (+) S_k`` (HOT eq 9): ``sum_m v x_m S_m``, times ``1/k`` if ``normalize``.
 
     Shapes and first-order gradients as in :func:`kron_apply`.
     """
-    factors = _check_factors(factors, v, "kron_sum_apply")
+    return _kron_sum_apply(_check_factors(factors, v, "kron_sum_apply"), v, normalize)
+
+
+@_opaque_to_compile
+def _kron_sum_apply(factors: Sequence[torch.Tensor], v: torch.Tensor, normalize: bool = True) -> torch.Tensor:
+    """:func:`kron_sum_apply` without the argument checks."""
     alpha = 1.0 / len(factors) if normalize else 1.0
     return _KronSumApply.apply(v, alpha, *_expand_factors(factors, v))
 
@@ -473,7 +481,7 @@ def _mode_factors(q, k, scale, masks, score_fn) -> list[torch.Tensor]:
             if mask is not None:
                 s = s * mask
         else:
-            s = masked_softmax(dot_scores(qi, ki, scale=scale), mask)  # fully masked rows: 0
+            s = masked_softmax(_dot(qi, ki, scale), mask)  # fully masked rows: 0
         out.append(s)
     return out
 
@@ -566,7 +574,6 @@ def kronecker_attention(
         raise ValueError(f"{fn}: `kernel` must be 'softmax' or 'linear', got {kernel!r}")
     check_fraction(fn, "dropout_p", dropout_p)
     check_scale(fn, scale)
-    b, h = v.shape[:2]
     if score_fn is not None and scale is not None:
         raise ValueError(f"{fn}: `scale` has no effect with a signed `score_fn` (its scores are used as they are)")
     if kernel == "linear":
@@ -584,11 +591,16 @@ def kronecker_attention(
                          f"{fn}: kernel='linear' needs finite `q` / `k` and a `feature_map` returning non-negative "
                          f"features (e.g. elu(x) + 1, FAVOR+){DETAIL}", lambda: _feature_problem(q, k, feats))
         return _linear_attention(feats, v, combine, masks, return_factors)
+    return _kronecker_attention(q, k, v, combine, scale, masks, dropout_p, return_factors, score_fn)
 
+
+def _kronecker_attention(q, k, v, combine: str, scale, masks, dropout_p: float, return_factors: bool, score_fn):
+    """The softmax / signed-score path of :func:`kronecker_attention` without the argument checks (the linear kernel's
+    unchecked entry is :func:`_linear_attention`, on features)."""
     factors = _mode_factors(q, k, scale, masks, score_fn)
     factors = [s.to(v.dtype) for s in factors]
     used = [F.dropout(s, p=dropout_p) for s in factors] if dropout_p > 0 else factors
-    y = kron_apply(used, v) if combine == "product" else kron_sum_apply(used, v, normalize=True)
+    y = _kron_apply(used, v) if combine == "product" else _kron_sum_apply(used, v, normalize=True)
     return (y, factors) if return_factors else y
 
 
@@ -665,7 +677,7 @@ def _linear_attention(feats, v: torch.Tensor, combine: str, masks, return_factor
         factors = [linear_factor(fq, fk, m) if e or return_factors else None
                    for (fq, fk), m, e in zip(feats, masks, explicit)]
         if all(explicit) and not torch.compiler.is_compiling():
-            y = kron_apply(factors, va) if combine == "product" else kron_sum_apply(factors, va, normalize=True)
+            y = _kron_apply(factors, va) if combine == "product" else _kron_sum_apply(factors, va, normalize=True)
         else:
             ops = [_matrix_op(s, b, h) if e else _linear_op(fq, fk, b, h)
                    for (fq, fk), s, e in zip(feats, factors, explicit)]

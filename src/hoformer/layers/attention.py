@@ -4,8 +4,7 @@ Axis legend: ``b`` batch, ``h`` heads, ``n1..nk`` modes, ``d`` model dim, ``e`` 
 
 All layers share one call signature, so every model can swap attention by name (:func:`build_attention`)::
 
-    forward(x, masks=None, return_attention=False) -> y            (B, N1..Nk, D)
-                                                   -> (y, maps)     with return_attention=True
+    forward(x, masks=None) -> y            (B, N1..Nk, D)
 
 ``masks`` is a list with one entry per mode (``None`` or bool ``(.., Ni, Ni)``, True = may attend). A mask is exact
 for the mode it masks: it removes those entries of that mode's attention. It does not make a layer causal: the
@@ -39,8 +38,8 @@ from torch import nn
 
 from hoformer._checks import check_fraction, check_int, is_int
 from hoformer.functional.causal import _apply_rest, _causal_kronecker, causal_mask, causal_row
-from hoformer.functional.kronecker import kron_dense, kronecker_attention, sdpa
-from hoformer.functional.scores import SCORE_FNS, dot_scores, get_score_fn, masked_softmax
+from hoformer.functional.kronecker import _kronecker_attention, _linear_attention, kron_dense, sdpa
+from hoformer.functional.scores import _SCORE_KERNELS, _dot, masked_softmax
 
 from .pos import RotaryEmbedding, axial_rotary
 
@@ -54,6 +53,7 @@ __all__ = [
     "ATTENTION_TYPES",
     "record_attention",
     "DecodingCache",
+    "RecordableAttention",
 ]
 
 
@@ -194,9 +194,15 @@ def _check_layer_args(fn: str, dim, num_heads, dim_head, dropout, attn_dropout) 
     check_fraction(fn, "attn_dropout", attn_dropout, optional=True)
 
 
-class _Recordable(nn.Module):
-    """Mixin: every active ``record_attention`` block adds a sink ``(records, layer_name)``; ``records`` receives
-    ``(layer_name, maps)``. Blocks nest: an inner recording (e.g. a callback's) leaves the outer one's intact."""
+class RecordableAttention(nn.Module):
+    """Base class of every attention layer whose maps :func:`record_attention` collects (the one way to get attention
+    maps: forwards return tensors only).
+
+    A layer subclasses it and, in its ``forward``, computes its maps only while ``self._recording`` is True (the
+    normal path pays one ``if``) and hands them to ``self._maybe_record(maps)`` (a list of tensors, detached there).
+    Every active ``record_attention`` block adds a sink ``(records, layer_name)`` to the layer; ``records`` receives
+    ``(layer_name, maps)``. Blocks nest: an inner recording (e.g. a callback's) leaves the outer one's intact.
+    """
 
     _sinks: tuple = ()
 
@@ -211,18 +217,23 @@ class _Recordable(nn.Module):
                 records.append((name, maps))
 
 
+_Recordable = RecordableAttention  # the name other layer modules import
+
+
 @contextlib.contextmanager
 def record_attention(model: nn.Module):
     """Collect the attention maps of every attention layer of ``model`` during the ``with`` block.
 
     Yields a list of ``(layer_name, maps)`` in call order; ``maps`` is a list with one tensor per mode
-    (``KroneckerAttention``: the factors ``S_i (B, H, Ni, Ni)``; ``FullAttention``: the dense ``(B, H, N, N)``;
-    ``AxialAttention``: per mode ``(B, H, *fibers, Ni, Ni)``), the weights *before* attention dropout. Outputs are
+    (``KroneckerAttention``: the factors ``S_i (B, H, Ni, Ni)``, with ``causal_mode=c`` the causal mode's ``(B, H, T,
+    T)`` and every other mode's ``(B, H, T, Ni, Ni)``, one per index of ``c``; ``FullAttention``: the dense
+    ``(B, H, N, N)``; ``AxialAttention``: per mode ``(B, H, *fibers, Ni, Ni)``; ``DividedAttention``: its two stages,
+    recorded as two layers), the weights *before* attention dropout. Outputs are
     unchanged in eval mode; the dense baselines then leave SDPA for an explicit ``softmax(QK^T) V`` (O(N^2) memory),
     so in training mode with ``attn_dropout > 0`` their dropout masks are drawn differently.
     """
     records: list = []
-    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, _Recordable)]
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, RecordableAttention)]
     for n, m in layers:
         m._sinks = m._sinks + ((records, n),)
     try:
@@ -339,7 +350,7 @@ def mode_pools(x: torch.Tensor, mean: bool = False) -> list[torch.Tensor]:
     return list(_ModePools.apply(x, mean))
 
 
-class KroneckerAttention(_Recordable):
+class KroneckerAttention(RecordableAttention):
     """HOT multi-head Kronecker attention over ``x (B, N1..Nk, D)`` (paper 000 eqs 5-9).
 
     For each head and mode ``i``: pool ``x`` over the other modes (``pool="sum"`` as in the paper, or ``"mean"``),
@@ -395,8 +406,8 @@ class KroneckerAttention(_Recordable):
         super().__init__()
         if combine not in ("product", "sum"):
             raise ValueError(f"KroneckerAttention: `combine` must be 'product' or 'sum', got {combine!r}")
-        if kernel not in ("softmax", "linear", *SCORE_FNS):
-            raise ValueError(f"KroneckerAttention: `kernel` must be one of {('softmax', 'linear', *SCORE_FNS)}, "
+        if kernel not in ("softmax", "linear", *_SCORE_KERNELS):
+            raise ValueError(f"KroneckerAttention: `kernel` must be one of {('softmax', 'linear', *_SCORE_KERNELS)}, "
                              f"got {kernel!r}")
         if pool not in ("sum", "mean"):
             raise ValueError(f"KroneckerAttention: `pool` must be 'sum' or 'mean', got {pool!r}")
@@ -420,7 +431,7 @@ class KroneckerAttention(_Recordable):
         self.k_norm = nn.LayerNorm(self.dim_head) if qk_norm else nn.Identity()
         self.rotary = RotaryEmbedding(self.dim_head, rope_theta) if self.rope_modes else None
         self.favor = FavorFeatures(self.dim_head, num_features, redraw_interval) if kernel == "linear" else None
-        self.score_fn = get_score_fn(kernel) if kernel in SCORE_FNS else None
+        self.score_fn = _SCORE_KERNELS.get(kernel)  # unchecked: forward has checked x
 
     def _ensure_modes(self, k: int) -> None:
         if len(self.to_qk) == 0:
@@ -581,19 +592,19 @@ class KroneckerAttention(_Recordable):
         cache.steps, cache.shape = t + 1, (b, rest, x.dtype)
         return self.to_out(y.to(x.dtype).movedim(1, -2).reshape(b, 1, *rest, -1)).movedim(1, 1 + c)
 
-    def forward(self, x: torch.Tensor, masks=None, return_attention: bool = False):
+    def forward(self, x: torch.Tensor, masks=None) -> torch.Tensor:
         _check_x(x, self.dim, "KroneckerAttention", self.num_modes)
         self._ensure_modes(x.ndim - 2)
         b, sizes = x.shape[0], tuple(x.shape[1:-1])
         _check_rope_modes(self.rope_modes, len(sizes), "KroneckerAttention")
         _check_causal_range(self.causal_mode, len(sizes), x, "KroneckerAttention")
         masks = _check_masks(masks, sizes, "KroneckerAttention", b, self.heads)
-        want_maps = return_attention or self._recording
+        want_maps = self._recording
         if self.causal_mode is not None:
             y, maps = self._causal_forward(x, masks, want_maps)
             if maps is not None:
                 self._maybe_record(maps)
-            return (y, maps) if return_attention else y
+            return y
         qs, ks = self.mode_qk(x)
         # values as a (b, h, n1..nk, e) *view* of the (b, n.., h*e) projection; kron_apply / kron_sum_apply keep that
         # memory layout, so merging the heads before to_out is a view too
@@ -602,26 +613,18 @@ class KroneckerAttention(_Recordable):
             self.favor.step()
             phi_q = [self.favor(q, is_query=True) for q in qs]
             phi_k = [self.favor(k, is_query=False) for k in ks]
-            out = kronecker_attention(phi_q, phi_k, v, combine=self.combine, kernel="linear", masks=masks,
-                                      feature_map=_identity, return_factors=want_maps)
+            out = _linear_attention(list(zip(phi_q, phi_k)), v, self.combine, masks, want_maps)
             y, maps = out if want_maps else (out, None)
         else:
-            y, maps = kronecker_attention(
-                qs, ks, v, combine=self.combine, masks=masks, return_factors=True, score_fn=self.score_fn,
-                dropout_p=self.attn_dropout if self.training else 0.0,
-            )
-        if maps is not None:
+            y, maps = _kronecker_attention(qs, ks, v, self.combine, None, masks,
+                                           self.attn_dropout if self.training else 0.0, True, self.score_fn)
+        if want_maps:
             self._maybe_record(maps)
-        y = self.to_out(y.movedim(1, -2).reshape(b, *sizes, -1))
-        return (y, maps) if return_attention else y
-
-
-def _identity(x):
-    return x
+        return self.to_out(y.movedim(1, -2).reshape(b, *sizes, -1))
 
 
 # ------------------------------------------------------------------------------------------- baselines
-class _QKV(_Recordable):
+class _QKV(RecordableAttention):
     """Shared pieces of the dense baselines: one qkv projection, q/k norm, output projection.
 
     ``dropout`` acts on the output projection, ``attn_dropout`` on the attention probabilities (default: ``dropout``).
@@ -654,7 +657,7 @@ def _attend(q, k, v, mask, dropout_p, want_maps):
     """Attention over the second-to-last dim of ``(b, h, .., n, e)`` (the dims between are batch dims): SDPA, or the
     explicit maps when they are asked for; either way a fully masked row gives zeros."""
     if want_maps:
-        a = masked_softmax(dot_scores(q, k), mask)
+        a = masked_softmax(_dot(q, k), mask)
         return torch.matmul(F.dropout(a, dropout_p), v), a
     return sdpa(q, k, v, mask=mask, dropout_p=dropout_p), None
 
@@ -672,7 +675,7 @@ class FullAttention(_QKV):
         self.rope_modes, self.rope_theta, self.num_modes = _mode_tuple(rope_modes, "FullAttention"), rope_theta, num_modes
         self.causal_mode = _check_causal_mode(causal_mode, num_modes, "FullAttention")
 
-    def forward(self, x, masks=None, return_attention=False):
+    def forward(self, x, masks=None):
         _check_x(x, self.dim, "FullAttention", self.num_modes)
         b, sizes = x.shape[0], tuple(x.shape[1:-1])
         _check_rope_modes(self.rope_modes, len(sizes), "FullAttention")
@@ -683,12 +686,11 @@ class FullAttention(_QKV):
         q = axial_rotary(q, sizes, self.rope_modes, self.rope_theta)
         k = axial_rotary(k, sizes, self.rope_modes, self.rope_theta)
         mask = _kron_and(masks, sizes, x.device)
-        want = return_attention or self._recording
+        want = self._recording
         y, a = _attend(q, k, v, mask, self.attn_dropout if self.training else 0.0, want)
         if want:
             self._maybe_record([a])
-        y = self.out(y.view(b, self.heads, *sizes, self.dim_head))
-        return (y, [a]) if return_attention else y
+        return self.out(y.view(b, self.heads, *sizes, self.dim_head))
 
 
 class AxialAttention(_QKV):
@@ -743,7 +745,7 @@ class AxialAttention(_QKV):
         y, a = _attend(q, k, v, mask, self.attn_dropout if self.training else 0.0, want)
         return y.movedim(-2, 2 + mode), a
 
-    def forward(self, x, masks=None, return_attention=False):
+    def forward(self, x, masks=None):
         _check_x(x, self.dim, "AxialAttention", self.num_modes if self.combine == "sequential" else None)
         sizes = tuple(x.shape[1:-1])
         nm = len(sizes)
@@ -755,7 +757,7 @@ class AxialAttention(_QKV):
         _check_causal_range(self.causal_mode, nm, x, "AxialAttention")
         masks = _causal_masks(_check_masks(masks, sizes, "AxialAttention", x.shape[0], self.heads), sizes,
                               self.causal_mode, x.device) or [None] * nm
-        want = return_attention or self._recording
+        want = self._recording
         maps = []
         q, k, v = self.qkv(x)
         if self.combine == "sum":
@@ -777,8 +779,7 @@ class AxialAttention(_QKV):
                 maps.append(a)
         if want:
             self._maybe_record(maps)
-        y = self.out(y)
-        return (y, maps) if return_attention else y
+        return self.out(y)
 
 
 class DividedAttention(nn.Module):
@@ -811,7 +812,7 @@ class DividedAttention(nn.Module):
                                   bias=bias, rope_theta=rope_theta)
         self.rope_modes, self.num_modes = rope_modes, num_modes
 
-    def forward(self, x, masks=None, return_attention=False):
+    def forward(self, x, masks=None):
         _check_x(x, self.dim, "DividedAttention", self.num_modes)
         sizes = tuple(x.shape[1:-1])
         nm = len(sizes)
@@ -828,26 +829,24 @@ class DividedAttention(nn.Module):
         rest_sizes = xt.shape[2:-1]
         x2 = xt.reshape(b, n0, -1, self.dim)  # (b, n0, prod(rest), d)
         q, k, v = self.first.qkv(x2)
-        want = return_attention or self.first._recording
+        want = self.first._recording
         t, a_t = self.first._along(q, k, v, 0, masks[fm], want)
         if want:
             self.first._maybe_record([a_t])
         t = self.first.out(t).view(xt.shape).movedim(1, 1 + fm)
         h = x + t
         if nm == 1:  # no other modes: the joint stage attends along the same mode again (same masks)
-            s = self.rest(h, masks=masks, return_attention=return_attention)
+            s = self.rest(h, masks=masks)
         else:  # joint attention over the other modes, for every position of first_mode
             hs = h.movedim(1 + fm, 1).reshape(b * n0, *rest_sizes, self.dim)
             # the joint stage's batch is (b, n0) flattened: a per-sample (B, H|1, n, n) mask follows its sample to
             # the n0 rows b * n0 .. b * n0 + n0 - 1
             rest_masks = [m.repeat_interleave(n0, 0) if m is not None and m.ndim == 4 and m.shape[0] > 1 else m
                           for i, m in enumerate(masks) if i != fm]
-            s = self.rest(hs, masks=rest_masks, return_attention=return_attention)
-        s, a_s = s if return_attention else (s, None)
+            s = self.rest(hs, masks=rest_masks)
         if nm > 1:
             s = s.view(b, n0, *rest_sizes, self.dim).movedim(1, 1 + fm)
-        y = t + s
-        return (y, [a_t] + list(a_s or [])) if return_attention else y
+        return t + s
 
 
 # ----------------------------------------------------------------------------------------- factory

@@ -12,7 +12,7 @@ from torch import nn
 
 from hoformer._checks import check_fraction, check_int
 
-from .attention import build_attention
+from .attention import build_attention, record_attention
 
 __all__ = ["Mlp", "SwiGLU", "RMSNorm", "DropPath", "PatchEmbed", "Block", "Encoder"]
 
@@ -155,8 +155,12 @@ class Block(nn.Module):
         # strides are contiguous, so the traced backward's `view` of a dropout gradient fails (pytorch#120035).
         # Free when x is already contiguous, as PatchEmbed's output is.
         x = x.contiguous()
-        a = self.attn(self.norm1(x), masks=masks, return_attention=return_attention)
-        a, maps = a if return_attention else (a, None)
+        if return_attention:  # the attention layers' maps come from their recorder (one tensor per mode / stage)
+            with record_attention(self.attn) as records:
+                a = self.attn(self.norm1(x), masks=masks)
+            maps = [m for _, ms in records for m in ms]
+        else:
+            a, maps = self.attn(self.norm1(x), masks=masks), None
         x = x + self.drop_path(a)
         x = x + self.drop_path(self.mlp(self.norm2(x)))
         return (x, maps) if return_attention else x
