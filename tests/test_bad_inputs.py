@@ -95,12 +95,14 @@ def cli(argv: list[str]) -> None:
     """Run ``hoformer argv``; a non-zero exit (or argparse's SystemExit) becomes :class:`CLIError` with stderr."""
     from hoformer.cli import main
 
-    err = io.StringIO()
+    err, threads = io.StringIO(), torch.get_num_threads()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         try:
             rc = main(argv)
         except SystemExit as e:
             rc = e.code if isinstance(e.code, int) else 2
+        finally:
+            torch.set_num_threads(threads)  # `hoformer demo` sets the thread count of the process
     if rc:
         raise CLIError(err.getvalue())
 
