@@ -308,6 +308,12 @@ DATA = [
          ("ETTh9",)),
     Case("LTSFDataset/missing-file", lambda tmp: LTSFDataset(tmp, "ETTh1"), FileNotFoundError,
          ("ETTh1", "ETTh1.csv", "download=True")),
+    Case("LTSFDataset/directory", lambda tmp: LTSFDataset((tmp / "ETT-small" / "ETTh1.csv").mkdir(parents=True) or tmp,
+                                                          "ETTh1"), IsADirectoryError,
+         ("LTSF file for 'ETTh1'", "ETTh1.csv", "found a directory")),
+    Case("LTSFDataset/directory-download", lambda tmp: LTSFDataset(
+        (tmp / "ETT-small" / "ETTh1.csv").mkdir(parents=True) or tmp, "ETTh1", download=True), IsADirectoryError,
+         ("ETTh1.csv", "found a directory")),
     Case("LTSFDataset/split", lambda tmp: SyntheticLTSF(split="dev"), ValueError,
          ("split", "'dev'")),
     Case("LTSFDataset/features", lambda tmp: SyntheticLTSF(features="X"), ValueError,
@@ -316,7 +322,8 @@ DATA = [
     Case("LTSFDataset/no-date-column", lambda tmp: LTSFDataset(tmp, text_csv(tmp, "x.csv", ["a,b,OT"] + [
         f"{i},{i},{i}" for i in range(300)]).name, seq_len=8, pred_len=4), ValueError, ("x.csv", "date")),
     Case("LTSFDataset/non-numeric", lambda tmp: LTSFDataset(tmp, text_csv(tmp, "y.csv", ["date,a,OT"] + [
-        f"2020-01-{1 + i // 24:02d} {i % 24:02d}:00:00,{'abc' if i == 5 else i},{i}" for i in range(300)]).name, seq_len=8,
+        f"2020-01-{1 + i // 24:02d} {i % 24:02d}:00:00,{'abc' if i == 5 else i},{i}" for i in range(300)]).name,
+        seq_len=8,
         pred_len=4), ValueError, ("y.csv", "a")),
     Case("LTSFDataset/empty-csv", lambda tmp: LTSFDataset(tmp, text_csv(tmp, "e.csv", ["date,a,OT"]).name), ValueError,
          ("e.csv",)),
@@ -480,7 +487,8 @@ TASKS_AND_TABLES = [
          ValueError, ("same", "'text'")),
     Case("read_text_table/delimiter", lambda tmp: _table(tmp, "text,label\nx,1\n", delimiter=";;"), ValueError,
          ("`delimiter`", "';;'")),
-    Case("read_text_split/imdb-missing-lists-paths", lambda tmp: read_text_split("imdb", "train", tmp), FileNotFoundError,
+    Case("read_text_split/imdb-missing-lists-paths", lambda tmp: read_text_split("imdb", "train", tmp),
+         FileNotFoundError,
          ("train.csv.gz", "IMDB Dataset.csv", "dataset='csv'")),
     Case("TextDataModule/csv-without-files", lambda tmp: __import__("hoformer.data", fromlist=["x"])
          .TextDataModule("csv", train_file="a.csv"), ValueError, ("`train_file` and `test_file`", "None")),

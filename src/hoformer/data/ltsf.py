@@ -32,7 +32,7 @@ from torch.utils.data import Dataset
 from hoformer._checks import check_int, is_int
 from hoformer._io import atomic_write
 
-from ._utils import (VERIFY_HINT, SchemaError, cache_dir, default_data_root, download_url, resolve_root,
+from ._utils import (VERIFY_HINT, SchemaError, cache_dir, default_data_root, download_url, require_file, resolve_root,
                      verify_file)
 
 __all__ = [
@@ -253,13 +253,14 @@ class LTSFDataset(Dataset):
                  scale: bool = True, features: str = "M", *, label_len: int = 0, target: str = "OT",
                  time_features: bool = False, freq: str | None = None, verify: bool = True, download: bool = False):
         self.name, spec, path = _resolve(root, name, download)
-        if not path.is_file():
+        if not path.exists():
             if download and spec.url:
                 download_url(spec.url, path, sha256=spec.sha256 if verify else None)
             else:
                 hint = (f"Pass download=True to fetch it from {spec.url}." if spec.url else
                         _BUNDLE_HINT if spec.channels > 0 else "")
                 raise FileNotFoundError(f"LTSF file for {self.name!r} not found: {path}. {hint}".strip())
+        require_file(path, f"LTSF file for {self.name!r}")  # a directory (or a FIFO) where the file should be
         if verify and spec.sha256:
             verify_file(path, sha256=spec.sha256, hint=VERIFY_HINT)
         self.path = path

@@ -101,7 +101,8 @@ def _label_map(raw: list[str], labels) -> tuple[dict[str, int], list[str]]:
     if isinstance(labels, Mapping):
         ids = sorted(set(labels.values()))
         if ids != list(range(len(ids))) or any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
-            raise ValueError(f"read_text_table: `labels` dict values must be the ids 0..K-1, got {sorted(labels.values())}")
+            raise ValueError(f"read_text_table: `labels` dict values must be the ids 0..K-1, got "
+                             f"{sorted(labels.values())}")
         names = [""] * len(ids)
         for k, i in labels.items():
             names[i] = names[i] or str(k)
