@@ -460,7 +460,8 @@ def demo(argv: list[str]) -> int:
           f"{len(ds['train'])}/{len(ds['val'])}/{len(ds['test'])}")
     model = create_model("hot_forecaster", seq_len=96, pred_len=96, num_variates=c, attention=a.attention, dim=64,
                          depth=2, num_heads=4, patch_size=8, dropout=0.1)
-    task = ForecastingTask(model, Optimization(lr=1e-3, weight_decay=0.1, warmup_steps=50), original_scale=True)
+    task = ForecastingTask(model, Optimization(lr=1e-3, weight_decay=0.1, warmup_steps=50), original_scale=True,
+                           variate_names=list(ds["train"].columns))
     out = Path(a.output)
     ckpt, last = (ModelCheckpoint(**c["init_args"])
                   for c in checkpoint_callbacks(out / "checkpoints", "val/mae", "min", "best-{epoch}"))

@@ -107,6 +107,8 @@ class ForecastingTask(_HotTask):
         original_scale: also log ``{val,test}/{mse,mae}_orig`` on the original scale (``y * std + mean`` with the
             scaler statistics every batch carries).
         plot_variates: number of variates drawn in the test forecast PNG (0 disables it).
+        variate_names: the data's column names in the model's variate order (``OT``, ``HUFL``, ...), the labels of
+            the forecast PNG's panels (default ``variate <j>``).
     """
 
     selection = ("val/mae", "min")
@@ -119,6 +121,7 @@ class ForecastingTask(_HotTask):
         loss: str = "mse",
         original_scale: bool = False,
         plot_variates: int = 3,
+        variate_names: list[str] | None = None,
     ) -> None:
         if loss not in ("mse", "mae"):
             raise ValueError(f"ForecastingTask: `loss` must be 'mse' or 'mae', got {loss!r}")
@@ -186,19 +189,21 @@ class ForecastingTask(_HotTask):
     @rank_zero_only
     def _save_plot(self) -> str | None:
         root = (self.trainer.log_dir if self.trainer.logger is not None else None) or self.trainer.default_root_dir
-        return plot_forecast(*self._plot_sample, Path(root) / "forecast.png", num_variates=self.hparams.plot_variates)
+        return plot_forecast(*self._plot_sample, Path(root) / "forecast.png", num_variates=self.hparams.plot_variates,
+                             names=self.hparams.variate_names)
 
 
-def plot_forecast(x, y, pred, path, num_variates: int = 3) -> str | None:
+def plot_forecast(x, y, pred, path, num_variates: int = 3, names=None) -> str | None:
     """Write a PNG with lookback ``x (L, C)``, truth ``y (S, C)`` and forecast ``pred (S, C)`` for the first
-    ``num_variates`` variates (the last variate, usually ``OT``, first). Returns the path, or None without matplotlib."""
+    ``num_variates`` variates (the last variate, usually ``OT``, first), each panel labelled with its column name from
+    ``names`` (``C`` names; default ``variate <j>``). Returns the path, or None without matplotlib."""
     if importlib.util.find_spec("matplotlib") is None:  # plots are an optional extra
         return None
     from hoformer.analysis.plots import plot_forecast_vs_truth
 
     c = np.shape(x)[-1]
     channels = [c - 1 - i for i in range(min(num_variates, c))]
-    names = [f"variate {j}" for j in range(c)]
+    names = list(names)[-c:] if names is not None and len(names) >= c else [f"variate {j}" for j in range(c)]
     return str(plot_forecast_vs_truth(x, y, pred, path, channels=channels, names=names))
 
 
