@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 export HOFORMER_DATA ?= $(abspath ../shared/data)
 
-.PHONY: install test test-slow demo bench gpu-checks clean
+.PHONY: install test test-slow demo bench gpu-checks docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ bench: install
 
 gpu-checks: install
 	PY=$(PY) bash benchmarks/gpu_checks.sh
+
+# the documentation site (mkdocs.yml) into build/site; --strict: a broken link, anchor or API reference fails
+# (not --quiet: it hides the warnings from --strict)
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info src/*.egg-info .pytest_cache

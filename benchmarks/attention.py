@@ -1,7 +1,12 @@
 """Speed and memory of KroneckerAttention vs the paper-equation baseline, full and axial attention.
 
 Run:  .venv/bin/python benchmarks/attention.py [--device cuda] [--batch 32] [--reps 3] [--quick]
-                                               [--variants paper_product kron_linear kron_linear_assoc ...]
+                                               [--variants paper_product kron_linear kron_linear_sum ...]
+      .venv/bin/python benchmarks/attention.py --against OTHER/src [--batch 32] [--reps 7]
+
+``--against``: before / after of the Kronecker layers' fwd+bwd time at the four shapes, hoformer from ``OTHER/src``
+("before") against the importable one ("after"), each in its own worker process; the two are timed call by call in
+alternation (the order flipping every round), so a shared machine's load hits both alike; min and median per side.
 
 Everything is measured side by side in one run and reported as ratios (machines are noisy). Peak memory is the
 CUDA allocator's peak on GPU; on CPU it is the peak of live tensor bytes reconstructed from the profiler's
@@ -15,6 +20,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import statistics
+import subprocess
+import sys
 import time
 from unittest import mock
 
@@ -111,7 +120,78 @@ def matmul_fn(device, dtype):
     return mm, reps * 2 * n**3, f"{n}^3 x {reps}"
 
 
+AB_VARIANTS = ("kron_product", "kron_sum", "kron_linear", "kron_linear_sum")
+AB_KWARGS = {"kron_product": {}, "kron_sum": {"combine": "sum"}, "kron_linear": {"kernel": "linear"},
+             "kron_linear_sum": {"combine": "sum", "kernel": "linear"}}
+
+
+def ab_worker(batch: int) -> None:
+    """``--worker``: build the Kronecker layers at every shape (fixed seeds), then answer each stdin line
+    ``shape_index variant`` with the seconds of one ``module(x).backward(gy)`` (CPU)."""
+    steps = {}
+    for i, (sizes, dim, heads) in enumerate(SHAPES):
+        torch.manual_seed(i)
+        x = torch.randn(batch, *sizes, dim, requires_grad=True)
+        gy = torch.randn(batch, *sizes, dim)
+        for name in AB_VARIANTS:
+            torch.manual_seed(100 + i)
+            mod = KroneckerAttention(dim, heads, num_modes=len(sizes), **AB_KWARGS[name])
+
+            def step(mod=mod, x=x, gy=gy):
+                x.grad = None
+                mod.zero_grad(set_to_none=True)
+                mod(x).backward(gy)
+
+            steps[(i, name)] = step
+    print("ready", flush=True)
+    for line in sys.stdin:
+        i, name = line.split()
+        print(_time_once(steps[(int(i), name)], torch.device("cpu")), flush=True)
+
+
+def ab_compare(against: str, batch: int, reps: int) -> None:
+    import hoformer
+
+    here = os.path.dirname(os.path.dirname(hoformer.__file__))
+    workers = {}
+    for side, src in (("before", against), ("after", here)):
+        env = {**os.environ, "PYTHONPATH": src}
+        workers[side] = subprocess.Popen([sys.executable, __file__, "--worker", "--batch", str(batch)], env=env,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    for w in workers.values():
+        assert w.stdout.readline().strip() == "ready"
+
+    def call(side, key):
+        w = workers[side]
+        w.stdin.write(f"{key[0]} {key[1]}\n")
+        w.stdin.flush()
+        return float(w.stdout.readline())
+
+    keys = [(i, name) for i in range(len(SHAPES)) for name in AB_VARIANTS]
+    times = {(side, key): [] for side in workers for key in keys}
+    for r in range(reps + 1):  # round 0 warms up
+        for key in keys:
+            for side in (("before", "after") if r % 2 else ("after", "before")):
+                t = call(side, key)
+                if r:
+                    times[(side, key)].append(t)
+    for w in workers.values():
+        w.stdin.close()
+        w.wait()
+    print(f"before: {against}\nafter:  {here}\nbatch={batch} reps={reps} threads={torch.get_num_threads()} (CPU; "
+          f"min and median over rounds, calls alternated)\n")
+    print(f"{'shape':>14} {'attention':>16} {'before ms':>10} {'after ms':>9} {'after/before min':>17} "
+          f"{'median':>7}")
+    for i, name in keys:
+        b, a = times[("before", (i, name))], times[("after", (i, name))]
+        print(f"{str(SHAPES[i][0]):>14} {name:>16} {min(b) * 1e3:10.1f} {min(a) * 1e3:9.1f} {min(a) / min(b):17.3f} "
+              f"{statistics.median(a) / statistics.median(b):7.3f}")
+
+
 def main():
+    if "--worker" in sys.argv:
+        ab_worker(int(sys.argv[sys.argv.index("--batch") + 1]))
+        return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--batch", type=int, default=32)
@@ -121,7 +201,12 @@ def main():
     ap.add_argument("--variants", nargs="+", default=None, metavar="NAME",
                     help="only these rows (the paper baselines the ratios need are always run); default: all")
     ap.add_argument("--no-core", action="store_true", help="skip the functional-core throughput at the largest shape")
+    ap.add_argument("--against", default=None, metavar="SRC",
+                    help="before/after of the Kronecker layers against the hoformer in SRC (e.g. OTHER/src), CPU")
     args = ap.parse_args()
+    if args.against:
+        ab_compare(args.against, args.batch, args.reps)
+        return
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     if args.quick:
         args.batch, args.reps = 4, 2

@@ -1,5 +1,5 @@
 """Validation-selected hyper-parameter variants of a CPU-budget forecasting config (docs/results_hot.md,
-"ETTh1: seed spread and validation-selected tuning of HOT product (session 5)").
+"ETTh1: seed spread and validation-selected tuning of HOT product").
 
 Writes one config per variant x horizon under ``runs/tune/<dataset>_<model>/<variant>/`` (derived from the committed
 ``configs/hot/ltsf_cpu/<dataset>_96_<h>_<model>.yaml``: only the keys named by the variant change, the run directory

@@ -16,6 +16,7 @@ from hoformer.data._utils import SchemaError
 from hoformer.models import create_model, from_pretrained
 from hoformer.train import TextClassificationTask, kd_loss
 
+from _pretrained import restamp_config
 from _trainer import quiet_trainer
 
 ATTS = ["hoba", "triplet_full", "block2d", "full2d"]
@@ -332,10 +333,10 @@ def test_task_distills_with_cached_teacher_logits(tmp_path):
     assert json.loads((tmp_path / "student" / "config.json").read_text())["kwargs"]["attention"] == "hoba"
 
     # the cache is keyed by the teacher's config too: same weights, other config -> recomputed
-    cfg_path = tmp_path / "teacher" / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["kwargs"]["pooling"] = "cls" if cfg["kwargs"].get("pooling") != "cls" else "mean"
-    cfg_path.write_text(json.dumps(cfg))
+    def other_pooling(cfg):
+        cfg["kwargs"]["pooling"] = "cls" if cfg["kwargs"].get("pooling") != "cls" else "mean"
+
+    restamp_config(tmp_path / "teacher", other_pooling)  # a consistent directory (an edited one is refused)
     fit()
     assert os.path.getmtime(cache) != mtime
 

@@ -555,7 +555,7 @@ def test_kronecker_attention_names_mismatched_batch_dtype_and_masks():
         kronecker_attention(q, [k[0].double(), k[1]], v)
     y = kronecker_attention([q[0][:1], q[1][:, :1]], k, v, masks=[torch.ones(1, 2, 3, 3, dtype=torch.bool), None])
     assert y.shape == v.shape and torch.isfinite(y).all()
-    with pytest.raises(ValueError, match="`feature_map` must return non-negative features.*got a minimum of -"):
+    with pytest.raises(ValueError, match="`feature_map` must return non-negative features, got a minimum of -"):
         kronecker_attention(q, k, v, kernel="linear", feature_map=lambda x: x)
     assert torch.isfinite(kronecker_attention(q, k, v, kernel="linear", feature_map=torch.exp)).all()
 

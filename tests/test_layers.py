@@ -22,6 +22,13 @@ from hoformer.layers import (
     record_attention,
 )
 
+def _with_maps(layer, *args, **kwargs):
+    """``layer(*args, **kwargs)`` and the maps it recorded (every recorded list, in call order, concatenated)."""
+    with record_attention(layer) as rec:
+        y = layer(*args, **kwargs)
+    return y, [m for _, ms in rec for m in ms]
+
+
 D64 = torch.float64
 
 
@@ -75,10 +82,10 @@ def test_layer_output_reproduced_from_recorded_factors(combine, kernel):
     att = KroneckerAttention(16, 2, combine=combine, kernel=kernel, num_modes=3, rope_modes=(2,)).double()
     x = torch.randn(2, 3, 4, 5, 16, dtype=torch.float64)
     with record_attention(att) as rec:
-        y, maps = att(x, return_attention=True)
+        y = att(x)
     (_, fs), = rec
-    for f, m in zip(fs, maps, strict=True):
-        torch.testing.assert_close(f, m)
+    assert len(fs) == 3
+    for f in fs:
         assert (f >= 0).all()
         torch.testing.assert_close(f.sum(-1), torch.ones_like(f.sum(-1)))
     v = att.to_v(x).view(2, 60, 2, 8)  # (b, N, h, e), tokens row-major
@@ -112,12 +119,12 @@ def test_rope_is_relative():
     # log S[i, j] - log S[i, j'] is invariant to shifting (i, j, j') together
     att = KroneckerAttention(16, 2, num_modes=2, rope_modes=(1,)).double()
     x = torch.randn(1, 3, 1, 16, dtype=torch.float64).expand(1, 3, 6, 16)
-    _, (_, s1) = att(x, return_attention=True)
+    _, (_, s1) = _with_maps(att, x)
     ls = s1.log()
     for i, j, jp, shift in [(0, 1, 3, 2), (1, 0, 4, 1), (2, 2, 0, 3)]:
         torch.testing.assert_close(ls[..., i, j] - ls[..., i, jp], ls[..., i + shift, j + shift] - ls[..., i + shift, jp + shift])
     att_norope = KroneckerAttention(16, 2, num_modes=2).double()
-    _, (_, s_flat) = att_norope(x, return_attention=True)
+    _, (_, s_flat) = _with_maps(att_norope, x)
     torch.testing.assert_close(s_flat, torch.full_like(s_flat, 1 / 6))  # no position info without RoPE
 
 
@@ -145,7 +152,7 @@ def test_favor_features_buffer_and_redraw():
     y1, y2 = att(x), att(x)
     torch.testing.assert_close(y1, y2)
     # FAVOR+ approximates softmax attention: factors are row-stochastic and positive
-    _, maps = att(x, return_attention=True)
+    _, maps = _with_maps(att, x)
     for m in maps:
         assert (m > 0).all()
         torch.testing.assert_close(m.sum(-1), torch.ones_like(m.sum(-1)))
@@ -157,13 +164,13 @@ def test_every_attention_any_order(name, sizes):
     kw = {"num_modes": len(sizes)} if name.startswith("kronecker") or name == "axial_sequential" else {}
     att = build_attention(name, 16, 2, rope_modes=(len(sizes) - 1,), **kw)
     x = torch.randn(2, *sizes, 16, requires_grad=True)
-    y, maps = att(x, return_attention=True)
+    y, maps = _with_maps(att, x)
     assert y.shape == x.shape and torch.isfinite(y).all()
     y.square().mean().backward()
     assert torch.isfinite(x.grad).all()
     for n, p in att.named_parameters():
         assert p.grad is not None, f"{name}: {n} has no grad"
-    torch.testing.assert_close(att(x), y)  # return_attention does not change outputs
+    torch.testing.assert_close(att(x), y)  # recording does not change outputs
 
 
 # Layer-level masks of FullAttention / AxialAttention / DividedAttention against dense and per-fibre float64
@@ -198,7 +205,7 @@ def test_axial_attention_along_chosen_modes_equals_per_fiber_loop(modes, combine
                           att.extra[j](cur).view(*cur.shape[:-1], 3, att.heads, att.dim_head).unbind(-3))
             ref = along(q2, k2, v2, m)
     torch.testing.assert_close(att(x), att.out(ref))
-    _, maps = att(x, return_attention=True)
+    _, maps = _with_maps(att, x)
     assert [tuple(a.shape[-2:]) for a in maps] == [(x.shape[1 + m],) * 2 for m in modes]
     with pytest.raises(ValueError, match="only 2 modes"):
         AxialAttention(8, 2, modes=(2,))(torch.randn(1, 3, 4, 8))
@@ -230,7 +237,9 @@ def test_blocks_patch_embed_positional():
     pe = AbsolutePositionalEncoding((2, 2, 2), 16, kind="sincos")
     pl = AbsolutePositionalEncoding((2, 2, 2), 16, kind="learned", modes=(1, 2))
     enc = Encoder(16, depth=2, num_heads=2, attention="kronecker_sum", mlp="swiglu", num_modes=3, drop_path=0.1)
-    y, maps = enc(pl(pe(x)), return_attention=True)
+    with record_attention(enc) as rec:
+        y = enc(pl(pe(x)))
+    maps = [ms for _, ms in rec]
     assert y.shape == x.shape and len(maps) == 2 and len(maps[0]) == 3
     with pytest.raises(ValueError, match="divisible"):
         emb(torch.randn(2, 2, 5, 8, 8))
@@ -392,14 +401,14 @@ def test_causal_masks_are_exact_for_every_kronecker_kernel(name):
 
 
 def test_divided_attention_one_mode_masks_both_stages():
-    """With one mode both stages attend along it; the second stage used to drop the masks unless
-    return_attention=True (a causal mask leaked future positions in plain forward calls)."""
+    """With one mode both stages attend along it, with the masks, whether or not maps are recorded (a causal mask
+    must hold in plain forward calls too)."""
     torch.manual_seed(0)
     att = build_attention("divided", 16, 2).eval()
     x = torch.randn(2, 5, 16)
     causal = [torch.ones(5, 5, dtype=torch.bool).tril()]
     y = att(x, masks=causal)
-    torch.testing.assert_close(y, att(x, masks=causal, return_attention=True)[0])
+    torch.testing.assert_close(y, _with_maps(att, x, masks=causal)[0])
     x2 = x.clone()
     x2[:, 3:] += 10.0  # change the future: the first three outputs must not move
     torch.testing.assert_close(att(x2, masks=causal)[:, :3], y[:, :3])
@@ -409,10 +418,10 @@ def test_divided_attention_records_both_stages():
     att = build_attention("divided", 16, 2)
     x = torch.randn(2, 3, 4, 16)
     with record_attention(att) as rec:
-        _, maps = att(x, return_attention=True)
+        att(x)
     names = [n for n, _ in rec]
     assert names == ["first", "rest"], names
-    assert [tuple(m.shape) for _, ms in rec for m in ms] == [tuple(m.shape) for m in maps]
+    assert [tuple(m.shape) for _, ms in rec for m in ms] == [(2, 2, 4, 3, 3), (6, 2, 4, 4)]  # rest: (B * N1, H, N2, N2)
 
 
 def test_hot_stack_with_dropout_trains_under_torch_compile_aot_eager():
@@ -456,7 +465,7 @@ def test_attention_dropout_is_off_in_eval(name):
     ref = build_attention(name, 16, 2, **kw).eval()
     ref.load_state_dict(drop.state_dict())
     torch.testing.assert_close(drop(x), ref(x))
-    torch.testing.assert_close(drop(x, return_attention=True)[0], ref(x))
+    torch.testing.assert_close(_with_maps(drop, x)[0], ref(x))
 
 
 @pytest.mark.parametrize("name", ["kronecker_product", "kronecker_linear", "full", "axial", "divided"])
@@ -532,19 +541,19 @@ def test_sequential_axial_attention_normalises_every_modes_queries_and_keys():
 
 
 @pytest.mark.parametrize("name", ["full", "axial", "divided"])
-def test_attn_dropout_also_applies_when_maps_are_returned(name):
-    """In training, ``attn_dropout`` drops attention weights on the explicit-maps path too (``return_attention`` or
-    recording), not only on the SDPA path; the returned maps are the weights before dropout."""
+def test_attn_dropout_also_applies_when_maps_are_recorded(name):
+    """In training, ``attn_dropout`` drops attention weights on the explicit-maps path too (while recording), not
+    only on the SDPA path; the recorded maps are the weights before dropout."""
     torch.manual_seed(0)
     x = torch.randn(2, 3, 4, 16)
     no_attn = build_attention(name, 16, 2, dropout=0.0, attn_dropout=0.0).train()
     with_attn = build_attention(name, 16, 2, dropout=0.0, attn_dropout=0.5).train()
     with_attn.load_state_dict(no_attn.state_dict())
-    y0, maps0 = no_attn(x, return_attention=True)
-    y1, maps1 = with_attn(x, return_attention=True)
+    y0, maps0 = _with_maps(no_attn, x)
+    y1, maps1 = _with_maps(with_attn, x)
     assert not torch.allclose(y1, y0)
     torch.testing.assert_close(maps1[0], maps0[0])  # (later stages of divided see the dropped-out first stage)
-    torch.testing.assert_close(with_attn.eval()(x, return_attention=True)[0], y0)  # eval: no dropout
+    torch.testing.assert_close(with_attn.eval()(x), y0)  # eval: no dropout
 
 
 def test_axial_attention_refuses_negative_modes():
@@ -552,3 +561,26 @@ def test_axial_attention_refuses_negative_modes():
         AxialAttention(8, 2, modes=(-1,))
     with pytest.raises(ValueError, match="distinct non-negative"):
         AxialAttention(8, 2, modes=(0, -2))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", sorted(ATTENTION_TYPES))
+def test_layers_validate_their_inputs_once(name, causal, monkeypatch):
+    """A layer checks ``x`` and ``masks`` at its entry and then calls the unchecked functional internals: the public
+    functional checks are never reached from a layer's forward, backward or recorded forward."""
+    from hoformer.functional import kronecker as kron_mod
+    from hoformer.functional import scores as scores_mod
+
+    def checked_again(*args, **kwargs):
+        raise AssertionError("a layer's input was validated a second time")
+
+    for mod, fname in [(kron_mod, "_check_qkv"), (kron_mod, "_check_factors"), (kron_mod, "_check_qk_masks"),
+                       (scores_mod, "_check_qk")]:
+        monkeypatch.setattr(mod, fname, checked_again)
+    layer = build_attention(name, 16, 2, num_modes=2, causal_mode=1 if causal else None)
+    x = torch.randn(2, 3, 4, 16, requires_grad=True)
+    masks = [torch.ones(3, 3, dtype=torch.bool).tril(), None]
+    layer(x, masks=masks).sum().backward()
+    with record_attention(layer) as maps:
+        layer(x)
+    assert maps

@@ -27,8 +27,17 @@ from hoformer.layers import (
     FullAttention,
     RMSNorm,
     SwiGLU,
+    record_attention,
     sincos_1d,
 )
+
+
+def _with_maps(layer, *args, **kwargs):
+    """``layer(*args, **kwargs)`` and the maps it recorded (every recorded list, in call order, concatenated)."""
+    with record_attention(layer) as rec:
+        y = layer(*args, **kwargs)
+    return y, [m for _, ms in rec for m in ms]
+
 
 F64 = torch.float64
 
@@ -96,9 +105,35 @@ def _full_reference(att, x, masks):
     return _linear(att.to_out[0], out.flatten(-2)).view(x.shape), maps
 
 
-def _along_reference(qkv, mode, mask):
+def _rot(x, positions, theta=10000.0):
+    """RoPE written out on ``x (n, d)``: the pair ``(j, j + d/2)`` of row ``i`` rotated by the angle
+    ``positions[i] * theta^(-2j/d)``."""
+    n, d = x.shape
+    out = x.clone()
+    for i, j in itertools.product(range(n), range(d // 2)):
+        ang = float(positions[i]) * theta ** (-2 * j / d)
+        a, b = x[i, j], x[i, j + d // 2]
+        out[i, j] = a * math.cos(ang) - b * math.sin(ang)
+        out[i, j + d // 2] = b * math.cos(ang) + a * math.sin(ang)
+    return out
+
+
+def _axial_rot(x, sizes, modes):
+    """N-d RoPE on the row-major flattened tokens ``x (prod(sizes), d)``: feature chunk ``j`` (of even size
+    ``(d // len(modes)) // 2 * 2``) rotated by each token's coordinate along ``modes[j]``; the rest unrotated."""
+    if not modes:
+        return x
+    coords = list(itertools.product(*[range(n) for n in sizes]))
+    c = (x.shape[-1] // len(modes)) // 2 * 2
+    out = x.clone()
+    for j, m in enumerate(modes):
+        out[:, j * c : (j + 1) * c] = _rot(x[:, j * c : (j + 1) * c], [p[m] for p in coords])
+    return out
+
+
+def _along_reference(qkv, mode, mask, rope=False):
     """Attention along ``mode`` for every fibre of the other modes: ``qkv (B, N1..Nk, 3, H, E)`` ->
-    ``(B, N1..Nk, H, E)`` and the maps ``(B, H, *other modes, n, n)``."""
+    ``(B, N1..Nk, H, E)`` and the maps ``(B, H, *other modes, n, n)``; ``rope``: q and k rotated along the fibre."""
     b_, sizes, heads = qkv.shape[0], qkv.shape[1:-3], qkv.shape[-2]
     n = sizes[mode]
     out = torch.zeros(*qkv.shape[:-3], *qkv.shape[-2:], dtype=F64)
@@ -109,11 +144,13 @@ def _along_reference(qkv, mode, mask):
             full = list(idx)
             full.insert(mode, slice(None))
             q, k, v = qkv[(b, *full)][:, :, h].unbind(1)  # each (n, e)
+            if rope:
+                q, k = _rot(q, range(n)), _rot(k, range(n))
             out[(b, *full, h)], maps[(b, h, *idx)] = _naive_attention(q, k, v, _mask_at(mask, n, b, h))
     return out, maps
 
 
-def _axial_reference(att, x, masks, modes):
+def _axial_reference(att, x, masks, modes, rope_modes=()):
     sizes = tuple(x.shape[1:-1])
     masks = masks or [None] * len(sizes)
     qkv = _qkv(att.to_qkv, x, att.heads)
@@ -121,29 +158,30 @@ def _axial_reference(att, x, masks, modes):
     if att.combine == "sum":  # (1/|modes|) sum_m attn_m(x), one shared projection
         total = 0
         for m in modes:
-            y, a = _along_reference(qkv, m, masks[m])
+            y, a = _along_reference(qkv, m, masks[m], m in rope_modes)
             total, maps = total + y, maps + [a]
         y = total / len(modes)
     else:  # mode after mode; each later mode projects the current heads with its own qkv
         for j, m in enumerate(modes):
             if j > 0:
                 qkv = _qkv(att.extra[j - 1], y.flatten(-2), att.heads)
-            y, a = _along_reference(qkv, m, masks[m])
+            y, a = _along_reference(qkv, m, masks[m], m in rope_modes)
             maps.append(a)
     return _linear(att.to_out[0], y.flatten(-2)), maps
 
 
-def _divided_reference(att, x, masks, fm):
+def _divided_reference(att, x, masks, fm, rope_modes=()):
     """TimeSformer divided attention as in ``DividedAttention.forward``: ``y = T + S`` with ``T`` the attention along
     ``first_mode`` (``att.first``'s weights) for every fibre of the other modes, and ``S`` the flattened attention
     over the other modes (``att.rest``'s weights) of each ``first_mode`` slice of ``x + T``."""
     b_, sizes, heads = x.shape[0], tuple(x.shape[1:-1]), att.first.heads
     masks = masks or [None] * len(sizes)
-    t_heads, a_t = _along_reference(_qkv(att.first.to_qkv, x, heads), fm, masks[fm])
+    t_heads, a_t = _along_reference(_qkv(att.first.to_qkv, x, heads), fm, masks[fm], fm in rope_modes)
     t = _linear(att.first.to_out[0], t_heads.flatten(-2))
     h_in = x + t
     rest = [i for i in range(len(sizes)) if i != fm]
     rest_sizes = [sizes[i] for i in rest]
+    rope_rest = [rest.index(m) for m in rope_modes if m != fm]  # numbered among the other modes
     nr = math.prod(rest_sizes)
     s = torch.zeros_like(x)
     a_s = torch.zeros(b_, sizes[fm], heads, nr, nr, dtype=F64)
@@ -153,7 +191,9 @@ def _divided_reference(att, x, masks, fm):
         out = torch.zeros(nr, heads, att.rest.dim_head, dtype=F64)
         for h in range(heads):
             mask = _kron_mask([masks[j] for j in rest], rest_sizes, b, h)
-            out[:, h], a_s[b, i, h] = _naive_attention(*qkv[:, :, h].unbind(1), mask)
+            q, k, v = qkv[:, :, h].unbind(1)
+            q, k = _axial_rot(q, rest_sizes, rope_rest), _axial_rot(k, rest_sizes, rope_rest)
+            out[:, h], a_s[b, i, h] = _naive_attention(q, k, v, mask)
         s[b].select(fm, i).copy_(_linear(att.rest.to_out[0], out.flatten(-2)).view(*rest_sizes, -1))
     return t + s, [a_t.flatten(2, -3), a_s.flatten(0, 1)]
 
@@ -204,7 +244,7 @@ def test_full_attention_masks_match_dense_reference(case):
     x = torch.randn(2, 3, 4, 8, dtype=F64)
     masks = _masks(case, (3, 4), 2, 2)
     ref_y, ref_a = _full_reference(att, x, masks)
-    y, (a,) = att(x, masks=masks, return_attention=True)  # explicit softmax path
+    y, (a,) = _with_maps(att, x, masks=masks)  # explicit softmax path
     torch.testing.assert_close(a, ref_a)
     torch.testing.assert_close(y, ref_y)
     torch.testing.assert_close(att(x, masks=masks), ref_y)  # SDPA path
@@ -223,7 +263,7 @@ def test_full_attention_qk_norm_matches_dense_reference():
     x = torch.randn(2, 3, 4, 8, dtype=F64)
     masks = _masks(MASK_CASES[-1], (3, 4), 2, 2)
     ref_y, ref_a = _full_reference(att, x, masks)
-    y, (a,) = att(x, masks=masks, return_attention=True)
+    y, (a,) = _with_maps(att, x, masks=masks)
     torch.testing.assert_close(a, ref_a)
     torch.testing.assert_close(y, ref_y)
     torch.testing.assert_close(att(x, masks=masks), ref_y)  # SDPA path
@@ -247,7 +287,7 @@ def test_axial_attention_masks_match_per_fibre_reference(case, combine, dim_head
     x = torch.randn(2, 2, 3, 4, 8, dtype=F64)
     masks = _masks(case, (2, 3, 4), 2, 2)
     ref_y, ref_maps = _axial_reference(att, x, masks, (0, 1, 2))
-    y, maps = att(x, masks=masks, return_attention=True)
+    y, maps = _with_maps(att, x, masks=masks)
     for a, r in zip(maps, ref_maps, strict=True):
         torch.testing.assert_close(a.expand_as(r), r)
     torch.testing.assert_close(y, ref_y)
@@ -266,7 +306,7 @@ def test_divided_attention_is_T_plus_S_of_x_plus_T(first_mode, case):
     x = torch.randn(2, 3, 4, 2, 8, dtype=F64)
     masks = None if case is None else _masks(case, (3, 4, 2), 2, 2)
     ref_y, ref_maps = _divided_reference(att, x, masks, first_mode)
-    y, maps = att(x, masks=masks, return_attention=True)
+    y, maps = _with_maps(att, x, masks=masks)
     assert len(maps) == 2
     for a, r in zip(maps, ref_maps):
         torch.testing.assert_close(a.expand_as(r), r)
@@ -274,6 +314,38 @@ def test_divided_attention_is_T_plus_S_of_x_plus_T(first_mode, case):
     torch.testing.assert_close(att(x, masks=masks), ref_y)
     if masks is not None:
         torch.testing.assert_close(_per_sample_loop(att, x, masks), ref_y)
+
+
+# ------------------------------------------------------------------------------------ rope_modes per mode
+@pytest.mark.parametrize("combine", ["sum", "sequential"])
+@pytest.mark.parametrize("rope_mode", [0, 1, 2])
+def test_axial_attention_rotates_exactly_its_rope_modes(combine, rope_mode):
+    """RoPE along ``rope_modes`` only, each along its own fibres; a layer rotating a neighbouring mode fails (the
+    reference with the neighbour rotated is checked to differ). The layer's angles are float32, the reference's
+    exact: 1e-5."""
+    torch.manual_seed(0)
+    att = AxialAttention(8, 2, qk_norm=False, combine=combine, num_modes=3, rope_modes=(rope_mode,)).double().eval()
+    x = torch.randn(2, 3, 4, 3, 8, dtype=F64)
+    ref_y, _ = _axial_reference(att, x, None, (0, 1, 2), rope_modes=(rope_mode,))
+    torch.testing.assert_close(att(x), ref_y, rtol=1e-5, atol=1e-5)
+    for wrong in {(rope_mode + 1) % 3, (rope_mode - 1) % 3}:
+        other, _ = _axial_reference(att, x, None, (0, 1, 2), rope_modes=(wrong,))
+        assert (other - ref_y).abs().amax() > 1e-3
+
+
+@pytest.mark.parametrize("first_mode", [0, 1])
+@pytest.mark.parametrize("rope_modes", [(0,), (1,), (2,), (0, 2), (1, 2)])
+def test_divided_attention_rotates_exactly_its_rope_modes(first_mode, rope_modes):
+    """``first_mode`` rotated along its fibres if listed; the others by N-d RoPE over the other modes' coordinates
+    (head dim split between them in the listed order)."""
+    torch.manual_seed(0)
+    att = DividedAttention(8, 2, qk_norm=False, first_mode=first_mode, rope_modes=rope_modes).double().eval()
+    x = torch.randn(2, 3, 4, 3, 8, dtype=F64)
+    ref_y, _ = _divided_reference(att, x, None, first_mode, rope_modes)
+    torch.testing.assert_close(att(x), ref_y, rtol=1e-5, atol=1e-5)
+    shifted = tuple(sorted({(m + 1) % 3 for m in rope_modes}))
+    other, _ = _divided_reference(att, x, None, first_mode, shifted)
+    assert (other - ref_y).abs().amax() > 1e-3
 
 
 # --------------------------------------------------------------------------------------------- FAVOR+
@@ -357,9 +429,9 @@ def test_block_is_pre_norm_residual_composition(attention, mlp, norm):
         h = x + blk.attn(blk.norm1(x), masks=m)
         ref = h + blk.mlp(blk.norm2(h))
         torch.testing.assert_close(blk(x, masks=m), ref)  # eval: drop path is the identity
-        y, maps = blk(x, masks=m, return_attention=True)
+        y, maps = _with_maps(blk, x, masks=m)
         torch.testing.assert_close(y, ref)
-        for a, r in zip(maps, blk.attn(blk.norm1(x), masks=m, return_attention=True)[1], strict=True):
+        for a, r in zip(maps, _with_maps(blk.attn, blk.norm1(x), masks=m)[1], strict=True):
             torch.testing.assert_close(a, r)
     # training: stochastic depth acts on each residual branch (not on the stream), same draws in the same order
     blk.train()

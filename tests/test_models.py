@@ -20,6 +20,7 @@ from hoformer.models import HoformerModel, create_model, from_pretrained, list_m
 from hoformer.models.hot import FORECAST_ATTENTIONS
 
 from _outputs import float_outputs, tensors
+from _pretrained import restamp_config
 
 ALL_MODELS = list_models()
 D64 = torch.float64
@@ -43,41 +44,73 @@ def registry(monkeypatch):
     return reg
 
 
+class _Tiny(HoformerModel):
+    """A minimal model class for registry tests.
+
+    Args:
+        width: hidden width.
+        kind: a string choice.
+    """
+
+    def __init__(self, width: int = 3, kind: str = "a") -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(width, 1)
+        self.kind = kind
+
+    def forward(self, x):
+        return self.lin(x)
+
+    def example_inputs(self, batch_size: int = 2):
+        return (torch.randn(batch_size, self.lin.in_features),), {}
+
+
 def test_register_model_names_and_duplicates(registry):
-    @registry.register_model
-    def tiny_model_a(width: int = 3):
-        return ("a", width)
+    class TinyModelA(_Tiny):
+        pass
 
-    assert registry.is_model("tiny_model_a") and registry._REGISTRY["tiny_model_a"] is tiny_model_a
-    assert registry.register_model(tiny_model_a) is tiny_model_a  # the same callable again: a no-op
+    assert registry.register_model(TinyModelA) is TinyModelA  # default name: the class name
+    assert registry.is_model("TinyModelA") and registry._REGISTRY["TinyModelA"] == (TinyModelA, {})
+    assert registry.register_model(TinyModelA) is TinyModelA  # the same class and preset again: a no-op
 
-    def other():
-        return "b"
+    class Other(_Tiny):
+        pass
 
-    with pytest.raises(ValueError, match="a model named 'tiny_model_a' is already registered"):
-        registry.register_model(name="tiny_model_a")(other)
-    assert registry._REGISTRY["tiny_model_a"] is tiny_model_a  # the first registration is kept
+    with pytest.raises(ValueError, match="a model named 'TinyModelA' is already registered"):
+        registry.register_model(name="TinyModelA")(Other)
+    with pytest.raises(ValueError, match="already registered"):  # same class, another preset: still taken
+        registry.register_model(TinyModelA, name="TinyModelA", preset={"width": 4})
+    assert registry._REGISTRY["TinyModelA"] == (TinyModelA, {})  # the first registration is kept
     with pytest.raises(ValueError, match="already registered"):
-        registry.register_model(name="hot_forecaster")(other)  # a built-in name is protected too
-    assert registry.register_model(name="tiny_model_b")(other) is other  # decorator with a name returns fn
-    assert registry.is_model("tiny_model_b") and not registry.is_model("other")
+        registry.register_model(name="hot_forecaster")(Other)  # a built-in name is protected too
+    assert registry.register_model(name="tiny_model_b")(Other) is Other  # decorator with a name returns the class
+    assert registry.is_model("tiny_model_b") and not registry.is_model("Other")
     with pytest.raises(TypeError, match="`name` must be a str"):
         registry.register_model(name=3)
     with pytest.raises(ValueError, match="`name` must be a non-empty str"):
         registry.register_model(name="")
-    with pytest.raises(TypeError, match="model class or factory"):
-        registry.register_model(name="not_callable")(42)
-    assert not registry.is_model("not_callable")
+    with pytest.raises(TypeError, match="expected a HoformerModel subclass"):
+        registry.register_model(name="not_a_class")(42)
+
+    def factory(width: int = 3):  # a factory function is not a registrable model: the class is
+        return _Tiny(width)
+
+    with pytest.raises(TypeError, match="expected a HoformerModel subclass"):
+        registry.register_model(name="a_factory")(factory)
+    with pytest.raises(TypeError, match="expected a HoformerModel subclass"):
+        registry.register_model(torch.nn.Linear, name="a_module")
+    with pytest.raises(ValueError, match=r"`preset` names \['depth'\], which Other does not take"):
+        registry.register_model(Other, name="tiny_bad_preset", preset={"depth": 2})
+    with pytest.raises(TypeError, match="`preset` must be a dict"):
+        registry.register_model(Other, name="tiny_bad_preset", preset=[("width", 2)])
+    assert not any(registry.is_model(n) for n in ("not_a_class", "a_factory", "a_module", "tiny_bad_preset"))
 
 
 def test_is_model_list_models_create_model(registry):
-    @registry.register_model(name="tiny_x_1")
-    def f1(width: int = 3):
-        return ("one", width)
+    class TinyX(_Tiny):
+        pass
 
-    @registry.register_model(name="tiny_x_2")
-    def f2():
-        return ("two",)
+    registry.register_model(TinyX, name="tiny_x_1")
+    registry.register_model(TinyX, name="tiny_x_2", preset={"width": 5})
 
     assert registry.is_model("hot_forecaster") and not registry.is_model("hot_forecasterr")
     assert not registry.is_model(None) and not registry.is_model(["hot_forecaster"])
@@ -96,6 +129,104 @@ def test_is_model_list_models_create_model(registry):
         registry.create_model(3)
     m = registry.create_model("hot_forecaster", dim=16, num_heads=2, depth=1)
     assert m.config["name"] == "hot_forecaster" and m.config["kwargs"]["dim"] == 16
+    # a preset: the class with those arguments fixed; a saved config may repeat them, not change them
+    m = registry.create_model("tiny_x_2", kind="b")
+    assert type(m) is TinyX and m.config == {"name": "tiny_x_2", "kwargs": {"width": 5, "kind": "b"}}
+    assert registry.create_model("tiny_x_2", width=5).config == {"name": "tiny_x_2", "kwargs": {"width": 5, "kind": "a"}}
+    with pytest.raises(ValueError, match=r"'tiny_x_2' is TinyX with \{'width': 5\}; it cannot take \{'width': 6\}"):
+        registry.create_model("tiny_x_2", width=6)
+    # built from the class directly: the most specific registration whose preset matches names it
+    assert TinyX(width=5).config["name"] == "tiny_x_2" and TinyX(width=4).config["name"] == "tiny_x_1"
+
+
+def test_direct_construction_records_the_same_config_as_create_model():
+    """However a model is built (create_model, its class, a subclass nobody registered), ``config`` holds its name
+    (registered, else the class path) and every constructor argument with defaults applied."""
+    from hoformer.models import HOTForecaster, TrafficTransformer
+
+    direct = HOTForecaster(dim=16, num_heads=2)
+    assert direct.config == create_model("hot_forecaster", dim=16, num_heads=2).config
+    assert direct.config["kwargs"]["seq_len"] == 96 and direct.config["kwargs"]["pool"] == "flatten"
+    pos = HOTForecaster(48, 24, 3, "kronecker_sum", 16, num_heads=2)  # positional arguments bind by name
+    assert pos.config["kwargs"]["seq_len"] == 48 and pos.config["kwargs"]["attention"] == "kronecker_sum"
+    assert TrafficTransformer(layout="kronecker", num_nodes=5).config == create_model("traffic_hot", num_nodes=5).config
+    assert TrafficTransformer(layout="alternating").config["name"] == "traffic_alternating"
+    odd = TrafficTransformer(layout="temporal", num_nodes=5)  # a layout no registered name fixes: the class path
+    assert odd.config["name"] == "hoformer.models.weaver.TrafficTransformer"
+
+    class MyForecaster(HOTForecaster):  # a subclass is not its parent's registered name
+        pass
+
+    sub = MyForecaster(dim=16, num_heads=2)
+    assert sub.config["name"].endswith("MyForecaster") and sub.config["kwargs"] == direct.config["kwargs"]
+
+
+def test_class_path_configs_round_trip(tmp_path):
+    from hoformer.models import TrafficTransformer
+
+    torch.manual_seed(0)
+    model = TrafficTransformer(layout="temporal", num_layers=1, num_nodes=5, window=6, horizon=4, dim=8,
+                               num_heads=2).eval()
+    loaded = from_pretrained(model.save_pretrained(tmp_path / "m"))
+    assert type(loaded) is TrafficTransformer and loaded.config == model.config and loaded.modes == ["temporal"]
+    from hoformer.models import model_from_config
+
+    rebuilt = model_from_config(json.loads(json.dumps(model.config)))
+    assert type(rebuilt) is TrafficTransformer and rebuilt.config == model.config
+    assert model_from_config(create_model("traffic_hot").config).config == create_model("traffic_hot").config
+    with pytest.raises(ValueError, match="'name' and 'kwargs'"):
+        model_from_config({"name": "hot_forecaster"})
+    args, kwargs = model.example_inputs(batch_size=1)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(*args, **kwargs), model(*args, **kwargs), rtol=0, atol=0)
+    # only HoformerModel subclasses load; a module outside hoformer is never imported because a file names it
+    for name, why in (("os.system", "does not name a HoformerModel subclass"),
+                      ("not_imported_pkg.Model", "does not name a HoformerModel subclass"),
+                      ("hoformer.models.no_such_module.Model", "cannot import"),
+                      ("no_such_model", "unknown model name")):
+        cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+        cfg["name"] = name
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(cfg))
+        (d / "model.safetensors").write_bytes((tmp_path / "m" / "model.safetensors").read_bytes())
+        with pytest.warns(UserWarning, match="trust_edited_config=True"), pytest.raises(ValueError, match=why):
+            from_pretrained(d, trust_edited_config=True)
+    assert "not_imported_pkg" not in sys.modules
+
+
+def test_model_constructors_are_typed_and_documented():
+    """jsonargparse builds models from their class and shows each argument's type, default and docstring text."""
+    import typing
+
+    from hoformer.layers import ATTENTION_TYPES
+    from hoformer.models.base import constructor_signature
+    from hoformer.models.hot import AttentionName, ForecastAttentionName
+    from hoformer.models.registry import _REGISTRY
+
+    assert set(typing.get_args(AttentionName)) == set(ATTENTION_TYPES)
+    assert set(typing.get_args(ForecastAttentionName)) == set(ATTENTION_TYPES) | set(FORECAST_ATTENTIONS)
+    for name, (cls, _) in _REGISTRY.items():
+        hints = typing.get_type_hints(cls.__init__)
+        doc = inspect.getdoc(cls) or ""
+        assert "Args:" in doc, f"{cls.__name__}: docstring without an Args: section"
+        for p in constructor_signature(cls).parameters.values():
+            assert p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY), f"{cls.__name__}: *args / **kwargs"
+            assert p.name in hints, f"{cls.__name__}.{p.name} has no type annotation"
+            assert re.search(rf"^\s+{p.name}:", doc, re.M), f"{cls.__name__}: `{p.name}` not documented under Args"
+
+
+def test_jsonargparse_builds_models_from_class_path():
+    jsonargparse = pytest.importorskip("jsonargparse")
+
+    parser = jsonargparse.ArgumentParser(exit_on_error=False)
+    parser.add_argument("--model", type=HoformerModel)
+    cfg = parser.parse_args(["--model", "hoformer.models.HOTForecaster", "--model.dim", "16",
+                             "--model.num_heads", "2", "--model.attention", "kronecker_sum"])
+    model = parser.instantiate_classes(cfg).model
+    assert model.config == create_model("hot_forecaster", dim=16, num_heads=2, attention="kronecker_sum").config
+    with pytest.raises(jsonargparse.ArgumentError):  # a Literal choice is checked at parse time
+        parser.parse_args(["--model", "hoformer.models.HOTForecaster", "--model.attention", "kronecker_prod"])
 
 
 # ----------------------------------------------------------------------------------------- every model
@@ -216,10 +347,12 @@ def test_from_pretrained_mismatched_config_and_corrupt_files(tmp_path):
     cfg = json.loads((d / "config.json").read_text())
     cfg["kwargs"]["dim"] = 64  # weights were saved for dim 32
     (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="not the configuration model.safetensors was saved with"):
+        from_pretrained(d)
+    restamp_config(d, lambda c: c["kwargs"].update(dim=64))  # consistent files, weights of another shape
     with pytest.raises(ValueError, match="(?s)do not fit.*size mismatch"):
         from_pretrained(d)
-    cfg["kwargs"] = {"attention": "no_such_attention"}
-    (d / "config.json").write_text(json.dumps(cfg))
+    restamp_config(d, lambda c: c.update(kwargs={"attention": "no_such_attention"}))
     with pytest.raises(ValueError, match="attention"):
         from_pretrained(d)
     (d / "config.json").write_text("{not json")
@@ -249,11 +382,11 @@ def test_config_records_fully_bound_constructor_arguments():
     kw = create_model("hot_forecaster", dim=32, num_heads=4).config["kwargs"]
     assert kw["dim"] == 32 and kw["depth"] == 2 and kw["dropout"] == 0.1
     assert set(kw) == set(list(inspect.signature(HOTForecaster.__init__).parameters)[1:])
-    # a **kwargs factory: its own defaults + the defaults of the class it built, minus what it passes itself (modes)
+    # a preset: the class's arguments, the preset's among them
     kw = create_model("traffic_hot", dim=32, num_heads=4).config["kwargs"]
     assert kw["num_layers"] == 2 and kw["dim"] == 32 and kw["mlp_ratio"] == 2.0 and kw["num_nodes"] == 207
-    init = list(inspect.signature(TrafficTransformer.__init__).parameters)[1:]
-    assert set(kw) == {"num_layers"} | set(init) - {"modes"}
+    assert kw["layout"] == "kronecker"
+    assert set(kw) == set(list(inspect.signature(TrafficTransformer.__init__).parameters)[1:])
     kw = create_model("hoba_classifier", depth=1).config["kwargs"]
     assert kw["depth"] == 1 and kw["vocab_size"] == 8000 and kw["attention"] == "hoba"
     for name in ALL_MODELS:  # rebuilding from the recorded arguments records the same arguments
@@ -264,7 +397,7 @@ def test_config_records_fully_bound_constructor_arguments():
 @pytest.mark.parametrize("name,kw,patch", [
     ("hot_forecaster", dict(dim=16, num_heads=2), [("hot", "HOTForecaster.__init__", "depth", 3)]),
     ("traffic_hot", dict(num_nodes=5), [("weaver", "TrafficTransformer.__init__", "dim", 32),
-                                         ("weaver", "traffic_hot", "num_layers", 1)]),
+                                         ("weaver", "TrafficTransformer.__init__", "num_layers", 1)]),
 ])
 def test_checkpoint_survives_default_changes(name, kw, patch, tmp_path, monkeypatch):
     """A checkpoint rebuilds the saved architecture even if a later release changes a constructor default."""
@@ -320,9 +453,7 @@ def test_from_pretrained_loads_legacy_explicit_kwargs_config(tmp_path):
 def test_from_pretrained_names_a_removed_constructor_argument(tmp_path):
     model = create_model("hot_forecaster", dim=16, num_heads=2)
     d = model.save_pretrained(tmp_path / "m")
-    cfg = json.loads((d / "config.json").read_text())
-    cfg["kwargs"]["qk_normalisation"] = True  # e.g. an argument a later release renamed
-    (d / "config.json").write_text(json.dumps(cfg))
+    restamp_config(d, lambda c: c["kwargs"].update(qk_normalisation=True))  # e.g. an argument a later release renamed
     with pytest.raises(ValueError, match="qk_normalisation"):
         from_pretrained(d)
 
@@ -740,3 +871,102 @@ def test_cnn3d_pools_between_stages_only():
         f = m.features(x)
         assert f.shape == (2, 64, 7, 7, 7)
         torch.testing.assert_close(m(x), m.head(f.mean(dim=(2, 3, 4))))
+
+
+# --------------------------------------------------------------------------- directories written by release 0.1.0
+#: (name, the "kwargs" that hoformer 0.1.0's save_pretrained wrote for a small model, a fingerprint of that model's
+#: state-dict keys and shapes computed with 0.1.0). The configs are written below exactly as 0.1.0 wrote them:
+#: json.dumps({"hoformer_version", "kwargs", "name", "save_id"}, indent=2, sort_keys=True), weights with
+#: {"format": "pt", "save_id": ...} metadata and no config digest.
+LEGACY_0_1_0 = [
+    ('hot_forecaster', {'attention': 'kronecker_product', 'depth': 1, 'dim': 8, 'drop_path': 0.0, 'dropout': 0.1, 'mlp_ratio': 4.0, 'num_heads': 2, 'num_variates': 3, 'patch_size': 4, 'pool': 'flatten', 'pred_len': 4, 'qk_norm': True, 'revin': True, 'rope': True, 'seq_len': 16}, 'bbc9da33c1a68e3e'),
+    ('hot_volume_classifier', {'attention': 'kronecker_product', 'depth': 1, 'dim': 8, 'drop_path': 0.0, 'dropout': 0.1, 'in_channels': 1, 'input_size': 8, 'mlp_ratio': 4.0, 'num_classes': 2, 'num_heads': 2, 'patch_size': 4, 'pos_embed': 'rope', 'qk_norm': True}, '44ac8847bcc2675f'),
+    ('hot_segmenter', {'attention': 'kronecker_product', 'depth': 1, 'dim': 8, 'drop_path': 0.0, 'dropout': 0.1, 'in_channels': 2, 'input_size': 16, 'mlp_ratio': 4.0, 'num_classes': 3, 'num_heads': 2, 'patch_size': 8, 'pos_embed': 'rope', 'qk_norm': True}, '154b7ecea782e5dc'),
+    ('cnn3d_classifier', {'dropout': 0.0, 'in_channels': 1, 'input_size': 8, 'norm': 'group', 'num_classes': 2, 'widths': [4, 8]}, '9b2c6ee3f006bcf5'),
+    ('weaver', {'dict_width': 4, 'dim': 8, 'dropout': 0.1, 'horizon': 4, 'in_channels': 1, 'kern_dim': 4, 'kern_layers': 3, 'kernel': 'tanimoto', 'mlp_expansion': 2, 'num_heads': 2, 'num_landmarks': 4, 'num_nodes': 5, 'num_scorers': 5, 'out_channels': None, 'ratio_space': 0.6, 'ratio_time': 0.6, 'use_dictionary': True, 'use_time': True, 'window': 6}, 'f854e05f499fcf90'),
+    ('traffic_full_attention', {'dim': 8, 'dropout': 0.1, 'horizon': 4, 'in_channels': 1, 'mlp_ratio': 2.0, 'num_heads': 2, 'num_layers': 1, 'num_nodes': 5, 'out_channels': None, 'use_time': True, 'window': 6}, '453a0e6101a2e98d'),
+    ('traffic_alternating', {'dim': 8, 'dropout': 0.1, 'horizon': 4, 'in_channels': 1, 'mlp_ratio': 2.0, 'num_heads': 2, 'num_layers': 1, 'num_nodes': 5, 'out_channels': None, 'use_time': True, 'window': 6}, '8f78fd8c9416f39a'),
+    ('traffic_hot', {'dim': 8, 'dropout': 0.1, 'horizon': 4, 'in_channels': 1, 'mlp_ratio': 2.0, 'num_heads': 2, 'num_layers': 2, 'num_nodes': 5, 'out_channels': None, 'use_time': True, 'window': 6}, 'a4c3d99cec4b72f4'),
+    ('last_value', {'horizon': 4, 'num_nodes': 5, 'window': 6}, 'e3b0c44298fc1c14'),
+    ('historical_average', {}, 'e3b0c44298fc1c14'),
+    ('hoba_classifier', {'attention': 'hoba', 'block_size': 4, 'cross_block': True, 'depth': 1, 'dim': 8, 'dropout': 0.1, 'max_len': 16, 'mlp_ratio': 4.0, 'norm_first': True, 'num_classes': 2, 'num_heads': 2, 'overlap': 0.25, 'pad_id': 0, 'pooling': 'cls', 'vocab_size': 50}, '0d775e56a1daa33b'),
+]
+
+
+def _state_fingerprint(model) -> str:
+    import hashlib
+
+    sig = "\n".join(f"{k}:{tuple(v.shape)}" for k, v in sorted(model.state_dict().items()))
+    return hashlib.sha256(sig.encode()).hexdigest()[:16]
+
+
+def test_legacy_table_covers_every_registered_model():
+    assert sorted(name for name, _, _ in LEGACY_0_1_0) == ALL_MODELS
+
+
+@pytest.mark.parametrize("name,kwargs,fingerprint", LEGACY_0_1_0, ids=[n for n, _, _ in LEGACY_0_1_0])
+def test_directories_written_by_release_0_1_0_load(name, kwargs, fingerprint, tmp_path):
+    torch.manual_seed(0)
+    model = create_model(name, **kwargs).eval()
+    assert _state_fingerprint(model) == fingerprint  # the same parameter names and shapes as 0.1.0
+    d = tmp_path / name
+    d.mkdir()
+    save_id = "0123456789abcdef0123456789abcdef"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(d / "model.safetensors"),
+              metadata={"format": "pt", "save_id": save_id})
+    (d / "config.json").write_text(json.dumps({"hoformer_version": "0.1.0", "kwargs": kwargs, "name": name,
+                                               "save_id": save_id}, indent=2, sort_keys=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # a later version warns that 0.1.0 wrote the directory
+        loaded = from_pretrained(d)
+    assert type(loaded) is type(model) and loaded.config["name"] == name
+    assert {k: v for k, v in loaded.config["kwargs"].items() if k in kwargs} == kwargs
+    args, kw = model.example_inputs(batch_size=1)
+    with torch.no_grad():
+        for a, b in zip(tensors(loaded(*args, **kw)), tensors(model(*args, **kw))):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    loaded.save_pretrained(tmp_path / "again")  # re-saved: the current format, with a config digest
+    with safe_open(str(tmp_path / "again" / "model.safetensors"), framework="pt") as f:
+        assert f.metadata()["config_digest"]
+    assert from_pretrained(tmp_path / "again").config == loaded.config
+
+
+# ------------------------------------------------------------------------------ config bound to the weights
+@pytest.mark.parametrize("edit,why", [
+    (lambda kw: kw.update(attention="kronecker_sum"), "product -> sum: the same weight shapes"),
+    (lambda kw: kw.update(num_variates=8), "7 -> 8 variates: shared weights over variates"),
+    (lambda kw: kw.update(dropout=0.3), "an inference no-op, still not the saved model"),
+])
+def test_edited_config_is_refused_unless_trusted(edit, why, tmp_path):
+    torch.manual_seed(0)
+    model = create_model("hot_forecaster", seq_len=16, pred_len=4, dim=8, num_heads=2, depth=1)
+    d = model.save_pretrained(tmp_path / "m")
+    with safe_open(str(d / "model.safetensors"), framework="pt") as f:
+        from hoformer.models.base import config_digest
+
+        assert f.metadata()["config_digest"] == config_digest(model.config)
+    cfg = json.loads((d / "config.json").read_text())
+    edit(cfg["kwargs"])
+    (d / "config.json").write_text(json.dumps(cfg, indent=2))
+    with pytest.raises(ValueError, match=r"(?s)config\.json is not the configuration model\.safetensors was saved "
+                                         r"with.*edited.*trust_edited_config=True"):
+        from_pretrained(d)
+    with pytest.warns(UserWarning, match="loading it because trust_edited_config=True"):
+        loaded = from_pretrained(d, trust_edited_config=True)
+    assert loaded.config["kwargs"] == cfg["kwargs"]  # the edited model, as asked
+    # formatting, key order and the recorded version are not the configuration: reformatting is no edit
+    model.save_pretrained(d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["hoformer_version"] = __import__("hoformer").__version__
+    (d / "config.json").write_text(json.dumps(dict(reversed(list(cfg.items())))))
+    assert from_pretrained(d).config == json.loads(json.dumps(model.config))
+
+
+def test_edited_model_name_is_refused(tmp_path):
+    model = create_model("traffic_hot", num_nodes=5, window=6, horizon=4, dim=8, num_heads=2, num_layers=1)
+    d = model.save_pretrained(tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["name"], cfg["kwargs"]["layout"] = "traffic_full_attention", "full"  # other attention, same parameters
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="trust_edited_config"):
+        from_pretrained(d)

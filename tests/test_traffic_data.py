@@ -217,7 +217,7 @@ def _last_value_reference(values: np.ndarray, window: int = 12, horizon: int = 1
         ref[f"test/mape{suffix}"] = 100 * np.abs((pp - yy) / yy).mean()
         ref[f"test/rmse{suffix}"] = np.sqrt(((pp - yy) ** 2).mean())
     # the loss (the configs' checkpoint monitor) is the same pooled masked MAE, whatever the batches: a mean of
-    # per-batch means (Lightning's default, used until session 9) moves with eval_batch_size when data is missing
+    # per-batch means (Lightning's default) would move with eval_batch_size when data is missing
     ref["test/loss"] = ref["test/mae"]
     keep = m.any(axis=(1, 2))  # windows with no observed target are dropped
     return ref, int(keep.sum()), mean

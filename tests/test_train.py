@@ -437,7 +437,7 @@ def test_ddp_two_processes_match_single_process(tmp_path):
         for k, v in one[stage].items():
             assert ranks[0][stage][k] == pytest.approx(v, rel=1e-5), f"{stage}: {k}"
             assert ranks[1][stage][k] == ranks[0][stage][k], f"{stage}: {k} differs between ranks"
-    # predict: one file in dataset order (the shares were interleaved rank::2 and written per rank before session 9)
+    # predict: one file in dataset order (not rank-interleaved shares written per rank)
     assert sorted(p.name for p in (tmp_path / "d2").glob("predictions*")) == ["predictions.pt"]
     p1, p2 = (torch.load(tmp_path / d / "predictions.pt", weights_only=True) for d in ("d1", "d2"))
     assert p1.shape == (43, 8, 7)

@@ -536,8 +536,10 @@ def test_transformer_baselines_use_the_shared_attention_layers(name, layer, maps
     for got in model.attention_maps.values():
         for a in got if isinstance(got, list) else [got]:
             torch.testing.assert_close(a.sum(-1), torch.ones_like(a.sum(-1)))
-    with pytest.raises(ValueError, match="modes"):
-        TrafficTransformer(["temporal", "diagonal"], num_nodes=9)
+    with pytest.raises(ValueError, match=r"`layout` must be one of \['alternating', .*got 'diagonal'"):
+        TrafficTransformer("diagonal", num_nodes=9)
+    with pytest.raises(ValueError, match="`num_layers` must be an int >= 1"):
+        TrafficTransformer("temporal", num_layers=0, num_nodes=9)
 
 
 def test_parameter_free_baselines():
@@ -679,7 +681,8 @@ def test_traffic_temporal_only_baseline_is_node_local():
     from hoformer.models.weaver import TrafficTransformer
 
     torch.manual_seed(0)
-    m = TrafficTransformer(["temporal"], num_nodes=5, window=6, horizon=4, dim=8, num_heads=2).double().eval()
+    m = TrafficTransformer("temporal", num_layers=1, num_nodes=5, window=6, horizon=4, dim=8,
+                           num_heads=2).double().eval()
     x = torch.randn(2, 6, 5, 1, dtype=D64)
     x2 = x.clone()
     x2[:, :, 3] += 1.0

@@ -10,6 +10,7 @@ waits.
 """
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any, Callable
 
@@ -54,3 +55,15 @@ def check_values(ok: torch.Tensor, message: str, detail: Callable[[], str] | Non
             raise exc(message.replace(DETAIL, detail() if detail is not None else ""))
     else:  # accelerators, and any device under torch.compile (a host read would break the graph)
         torch._assert_async(ok, message.replace(DETAIL, ""))
+
+
+def check_scale(fn: str, scale: Any) -> None:
+    """The one check of an attention logit ``scale``: None (the default ``D ** -0.5``) or a finite real number.
+    ``TypeError`` for another type (bools, strings, tensors), ``ValueError`` for NaN / inf."""
+    if scale is None:
+        return
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"{fn}: `scale` must be a finite float or None (default D ** -0.5), got "
+                        f"{type(scale).__name__} {scale!r}")
+    if not math.isfinite(scale):
+        raise ValueError(f"{fn}: `scale` must be a finite float or None (default D ** -0.5), got {scale!r}")

@@ -3,6 +3,7 @@ for one file; :func:`stage` plus ``os.replace`` for files renamed together (``sa
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -84,3 +85,22 @@ def atomic_write(path: str | os.PathLike, write_fn) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
     fsync_dir(path.parent)
+
+
+# the temporary files of :func:`stage`: ``.<target name>.<8 mkstemp characters>.tmp``
+_STAGED = re.compile(r"^\.(?P<target>.+)\.[a-z0-9_]{8}\.tmp$")
+
+
+def stale_temp_files(directory: str | os.PathLike, suffix: str = "") -> list[Path]:
+    """The temporary files of :func:`stage` in ``directory`` whose target name ends with ``suffix`` (e.g. ``".ckpt"``):
+    what a process killed while writing leaves behind. Only that naming pattern matches; callers remove them at the
+    start of a run, before any write of their own."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    out = []
+    for p in sorted(d.iterdir()):
+        m = _STAGED.match(p.name)
+        if m and m["target"].endswith(suffix) and p.is_file() and not p.is_symlink():
+            out.append(p)
+    return out

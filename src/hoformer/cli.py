@@ -89,6 +89,18 @@ def _lightning_cli():
                 trainer.strategy.checkpoint_io = AtomicCheckpointIO()
             return trainer
 
+        def _parse_ckpt_path(self) -> None:
+            """LightningCLI reads the hyper-parameters of ``--ckpt_path`` here; a truncated or unreadable file is
+            reported naming it (:func:`hoformer.train.guards.read_checkpoint`) instead of torch's bare error."""
+            try:
+                super()._parse_ckpt_path()
+            except Exception:
+                from hoformer.train.guards import read_checkpoint
+
+                sub = self.config.get("subcommand")
+                read_checkpoint(self.config[sub].get("ckpt_path"), fn=f"hoformer {sub} --ckpt_path")
+                raise
+
         def _resolve_best(self) -> None:
             """``--ckpt_path best`` in a fresh process: the best checkpoint that the run's ``last.ckpt`` (written after
             every epoch) records for this ModelCheckpoint, else the newest ``best-*.ckpt`` in its dirpath."""

@@ -17,6 +17,7 @@ __all__ = [
     "file_hash",
     "md5sum",
     "sha256sum",
+    "require_file",
     "verify_file",
     "VERIFY_HINT",
     "download_url",
@@ -62,13 +63,27 @@ def sha256sum(path: str | os.PathLike) -> str:
     return file_hash(path, "sha256")
 
 
+def require_file(path: str | os.PathLike, what: str = "", hint: str = "") -> Path:
+    """``path`` as a ``Path`` if it is a file; else ``IsADirectoryError`` (a directory is there), ``FileNotFoundError``
+    (nothing is), or ``ValueError`` (something else, e.g. a FIFO), each naming the path; ``what`` prefixes the message
+    (e.g. ``"LTSF file for 'ETTh1'"``) and ``hint`` ends it."""
+    p = Path(path)
+    lead = f"{what}: " if what else ""
+    if p.is_file():
+        return p
+    if p.is_dir():
+        raise IsADirectoryError(f"{lead}{p}: expected a data file, found a directory (point to the file inside it, "
+                                "or move the directory away)")
+    if p.exists():
+        raise ValueError(f"{lead}{p}: expected a regular data file, found something else (a socket, FIFO or device)")
+    raise FileNotFoundError(f"{lead}{p}: file not found. {hint}".strip())
+
+
 def verify_file(path: str | os.PathLike, *, md5: str | None = None, sha256: str | None = None,
                 hint: str = "") -> Path:
     """Check that ``path`` exists and matches the given checksum(s). Raises ``FileNotFoundError`` or
     :class:`ChecksumError` (a ``ValueError``) naming the file, the expected and the received digest."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{p}: file not found. {hint}".strip())
+    p = require_file(path, hint=hint)
     for algo, want in (("md5", md5), ("sha256", sha256)):
         if want is None:
             continue

@@ -98,7 +98,7 @@ class MedMNIST3D(Dataset):
         info = MEDMNIST3D_INFO[self.flag]
         md5 = info["md5"][size] if verify else None
         path = Path(root) / _filename(self.flag, size)
-        if not path.is_file() and download:
+        if not path.exists() and download:
             download_url(medmnist3d_url(self.flag, size), path, md5=md5)
         verify_file(path, md5=md5, hint=f"Pass download=True to fetch it from {medmnist3d_url(self.flag, size)}."
                     if not path.is_file() else "Delete it and re-download (download=True).")

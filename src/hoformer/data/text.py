@@ -47,7 +47,7 @@ from hoformer._checks import check_int, is_int
 from hoformer._io import atomic_write
 
 from ._base import SplitDataModule
-from ._utils import VERIFY_HINT, SchemaError, resolve_root, verify_file
+from ._utils import VERIFY_HINT, SchemaError, require_file, resolve_root, verify_file
 
 __all__ = [
     "TEXT_DATASETS",
@@ -86,8 +86,7 @@ def _need(path: Path, folder: str, verify: bool) -> Path:
     """``path`` if it exists, after checking it against the reference SHA-256 (:data:`TEXT_SHA256`) when ``verify``
     and its digest is known; ``folder`` is the dataset's folder name ("sst2", "trec", "ag_news", "imdb")."""
     what = _DISPLAY[folder]
-    if not path.is_file():
-        raise FileNotFoundError(f"{what}: expected {path}, not found (set HOFORMER_DATA or pass root=...)")
+    require_file(path, what, "Set HOFORMER_DATA or pass root=...")
     want = TEXT_SHA256.get(f"{folder}/{path.name}") if verify else None
     if want is not None:
         verify_file(path, sha256=want, hint=f"Expected the reference {folder}/{path.name} of {what}. {VERIFY_HINT}")
@@ -438,8 +437,8 @@ class TextDataModule(SplitDataModule):
         val_fraction: held-out share of the training file used for validation (every dataset, SST-2 included:
             SST-2's ``dev.tsv`` is its reported test split, so it must not also select checkpoints).
         holdout: ``"grouped"`` (default: whole groups are held out, see the module docstring: duplicates together,
-            SST-2 phrases with their sentence) or ``"random"`` (examples independently; the split of the first SST-2 /
-            TREC results in docs/results_text.md, kept to reproduce them).
+            SST-2 phrases with their sentence) or ``"random"`` (examples independently; kept to reproduce results measured
+            with it, see CHANGELOG.md).
         sst2_test: SST-2 only: the reported ``test`` split, ``"dev"`` (GLUE ``dev.tsv``, as in the HOBA paper) or
             ``"nonglue"`` (``test_labeled_nonglue.tsv``; an error if absent).
         train_limit: keep only the first ``train_limit`` shuffled training examples (compute budgets).

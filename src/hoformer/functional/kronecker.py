@@ -28,9 +28,9 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from hoformer._checks import DETAIL, check_fraction, check_values
+from hoformer._checks import DETAIL, check_fraction, check_scale, check_values
 
-from .scores import dot_scores, masked_softmax
+from .scores import _dot, masked_softmax
 
 __all__ = [
     "kron_apply",
@@ -334,7 +334,12 @@ def kron_apply(factors: Sequence[torch.Tensor], v: torch.Tensor) -> torch.Tensor
     First-order gradients only (the backward is hand-written and ``once_differentiable``): a second backward through
     it raises, and ``torch.autograd.grad(..., allow_unused=True)`` of a gradient w.r.t. the factors gives ``None``.
     """
-    factors = _expand_factors(_check_factors(factors, v, "kron_apply"), v)
+    return _kron_apply(_check_factors(factors, v, "kron_apply"), v)
+
+
+def _kron_apply(factors: Sequence[torch.Tensor], v: torch.Tensor) -> torch.Tensor:
+    """:func:`kron_apply` without the argument checks: factors ``(.., Ni, Ni)`` broadcasting to ``(B, H)``."""
+    factors = _expand_factors(factors, v)
     if torch.compiler.is_compiling():  # torch.compile / torch.export: the same kernels as one opaque custom op
         return torch.ops.hoformer.kron_apply(v, factors)
     return _KronApply.apply(v, *factors)
@@ -345,7 +350,11 @@ def kron_sum_apply(factors: Sequence[torch.Tensor], v: torch.Tensor, normalize: 
 
     Shapes and first-order gradients as in :func:`kron_apply`.
     """
-    factors = _check_factors(factors, v, "kron_sum_apply")
+    return _kron_sum_apply(_check_factors(factors, v, "kron_sum_apply"), v, normalize)
+
+
+def _kron_sum_apply(factors: Sequence[torch.Tensor], v: torch.Tensor, normalize: bool = True) -> torch.Tensor:
+    """:func:`kron_sum_apply` without the argument checks."""
     alpha = 1.0 / len(factors) if normalize else 1.0
     factors = _expand_factors(factors, v)
     if torch.compiler.is_compiling():  # torch.compile / torch.export: the same kernels as one opaque custom op
@@ -471,6 +480,7 @@ def mode_attention_factors(
                         f"{type(q).__name__}")
     _check_qk_masks(q, k, masks, [qi.shape[-2] if isinstance(qi, torch.Tensor) and qi.ndim >= 2 else -1 for qi in q],
                     "mode_attention_factors")
+    check_scale("mode_attention_factors", scale)
     return _mode_factors(q, k, scale, masks, score_fn)
 
 
@@ -484,7 +494,7 @@ def _mode_factors(q, k, scale, masks, score_fn) -> list[torch.Tensor]:
             if mask is not None:
                 s = s * mask
         else:
-            s = masked_softmax(dot_scores(qi, ki, scale=scale), mask)  # fully masked rows: 0
+            s = masked_softmax(_dot(qi, ki, scale), mask)  # fully masked rows: 0
         out.append(s)
     return out
 
@@ -576,7 +586,7 @@ def kronecker_attention(
     if kernel not in ("softmax", "linear"):
         raise ValueError(f"{fn}: `kernel` must be 'softmax' or 'linear', got {kernel!r}")
     check_fraction(fn, "dropout_p", dropout_p)
-    b, h = v.shape[:2]
+    check_scale(fn, scale)
     if score_fn is not None and scale is not None:
         raise ValueError(f"{fn}: `scale` has no effect with a signed `score_fn` (its scores are used as they are)")
     if kernel == "linear":
@@ -591,15 +601,35 @@ def kronecker_attention(
         feats = [(phi(qi), phi(ki)) for qi, ki in zip(q, k)]
         if feature_map is not None:  # negative features make the row normaliser cross 0: NaN / inf, silently
             check_values(torch.stack([torch.stack([fq.min(), fk.min()]) for fq, fk in feats]).min() >= 0,
-                         f"{fn}: `feature_map` must return non-negative features (e.g. elu(x) + 1, FAVOR+){DETAIL}",
-                         lambda: f", got a minimum of {min(min(fq.min(), fk.min()) for fq, fk in feats).item():.3g}")
+                         f"{fn}: kernel='linear' needs finite `q` / `k` and a `feature_map` returning non-negative "
+                         f"features (e.g. elu(x) + 1, FAVOR+){DETAIL}", lambda: _feature_problem(q, k, feats))
         return _linear_attention(feats, v, combine, masks, return_factors)
+    return _kronecker_attention(q, k, v, combine, scale, masks, dropout_p, return_factors, score_fn)
 
+
+def _kronecker_attention(q, k, v, combine: str, scale, masks, dropout_p: float, return_factors: bool, score_fn):
+    """The softmax / signed-score path of :func:`kronecker_attention` without the argument checks (the linear kernel's
+    unchecked entry is :func:`_linear_attention`, on features)."""
     factors = _mode_factors(q, k, scale, masks, score_fn)
     factors = [s.to(v.dtype) for s in factors]
     used = [F.dropout(s, p=dropout_p) for s in factors] if dropout_p > 0 else factors
-    y = kron_apply(used, v) if combine == "product" else kron_sum_apply(used, v, normalize=True)
+    y = _kron_apply(used, v) if combine == "product" else _kron_sum_apply(used, v, normalize=True)
     return (y, factors) if return_factors else y
+
+
+def _feature_problem(q, k, feats) -> str:
+    """What made the linear kernel's feature check fail: a non-finite input, non-finite features or a negative one."""
+    for i, (fq, fk) in enumerate(feats):
+        for name, x, f in ((f"q[{i}]", q[i], fq), (f"k[{i}]", k[i], fk)):
+            bad = ~torch.isfinite(x)
+            if bad.any():
+                nan = int(torch.isnan(x).sum())
+                return (f"; got non-finite input `{name}` ({nan} NaN, {int(bad.sum()) - nan} inf of {x.numel()} "
+                        f"values, shape {tuple(x.shape)})")
+            if not torch.isfinite(f).all():
+                return f"; `feature_map` returned non-finite features for the finite input `{name}`"
+    lo = min(min(fq.min(), fk.min()) for fq, fk in feats).item()
+    return f"; `feature_map` must return non-negative features, got a minimum of {lo:.3g}"
 
 
 def linear_factor(fq: torch.Tensor, fk: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -660,7 +690,7 @@ def _linear_attention(feats, v: torch.Tensor, combine: str, masks, return_factor
         factors = [linear_factor(fq, fk, m) if e or return_factors else None
                    for (fq, fk), m, e in zip(feats, masks, explicit)]
         if all(explicit) and not torch.compiler.is_compiling():
-            y = kron_apply(factors, va) if combine == "product" else kron_sum_apply(factors, va, normalize=True)
+            y = _kron_apply(factors, va) if combine == "product" else _kron_sum_apply(factors, va, normalize=True)
         else:
             ops = [_matrix_op(s, b, h) if e else _linear_op(fq, fk, b, h)
                    for (fq, fk), s, e in zip(feats, factors, explicit)]
@@ -709,6 +739,7 @@ def full_attention(
             f"{fn}: `q`, `k`, `v` must share (B, H, N1..Nk), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
     check_fraction(fn, "dropout_p", dropout_p)
+    check_scale(fn, scale)
     b, h = v.shape[:2]
     sizes = v.shape[2:-1]
     n = math.prod(sizes)

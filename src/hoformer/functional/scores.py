@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from hoformer._checks import check_scale
+
 __all__ = ["dot_scores", "tanimoto_scores", "cosine_scores", "get_score_fn", "SCORE_FNS", "masked_softmax"]
 
 
@@ -26,9 +28,16 @@ def _check_qk(q: torch.Tensor, k: torch.Tensor, fn: str) -> None:
         raise ValueError(f"{fn}: feature sizes differ: q {tuple(q.shape)} vs k {tuple(k.shape)} (last dim)")
 
 
+# The public functions check their inputs and call the unchecked ``_dot`` / ``_tanimoto`` / ``_cosine``, which the
+# layers call directly (they have checked their own inputs once).
 def dot_scores(q: torch.Tensor, k: torch.Tensor, *, scale: float | None = None) -> torch.Tensor:
     """Scaled dot-product logits ``q k^T * scale`` (scale default ``D ** -0.5``)."""
     _check_qk(q, k, "dot_scores")
+    check_scale("dot_scores", scale)
+    return _dot(q, k, scale)
+
+
+def _dot(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> torch.Tensor:
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     return torch.matmul(q, k.transpose(-1, -2)) * scale
 
@@ -36,6 +45,10 @@ def dot_scores(q: torch.Tensor, k: torch.Tensor, *, scale: float | None = None) 
 def tanimoto_scores(q: torch.Tensor, k: torch.Tensor, *, eps: float = 1e-6) -> torch.Tensor:
     """Continuous Tanimoto coefficient (Weaver eq 29/47), in ``[-1/3, 1]``."""
     _check_qk(q, k, "tanimoto_scores")
+    return _tanimoto(q, k, eps)
+
+
+def _tanimoto(q: torch.Tensor, k: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     qk = torch.matmul(q, k.transpose(-1, -2))
     qq = q.pow(2).sum(-1, keepdim=True)  # (..., N, 1)
     kk = k.pow(2).sum(-1).unsqueeze(-2)  # (..., 1, M)
@@ -45,12 +58,17 @@ def tanimoto_scores(q: torch.Tensor, k: torch.Tensor, *, eps: float = 1e-6) -> t
 def cosine_scores(q: torch.Tensor, k: torch.Tensor, *, eps: float = 1e-6) -> torch.Tensor:
     """Cosine similarity (Weaver eq 69), in ``[-1, 1]``."""
     _check_qk(q, k, "cosine_scores")
+    return _cosine(q, k, eps)
+
+
+def _cosine(q: torch.Tensor, k: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     qn = q / q.norm(dim=-1, keepdim=True).clamp_min(eps)
     kn = k / k.norm(dim=-1, keepdim=True).clamp_min(eps)
     return torch.matmul(qn, kn.transpose(-1, -2))
 
 
 SCORE_FNS = {"tanimoto": tanimoto_scores, "cosine": cosine_scores}
+_SCORE_KERNELS = {"tanimoto": _tanimoto, "cosine": _cosine}  # unchecked, for layers that checked their input
 
 
 def masked_softmax(logits: torch.Tensor, mask: torch.Tensor | None = None, dim: int = -1) -> torch.Tensor:

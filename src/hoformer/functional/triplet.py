@@ -30,7 +30,7 @@ import functools
 
 import torch
 
-from hoformer._checks import check_fraction, check_int
+from hoformer._checks import check_fraction, check_int, check_scale
 
 from .kronecker import _autocast_off
 from .scores import masked_softmax
@@ -158,6 +158,7 @@ def triplet_attention_naive(q, k1, k2, v1, v2, *, block_size: int, overlap: floa
     :func:`triplet_attention`."""
     mask = _check_inputs(q, k1, k2, v1, v2, mask, block_size, overlap, "triplet_attention_naive")
     B, H, L, D = q.shape
+    check_scale("triplet_attention_naive", scale)
     scale = D**-0.5 if scale is None else scale
     out = torch.zeros_like(q)
     count = q.new_zeros(L)
@@ -182,6 +183,7 @@ def triplet_attention_weights(q, k1, k2, *, block_size: int, overlap: float = 0.
     ``(key1, key2)`` for real queries (zeros for padded queries). Dense; meant for analysis / attention maps."""
     mask = _check_inputs(q, k1, k2, k1, k1, mask, block_size, overlap, "triplet_attention_weights",
                          ("q", "k1", "k2", "k1", "k1"))
+    check_scale("triplet_attention_weights", scale)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     idx = _window_index(q.shape[2], block_size, overlap, q.device)
     cdt = _compute_dtype(q.dtype)  # scores in fp32 like the fast kernel, so the maps are the weights it uses
@@ -394,6 +396,7 @@ def triplet_attention(
     split into row chunks because ``s * s * max(s, D)`` exceeds ``chunk_elements``).
     """
     mask = _check_inputs(q, k1, k2, v1, v2, mask, block_size, overlap, "triplet_attention")
+    check_scale("triplet_attention", scale)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if chunk_elements is None:
         chunk_elements = _DEFAULT_CHUNK.get(q.device.type, 1 << 24)
@@ -414,6 +417,7 @@ def block_attention(q, k, v, *, block_size: int, overlap: float = 0.0, scale=Non
     """
     mask = _check_inputs(q, k, k, v, v, mask, block_size, overlap, "block_attention", ("q", "k", "k", "v", "v"))
     B, H, L, D = q.shape
+    check_scale("block_attention", scale)
     scale = D**-0.5 if scale is None else scale
     idx = _window_index(L, block_size, overlap, q.device)
     qw, kw, vw = (x[:, :, idx] for x in (q, k, v))  # b h w s d
@@ -459,6 +463,7 @@ def cross_block_attention(o, *, block_size: int, mask=None, scale=None, return_a
             raise ValueError(f"cross_block_attention: `mask` must have shape (B, L) = {(B, L)}, got "
                              f"{tuple(mask.shape)}")
         mask = mask.to(o.device)
+    check_scale("cross_block_attention", scale)
     scale = D**-0.5 if scale is None else scale
     M = -(-L // block_size)
     pad = M * block_size - L

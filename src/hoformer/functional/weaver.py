@@ -16,7 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_values
+from .._checks import check_scale, check_values
 from .kronecker import kron_apply
 from .scores import SCORE_FNS, dot_scores
 
@@ -50,6 +50,7 @@ def valence_attention(q: torch.Tensor, k: torch.Tensor, kernel: str = "tanimoto"
                              f"are used as they are (got scale={scale})")
         return SCORE_FNS[kernel](q, k, eps=eps)
     if kernel == "sdpa":
+        check_scale("valence_attention", scale)
         return dot_scores(q, k, scale=scale).softmax(dim=-1)
     raise ValueError(f"valence_attention: `kernel` must be one of {VALENCE_KERNELS}, got {kernel!r}")
 

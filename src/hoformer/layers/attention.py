@@ -4,10 +4,18 @@ Axis legend: ``b`` batch, ``h`` heads, ``n1..nk`` modes, ``d`` model dim, ``e`` 
 
 All layers share one call signature, so every model can swap attention by name (:func:`build_attention`)::
 
-    forward(x, masks=None, return_attention=False) -> y            (B, N1..Nk, D)
-                                                   -> (y, maps)     with return_attention=True
+    forward(x, masks=None) -> y            (B, N1..Nk, D)
 
-``masks`` is a list with one entry per mode (``None`` or bool ``(.., Ni, Ni)``, True = may attend).
+``masks`` is a list with one entry per mode (``None`` or bool ``(.., Ni, Ni)``, True = may attend). A mask is exact
+for the mode it masks: it removes those entries of that mode's attention. It does not make a layer causal: the
+Kronecker layers' other factors are computed from queries / keys pooled over every index of the masked mode.
+
+``causal_mode=c`` (every layer here) makes a layer causal along mode ``c``: in eval mode, for every index ``t`` of
+mode ``c``, ``layer(x)`` at ``t`` equals ``layer(x[..., :t+1 along c, ...])`` at its last index. The dense layers
+combine a lower-triangular mask into mode ``c``'s; the Kronecker layers also pool the other modes' queries / keys
+over indices ``<= t`` only (:mod:`hoformer.functional.causal`). Causal Kronecker layers decode incrementally, one
+index of mode ``c`` (a full slice of the other modes) at a time: ``cache = layer.init_cache()``, then
+``layer.step(x_t, cache)``.
 
 * :class:`KroneckerAttention` - HOT (paper 000 eqs 3-9, 002 eqs 10-12): per-mode factors from pooled queries/keys,
   combined as a Kronecker product or sum; softmax, FAVOR+ linear, Tanimoto or cosine (Weaver) kernels.
@@ -29,8 +37,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from hoformer._checks import check_fraction, check_int, is_int
-from hoformer.functional.kronecker import kron_dense, kronecker_attention, sdpa
-from hoformer.functional.scores import SCORE_FNS, dot_scores, get_score_fn, masked_softmax
+from hoformer.functional.causal import _apply_rest, _causal_kronecker, causal_mask, causal_row
+from hoformer.functional.kronecker import _kronecker_attention, _linear_attention, kron_dense, sdpa
+from hoformer.functional.scores import _SCORE_KERNELS, _dot, masked_softmax
 
 from .pos import RotaryEmbedding, axial_rotary
 
@@ -43,6 +52,8 @@ __all__ = [
     "build_attention",
     "ATTENTION_TYPES",
     "record_attention",
+    "DecodingCache",
+    "RecordableAttention",
 ]
 
 
@@ -105,6 +116,64 @@ def _check_masks(masks, sizes, name: str, batch: int | None = None, heads: int |
     return out
 
 
+def _check_causal_mode(causal_mode, num_modes, fn: str) -> int | None:
+    """``causal_mode``: ``None`` or a 0-based mode index (below ``num_modes`` when that is given)."""
+    if causal_mode is None:
+        return None
+    check_int(fn, "causal_mode", causal_mode, low=0, note=" (a 0-based mode index)")
+    if num_modes is not None and causal_mode >= num_modes:
+        raise ValueError(f"{fn}: `causal_mode` must be a mode index in [0, {num_modes}) for num_modes={num_modes}, "
+                         f"got {causal_mode}")
+    return int(causal_mode)
+
+
+def _check_causal_range(causal_mode, nmodes: int, x, fn: str) -> None:
+    if causal_mode is not None and causal_mode >= nmodes:
+        raise ValueError(f"{fn}: causal_mode={causal_mode} but x {tuple(x.shape)} has only {nmodes} modes")
+
+
+def _causal_masks(masks, sizes, causal_mode, device):
+    """``masks`` (checked, or None) with the causal mode's entry combined with the lower-triangular mask."""
+    if causal_mode is None:
+        return masks
+    masks = [None] * len(sizes) if masks is None else list(masks)
+    tril = causal_mask(sizes[causal_mode], device)
+    masks[causal_mode] = tril if masks[causal_mode] is None else masks[causal_mode] & tril
+    return masks
+
+
+class DecodingCache:
+    """The state a causal attention layer keeps between decoding steps (from ``init_cache()``): the number of steps
+    so far, the running pools of the non-causal modes and the causal mode's keys and values, in buffers that grow
+    by doubling (amortised O(1) copies per step)."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.shape = None
+        self.pools: list[torch.Tensor] | None = None
+        self._keys: torch.Tensor | None = None
+        self._values: torch.Tensor | None = None
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store step ``self.steps``'s key ``(B, H, 1, E)`` and value ``(B, H, 1, P)``; return every key and value so
+        far, ``(B, H, steps + 1, .)`` views of the buffers."""
+        t = self.steps
+        self._keys = _grow(self._keys, k, t)
+        self._values = _grow(self._values, v, t)
+        return self._keys[:, :, : t + 1], self._values[:, :, : t + 1]
+
+
+def _grow(buf: torch.Tensor | None, new: torch.Tensor, t: int) -> torch.Tensor:
+    if buf is None or buf.shape[2] <= t:
+        cap = max(16, 2 * (0 if buf is None else buf.shape[2]))
+        grown = new.new_empty(*new.shape[:2], cap, new.shape[-1])
+        if buf is not None:
+            grown[:, :, :t] = buf[:, :, :t]
+        buf = grown
+    buf[:, :, t : t + 1] = new
+    return buf
+
+
 def _kron_and(masks: Sequence[torch.Tensor | None], sizes: Sequence[int], device) -> torch.Tensor | None:
     """Dense mask over flattened tokens: a pair is allowed iff it is allowed in every mode (matches the product)."""
     if masks is None or all(m is None for m in masks):
@@ -125,9 +194,15 @@ def _check_layer_args(fn: str, dim, num_heads, dim_head, dropout, attn_dropout) 
     check_fraction(fn, "attn_dropout", attn_dropout, optional=True)
 
 
-class _Recordable(nn.Module):
-    """Mixin: every active ``record_attention`` block adds a sink ``(records, layer_name)``; ``records`` receives
-    ``(layer_name, maps)``. Blocks nest: an inner recording (e.g. a callback's) leaves the outer one's intact."""
+class RecordableAttention(nn.Module):
+    """Base class of every attention layer whose maps :func:`record_attention` collects (the one way to get attention
+    maps: forwards return tensors only).
+
+    A layer subclasses it and, in its ``forward``, computes its maps only while ``self._recording`` is True (the
+    normal path pays one ``if``) and hands them to ``self._maybe_record(maps)`` (a list of tensors, detached there).
+    Every active ``record_attention`` block adds a sink ``(records, layer_name)`` to the layer; ``records`` receives
+    ``(layer_name, maps)``. Blocks nest: an inner recording (e.g. a callback's) leaves the outer one's intact.
+    """
 
     _sinks: tuple = ()
 
@@ -142,18 +217,23 @@ class _Recordable(nn.Module):
                 records.append((name, maps))
 
 
+_Recordable = RecordableAttention  # the name other layer modules import
+
+
 @contextlib.contextmanager
 def record_attention(model: nn.Module):
     """Collect the attention maps of every attention layer of ``model`` during the ``with`` block.
 
     Yields a list of ``(layer_name, maps)`` in call order; ``maps`` is a list with one tensor per mode
-    (``KroneckerAttention``: the factors ``S_i (B, H, Ni, Ni)``; ``FullAttention``: the dense ``(B, H, N, N)``;
-    ``AxialAttention``: per mode ``(B, H, *fibers, Ni, Ni)``), the weights *before* attention dropout. Outputs are
+    (``KroneckerAttention``: the factors ``S_i (B, H, Ni, Ni)``, with ``causal_mode=c`` the causal mode's ``(B, H, T,
+    T)`` and every other mode's ``(B, H, T, Ni, Ni)``, one per index of ``c``; ``FullAttention``: the dense
+    ``(B, H, N, N)``; ``AxialAttention``: per mode ``(B, H, *fibers, Ni, Ni)``; ``DividedAttention``: its two stages,
+    recorded as two layers), the weights *before* attention dropout. Outputs are
     unchanged in eval mode; the dense baselines then leave SDPA for an explicit ``softmax(QK^T) V`` (O(N^2) memory),
     so in training mode with ``attn_dropout > 0`` their dropout masks are drawn differently.
     """
     records: list = []
-    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, _Recordable)]
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, RecordableAttention)]
     for n, m in layers:
         m._sinks = m._sinks + ((records, n),)
     try:
@@ -274,7 +354,7 @@ def mode_pools(x: torch.Tensor, mean: bool = False) -> list[torch.Tensor]:
     return list(_ModePools.apply(x, mean))
 
 
-class KroneckerAttention(_Recordable):
+class KroneckerAttention(RecordableAttention):
     """HOT multi-head Kronecker attention over ``x (B, N1..Nk, D)`` (paper 000 eqs 5-9).
 
     For each head and mode ``i``: pool ``x`` over the other modes (``pool="sum"`` as in the paper, or ``"mean"``),
@@ -296,6 +376,15 @@ class KroneckerAttention(_Recordable):
             at the first forward, like ``nn.LazyLinear``: run one forward before building the optimizer or wrapping
             the model in DDP (parameters created later are not synchronised across ranks).
         num_features / redraw_interval: FAVOR+ settings for ``kernel="linear"``.
+        causal_mode: ``None`` or a 0-based mode index ``c``: the layer is causal along ``c`` (its factor is
+            lower-triangular, every other mode's factor for query index ``t`` comes from queries / keys pooled over
+            indices ``<= t`` of ``c``; :mod:`hoformer.functional.causal`), and :meth:`step` decodes along ``c``.
+        qk_bias: per-mode q/k projections with a bias, reproducing the reference implementation exactly: it projects
+            every token with a bias and sum-pools afterwards, so the pooled bias is ``b * prod(N_j, j != i)`` (with
+            ``pool="sum"``; ``b`` with ``"mean"``). Without a bias pooling first and last are equal.
+
+    ``combine="sum"`` averages the ``k`` terms (``(1/k) S_1 (+) .. (+) S_k``, HOT eq 9 normalised); the reference
+    implementation adds them unnormalised, which scales the output by ``k`` before the output projection.
     """
 
     def __init__(
@@ -315,12 +404,14 @@ class KroneckerAttention(_Recordable):
         rope_theta: float = 10000.0,
         bias: bool = True,
         attn_dropout: float | None = None,
+        causal_mode: int | None = None,
+        qk_bias: bool = False,
     ) -> None:
         super().__init__()
         if combine not in ("product", "sum"):
             raise ValueError(f"KroneckerAttention: `combine` must be 'product' or 'sum', got {combine!r}")
-        if kernel not in ("softmax", "linear", *SCORE_FNS):
-            raise ValueError(f"KroneckerAttention: `kernel` must be one of {('softmax', 'linear', *SCORE_FNS)}, "
+        if kernel not in ("softmax", "linear", *_SCORE_KERNELS):
+            raise ValueError(f"KroneckerAttention: `kernel` must be one of {('softmax', 'linear', *_SCORE_KERNELS)}, "
                              f"got {kernel!r}")
         if pool not in ("sum", "mean"):
             raise ValueError(f"KroneckerAttention: `pool` must be 'sum' or 'mean', got {pool!r}")
@@ -332,6 +423,8 @@ class KroneckerAttention(_Recordable):
         self.rope_modes = _mode_tuple(rope_modes, "KroneckerAttention")
         self.attn_dropout = dropout if attn_dropout is None else attn_dropout
         self.num_modes = num_modes
+        self.causal_mode = _check_causal_mode(causal_mode, num_modes, "KroneckerAttention")
+        self.qk_bias = bool(qk_bias)
         # per-mode q/k projections are created lazily for the first k seen unless num_modes is given
         self.to_qk = nn.ModuleList()
         if num_modes is not None:
@@ -342,7 +435,7 @@ class KroneckerAttention(_Recordable):
         self.k_norm = nn.LayerNorm(self.dim_head) if qk_norm else nn.Identity()
         self.rotary = RotaryEmbedding(self.dim_head, rope_theta) if self.rope_modes else None
         self.favor = FavorFeatures(self.dim_head, num_features, redraw_interval) if kernel == "linear" else None
-        self.score_fn = get_score_fn(kernel) if kernel in SCORE_FNS else None
+        self.score_fn = _SCORE_KERNELS.get(kernel)  # unchecked: forward has checked x
 
     def _ensure_modes(self, k: int) -> None:
         if len(self.to_qk) == 0:
@@ -351,60 +444,191 @@ class KroneckerAttention(_Recordable):
             like = self.to_v.weight if "to_v" in self._modules else None
             kw = {} if like is None else {"device": like.device, "dtype": like.dtype}
             for _ in range(k):
-                self.to_qk.append(nn.Linear(self.dim, 2 * inner, bias=False, **kw))
+                self.to_qk.append(nn.Linear(self.dim, 2 * inner, bias=self.qk_bias, **kw))
             self.num_modes = k
         elif len(self.to_qk) != k:
             raise ValueError(f"KroneckerAttention: built for {len(self.to_qk)} modes, got an input with {k} modes")
 
+    def _qk(self, i: int, pooled: torch.Tensor, count, positions: torch.Tensor | None = None):
+        """Mode ``i``'s queries / keys from its pooled input ``(B, .., Ni, D)``: each ``(B, H, .., Ni, E)``, projected,
+        normalised and (if ``i`` is a RoPE mode) rotated along ``Ni`` at ``positions``. With ``qk_bias`` the bias is
+        added ``count`` times (the number of tokens pooled into each row; 1 for ``pool="mean"``): the projection
+        of the pooled input equals the sum-pool of the projected tokens, as in the reference implementation."""
+        proj = self.to_qk[i]
+        qk = proj(pooled) if proj.bias is None else F.linear(pooled, proj.weight) + proj.bias * count
+        q, k = qk.view(*qk.shape[:-1], 2, self.heads, self.dim_head).movedim(-3, 0).movedim(-2, 2).unbind(0)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotary is not None and i in self.rope_modes:
+            q, k = self.rotary(q, positions), self.rotary(k, positions)
+        return q, k
+
     def mode_qk(self, x: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Pooled, projected, normalised (and rotated) per-mode queries / keys, each ``(B, H, Ni, E)``."""
+        mean = self.pool == "mean"
+        sizes = x.shape[1:-1]
+        total = math.prod(sizes)
         qs, ks = [], []
-        pools = mode_pools(x, mean=self.pool == "mean")
-        for i, proj in enumerate(self.to_qk):
-            qk = proj(pools[i])  # (b, n_i, 2*h*e)
-            q, k = qk.view(*qk.shape[:2], 2, self.heads, self.dim_head).permute(2, 0, 3, 1, 4)
-            q, k = self.q_norm(q), self.k_norm(k)
-            if self.rotary is not None and i in self.rope_modes:
-                q, k = self.rotary(q), self.rotary(k)
+        for i, pooled in enumerate(mode_pools(x, mean=mean)):
+            q, k = self._qk(i, pooled, 1 if mean else total // sizes[i])
             qs.append(q)
             ks.append(k)
         return qs, ks
 
-    def forward(self, x: torch.Tensor, masks=None, return_attention: bool = False):
+    # ------------------------------------------------------------------------------------- causal mode
+    def _causal_pools(self, xp: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """``xp (B, T, N2..Nk, D)`` (causal mode first): the causal mode's pool ``(B, T, D)`` (over all other modes)
+        and, per other mode ``i``, the pool over the remaining other modes ``(B, T, Ni, D)`` at each ``t`` (no prefix
+        yet)."""
+        b, T, rest = xp.shape[0], xp.shape[1], xp.shape[2:-1]
+        if not rest:
+            return xp, []
+        mean = self.pool == "mean"
+        pools = [p.view(b, T, *p.shape[1:]) for p in mode_pools(xp.flatten(0, 1), mean=mean)]
+        return (pools[0].mean(2) if mean else pools[0].sum(2)), pools
+
+    def _causal_qk(self, pc, prefix, order, t0: int, rest):
+        """Queries / keys in causal-first order: the causal mode's ``(B, H, T, E)`` at positions ``t0..t0+T-1``, the
+        other modes' ``(B, H, T, Ni, E)`` from their prefix pools ``prefix[j] (B, T, Ni, D)``."""
+        T = pc.shape[1]
+        positions = torch.arange(t0, t0 + T, device=pc.device)
+        mean, total = self.pool == "mean", math.prod(rest)
+        q0, k0 = self._qk(order[0], pc, 1 if mean else total, positions)
+        qs, ks = [q0], [k0]
+        for j, p in enumerate(prefix):
+            count = 1 if mean else ((positions + 1) * (total // rest[j])).to(p.dtype).view(T, 1, 1)
+            q, k = self._qk(order[1 + j], p, count)
+            qs.append(q)
+            ks.append(k)
+        return qs, ks
+
+    def _causal_forward(self, x, masks, want_maps):
+        c, nm = self.causal_mode, x.ndim - 2
+        order = [c] + [i for i in range(nm) if i != c]
+        xp = x.movedim(1 + c, 1)
+        b, T, rest = xp.shape[0], xp.shape[1], tuple(xp.shape[2:-1])
+        pc, pools = self._causal_pools(xp)
+        if self.pool == "mean":
+            steps = torch.arange(1, T + 1, device=x.device, dtype=x.dtype).view(1, T, 1, 1)
+            prefix = [p.cumsum(1) / steps for p in pools]
+        else:
+            prefix = [p.cumsum(1) for p in pools]
+        qs, ks = self._causal_qk(pc, prefix, order, 0, rest)
+        v = self.to_v(xp).view(b, T, *rest, self.heads, self.dim_head).movedim(-2, 1)
+        linear = self.kernel == "linear"
+        if linear:
+            self.favor.step()
+            qs = [self.favor(q, is_query=True) for q in qs]
+            ks = [self.favor(k, is_query=False) for k in ks]
+        y, maps = _causal_kronecker(
+            qs, ks, v, combine=self.combine, kernel="linear" if linear else "softmax", scale=None,
+            masks=None if masks is None else [masks[i] for i in order],
+            dropout_p=self.attn_dropout if self.training and not linear else 0.0, want_factors=want_maps,
+            score_fn=self.score_fn)
+        y = self.to_out(y.movedim(1, -2).reshape(b, T, *rest, -1)).movedim(1, 1 + c)
+        if maps is not None:
+            maps = [maps[order.index(i)] for i in range(nm)]
+        return y, maps
+
+    def init_cache(self) -> DecodingCache:
+        """An empty decoding state for :meth:`step` (one per layer and sequence batch)."""
+        if self.causal_mode is None:
+            raise ValueError("KroneckerAttention.init_cache: decoding needs a layer built with `causal_mode`")
+        return DecodingCache()
+
+    @torch.no_grad()
+    def step(self, x: torch.Tensor, cache: DecodingCache, masks=None) -> torch.Tensor:
+        """Incremental decoding along the causal mode: the output at the next index ``t`` of ``causal_mode`` from the
+        slice ``x (B, N1..Nk, D)`` with size 1 along the causal mode (a full slice of the other modes), equal to
+        ``layer(x_full)`` at ``t`` for the inputs given so far (eval mode: no dropout here; no gradients).
+
+        ``cache`` (from :meth:`init_cache`) keeps the running pools of the other modes, the causal mode's keys and
+        the values of the past steps. Per-step cost, with ``P = prod(N_i, i != c)``, ``F = E`` (softmax) or the
+        number of random features (linear): the projections ``O(P D H E + sum_i Ni D H E)``, the other modes' factors
+        and products ``O(H sum_i Ni^2 E + H P E sum_i Ni)``, the pools ``O(P D)``, none of which depends on ``t``, plus
+        the causal mode's own attention row over the ``t + 1`` steps so far ``O(t H (F + P E))`` (the linear
+        kernel's key features are recomputed for that row: its key stabiliser spans every key so far).
+        ``masks``: per-mode masks of the other modes (the causal mode's entry must be ``None``)."""
+        fn = "KroneckerAttention.step"
+        c = self.causal_mode
+        if c is None:
+            raise ValueError(f"{fn}: decoding needs a layer built with `causal_mode`")
+        if not isinstance(cache, DecodingCache):
+            raise TypeError(f"{fn}: `cache` must come from init_cache(), got {type(cache).__name__}")
+        _check_x(x, self.dim, fn, self.num_modes)
+        nm = x.ndim - 2
+        self._ensure_modes(nm)
+        _check_rope_modes(self.rope_modes, nm, fn)
+        if c >= nm:
+            raise ValueError(f"{fn}: causal_mode={c} but x {tuple(x.shape)} has only {nm} modes")
+        if x.shape[1 + c] != 1:
+            raise ValueError(f"{fn}: `x` must be one index of the causal mode {c} (size 1 along it), got shape "
+                             f"{tuple(x.shape)}")
+        if masks is not None and not isinstance(masks, torch.Tensor) and len(masks) == nm and masks[c] is not None:
+            raise ValueError(f"{fn}: `masks[{c}]` (the causal mode's) must be None while decoding")
+        masks = _check_masks(masks, tuple(x.shape[1:-1]), fn, x.shape[0], self.heads)
+        order = [c] + [i for i in range(nm) if i != c]
+        xp = x.movedim(1 + c, 1)
+        b, rest = xp.shape[0], tuple(xp.shape[2:-1])
+        t = cache.steps
+        if t and cache.shape != (b, rest, x.dtype):
+            raise ValueError(f"{fn}: the cache holds inputs of batch {cache.shape[0]}, other modes {cache.shape[1]} "
+                             f"and dtype {cache.shape[2]}; got batch {b}, other modes {rest}, dtype {x.dtype}")
+        pc, pools = self._causal_pools(xp)
+        cache.pools = [p[:, 0] if t == 0 else acc + p[:, 0] for acc, p in
+                       zip(cache.pools if t else pools, pools)]
+        prefix = [(acc / (t + 1) if self.pool == "mean" else acc).unsqueeze(1) for acc in cache.pools]
+        qs, ks = self._causal_qk(pc, prefix, order, t, rest)
+        v = self.to_v(xp).view(b, 1, *rest, self.heads, self.dim_head).movedim(-2, 1).reshape(b, self.heads, 1, -1)
+        keys, values = cache.append(ks[0], v)
+        linear = self.kernel == "linear"
+        if linear:
+            qs = [self.favor(q, is_query=True) for q in qs]
+            ks = [self.favor(k, is_query=False) for k in ks]
+            keys = self.favor(keys, is_query=False)
+        dtype = torch.float32 if linear and x.dtype == torch.float16 else x.dtype
+        row = causal_row(qs[0].to(dtype), keys.to(dtype), kernel="linear" if linear else "softmax",
+                         score_fn=self.score_fn)
+        z = torch.matmul(row, values.to(dtype))
+        y, _ = _apply_rest(z, v, qs[1:], ks[1:], None if masks is None else [masks[i] for i in order[1:]],
+                           (*rest, self.dim_head),
+                           combine=self.combine, kernel="linear" if linear else "softmax", scale=None, dropout_p=0.0,
+                           want_factors=False, score_fn=self.score_fn)
+        cache.steps, cache.shape = t + 1, (b, rest, x.dtype)
+        return self.to_out(y.to(x.dtype).movedim(1, -2).reshape(b, 1, *rest, -1)).movedim(1, 1 + c)
+
+    def forward(self, x: torch.Tensor, masks=None) -> torch.Tensor:
         _check_x(x, self.dim, "KroneckerAttention", self.num_modes)
         self._ensure_modes(x.ndim - 2)
         b, sizes = x.shape[0], tuple(x.shape[1:-1])
         _check_rope_modes(self.rope_modes, len(sizes), "KroneckerAttention")
+        _check_causal_range(self.causal_mode, len(sizes), x, "KroneckerAttention")
         masks = _check_masks(masks, sizes, "KroneckerAttention", b, self.heads)
+        want_maps = self._recording
+        if self.causal_mode is not None:
+            y, maps = self._causal_forward(x, masks, want_maps)
+            if maps is not None:
+                self._maybe_record(maps)
+            return y
         qs, ks = self.mode_qk(x)
         # values as a (b, h, n1..nk, e) *view* of the (b, n.., h*e) projection; kron_apply / kron_sum_apply keep that
         # memory layout, so merging the heads before to_out is a view too
         v = self.to_v(x).view(b, *sizes, self.heads, self.dim_head).movedim(-2, 1)
-        want_maps = return_attention or self._recording
         if self.kernel == "linear":
             self.favor.step()
             phi_q = [self.favor(q, is_query=True) for q in qs]
             phi_k = [self.favor(k, is_query=False) for k in ks]
-            out = kronecker_attention(phi_q, phi_k, v, combine=self.combine, kernel="linear", masks=masks,
-                                      feature_map=_identity, return_factors=want_maps)
+            out = _linear_attention(list(zip(phi_q, phi_k)), v, self.combine, masks, want_maps)
             y, maps = out if want_maps else (out, None)
         else:
-            y, maps = kronecker_attention(
-                qs, ks, v, combine=self.combine, masks=masks, return_factors=True, score_fn=self.score_fn,
-                dropout_p=self.attn_dropout if self.training else 0.0,
-            )
-        if maps is not None:
+            y, maps = _kronecker_attention(qs, ks, v, self.combine, None, masks,
+                                           self.attn_dropout if self.training else 0.0, True, self.score_fn)
+        if want_maps:
             self._maybe_record(maps)
-        y = self.to_out(y.movedim(1, -2).reshape(b, *sizes, -1))
-        return (y, maps) if return_attention else y
-
-
-def _identity(x):
-    return x
+        return self.to_out(y.movedim(1, -2).reshape(b, *sizes, -1))
 
 
 # ------------------------------------------------------------------------------------------- baselines
-class _QKV(_Recordable):
+class _QKV(RecordableAttention):
     """Shared pieces of the dense baselines: one qkv projection, q/k norm, output projection.
 
     ``dropout`` acts on the output projection, ``attn_dropout`` on the attention probabilities (default: ``dropout``).
@@ -437,37 +661,40 @@ def _attend(q, k, v, mask, dropout_p, want_maps):
     """Attention over the second-to-last dim of ``(b, h, .., n, e)`` (the dims between are batch dims): SDPA, or the
     explicit maps when they are asked for; either way a fully masked row gives zeros."""
     if want_maps:
-        a = masked_softmax(dot_scores(q, k), mask)
+        a = masked_softmax(_dot(q, k), mask)
         return torch.matmul(F.dropout(a, dropout_p), v), a
     return sdpa(q, k, v, mask=mask, dropout_p=dropout_p), None
 
 
 class FullAttention(_QKV):
     """Flattened high-order attention (HOT eqs 1-2) with SDPA; per-mode masks are combined as a Kronecker AND.
+    ``causal_mode=c``: a token at index ``t`` of mode ``c`` attends to the tokens at indices ``<= t``.
 
     ``rope_modes``: axial N-d RoPE on the flattened tokens (head dim split between those modes).
     """
 
     def __init__(self, dim, num_heads=8, qk_norm=True, rope_modes=(), dropout=0.0, dim_head=None, attn_dropout=None,
-                 bias=True, rope_theta=10000.0, num_modes=None):
+                 bias=True, rope_theta=10000.0, num_modes=None, causal_mode=None):
         super().__init__(dim, num_heads, qk_norm, dropout, dim_head, bias=bias, attn_dropout=attn_dropout)
         self.rope_modes, self.rope_theta, self.num_modes = _mode_tuple(rope_modes, "FullAttention"), rope_theta, num_modes
+        self.causal_mode = _check_causal_mode(causal_mode, num_modes, "FullAttention")
 
-    def forward(self, x, masks=None, return_attention=False):
+    def forward(self, x, masks=None):
         _check_x(x, self.dim, "FullAttention", self.num_modes)
         b, sizes = x.shape[0], tuple(x.shape[1:-1])
         _check_rope_modes(self.rope_modes, len(sizes), "FullAttention")
-        masks = _check_masks(masks, sizes, "FullAttention", b, self.heads)
+        _check_causal_range(self.causal_mode, len(sizes), x, "FullAttention")
+        masks = _causal_masks(_check_masks(masks, sizes, "FullAttention", b, self.heads), sizes, self.causal_mode,
+                              x.device)
         q, k, v = (t.reshape(b, self.heads, -1, self.dim_head) for t in self.qkv(x))
         q = axial_rotary(q, sizes, self.rope_modes, self.rope_theta)
         k = axial_rotary(k, sizes, self.rope_modes, self.rope_theta)
         mask = _kron_and(masks, sizes, x.device)
-        want = return_attention or self._recording
+        want = self._recording
         y, a = _attend(q, k, v, mask, self.attn_dropout if self.training else 0.0, want)
         if want:
             self._maybe_record([a])
-        y = self.out(y.view(b, self.heads, *sizes, self.dim_head))
-        return (y, [a]) if return_attention else y
+        return self.out(y.view(b, self.heads, *sizes, self.dim_head))
 
 
 class AxialAttention(_QKV):
@@ -477,11 +704,15 @@ class AxialAttention(_QKV):
     Kronecker sum). ``combine="sequential"``: per-mode qkv projections applied one mode after another.
     ``modes``: the 0-based modes to attend along, in order (default: all). ``modes=(0,)`` on a ``(B, P, N, D)``
     traffic tensor is temporal attention for every sensor, ``modes=(1,)`` spatial attention for every step.
+    ``causal_mode=c``: attention along ``c`` is lower-triangular (along the other modes a fibre stays at one index of
+    ``c``, so either combine is causal).
     """
 
     def __init__(self, dim, num_heads=8, qk_norm=True, rope_modes=(), dropout=0.0, dim_head=None,
-                 combine="sum", num_modes=None, modes=None, attn_dropout=None, bias=True, rope_theta=10000.0):
+                 combine="sum", num_modes=None, modes=None, attn_dropout=None, bias=True, rope_theta=10000.0,
+                 causal_mode=None):
         super().__init__(dim, num_heads, qk_norm, dropout, dim_head, bias=bias, attn_dropout=attn_dropout)
+        self.causal_mode = _check_causal_mode(causal_mode, num_modes, "AxialAttention")
         self.bias = bias
         if combine not in ("sum", "sequential"):
             raise ValueError(f"AxialAttention: `combine` must be 'sum' or 'sequential', got {combine!r}")
@@ -518,7 +749,7 @@ class AxialAttention(_QKV):
         y, a = _attend(q, k, v, mask, self.attn_dropout if self.training else 0.0, want)
         return y.movedim(-2, 2 + mode), a
 
-    def forward(self, x, masks=None, return_attention=False):
+    def forward(self, x, masks=None):
         _check_x(x, self.dim, "AxialAttention", self.num_modes if self.combine == "sequential" else None)
         sizes = tuple(x.shape[1:-1])
         nm = len(sizes)
@@ -527,8 +758,10 @@ class AxialAttention(_QKV):
             raise ValueError(f"AxialAttention: `modes`={modes} but x {tuple(x.shape)} has only {nm} modes")
         _check_rope_modes(self.rope_modes, nm, "AxialAttention")
         self._ensure(nm)
-        masks = _check_masks(masks, sizes, "AxialAttention", x.shape[0], self.heads) or [None] * nm
-        want = return_attention or self._recording
+        _check_causal_range(self.causal_mode, nm, x, "AxialAttention")
+        masks = _causal_masks(_check_masks(masks, sizes, "AxialAttention", x.shape[0], self.heads), sizes,
+                              self.causal_mode, x.device) or [None] * nm
+        want = self._recording
         maps = []
         q, k, v = self.qkv(x)
         if self.combine == "sum":
@@ -550,8 +783,7 @@ class AxialAttention(_QKV):
                 maps.append(a)
         if want:
             self._maybe_record(maps)
-        y = self.out(y)
-        return (y, maps) if return_attention else y
+        return self.out(y)
 
 
 class DividedAttention(nn.Module):
@@ -564,11 +796,14 @@ class DividedAttention(nn.Module):
     there are no other modes and ``S`` attends along that mode a second time. Inside a pre-norm
     :class:`~hoformer.layers.blocks.Block` (one norm before the whole layer) ``S`` sees ``LN(x) + T`` where
     TimeSformer's own block, with a norm per stage, feeds ``LN(x + T)``.
+    ``causal_mode=c``: the stage that attends along ``c`` (``T`` if ``c = first_mode``, else ``S``) is
+    lower-triangular along ``c``.
     """
 
     def __init__(self, dim, num_heads=8, qk_norm=True, rope_modes=(), dropout=0.0, dim_head=None,
-                 first_mode=0, attn_dropout=None, bias=True, rope_theta=10000.0, num_modes=None):
+                 first_mode=0, attn_dropout=None, bias=True, rope_theta=10000.0, num_modes=None, causal_mode=None):
         super().__init__()
+        self.causal_mode = _check_causal_mode(causal_mode, num_modes, "DividedAttention")
         check_int("DividedAttention", "first_mode", first_mode, low=0, note=" (a mode index)")
         rope_modes = _mode_tuple(rope_modes, "DividedAttention")
         if any(m < 0 for m in rope_modes):
@@ -581,12 +816,14 @@ class DividedAttention(nn.Module):
                                   bias=bias, rope_theta=rope_theta)
         self.rope_modes, self.num_modes = rope_modes, num_modes
 
-    def forward(self, x, masks=None, return_attention=False):
+    def forward(self, x, masks=None):
         _check_x(x, self.dim, "DividedAttention", self.num_modes)
         sizes = tuple(x.shape[1:-1])
         nm = len(sizes)
         _check_rope_modes(self.rope_modes, nm, "DividedAttention")
-        masks = _check_masks(masks, sizes, "DividedAttention", x.shape[0], self.first.heads) or [None] * nm
+        _check_causal_range(self.causal_mode, nm, x, "DividedAttention")
+        masks = _causal_masks(_check_masks(masks, sizes, "DividedAttention", x.shape[0], self.first.heads), sizes,
+                              self.causal_mode, x.device) or [None] * nm
         fm = self.first_mode
         if fm >= nm:
             raise ValueError(f"DividedAttention: first_mode={fm} but x {tuple(x.shape)} has only {nm} modes")
@@ -596,26 +833,24 @@ class DividedAttention(nn.Module):
         rest_sizes = xt.shape[2:-1]
         x2 = xt.reshape(b, n0, -1, self.dim)  # (b, n0, prod(rest), d)
         q, k, v = self.first.qkv(x2)
-        want = return_attention or self.first._recording
+        want = self.first._recording
         t, a_t = self.first._along(q, k, v, 0, masks[fm], want)
         if want:
             self.first._maybe_record([a_t])
         t = self.first.out(t).view(xt.shape).movedim(1, 1 + fm)
         h = x + t
         if nm == 1:  # no other modes: the joint stage attends along the same mode again (same masks)
-            s = self.rest(h, masks=masks, return_attention=return_attention)
+            s = self.rest(h, masks=masks)
         else:  # joint attention over the other modes, for every position of first_mode
             hs = h.movedim(1 + fm, 1).reshape(b * n0, *rest_sizes, self.dim)
             # the joint stage's batch is (b, n0) flattened: a per-sample (B, H|1, n, n) mask follows its sample to
             # the n0 rows b * n0 .. b * n0 + n0 - 1
             rest_masks = [m.repeat_interleave(n0, 0) if m is not None and m.ndim == 4 and m.shape[0] > 1 else m
                           for i, m in enumerate(masks) if i != fm]
-            s = self.rest(hs, masks=rest_masks, return_attention=return_attention)
-        s, a_s = s if return_attention else (s, None)
+            s = self.rest(hs, masks=rest_masks)
         if nm > 1:
             s = s.view(b, n0, *rest_sizes, self.dim).movedim(1, 1 + fm)
-        y = t + s
-        return (y, [a_t] + list(a_s or [])) if return_attention else y
+        return t + s
 
 
 # ----------------------------------------------------------------------------------------- factory

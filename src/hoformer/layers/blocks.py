@@ -12,7 +12,7 @@ from torch import nn
 
 from hoformer._checks import check_fraction, check_int
 
-from .attention import build_attention
+from .attention import build_attention, record_attention
 
 __all__ = ["Mlp", "SwiGLU", "RMSNorm", "DropPath", "PatchEmbed", "Block", "Encoder"]
 
@@ -155,11 +155,24 @@ class Block(nn.Module):
         # strides are contiguous, so the traced backward's `view` of a dropout gradient fails (pytorch#120035).
         # Free when x is already contiguous, as PatchEmbed's output is.
         x = x.contiguous()
-        a = self.attn(self.norm1(x), masks=masks, return_attention=return_attention)
-        a, maps = a if return_attention else (a, None)
+        if return_attention:  # the attention layers' maps come from their recorder (one tensor per mode / stage)
+            with record_attention(self.attn) as records:
+                a = self.attn(self.norm1(x), masks=masks)
+            maps = [m for _, ms in records for m in ms]
+        else:
+            a, maps = self.attn(self.norm1(x), masks=masks), None
         x = x + self.drop_path(a)
         x = x + self.drop_path(self.mlp(self.norm2(x)))
         return (x, maps) if return_attention else x
+
+    def step(self, x, cache):
+        """One decoding step of a block whose attention is causal (see ``KroneckerAttention.step``): ``x`` is one
+        index of the causal mode; the norms and the MLP act per token. Eval-mode arithmetic, no gradients."""
+        if not hasattr(self.attn, "step"):
+            raise TypeError(f"Block.step: {type(self.attn).__name__} has no incremental decoding")
+        with torch.no_grad():
+            x = x + self.attn.step(self.norm1(x), cache)
+            return x + self.mlp(self.norm2(x))
 
 
 class Encoder(nn.Module):
@@ -181,3 +194,18 @@ class Encoder(nn.Module):
             maps.append(m)
         x = self.norm(x)
         return (x, maps) if return_attention else x
+
+    def init_cache(self) -> list:
+        """Decoding state for :meth:`step`: one cache per block (blocks built with a causal ``causal_mode``)."""
+        return [blk.attn.init_cache() for blk in self.blocks]
+
+    def step(self, x, cache: list):
+        """The encoder's output at the next index of the causal mode from that index's input slice ``x`` (size 1 along
+        the causal mode): equal to ``forward`` on every slice so far, read at the last. Per-step cost: the blocks'
+        (see ``KroneckerAttention.step``)."""
+        if not isinstance(cache, list) or len(cache) != len(self.blocks):
+            raise TypeError(f"Encoder.step: `cache` must be the list from init_cache() ({len(self.blocks)} entries)")
+        for blk, c in zip(self.blocks, cache):
+            x = blk.step(x, c)
+        with torch.no_grad():
+            return self.norm(x)

@@ -1,75 +1,133 @@
-"""Base class of every registered model: safetensors + JSON weights, never pickle."""
+"""Base class of every model: its constructor call is its configuration; weights are safetensors + JSON, never pickle.
+
+However a model is built -- ``create_model("hot_forecaster", dim=64)``, ``HOTForecaster(dim=64)`` in Python or by
+jsonargparse from a ``class_path`` / ``init_args`` config -- it carries ``model.config = {"name": ..., "kwargs":
+{...}}``: the registered name (see :mod:`hoformer.models.registry`; the class path for a class that is not
+registered) and the constructor's signature bound to the call with every default applied, as JSON values. That is
+what :meth:`HoformerModel.save_pretrained` writes and :func:`~hoformer.models.from_pretrained` rebuilds from, so a
+saved model keeps its architecture when a later release changes a default.
+
+The arguments are bound by the metaclass's ``__call__``, which runs around the constructor: one place, no global
+state, nothing for subclasses to do except keep a plain signature (named parameters, no ``*args`` / ``**kwargs``).
+"""
 from __future__ import annotations
 
-import contextlib
+import hashlib
 import inspect
 import json
 import os
-import threading
 import uuid
-import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-import torch
 from torch import nn
 
-from hoformer._io import atomic_write, fsync_dir, mkdir, stage
+from hoformer._io import fsync_dir, mkdir, stage
 
-__all__ = ["HoformerModel", "from_pretrained", "atomic_write"]
+__all__ = ["HoformerModel", "config_digest"]
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
 #: safetensors metadata key / config key pairing the two files of one ``save_pretrained`` call
 SAVE_ID_KEY = "save_id"
+#: safetensors metadata key binding the weights to the configuration they were saved with (:func:`config_digest`)
+DIGEST_KEY = "config_digest"
+#: class attribute (in the class's own ``__dict__``) listing ``(name, preset)`` registrations of that class
+REGISTRATIONS_ATTR = "_hoformer_registrations"
 
 
-# --------------------------------------------------------------------------- constructor-call recording
-_CALLS = threading.local()
+def _plain(value: Any) -> Any:
+    """``value`` as JSON gives it back (tuples -> lists); values JSON cannot hold are kept (refused when saved)."""
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
-@contextlib.contextmanager
-def _record_constructions() -> Iterator[list]:
-    """Collect ``(instance, args, kwargs)`` of every :class:`HoformerModel` constructed in the block (this thread).
+def constructor_signature(cls: type) -> inspect.Signature:
+    """``cls.__init__``'s signature without ``self``."""
+    sig = inspect.signature(cls.__init__)
+    return sig.replace(parameters=list(sig.parameters.values())[1:])
 
-    Used by :func:`~hoformer.models.registry.create_model` to learn which class a ``**kwargs``-forwarding factory
-    built and which constructor arguments it passed itself.
-    """
-    outer = getattr(_CALLS, "log", None)
-    log: list = []
-    _CALLS.log = log
+
+def bind_arguments(cls: type, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments that rebuild ``cls(*args, **kwargs)``: the constructor's signature bound to the call with
+    every default applied (``**kwargs`` entries flattened in), tuples as lists."""
+    sig = constructor_signature(cls)
     try:
-        yield log
-    finally:
-        _CALLS.log = outer
-        if outer is not None:  # a factory calling create_model: the outer call also sees these constructions
-            outer.extend(log)
+        bound = sig.bind(*args, **kwargs)
+    except TypeError as e:
+        raise TypeError(f"{cls.__name__}: {e}") from None
+    bound.apply_defaults()
+    out: dict[str, Any] = {}
+    for name, value in bound.arguments.items():
+        kind = sig.parameters[name].kind
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            if value:
+                raise TypeError(f"{cls.__name__}: a model's configuration is its keyword arguments; "
+                                f"extra positional arguments {value!r} cannot be recorded")
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            out.update({k: _plain(v) for k, v in value.items()})
+        else:
+            out[name] = _plain(value)
+    return out
 
 
-class HoformerModel(nn.Module):
-    """Mixin-style base: ``config`` is set by :func:`create_model`."""
+def registered_name(cls: type, kwargs: dict[str, Any]) -> str:
+    """The registered name of ``cls(**kwargs)``: the registration of ``cls`` whose preset arguments all equal the
+    bound ones (the most specific one when several do), else the class path ``module.QualName``."""
+    best: tuple[int, str] | None = None
+    for name, preset in cls.__dict__.get(REGISTRATIONS_ATTR, ()):
+        if all(k in kwargs and kwargs[k] == _plain(v) for k, v in preset.items()):
+            if best is None or len(preset) > best[0]:
+                best = (len(preset), name)
+    return best[1] if best is not None else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def config_digest(config: dict[str, Any]) -> str:
+    """SHA-256 of the canonical JSON of a model configuration's ``name`` and ``kwargs`` (sorted keys, no spaces, values
+    as JSON reads them back): what :meth:`HoformerModel.save_pretrained` stores beside the weights so that
+    :func:`~hoformer.models.from_pretrained` can tell an edited ``config.json`` from the one the weights were
+    trained with."""
+    canon = json.dumps({"name": config["name"], "kwargs": config["kwargs"]}, sort_keys=True, separators=(",", ":"),
+                       ensure_ascii=True, allow_nan=False, default=_json_default)
+    return hashlib.sha256(canon.encode("ascii")).hexdigest()
+
+
+class _ModelMeta(type(nn.Module)):
+    """Records ``model.config`` after the constructor returns (see the module docstring)."""
+
+    def __call__(cls, *args: Any, **kwargs: Any):
+        model = super().__call__(*args, **kwargs)
+        bound = bind_arguments(cls, args, kwargs)
+        model.config = {"name": registered_name(cls, bound), "kwargs": bound}
+        return model
+
+    @property
+    def __signature__(cls) -> inspect.Signature:
+        # ``inspect.signature(cls)`` would otherwise report this metaclass's ``__call__(*args, **kwargs)``
+        return constructor_signature(cls)
+
+
+class HoformerModel(nn.Module, metaclass=_ModelMeta):
+    """Base of every task model: ``config`` (set at construction), ``example_inputs``, ``save_pretrained``.
+
+    Subclasses take named, type-annotated constructor parameters with JSON-representable values (numbers, strings,
+    bools, ``None``, lists / tuples and dicts of those) and no ``*args`` / ``**kwargs``.
+    """
 
     config: dict[str, Any]
-
-    def __init_subclass__(cls, **kw: Any) -> None:
-        super().__init_subclass__(**kw)
-        # keep inspect.signature(cls) = the constructor's signature (Python 3.10 would report __new__'s *args, **kwargs)
-        sig = inspect.signature(cls.__init__)
-        cls.__signature__ = sig.replace(parameters=list(sig.parameters.values())[1:])
-
-    def __new__(cls, *args: Any, **kwargs: Any):
-        obj = super().__new__(cls)
-        log = getattr(_CALLS, "log", None)
-        if log is not None:
-            log.append((obj, args, kwargs))
-        return obj
 
     def example_inputs(self, batch_size: int = 2) -> tuple[tuple, dict]:
         """``(args, kwargs)`` of a valid ``forward`` call; drives the registry-wide tests."""
         raise NotImplementedError(f"{type(self).__name__} must implement example_inputs(batch_size)")
 
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
-        """Write ``model.safetensors`` and ``config.json`` into ``directory``.
+        """Write ``model.safetensors`` and ``config.json`` into ``directory`` (created if missing).
+
+        The weights' metadata carries :func:`config_digest` of the configuration, so that
+        :func:`~hoformer.models.from_pretrained` refuses a ``config.json`` edited afterwards.
 
         Crash safety: both files are first written and fsynced as hidden temporary files next to their targets, then
         renamed (weights, then config) and the directory is fsynced. Both files carry the same random ``save_id``
@@ -80,21 +138,26 @@ class HoformerModel(nn.Module):
         from safetensors.torch import save_file
 
         cfg = getattr(self, "config", None)
-        if not cfg:
-            raise ValueError("save_pretrained: model has no `config`; build it with hoformer.models.create_model")
+        if not isinstance(cfg, dict) or "name" not in cfg or "kwargs" not in cfg:
+            raise ValueError(f"save_pretrained: {type(self).__name__} has no `config` with 'name' and 'kwargs' "
+                             f"(it is set when the model is constructed; got {cfg!r})")
+        directory = Path(directory)
+        if directory.exists() and not directory.is_dir():
+            raise FileExistsError(f"save_pretrained: `directory` must be a directory (or a path that does not exist "
+                                  f"yet), got the existing file {str(directory)!r}")
         save_id = uuid.uuid4().hex
         # serialise first: a config JSON cannot hold must fail before any file is touched
         payload = json.dumps({"hoformer_version": _version(), **cfg, SAVE_ID_KEY: save_id}, indent=2,
                              sort_keys=True, default=_json_default)
-        directory = Path(directory)
+        digest = config_digest(json.loads(payload))
         mkdir(directory)
         # safetensors refuses shared storage; clone so tied weights round-trip.
         state = {k: v.detach().contiguous().clone() for k, v in self.state_dict().items()}
         w_path, c_path = directory / WEIGHTS_NAME, directory / CONFIG_NAME
+        meta = {"format": "pt", SAVE_ID_KEY: save_id, DIGEST_KEY: digest}
         staged: list[str] = []
         try:
-            staged.append(stage(w_path, lambda p: save_file(state, p, metadata={"format": "pt",
-                                                                                 SAVE_ID_KEY: save_id})))
+            staged.append(stage(w_path, lambda p: save_file(state, p, metadata=meta)))
             staged.append(stage(c_path, lambda p: Path(p).write_text(payload)))
             os.replace(staged[0], w_path)
             os.replace(staged[1], c_path)
@@ -104,36 +167,6 @@ class HoformerModel(nn.Module):
                     os.unlink(tmp)
         fsync_dir(directory)
         return directory
-
-
-def hf_config(directory: str | os.PathLike) -> dict | None:
-    """The ``config.json`` of a Hugging Face model directory (it has a ``model_type``; a :meth:`save_pretrained`
-    one has ``name`` / ``kwargs`` instead), or ``None`` for anything else."""
-    try:
-        cfg = json.loads((Path(directory) / CONFIG_NAME).read_text())
-    except (OSError, ValueError):
-        return None
-    return cfg if isinstance(cfg, dict) and "model_type" in cfg and "kwargs" not in cfg else None
-
-
-#: Hugging Face model types whose learned positions start at ``pad_token_id + 1`` (RoBERTa's embeddings)
-_PAD_OFFSET_TYPES = frozenset({"roberta", "xlm-roberta", "xlm-roberta-xl", "roberta-prelayernorm", "camembert",
-                               "longformer", "data2vec-text", "ibert", "mpnet", "luke", "markuplm", "xmod", "lilt"})
-#: Hugging Face model types whose positions start at a fixed row
-_FIXED_OFFSET_TYPES = {"nystromformer": 2, "yoso": 2, "mra": 2}
-
-
-def hf_position_offset(cfg: dict) -> int:
-    """First row of a Hugging Face config's learned position table that position 0 uses: ``pad_token_id + 1`` for
-    the RoBERTa family (:data:`_PAD_OFFSET_TYPES`, ``pad_token_id`` 1 when unset), a fixed row for a few others
-    (:data:`_FIXED_OFFSET_TYPES`), 0 for BERT and the rest."""
-    kind = cfg.get("model_type")
-    if kind in _FIXED_OFFSET_TYPES:
-        return _FIXED_OFFSET_TYPES[kind]
-    if kind not in _PAD_OFFSET_TYPES:
-        return 0
-    pad = cfg.get("pad_token_id")
-    return (1 if pad is None else int(pad)) + 1
 
 
 def _version() -> str:
@@ -146,70 +179,3 @@ def _json_default(obj: Any):
     if isinstance(obj, tuple):
         return list(obj)
     raise TypeError(f"save_pretrained: config value {obj!r} of type {type(obj).__name__} is not JSON-serialisable")
-
-
-def from_pretrained(directory: str | os.PathLike, *, map_location: str | torch.device = "cpu", strict: bool = True):
-    """Rebuild a model saved by :meth:`HoformerModel.save_pretrained` (safetensors, no unpickling).
-
-    The model is built directly on ``map_location`` (a device string or :class:`torch.device`), loaded there and
-    returned in eval mode (dropout off), like Hugging Face's ``from_pretrained``; call ``.train()`` to fine-tune.
-    A config written by another hoformer version triggers a warning naming both versions.
-    """
-    from safetensors import safe_open
-
-    from .registry import create_model
-
-    try:
-        device = torch.device(map_location)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"from_pretrained: `map_location` must be a device string or torch.device, "
-                         f"got {map_location!r}") from e
-    directory = Path(directory)
-    cfg_path, w_path = directory / CONFIG_NAME, directory / WEIGHTS_NAME
-    for p in (cfg_path, w_path):
-        if not p.is_file():
-            raise FileNotFoundError(f"from_pretrained: expected {p.name} in {directory}, not found")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"from_pretrained: {cfg_path} is not valid JSON ({e})") from e
-    if not isinstance(cfg, dict) or "name" not in cfg or "kwargs" not in cfg:
-        raise ValueError(f"from_pretrained: {cfg_path} lacks the 'name'/'kwargs' keys written by save_pretrained")
-    try:
-        with safe_open(str(w_path), framework="pt", device=str(device)) as f:
-            meta = f.metadata() or {}
-            state = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as e:  # safetensors raises its own error types
-        raise ValueError(f"from_pretrained: cannot read weights {w_path}: {e}") from e
-    cfg_id, w_id = cfg.get(SAVE_ID_KEY), meta.get(SAVE_ID_KEY)
-    if (cfg_id is not None or w_id is not None) and cfg_id != w_id:
-        raise ValueError(
-            f"from_pretrained: {w_path.name} and {cfg_path.name} in {directory} come from different save_pretrained "
-            f"calls (save_id {w_id!r} vs {cfg_id!r}): an interrupted save? Save the model again. If you replaced "
-            f"{w_path.name} on purpose, delete the {SAVE_ID_KEY!r} key of {cfg_path.name}."
-        )
-    saved_version, installed = cfg.get("hoformer_version"), _version()
-    if saved_version is not None and saved_version != installed:
-        warnings.warn(
-            f"from_pretrained: {cfg_path} was saved with hoformer {saved_version}, but hoformer {installed} is "
-            f"installed; the model is rebuilt from the saved constructor arguments, check that it behaves as expected",
-            UserWarning, stacklevel=2,
-        )
-    try:
-        with device:  # build directly on the target device (no CPU copy first)
-            model = create_model(cfg["name"], **cfg["kwargs"])
-    except TypeError as e:  # an argument this version of the model no longer takes (renamed / removed)
-        raise ValueError(f"from_pretrained: {cfg_path} holds constructor arguments that {cfg['name']!r} of hoformer "
-                         f"{installed} does not accept ({e}); saved with hoformer {saved_version}") from e
-    model.to(device)  # any tensor a constructor placed explicitly elsewhere
-    try:
-        missing, unexpected = model.load_state_dict(state, strict=False)
-    except RuntimeError as e:  # shape mismatches: the weights belong to another configuration
-        raise ValueError(f"from_pretrained: weights in {w_path} do not fit model {cfg['name']!r} built from "
-                         f"{cfg_path}: {e}") from e
-    if strict and (missing or unexpected):
-        raise ValueError(
-            f"from_pretrained: weights in {w_path} do not match model {cfg['name']!r} built from config: "
-            f"missing={missing[:5]} unexpected={unexpected[:5]}"
-        )
-    return model.eval()

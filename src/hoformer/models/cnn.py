@@ -14,7 +14,7 @@ Axis legend: ``b`` batch, ``c`` channels, ``d h w`` voxels.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Literal, Sequence
 
 import torch
 from torch import nn
@@ -40,7 +40,9 @@ class CNN3DClassifier(_ImageModel):
     """Small 3D CNN classifier ``(B, C_in, D, H, W) -> logits (B, num_classes)`` (see the module docstring).
 
     Args:
-        in_channels, input_size, num_classes: as :class:`~hoformer.models.HOTVolumeClassifier`.
+        in_channels: input channels.
+        input_size: volume size ``D = H = W`` or ``(D, H, W)``.
+        num_classes: classes (>= 2).
         widths: channels of each stage; every stage but the first halves the resolution, so ``input_size`` must be
             divisible by ``2 ** (len(widths) - 1)``.
         dropout: dropout before the classifier.
@@ -58,7 +60,7 @@ class CNN3DClassifier(_ImageModel):
         num_classes: int = 2,
         widths: Sequence[int] = (16, 32, 64),
         dropout: float = 0.0,
-        norm: str = "group",
+        norm: Literal["group", "batch"] = "group",
     ) -> None:
         super().__init__()
         fn = self._name

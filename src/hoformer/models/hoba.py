@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 import torch
 from torch import nn
@@ -20,10 +21,11 @@ from torch import nn
 from hoformer._checks import check_values, check_int
 from hoformer.layers.triplet import TEXT_ATTENTIONS, HOBABlock
 
-from .base import HoformerModel, hf_config, hf_position_offset
+from .base import WEIGHTS_NAME, HoformerModel
+from .hf import hf_as_student, hf_config
 from .registry import register_model
 
-__all__ = ["HOBAClassifier", "hoba_classifier"]
+__all__ = ["HOBAClassifier"]
 
 
 class TextEmbeddings(nn.Module):
@@ -41,15 +43,26 @@ class TextEmbeddings(nn.Module):
         return self.drop(self.norm(self.tokens(ids) + self.positions(pos)))
 
 
+@register_model(name="hoba_classifier")
 class HOBAClassifier(HoformerModel):
     """Embeddings -> ``depth`` x :class:`~hoformer.layers.HOBABlock` -> pooled head (``[CLS]`` token or masked mean)
     -> ``Linear-tanh-Linear`` classifier (RoBERTa classification head).
 
     Args:
-        vocab_size, num_classes, max_len: vocabulary, classes, longest sequence (position table size).
-        dim, depth, num_heads, mlp_ratio, dropout: encoder size.
-        attention: ``"hoba"`` | ``"triplet_full"`` | ``"block2d"`` | ``"full2d"``.
-        block_size, overlap, cross_block: windowing of the blocked variants (eqs 3-7).
+        vocab_size: vocabulary size (token ids lie in ``[0, vocab_size)``).
+        num_classes: classes.
+        max_len: longest sequence (position table size).
+        dim: model width.
+        depth: number of layers.
+        num_heads: attention heads.
+        mlp_ratio: FFN hidden width / ``dim``.
+        attention: ``"hoba"`` (blocked triplet attention + cross-block routing), ``"triplet_full"`` (triplet
+            attention over the whole sequence), ``"block2d"`` (blocked pairwise attention) or ``"full2d"`` (standard
+            pairwise attention).
+        block_size: tokens per block of the blocked variants (eqs 3-7).
+        overlap: fraction of a block shared with the next one.
+        cross_block: route information between blocks (blocked variants).
+        dropout: dropout on embeddings, attention outputs, FFNs and the head.
         pooling: ``"cls"`` (first token) or ``"mean"`` (mean over real tokens).
         norm_first: pre-norm layers (stable from scratch) or RoBERTa's post-norm.
         pad_id: padding token id (its embedding is zero and gets no gradient).
@@ -64,12 +77,12 @@ class HOBAClassifier(HoformerModel):
         depth: int = 3,
         num_heads: int = 4,
         mlp_ratio: float = 4.0,
-        attention: str = "hoba",
+        attention: Literal["hoba", "triplet_full", "block2d", "full2d"] = "hoba",
         block_size: int = 16,
         overlap: float = 0.25,
         cross_block: bool = True,
         dropout: float = 0.1,
-        pooling: str = "cls",
+        pooling: Literal["cls", "mean"] = "cls",
         norm_first: bool = True,
         pad_id: int = 0,
     ) -> None:
@@ -172,7 +185,7 @@ class HOBAClassifier(HoformerModel):
         its students 64 or 128)."""
         if isinstance(source, (str, os.PathLike)):
             cfg = hf_config(source)
-            state = _hf_as_student(Path(source), cfg, head) if cfg else _load_safetensors(source)
+            state = hf_as_student(Path(source), cfg, head) if cfg else _load_safetensors(source)
         else:
             state = source.state_dict()
         prefixes = ("embed.",) + (("head.",) if head else ())
@@ -195,48 +208,4 @@ class HOBAClassifier(HoformerModel):
 def _load_safetensors(directory) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    return load_file(str(Path(directory) / "model.safetensors"))
-
-
-def _hf_as_student(directory: Path, cfg: dict, head: bool) -> dict[str, torch.Tensor]:
-    """A Hugging Face checkpoint's (config ``cfg``) embedding (and RoBERTa head) weights under
-    :class:`HOBAClassifier`'s names."""
-    from safetensors.torch import load_file
-
-    state: dict[str, torch.Tensor] = {}
-    for f in sorted(directory.glob("*.safetensors")) or sorted(directory.glob("pytorch_model*.bin")):  # shards too
-        state.update(load_file(str(f)) if f.suffix == ".safetensors" else
-                     torch.load(f, map_location="cpu", weights_only=True))
-    if not state:
-        raise FileNotFoundError(f"load_embeddings_from: no *.safetensors or pytorch_model*.bin in {str(directory)!r}")
-    word = [k for k in state if k.endswith("embeddings.word_embeddings.weight")]
-    if len(word) != 1:
-        raise ValueError(f"load_embeddings_from: {str(directory)!r} ({cfg['model_type']}) has no single BERT-style "
-                         f"'embeddings.word_embeddings.weight' (found {word})")
-    pre = word[0][: -len("word_embeddings.weight")]  # e.g. "roberta.embeddings."
-    if pre + "position_embeddings.weight" not in state:
-        raise ValueError(f"load_embeddings_from: {str(directory)!r} ({cfg['model_type']}) has no learned absolute "
-                         f"positions ('{pre}position_embeddings.weight'); the student's position table needs them")
-    pos = state[pre + "position_embeddings.weight"][hf_position_offset(cfg):]  # RoBERTa: from pad + 1
-    if pre + "token_type_embeddings.weight" in state:  # every token has type 0: a constant added to each position
-        pos = pos + state[pre + "token_type_embeddings.weight"][0]
-    if pre + "LayerNorm.weight" not in state:  # e.g. xlm-roberta-xl normalises inside its layers instead
-        raise ValueError(f"load_embeddings_from: {str(directory)!r} ({cfg['model_type']}) has no embedding LayerNorm "
-                         f"('{pre}LayerNorm.weight'), which the student's embeddings apply")
-    out = {"embed.tokens.weight": state[word[0]], "embed.positions.weight": pos,
-           "embed.norm.weight": state[pre + "LayerNorm.weight"], "embed.norm.bias": state[pre + "LayerNorm.bias"]}
-    if head:
-        names = {"head.1.weight": "classifier.dense.weight", "head.1.bias": "classifier.dense.bias",
-                 "head.4.weight": "classifier.out_proj.weight", "head.4.bias": "classifier.out_proj.bias"}
-        if not all(v in state for v in names.values()):
-            raise ValueError(f"load_embeddings_from: head=True needs a RoBERTa-style classification head "
-                             f"(classifier.dense / classifier.out_proj), which {str(directory)!r} "
-                             f"({cfg['model_type']}) does not have")
-        out.update({k: state[v] for k, v in names.items()})
-    return out
-
-
-@register_model
-def hoba_classifier(**kwargs) -> HOBAClassifier:
-    """RoBERTa-like text classifier with HOBA (or baseline) attention; see :class:`HOBAClassifier`."""
-    return HOBAClassifier(**kwargs)
+    return load_file(str(Path(directory) / WEIGHTS_NAME))

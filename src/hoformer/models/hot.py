@@ -15,7 +15,7 @@ Axis legend: ``b`` batch, ``c`` variates / channels, ``t`` time patches, ``n1..n
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Literal, Sequence
 
 import torch
 from torch import nn
@@ -26,11 +26,20 @@ from hoformer.layers import ATTENTION_TYPES, AbsolutePositionalEncoding, Encoder
 from .base import HoformerModel
 from .registry import register_model
 
-__all__ = ["HOTForecaster", "HOTVolumeClassifier", "HOTSegmenter", "FORECAST_ATTENTIONS"]
+__all__ = ["HOTForecaster", "HOTVolumeClassifier", "HOTSegmenter", "FORECAST_ATTENTIONS", "AttentionName",
+           "ForecastAttentionName"]
 
 #: attention names accepted by the forecaster: every layer type plus the 1-mode baselines of Table 1, which are
 #: :class:`~hoformer.layers.AxialAttention` along that mode only (for every fiber of the other mode)
 FORECAST_ATTENTIONS = {"spatial": 0, "temporal": 1}
+
+#: the names of :data:`hoformer.layers.ATTENTION_TYPES`, as a type (command-line help lists them; a test keeps the
+#: two equal)
+AttentionName = Literal["kronecker_product", "kronecker_sum", "kronecker_linear", "kronecker_tanimoto",
+                        "kronecker_cosine", "full", "axial", "axial_sequential", "divided"]
+#: :data:`AttentionName` plus the forecaster's 1-mode baselines (:data:`FORECAST_ATTENTIONS`)
+ForecastAttentionName = Literal[AttentionName, "spatial", "temporal"]
+PosEmbed = Literal["rope", "learned", "sincos", "none"]
 
 
 def _check_attention(name: str, model: str, extra: Sequence[str] = ()) -> None:
@@ -98,8 +107,26 @@ class HOTForecaster(HoformerModel):
     flatten head / iTransformer reach ~0.72); Table 1's 680K parameters also match a flattened head (ours: 757K at
     the defaults) rather than a pooled one (475K).
 
-    Defaults follow appendix B.4 / Table 6: 2 blocks, width 128, patch 4; ``attention`` also accepts ``"spatial"``
-    and ``"temporal"`` (1-mode baselines).
+    Defaults follow appendix B.4 / Table 6: 2 blocks, width 128, patch 4.
+
+    Args:
+        seq_len: lookback window (time steps of the input); a multiple of ``patch_size``.
+        pred_len: forecast horizon (time steps of the output).
+        num_variates: variates (channels) of the series.
+        attention: a name of :data:`hoformer.layers.ATTENTION_TYPES` over the ``(variates, time patches)`` grid, or
+            the 1-mode baselines ``"spatial"`` (over variates; iTransformer with ``patch_size=seq_len``) and
+            ``"temporal"`` (over time patches).
+        dim: model width.
+        depth: number of blocks.
+        num_heads: attention heads.
+        patch_size: time steps per patch (kernel and stride of the embedding convolution).
+        mlp_ratio: MLP hidden width / ``dim``.
+        dropout: dropout on attention outputs and MLPs.
+        drop_path: stochastic depth of the last block (linearly increasing from 0).
+        pool: head input per variate: ``"flatten"`` (all patch tokens) or ``"mean"`` (their average).
+        revin: per-variate instance normalisation of the input, undone on the output.
+        rope: rotary positions on the time mode.
+        qk_norm: LayerNorm on queries and keys.
     """
 
     def __init__(
@@ -107,7 +134,7 @@ class HOTForecaster(HoformerModel):
         seq_len: int = 96,
         pred_len: int = 96,
         num_variates: int = 7,
-        attention: str = "kronecker_product",
+        attention: ForecastAttentionName = "kronecker_product",
         dim: int = 128,
         depth: int = 2,
         num_heads: int = 8,
@@ -115,7 +142,7 @@ class HOTForecaster(HoformerModel):
         mlp_ratio: float = 4.0,
         dropout: float = 0.1,
         drop_path: float = 0.0,
-        pool: str = "flatten",
+        pool: Literal["flatten", "mean"] = "flatten",
         revin: bool = True,
         rope: bool = True,
         qk_norm: bool = True,
@@ -208,6 +235,21 @@ class HOTVolumeClassifier(_PatchGridModel):
     ``depth`` blocks (``pos_embed="rope"``: mode-wise RoPE, best for HOT product in appendix D; or ``"learned"``,
     ``"sincos"``, ``"none"``) -> global average pooling -> linear classifier.
     Defaults: 6 blocks, width 128, patch 4 on 28^3 (7^3 tokens), binary classes (AdrenalMNIST3D).
+
+    Args:
+        in_channels: input channels.
+        input_size: volume size ``D = H = W`` or ``(D, H, W)``; each a multiple of ``patch_size``.
+        num_classes: classes (>= 2).
+        attention: a name of :data:`hoformer.layers.ATTENTION_TYPES` over the 3-mode patch grid.
+        dim: model width.
+        depth: number of blocks.
+        num_heads: attention heads.
+        patch_size: voxels per patch side.
+        mlp_ratio: MLP hidden width / ``dim``.
+        dropout: dropout on attention outputs and MLPs.
+        drop_path: stochastic depth of the last block (linearly increasing from 0).
+        pos_embed: ``"rope"`` (mode-wise rotary), ``"learned"``, ``"sincos"`` or ``"none"``.
+        qk_norm: LayerNorm on queries and keys.
     """
 
     _name, _legend = "hot_volume_classifier", "(B, C_in, D, H, W)"
@@ -217,7 +259,7 @@ class HOTVolumeClassifier(_PatchGridModel):
         in_channels: int = 1,
         input_size: int | Sequence[int] = 28,
         num_classes: int = 2,
-        attention: str = "kronecker_product",
+        attention: AttentionName = "kronecker_product",
         dim: int = 128,
         depth: int = 6,
         num_heads: int = 8,
@@ -225,7 +267,7 @@ class HOTVolumeClassifier(_PatchGridModel):
         mlp_ratio: float = 4.0,
         dropout: float = 0.1,
         drop_path: float = 0.0,
-        pos_embed: str = "rope",
+        pos_embed: PosEmbed = "rope",
         qk_norm: bool = True,
     ) -> None:
         super().__init__()
@@ -247,6 +289,21 @@ class HOTSegmenter(_PatchGridModel):
     Conv2d patch embedding (ReLU) -> 2-mode grid of patches -> ``depth`` blocks -> per-token MLP (no pooling)
     emitting ``patch_size^2 * num_classes`` logits per token, rearranged to pixels.
     Defaults: 7 Landsat bands, 264^2 patches, NLCD's 17 classes, 6 blocks, width 128, patch 8 (33^2 tokens).
+
+    Args:
+        in_channels: input bands.
+        num_classes: classes per pixel (>= 2).
+        input_size: image size ``H = W`` or ``(H, W)``; each a multiple of ``patch_size``.
+        attention: a name of :data:`hoformer.layers.ATTENTION_TYPES` over the 2-mode patch grid.
+        dim: model width.
+        depth: number of blocks.
+        num_heads: attention heads.
+        patch_size: pixels per patch side.
+        mlp_ratio: MLP hidden width / ``dim``.
+        dropout: dropout on attention outputs and MLPs.
+        drop_path: stochastic depth of the last block (linearly increasing from 0).
+        pos_embed: ``"rope"`` (mode-wise rotary), ``"learned"``, ``"sincos"`` or ``"none"``.
+        qk_norm: LayerNorm on queries and keys.
     """
 
     _name, _legend = "hot_segmenter", "(B, C_in, H, W)"
@@ -256,7 +313,7 @@ class HOTSegmenter(_PatchGridModel):
         in_channels: int = 7,
         num_classes: int = 17,
         input_size: int | Sequence[int] = 264,
-        attention: str = "kronecker_product",
+        attention: AttentionName = "kronecker_product",
         dim: int = 128,
         depth: int = 6,
         num_heads: int = 8,
@@ -264,7 +321,7 @@ class HOTSegmenter(_PatchGridModel):
         mlp_ratio: float = 4.0,
         dropout: float = 0.1,
         drop_path: float = 0.0,
-        pos_embed: str = "rope",
+        pos_embed: PosEmbed = "rope",
         qk_norm: bool = True,
     ) -> None:
         super().__init__()

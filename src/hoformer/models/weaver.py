@@ -9,6 +9,8 @@ Set ``model.record_attention = True`` to keep the last forward's attention maps 
 """
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import nn
 
@@ -31,18 +33,22 @@ __all__ = [
     "Weaver",
     "TrafficTransformer",
     "BASELINE_ATTENTION",
+    "TRAFFIC_LAYOUTS",
     "LastValue",
     "HistoricalAverage",
-    "traffic_full_attention",
-    "traffic_alternating",
-    "traffic_hot",
-    "last_value",
-    "historical_average",
 ]
 
 
 class TrafficModel(HoformerModel):
-    """Shared input validation and ``example_inputs`` for ``(B, P, N, C) -> (B, Q, N, C)`` forecasters."""
+    """Shared input validation and ``example_inputs`` for ``(B, P, N, C) -> (B, Q, N, C)`` forecasters.
+
+    Args:
+        num_nodes: sensors of the graph (``N``).
+        window: history steps (``P``).
+        horizon: forecast steps (``Q``).
+        in_channels: input channels per sensor and step (``C``).
+        out_channels: forecast channels (``None``: ``in_channels``).
+    """
 
     def __init__(self, num_nodes: int = 207, window: int = 12, horizon: int = 12, in_channels: int = 1,
                  out_channels: int | None = None) -> None:
@@ -93,16 +99,38 @@ class TrafficModel(HoformerModel):
 class Weaver(TrafficModel):
     """Weaver (paper 003, sections 4-5): phase-dictionary input module, Kronecker valence attention with P^2-KMV
     message passing, state-transition MLP and linear readout. Defaults = Table 3, Default(T); ``use_time=False``
-    is Default(NT). ``kernel`` in ``{"tanimoto", "cosine", "sdpa"}`` (section 7.2 ablation).
+    is Default(NT).
 
     With ``use_time=True`` and no ``time`` passed, the temporal encoding input is zero.
+
+    Args:
+        num_nodes: sensors of the graph (``N``).
+        window: history steps (``P``).
+        horizon: forecast steps (``Q``).
+        in_channels: input channels per sensor and step (``C``).
+        out_channels: forecast channels (``None``: ``in_channels``).
+        dim: embedding width ``E``.
+        num_heads: attention heads.
+        use_time: feed the time-of-day / day-of-week encoding to the temporal attention (Default(T)).
+        dropout: dropout of the input module and the state transition.
+        num_landmarks: phase-dictionary landmarks.
+        dict_width: phase-dictionary feature width.
+        use_dictionary: use the phase dictionary in the input module.
+        num_scorers: scorers of the attentive top-k pooling.
+        ratio_space: top-k ratio of the pooling over nodes (gives the temporal nodes).
+        ratio_time: top-k ratio of the pooling over time (gives the spatial nodes).
+        kern_dim: width of the learned spatial structural encoding.
+        kern_layers: layers of the structural-encoding MLP.
+        kernel: valence kernel (section 7.2 ablation).
+        mlp_expansion: hidden expansion of the state-transition MLP.
     """
 
     def __init__(self, num_nodes: int = 207, window: int = 12, horizon: int = 12, in_channels: int = 1,
                  out_channels: int | None = None, dim: int = 128, num_heads: int = 8, use_time: bool = True,
                  dropout: float = 0.1, num_landmarks: int = 64, dict_width: int = 32, use_dictionary: bool = True,
                  num_scorers: int = 5, ratio_space: float = 0.6, ratio_time: float = 0.6, kern_dim: int = 32,
-                 kern_layers: int = 3, kernel: str = "tanimoto", mlp_expansion: int = 2) -> None:
+                 kern_layers: int = 3, kernel: Literal["tanimoto", "cosine", "sdpa"] = "tanimoto",
+                 mlp_expansion: int = 2) -> None:
         super().__init__(num_nodes, window, horizon, in_channels, out_channels)
         self.input = WeaverInput(num_nodes, window, in_channels, dim, num_landmarks, dict_width, dropout,
                                  use_dictionary)
@@ -129,30 +157,60 @@ BASELINE_ATTENTION = {
 }
 
 
+#: ``layout`` of :class:`TrafficTransformer` -> the :data:`BASELINE_ATTENTION` keys of its blocks for ``num_layers``
+TRAFFIC_LAYOUTS = {
+    "full": lambda n: ["full"] * n,  # vanilla spatiotemporal transformer
+    "alternating": lambda n: ["temporal"] * n + ["spatial"] * n,  # STAEformer-like: temporal layers, then spatial
+    "kronecker": lambda n: ["kronecker"] * n,  # HOT S_T (x) S_S
+    "temporal": lambda n: ["temporal"] * n,
+    "spatial": lambda n: ["spatial"] * n,
+}
+
+
 class TrafficTransformer(TrafficModel):
-    """Baseline spatiotemporal transformer in Weaver's framework: :class:`TrafficEmbedding`, one pre-norm
-    :class:`~hoformer.layers.Block` per entry of ``modes`` (a key of :data:`BASELINE_ATTENTION`) and a per-node
+    """Baseline spatiotemporal transformer in Weaver's framework: :class:`TrafficEmbedding`, pre-norm
+    :class:`~hoformer.layers.Block` s whose attention over the ``(P, N)`` grid follows ``layout``, and a per-node
     readout of the flattened ``(P, E)`` history to ``(Q, C)`` (STAEformer's output projection).
 
     Blocks use plain q/k (no q/k norm) and dropout on the attention output and the MLP, not on the attention
-    probabilities, as STAEformer does.
+    probabilities, as STAEformer does. Registered as ``traffic_full_attention`` (``layout="full"``),
+    ``traffic_alternating`` (``"alternating"``) and ``traffic_hot`` (``"kronecker"``).
+
+    Args:
+        layout: the blocks' attention: ``"full"`` (all ``P*N`` tokens jointly, O(P^2 N^2)), ``"alternating"``
+            (``num_layers`` temporal blocks, then ``num_layers`` spatial ones), ``"kronecker"`` (HOT softmax attention
+            ``S_T (x) S_S``, paper 000), ``"temporal"`` (each sensor's ``P`` steps) or ``"spatial"`` (each step's
+            ``N`` sensors).
+        num_layers: blocks per layout stage (``"alternating"`` has two stages).
+        num_nodes: sensors of the graph (``N``).
+        window: history steps (``P``).
+        horizon: forecast steps (``Q``).
+        in_channels: input channels per sensor and step (``C``).
+        out_channels: forecast channels (``None``: ``in_channels``).
+        dim: embedding width ``E``.
+        num_heads: attention heads.
+        mlp_ratio: MLP hidden width / ``dim``.
+        dropout: dropout on attention outputs and MLPs.
+        use_time: time-of-day / day-of-week embeddings.
     """
 
-    def __init__(self, modes: list[str], num_nodes: int = 207, window: int = 12, horizon: int = 12,
+    def __init__(self, layout: Literal["full", "alternating", "kronecker", "temporal", "spatial"] = "kronecker",
+                 num_layers: int = 2, num_nodes: int = 207, window: int = 12, horizon: int = 12,
                  in_channels: int = 1, out_channels: int | None = None, dim: int = 64, num_heads: int = 4,
                  mlp_ratio: float = 2.0, dropout: float = 0.1, use_time: bool = True) -> None:
         super().__init__(num_nodes, window, horizon, in_channels, out_channels)
-        bad = [m for m in modes if m not in BASELINE_ATTENTION]
-        if bad:
-            raise ValueError(f"TrafficTransformer: `modes` entries must be in {sorted(BASELINE_ATTENTION)}, got {bad}")
+        if not isinstance(layout, str) or layout not in TRAFFIC_LAYOUTS:
+            raise ValueError(f"TrafficTransformer: `layout` must be one of {sorted(TRAFFIC_LAYOUTS)}, got {layout!r}")
+        check_int("TrafficTransformer", "num_layers", num_layers)
         if dim % num_heads:
             raise ValueError(f"TrafficTransformer: `dim` ({dim}) must be divisible by `num_heads` ({num_heads})")
-        self.modes = list(modes)
+        self.layout = layout
+        self.modes = TRAFFIC_LAYOUTS[layout](num_layers)
         self.embed = TrafficEmbedding(num_nodes, window, in_channels, dim, use_time)
         self.blocks = nn.ModuleList(
             Block(dim, num_heads, attention=BASELINE_ATTENTION[m][0], mlp_ratio=mlp_ratio, dropout=dropout,
                   qk_norm=False, attn_dropout=0.0, **BASELINE_ATTENTION[m][1])
-            for m in modes
+            for m in self.modes
         )
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(window * dim, horizon * self.out_channels)
@@ -174,37 +232,41 @@ class TrafficTransformer(TrafficModel):
         return y.view(b, n, self.horizon, self.out_channels).transpose(1, 2)
 
 
-@register_model
-def traffic_full_attention(num_layers: int = 2, **kwargs) -> TrafficTransformer:
-    """Vanilla spatiotemporal transformer: softmax attention over all ``P*N`` tokens (O(P^2 N^2))."""
-    return TrafficTransformer(["full"] * num_layers, **kwargs)
-
-
-@register_model
-def traffic_alternating(num_layers: int = 2, **kwargs) -> TrafficTransformer:
-    """STAEformer-like: ``num_layers`` temporal attention layers, then ``num_layers`` spatial ones."""
-    return TrafficTransformer(["temporal"] * num_layers + ["spatial"] * num_layers, **kwargs)
-
-
-@register_model
-def traffic_hot(num_layers: int = 2, **kwargs) -> TrafficTransformer:
-    """HOT Kronecker softmax attention ``S_T (x) S_S`` on the ``(P, N)`` grid (paper 000)."""
-    return TrafficTransformer(["kronecker"] * num_layers, **kwargs)
+register_model(TrafficTransformer, name="traffic_full_attention", preset={"layout": "full"})
+register_model(TrafficTransformer, name="traffic_alternating", preset={"layout": "alternating"})
+register_model(TrafficTransformer, name="traffic_hot", preset={"layout": "kronecker"})
 
 
 class _CopyBaseline(TrafficModel):
-    """Parameter-free baselines forecast the input channels themselves: ``out_channels`` must equal ``in_channels``
-    (it was silently ignored)."""
+    """Parameter-free baselines forecast the input channels themselves: ``out_channels`` must equal ``in_channels``.
 
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
+    Args:
+        num_nodes: sensors of the graph (``N``).
+        window: history steps (``P``).
+        horizon: forecast steps (``Q``).
+        in_channels: channels per sensor and step (``C``).
+        out_channels: ``None`` or ``in_channels``.
+    """
+
+    def __init__(self, num_nodes: int = 207, window: int = 12, horizon: int = 12, in_channels: int = 1,
+                 out_channels: int | None = None) -> None:
+        super().__init__(num_nodes, window, horizon, in_channels, out_channels)
         if self.out_channels != self.in_channels:
             raise ValueError(f"{type(self).__name__}: forecasts its input channels, so `out_channels` must equal "
-                             f"in_channels={self.in_channels} (or be None), got {kwargs.get('out_channels')!r}")
+                             f"in_channels={self.in_channels} (or be None), got {out_channels!r}")
 
 
+@register_model(name="last_value")
 class LastValue(_CopyBaseline):
-    """Parameter-free baseline: repeat each sensor's last observed value over the horizon."""
+    """Parameter-free baseline: repeat each sensor's last observed value over the horizon.
+
+    Args:
+        num_nodes: sensors of the graph (``N``).
+        window: history steps (``P``).
+        horizon: forecast steps (``Q``).
+        in_channels: channels per sensor and step (``C``).
+        out_channels: ``None`` or ``in_channels``.
+    """
 
     def forward(self, x: torch.Tensor, time: torch.Tensor | None = None, mask: torch.Tensor | None = None):
         x, _, mask = self._prepare(x, time, mask)
@@ -217,8 +279,17 @@ class LastValue(_CopyBaseline):
         return last.unsqueeze(1).expand(-1, self.horizon, -1, -1).contiguous()
 
 
+@register_model(name="historical_average")
 class HistoricalAverage(_CopyBaseline):
-    """Parameter-free baseline: each sensor's mean observed value over the history window."""
+    """Parameter-free baseline: each sensor's mean observed value over the history window.
+
+    Args:
+        num_nodes: sensors of the graph (``N``).
+        window: history steps (``P``).
+        horizon: forecast steps (``Q``).
+        in_channels: channels per sensor and step (``C``).
+        out_channels: ``None`` or ``in_channels``.
+    """
 
     def forward(self, x: torch.Tensor, time: torch.Tensor | None = None, mask: torch.Tensor | None = None):
         x, _, mask = self._prepare(x, time, mask)
@@ -228,13 +299,3 @@ class HistoricalAverage(_CopyBaseline):
             m = mask.expand_as(x).to(x.dtype)
             avg = (x * m).sum(1) / m.sum(1).clamp_min(1.0)
         return avg.unsqueeze(1).expand(-1, self.horizon, -1, -1).contiguous()
-
-
-@register_model
-def last_value(**kwargs) -> LastValue:
-    return LastValue(**kwargs)
-
-
-@register_model
-def historical_average(**kwargs) -> HistoricalAverage:
-    return HistoricalAverage(**kwargs)

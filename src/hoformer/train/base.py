@@ -140,6 +140,13 @@ class TaskModule(L.LightningModule):
             kwargs["batch_size"] = kwargs["batch_size"] * dist.get_world_size()
         super().log(name, value, *args, **kwargs)
 
+    def configure_callbacks(self):
+        """A :class:`~hoformer.train.guards.NonFiniteGuard` and a :class:`~hoformer.train.guards.CleanStaleTempFiles`
+        (each unless the trainer has one)."""
+        from .guards import default_callbacks
+
+        return default_callbacks(self._trainer)
+
     def training_step(self, batch, batch_idx):
         return self.shared_step(batch, "train")
 

@@ -306,12 +306,24 @@ class SegmentationTask(_HotTask):
 # ----------------------------------------------------------------------------------------------- run plumbing
 class AtomicCheckpointIO(TorchCheckpointIO):
     """``TorchCheckpointIO`` whose saves go to a temporary file renamed onto the target (POSIX-atomic), so a crash
-    or kill during a save leaves the previous checkpoint intact and never a truncated one."""
+    or kill during a save leaves the previous checkpoint intact and never a truncated one. Loads are
+    ``weights_only=True`` whatever the environment says."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
         if storage_options is not None:
             raise TypeError(f"AtomicCheckpointIO.save_checkpoint: `storage_options` unsupported, got {storage_options!r}")
         atomic_write(path, lambda tmp: torch.save(checkpoint, tmp))
+
+    def load_checkpoint(self, path, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        """Always ``weights_only=True`` (no environment setting turns it off); a missing, truncated or unreadable
+        file raises an error naming it (:func:`hoformer.train.guards.read_checkpoint`)."""
+        if weights_only is False:
+            raise ValueError("AtomicCheckpointIO.load_checkpoint: `weights_only` must be True or None (hoformer "
+                             "checkpoints hold only tensors and plain containers), got False; load a trusted "
+                             "pickled checkpoint with a plain TorchCheckpointIO")
+        from .guards import read_checkpoint
+
+        return read_checkpoint(path, map_location, fn="load_checkpoint")
 
 
 def checkpoint_callbacks(dirpath, monitor: str | None = None, mode: str = "min", filename: str = "best-{epoch:03d}",

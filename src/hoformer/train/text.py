@@ -31,7 +31,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from hoformer._io import atomic_write
 from hoformer.data._utils import sha256sum
-from hoformer.models.base import hf_config, hf_position_offset
+from hoformer.models.hf import hf_config, hf_position_offset
 
 from .base import TaskModule, check_labels
 

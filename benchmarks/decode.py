@@ -1,0 +1,84 @@
+"""Incremental decoding along the causal mode: time per generated step against recomputing the full causal forward.
+
+Run:  .venv/bin/python benchmarks/decode.py [--past 32 256 1024] [--other 21] [--dim 64] [--heads 4] [--depth 2]
+                                             [--steps 8] [--reps 3] [--variants product sum linear] [--device cpu]
+
+An ``Encoder`` of causal Kronecker blocks over ``(B, T, N, D)`` (``T`` the causal mode, e.g. time patches; ``N`` the
+other mode, e.g. variates). For each number of past steps ``p`` the cache is filled by stepping (untimed), then
+``--steps`` further steps are timed one by one (the median is reported), and so is one full causal forward over
+``p + 1`` steps (what generating the next step costs without a cache; best of ``--reps``). Everything runs side by
+side in one process; the ratio is the speed-up of the cache. Eval mode, no gradients.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from hoformer.layers import Encoder
+
+VARIANTS = {"product": "kronecker_product", "sum": "kronecker_sum", "linear": "kronecker_linear"}
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _timed(fn, device: str) -> float:
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def run(args) -> list[dict]:
+    rows = []
+    for variant in args.variants:
+        torch.manual_seed(0)
+        enc = Encoder(args.dim, depth=args.depth, num_heads=args.heads, attention=VARIANTS[variant], num_modes=2,
+                      causal_mode=0, rope_modes=(0,)).to(args.device).eval()
+        total = max(args.past) + args.steps + 1
+        x = torch.randn(args.batch, total, args.other, args.dim, device=args.device)
+        cache, done = enc.init_cache(), 0
+        with torch.no_grad():
+            for p in sorted(args.past):
+                while done < p:  # fill the cache up to p past steps (untimed)
+                    enc.step(x[:, done : done + 1], cache)
+                    done += 1
+                per_step = []
+                for _ in range(args.steps):
+                    per_step.append(_timed(lambda: enc.step(x[:, done : done + 1], cache), args.device))
+                    done += 1
+                full = min(_timed(lambda: enc(x[:, : p + 1]), args.device) for _ in range(args.reps))
+                step = statistics.median(per_step)
+                rows.append({"variant": variant, "past": p, "step_ms": 1e3 * step, "full_ms": 1e3 * full,
+                             "speedup": full / step})
+                print(f"{variant:8s} past={p:5d}  step {1e3 * step:8.2f} ms   full forward {1e3 * full:9.2f} ms   "
+                      f"speed-up {full / step:7.1f}x", flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--past", type=int, nargs="+", default=[32, 256, 1024])
+    ap.add_argument("--other", type=int, default=21, help="size of the non-causal mode")
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--depth", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=8, help="timed steps per point (median reported)")
+    ap.add_argument("--reps", type=int, default=3, help="full forwards per point (best reported)")
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    print(f"Encoder depth {args.depth}, dim {args.dim}, {args.heads} heads, other mode {args.other}, batch "
+          f"{args.batch}, device {args.device}, {torch.get_num_threads()} threads")
+    run(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,253 @@
+"""Kronecker attention that is causal along one mode (HOT, paper 000 eqs 5-9, made causal along a mode ``c``).
+
+Axis legend
+-----------
+``b`` batch, ``h`` heads, ``t`` the causal mode (length ``T``), ``n2..nk`` the other modes, ``e`` per-head features,
+``f`` random features, ``p`` the flattened other modes times ``e``.
+
+A per-mode mask on mode ``c`` masks the factor ``S_c`` only: the other modes' factors ``S_i`` are computed from
+queries / keys pooled over *every* index of mode ``c``, future ones included, so ``y[t]`` still depends on
+``x[t']`` for ``t' > t``. Causal attention along ``c`` replaces them, for every query index ``t`` of mode ``c``, by a
+factor ``S_i^(t)`` from queries / keys pooled over the indices ``<= t`` only (prefix sums or means of the pooled
+input), and makes ``S_c`` lower-triangular:
+
+* product (eqs 3, 8):  ``y[t] = (S_2^(t) (x) .. (x) S_k^(t)) (sum_{t' <= t} S_c[t, t'] v[t'])``;
+* sum (eqs 4, 9):      ``y[t] = (1/k) (sum_{t' <= t} S_c[t, t'] v[t'] + sum_{i != c} v[t] x_i S_i^(t))``,
+
+where ``v[t]`` is the slice ``(n2..nk, e)`` of the values at index ``t`` of mode ``c``. Then ``y[t]`` depends on
+``x[:t+1]`` (along ``c``) only and equals the non-causal layer applied to ``x[:t+1]``, read at its last index.
+
+Cost: the causal mode's product is one ``(T, T) x (T, p)`` matmul per (batch, head) pair, as in the non-causal layer;
+the other modes' factors become ``T`` times as many small matrices ``(Ni, Ni)``, applied by the same cache-blocked
+:func:`~hoformer.functional.kronecker.kron_apply` / ``kron_sum_apply`` with ``(head, t)`` pairs as batch entries (no
+``prod(N) x prod(N)`` matrix, no loop over ``t``). The factor sizes grow from ``sum_i Ni^2`` to ``T sum_i Ni^2`` per
+(batch, head) pair, still below the value's ``T prod(Ni)`` entries unless a mode other than ``c`` is longer than the
+product of the remaining ones.
+
+The functions here take per-mode queries / keys already pooled: ``q[c], k[c] (B, H, T, E)`` and, for every other mode
+``i``, the prefix-pooled ``q[i], k[i] (B, H, T, Ni, E)`` (row ``t`` pooled over indices ``<= t`` of mode ``c``).
+:class:`~hoformer.layers.KroneckerAttention` with ``causal_mode`` pools and projects them.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from hoformer._checks import DETAIL, check_fraction, check_int, check_values
+
+from .kronecker import (
+    _check_tensor,
+    _linear_attention,
+    _rescaled,
+    _safe_denominator,
+    _kron_apply,
+    _kron_sum_apply,
+    elu_feature_map,
+    linear_factor,
+)
+from .scores import _dot, masked_softmax
+
+__all__ = ["causal_kronecker_attention", "causal_mask"]
+
+
+def causal_mask(n: int, device=None) -> torch.Tensor:
+    """Bool ``(n, n)`` lower-triangular mask (True = may attend): query ``t`` sees keys ``t' <= t``."""
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril()
+
+
+def causal_kronecker_attention(
+    q: Sequence[torch.Tensor],
+    k: Sequence[torch.Tensor],
+    v: torch.Tensor,
+    *,
+    causal_mode: int = 0,
+    combine: str = "product",
+    kernel: str = "softmax",
+    scale: float | None = None,
+    masks: Sequence[torch.Tensor | None] | None = None,
+    feature_map: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    dropout_p: float = 0.0,
+    return_factors: bool = False,
+    score_fn: Callable[..., torch.Tensor] | None = None,
+):
+    """Kronecker attention causal along mode ``causal_mode`` (see the module docstring for the equations).
+
+    Args:
+        q, k: one entry per mode. The causal mode's ``(B, H, T, E)``; every other mode ``i``'s prefix-pooled
+            ``(B, H, T, Ni, E)`` (size-1 ``B`` / ``H`` broadcast).
+        v: values ``(B, H, N1..Nk, Dv)`` with ``N_c = T``.
+        causal_mode: the 0-based mode along which the output is causal.
+        combine, kernel, scale, feature_map, dropout_p, score_fn: as in
+            :func:`~hoformer.functional.kronecker_attention`.
+        masks: per mode ``None`` or bool ``(..., Ni, Ni)`` (True = may attend), applied to every ``S_i^(t)``; the
+            causal mode's mask is combined with the lower-triangular one.
+        return_factors: also return the factors: the causal mode's ``(B, H, T, T)`` (lower-triangular), every other
+            mode's ``(B, H, T, Ni, Ni)`` (one per query index ``t``).
+
+    Returns:
+        ``y (B, H, N1..Nk, Dv)`` or ``(y, factors)``.
+    """
+    fn = "causal_kronecker_attention"
+    _check_tensor(v, "v", fn, 4)
+    nmodes = v.ndim - 3
+    check_int(fn, "causal_mode", causal_mode, low=0)
+    if causal_mode >= nmodes:
+        raise ValueError(f"{fn}: `causal_mode` must be a mode index in [0, {nmodes}) for `v` of shape "
+                         f"{tuple(v.shape)}, got {causal_mode}")
+    if combine not in ("product", "sum"):
+        raise ValueError(f"{fn}: `combine` must be 'product' or 'sum', got {combine!r}")
+    if kernel not in ("softmax", "linear"):
+        raise ValueError(f"{fn}: `kernel` must be 'softmax' or 'linear', got {kernel!r}")
+    check_fraction(fn, "dropout_p", dropout_p)
+    if kernel == "linear" and (score_fn is not None or scale is not None or dropout_p):
+        raise ValueError(f"{fn}: `score_fn`, `scale` and `dropout_p` need kernel='softmax'")
+    if score_fn is not None and scale is not None:
+        raise ValueError(f"{fn}: `scale` has no effect with a signed `score_fn` (its scores are used as they are)")
+    sizes = v.shape[2:-1]
+    T = sizes[causal_mode]
+    for name, seq in (("q", q), ("k", k)):
+        if isinstance(seq, torch.Tensor) or not isinstance(seq, Sequence) or len(seq) != nmodes:
+            raise TypeError(f"{fn}: `{name}` must be a list of {nmodes} per-mode tensors, got "
+                            f"{type(seq).__name__ if isinstance(seq, torch.Tensor) or not isinstance(seq, Sequence) else len(seq)}")
+    bh = tuple(v.shape[:2])
+    for i, n in enumerate(sizes):
+        want = (T, n) if i != causal_mode else (T,)
+        what = f"(B, H, {T}, {n}, E)" if i != causal_mode else f"(B, H, {T}, E)"
+        for name, t in ((f"q[{i}]", q[i]), (f"k[{i}]", k[i])):
+            _check_tensor(t, name, fn, len(want) + 1)
+            lead = tuple(t.shape[: -1 - len(want)])
+            if (tuple(t.shape[-1 - len(want):-1]) != want or len(lead) > 2
+                    or any(a not in (1, c) for a, c in zip(lead[::-1], bh[::-1]))):
+                raise ValueError(f"{fn}: `{name}` must have shape {what} (B, H = {bh}, size 1 broadcasts) for mode {i}"
+                                 f" {'(the causal mode)' if i == causal_mode else '(prefix-pooled along the causal mode)'}"
+                                 f", got {tuple(t.shape)}")
+        if q[i].shape[-1] != k[i].shape[-1]:
+            raise ValueError(f"{fn}: `q[{i}]` {tuple(q[i].shape)} and `k[{i}]` {tuple(k[i].shape)} differ in E")
+    if masks is not None:
+        if isinstance(masks, torch.Tensor) or len(masks) != nmodes:
+            raise ValueError(f"{fn}: `masks` must be a list of {nmodes} entries (one per mode, None allowed)")
+        for i, (m, n) in enumerate(zip(masks, sizes)):
+            if m is None:
+                continue
+            if not isinstance(m, torch.Tensor) or m.dtype != torch.bool:
+                raise TypeError(f"{fn}: `masks[{i}]` must be a bool tensor (True = attend), got "
+                                f"{getattr(m, 'dtype', type(m))}")
+            if not 2 <= m.ndim <= 4 or m.shape[-2:] != (n, n) or any(
+                    a not in (1, c) for a, c in zip(m.shape[:-2][::-1], bh[::-1])):
+                raise ValueError(f"{fn}: `masks[{i}]` must broadcast like (B|1, H|1, {n}, {n}) with (B, H) = {bh}, "
+                                 f"got {tuple(m.shape)}")
+    if kernel == "linear":
+        phi = feature_map or elu_feature_map
+        q = [phi(t) for t in q]
+        k = [phi(t) for t in k]
+        if feature_map is not None:
+            low = torch.stack([torch.stack([a.min(), b.min()]) for a, b in zip(q, k)]).min()
+            check_values(low >= 0, f"{fn}: `feature_map` must return non-negative features{DETAIL}",
+                         lambda: f", got a minimum of {low.item():.3g}")
+    order = [causal_mode] + [i for i in range(nmodes) if i != causal_mode]
+    y, factors = _causal_kronecker(
+        [q[i] for i in order], [k[i] for i in order], v.movedim(2 + causal_mode, 2),
+        combine=combine, kernel=kernel, scale=scale, masks=None if masks is None else [masks[i] for i in order],
+        dropout_p=dropout_p, want_factors=return_factors, score_fn=score_fn,
+    )
+    y = y.movedim(2, 2 + causal_mode)
+    if not return_factors:
+        return y
+    out = [None] * nmodes
+    for j, i in enumerate(order):
+        out[i] = factors[j]
+    return y, out
+
+
+# ------------------------------------------------------------------------------------------ internals
+def _mask4(m: torch.Tensor | None) -> torch.Tensor | None:
+    """A per-mode mask ``(.., n, n)`` as ``(B|1, H|1, n, n)``."""
+    return None if m is None else m.view((1,) * (4 - m.ndim) + tuple(m.shape))
+
+
+def _causal_kronecker(q, k, v, *, combine, kernel, scale, masks, dropout_p, want_factors, score_fn):
+    """:func:`causal_kronecker_attention` without checks, the causal mode first: ``q[0], k[0] (B|1, H|1, T, E)``,
+    ``q[i], k[i] (B|1, H|1, T, Ni, E)`` (``i >= 1``; for ``kernel="linear"`` already the features), ``v (B, H, T,
+    N2..Nk, E)``. Returns ``(y, factors or None)``."""
+    b, h, T = v.shape[:3]
+    dtype = torch.float32 if kernel == "linear" and v.dtype == torch.float16 else v.dtype
+    m0 = causal_mask(T, v.device)
+    if masks is not None and masks[0] is not None:
+        m0 = m0 & masks[0]
+    if kernel == "linear":
+        with torch.autocast(v.device.type, enabled=False):
+            s0 = linear_factor(q[0].to(dtype), k[0].to(dtype), m0)
+    elif score_fn is not None:
+        s0 = score_fn(q[0], k[0]) * m0
+    else:
+        s0 = masked_softmax(_dot(q[0], k[0], scale), m0)
+    s0 = s0.to(dtype)
+    used0 = F.dropout(s0, p=dropout_p) if dropout_p > 0 else s0
+    vf = v.reshape(b, h, T, -1)
+    z = torch.matmul(used0, vf.to(dtype))  # (b, h, t, p): sum_{t' <= t} S_c[t, t'] v[t']
+    y, rest = _apply_rest(z, vf, q[1:], k[1:], None if masks is None else masks[1:], v.shape[3:], combine=combine,
+                          kernel=kernel, scale=scale, dropout_p=dropout_p, want_factors=want_factors,
+                          score_fn=score_fn)
+    return y.to(v.dtype), ([s0.to(v.dtype)] + rest if want_factors else None)
+
+
+def _apply_rest(z, v, q, k, masks, rest_shape, *, combine, kernel, scale, dropout_p, want_factors, score_fn):
+    """The other modes' part given the causal mode's product ``z (B, H, T, p)`` and the values ``v (B, H, T, p)``
+    (read only for ``combine="sum"``): the per-``t`` factors from ``q[i], k[i] (B|1, H|1, T, Ni, E)`` applied with
+    ``(head, t)`` pairs as batch entries. Returns ``(y (B, H, T, N2..Nk, E), factors (B, H, T, Ni, Ni) or [])``."""
+    b, h, T = z.shape[:3]
+    nrest = len(q)
+    if nrest == 0:
+        return z.view(b, h, T, *rest_shape), []
+    zb = z.reshape(b, h * T, *rest_shape)  # a view: (b, h, t, p) is contiguous
+    vb = v.to(z.dtype).reshape(b, h * T, *rest_shape) if combine == "sum" else None
+    masks = [None] * nrest if masks is None else list(masks)
+    if kernel == "linear":
+        feats = [(_bt(fq, b, h), _bt(fk, b, h)) for fq, fk in zip(q, k)]
+        ms = [None if m is None else _mask4(m).unsqueeze(2).expand(-1, h, T, -1, -1).reshape(
+            _mask4(m).shape[0], h * T, *m.shape[-2:]) for m in masks]
+        if combine == "product":
+            out = _linear_attention(feats, zb, "product", ms, want_factors)
+        else:
+            out = _linear_attention(feats, vb, "sum", ms, want_factors)
+        y, fs = out if want_factors else (out, [])
+        if combine == "sum":  # (1/(k-1)) sum_{i>=1} -> (1/k) (z + sum_{i>=1})
+            y = (zb + y * nrest) / (nrest + 1)
+        return y.reshape(b, h, T, *rest_shape), [f.reshape(b, h, T, *f.shape[-2:]) for f in fs]
+    factors = []
+    for qi, ki, m in zip(q, k, masks):
+        m5 = None if m is None else _mask4(m).unsqueeze(2)
+        if score_fn is not None:
+            s = score_fn(qi, ki)
+            s = s if m5 is None else s * m5
+        else:
+            s = masked_softmax(_dot(qi, ki, scale), m5)
+        factors.append(s.to(z.dtype).expand(b, h, T, *s.shape[-2:]))
+    used = [F.dropout(s, p=dropout_p) for s in factors] if dropout_p > 0 else factors
+    flat = [s.reshape(b, h * T, *s.shape[-2:]) for s in used]
+    if combine == "product":
+        y = _kron_apply(flat, zb)
+    else:
+        y = (zb + _kron_sum_apply(flat, vb, normalize=False)) / (nrest + 1)
+    return y.reshape(b, h, T, *rest_shape), factors if want_factors else []
+
+
+def _bt(t: torch.Tensor, b: int, h: int) -> torch.Tensor:
+    """``(B|1, H|1, T, n, f) -> (B, H * T, n, f)``."""
+    return t.expand(b, h, *t.shape[-3:]).reshape(b, h * t.shape[-3], *t.shape[-2:])
+
+
+def causal_row(q: torch.Tensor, k: torch.Tensor, *, kernel: str = "softmax", scale: float | None = None,
+               score_fn: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
+    """One decoding step's causal-mode attention row: the query ``q (B, H, 1, E)`` (for ``kernel="linear"`` its
+    features) against every key so far ``k (B, H, t + 1, E)`` (features), ``(B, H, 1, t + 1)``; unchecked (the
+    layer's ``step`` has checked its input). Every key is in the past, so nothing is masked."""
+    if kernel == "linear":
+        fq, fk = _rescaled(q, k)
+        a = torch.matmul(fq, fk.transpose(-1, -2))
+        return a / _safe_denominator(a.sum(-1, keepdim=True))
+    if score_fn is not None:
+        return score_fn(q, k)
+    return _dot(q, k, scale).softmax(-1)

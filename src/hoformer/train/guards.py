@@ -1,0 +1,217 @@
+"""Guards of a training run: checkpoints read without unpickling, a stop at the first non-finite loss, and the
+removal of temporary files that a killed checkpoint save left behind.
+
+* :func:`read_checkpoint` - the one reader of Lightning checkpoint files: ``torch.load(..., weights_only=True)``
+  always (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` cannot turn it off: an explicit ``weights_only=True`` wins over it), and
+  a missing, truncated or unreadable file raises an error naming the file.
+* :class:`NonFiniteGuard` - raises :class:`NonFiniteError` at the first non-finite training loss, naming the step, the
+  batch index, whether the inputs, the outputs or only the loss went non-finite, and the first module whose output
+  did. Every :class:`~hoformer.train.TaskModule` adds one (``configure_callbacks``) unless the trainer has one.
+* :class:`CleanStaleTempFiles` - at the start of ``fit``, removes the hidden temporary files of interrupted
+  checkpoint writes (:func:`hoformer._io.stale_temp_files`: only ``.<name>.ckpt.<8 chars>.tmp``) from the
+  checkpoint directories. Every :class:`~hoformer.train.TaskModule` adds one too.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+__all__ = ["read_checkpoint", "NonFiniteError", "NonFiniteGuard", "CleanStaleTempFiles", "default_callbacks"]
+
+
+# ----------------------------------------------------------------------------------------- checkpoint reads
+def read_checkpoint(path, map_location: Any = "cpu", *, fn: str = "read_checkpoint") -> Any:
+    """``torch.load(path, map_location, weights_only=True)`` with errors that name the file: ``FileNotFoundError``
+    (missing), ``IsADirectoryError`` (a directory), ``ValueError`` (empty, truncated or not a PyTorch file) and
+    ``pickle.UnpicklingError`` (a pickle that needs more than tensors and plain containers: refused, never run)."""
+    p = Path(os.fspath(path))
+    if not p.exists():
+        raise FileNotFoundError(f"{fn}: checkpoint file {str(p)!r} not found")
+    if p.is_dir():
+        raise IsADirectoryError(f"{fn}: checkpoint {str(p)!r} is a directory; expected a .ckpt file (a "
+                                "save_pretrained folder loads with hoformer.models.from_pretrained)")
+    size = p.stat().st_size
+    try:
+        return torch.load(p, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise pickle.UnpicklingError(
+            f"{fn}: checkpoint {str(p)!r} holds objects other than tensors and plain containers; it is refused "
+            f"(weights_only=True; only load checkpoints you trust with a plain torch.load): {e}") from e
+    except Exception as e:  # noqa: BLE001 - torch raises many types (RuntimeError, EOFError, KeyError...) on bad bytes
+        detail = str(e).split(". ")[0]  # torch's miniz errors run on for several sentences
+        raise ValueError(f"{fn}: cannot read checkpoint {str(p)!r} ({size} bytes): the file is empty, truncated or "
+                         f"not a PyTorch checkpoint ({type(e).__name__}: {detail})") from e
+
+
+# --------------------------------------------------------------------------------------------- non-finite
+class NonFiniteError(FloatingPointError):
+    """Training produced a non-finite (NaN / inf) loss."""
+
+
+def _nonfinite_tensors(obj, prefix: str) -> list[str]:
+    """Names (``prefix``, ``prefix[0]``, ``prefix['x']``...) of the floating-point tensors in ``obj`` holding NaN / inf."""
+    if isinstance(obj, torch.Tensor):
+        bad = obj.is_floating_point() or obj.is_complex()
+        if bad and not bool(torch.isfinite(obj).all()):
+            nan, n = int(torch.isnan(obj).sum()), obj.numel()
+            return [f"{prefix} ({nan} NaN, {int((~torch.isfinite(obj)).sum()) - nan} inf of {n})"]
+        return []
+    if isinstance(obj, dict):
+        return [s for k, v in obj.items() for s in _nonfinite_tensors(v, f"{prefix}[{k!r}]")]
+    if isinstance(obj, (list, tuple)):
+        return [s for i, v in enumerate(obj) for s in _nonfinite_tensors(v, f"{prefix}[{i}]")]
+    return []
+
+
+class _StopReplay(Exception):
+    pass
+
+
+def _first_nonfinite_module(pl_module: pl.LightningModule, batch) -> str | None:
+    """Replay the failing batch through ``pl_module.shared_step`` (no grad, the RNG state restored afterwards) with
+    forward hooks on ``pl_module.model`` and its sub-modules: the qualified name of the first module (in execution
+    order) whose output is non-finite. The replay stops when the model's forward returns, before any loss, metric
+    or log of the step."""
+    model = getattr(pl_module, "model", None)
+    step = getattr(pl_module, "shared_step", None)
+    if not isinstance(model, torch.nn.Module) or step is None:
+        return None
+    found: list[str] = []
+
+    def hook(name):
+        def fn(module, args, out):
+            if _nonfinite_tensors(out, name or "model"):
+                found.append(f"{name or 'model'} ({type(module).__name__})")
+            if found or module is model:
+                raise _StopReplay
+        return fn
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules()]
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            step(batch, "train")
+    except Exception:  # noqa: BLE001 - a diagnosis only: the NonFiniteError is the error reported
+        pass
+    finally:
+        for h in handles:
+            h.remove()
+    return found[0] if found else None
+
+
+class NonFiniteGuard(pl.Callback):
+    """Stop training at the first non-finite loss with a :class:`NonFiniteError` naming the global step, the batch
+    index, which of the batch inputs / model outputs / loss went non-finite, and the first module whose output did.
+
+    The loss is checked before its backward pass, so no optimizer step is taken on it. On CPU the check reads one
+    value per step. On an accelerator a host read would wait for the step's kernels, so the flag is copied to the
+    host asynchronously and checked once it has arrived (usually at the next step): the error then comes one or
+    two steps late and still names the step that first went non-finite (the diagnosis of inputs and modules uses
+    that step's batch and the current weights).
+
+    Args:
+        enabled: ``False`` turns the guard off (e.g. ``--trainer.callbacks+=hoformer.train.NonFiniteGuard
+            --trainer.callbacks.enabled=false``; a guard in the trainer's callbacks replaces the task's default one).
+        locate_module: on failure, replay the batch's forward with hooks to find the first non-finite module output.
+    """
+
+    def __init__(self, enabled: bool = True, locate_module: bool = True) -> None:
+        self.enabled = enabled
+        self.locate_module = locate_module
+        self._batch: Any = None
+        self._batch_idx = -1
+        self._pending: list[tuple] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._batch, self._batch_idx = batch, batch_idx
+        self._drain(trainer, pl_module, wait=False)
+
+    def on_before_backward(self, trainer, pl_module, loss: torch.Tensor) -> None:
+        if not self.enabled:
+            return
+        ok = torch.isfinite(loss.detach()).all()
+        if ok.device.type != "cuda" or torch.compiler.is_compiling():
+            if not bool(ok):
+                self._fail(trainer, pl_module, trainer.global_step, self._batch_idx, self._batch, loss.detach())
+            return
+        flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+        flag.copy_(ok, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self._pending.append((trainer.global_step, self._batch_idx, self._batch, flag, event, loss.detach()))
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self._drain(trainer, pl_module, wait=True)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._drain(trainer, pl_module, wait=True)
+        self._batch = None
+
+    def _drain(self, trainer, pl_module, wait: bool) -> None:
+        """Check the CUDA steps whose flag has arrived on the host (all of them when ``wait``)."""
+        while self._pending:
+            step, idx, batch, flag, event, loss = self._pending[0]
+            if not wait and not event.query():
+                return
+            event.synchronize()
+            self._pending.pop(0)
+            if not bool(flag):
+                self._pending.clear()
+                self._fail(trainer, pl_module, step, idx, batch, loss)
+
+    def _fail(self, trainer, pl_module, step: int, batch_idx: int, batch, loss: torch.Tensor) -> None:
+        inputs = _nonfinite_tensors(batch, "batch")
+        module = self._locate(pl_module, batch) if self.locate_module else None
+        if inputs:
+            where = f"the inputs went non-finite: {', '.join(inputs[:4])}"
+        elif module is not None:
+            where = f"the inputs are finite; the outputs went non-finite, first in module {module}"
+        else:
+            where = ("the inputs are finite; the loss went non-finite (the model's outputs were finite when the "
+                     "batch was replayed: check the loss, the labels and the learning rate)")
+        raise NonFiniteError(
+            f"NonFiniteGuard: non-finite training loss {loss.float().cpu().tolist()} at global step {step} "
+            f"(epoch {trainer.current_epoch}, batch index {batch_idx}); {where}. Training stopped before the "
+            "optimizer step on it; lower the learning rate, clip gradients (--trainer.gradient_clip_val) or check "
+            "the data.")
+
+    @staticmethod
+    def _locate(pl_module, batch) -> str | None:
+        was_training = pl_module.training
+        try:
+            return _first_nonfinite_module(pl_module, batch)
+        finally:
+            pl_module.train(was_training)
+
+
+# ------------------------------------------------------------------------------------------ stale temp files
+class CleanStaleTempFiles(pl.Callback):
+    """At the start of ``fit`` (global rank 0), remove the hidden temporary files that a killed checkpoint save left
+    in the checkpoint directories (``.<name>.ckpt.<8 chars>.tmp``, :func:`hoformer._io.stale_temp_files`); other files
+    are never touched. Reports each removal on stderr."""
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        if not trainer.is_global_zero:
+            return
+        from hoformer._io import stale_temp_files
+
+        dirs = {Path(cb.dirpath) for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)}
+        for d in sorted(dirs):
+            for p in stale_temp_files(d, suffix=".ckpt"):
+                try:
+                    p.unlink()
+                except OSError:
+                    continue
+                print(f"hoformer: removed {p}, left by an interrupted checkpoint save", file=sys.stderr)
+
+
+def default_callbacks(trainer: pl.Trainer | None) -> list[pl.Callback]:
+    """The callbacks every :class:`~hoformer.train.TaskModule` adds to its trainer: a :class:`NonFiniteGuard` and a
+    :class:`CleanStaleTempFiles`, each unless the trainer already has one (the user's then applies)."""
+    have = list(getattr(trainer, "callbacks", None) or [])
+    return [cls() for cls in (NonFiniteGuard, CleanStaleTempFiles) if not any(isinstance(c, cls) for c in have)]

@@ -1,0 +1,444 @@
+"""The bad-input corpus: each entry is bad input (or a fault) for one public entry point, the error type it must
+raise and substrings its message must hold (the argument or file it names, and what was expected or found).
+
+Entries are data: ``(id, call, exception type, required substrings)`` where ``call(tmp_path)`` makes the bad call
+(files it needs are written under ``tmp_path``). Add a case by adding a row.
+"""
+from __future__ import annotations
+
+import contextlib
+import gzip
+import io
+import pickle
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import pytest
+import torch
+
+import hoformer.functional as HF
+import hoformer.layers as HL
+from hoformer.data import LTSFDataset, MedMNIST3D, SyntheticLTSF, read_text_split
+from hoformer.data._utils import ChecksumError, download_url, require_file, verify_file
+from hoformer.models import create_model, from_pretrained
+
+
+class Case(NamedTuple):
+    id: str
+    call: Callable[[Path], Any]
+    exc: type[BaseException]
+    needles: tuple[str, ...]
+
+
+class CLIError(Exception):
+    """A hoformer command that ended with a non-zero exit code; the message is what it printed on stderr."""
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+TINY_FC = dict(seq_len=16, pred_len=8, num_variates=3, dim=16, num_heads=2, depth=1, patch_size=8)
+
+
+def t(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype)
+
+
+def qkv(b=2, h=2, sizes=(3, 4), d=5):
+    """Per-mode q / k and a value tensor of the Kronecker functions."""
+    q = [t(b, h, n, d) for n in sizes]
+    k = [t(b, h, n, d) for n in sizes]
+    return q, k, t(b, h, *sizes, d)
+
+
+def trip(L=8, d=4):
+    return [t(1, 2, L, d) for _ in range(5)]
+
+
+def kron_linear_nan_input(_):
+    q, k, v = qkv()
+    q[1][0, 0, 2, 1] = float("nan")
+    return HF.kronecker_attention(q, k, v, kernel="linear", feature_map=torch.exp)
+
+
+def write(path: Path, content: bytes | str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    (path.write_bytes if isinstance(content, bytes) else path.write_text)(content)
+    return path
+
+
+def truncated_ckpt(tmp: Path, name: str = "trunc.ckpt") -> Path:
+    good = tmp / "good.ckpt"
+    torch.save({"state_dict": {"w": torch.arange(4096.0)}, "epoch": 0}, good)
+    data = good.read_bytes()
+    return write(tmp / name, data[: len(data) // 3])
+
+
+class _Payload:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.write_text, (self.marker, "ran"))
+
+
+def evil_ckpt(tmp: Path) -> Path:
+    p = tmp / "evil.ckpt"
+    torch.save({"state_dict": {}, "x": _Payload(tmp / "marker")}, p)
+    return p
+
+
+def pretrained_dir(tmp: Path) -> Path:
+    m = create_model("hot_forecaster", **TINY_FC)
+    return m.save_pretrained(tmp / "pre")
+
+
+def cli(argv: list[str]) -> None:
+    """Run ``hoformer argv``; a non-zero exit (or argparse's SystemExit) becomes :class:`CLIError` with stderr."""
+    from hoformer.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            rc = main(argv)
+        except SystemExit as e:
+            rc = e.code if isinstance(e.code, int) else 2
+    if rc:
+        raise CLIError(err.getvalue())
+
+
+def lightning_cli(tmp: Path, *extra: str) -> None:
+    """``hoformer <sub> ...`` for a tiny synthetic forecasting run (LightningCLI raises the task's errors)."""
+    from hoformer.cli import main
+
+    sub, *rest = extra
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        main([sub, "--model=hoformer.train.ForecastingTask", "--model.model_name=hot_forecaster",
+              "--model.model_kwargs={seq_len: 16, pred_len: 8, num_variates: 7, dim: 16, num_heads: 2, depth: 1, "
+              "patch_size: 8}", "--data=hoformer.data.LTSFDataModule", "--data.synthetic=true",
+              "--data.seq_len=16", "--data.pred_len=8", "--trainer.max_epochs=1", "--trainer.logger=false",
+              "--trainer.enable_checkpointing=false", "--trainer.limit_train_batches=1",
+              "--trainer.limit_val_batches=1", "--trainer.limit_test_batches=1", "--trainer.accelerator=cpu",
+              f"--trainer.default_root_dir={tmp}", "--trainer.enable_progress_bar=false", *rest])
+
+
+def text_csv(tmp: Path, name: str, rows: list[str]) -> Path:
+    return write(tmp / name, "\n".join(rows) + "\n")
+
+
+# ------------------------------------------------------------------------------------------------ corpus
+F_KRON = [
+    Case("kron_apply/factors-a-tensor", lambda _: HF.kron_apply(t(2, 2, 3, 3), t(2, 2, 3, 4, 5)), TypeError,
+         ("kron_apply", "`factors`", "list of tensors")),
+    Case("kron_apply/too-few-factors", lambda _: HF.kron_apply([t(2, 2, 3, 3)], t(2, 2, 3, 4, 5)), ValueError,
+         ("kron_apply", "2 modes", "1 factors")),
+    Case("kron_apply/factor-shape", lambda _: HF.kron_apply([t(2, 2, 3, 3), t(2, 2, 5, 5)], t(2, 2, 3, 4, 5)),
+         ValueError, ("`factors[1]`", "(B, H, 4, 4)", "(2, 2, 5, 5)")),
+    Case("kron_apply/v-int", lambda _: HF.kron_apply([t(1, 1, 3, 3)], torch.ones(1, 1, 3, 2, dtype=torch.long)),
+         TypeError, ("`v`", "floating-point", "torch.int64")),
+    Case("kron_apply/v-3d", lambda _: HF.kron_apply([t(1, 1, 3, 3)], t(1, 3, 2)), ValueError,
+         ("`v`", "at least 4 dims", "(1, 3, 2)")),
+    Case("kron_apply/v-empty", lambda _: HF.kron_apply([t(1, 1, 3, 3)], t(1, 0, 3, 2)), ValueError,
+         ("`v`", "empty")),
+    Case("kron_apply/v-not-tensor", lambda _: HF.kron_apply([t(1, 1, 3, 3)], [[1.0]]), TypeError,
+         ("`v`", "torch.Tensor", "list")),
+    Case("kron_sum_apply/factor-shape", lambda _: HF.kron_sum_apply([t(1, 1, 2, 2)], t(1, 1, 3, 4)), ValueError,
+         ("kron_sum_apply", "`factors[0]`", "(B, H, 3, 3)")),
+    Case("kronecker_attention/combine", lambda _: HF.kronecker_attention(*qkv(), combine="prod"), ValueError,
+         ("`combine`", "'product' or 'sum'", "'prod'")),
+    Case("kronecker_attention/kernel", lambda _: HF.kronecker_attention(*qkv(), kernel="relu"), ValueError,
+         ("`kernel`", "'softmax' or 'linear'", "'relu'")),
+    Case("kronecker_attention/scale-str", lambda _: HF.kronecker_attention(*qkv(), scale="x"), TypeError,
+         ("kronecker_attention", "`scale`", "finite float", "'x'")),
+    Case("kronecker_attention/scale-nan", lambda _: HF.kronecker_attention(*qkv(), scale=float("nan")), ValueError,
+         ("kronecker_attention", "`scale`", "nan")),
+    Case("kronecker_attention/scale-bool", lambda _: HF.kronecker_attention(*qkv(), scale=True), TypeError,
+         ("`scale`", "bool")),
+    Case("kronecker_attention/dropout", lambda _: HF.kronecker_attention(*qkv(), dropout_p=1.5), ValueError,
+         ("`dropout_p`", "[0, 1)", "1.5")),
+    Case("kronecker_attention/q-a-tensor", lambda _: HF.kronecker_attention(t(2, 2, 3, 5), qkv()[1], qkv()[2]),
+         TypeError, ("`q`", "list of 2 per-mode tensors")),
+    Case("kronecker_attention/q-count", lambda _: HF.kronecker_attention(qkv()[0][:1], qkv()[1], qkv()[2]),
+         ValueError, ("`q` has 1 tensors", "2 modes")),
+    Case("kronecker_attention/q-mode-size", lambda _: HF.kronecker_attention([t(2, 2, 3, 5), t(2, 2, 6, 5)],
+                                                                             qkv()[1], qkv()[2]),
+         ValueError, ("`q[1]`", "(B, H, 4, Dqk)", "(2, 2, 6, 5)")),
+    Case("kronecker_attention/qk-dim", lambda _: HF.kronecker_attention(qkv(d=5)[0], qkv(d=6)[1], qkv()[2]),
+         ValueError, ("`q[0]`", "`k[0]`", "differ in Dqk")),
+    Case("kronecker_attention/mask-dtype", lambda _: HF.kronecker_attention(*qkv(), masks=[torch.ones(3, 3), None]),
+         TypeError, ("`masks[0]`", "bool tensor", "torch.float32")),
+    Case("kronecker_attention/mask-shape",
+         lambda _: HF.kronecker_attention(*qkv(), masks=[torch.ones(4, 4, dtype=torch.bool), None]),
+         ValueError, ("`masks[0]`", "(..., 3, 3)", "(4, 4)")),
+    Case("kronecker_attention/mask-count",
+         lambda _: HF.kronecker_attention(*qkv(), masks=[None]), ValueError, ("`masks`", "list of 2 entries")),
+    Case("kronecker_attention/linear-scale", lambda _: HF.kronecker_attention(*qkv(), kernel="linear", scale=0.5),
+         ValueError, ("`scale`", "softmax factors only", "scale=0.5")),
+    Case("kronecker_attention/linear-score-fn",
+         lambda _: HF.kronecker_attention(*qkv(), kernel="linear", score_fn=HF.tanimoto_scores),
+         ValueError, ("`score_fn`", "kernel='softmax'")),
+    Case("kronecker_attention/score-fn-with-scale",
+         lambda _: HF.kronecker_attention(*qkv(), score_fn=HF.tanimoto_scores, scale=0.3),
+         ValueError, ("`scale`", "`score_fn`")),
+    Case("kronecker_attention/negative-features",
+         lambda _: HF.kronecker_attention(*qkv(), kernel="linear", feature_map=lambda x: x),
+         ValueError, ("`feature_map`", "non-negative features", "minimum of -")),
+    Case("kronecker_attention/nan-input-linear", kron_linear_nan_input, ValueError,
+         ("non-finite input `q[1]`", "1 NaN")),
+    Case("kronecker_attention/qk-dtype", lambda _: HF.kronecker_attention(qkv()[0], [x.double() for x in qkv()[1]],
+                                                                          qkv()[2]),
+         TypeError, ("`q[0]`", "`k[0]`", "share a dtype")),
+    Case("mode_attention_factors/q-tensor", lambda _: HF.mode_attention_factors(t(1, 1, 3, 2), [t(1, 1, 3, 2)]),
+         TypeError, ("mode_attention_factors", "`q`", "list of per-mode tensors")),
+    Case("mode_attention_factors/scale-str", lambda _: HF.mode_attention_factors([t(1, 1, 3, 2)], [t(1, 1, 3, 2)],
+                                                                                 scale="x"),
+         TypeError, ("mode_attention_factors", "`scale`", "'x'")),
+    Case("full_attention/shapes", lambda _: HF.full_attention(t(1, 1, 3, 4, 2), t(1, 1, 3, 5, 2), t(1, 1, 3, 4, 2)),
+         ValueError, ("full_attention", "`q`, `k`, `v` must share", "(1, 1, 3, 5, 2)")),
+    Case("full_attention/mask", lambda _: HF.full_attention(t(1, 1, 3, 2), t(1, 1, 3, 2), t(1, 1, 3, 2),
+                                                            mask=torch.ones(3, 3)),
+         ValueError, ("`mask`", "bool (..., 3, 3)", "torch.float32")),
+    Case("full_attention/scale-str", lambda _: HF.full_attention(t(1, 1, 3, 2), t(1, 1, 3, 2), t(1, 1, 3, 2),
+                                                                 scale="x"),
+         TypeError, ("full_attention", "`scale`")),
+    Case("full_attention/3d", lambda _: HF.full_attention(t(1, 3, 2), t(1, 3, 2), t(1, 3, 2)), ValueError,
+         ("`q`", "at least 4 dims")),
+]
+
+F_SCORES = [
+    Case("dot_scores/dims", lambda _: HF.dot_scores(t(3, 4), t(3, 5)), ValueError,
+         ("dot_scores", "feature sizes differ", "(3, 5)")),
+    Case("dot_scores/scale-str", lambda _: HF.dot_scores(t(3, 4), t(3, 4), scale="x"), TypeError,
+         ("dot_scores", "`scale`", "'x'")),
+    Case("dot_scores/int", lambda _: HF.dot_scores(torch.ones(3, 4, dtype=torch.long), t(3, 4)), TypeError,
+         ("`q`", "floating point", "torch.int64")),
+    Case("tanimoto_scores/1d", lambda _: HF.tanimoto_scores(t(4), t(3, 4)), ValueError,
+         ("tanimoto_scores", "`q`", "(..., N, D)")),
+    Case("cosine_scores/not-tensor", lambda _: HF.cosine_scores([1.0], t(3, 4)), TypeError,
+         ("cosine_scores", "`q`", "torch.Tensor")),
+    Case("get_score_fn/unknown", lambda _: HF.get_score_fn("dot"), ValueError, ("'dot'", "tanimoto")),
+    Case("valence_attention/kernel", lambda _: HF.valence_attention(t(1, 1, 3, 2), t(1, 1, 3, 2), kernel="x"),
+         ValueError, ("valence_attention", "`kernel`", "'x'")),
+    Case("valence_attention/scale-signed", lambda _: HF.valence_attention(t(1, 1, 3, 2), t(1, 1, 3, 2), scale=0.5),
+         ValueError, ("valence_attention", "`scale`", "kernel='sdpa' only")),
+    Case("valence_attention/scale-str", lambda _: HF.valence_attention(t(1, 1, 3, 2), t(1, 1, 3, 2), kernel="sdpa",
+                                                                       scale="x"),
+         TypeError, ("valence_attention", "`scale`", "'x'")),
+]
+
+F_TRIPLET = [
+    Case("triplet_attention/block-size-0", lambda _: HF.triplet_attention(*trip(), block_size=0), ValueError,
+         ("triplet_attention", "`block_size`", "got 0")),
+    Case("triplet_attention/block-size-float", lambda _: HF.triplet_attention(*trip(), block_size=2.5), ValueError,
+         ("`block_size`", "2.5")),
+    Case("triplet_attention/overlap", lambda _: HF.triplet_attention(*trip(), block_size=4, overlap=1.0), ValueError,
+         ("`overlap`", "[0, 1)", "1.0")),
+    Case("triplet_attention/scale-str", lambda _: HF.triplet_attention(*trip(), block_size=4, scale="x"), TypeError,
+         ("triplet_attention", "`scale`", "'x'")),
+    Case("triplet_attention/scale-inf", lambda _: HF.triplet_attention(*trip(), block_size=4, scale=float("inf")),
+         ValueError, ("triplet_attention", "`scale`", "inf")),
+    Case("triplet_attention/int-input", lambda _: HF.triplet_attention(torch.ones(1, 2, 8, 4, dtype=torch.long),
+                                                                       *trip()[1:], block_size=4),
+         TypeError, ("`q`", "floating-point")),
+    Case("triplet_attention/chunk", lambda _: HF.triplet_attention(*trip(), block_size=4, chunk_elements=0),
+         ValueError, ("`chunk_elements`", "got 0")),
+    Case("triplet_windows/seq-len", lambda _: HF.triplet_windows(0, 4), ValueError, ("triplet_windows", "seq_len")),
+    Case("block_attention/scale-str", lambda _: HF.block_attention(*trip()[:3], block_size=4, scale="x"), TypeError,
+         ("block_attention", "`scale`")),
+    Case("cross_block_attention/scale-str", lambda _: HF.cross_block_attention(t(1, 2, 8, 4), block_size=4,
+                                                                               scale="x"),
+         TypeError, ("cross_block_attention", "`scale`")),
+    Case("triplet_attention_naive/scale-str", lambda _: HF.triplet_attention_naive(*trip(), block_size=4,
+                                                                                   scale="x"),
+         TypeError, ("triplet_attention_naive", "`scale`")),
+]
+
+LAYERS = [
+    Case("KroneckerAttention/heads", lambda _: HL.KroneckerAttention(30, num_heads=4), ValueError,
+         ("num_heads", "30")),
+    Case("KroneckerAttention/combine", lambda _: HL.KroneckerAttention(32, num_heads=4, combine="mul"), ValueError,
+         ("combine", "'mul'")),
+    Case("KroneckerAttention/kernel", lambda _: HL.KroneckerAttention(32, num_heads=4, kernel="x"), ValueError,
+         ("kernel", "'x'")),
+    Case("KroneckerAttention/pool", lambda _: HL.KroneckerAttention(32, num_heads=4, pool="avg"), ValueError,
+         ("pool", "'avg'")),
+    Case("KroneckerAttention/input-dim", lambda _: HL.KroneckerAttention(32, num_heads=4)(t(2, 3, 4, 16)),
+         ValueError, ("32", "16")),
+    Case("build_attention/unknown", lambda _: HL.build_attention("kronecker_prod", 32, num_heads=4), ValueError,
+         ("kronecker_prod", "kronecker_product")),
+    Case("Block/mlp", lambda _: HL.Block(32, num_heads=4, mlp="relu6"), ValueError, ("mlp", "'relu6'")),
+    Case("Block/norm", lambda _: HL.Block(32, num_heads=4, norm="batch"), ValueError, ("norm", "'batch'")),
+    Case("PatchEmbed/ndim", lambda _: HL.PatchEmbed(1, 16, 4, ndim=4), ValueError, ("ndim", "4")),
+    Case("PatchEmbed/indivisible", lambda _: HL.PatchEmbed(1, 16, 4, ndim=2)(t(1, 1, 10, 8)), ValueError,
+         ("patch", "10")),
+    Case("TripletAttention/heads", lambda _: HL.TripletAttention(30, num_heads=4), ValueError, ("num_heads", "30")),
+    Case("RotaryEmbedding/odd", lambda _: HL.RotaryEmbedding(7), ValueError, ("dim", "7")),
+    Case("DropPath/p", lambda _: HL.DropPath(1.5), ValueError, ("p", "1.5")),
+    Case("AbsolutePositionalEncoding/kind", lambda _: HL.AbsolutePositionalEncoding((4, 4), 8, kind="rope"),
+         ValueError, ("kind", "'rope'")),
+]
+
+MODELS = [
+    Case("create_model/unknown", lambda _: create_model("hot_forcaster"), (KeyError, ValueError),
+         ("hot_forcaster", "hot_forecaster")),
+    Case("create_model/bad-kwarg", lambda _: create_model("hot_forecaster", num_variate=7), TypeError,
+         ("num_variate",)),
+    Case("hot_forecaster/attention", lambda _: create_model("hot_forecaster", attention="kron"), ValueError,
+         ("attention", "'kron'")),
+    Case("hot_forecaster/seq-len-patch", lambda _: create_model("hot_forecaster", seq_len=90, patch_size=8),
+         ValueError, ("seq_len", "patch_size")),
+    Case("hot_forecaster/input-shape", lambda _: create_model("hot_forecaster", seq_len=96, pred_len=24,
+                                                              num_variates=7, dim=16, num_heads=2, depth=1)(
+        t(2, 96, 5)), ValueError, ("hot_forecaster", "7", "5")),
+    Case("hot_volume_classifier/classes", lambda _: create_model("hot_volume_classifier", num_classes=0),
+         ValueError, ("num_classes", "0")),
+    Case("from_pretrained/missing-dir", lambda tmp: from_pretrained(tmp / "nope"), FileNotFoundError,
+         ("from_pretrained", "nope")),
+    Case("from_pretrained/bad-json", lambda tmp: from_pretrained(
+        write(pretrained_dir(tmp) / "config.json", "{nope").parent), ValueError, ("config.json", "not valid JSON")),
+    Case("from_pretrained/truncated-weights", lambda tmp: from_pretrained(
+        write(pretrained_dir(tmp) / "model.safetensors", b"\x00\x01").parent), ValueError,
+         ("from_pretrained", "model.safetensors")),
+    Case("from_pretrained/map-location", lambda tmp: from_pretrained(pretrained_dir(tmp), map_location=3.5),
+         ValueError, ("`map_location`", "3.5")),
+]
+
+DATA = [
+    Case("LTSFDataset/unknown-name", lambda tmp: LTSFDataset(tmp, "ETTh9"), (ValueError, FileNotFoundError),
+         ("ETTh9",)),
+    Case("LTSFDataset/missing-file", lambda tmp: LTSFDataset(tmp, "ETTh1"), FileNotFoundError,
+         ("ETTh1", "ETTh1.csv", "download=True")),
+    Case("LTSFDataset/split", lambda tmp: SyntheticLTSF(split="dev"), ValueError,
+         ("split", "'dev'")),
+    Case("LTSFDataset/features", lambda tmp: SyntheticLTSF(features="X"), ValueError,
+         ("features", "'X'")),
+    Case("LTSFDataset/seq-len", lambda tmp: SyntheticLTSF(seq_len=0), ValueError, ("seq_len", "0")),
+    Case("LTSFDataset/no-date-column", lambda tmp: LTSFDataset(tmp, text_csv(tmp, "x.csv", ["a,b,OT"] + [
+        f"{i},{i},{i}" for i in range(300)]).name, seq_len=8, pred_len=4), ValueError, ("x.csv", "date")),
+    Case("LTSFDataset/non-numeric", lambda tmp: LTSFDataset(tmp, text_csv(tmp, "y.csv", ["date,a,OT"] + [
+        f"2020-01-{1 + i // 24:02d} {i % 24:02d}:00:00,{'abc' if i == 5 else i},{i}" for i in range(300)]).name, seq_len=8,
+        pred_len=4), ValueError, ("y.csv", "a")),
+    Case("LTSFDataset/empty-csv", lambda tmp: LTSFDataset(tmp, text_csv(tmp, "e.csv", ["date,a,OT"]).name), ValueError,
+         ("e.csv",)),
+    Case("read_text_split/unknown", lambda tmp: read_text_split("imdbb", "train", tmp), ValueError,
+         ("imdbb", "sst2")),
+    Case("read_text_split/split", lambda tmp: read_text_split("sst2", "valid", tmp), ValueError,
+         ("`split`", "'valid'")),
+    Case("read_text_split/sst2-missing", lambda tmp: read_text_split("sst2", "train", tmp), FileNotFoundError,
+         ("SST-2", "train.tsv")),
+    Case("read_text_split/sst2-header", lambda tmp: read_text_split("sst2", "train", write(
+        tmp / "sst2" / "train.tsv", "text\tlabel\nhi\t1\n").parent.parent, verify=False), ValueError,
+         ("train.tsv", "sentence<TAB>label")),
+    Case("read_text_split/sst2-label", lambda tmp: read_text_split("sst2", "train", write(
+        tmp / "sst2" / "train.tsv", "sentence\tlabel\nhi\t7\n").parent.parent, verify=False), ValueError,
+         ("train.tsv", "line 2", "'7'")),
+    Case("read_text_split/sst2-directory", lambda tmp: read_text_split("sst2", "train", (
+        tmp / "sst2" / "train.tsv").mkdir(parents=True) or tmp), IsADirectoryError,
+         ("train.tsv", "found a directory")),
+    Case("read_text_split/imdb-columns", lambda tmp: read_text_split("imdb", "train", write(
+        tmp / "imdb" / "train.csv", "body,stars\nok,5\n").parent.parent), ValueError,
+         ("train.csv", "text column", "['body', 'stars']")),
+    Case("read_text_split/imdb-labels", lambda tmp: read_text_split("imdb", "train", write(
+        tmp / "imdb" / "train.csv", "review,sentiment\nok,great\n").parent.parent), ValueError,
+         ("train.csv", "great")),
+    Case("MedMNIST3D/flag", lambda tmp: MedMNIST3D(tmp, "organx", "train"), ValueError, ("organx",)),
+    Case("MedMNIST3D/missing", lambda tmp: MedMNIST3D(tmp, "organmnist3d", "train"), FileNotFoundError,
+         ("organmnist3d", "download=True")),
+    Case("MedMNIST3D/directory", lambda tmp: MedMNIST3D((tmp / "organmnist3d.npz").mkdir() or tmp, "organmnist3d",
+                                                        "train"), IsADirectoryError,
+         ("organmnist3d.npz", "found a directory")),
+    Case("MedMNIST3D/corrupt", lambda tmp: MedMNIST3D(write(tmp / "organmnist3d.npz", b"junk").parent,
+                                                      "organmnist3d", "train"), ChecksumError,
+         ("organmnist3d.npz", "md5", "mismatch")),
+    Case("verify_file/directory", lambda tmp: verify_file(tmp), IsADirectoryError, (str(Path("/")), "directory")),
+    Case("verify_file/checksum", lambda tmp: verify_file(write(tmp / "f.bin", b"abc"), sha256="00"), ChecksumError,
+         ("f.bin", "sha256", "expected 00")),
+    Case("require_file/missing", lambda tmp: require_file(tmp / "gone.csv", "reader", "fix it"), FileNotFoundError,
+         ("reader", "gone.csv", "fix it")),
+    Case("download_url/bad-url", lambda tmp: download_url(f"file://{tmp}/absent.csv", tmp / "out.csv", timeout=2),
+         OSError, ("absent.csv", "out.csv")),
+    Case("download_url/checksum", lambda tmp: download_url(f"file://{write(tmp / 'src.csv', 'a,b')}",
+                                                           tmp / "d" / "out.csv", sha256="00" * 32),
+         ChecksumError, ("src.csv", "sha256", "nothing was written")),
+]
+
+
+def _read_ckpt(path):
+    from hoformer.train.guards import read_checkpoint
+
+    return read_checkpoint(path)
+
+
+def _io_load(path, **kw):
+    from hoformer.train.tasks import AtomicCheckpointIO
+
+    return AtomicCheckpointIO().load_checkpoint(path, **kw)
+
+
+def _analysis_load(path):
+    from hoformer.analysis import load_checkpoint
+
+    return load_checkpoint(path)
+
+
+CHECKPOINTS = [
+    Case("read_checkpoint/truncated", lambda tmp: _read_ckpt(truncated_ckpt(tmp)), ValueError,
+         ("trunc.ckpt", "truncated")),
+    Case("read_checkpoint/empty", lambda tmp: _read_ckpt(write(tmp / "empty.ckpt", b"")), ValueError,
+         ("empty.ckpt", "0 bytes")),
+    Case("read_checkpoint/missing", lambda tmp: _read_ckpt(tmp / "none.ckpt"), FileNotFoundError, ("none.ckpt",)),
+    Case("read_checkpoint/directory", lambda tmp: _read_ckpt(tmp), IsADirectoryError, ("is a directory",)),
+    Case("read_checkpoint/pickle-payload", lambda tmp: _read_ckpt(evil_ckpt(tmp)), pickle.UnpicklingError,
+         ("evil.ckpt", "refused")),
+    Case("AtomicCheckpointIO/truncated", lambda tmp: _io_load(truncated_ckpt(tmp)), ValueError,
+         ("load_checkpoint", "trunc.ckpt", "truncated")),
+    Case("AtomicCheckpointIO/weights-only-false", lambda tmp: _io_load(truncated_ckpt(tmp), weights_only=False),
+         ValueError, ("`weights_only`", "False")),
+    Case("AtomicCheckpointIO/pickle-payload", lambda tmp: _io_load(evil_ckpt(tmp)), pickle.UnpicklingError,
+         ("evil.ckpt",)),
+    Case("AtomicCheckpointIO/storage-options", lambda tmp: __import__("hoformer.train.tasks", fromlist=["x"])
+         .AtomicCheckpointIO().save_checkpoint({}, tmp / "a.ckpt", storage_options={"x": 1}), TypeError,
+         ("`storage_options`",)),
+    Case("analysis.load_checkpoint/truncated", lambda tmp: _analysis_load(truncated_ckpt(tmp)), ValueError,
+         ("trunc.ckpt",)),
+    Case("analysis.load_checkpoint/missing", lambda tmp: _analysis_load(tmp / "x.ckpt"), FileNotFoundError,
+         ("x.ckpt",)),
+    Case("analysis.load_checkpoint/not-lightning", lambda tmp: _analysis_load(
+        (torch.save({"w": torch.ones(1)}, tmp / "w.ckpt"), tmp / "w.ckpt")[1]), ValueError,
+         ("w.ckpt", "state_dict")),
+]
+
+CLI = [
+    Case("cli/unknown-command", lambda _: cli(["fitt"]), CLIError, ("unknown command", "'fitt'")),
+    Case("cli/config-before-subcommand", lambda tmp: cli(["--config", str(write(tmp / "c.yaml", "trainer: {}\n")),
+                                                          "fit"]), CLIError, ("c.yaml", "put it after")),
+    Case("cli/forecast-missing-checkpoint", lambda tmp: cli(["forecast", "--checkpoint", str(tmp / "no.ckpt"),
+                                                             "--output", str(tmp / "f.csv")]), CLIError,
+         ("no.ckpt",)),
+    Case("cli/analyze-missing-checkpoint", lambda tmp: cli(["analyze", "--checkpoint", str(tmp / "gone.ckpt")]),
+         CLIError, ("gone.ckpt",)),
+    Case("cli/demo-unknown-dataset", lambda tmp: cli(["demo", "--dataset", "ETTh7", "--output", str(tmp)]),
+         CLIError, ("ETTh7",)),
+    Case("cli/fit-truncated-ckpt", lambda tmp: lightning_cli(tmp, "fit", f"--ckpt_path={truncated_ckpt(tmp)}"),
+         ValueError, ("trunc.ckpt", "truncated")),
+    Case("cli/test-truncated-ckpt", lambda tmp: lightning_cli(tmp, "test", f"--ckpt_path={truncated_ckpt(tmp)}"),
+         ValueError, ("trunc.ckpt", "truncated")),
+    Case("cli/fit-pickle-ckpt", lambda tmp: lightning_cli(tmp, "fit", f"--ckpt_path={evil_ckpt(tmp)}"),
+         pickle.UnpicklingError, ("evil.ckpt",)),
+]
+
+CASES: list[Case] = F_KRON + F_SCORES + F_TRIPLET + LAYERS + MODELS + DATA + CHECKPOINTS + CLI
+
+
+def test_corpus_size_and_unique_ids():
+    ids = [c.id for c in CASES]
+    assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
+    assert len(CASES) >= 80
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input(case: Case, tmp_path):
+    with pytest.raises(case.exc) as info:
+        case.call(tmp_path)
+    msg = str(info.value)
+    missing = [n for n in case.needles if n not in msg]
+    assert not missing, f"{case.id}: message lacks {missing}: {msg!r}"
+    assert not (tmp_path / "marker").exists(), f"{case.id}: a checkpoint's pickle payload ran"
