@@ -91,6 +91,26 @@ def pretrained_dir(tmp: Path) -> Path:
     return m.save_pretrained(tmp / "pre")
 
 
+def _tiny_forecaster():
+    return create_model("hot_forecaster", **TINY_FC)
+
+
+def _missing_device() -> str:
+    """A device this machine does not have (CUDA on a CPU machine, else an index past the last GPU)."""
+    return "cuda" if not torch.cuda.is_available() else f"cuda:{torch.cuda.device_count()}"
+
+
+def _edited_config(tmp: Path) -> Path:
+    """A saved directory whose config.json was edited afterwards so that the weights still fit (product -> sum)."""
+    import json
+
+    d = pretrained_dir(tmp)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["kwargs"]["attention"] = "kronecker_sum"
+    write(d / "config.json", json.dumps(cfg))
+    return d
+
+
 def cli(argv: list[str]) -> None:
     """Run ``hoformer argv``; a non-zero exit (or argparse's SystemExit) becomes :class:`CLIError` with stderr."""
     from hoformer.cli import main
@@ -299,6 +319,48 @@ MODELS = [
          ("from_pretrained", "model.safetensors")),
     Case("from_pretrained/map-location", lambda tmp: from_pretrained(pretrained_dir(tmp), map_location=3.5),
          ValueError, ("`map_location`", "3.5")),
+    Case("hot_forecaster/float64-input-to-float32-model",
+         lambda _: _tiny_forecaster()(t(2, 16, 3, dtype=torch.float64)),
+         TypeError, ("hot_forecaster", "`x`", "torch.float64", "weights are torch.float32", "model.to(")),
+    Case("hot_forecaster/float16-input-to-float32-model", lambda _: _tiny_forecaster()(t(2, 16, 3).half()),
+         TypeError, ("hot_forecaster", "`x`", "torch.float16", "torch.float32", "x.to(torch.float32)")),
+    Case("hot_volume_classifier/float64-input", lambda _: create_model(
+        "hot_volume_classifier", input_size=8, dim=8, num_heads=2, depth=1)(t(1, 1, 8, 8, 8, dtype=torch.float64)),
+         TypeError, ("hot_volume_classifier", "`x`", "torch.float64", "torch.float32")),
+    Case("weaver/float64-input", lambda _: create_model("weaver", num_nodes=5, window=6, horizon=4, dim=8,
+                                                        num_heads=2)(t(2, 6, 5, 1, dtype=torch.float64)),
+         TypeError, ("Weaver", "`x`", "torch.float64", "torch.float32")),
+    Case("hot_forecaster/empty-batch", lambda _: _tiny_forecaster()(t(0, 16, 3)),
+         ValueError, ("hot_forecaster", "`x`", "empty batch (B = 0)", "at least one sample", "(0, 16, 3)")),
+    Case("hot_segmenter/empty-batch", lambda _: create_model("hot_segmenter", in_channels=2, num_classes=3,
+                                                             input_size=16, dim=8, num_heads=2, depth=1)(
+        t(0, 2, 16, 16)), ValueError, ("hot_segmenter", "`x`", "empty batch (B = 0)", "(0, 2, 16, 16)")),
+    Case("traffic_hot/empty-batch", lambda _: create_model("traffic_hot", num_nodes=5, window=6, horizon=4, dim=8,
+                                                           num_heads=2)(t(0, 6, 5, 1)),
+         ValueError, ("TrafficTransformer", "`x`", "empty batch (B = 0)", "(0, 6, 5, 1)")),
+    Case("hoba_classifier/empty-batch", lambda _: create_model("hoba_classifier", vocab_size=50, max_len=16, dim=8,
+                                                               num_heads=2, depth=1)(
+        torch.zeros(0, 8, dtype=torch.long)),
+         ValueError, ("hoba_classifier", "`ids`", "empty batch (B = 0)", "(0, 8)")),
+    Case("from_pretrained/map-location-device-not-available",
+         lambda tmp: from_pretrained(pretrained_dir(tmp), map_location=_missing_device()),
+         ValueError, ("from_pretrained", "`map_location`", _missing_device(), "map_location='cpu'")),
+    Case("from_pretrained/map-location-not-a-device",
+         lambda tmp: from_pretrained(pretrained_dir(tmp), map_location="gpu0"),
+         ValueError, ("from_pretrained", "`map_location`", "device string or torch.device", "'gpu0'")),
+    Case("from_pretrained/directory-is-a-file", lambda tmp: from_pretrained(write(tmp / "weights.bin", b"x")),
+         FileNotFoundError, ("from_pretrained", "`directory`", "config.json", "weights.bin", "a file")),
+    Case("from_pretrained/edited-config", lambda tmp: from_pretrained(_edited_config(tmp)),
+         ValueError, ("from_pretrained", "config.json", "not the configuration model.safetensors was saved with",
+                      "trust_edited_config=True")),
+    Case("save_pretrained/onto-an-existing-file",
+         lambda tmp: _tiny_forecaster().save_pretrained(write(tmp / "out.safetensors", b"x")),
+         FileExistsError, ("save_pretrained", "`directory`", "must be a directory", "existing file",
+                           "out.safetensors")),
+    Case("create_model/preset-changed", lambda _: create_model("traffic_hot", layout="full"),
+         ValueError, ("create_model", "'traffic_hot'", "'layout': 'kronecker'", "'layout': 'full'")),
+    Case("register_model/factory-function", lambda _: __import__("hoformer.models", fromlist=["x"]).register_model(
+        lambda **kw: None, name="a_factory"), TypeError, ("register_model", "HoformerModel subclass")),
 ]
 
 DATA = [

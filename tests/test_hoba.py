@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from hoformer.data import TextDataModule, TextTokenizer, read_text_split
 from hoformer.data._utils import SchemaError
+from hoformer.layers import record_attention
 from hoformer.models import create_model, from_pretrained
 from hoformer.train import TextClassificationTask, kd_loss
 
@@ -57,10 +58,10 @@ def test_paper_default_model_and_attention_maps(tmp_path):
     m = create_model("hoba_classifier", vocab_size=100, dim=16, num_heads=2)
     args, kwargs = m.example_inputs(2)
     m.eval()
-    m.record_attention = True
-    logits = m(*args, **kwargs)
-    assert len(m.attention_maps) == 3 and m.attention_maps[0][0].ndim == 6  # triplet cubes + cross-block
-    m.record_attention = False
+    with record_attention(m) as rec:
+        logits = m(*args, **kwargs)
+    assert len(rec) == 3 and rec[0][1][0].ndim == 6 and rec[0][1][1].ndim == 4  # triplet cubes + cross-block
+    torch.testing.assert_close(m(*args, **kwargs), logits)  # recording leaves the output as it is
     m.save_pretrained(tmp_path / "m")
     torch.testing.assert_close(from_pretrained(tmp_path / "m").eval()(*args, **kwargs), logits)
     with pytest.raises(ValueError, match="attention"):

@@ -14,13 +14,15 @@ import torch.nn.functional as F
 
 from hoformer.functional import (
     block_attention,
+    block_attention_weights,
     cross_block_attention,
+    cross_block_attention_weights,
     triplet_attention,
     triplet_attention_naive,
     triplet_attention_weights,
 )
 from hoformer.layers import TEXT_ATTENTIONS, BlockAttention2D, CrossBlockAttention, HOBABlock, TripletAttention
-from hoformer.layers import build_text_attention
+from hoformer.layers import build_text_attention, record_attention
 
 F64 = torch.float64
 
@@ -221,7 +223,8 @@ def test_block2d_matches_loop_outputs_and_maps(mask, b, ov, scale):
     q, k, v = (_rand(2, 2, 11, 3) for _ in range(3))
     m = None if MASKS[mask] is None else _mask(MASKS[mask])
     ref, ref_maps = loop_block2d(q, k, v, b, ov, 3**-0.5 if scale is None else scale, m)
-    out, maps = block_attention(q, k, v, block_size=b, overlap=ov, scale=scale, mask=m, return_attention=True)
+    out = block_attention(q, k, v, block_size=b, overlap=ov, scale=scale, mask=m)
+    maps = block_attention_weights(q, k, block_size=b, overlap=ov, scale=scale, mask=m)
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(maps, ref_maps, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(block_attention(q, k, v, block_size=b, overlap=ov, scale=scale, mask=m), ref,
@@ -237,7 +240,8 @@ def test_cross_block_matches_loop(mask, b, scale):
     if m is not None:
         o = o * m[:, None, :, None]  # as the local attention returns them
     ref, ref_att = loop_cross(o, b, 3**-0.5 if scale is None else scale, m)
-    out, att = cross_block_attention(o, block_size=b, mask=m, scale=scale, return_attention=True)
+    out = cross_block_attention(o, block_size=b, mask=m, scale=scale)
+    att = cross_block_attention_weights(o, block_size=b, mask=m, scale=scale)
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(att, ref_att, rtol=1e-12, atol=1e-14)
     if scale is None:  # the layer wrapper: default scale 1 / sqrt(per-head dim)
@@ -315,7 +319,9 @@ def test_text_attention_layer_matches_loop(name, kw):
     m = _mask([[1] * 7 + [0] * 3, [1, 1, 0, 1, 1, 1, 1, 1, 1, 1]])
     ref = _layer_ref(layer, x, m, name)
     torch.testing.assert_close(layer(x, mask=m), ref, rtol=1e-10, atol=1e-10)
-    y, maps = layer(x, mask=m, return_attention=True)  # the explicit-map path gives the same output
+    with record_attention(layer) as rec:  # the explicit-map path gives the same output
+        y = layer(x, mask=m)
+    assert len(rec) == 1 and rec[0][1]
     torch.testing.assert_close(y, ref, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(layer(x), _layer_ref(layer, x, None, name), rtol=1e-10, atol=1e-10)
 
@@ -349,7 +355,9 @@ def test_layer_padding_every_attention_type(name):
     y = layer(x, mask=m)
     x2 = x.clone()
     x2[~m] = 100 * _rand(int((~m).sum()), 8)
-    y2, maps = layer(x2, mask=m, return_attention=True)
+    with record_attention(layer) as rec:
+        y2 = layer(x2, mask=m)
+    maps = rec[0][1]
     torch.testing.assert_close(y2, y, rtol=1e-12, atol=1e-12)
     assert (y[~m] == 0).all() and (y[m].abs() > 0).all(dim=-1).all()
     # tail padding with block-aligned, non-overlapping windows: same as cutting the padding off

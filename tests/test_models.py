@@ -132,7 +132,8 @@ def test_is_model_list_models_create_model(registry):
     # a preset: the class with those arguments fixed; a saved config may repeat them, not change them
     m = registry.create_model("tiny_x_2", kind="b")
     assert type(m) is TinyX and m.config == {"name": "tiny_x_2", "kwargs": {"width": 5, "kind": "b"}}
-    assert registry.create_model("tiny_x_2", width=5).config == {"name": "tiny_x_2", "kwargs": {"width": 5, "kind": "a"}}
+    repeated = registry.create_model("tiny_x_2", width=5).config
+    assert repeated == {"name": "tiny_x_2", "kwargs": {"width": 5, "kind": "a"}}
     with pytest.raises(ValueError, match=r"'tiny_x_2' is TinyX with \{'width': 5\}; it cannot take \{'width': 6\}"):
         registry.create_model("tiny_x_2", width=6)
     # built from the class directly: the most specific registration whose preset matches names it
@@ -691,12 +692,14 @@ def test_attention_maps_recorded(name, kw, attention):
     m = create_model(name, attention=attention, dim=32, num_heads=4, **kw).eval()
     (x,), _ = m.example_inputs(1)
     with torch.no_grad():
-        y, maps = m(x, return_attention=True)
+        y = m(x)
         with record_attention(m) as rec:
             y2 = m(x)
+    assert isinstance(y, torch.Tensor)  # models return tensors only
     torch.testing.assert_close(y, y2)
-    assert len(maps) == len(m.encoder.blocks) and len(rec) == len(m.encoder.blocks)
-    for per_mode in maps:
+    assert len(rec) == len(m.encoder.blocks)
+    assert [name for name, _ in rec] == [f"encoder.blocks.{i}.attn" for i in range(len(m.encoder.blocks))]
+    for _, per_mode in rec:
         for a in per_mode:  # rows of softmax attention sum to one
             torch.testing.assert_close(a.sum(-1), torch.ones_like(a.sum(-1)), atol=1e-5, rtol=0)
 
@@ -879,17 +882,139 @@ def test_cnn3d_pools_between_stages_only():
 #: json.dumps({"hoformer_version", "kwargs", "name", "save_id"}, indent=2, sort_keys=True), weights with
 #: {"format": "pt", "save_id": ...} metadata and no config digest.
 LEGACY_0_1_0 = [
-    ('hot_forecaster', {'attention': 'kronecker_product', 'depth': 1, 'dim': 8, 'drop_path': 0.0, 'dropout': 0.1, 'mlp_ratio': 4.0, 'num_heads': 2, 'num_variates': 3, 'patch_size': 4, 'pool': 'flatten', 'pred_len': 4, 'qk_norm': True, 'revin': True, 'rope': True, 'seq_len': 16}, 'bbc9da33c1a68e3e'),
-    ('hot_volume_classifier', {'attention': 'kronecker_product', 'depth': 1, 'dim': 8, 'drop_path': 0.0, 'dropout': 0.1, 'in_channels': 1, 'input_size': 8, 'mlp_ratio': 4.0, 'num_classes': 2, 'num_heads': 2, 'patch_size': 4, 'pos_embed': 'rope', 'qk_norm': True}, '44ac8847bcc2675f'),
-    ('hot_segmenter', {'attention': 'kronecker_product', 'depth': 1, 'dim': 8, 'drop_path': 0.0, 'dropout': 0.1, 'in_channels': 2, 'input_size': 16, 'mlp_ratio': 4.0, 'num_classes': 3, 'num_heads': 2, 'patch_size': 8, 'pos_embed': 'rope', 'qk_norm': True}, '154b7ecea782e5dc'),
-    ('cnn3d_classifier', {'dropout': 0.0, 'in_channels': 1, 'input_size': 8, 'norm': 'group', 'num_classes': 2, 'widths': [4, 8]}, '9b2c6ee3f006bcf5'),
-    ('weaver', {'dict_width': 4, 'dim': 8, 'dropout': 0.1, 'horizon': 4, 'in_channels': 1, 'kern_dim': 4, 'kern_layers': 3, 'kernel': 'tanimoto', 'mlp_expansion': 2, 'num_heads': 2, 'num_landmarks': 4, 'num_nodes': 5, 'num_scorers': 5, 'out_channels': None, 'ratio_space': 0.6, 'ratio_time': 0.6, 'use_dictionary': True, 'use_time': True, 'window': 6}, 'f854e05f499fcf90'),
-    ('traffic_full_attention', {'dim': 8, 'dropout': 0.1, 'horizon': 4, 'in_channels': 1, 'mlp_ratio': 2.0, 'num_heads': 2, 'num_layers': 1, 'num_nodes': 5, 'out_channels': None, 'use_time': True, 'window': 6}, '453a0e6101a2e98d'),
-    ('traffic_alternating', {'dim': 8, 'dropout': 0.1, 'horizon': 4, 'in_channels': 1, 'mlp_ratio': 2.0, 'num_heads': 2, 'num_layers': 1, 'num_nodes': 5, 'out_channels': None, 'use_time': True, 'window': 6}, '8f78fd8c9416f39a'),
-    ('traffic_hot', {'dim': 8, 'dropout': 0.1, 'horizon': 4, 'in_channels': 1, 'mlp_ratio': 2.0, 'num_heads': 2, 'num_layers': 2, 'num_nodes': 5, 'out_channels': None, 'use_time': True, 'window': 6}, 'a4c3d99cec4b72f4'),
-    ('last_value', {'horizon': 4, 'num_nodes': 5, 'window': 6}, 'e3b0c44298fc1c14'),
-    ('historical_average', {}, 'e3b0c44298fc1c14'),
-    ('hoba_classifier', {'attention': 'hoba', 'block_size': 4, 'cross_block': True, 'depth': 1, 'dim': 8, 'dropout': 0.1, 'max_len': 16, 'mlp_ratio': 4.0, 'norm_first': True, 'num_classes': 2, 'num_heads': 2, 'overlap': 0.25, 'pad_id': 0, 'pooling': 'cls', 'vocab_size': 50}, '0d775e56a1daa33b'),
+    ('hot_forecaster',
+     {'attention': 'kronecker_product',
+      'depth': 1,
+      'dim': 8,
+      'drop_path': 0.0,
+      'dropout': 0.1,
+      'mlp_ratio': 4.0,
+      'num_heads': 2,
+      'num_variates': 3,
+      'patch_size': 4,
+      'pool': 'flatten',
+      'pred_len': 4,
+      'qk_norm': True,
+      'revin': True,
+      'rope': True,
+      'seq_len': 16},
+     'bbc9da33c1a68e3e'),
+    ('hot_volume_classifier',
+     {'attention': 'kronecker_product',
+      'depth': 1,
+      'dim': 8,
+      'drop_path': 0.0,
+      'dropout': 0.1,
+      'in_channels': 1,
+      'input_size': 8,
+      'mlp_ratio': 4.0,
+      'num_classes': 2,
+      'num_heads': 2,
+      'patch_size': 4,
+      'pos_embed': 'rope',
+      'qk_norm': True},
+     '44ac8847bcc2675f'),
+    ('hot_segmenter',
+     {'attention': 'kronecker_product',
+      'depth': 1,
+      'dim': 8,
+      'drop_path': 0.0,
+      'dropout': 0.1,
+      'in_channels': 2,
+      'input_size': 16,
+      'mlp_ratio': 4.0,
+      'num_classes': 3,
+      'num_heads': 2,
+      'patch_size': 8,
+      'pos_embed': 'rope',
+      'qk_norm': True},
+     '154b7ecea782e5dc'),
+    ('cnn3d_classifier',
+     {'dropout': 0.0, 'in_channels': 1, 'input_size': 8, 'norm': 'group', 'num_classes': 2, 'widths': [4, 8]},
+     '9b2c6ee3f006bcf5'),
+    ('weaver',
+     {'dict_width': 4,
+      'dim': 8,
+      'dropout': 0.1,
+      'horizon': 4,
+      'in_channels': 1,
+      'kern_dim': 4,
+      'kern_layers': 3,
+      'kernel': 'tanimoto',
+      'mlp_expansion': 2,
+      'num_heads': 2,
+      'num_landmarks': 4,
+      'num_nodes': 5,
+      'num_scorers': 5,
+      'out_channels': None,
+      'ratio_space': 0.6,
+      'ratio_time': 0.6,
+      'use_dictionary': True,
+      'use_time': True,
+      'window': 6},
+     'f854e05f499fcf90'),
+    ('traffic_full_attention',
+     {'dim': 8,
+      'dropout': 0.1,
+      'horizon': 4,
+      'in_channels': 1,
+      'mlp_ratio': 2.0,
+      'num_heads': 2,
+      'num_layers': 1,
+      'num_nodes': 5,
+      'out_channels': None,
+      'use_time': True,
+      'window': 6},
+     '453a0e6101a2e98d'),
+    ('traffic_alternating',
+     {'dim': 8,
+      'dropout': 0.1,
+      'horizon': 4,
+      'in_channels': 1,
+      'mlp_ratio': 2.0,
+      'num_heads': 2,
+      'num_layers': 1,
+      'num_nodes': 5,
+      'out_channels': None,
+      'use_time': True,
+      'window': 6},
+     '8f78fd8c9416f39a'),
+    ('traffic_hot',
+     {'dim': 8,
+      'dropout': 0.1,
+      'horizon': 4,
+      'in_channels': 1,
+      'mlp_ratio': 2.0,
+      'num_heads': 2,
+      'num_layers': 2,
+      'num_nodes': 5,
+      'out_channels': None,
+      'use_time': True,
+      'window': 6},
+     'a4c3d99cec4b72f4'),
+    ('last_value',
+     {'horizon': 4, 'num_nodes': 5, 'window': 6},
+     'e3b0c44298fc1c14'),
+    ('historical_average',
+     {},
+     'e3b0c44298fc1c14'),
+    ('hoba_classifier',
+     {'attention': 'hoba',
+      'block_size': 4,
+      'cross_block': True,
+      'depth': 1,
+      'dim': 8,
+      'dropout': 0.1,
+      'max_len': 16,
+      'mlp_ratio': 4.0,
+      'norm_first': True,
+      'num_classes': 2,
+      'num_heads': 2,
+      'overlap': 0.25,
+      'pad_id': 0,
+      'pooling': 'cls',
+      'vocab_size': 50},
+     '0d775e56a1daa33b'),
 ]
 
 

@@ -8,7 +8,9 @@ import torch
 
 from hoformer.functional import (
     block_attention,
+    block_attention_weights,
     cross_block_attention,
+    cross_block_attention_weights,
     triplet_attention,
     triplet_attention_naive,
     triplet_attention_weights,
@@ -260,7 +262,8 @@ def test_bad_tensors():
 def test_block_attention_matches_loop():
     q, k, v = _qkv(L=11, n=3)
     m = _mask(2, 11, 3)
-    out, a = block_attention(q, k, v, block_size=4, overlap=0.25, mask=m, return_attention=True)
+    out = block_attention(q, k, v, block_size=4, overlap=0.25, mask=m)
+    a = block_attention_weights(q, k, block_size=4, overlap=0.25, mask=m)
     ref = torch.zeros_like(q)
     cnt = torch.zeros(11, dtype=F64)
     for s in triplet_windows(11, 4, 0.25):
@@ -272,12 +275,15 @@ def test_block_attention_matches_loop():
     ref = ref / cnt[:, None] * m[:, None, :, None]
     torch.testing.assert_close(out, ref)
     assert a.shape == (2, 2, 4, 4, 4)
+    idx = torch.tensor(triplet_windows(11, 4, 0.25))[:, None] + torch.arange(4)  # w s
+    torch.testing.assert_close(a.sum(-1), m[:, idx][:, None].expand(-1, 2, -1, -1).to(F64))  # real query rows: 1
 
 
 def test_cross_block_matches_equations():
     o = torch.randn(2, 2, 10, 4, dtype=F64)
     m = _mask(2, 10, 5)  # sample 0: tokens 5..9 padded -> block 2 (8, 9) has no real token
-    out, a = cross_block_attention(o * m[:, None, :, None], block_size=4, mask=m, return_attention=True)
+    out = cross_block_attention(o * m[:, None, :, None], block_size=4, mask=m)
+    a = cross_block_attention_weights(o * m[:, None, :, None], block_size=4, mask=m)
     for bi in range(2):
         om = o[bi] * m[bi, None, :, None]
         blocks = [range(s, min(s + 4, 10)) for s in (0, 4, 8)]
@@ -297,7 +303,9 @@ def test_text_attention_layers(name):
     layer = build_text_attention(name, 16, 2, block_size=4, overlap=0.25).double()
     x = torch.randn(2, 10, 16, dtype=F64)
     m = _mask(2, 10, 3)
-    y, maps = layer(x, mask=m, return_attention=True)
+    with record_attention(layer) as rec:
+        y = layer(x, mask=m)
+    maps = rec[0][1]
     assert y.shape == x.shape and torch.isfinite(y).all()
     torch.testing.assert_close(layer(x, mask=m), y)
     # blocked: the fixed grid [0, 4), [3, 7), [6, 10), [9, 13) (padded to 13), not the functional's end window [6, 10)
@@ -349,7 +357,9 @@ def test_full2d_all_padding_sample_with_maps_is_finite():
     x = torch.randn(2, 6, 16)
     mask = torch.ones(2, 6, dtype=torch.bool)
     mask[1] = False  # sample 1 is all padding
-    y, maps = layer(x, mask=mask, return_attention=True)
+    with record_attention(layer) as rec:
+        y = layer(x, mask=mask)
+    maps = rec[0][1]
     assert torch.isfinite(y).all() and all(torch.isfinite(m).all() for m in maps)
     torch.testing.assert_close(y, layer(x, mask=mask))  # the explicit (maps) path equals the SDPA path
 
@@ -399,7 +409,9 @@ def test_layer_maps_are_normalised_attention(name):
     rows sum to 1 over blocks; padded keys get no weight."""
     layer = build_text_attention(name, 16, 2, block_size=4, overlap=0.25).double()
     m = _mask(2, 10, 3)
-    _, maps = layer(torch.randn(2, 10, 16, dtype=F64), mask=m, return_attention=True)
+    with record_attention(layer) as rec:
+        layer(torch.randn(2, 10, 16, dtype=F64), mask=m)
+    maps = rec[0][1]
     local = maps[0]
     if name == "full2d":
         sums, keys = local.sum(-1), m[:, None, None, :].expand_as(local)

@@ -21,7 +21,7 @@ from hoformer.functional.weaver import (
     pooling_informativeness,
     valence_attention,
 )
-from hoformer.layers import AxialAttention, Block, FullAttention, KroneckerAttention
+from hoformer.layers import AxialAttention, Block, FullAttention, KroneckerAttention, record_attention
 from hoformer.layers.weaver import (
     ATkPooling,
     KroneckerValenceAttention,
@@ -424,7 +424,9 @@ def test_kronecker_valence_attention_equals_dense_spatiotemporal_map():
     torch.nn.init.normal_(layer.mix.proj.weight)  # the signal half starts at zero (identity block): make it count
     u = torch.randn(2, 4, 5, 8, dtype=D64)
     time = torch.tensor([[[i * 5.0, 1.0] for i in range(4)]] * 2, dtype=D64)
-    out, (tt, ts) = layer(u, time, return_attention=True)
+    with record_attention(layer) as rec:
+        out = layer(u, time)
+    (_, (tt, ts)), = rec
     assert tt.shape == (2, 2, 4, 4) and ts.shape == (2, 2, 5, 5)
     big = kron_dense([tt, ts])  # (b, h, PN, PN) = Theta_T (x) Theta_S
     v = u.view(2, 4 * 5, 2, 4).transpose(1, 2)  # (b, h, PN, d)
@@ -440,7 +442,9 @@ def test_kronecker_valence_attention_equals_dense_spatiotemporal_map():
             enc = (torch.stack([tod_dow[..., 0].sin(), tod_dow[..., 0].cos(), tod_dow[..., 1].sin(),
                                 tod_dow[..., 1].cos()], -1) if t is not None else torch.zeros(2, 4, 4, dtype=D64))
             g_t = layer.time_proj(torch.cat([_atk_reference(u, layer.pool_t.scorers, 0.6, 2)[0], enc], -1))  # eq 52
-            _, (tt, ts) = layer(u, t, return_attention=True)
+            with record_attention(layer) as rec:
+                layer(u, t)
+            (_, (tt, ts)), = rec
             for theta, g, proj in ((ts, g_s, layer.qk_s), (tt, g_t, layer.qk_t)):
                 q, k = (g @ proj.weight.T).split(8, -1)
                 for b, h in itertools.product(range(2), range(2)):
@@ -485,10 +489,12 @@ def test_weaver_mask_ignores_missing_inputs_and_records_attention():
     x = torch.randn(2, 12, 13, 1)
     mask = torch.rand(x.shape) > 0.3
     x2 = torch.where(mask, x, torch.randn_like(x) * 100)
-    model.record_attention = True
-    torch.testing.assert_close(model(x, mask=mask), model(x2, mask=mask))
-    assert model.attention_maps["spatial"].shape == (2, 4, 13, 13)
-    assert model.attention_maps["temporal"].shape == (2, 4, 12, 12)
+    with record_attention(model) as rec:
+        torch.testing.assert_close(model(x, mask=mask), model(x2, mask=mask))
+    assert [name for name, _ in rec] == ["attention", "attention"]  # one record per forward
+    for _, (temporal, spatial) in rec:
+        assert spatial.shape == (2, 4, 13, 13) and temporal.shape == (2, 4, 12, 12)
+    torch.testing.assert_close(rec[0][1][0], rec[1][1][0])  # the missing inputs do not reach the maps either
 
 
 def test_bad_inputs_raise_clear_errors():
@@ -515,9 +521,9 @@ def test_bad_inputs_raise_clear_errors():
 
 
 @pytest.mark.parametrize("name, layer, maps", [
-    ("traffic_full_attention", FullAttention, {"0_full": (2, 2, 54, 54), "1_full": (2, 2, 54, 54)}),
-    ("traffic_alternating", AxialAttention, {"0_temporal": (2, 2, 9, 6, 6), "2_spatial": (2, 2, 6, 9, 9)}),
-    ("traffic_hot", KroneckerAttention, {"0_kronecker": [(2, 2, 6, 6), (2, 2, 9, 9)]}),
+    ("traffic_full_attention", FullAttention, {"blocks.0.attn": [(2, 2, 54, 54)], "blocks.1.attn": [(2, 2, 54, 54)]}),
+    ("traffic_alternating", AxialAttention, {"blocks.0.attn": [(2, 2, 9, 6, 6)], "blocks.2.attn": [(2, 2, 6, 9, 9)]}),
+    ("traffic_hot", KroneckerAttention, {"blocks.0.attn": [(2, 2, 6, 6), (2, 2, 9, 9)]}),
 ])
 def test_transformer_baselines_use_the_shared_attention_layers(name, layer, maps):
     model = create_model(name, num_nodes=9, window=6, horizon=4, dim=16, num_heads=2)
@@ -526,16 +532,17 @@ def test_transformer_baselines_use_the_shared_attention_layers(name, layer, maps
     y = model(*args, **kwargs)
     assert y.shape == (2, 4, 9, 1)
     y.mean().backward()
-    model.record_attention = True
-    model(*args, **kwargs)
+    with record_attention(model) as rec:
+        model(*args, **kwargs)
+    recorded = dict(rec)
+    assert len(recorded) == len(model.blocks)
     for key, shape in maps.items():
-        got = model.attention_maps[key]
-        got = [tuple(t.shape) for t in got] if isinstance(got, list) else tuple(got.shape)
-        assert got == shape, key
+        assert [tuple(t.shape) for t in recorded[key] if t is not None] == shape, key
     # every map is row-stochastic: the blocks really attend along the named modes
-    for got in model.attention_maps.values():
-        for a in got if isinstance(got, list) else [got]:
-            torch.testing.assert_close(a.sum(-1), torch.ones_like(a.sum(-1)))
+    for got in recorded.values():
+        for a in got:
+            if a is not None:
+                torch.testing.assert_close(a.sum(-1), torch.ones_like(a.sum(-1)))
     with pytest.raises(ValueError, match=r"`layout` must be one of \['alternating', .*got 'diagonal'"):
         TrafficTransformer("diagonal", num_nodes=9)
     with pytest.raises(ValueError, match="`num_layers` must be an int >= 1"):

@@ -2,9 +2,9 @@
 HOBA 004 Figs 2-4).
 
 :func:`attention_maps` runs one forward pass under :func:`hoformer.layers.record_attention` (the recorder of every
-``_Recordable`` layer: Kronecker, full, axial, divided, triplet / block attention) and, for models that keep their
-own maps (Weaver and the traffic baselines set ``model.attention_maps`` when ``model.record_attention`` is True),
-collects those too. Normal forward passes are untouched: recording is switched on only inside the call.
+recordable attention layer: Kronecker, full, axial, divided, triplet / block attention, Weaver's valence attention),
+the one way to get attention maps out of a model. Normal forward passes are untouched: recording is switched on only
+inside the call.
 
 Each entry is an :class:`AttentionRecord` ``(name, kind, maps, combine, modes)``:
 
@@ -75,23 +75,6 @@ def record_kind(module: nn.Module | None, maps) -> tuple[str, str | None]:
     return "unknown", None
 
 
-def _own_maps(model: nn.Module) -> list[AttentionRecord]:
-    """Maps kept by models that record themselves (Weaver: ``{"temporal", "spatial"}``; traffic baselines:
-    ``{"<i>_<mode>": tensor or [S_T, S_S]}``)."""
-    got = getattr(model, "attention_maps", None)
-    if not isinstance(got, dict) or not got:
-        return []
-    if set(got) == {"temporal", "spatial"}:  # Weaver's Theta_T (x) Theta_S, signed valence maps
-        return [AttentionRecord("attention", "kronecker", [got["temporal"], got["spatial"]], "product")]
-    out = []
-    for name, m in got.items():
-        if isinstance(m, (list, tuple)):
-            out.append(AttentionRecord(name, "kronecker", list(m), "product"))
-        else:
-            out.append(AttentionRecord(name, "full", [m]))
-    return out
-
-
 @contextlib.contextmanager
 def recording(model: nn.Module):
     """Context manager behind :func:`attention_maps`: records every forward inside the block (training forwards
@@ -99,26 +82,16 @@ def recording(model: nn.Module):
     list that is filled with :class:`AttentionRecord` when the block exits."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"attention_maps: `model` must be an nn.Module, got {type(model).__name__}")
-    own = isinstance(getattr(model, "record_attention", None), bool)
-    prev, prev_maps = (model.record_attention, getattr(model, "attention_maps", None)) if own else (None, None)
     out: list[AttentionRecord] = []
-    try:
-        if own:
-            model.record_attention = True
-        with record_attention(model) as raw:
-            yield out
-        modules = dict(model.named_modules())
-        for name, maps in raw:
-            module = modules.get(name)
-            kind, combine = record_kind(module, maps)
-            modes = getattr(module, "modes", None) if isinstance(module, AxialAttention) else None
-            out.append(AttentionRecord(name, kind, [m for m in maps if m is not None], combine,
-                                       tuple(modes) if modes is not None else None))
-        if not out and own:
-            out.extend(_own_maps(model))
-    finally:
-        if own:  # leave the model as found (no stale maps kept alive)
-            model.record_attention, model.attention_maps = prev, prev_maps
+    with record_attention(model) as raw:
+        yield out
+    modules = dict(model.named_modules())
+    for name, maps in raw:
+        module = modules.get(name)
+        kind, combine = record_kind(module, maps)
+        modes = getattr(module, "modes", None) if isinstance(module, AxialAttention) else None
+        out.append(AttentionRecord(name, kind, [m for m in maps if m is not None], combine,
+                                   tuple(modes) if modes is not None else None))
 
 
 @torch.no_grad()
@@ -132,8 +105,8 @@ def attention_maps(model: nn.Module, *args: Any, **kwargs: Any) -> list[Attentio
     with recording(model) as out:
         model(*args, **kwargs)
     if not out:
-        raise ValueError(f"attention_maps: {type(model).__name__} recorded no attention maps (no layer inherits "
-                         "hoformer.layers.attention._Recordable and the model keeps no `attention_maps`)")
+        raise ValueError(f"attention_maps: {type(model).__name__} recorded no attention maps (none of its layers "
+                         "is a recordable attention layer of hoformer.layers)")
     return out
 
 
@@ -173,7 +146,7 @@ def split_batch(model: nn.Module, batch) -> tuple[tuple, dict, Any]:
         if first is None or not params:
             raise ValueError(f"split_batch: dict batch needs an input key 'x', 'ids' or 'input_ids', "
                              f"got {sorted(batch)}")
-        names = {p.name for p in params[1:]} - {"return_attention"}
+        names = {p.name for p in params[1:]}
         kwargs = {k: v for k, v in batch.items() if k in names and k != first}
         target = next((batch[k] for k in ("y", "label", "labels") if k in batch), None)
         return (batch[first],), kwargs, target

@@ -42,7 +42,9 @@ __all__ = [
     "triplet_attention_naive",
     "triplet_attention_weights",
     "block_attention",
+    "block_attention_weights",
     "cross_block_attention",
+    "cross_block_attention_weights",
 ]
 
 
@@ -408,32 +410,83 @@ def triplet_attention(
 
 
 # ----------------------------------------------------------------------------------- 2D and cross-block
-def block_attention(q, k, v, *, block_size: int, overlap: float = 0.0, scale=None, mask=None, return_attention=False):
-    """Pairwise (2D) softmax attention inside the same overlapping windows as :func:`triplet_attention`, outputs
-    averaged over covering windows (eq 4): the "2D block-local" baseline of section 4.3 / Table 7.
-
-    ``q, k, v (B, H, L, D)``, optional bool key mask ``(B, L)``; returns ``(B, H, L, D)`` (and the per-window maps
-    ``(B, H, w, s, s)`` when ``return_attention``). Padded queries return zeros.
-    """
-    mask = _check_inputs(q, k, k, v, v, mask, block_size, overlap, "block_attention", ("q", "k", "k", "v", "v"))
-    B, H, L, D = q.shape
-    check_scale("block_attention", scale)
+def _block_weights(q, k, block_size: int, overlap: float, scale, mask):
+    """``(a (B, H, w, s, s), idx (w, s), mw (B, w, s) | None)``: the per-window pairwise softmax of
+    :func:`block_attention` (unchecked; rows of padded queries are zeroed by the caller)."""
+    D = q.shape[-1]
     scale = D**-0.5 if scale is None else scale
-    idx = _window_index(L, block_size, overlap, q.device)
-    qw, kw, vw = (x[:, :, idx] for x in (q, k, v))  # b h w s d
+    idx = _window_index(q.shape[2], block_size, overlap, q.device)
+    qw, kw = q[:, :, idx], k[:, :, idx]  # b h w s d
     t = torch.matmul(qw, kw.transpose(-1, -2)).to(_compute_dtype(q.dtype)) * scale  # b h w i j
     mw = None if mask is None else mask[:, idx]  # b w s
     a = masked_softmax(t, None if mw is None else mw[:, None, :, None, :]).to(q.dtype)  # all-padding windows: 0
-    cw = torch.matmul(a, vw)  # b h w s d
+    return a, idx, mw
+
+
+def block_attention(q, k, v, *, block_size: int, overlap: float = 0.0, scale=None, mask=None):
+    """Pairwise (2D) softmax attention inside the same overlapping windows as :func:`triplet_attention`, outputs
+    averaged over covering windows (eq 4): the "2D block-local" baseline of section 4.3 / Table 7.
+
+    ``q, k, v (B, H, L, D)``, optional bool key mask ``(B, L)``; returns ``(B, H, L, D)``. Padded queries return
+    zeros. The per-window maps are :func:`block_attention_weights`.
+    """
+    mask = _check_inputs(q, k, k, v, v, mask, block_size, overlap, "block_attention", ("q", "k", "k", "v", "v"))
+    check_scale("block_attention", scale)
+    B, H, L, D = q.shape
+    a, idx, _ = _block_weights(q, k, block_size, overlap, scale, mask)
+    cw = torch.matmul(a, v[:, :, idx])  # b h w s d
     out = torch.zeros_like(q).index_add_(2, idx.flatten(), cw.flatten(2, 3))
     out = out / _window_count(L, block_size, overlap, q.device).to(q.dtype)[:, None]
     if mask is not None:
         out = out * mask[:, None, :, None]
-        a = a * mw[:, None, :, :, None]
-    return (out, a) if return_attention else out
+    return out
 
 
-def cross_block_attention(o, *, block_size: int, mask=None, scale=None, return_attention=False):
+def block_attention_weights(q, k, *, block_size: int, overlap: float = 0.0, scale=None, mask=None):
+    """The per-window maps ``(B, H, w, s, s)`` of :func:`block_attention` (rows summing to 1 over real keys, zeros for
+    padded queries). Meant for analysis / attention maps."""
+    mask = _check_inputs(q, k, k, k, k, mask, block_size, overlap, "block_attention_weights",
+                         ("q", "k", "k", "k", "k"))
+    check_scale("block_attention_weights", scale)
+    a, _, mw = _block_weights(q, k, block_size, overlap, scale, mask)
+    return a if mw is None else a * mw[:, None, :, :, None]
+
+
+def _check_cross(o, block_size: int, mask, fn: str):
+    if not isinstance(o, torch.Tensor) or not o.is_floating_point():
+        got = f"dtype {o.dtype}" if isinstance(o, torch.Tensor) else type(o).__name__
+        raise TypeError(f"{fn}: `o` must be a floating-point tensor (B, H, L, D), got {got}")
+    if o.ndim != 4 or o.numel() == 0:
+        raise ValueError(f"{fn}: `o` must have shape (B, H, L, D), non-empty, got {tuple(o.shape)}")
+    B, H, L, D = o.shape
+    _check_window_args(L, block_size, 0.0, fn)
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+            raise TypeError(f"{fn}: `mask` must be a bool tensor (B, L) with True = real token, got {got}")
+        if mask.shape != (B, L):
+            raise ValueError(f"{fn}: `mask` must have shape (B, L) = {(B, L)}, got {tuple(mask.shape)}")
+        mask = mask.to(o.device)
+    return mask
+
+
+def _cross_weights(o, block_size: int, mask, scale):
+    """``(a (B, H, M, M), r (B, H, M, D))``: block means (eq 5) and their softmax attention (eq 6), unchecked."""
+    B, H, L, D = o.shape
+    scale = D**-0.5 if scale is None else scale
+    M = -(-L // block_size)
+    pad = M * block_size - L
+    w = o.new_ones(B, L) if mask is None else mask.to(o.dtype)
+    w = torch.nn.functional.pad(w, (0, pad)).view(B, 1, M, block_size, 1)
+    xs = torch.nn.functional.pad(o, (0, 0, 0, pad)).view(B, H, M, block_size, D)
+    cnt = w.sum(3)  # b 1 m 1
+    r = (xs * w).sum(3) / cnt.clamp_min(1)  # b h m d  (eq 5)
+    t = torch.matmul(r, r.transpose(-1, -2)).to(_compute_dtype(o.dtype)) * scale  # b h m m'
+    a = masked_softmax(t, cnt[..., 0][:, :, None, :] > 0).to(o.dtype)  # eq 6; empty blocks get no weight
+    return a, r
+
+
+def cross_block_attention(o, *, block_size: int, mask=None, scale=None):
     """Cross-block interaction (eqs 5-7): ``o_i + sum_m' softmax_m'(r_m . r_m' * scale) r_m'`` with ``m = i // b``.
 
     Args:
@@ -445,38 +498,22 @@ def cross_block_attention(o, *, block_size: int, mask=None, scale=None, return_a
         scale: default ``D ** -0.5`` (eq 6).
 
     Returns:
-        ``(B, H, L, D)`` (and the block attention ``(B, H, M, M)`` when ``return_attention``).
+        ``(B, H, L, D)``. The block attention ``(B, H, M, M)`` is :func:`cross_block_attention_weights`.
     """
-    if not isinstance(o, torch.Tensor) or not o.is_floating_point():
-        got = f"dtype {o.dtype}" if isinstance(o, torch.Tensor) else type(o).__name__
-        raise TypeError(f"cross_block_attention: `o` must be a floating-point tensor (B, H, L, D), got {got}")
-    if o.ndim != 4 or o.numel() == 0:
-        raise ValueError(f"cross_block_attention: `o` must have shape (B, H, L, D), non-empty, got {tuple(o.shape)}")
-    B, H, L, D = o.shape
-    _check_window_args(L, block_size, 0.0, "cross_block_attention")
-    if mask is not None:
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-            got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
-            raise TypeError(f"cross_block_attention: `mask` must be a bool tensor (B, L) with True = real token, "
-                            f"got {got}")
-        if mask.shape != (B, L):
-            raise ValueError(f"cross_block_attention: `mask` must have shape (B, L) = {(B, L)}, got "
-                             f"{tuple(mask.shape)}")
-        mask = mask.to(o.device)
+    mask = _check_cross(o, block_size, mask, "cross_block_attention")
     check_scale("cross_block_attention", scale)
-    scale = D**-0.5 if scale is None else scale
-    M = -(-L // block_size)
-    pad = M * block_size - L
-    w = o.new_ones(B, L) if mask is None else mask.to(o.dtype)
-    w = torch.nn.functional.pad(w, (0, pad)).view(B, 1, M, block_size, 1)
-    xs = torch.nn.functional.pad(o, (0, 0, 0, pad)).view(B, H, M, block_size, D)
-    cnt = w.sum(3)  # b 1 m 1
-    r = (xs * w).sum(3) / cnt.clamp_min(1)  # b h m d  (eq 5)
-    t = torch.matmul(r, r.transpose(-1, -2)).to(_compute_dtype(o.dtype)) * scale  # b h m m'
-    a = masked_softmax(t, cnt[..., 0][:, :, None, :] > 0).to(o.dtype)  # eq 6; empty blocks get no weight
+    L = o.shape[2]
+    a, r = _cross_weights(o, block_size, mask, scale)
     g = torch.matmul(a, r)  # b h m d
     g = g.repeat_interleave(block_size, 2)[:, :, :L]  # token i gets row m = i // b  (eq 7)
     if mask is not None:
         g = g * mask[:, None, :, None]
-    out = o + g
-    return (out, a) if return_attention else out
+    return o + g
+
+
+def cross_block_attention_weights(o, *, block_size: int, mask=None, scale=None):
+    """The block attention ``A (B, H, M, M)`` of :func:`cross_block_attention` (eq 6), ``M = ceil(L / block_size)``.
+    Meant for analysis / attention maps."""
+    mask = _check_cross(o, block_size, mask, "cross_block_attention_weights")
+    check_scale("cross_block_attention_weights", scale)
+    return _cross_weights(o, block_size, mask, scale)[0]

@@ -12,7 +12,7 @@ from torch import nn
 
 from hoformer._checks import check_fraction, check_int
 
-from .attention import build_attention, record_attention
+from .attention import build_attention
 
 __all__ = ["Mlp", "SwiGLU", "RMSNorm", "DropPath", "PatchEmbed", "Block", "Encoder"]
 
@@ -123,7 +123,8 @@ def _norm(kind: str, dim: int) -> nn.Module:
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: ``x + attn(norm(x)); x + mlp(norm(x))`` with any attention by name.
+    """Pre-norm transformer block: ``x + attn(norm(x)); x + mlp(norm(x))`` with any attention by name. Returns the
+    tensor only; attention maps are collected by :func:`hoformer.layers.record_attention`.
 
     Args:
         dim, num_heads: model width and heads.
@@ -149,21 +150,14 @@ class Block(nn.Module):
             raise ValueError(f"Block: `mlp` must be 'gelu' or 'swiglu', got {mlp!r}")
         self.drop_path = DropPath(drop_path)
 
-    def forward(self, x, masks=None, return_attention: bool = False):
+    def forward(self, x: torch.Tensor, masks=None) -> torch.Tensor:
         # A strided residual stream (x + a keeps x's strides) breaks torch.compile(backend="aot_eager") training:
         # the eager CPU kernel of aten.native_dropout_backward follows the gradient's strides, its traced (fake)
         # strides are contiguous, so the traced backward's `view` of a dropout gradient fails (pytorch#120035).
         # Free when x is already contiguous, as PatchEmbed's output is.
         x = x.contiguous()
-        if return_attention:  # the attention layers' maps come from their recorder (one tensor per mode / stage)
-            with record_attention(self.attn) as records:
-                a = self.attn(self.norm1(x), masks=masks)
-            maps = [m for _, ms in records for m in ms]
-        else:
-            a, maps = self.attn(self.norm1(x), masks=masks), None
-        x = x + self.drop_path(a)
-        x = x + self.drop_path(self.mlp(self.norm2(x)))
-        return (x, maps) if return_attention else x
+        x = x + self.drop_path(self.attn(self.norm1(x), masks=masks))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
 
     def step(self, x, cache):
         """One decoding step of a block whose attention is causal (see ``KroneckerAttention.step``): ``x`` is one
@@ -186,14 +180,10 @@ class Encoder(nn.Module):
         self.blocks = nn.ModuleList(Block(dim, num_heads, drop_path=r, norm=norm, **block_kw) for r in rates)
         self.norm = _norm(norm, dim)
 
-    def forward(self, x, masks=None, return_attention: bool = False):
-        maps = []
+    def forward(self, x: torch.Tensor, masks=None) -> torch.Tensor:
         for blk in self.blocks:
-            out = blk(x, masks=masks, return_attention=return_attention)
-            x, m = out if return_attention else (out, None)
-            maps.append(m)
-        x = self.norm(x)
-        return (x, maps) if return_attention else x
+            x = blk(x, masks=masks)
+        return self.norm(x)
 
     def init_cache(self) -> list:
         """Decoding state for :meth:`step`: one cache per block (blocks built with a causal ``causal_mode``)."""

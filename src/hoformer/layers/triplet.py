@@ -4,8 +4,7 @@ Axis legend: ``b`` batch, ``n`` tokens (``L``), ``d`` model dim, ``h`` heads, ``
 
 Every attention layer here shares one call signature (1D token sequences with key padding)::
 
-    forward(x (B, L, D), mask=None (B, L) bool True = real token, return_attention=False)
-        -> y (B, L, D)            or   (y, maps)  with return_attention=True
+    forward(x (B, L, D), mask=None (B, L) bool True = real token) -> y (B, L, D)
 
 * :class:`TripletAttention` - five projections ``q, k1, k2, v1, v2``, block-diagonal triplet attention (eqs 2-4)
   per head, optional cross-block routing (eqs 5-7), output projection ``W_O`` (Algorithm 1). ``block_size=None``
@@ -28,7 +27,7 @@ input length, padding the input with masked positions to :func:`~hoformer.functi
 cropping the output, so a token's output does not depend on how much padding its batch has (the functional
 :func:`~hoformer.functional.triplet_attention` ends an off-grid length with a window ``[L - s, L)`` instead).
 
-``maps`` (also collected by :func:`hoformer.layers.record_attention`): ``[local, cross]`` with local
+Attention maps, collected by :func:`hoformer.layers.record_attention`: ``[local, cross]`` with local
 ``(B, H, W, s, s, s)`` triplet cubes / ``(B, H, W, s, s)`` 2D windows / ``(B, H, L, L)`` full 2D, and cross
 ``(B, H, M, M)`` when cross-block routing is on.
 """
@@ -43,14 +42,16 @@ from hoformer.functional.scores import masked_softmax
 
 from hoformer.functional.triplet import (
     block_attention,
+    block_attention_weights,
     cross_block_attention,
+    cross_block_attention_weights,
     triplet_attention,
     triplet_attention_weights,
     triplet_grid_length,
     triplet_windows,
 )
 
-from .attention import _Recordable
+from .attention import RecordableAttention
 from .blocks import Mlp
 
 __all__ = [
@@ -87,14 +88,18 @@ class CrossBlockAttention(nn.Module):
         super().__init__()
         self.block_size = block_size
 
-    def forward(self, o, mask=None, return_attention: bool = False):
-        return cross_block_attention(o, block_size=self.block_size, mask=mask, return_attention=return_attention)
+    def forward(self, o, mask=None):
+        return cross_block_attention(o, block_size=self.block_size, mask=mask)
+
+    def weights(self, o, mask=None) -> torch.Tensor:
+        """The block attention ``(B, H, M, M)`` that :meth:`forward` applies to ``o``."""
+        return cross_block_attention_weights(o, block_size=self.block_size, mask=mask)
 
     def extra_repr(self) -> str:
         return f"block_size={self.block_size}"
 
 
-class _HeadsAttention(_Recordable):
+class _HeadsAttention(RecordableAttention):
     """Shared plumbing: fused input projection into ``n_proj`` per-head tensors, local attention, optional
     cross-block routing, merge heads, ``W_O``."""
 
@@ -130,11 +135,11 @@ class _HeadsAttention(_Recordable):
         return triplet_windows(triplet_grid_length(seq_len, self.block_size, self.overlap), self.block_size,
                                self.overlap)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, return_attention: bool = False):
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         _check_seq(x, mask, self.dim, type(self).__name__)
         b, n, _ = x.shape
         xs = self.to_in(x).view(b, n, self.n_proj, self.heads, self.dim_head).permute(2, 0, 3, 1, 4).unbind(0)
-        want = return_attention or self._recording
+        want = self._recording  # maps only while record_attention is active
         grid = n if self.block_size is None else triplet_grid_length(n, self.block_size, self.overlap)
         if grid > n:  # fixed windows (eq 3) whatever the batch's padding: pad with masked positions, crop after
             real = mask if mask is not None else x.new_ones(b, n, dtype=torch.bool)
@@ -143,13 +148,12 @@ class _HeadsAttention(_Recordable):
         else:
             o, maps = self._local(xs, mask, want)
         if self.cross is not None:
-            o, a = self.cross(o, mask=mask, return_attention=True) if want else (self.cross(o, mask=mask), None)
             if want:
-                maps.append(a)
+                maps.append(self.cross.weights(o.detach(), mask=mask))
+            o = self.cross(o, mask=mask)
         if want:
             self._maybe_record(maps)
-        y = self.to_out(o.transpose(1, 2).reshape(b, n, self.dim))
-        return (y, maps) if return_attention else y
+        return self.to_out(o.transpose(1, 2).reshape(b, n, self.dim))
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, heads={self.heads}, block_size={self.block_size}, overlap={self.overlap}"
@@ -200,9 +204,11 @@ class BlockAttention2D(_HeadsAttention):
                 if want:
                     a = a * mask[:, None, :, None]
             return o, ([a] if want else [])
-        res = block_attention(q, k, v, block_size=self.block_size, overlap=self.overlap, mask=mask,
-                              return_attention=want)
-        return (res[0], [res[1].detach()]) if want else (res, [])
+        o = block_attention(q, k, v, block_size=self.block_size, overlap=self.overlap, mask=mask)
+        if not want:
+            return o, []
+        return o, [block_attention_weights(q.detach(), k.detach(), block_size=self.block_size, overlap=self.overlap,
+                                           mask=mask)]
 
 
 def build_text_attention(name: str, dim: int, num_heads: int, block_size: int = 32, overlap: float = 0.25,
@@ -234,14 +240,11 @@ class HOBABlock(nn.Module):
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), dropout=dropout)
 
-    def forward(self, x, mask=None, return_attention: bool = False):
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         h = self.norm1(x) if self.norm_first else x
-        a = self.attn(h, mask=mask, return_attention=return_attention)
-        a, maps = a if return_attention else (a, None)
+        a = self.attn(h, mask=mask)
         if self.norm_first:
             x = x + a
-            x = x + self.mlp(self.norm2(x))
-        else:
-            x = self.norm1(x + a)
-            x = self.norm2(x + self.mlp(x))
-        return (x, maps) if return_attention else x
+            return x + self.mlp(self.norm2(x))
+        x = self.norm1(x + a)
+        return self.norm2(x + self.mlp(x))

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from .attention import _Recordable
+from .attention import RecordableAttention
 from .blocks import RMSNorm
 from hoformer.functional.weaver import (
     VALENCE_KERNELS,
@@ -132,7 +132,7 @@ class WeaverInput(nn.Module):
         return self.drop(self.glu(self.norm(u))) + u  # eq 40
 
 
-class KroneckerValenceAttention(_Recordable):
+class KroneckerValenceAttention(RecordableAttention):
     """Weaver's Kronecker attention module (eqs 42-58).
 
     ATk-pooling gives spatial ``U_S (B, N, E)`` and temporal ``U_T (B, P, E)`` node representations; the spatial
@@ -178,9 +178,9 @@ class KroneckerValenceAttention(_Recordable):
             self.mix.proj.weight[:dim].zero_()
             self.mix.proj.bias[:dim].zero_()
 
-    def forward(self, u: torch.Tensor, time: torch.Tensor | None = None, return_attention: bool = False, *,
-                check_time: bool = True):
-        """``u (b, p, n, e)``, ``time (b, p, 2)`` or None -> ``(b, p, n, e)`` (and ``(Theta_T, Theta_S)``).
+    def forward(self, u: torch.Tensor, time: torch.Tensor | None = None, *, check_time: bool = True) -> torch.Tensor:
+        """``u (b, p, n, e)``, ``time (b, p, 2)`` or None -> ``(b, p, n, e)``; the maps ``[Theta_T, Theta_S]`` go to
+        :func:`hoformer.layers.record_attention`.
         ``check_time=False`` skips validating ``time`` (for callers that did, e.g. :class:`hoformer.models.Weaver`:
         the value check costs a few reductions per layer)."""
         _check_grid(u, "u", type(self).__name__, P=None, N=self.num_nodes, E=self.dim)
@@ -201,7 +201,7 @@ class KroneckerValenceAttention(_Recordable):
         z = rearrange(p2_kmv(theta_t, theta_s, v), "b h p n d -> b p n (h d)")  # eqs 55-57
         out = self.mix(z) + u  # eq 58
         self._maybe_record([theta_t, theta_s])
-        return (out, (theta_t, theta_s)) if return_attention else out
+        return out
 
 
 class StateTransition(nn.Module):

@@ -20,11 +20,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from hoformer._io import fsync_dir, mkdir, stage
 
-__all__ = ["HoformerModel", "config_digest"]
+__all__ = ["HoformerModel", "config_digest", "check_batch_input"]
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -167,6 +168,20 @@ class HoformerModel(nn.Module, metaclass=_ModelMeta):
                     os.unlink(tmp)
         fsync_dir(directory)
         return directory
+
+
+def check_batch_input(model: nn.Module, x: torch.Tensor, fn: str, arg: str = "x", legend: str = "") -> None:
+    """The model-level checks of a floating-point input batch ``x`` (shape checks are the caller's): at least one
+    sample, and the dtype of the model's weights (outside autocast, which casts per operation)."""
+    if x.ndim and x.shape[0] == 0:
+        raise ValueError(f"{fn}: `{arg}` has an empty batch (B = 0); expected at least one sample{legend}, "
+                         f"got shape {tuple(x.shape)}")
+    if torch.is_autocast_enabled(x.device.type):
+        return
+    weight = next((p for p in model.parameters() if p.is_floating_point()), None)
+    if weight is not None and x.dtype != weight.dtype:
+        raise TypeError(f"{fn}: `{arg}` is {x.dtype} but the model's weights are {weight.dtype}; convert one to the "
+                        f"other: x.to({weight.dtype}) or model.to({x.dtype})")
 
 
 def _version() -> str:

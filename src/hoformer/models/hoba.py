@@ -6,8 +6,7 @@ max_len``) and an optional bool attention mask ``(B, L)`` (True = real token) to
 
 Defaults follow the paper's student (3 layers, head dim 64, FFN 4x, block 16, overlap 0.25, cross-block on,
 dropout 0.1, max length 64) at a CPU-friendly width (256, 4 heads); the paper's RoBERTa-base width is
-``dim=768, num_heads=12`` (see ``configs/hoba``). Set ``model.record_attention = True`` to keep the last
-forward's per-layer maps in ``model.attention_maps``.
+``dim=768, num_heads=12`` (see ``configs/hoba``). Per-layer attention maps: :func:`hoformer.layers.record_attention`.
 """
 from __future__ import annotations
 
@@ -107,8 +106,6 @@ class HOBAClassifier(HoformerModel):
         self.norm = nn.LayerNorm(dim) if norm_first else nn.Identity()
         self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(dim, dim), nn.Tanh(), nn.Dropout(dropout),
                                   nn.Linear(dim, num_classes))
-        self.record_attention = False
-        self.attention_maps: list = []
 
     def _check(self, ids, mask):
         if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.long, torch.int, torch.int16, torch.uint8):
@@ -116,6 +113,9 @@ class HOBAClassifier(HoformerModel):
             raise TypeError(f"hoba_classifier: `ids` must be an integer tensor (B, L), got {got}")
         if ids.ndim != 2 or ids.shape[1] < 1:
             raise ValueError(f"hoba_classifier: `ids` must have shape (B, L) with L >= 1, got {tuple(ids.shape)}")
+        if ids.shape[0] == 0:
+            raise ValueError(f"hoba_classifier: `ids` has an empty batch (B = 0); expected at least one sequence, "
+                             f"got shape {tuple(ids.shape)}")
         if ids.shape[1] > self.max_len:
             raise ValueError(f"hoba_classifier: sequence length {ids.shape[1]} exceeds max_len={self.max_len}")
         if ids.numel():
@@ -130,21 +130,15 @@ class HOBAClassifier(HoformerModel):
             if mask.dtype != torch.bool:
                 raise TypeError(f"hoba_classifier: `mask` must be a bool tensor (True = real token), got {mask.dtype}")
 
-    def encode(self, ids: torch.Tensor, mask: torch.Tensor | None = None, return_attention: bool = False):
-        """Token states ``(B, L, dim)`` (and per-layer maps when ``return_attention``)."""
+    def encode(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Token states ``(B, L, dim)``."""
         self._check(ids, mask)
         x = self.embed(ids.long())
         if mask is not None:
             x = x * mask[..., None]
-        maps = []
         for layer in self.layers:
-            if return_attention:
-                x, m = layer(x, mask=mask, return_attention=True)
-                maps.append(m)
-            else:
-                x = layer(x, mask=mask)
-        x = self.norm(x)
-        return (x, maps) if return_attention else x
+            x = layer(x, mask=mask)
+        return self.norm(x)
 
     def pool(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         if self.pooling == "cls":
@@ -154,14 +148,8 @@ class HOBAClassifier(HoformerModel):
         w = mask[..., None].to(x.dtype)
         return (x * w).sum(1) / w.sum(1).clamp_min(1)
 
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor | None = None, return_attention: bool = False):
-        want = return_attention or self.record_attention
-        out = self.encode(ids, mask, return_attention=want)
-        x, maps = out if want else (out, None)
-        if self.record_attention:
-            self.attention_maps = [[m.detach() for m in layer_maps] for layer_maps in maps]
-        logits = self.head(self.pool(x, mask))
-        return (logits, maps) if return_attention else logits
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.head(self.pool(self.encode(ids, mask), mask))
 
     def example_inputs(self, batch_size: int = 2) -> tuple[tuple, dict]:
         L = min(self.max_len, 24)

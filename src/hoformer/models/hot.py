@@ -23,7 +23,7 @@ from torch import nn
 from hoformer._checks import check_int, is_int
 from hoformer.layers import ATTENTION_TYPES, AbsolutePositionalEncoding, Encoder, PatchEmbed
 
-from .base import HoformerModel
+from .base import HoformerModel, check_batch_input
 from .registry import register_model
 
 __all__ = ["HOTForecaster", "HOTVolumeClassifier", "HOTSegmenter", "FORECAST_ATTENTIONS", "AttentionName",
@@ -59,13 +59,14 @@ def _encoder(attention: str, dim: int, depth: int, num_heads: int, num_modes: in
     )
 
 
-def _check_input(x, shape: tuple, fn: str, legend: str) -> None:
+def _check_input(model: nn.Module, x, shape: tuple, fn: str, legend: str) -> None:
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(f"{fn}: `x` must be a floating-point tensor {legend}, got "
                         f"{type(x).__name__ if not isinstance(x, torch.Tensor) else x.dtype}")
     if x.ndim != len(shape) + 1 or any(s is not None and a != s for a, s in zip(x.shape[1:], shape)):
         want = ", ".join("?" if s is None else str(s) for s in shape)
         raise ValueError(f"{fn}: expected `x` of shape (B, {want}) {legend}, got {tuple(x.shape)}")
+    check_batch_input(model, x, fn, legend=f" {legend}")
 
 
 def _sizes(input_size, n: int, fn: str) -> tuple[int, ...]:
@@ -165,21 +166,20 @@ class HOTForecaster(HoformerModel):
     def example_inputs(self, batch_size: int = 2):
         return (torch.randn(batch_size, self.seq_len, self.num_variates),), {}
 
-    def forward(self, x: torch.Tensor, masks=None, return_attention: bool = False):
-        _check_input(x, (self.seq_len, self.num_variates), "hot_forecaster", "(B, seq_len, num_variates)")
+    def forward(self, x: torch.Tensor, masks=None) -> torch.Tensor:
+        _check_input(self, x, (self.seq_len, self.num_variates), "hot_forecaster", "(B, seq_len, num_variates)")
         b, _, c = x.shape
         if self.revin:
             mu = x.mean(1, keepdim=True).detach()
             sd = torch.sqrt(x.var(1, keepdim=True, unbiased=False) + 1e-5).detach()
             x = (x - mu) / sd
         z = self.embed(x.transpose(1, 2).reshape(b * c, 1, self.seq_len)).view(b, c, self.num_patches, -1)
-        out = self.encoder(z, masks=masks, return_attention=return_attention)
-        z, maps = out if return_attention else (out, None)
+        z = self.encoder(z, masks=masks)
         z = z.mean(2) if self.pool == "mean" else z.flatten(2)  # (b, c, d | t*d)
         y = self.head(z).transpose(1, 2)  # (b, pred_len, c)
         if self.revin:
             y = y * sd + mu
-        return (y, maps) if return_attention else y
+        return y
 
 
 # ---------------------------------------------------------------------------------------- 3D classification
@@ -198,7 +198,7 @@ class _ImageModel(HoformerModel):
         return (torch.randn(batch_size, self.in_channels, *self.input_size),), {}
 
     def _check_x(self, x: torch.Tensor) -> None:
-        _check_input(x, (self.in_channels, *self.input_size), self._name, self._legend)
+        _check_input(self, x, (self.in_channels, *self.input_size), self._name, self._legend)
 
 
 class _PatchGridModel(_ImageModel):
@@ -217,14 +217,13 @@ class _PatchGridModel(_ImageModel):
         self.encoder = _encoder(attention, dim, depth, num_heads, ndim, rope_modes, mlp_ratio, dropout, drop_path,
                                 qk_norm)
 
-    def _encode(self, x: torch.Tensor, masks, return_attention: bool):
-        """``x`` -> encoded grid ``(B, n1..nk, dim)`` and the attention maps (``None`` unless asked)."""
+    def _encode(self, x: torch.Tensor, masks) -> torch.Tensor:
+        """``x`` -> encoded grid ``(B, n1..nk, dim)``."""
         self._check_x(x)
         z = self.embed(x)
         if self.pos is not None:
             z = self.pos(z)
-        out = self.encoder(z, masks=masks, return_attention=return_attention)
-        return out if return_attention else (out, None)
+        return self.encoder(z, masks=masks)
 
 
 @register_model(name="hot_volume_classifier")
@@ -275,10 +274,8 @@ class HOTVolumeClassifier(_PatchGridModel):
                     dropout, drop_path, pos_embed, qk_norm)
         self.head = nn.Linear(dim, num_classes)
 
-    def forward(self, x: torch.Tensor, masks=None, return_attention: bool = False):
-        z, maps = self._encode(x, masks, return_attention)
-        logits = self.head(z.mean(dim=(1, 2, 3)))
-        return (logits, maps) if return_attention else logits
+    def forward(self, x: torch.Tensor, masks=None) -> torch.Tensor:
+        return self.head(self._encode(x, masks).mean(dim=(1, 2, 3)))
 
 
 # ---------------------------------------------------------------------------------------------- segmentation
@@ -329,8 +326,7 @@ class HOTSegmenter(_PatchGridModel):
                     dropout, drop_path, pos_embed, qk_norm)
         self.head = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, patch_size**2 * num_classes))
 
-    def forward(self, x: torch.Tensor, masks=None, return_attention: bool = False):
-        z, maps = self._encode(x, masks, return_attention)
+    def forward(self, x: torch.Tensor, masks=None) -> torch.Tensor:
+        z = self._encode(x, masks)
         b, (gh, gw), p, k = x.shape[0], self.grid, self.patch_size, self.num_classes
-        logits = self.head(z).view(b, gh, gw, p, p, k).permute(0, 5, 1, 3, 2, 4).reshape(b, k, gh * p, gw * p)
-        return (logits, maps) if return_attention else logits
+        return self.head(z).view(b, gh, gw, p, p, k).permute(0, 5, 1, 3, 2, 4).reshape(b, k, gh * p, gw * p)

@@ -3,9 +3,8 @@
 ``forward(x (B, P, N, C), time=None, mask=None) -> (B, Q, N, C)``, where ``x`` is the standardised history,
 ``time (B, P, 2)`` optional ``[minute of day, day of week]`` of every history step and ``mask`` optional bool
 ``(B, P, N, C)`` (or ``(B, P, N)``), True = observed; missing inputs are set to 0 (the training mean) as in
-TSL (eq 62). Outputs are on the standardised scale (the task inverts the scaler).
-
-Set ``model.record_attention = True`` to keep the last forward's attention maps in ``model.attention_maps``.
+TSL (eq 62). Outputs are on the standardised scale (the task inverts the scaler). Attention maps:
+:func:`hoformer.layers.record_attention`.
 """
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ from hoformer.layers.weaver import (
     _check_time,
 )
 
-from .base import HoformerModel
+from .base import HoformerModel, check_batch_input
 from .registry import register_model
 
 __all__ = [
@@ -58,8 +57,6 @@ class TrafficModel(HoformerModel):
             check_int(type(self).__name__, name, v)
         self.num_nodes, self.window, self.horizon = num_nodes, window, horizon
         self.in_channels, self.out_channels = in_channels, out_channels or in_channels
-        self.record_attention = False
-        self.attention_maps: dict[str, torch.Tensor] = {}
 
     def _prepare(self, x, time, mask):
         name = type(self).__name__
@@ -70,6 +67,7 @@ class TrafficModel(HoformerModel):
         if x.ndim != 4 or tuple(x.shape[1:]) != expect:
             raise ValueError(f"{name}: `x` must have shape (B, P={expect[0]}, N={expect[1]}, C={expect[2]}) "
                              f"(N = nodes of the graph the model was built for), got {tuple(x.shape)}")
+        check_batch_input(self, x, name, legend=" (B, P, N, C)")
         _check_time(time, x, name)  # (B, P, 2): the layers' shape check, run here once for all of them
         if time is not None:  # minute of day in [0, 1440), day of week in [0, 7); checked even by models that
             check_time_features(time, name)  # ignore `time`: a bad feature column is a data bug wherever it goes
@@ -141,10 +139,7 @@ class Weaver(TrafficModel):
     def forward(self, x: torch.Tensor, time: torch.Tensor | None = None, mask: torch.Tensor | None = None):
         x, time, _ = self._prepare(x, time, mask)
         u = self.input(x)
-        z, (theta_t, theta_s) = self.attention(u, time, return_attention=True, check_time=False)  # _prepare did
-        if self.record_attention:
-            self.attention_maps = {"temporal": theta_t.detach(), "spatial": theta_s.detach()}
-        return self.transition(z)
+        return self.transition(self.attention(u, time, check_time=False))  # `time` checked in _prepare
 
 
 # The baselines' attention over the (P, N) grid, all from the shared layer library (no traffic-specific attention
@@ -218,15 +213,8 @@ class TrafficTransformer(TrafficModel):
     def forward(self, x: torch.Tensor, time: torch.Tensor | None = None, mask: torch.Tensor | None = None):
         x, time, _ = self._prepare(x, time, mask)
         h = self.embed(x, time, check_time=False)  # validated once, in _prepare
-        maps = {}
-        for i, (mode, blk) in enumerate(zip(self.modes, self.blocks)):
-            if self.record_attention:
-                h, a = blk(h, return_attention=True)
-                maps[f"{i}_{mode}"] = [t.detach() for t in a] if mode == "kronecker" else a[0].detach()
-            else:
-                h = blk(h)
-        if self.record_attention:
-            self.attention_maps = maps
+        for blk in self.blocks:
+            h = blk(h)
         b, p, n, e = h.shape
         y = self.head(self.norm(h).permute(0, 2, 1, 3).reshape(b, n, p * e))  # (b, n, q*c)
         return y.view(b, n, self.horizon, self.out_channels).transpose(1, 2)
