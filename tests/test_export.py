@@ -247,9 +247,10 @@ def test_unexportable_models_and_options_raise_clear_errors(tmp_path):
     model = _small("hot_forecaster")
     with pytest.raises(ExportError, match=r"model 'hot_forecaster': `return_attention=True` cannot be exported"):
         export_program(model, ((torch.randn(2, 16, 3),), {"return_attention": True}))
+    from hoformer.layers import record_attention
+
     hoba = _small("hoba_classifier")
-    hoba.record_attention = True
-    with pytest.raises(ExportError, match=r"model 'hoba_classifier': attention recording is on"):
+    with record_attention(hoba), pytest.raises(ExportError, match=r"model 'hoba_classifier': attention recording is on"):
         export_program(hoba)
     with pytest.raises(ExportError, match="expected a hoformer model"):
         export_program(torch.nn.Linear(2, 2), ((torch.randn(1, 2),), {}))

@@ -81,12 +81,11 @@ def _check_exportable(model: torch.nn.Module, kwargs: dict) -> None:
         raise ExportError(f"export: model {name}: `return_attention=True` cannot be exported (an exported program "
                           f"returns the model's output tensor only; record maps in Python with "
                           f"hoformer.layers.record_attention)")
-    recording = [n or type(model).__name__ for n, m in model.named_modules()
-                 if getattr(m, "record_attention", False) is True or getattr(m, "_sinks", ())]
+    recording = [n for n, m in model.named_modules() if getattr(m, "_sinks", ())]
     if recording:
         raise ExportError(f"export: model {name}: attention recording is on ({', '.join(recording[:3])}); its maps "
-                          f"are stored as a Python side effect that an exported program cannot keep: turn it off "
-                          f"(record_attention = False) before exporting")
+                          f"are stored as a Python side effect that an exported program cannot keep: export "
+                          f"outside the hoformer.layers.record_attention block")
     bad = [n for n, p in model.named_parameters() if p.is_complex()]
     if bad:
         raise ExportError(f"export: model {name}: complex parameters {bad[:3]} are not supported")
