@@ -6,7 +6,8 @@ Run:  .venv/bin/python benchmarks/attention.py [--device cuda] [--batch 32] [--r
 
 ``--against``: before / after of the Kronecker layers' fwd+bwd time at the four shapes, hoformer from ``OTHER/src``
 ("before") against the importable one ("after"), each in its own worker process; the two are timed call by call in
-alternation (the order flipping every round), so a shared machine's load hits both alike; min and median per side.
+alternation (the order flipping every round), so a shared machine's load hits both alike. Reported: the ratio of the
+minima, of the medians, and the median of the per-round ratios ("paired").
 
 Everything is measured side by side in one run and reported as ratios (machines are noisy). Peak memory is the
 CUDA allocator's peak on GPU; on CPU it is the peak of live tensor bytes reconstructed from the profiler's
@@ -149,7 +150,7 @@ def ab_worker(batch: int) -> None:
         print(_time_once(steps[(int(i), name)], torch.device("cpu")), flush=True)
 
 
-def ab_compare(against: str, batch: int, reps: int) -> None:
+def ab_compare(against: str, batch: int, reps: int, variants=None) -> None:
     import hoformer
 
     here = os.path.dirname(os.path.dirname(hoformer.__file__))
@@ -167,7 +168,7 @@ def ab_compare(against: str, batch: int, reps: int) -> None:
         w.stdin.flush()
         return float(w.stdout.readline())
 
-    keys = [(i, name) for i in range(len(SHAPES)) for name in AB_VARIANTS]
+    keys = [(i, name) for i in range(len(SHAPES)) for name in AB_VARIANTS if not variants or name in variants]
     times = {(side, key): [] for side in workers for key in keys}
     for r in range(reps + 1):  # round 0 warms up
         for key in keys:
@@ -180,12 +181,13 @@ def ab_compare(against: str, batch: int, reps: int) -> None:
         w.wait()
     print(f"before: {against}\nafter:  {here}\nbatch={batch} reps={reps} threads={torch.get_num_threads()} (CPU; "
           f"min and median over rounds, calls alternated)\n")
-    print(f"{'shape':>14} {'attention':>16} {'before ms':>10} {'after ms':>9} {'after/before min':>17} "
-          f"{'median':>7}")
+    print(f"{'shape':>14} {'attention':>16} {'before ms':>10} {'after ms':>9} {'after/before: min':>18} "
+          f"{'median':>7} {'paired':>7}")
     for i, name in keys:
         b, a = times[("before", (i, name))], times[("after", (i, name))]
-        print(f"{str(SHAPES[i][0]):>14} {name:>16} {min(b) * 1e3:10.1f} {min(a) * 1e3:9.1f} {min(a) / min(b):17.3f} "
-              f"{statistics.median(a) / statistics.median(b):7.3f}")
+        paired = statistics.median(x / y for x, y in zip(a, b))  # the two calls of one round ran back to back
+        print(f"{str(SHAPES[i][0]):>14} {name:>16} {min(b) * 1e3:10.1f} {min(a) * 1e3:9.1f} {min(a) / min(b):18.3f} "
+              f"{statistics.median(a) / statistics.median(b):7.3f} {paired:7.3f}")
 
 
 def main():
@@ -205,7 +207,10 @@ def main():
                     help="before/after of the Kronecker layers against the hoformer in SRC (e.g. OTHER/src), CPU")
     args = ap.parse_args()
     if args.against:
-        ab_compare(args.against, args.batch, args.reps)
+        unknown = set(args.variants or ()) - set(AB_VARIANTS)
+        if unknown:
+            ap.error(f"--variants with --against: unknown {sorted(unknown)}; choose from {list(AB_VARIANTS)}")
+        ab_compare(args.against, args.batch, args.reps, args.variants)
         return
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     if args.quick:

@@ -384,7 +384,7 @@ def test_stable_rank_callback_values_and_schedule(tmp_path):
     (res,) = pl.Trainer(**{**kw, "logger": False}, callbacks=[StableRankCallback(num_batches=2)]).validate(
         task, datamodule=dm, verbose=False)
     loader = dm.val_dataloader()
-    per_batch = [attention_stable_ranks(attention_maps(task.model.eval(), x)) for x, _ in list(loader)[:2]]
+    per_batch = [attention_stable_ranks(attention_maps(task.model.eval(), b["x"])) for b in list(loader)[:2]]
     assert len(list(loader)) >= 3  # a third batch exists and must not be counted
     for key in ("mode0", "mode1", "product", "sum"):
         assert res[f"val/sr/{key}"] == pytest.approx((per_batch[0][key] + per_batch[1][key]) / 2, rel=1e-5), key
@@ -447,7 +447,7 @@ def test_analyze_averages_maps_over_batches(tmp_path, monkeypatch):
 
     dm = LTSFDataModule(**_DATA)
     dm.setup("test")
-    batches = [b[0] for b in list(dm.test_dataloader())[:3]]
+    batches = [b["x"] for b in list(dm.test_dataloader())[:3]]
     model.eval()
     per = [attention_maps(model, x) for x in batches]
     assert len(calls) == 2  # one figure per layer
@@ -469,10 +469,11 @@ def test_analyze_forecast_hoba_slice_and_run_files(tmp_path, monkeypatch):
     analyze_checkpoint(ckpt, tmp_path / "f", data_args={"label_len": 4}, sample=2, metrics=None)
     dm = LTSFDataModule(**{**_DATA, "label_len": 4})
     dm.setup("test")
-    x, y = next(iter(dm.test_dataloader()))
+    b = next(iter(dm.test_dataloader()))
+    x, y = b["x"], b["y"]  # y: the horizon (the label_len known steps are y_known)
     ((args, _),) = calls
     torch.testing.assert_close(args[0], x[2])
-    torch.testing.assert_close(args[1], y[2, 4:])
+    torch.testing.assert_close(args[1], y[2])
     with torch.no_grad():
         torch.testing.assert_close(args[2], model.eval()(x)[2])
     # the newest metrics.csv of the run is plotted

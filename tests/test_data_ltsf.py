@@ -7,9 +7,15 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from hoformer.data import LTSFDataModule, LTSFDataset, SyntheticLTSF, ltsf_time_features, write_synthetic_ltsf_csv
+from hoformer.data import LTSFDataModule, LTSFDataset, SyntheticLTSF, time_features, write_synthetic_ltsf_csv
 from hoformer.data._utils import ChecksumError, SchemaError
 
+
+
+def _item(d):
+    """An item as TSLib's tuple ``(x, y[, x_mark, y_mark])``: ``y`` with the ``label_len`` known steps in front."""
+    y = torch.cat([d["y_known"], d["y"]]) if "y_known" in d else d["y"]
+    return (d["x"], y) + ((d["time"], d["y_time"]) if "time" in d else ())
 
 def _raw(path, n_cols):
     """Independent reader (numpy.loadtxt, universal newlines): the variate columns of an LTSF CSV, float64."""
@@ -27,12 +33,12 @@ def _check_protocol(root, name, raw, b2, seq=96, pred=96, **kw):
     np.testing.assert_allclose(ds["test"].mean, mean, rtol=1e-10)
     np.testing.assert_allclose(ds["test"].std, std, rtol=1e-10)
     scaled = (raw - mean) / std
-    x, y = ds["val"][0]  # first validation window starts seq_len early: its target starts right after train
+    x, y = _item(ds["val"][0])  # first validation window starts seq_len early: its target starts right after train
     np.testing.assert_allclose(x.numpy(), scaled[b2[0] - seq:b2[0]], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(y.numpy(), scaled[b2[0]:b2[0] + pred], rtol=1e-5, atol=1e-5)
-    x, y = ds["test"][0]
+    x, y = _item(ds["test"][0])
     np.testing.assert_allclose(y.numpy(), scaled[b2[1]:b2[1] + pred], rtol=1e-5, atol=1e-5)
-    x, y = ds["test"][len(ds["test"]) - 1]  # the last test window ends on the last test row
+    x, y = _item(ds["test"][len(ds["test"]) - 1])  # the last test window ends on the last test row
     np.testing.assert_allclose(y.numpy(), scaled[b2[2] - pred:b2[2]], rtol=1e-5, atol=1e-5)
     assert x.dtype == y.dtype == torch.float32 and x.shape == (seq, raw.shape[1]) and y.shape == (pred, raw.shape[1])
     np.testing.assert_allclose(ds["test"].inverse_transform(y.double()).numpy(), raw[b2[2] - pred:b2[2]],
@@ -95,20 +101,23 @@ def test_features_marks_and_inverse(ett_root):
     s = LTSFDataset(ett_root, "ETTh1", "val", features="S", **kw)
     ms = LTSFDataset(ett_root, "ETTh1", "val", features="MS", label_len=6, **kw)
     m = LTSFDataset(ett_root, "ETTh1", "val", time_features=True, **kw)
-    assert s[0][0].shape == (24, 1) and s[0][1].shape == (12, 1)
-    assert ms[0][0].shape == (24, 7) and ms[0][1].shape == (18, 1)
-    torch.testing.assert_close(ms[0][1][:, 0], torch.cat([m[0][0][-6:, -1], m[0][1][:, -1]]))  # target = OT
-    torch.testing.assert_close(s[0][1], m[0][1][:, -1:])  # S scales OT with its own train statistics
-    x, y, xm, ym = m[0]
+    assert _item(s[0])[0].shape == (24, 1) and _item(s[0])[1].shape == (12, 1)
+    assert _item(ms[0])[0].shape == (24, 7) and _item(ms[0])[1].shape == (18, 1)
+    torch.testing.assert_close(_item(ms[0])[1][:, 0],  # target = OT
+                               torch.cat([_item(m[0])[0][-6:, -1], _item(m[0])[1][:, -1]]))
+    torch.testing.assert_close(_item(s[0])[1], _item(m[0])[1][:, -1:])  # S scales OT with its own train statistics
+    x, y, xm, ym = _item(m[0])
     assert xm.shape == (24, 4) and ym.shape == (12, 4) and xm.abs().max() <= 0.5
     # hour-of-day feature of the first val input row (8640 - 24 hours after 2016-07-01 00:00 -> 00:00)
     assert xm[0, 0].item() == pytest.approx(-0.5)
     raw = m.inverse_transform(y)
     torch.testing.assert_close(m.transform(raw), y)
-    np.testing.assert_allclose(ms.inverse_transform(ms[0][1][6:].numpy())[:, 0], raw[:, -1].numpy(), rtol=1e-5)
+    np.testing.assert_allclose(ms.inverse_transform(ms[0]["y"].numpy())[:, 0], raw[:, -1].numpy(), rtol=1e-5)
+    # the batch's statistics give the same original scale (the target's under MS)
+    torch.testing.assert_close(ms[0]["y"] * ms[0]["std"] + ms[0]["mean"], raw[:, -1:].float(), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="last dimension"):
         m.inverse_transform(torch.zeros(3, 5))
-    tf = ltsf_time_features(np.array(["2020-01-01T23:59"], dtype="datetime64[ns]"), "t")
+    tf = time_features(np.array(["2020-01-01T23:59"], dtype="datetime64[ns]"), "t")
     np.testing.assert_allclose(tf[0, :2], [0.5, 0.5])
 
 
@@ -154,7 +163,8 @@ def test_synthetic_dataset_and_datamodule():
     test = dm.dataset("test")
     assert len(test) == 240 + 48 - 48 - 24 + 1 and dm.num_variates == 7
     n, last = 0, None
-    for x, y in dm.test_dataloader():  # batch 7 does not divide len(test): nothing is dropped
+    for b in dm.test_dataloader():  # batch 7 does not divide len(test): nothing is dropped
+        x, y = b["x"], b["y"]
         n += x.shape[0]
         last = y[-1]
     assert n == len(test)
@@ -166,7 +176,8 @@ def test_datamodule_real_layout(ett_root, monkeypatch, tmp_path):
     dm = LTSFDataModule(str(ett_root), "ETTh1", 96, 96, batch_size=64, verify=False)
     assert dm.num_variates == 7
     dm.setup("fit")
-    x, y = next(iter(dm.train_dataloader()))
+    b = next(iter(dm.train_dataloader()))
+    x, y = b["x"], b["y"]
     assert x.shape == (64, 96, 7) and y.shape == (64, 96, 7)
     assert len(DataLoader(dm.dataset("val"), batch_size=64).dataset) == 2785
     monkeypatch.delenv("HOFORMER_DATA", raising=False)
@@ -364,11 +375,11 @@ def test_ettm_protocol(tmp_path):
     ds = _check_protocol(tmp_path, "ETTm1", raw, (34560, 46080, 57600), verify=False)
     assert [len(d) for d in ds.values()] == [34369, 11425, 11425]  # rows past the 20 months are never used
     m = LTSFDataset(tmp_path, "ETTm1", "val", 96, 96, verify=False, time_features=True, label_len=48)
-    _, y, xm, ym = m[3]
+    _, y, xm, ym = _item(m[3])
     dates = np.datetime64("2016-07-01T00:00") + np.arange(57600) * np.timedelta64(15, "m")
-    np.testing.assert_array_equal(xm.numpy(), ltsf_time_features(dates[34560 - 96 + 3:34560 + 3], "t"))
-    # y and its marks both start label_len steps before the horizon
-    np.testing.assert_array_equal(ym.numpy(), ltsf_time_features(dates[34560 - 48 + 3:34560 + 99], "t"))
+    np.testing.assert_array_equal(xm.numpy(), time_features(dates[34560 - 96 + 3:34560 + 3], "t"))
+    # y_known holds the label_len steps before the horizon; the target marks are the horizon's
+    np.testing.assert_array_equal(ym.numpy(), time_features(dates[34560 + 3:34560 + 99], "t"))
     scaled = (raw - raw[:34560].mean(0)) / raw[:34560].std(0)
     np.testing.assert_allclose(y.numpy(), scaled[34560 - 48 + 3:34560 + 99], rtol=1e-5, atol=1e-5)
 
@@ -386,11 +397,11 @@ def test_solar_protocol(tmp_path):
     mean, std = raw[:702].mean(0), raw[:702].std(0)
     std = np.where(std == 0, 1.0, std)
     scaled = (raw - mean) / std
-    x, y, xm, ym = ds["test"][len(ds["test"]) - 1]
+    x, y, xm, ym = _item(ds["test"][len(ds["test"]) - 1])
     np.testing.assert_allclose(x.numpy(), scaled[1003 - pred - seq:1003 - pred], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(y.numpy(), scaled[1003 - pred:], rtol=1e-5, atol=1e-5)
     assert xm.shape == (seq, 1) and ym.shape == (pred, 1) and not xm.any() and not ym.any()
-    x, y, _, _ = ds["val"][0]
+    x, y, _, _ = _item(ds["val"][0])
     np.testing.assert_allclose(y.numpy(), scaled[702:702 + pred], rtol=1e-5, atol=1e-5)
 
 
@@ -404,7 +415,7 @@ def test_constant_column_scaled_with_unit_std(tmp_path):
     ds = LTSFDataset(tmp_path, "c.csv", "test", 24, 12)
     assert ds.std[0] == 1.0 and ds.mean[0] == 5.0
     assert torch.isfinite(ds.data).all()
-    np.testing.assert_allclose(ds[0][0][:, 0].numpy(), raw_a[800 - 24:800] - 5.0)
+    np.testing.assert_allclose(_item(ds[0])[0][:, 0].numpy(), raw_a[800 - 24:800] - 5.0)
 
 
 def _write_custom(path, n=400, seed=0):
@@ -425,19 +436,19 @@ def test_target_moved_last_and_features(tmp_path):
     assert m.columns == ["a", "b", "OT"]
     ref = raw[:, [1, 2, 0]]
     mean, std = ref[:n_train].mean(0), ref[:n_train].std(0)
-    x, y = m[5]
+    x, y = _item(m[5])
     np.testing.assert_allclose(x.numpy(), ((ref - mean) / std)[n_train - seq + 5:n_train + 5], rtol=1e-5, atol=1e-5)
     # S with another target: that column alone, scaled with its own training statistics
     s = LTSFDataset(tmp_path, "c.csv", "test", seq, pred, features="S", target="a")
     assert s.columns == ["a"] and s.num_variates == 1
     a = raw[:, 1]
-    x, y = s[0]
+    x, y = _item(s[0])
     np.testing.assert_allclose(x[:, 0].numpy(), ((a - a[:n_train].mean()) / a[:n_train].std())[
         400 - n_test - seq:400 - n_test], rtol=1e-5, atol=1e-5)
     # MS: all variates in, the target (last) out; inverse_transform takes either width
     ms = LTSFDataset(tmp_path, "c.csv", "test", seq, pred, features="MS", target="b")
     assert ms.columns == ["OT", "a", "b"]
-    x, y = ms[0]
+    x, y = _item(ms[0])
     assert x.shape == (seq, 3) and y.shape == (pred, 1)
     np.testing.assert_allclose(ms.inverse_transform(x.double().numpy()), raw[400 - n_test - seq:400 - n_test],
                                rtol=1e-6, atol=1e-4)
@@ -447,7 +458,7 @@ def test_target_moved_last_and_features(tmp_path):
     np.testing.assert_allclose(ms.transform(raw[:4]), (raw[:4] - ms_mean) / ms_std, rtol=1e-12)
     np.testing.assert_allclose(ms.transform(raw[:4, 2:]), (raw[:4, 2:] - ms_mean[2]) / ms_std[2], rtol=1e-12)
     unscaled = LTSFDataset(tmp_path, "c.csv", "test", seq, pred, scale=False)
-    np.testing.assert_allclose(unscaled[0][0].numpy(), ref[400 - n_test - seq:400 - n_test], rtol=1e-6)
+    np.testing.assert_allclose(_item(unscaled[0])[0].numpy(), ref[400 - n_test - seq:400 - n_test], rtol=1e-6)
     assert unscaled.inverse_transform(y) is y
 
 
@@ -495,7 +506,7 @@ def test_time_features_match_naive_calendar(freq, key):
     secs = rng.integers(0, 7 * 365 * 86400, 60)
     stamps = [dtm.datetime(2015, 1, 1) + dtm.timedelta(seconds=int(s)) for s in secs]
     stamps += [dtm.datetime(2020, 12, 31, 23, 59, 59), dtm.datetime(2021, 1, 3), dtm.datetime(2020, 2, 29, 12)]
-    got = ltsf_time_features(np.array(stamps, dtype="datetime64[ns]"), freq)
+    got = time_features(np.array(stamps, dtype="datetime64[ns]"), freq)
     ref = np.array([[_naive_calendar(dt, f) for f in _FEATURE_SETS[key]] for dt in stamps])
     assert got.dtype == np.float32 and got.shape == ref.shape
     np.testing.assert_allclose(got, ref, rtol=0, atol=1e-7)
@@ -503,7 +514,7 @@ def test_time_features_match_naive_calendar(freq, key):
 
 def test_time_features_bad_freq():
     with pytest.raises(ValueError, match=r"freq must be one of .* got 'q'"):
-        ltsf_time_features(np.array(["2020-01-01"], dtype="datetime64[ns]"), "q")
+        time_features(np.array(["2020-01-01"], dtype="datetime64[ns]"), "q")
 
 
 def test_cached_arrays_are_read_only(ett_root):
@@ -513,7 +524,7 @@ def test_cached_arrays_are_read_only(ett_root):
         a.dates[0] = np.datetime64("2000-01-01")
     b = LTSFDataset(ett_root, "ETTh1", "val", 24, 12, verify=False, time_features=True)
     assert b.dates[0] == np.datetime64("2016-07-01T00:00") + np.timedelta64(8640 - 24, "h")
-    torch.testing.assert_close(a[0][2], b[0][2])
+    torch.testing.assert_close(a[0]["time"], b[0]["time"])
     syn = SyntheticLTSF("val", 24, 12, length=500)
     with pytest.raises(ValueError, match="read-only"):
         syn.dates[0] = np.datetime64("2000-01-01")
@@ -524,21 +535,24 @@ def test_synthetic_features_and_datamodule_options():
     m = SyntheticLTSF("test", 24, 12, length=600)
     s = SyntheticLTSF("test", 24, 12, length=600, features="S")
     ms = SyntheticLTSF("test", 24, 12, length=600, features="MS", label_len=6)
-    assert s.num_variates == 1 and s[0][0].shape == (24, 1) and ms[0][1].shape == (18, 1)
-    torch.testing.assert_close(s[0][0], m[0][0][:, -1:])  # per-variate scaling: OT alone == OT of M
-    torch.testing.assert_close(ms[0][1][:, 0], torch.cat([m[0][0][-6:, -1], m[0][1][:, -1]]))
+    assert s.num_variates == 1 and _item(s[0])[0].shape == (24, 1) and _item(ms[0])[1].shape == (18, 1)
+    torch.testing.assert_close(_item(s[0])[0], _item(m[0])[0][:, -1:])  # per-variate scaling: OT alone == OT of M
+    torch.testing.assert_close(_item(ms[0])[1][:, 0],
+                               torch.cat([_item(m[0])[0][-6:, -1], _item(m[0])[1][:, -1]]))
     v1 = SyntheticLTSF("test", 24, 12, length=600, features="S", target="v1")
-    torch.testing.assert_close(v1[0][0][:, 0], m[0][0][:, 1])
+    torch.testing.assert_close(_item(v1[0])[0][:, 0], _item(m[0])[0][:, 1])
     with pytest.raises(ValueError, match="target 'x' is not a column of 'synthetic'"):
         SyntheticLTSF("test", 24, 12, length=600, features="S", target="x")
 
     for features, c_in, c_out in (("M", 7, 7), ("S", 1, 1), ("MS", 7, 1)):
         dm = LTSFDataModule(synthetic=True, seq_len=24, pred_len=12, label_len=4, features=features,
                             synthetic_length=600, seed=3, batch_size=5)
-        x, y = next(iter(dm.test_dataloader()))
+        b = next(iter(dm.test_dataloader()))
+        x, y = b["x"], torch.cat([b["y_known"], b["y"]], 1)
         assert dm.num_variates == c_in and x.shape == (5, 24, c_in) and y.shape == (5, 16, c_out)
+        assert b["mean"].shape == b["std"].shape == (5, c_out)  # the target's scaler statistics
         ref = SyntheticLTSF("test", 24, 12, length=600, seed=3, features=features, label_len=4)
-        torch.testing.assert_close(x[0], ref[0][0])
+        torch.testing.assert_close(x[0], _item(ref[0])[0])
     assert not torch.allclose(SyntheticLTSF("test", 24, 12, length=600, seed=3).data, m.data)
 
 
@@ -614,34 +628,34 @@ def test_trainer_eval_sampler_shares(monkeypatch):
     the world, an iterable dataset."""
     from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
-    from hoformer.data import _base
+    from hoformer import compat
 
     class T:
         def __init__(self, world_size):
             self.world_size = world_size
 
     ds = TensorDataset(torch.arange(7))
-    monkeypatch.setattr(_base.dist, "is_available", lambda: True)
-    monkeypatch.setattr(_base.dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(_base.dist, "get_world_size", lambda: 3)
-    assert _base._trainer_eval_sampler(ds, T(3)) is None  # not inside Lightning's loader build: whole split
+    monkeypatch.setattr(compat.dist, "is_available", lambda: True)
+    monkeypatch.setattr(compat.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(compat.dist, "get_world_size", lambda: 3)
+    assert compat.trainer_eval_sampler(ds, T(3)) is None  # not inside Lightning's loader build: whole split
     monkeypatch.setattr(DataLoader, "__old__init__", DataLoader.__init__, raising=False)
     shares = []
     for rank in range(3):
-        monkeypatch.setattr(_base.dist, "get_rank", lambda rank=rank: rank)
-        shares.append(list(_base._trainer_eval_sampler(ds, T(3))))
+        monkeypatch.setattr(compat.dist, "get_rank", lambda rank=rank: rank)
+        shares.append(list(compat.trainer_eval_sampler(ds, T(3))))
     assert shares == [[0, 3, 6], [1, 4], [2, 5]]  # == range(rank, n, world): every window exactly once
-    assert _base._trainer_eval_sampler(ds, T(1)) is None  # a 1-device Trainer ignores a leftover process group
-    assert _base._trainer_eval_sampler(ds, None) is None
-    assert _base._trainer_eval_sampler(TensorDataset(torch.arange(2)), T(3)) is None  # fewer windows than ranks
+    assert compat.trainer_eval_sampler(ds, T(1)) is None  # a 1-device Trainer ignores a leftover process group
+    assert compat.trainer_eval_sampler(ds, None) is None
+    assert compat.trainer_eval_sampler(TensorDataset(torch.arange(2)), T(3)) is None  # fewer windows than ranks
 
     class Stream(IterableDataset):
         def __iter__(self):
             return iter(range(5))
 
-    assert _base._trainer_eval_sampler(Stream(), T(3)) is None
-    monkeypatch.setattr(_base.dist, "is_initialized", lambda: False)
-    assert _base._trainer_eval_sampler(ds, T(3)) is None
+    assert compat.trainer_eval_sampler(Stream(), T(3)) is None
+    monkeypatch.setattr(compat.dist, "is_initialized", lambda: False)
+    assert compat.trainer_eval_sampler(ds, T(3)) is None
 
 
 def test_write_synthetic_ltsf_csv_checks_num_variates(tmp_path):

@@ -80,3 +80,12 @@ def test_decoding_errors():
         layer.step(torch.randn(1, 1, 3, 8), cache, masks=[torch.ones(1, 1, dtype=torch.bool), None])
     with pytest.raises(TypeError, match="init_cache"):
         layer.step(torch.randn(1, 1, 3, 8), {})
+
+
+def test_encoder_of_layers_without_a_cache_says_so():
+    enc = Encoder(16, depth=1, num_heads=2, attention="full", causal_mode=0)
+    with pytest.raises(TypeError, match="FullAttention has no decoding cache"):
+        enc.init_cache()
+    enc = Encoder(16, depth=1, num_heads=2, attention="kronecker_product", num_modes=2)
+    with pytest.raises(ValueError, match="causal_mode"):
+        enc.init_cache()

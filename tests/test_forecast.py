@@ -1,4 +1,4 @@
-"""Forecasting past the end of the data: LTSFDataset.forecast and ``hoformer forecast``."""
+"""Forecasting past the end of the data: forecast_series and ``hoformer forecast``."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ import torch
 from hoformer.data import LTSFDataset
 from hoformer.data.ltsf import write_synthetic_ltsf_csv
 from hoformer.models import create_model
-from hoformer.train.forecast import forecast_checkpoint, forecast_main
+from hoformer.train.forecast import forecast_checkpoint, forecast_main, forecast_series
 
 
 class Persistence(torch.nn.Module):
@@ -37,7 +37,7 @@ def test_forecast_feeds_the_last_rows_scaled_with_the_train_statistics(tmp_path)
     ds = _etth1(tmp_path)
     raw = pd.read_csv(tmp_path / "ETT-small" / "ETTh1.csv")
     model = Persistence(24).train()
-    df = ds.forecast(model)
+    df = forecast_series(model, ds)
     # the input: the file's last 48 rows (beyond the protocol's 14,400: the data the user has), standardised with
     # the statistics of the 8,640 training rows, in float64 (the model's dtype)
     x, training, grad = model.seen
@@ -56,12 +56,12 @@ def test_forecast_backtest_end_uses_the_files_dates(tmp_path):
     ds = _etth1(tmp_path)
     raw = pd.read_csv(tmp_path / "ETT-small" / "ETTh1.csv")
     model = Persistence(24)
-    df = ds.forecast(model, end=1000)
+    df = forecast_series(model, ds, end=1000)
     np.testing.assert_allclose(model.seen[0][0].numpy(), ds.transform(raw.iloc[952:1000, 1:].to_numpy()), atol=1e-5)
     assert list(df["date"]) == list(pd.to_datetime(raw["date"].iloc[1000:1024]))
     for bad in (47, len(raw) + 1, 10.5, None.__class__):
         with pytest.raises(ValueError, match="`end` must be an int in"):
-            ds.forecast(model, end=bad)
+            forecast_series(model, ds, end=bad)
 
 
 def test_forecast_history_keeps_the_training_scaler(tmp_path):
@@ -77,20 +77,20 @@ def test_forecast_history_keeps_the_training_scaler(tmp_path):
     zero = Persistence(24, fill=0.0)  # predicts the training mean on the original scale
     newer = newer.rename(columns={"OT": " OT "})  # names are stripped as when reading a CSV; the frame is not changed
     for history in (tmp_path / "newer.csv", str(tmp_path / "newer.csv"), newer):
-        df = ds.forecast(zero, history)
+        df = forecast_series(zero, ds, history)
         np.testing.assert_allclose(df.iloc[0, 1:].to_numpy(np.float64), raw.iloc[:8640, 1:].to_numpy().mean(0),
                                    rtol=1e-5)
         assert df["date"].iloc[0] == pd.Timestamp(newer["date"].iloc[-1]) + pd.Timedelta(hours=1)
     assert " OT " in newer.columns
     newer = newer.rename(columns={" OT ": "OT"})
     with pytest.raises(ValueError, match=r"lacks the training column\(s\) \['OT'\]"):
-        ds.forecast(zero, newer.drop(columns="OT"))
+        forecast_series(zero, ds, newer.drop(columns="OT"))
     with pytest.raises(ValueError, match="non-finite"):
-        ds.forecast(zero, newer.assign(OT=np.nan))
+        forecast_series(zero, ds, newer.assign(OT=np.nan))
     with pytest.raises(TypeError, match="`history` must be None, a CSV path or a pandas.DataFrame"):
-        ds.forecast(zero, raw.to_numpy())
+        forecast_series(zero, ds, raw.to_numpy())
     with pytest.raises(FileNotFoundError, match="history file"):
-        ds.forecast(zero, tmp_path / "missing.csv")
+        forecast_series(zero, ds, tmp_path / "missing.csv")
 
 
 def test_forecast_target_features_weekly_dates_and_shape_errors(tmp_path):
@@ -98,12 +98,12 @@ def test_forecast_target_features_weekly_dates_and_shape_errors(tmp_path):
     raw = pd.read_csv(tmp_path / "illness" / "national_illness.csv")
     for features in ("MS", "S"):
         ds = LTSFDataset(tmp_path, "ILI", "train", seq_len=36, pred_len=12, features=features, verify=False)
-        df = ds.forecast(Persistence(12))
+        df = forecast_series(Persistence(12), ds)
         assert list(df.columns) == ["date", "OT"]
         np.testing.assert_allclose(df["OT"].to_numpy(), raw["OT"].iloc[-12:].to_numpy(), rtol=1e-5)
         assert df["date"].iloc[0] - pd.Timestamp(raw["date"].iloc[-1]) == pd.Timedelta(days=7)
     with pytest.raises(ValueError, match=r"expected \(1, 12, 1\) \(pred_len and features='S'"):
-        ds.forecast(Persistence(6))
+        forecast_series(Persistence(6), ds)
 
 
 class LastColumn(Persistence):
@@ -118,9 +118,9 @@ def test_forecast_refuses_a_target_only_output_for_all_variates(tmp_path):
     for scale in (True, False):
         ds = LTSFDataset(tmp_path, "ILI", "train", seq_len=36, pred_len=12, scale=scale, verify=False)
         with pytest.raises(ValueError, match=r"expected \(1, 12, 7\) \(pred_len and features='M'"):
-            ds.forecast(LastColumn(12))
+            forecast_series(LastColumn(12), ds)
     ms = LTSFDataset(tmp_path, "ILI", "train", seq_len=36, pred_len=12, features="MS", verify=False)
-    pd.testing.assert_frame_equal(ms.forecast(LastColumn(12)), ms.forecast(Persistence(12)))
+    pd.testing.assert_frame_equal(forecast_series(LastColumn(12), ms), forecast_series(Persistence(12), ms))
 
 
 def test_forecast_dates_across_the_end_gaps_time_zones_and_bad_histories(tmp_path):
@@ -131,26 +131,26 @@ def test_forecast_dates_across_the_end_gaps_time_zones_and_bad_histories(tmp_pat
     raw = pd.read_csv(tmp_path / "ETT-small" / "ETTh1.csv").iloc[-200:].reset_index(drop=True)
     raw["date"] = pd.to_datetime(raw["date"])
     raw.loc[199, "date"] += pd.Timedelta(hours=2)  # the last row comes 3 hours after the one before
-    df = ds.forecast(Persistence(24), raw, end=190)
+    df = forecast_series(Persistence(24), ds, raw, end=190)
     want = list(raw["date"].iloc[190:]) + list(pd.date_range(raw["date"].iloc[-1], periods=15, freq="h")[1:])
     assert list(df["date"]) == want
     local = raw.assign(date=raw["date"].dt.tz_localize("Europe/Paris"))
     for frame in (local, local.set_index("date")):
-        got = ds.forecast(Persistence(24), frame)
+        got = forecast_series(Persistence(24), ds, frame)
         assert got["date"].iloc[0] == local["date"].iloc[-1] + pd.Timedelta(hours=1)
         assert str(got["date"].dt.tz) == "Europe/Paris"
     with pytest.raises(ValueError, match="the history has 10 rows, fewer than seq_len=48"):
-        ds.forecast(Persistence(24), raw.iloc[:10])
+        forecast_series(Persistence(24), ds, raw.iloc[:10])
     with pytest.raises(ValueError, match="non-finite value in column 'MULL' at row 7"):
-        ds.forecast(Persistence(24), raw.assign(MULL=raw["MULL"].where(raw.index != 7)))
+        forecast_series(Persistence(24), ds, raw.assign(MULL=raw["MULL"].where(raw.index != 7)))
     with pytest.raises(ValueError, match="timestamps do not advance"):
-        ds.forecast(Persistence(24), raw.assign(date=raw["date"].iloc[0]))
+        forecast_series(Persistence(24), ds, raw.assign(date=raw["date"].iloc[0]))
 
 
 def test_forecast_without_timestamps_numbers_the_steps(tmp_path):
     write_synthetic_ltsf_csv(tmp_path / "Solar" / "solar_AL.txt", "solar", n_rows=400, num_variates=4)
     ds = LTSFDataset(tmp_path, "solar", "train", seq_len=24, pred_len=8, verify=False)
-    df = ds.forecast(Persistence(8))
+    df = forecast_series(Persistence(8), ds)
     assert list(df["step"]) == list(range(1, 9)) and df.shape == (8, 5)
 
 
@@ -173,15 +173,16 @@ def test_hoformer_forecast_from_ckpt_and_pretrained(tmp_path, capsys):
     assert list(got.columns) == ["date", "v0", "v1", "OT"] and len(got) == 8
     from hoformer.data import SyntheticLTSF
 
-    want = SyntheticLTSF("train", 16, 8, num_variates=3, length=300).forecast(model)
+    want = forecast_series(model, SyntheticLTSF("train", 16, 8, num_variates=3, length=300))
     np.testing.assert_allclose(got.iloc[:, 1:].to_numpy(), want.iloc[:, 1:].to_numpy(), rtol=1e-5, atol=1e-6)
     # a save_pretrained folder stores no data: --config gives it (here a LightningCLI-style YAML)
     model.save_pretrained(tmp_path / "pre")
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(json.dumps({"data": {"class_path": "hoformer.data.LTSFDataModule", "init_args": _DATA}}))
     df = forecast_checkpoint(tmp_path / "pre", config=cfg, end=100)
-    np.testing.assert_allclose(df.iloc[:, 1:].to_numpy(), SyntheticLTSF("train", 16, 8, num_variates=3, length=300)
-                               .forecast(model, end=100).iloc[:, 1:].to_numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(df.iloc[:, 1:].to_numpy(), forecast_series(
+        model, SyntheticLTSF("train", 16, 8, num_variates=3, length=300), end=100).iloc[:, 1:].to_numpy(),
+        rtol=1e-5, atol=1e-6)
     # errors: one line and exit code 2
     assert forecast_main(["--checkpoint", str(tmp_path / "missing.ckpt")]) == 2
     assert forecast_main(["--checkpoint", str(ckpt), "--end", "5"]) == 2
@@ -206,7 +207,7 @@ def test_hoformer_forecast_from_a_plain_fit_checkpoint(tmp_path, capsys):
                           "--output", str(out)]) == 0
     from hoformer.data import SyntheticLTSF
 
-    want = SyntheticLTSF("train", 16, 8, num_variates=3, length=300).forecast(model)
+    want = forecast_series(model, SyntheticLTSF("train", 16, 8, num_variates=3, length=300))
     np.testing.assert_allclose(pd.read_csv(out).iloc[:, 1:].to_numpy(), want.iloc[:, 1:].to_numpy(), rtol=1e-5,
                                atol=1e-6)
     assert forecast_main(["--checkpoint", str(ckpt), "--data", "hoformer.data.LTSFDataModule", "--data-args",
@@ -230,18 +231,19 @@ def test_forecast_calendar_steps_in_local_time_offsets_and_order(tmp_path):
     ds = _etth1(tmp_path)
     raw = pd.read_csv(tmp_path / "ETT-small" / "ETTh1.csv").iloc[-200:].reset_index(drop=True)
     daily = raw.assign(date=pd.date_range(end="2024-03-21", periods=200, freq="D", tz="Europe/Paris"))
-    got = ds.forecast(Persistence(24), daily)["date"]
+    got = forecast_series(Persistence(24), ds, daily)["date"]
     assert list(got) == list(pd.date_range("2024-03-22", periods=24, freq="D", tz="Europe/Paris"))
     assert (got.dt.hour == 0).all()  # the spring DST change (2024-03-31) is crossed at local midnight
     monthly = raw.assign(date=pd.date_range(end="2024-03-01", periods=200, freq="MS", tz="Europe/Paris"))
-    assert ds.forecast(Persistence(24), monthly.set_index("date"))["date"].iloc[1] == pd.Timestamp(
+    assert forecast_series(Persistence(24), ds, monthly.set_index("date"))["date"].iloc[1] == pd.Timestamp(
         "2024-05-01", tz="Europe/Paris")
     aware = raw.assign(date=pd.date_range(end="2024-04-05 12:00", periods=200, freq="h", tz="Europe/Paris"))
     aware.to_csv(tmp_path / "paris.csv", index=False)  # offsets +01:00 then +02:00 in the text
     want = pd.Timestamp("2024-04-05 13:00", tz="Europe/Paris")
-    assert ds.forecast(Persistence(24), pd.read_csv(tmp_path / "paris.csv"))["date"].iloc[0] == want
-    assert ds.forecast(Persistence(24), tmp_path / "paris.csv")["date"].iloc[0] == want.tz_convert(None)  # naive UTC
+    assert forecast_series(Persistence(24), ds, pd.read_csv(tmp_path / "paris.csv"))["date"].iloc[0] == want
+    # a file's timestamps are read as naive UTC
+    assert forecast_series(Persistence(24), ds, tmp_path / "paris.csv")["date"].iloc[0] == want.tz_convert(None)
     with pytest.raises(ValueError, match=r"timestamps go back in time at row 153 .* sort it oldest first"):
-        ds.forecast(Persistence(24), raw.iloc[::-1])  # checked in the rows the forecast uses: the last 48
+        forecast_series(Persistence(24), ds, raw.iloc[::-1])  # checked in the rows the forecast uses: the last 48
     repeated = raw.assign(date=raw["date"].where(raw.index != 20, raw["date"].shift(1)))  # one repeated timestamp,
-    assert len(ds.forecast(Persistence(24), repeated)) == 24  # as the Weather file has: allowed
+    assert len(forecast_series(Persistence(24), ds, repeated)) == 24  # as the Weather file has: allowed

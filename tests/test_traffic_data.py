@@ -18,14 +18,17 @@ from hoformer.data.traffic import (
     load_los_loop,
     load_adj_pkl,
     read_traffic_h5,
-    split_windows,
-    time_features,
-    window_starts,
 )
+from hoformer.data.series import split_windows, time_features, window_starts
 
 from _trainer import quiet_trainer
 
 T, N = 300, 6
+
+
+def _series(ds) -> torch.Tensor:
+    """The whole series ``(T, N, C)`` of a split on the original scale, missing readings 0 (the file's values)."""
+    return torch.where(ds.mask, ds.data * ds.target_std + ds.target_mean, torch.zeros(()))
 
 
 def _write(tmp_path, values=None, ids=None, graph_ids=None, name="metr-la.h5"):
@@ -117,7 +120,11 @@ def test_datamodule_protocol(tmp_path):
     np.testing.assert_array_equal(item["mask"].numpy(), m)
     expect_x = np.where(m, (values[s:s + 12, :, None] - obs.mean()) / obs.std(), 0.0)
     np.testing.assert_allclose(item["x"].numpy(), expect_x, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(item["y"].numpy(), values[s + 12:s + 24, :, None], rtol=1e-6)
+    # targets on the model's scale; the batch's statistics give the original readings back
+    ym = values[s + 12:s + 24, :, None] != 0
+    np.testing.assert_array_equal(item["y_mask"].numpy(), ym)
+    np.testing.assert_allclose((item["y"] * item["std"] + item["mean"]).numpy()[ym], values[s + 12:s + 24, :, None][ym],
+                               rtol=1e-5)
     assert item["y_mask"].dtype == torch.bool and item["time"].shape == (12, 2)
     assert item["time"][1, 0] - item["time"][0, 0] == 5 and item["time"][0, 1] == 3  # 2012-03-01 is a Thursday
     # integer features: a bf16-true run casts a batch's floating tensors (float32 minute 1435 became 1432)
@@ -125,7 +132,7 @@ def test_datamodule_protocol(tmp_path):
 
     assert item["time"].dtype == torch.int16
     assert torch.equal(HalfPrecision("bf16-true").convert_input(item)["time"], item["time"])
-    assert time_features(np.array(["2012-03-01T23:55"], dtype="datetime64[ns]")).tolist() == [[1435, 3]]
+    assert time_features(np.array(["2012-03-01T23:55"], dtype="datetime64[ns]"), encoding="daily").tolist() == [[1435, 3]]
     batch = next(iter(dm.test_dataloader()))
     assert batch["x"].shape == (4, 12, N, 1) and batch["mean"].shape == (4, 1)
 
@@ -157,7 +164,7 @@ def test_reorders_columns_to_graph_order(tmp_path):
     dm = TrafficDataModule("metr_la", root=str(tmp_path), verify=False)
     dm.setup()
     assert dm.sensor_ids == ids[::-1]
-    np.testing.assert_allclose(dm.splits["train"].y[:, 0, 0].numpy(), values[:, -1].astype(np.float32))
+    np.testing.assert_allclose(_series(dm.splits["train"])[:, 0, 0].numpy(), values[:, -1].astype(np.float32), rtol=1e-5)
 
 
 def test_los_loop_real(data_root):
@@ -279,14 +286,14 @@ def test_los_loop_explicit_paths(tmp_path):
     dm = TrafficDataModule("los_loop", root=str(tmp_path / "nowhere"), data_path=str(speed), adj_path=str(adj_file),
                            verify=False, num_nodes=N)
     dm.setup()
-    np.testing.assert_allclose(dm.splits["train"].y[:, :, 0].numpy(), values.astype(np.float32))
+    np.testing.assert_allclose(_series(dm.splits["train"])[:, :, 0].numpy(), values.astype(np.float32), rtol=1e-5)
     np.testing.assert_allclose(dm.adj, adj2)
     # only the speeds overridden: the adjacency comes from root
     _write_los(tmp_path / "root" / "los_loop", adj=2 * np.eye(N))
     dm = TrafficDataModule("los_loop", root=str(tmp_path / "root"), data_path=str(speed), verify=False)
     dm.setup()
     np.testing.assert_allclose(dm.adj, 2 * np.eye(N))
-    np.testing.assert_allclose(dm.splits["test"].y[:, :, 0].numpy(), values.astype(np.float32))
+    np.testing.assert_allclose(_series(dm.splits["test"])[:, :, 0].numpy(), values.astype(np.float32), rtol=1e-5)
 
 
 def test_los_loop_real_explicit_paths_verified(data_root, tmp_path):
@@ -299,7 +306,7 @@ def test_los_loop_real_explicit_paths_verified(data_root, tmp_path):
     kw = dict(root=str(tmp_path / "nowhere"), data_path=str(tmp_path / "speed.csv"), adj_path=str(tmp_path / "adj.csv"))
     dm = TrafficDataModule("los_loop", **kw, num_nodes=207)
     dm.setup()
-    assert dm.adj.shape == (207, 207) and dm.splits["train"].y.shape[1:] == (207, 1)
+    assert dm.adj.shape == (207, 207) and _series(dm.splits["train"]).shape[1:] == (207, 1)
     lines = (tmp_path / "speed.csv").read_text().splitlines(keepends=True)
     first = lines[1].split(",")
     first[0] = str(float(first[0]) + 1.0)  # one reading changed: still a valid table, not the reference file
@@ -309,7 +316,7 @@ def test_los_loop_real_explicit_paths_verified(data_root, tmp_path):
         TrafficDataModule("los_loop", **kw).setup()
     dm = TrafficDataModule("los_loop", **kw, verify=False)
     dm.setup()
-    assert dm.splits["train"].y[0, 0, 0].item() == pytest.approx(float(first[0]))
+    assert _series(dm.splits["train"])[0, 0, 0].item() == pytest.approx(float(first[0]))
 
 
 def test_adj_pickle_verified_before_unpickling(data_root, tmp_path):
@@ -380,7 +387,7 @@ def test_traffic_training_loss_is_masked_on_the_original_scale(tmp_path):
     """The training loss is the masked MAE over observed targets only (a missing reading is stored as 0 and must not
     be a target of 0 km/h), on the original scale."""
     from hoformer.train.metrics import masked_mae
-    from hoformer.train.traffic import TrafficForecastingTask, forecast
+    from hoformer.train.traffic import TrafficForecastingTask, forecast, original_scale
 
     _, batch = _traffic_batch(tmp_path)
     assert (~batch["y_mask"]).any() and batch["y_mask"].any()
@@ -390,11 +397,11 @@ def test_traffic_training_loss_is_masked_on_the_original_scale(tmp_path):
     loss = task.shared_step(batch, "train")
     with torch.no_grad():
         pred = forecast(task.model, batch)
-    m = batch["y_mask"]
-    want = (pred - batch["y"]).abs()[m].mean()
+    m, y = batch["y_mask"], original_scale(batch["y"], batch)
+    want = (pred - y).abs()[m].mean()
     torch.testing.assert_close(loss.detach(), want)
-    torch.testing.assert_close(loss.detach(), masked_mae(pred, batch["y"], m))
-    assert not torch.allclose(loss.detach(), (pred - batch["y"]).abs().mean())  # the unmasked MAE differs
+    torch.testing.assert_close(loss.detach(), masked_mae(pred, y, m))
+    assert not torch.allclose(loss.detach(), (pred - y).abs().mean())  # the unmasked MAE differs
 
 
 def test_traffic_forecast_feeds_time_features_to_the_model(tmp_path):
@@ -457,9 +464,9 @@ def test_columns_reordered_by_a_non_involutive_permutation(tmp_path):
     dm = TrafficDataModule("metr_la", root=str(tmp_path), verify=False, drop_empty_windows=False)
     dm.setup()
     assert dm.sensor_ids == graph_ids
-    y = dm.splits["train"].y[:, :, 0].numpy()  # (T, N) original-scale series, graph order
+    y = _series(dm.splits["train"])[:, :, 0].numpy()  # (T, N) original-scale series, graph order
     for j, sid in enumerate(graph_ids):
-        np.testing.assert_allclose(y[:, j], values[:, ids.index(sid)].astype(np.float32), err_msg=sid)
+        np.testing.assert_allclose(y[:, j], values[:, ids.index(sid)].astype(np.float32), rtol=1e-5, err_msg=sid)
 
 
 def test_los_loop_time_features_are_five_minute_steps(tmp_path):

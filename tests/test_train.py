@@ -124,8 +124,8 @@ def test_forecasting_metrics_score_every_window(tmp_path):
     ds = dm.dataset("test")
     assert len(ds) % 8 != 0  # a ragged last batch
     with torch.no_grad():
-        x = torch.stack([ds[i][0] for i in range(len(ds))]).double()
-        y = torch.stack([ds[i][1] for i in range(len(ds))]).double()
+        x = torch.stack([ds[i]["x"] for i in range(len(ds))]).double()
+        y = torch.stack([ds[i]["y"] for i in range(len(ds))]).double()
         p = task.model.eval().double()(x)
     err = p - y
     smape = (2 * err.abs() / (p.abs() + y.abs()).clamp_min(1.17e-6)).mean()
@@ -138,7 +138,8 @@ def test_forecasting_metrics_score_every_window(tmp_path):
 
 @pytest.mark.parametrize("features, label_len", [("MS", 0), ("M", 16), ("MS", 16)])
 def test_forecasting_task_follows_tslib_for_ms_and_label_len(tmp_path, features, label_len):
-    """features="MS" scores the last output variate (the target), label_len > 0 scores only the horizon of y."""
+    """features="MS" scores the last output variate (the target); with label_len > 0 the known steps come apart
+    (``y_known``) and only the horizon ``y`` is scored."""
     from hoformer.data import write_synthetic_ltsf_csv
 
     write_synthetic_ltsf_csv(tmp_path / "custom.csv", "electricity", 600, num_variates=4)  # date,0,1,2,OT
@@ -149,11 +150,12 @@ def test_forecasting_task_follows_tslib_for_ms_and_label_len(tmp_path, features,
     (res,) = quiet_trainer(tmp_path).test(task, dm, verbose=False)
     ds = dm.dataset("test")
     with torch.no_grad():
-        x = torch.stack([ds[i][0] for i in range(len(ds))])
-        y = torch.stack([ds[i][1] for i in range(len(ds))])
+        x = torch.stack([ds[i]["x"] for i in range(len(ds))])
+        y = torch.stack([ds[i]["y"] for i in range(len(ds))])
         p = task.model.eval()(x)
-    assert y.shape[1] == label_len + 8 and y.shape[2] == (1 if features == "MS" else 4)
-    ref = (p[..., -y.shape[2]:] - y[:, label_len:]).pow(2).mean()
+    assert y.shape[1] == 8 and y.shape[2] == (1 if features == "MS" else 4)
+    assert ds[0].get("y_known", torch.zeros(0, y.shape[2])).shape == (label_len, y.shape[2])
+    ref = (p[..., -y.shape[2]:] - y).pow(2).mean()
     assert res["test/mse"] == pytest.approx(ref.item(), rel=1e-5)
 
 
@@ -223,7 +225,7 @@ class _Interrupt(pl.Callback):
 
 
 class _Mapped(Dataset):
-    """``ds`` with ``fn(x, y)`` applied to every item (train-split wrappers of the tests below)."""
+    """``ds`` with ``fn(item)`` applied to every item (train-split wrappers of the tests below)."""
 
     def __init__(self, ds, fn):
         self.ds, self.fn = ds, fn
@@ -232,13 +234,13 @@ class _Mapped(Dataset):
         return len(self.ds)
 
     def __getitem__(self, i):
-        return self.fn(*self.ds[i])
+        return self.fn(self.ds[i])
 
 
-def _augment(x, y):
+def _augment(item):
     """Noise drawn from the global ``torch``, ``numpy`` and ``random`` RNGs, as a random train-time augmentation
     (MedMNIST3D ``flip_augment``, SSL4EO flips) does, in the main process or in a worker."""
-    return x + 0.1 * (float(torch.randn(())) + float(np.random.rand()) + random.random()), y
+    return {**item, "x": item["x"] + 0.1 * (float(torch.randn(())) + float(np.random.rand()) + random.random())}
 
 
 class _AugmentedLTSF(LTSFDataModule):
@@ -372,10 +374,10 @@ _DDP_SCRIPT = textwrap.dedent("""
 
         def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
             if trainer.state.fn == "validate":
-                self.n["validate"] += len(batch[0])
+                self.n["validate"] += len(batch["x"])
 
         def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
-            self.n["test"] += len(batch[0])
+            self.n["test"] += len(batch["x"])
 
     out, devices = sys.argv[1], int(sys.argv[2])
     torch.set_num_threads(1)
@@ -577,8 +579,8 @@ def test_cosine_schedule_needs_a_bounded_run(tmp_path):
 
 # -------------------------------------------------------------------------------------- losses and options
 def _all_windows(ds):
-    return (torch.stack([ds[i][0] for i in range(len(ds))]).double(),
-            torch.stack([ds[i][1] for i in range(len(ds))]).double())
+    return (torch.stack([ds[i]["x"] for i in range(len(ds))]).double(),
+            torch.stack([ds[i]["y"] for i in range(len(ds))]).double())
 
 
 @pytest.mark.parametrize("loss", ["mse", "mae"])
@@ -746,9 +748,9 @@ def test_ema_weights_are_checkpointed_validated_and_exported(tmp_path):
         assert torch.equal(v, avg[f"model.{k}"]), k
 
 
-def _with_worker_seed(x, y):
+def _with_worker_seed(item):
     """The window plus the torch seed of the process that loaded it (a worker: base seed + worker id)."""
-    return x, y, torch.tensor(torch.initial_seed())
+    return {**item, "seed": torch.tensor(torch.initial_seed())}
 
 
 def test_worker_seeds_are_drawn_from_seed_and_epoch(tmp_path):
@@ -763,7 +765,7 @@ def test_worker_seeds_are_drawn_from_seed_and_epoch(tmp_path):
 
     class Grab(pl.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            seen.append(int(batch[2][0]))
+            seen.append(int(batch["seed"][0]))
 
     pl.seed_everything(3, verbose=False)
     dm = DM(synthetic=True, synthetic_length=300, seq_len=32, pred_len=8, batch_size=8, num_workers=1)
@@ -978,28 +980,30 @@ def test_predict_step_takes_a_bare_input_tensor():
                 assert torch.equal(task.predict_step(batch, 0), bare), type(task).__name__
 
 
-@pytest.mark.parametrize("as_numpy", [False, True])
-def test_original_scale_metrics_with_an_array_returning_inverse_transform(tmp_path, as_numpy):
-    """``inverse_transform`` gets a tensor on the model's device and may return a tensor or a numpy array: the
-    ``*_orig`` metrics are the same."""
+def test_original_scale_metrics_come_from_the_batch_statistics(tmp_path):
+    """The ``*_orig`` metrics use the scaler statistics each batch carries (``y * std + mean``), nothing else: a
+    loader whose batches carry twice the ``std`` doubles the original-scale MAE, and leaves the normalised one."""
+    from torch.utils.data import DataLoader
 
-    class DM(LTSFDataModule):
-        def inverse_transform(self, data):
-            assert isinstance(data, torch.Tensor)
-            out = super().inverse_transform(data)
-            return out.cpu().numpy() if as_numpy else out
-
-    dm = DM(synthetic=True, synthetic_length=400, seq_len=32, pred_len=8, batch_size=8, eval_batch_size=16)
+    dm = LTSFDataModule(synthetic=True, synthetic_length=400, seq_len=32, pred_len=8)
+    ds = dm.dataset("test")
     task = ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC),
                            original_scale=True, plot_variates=0)
-    (res,) = quiet_trainer(tmp_path).test(task, dm, verbose=False)
-    ds = dm.dataset("test")
-    x = torch.stack([ds[i][0] for i in range(len(ds))]).double()
-    y = torch.stack([ds[i][1] for i in range(len(ds))]).double()
+
+    def doubled(items):
+        batch = torch.utils.data.default_collate(items)
+        return {**batch, "std": 2 * batch["std"]}
+
+    (plain,) = quiet_trainer(tmp_path).test(task, DataLoader(ds, batch_size=16), verbose=False)
+    (twice,) = quiet_trainer(tmp_path).test(task, DataLoader(ds, batch_size=16, collate_fn=doubled), verbose=False)
+    assert twice["test/mae"] == pytest.approx(plain["test/mae"], rel=1e-6)
+    assert twice["test/mae_orig"] == pytest.approx(2 * plain["test/mae_orig"], rel=1e-5)
+    x = torch.stack([ds[i]["x"] for i in range(len(ds))]).double()
+    y = torch.stack([ds[i]["y"] for i in range(len(ds))]).double()
     with torch.no_grad():
         p = task.model.eval().double()(x)
     std = torch.from_numpy(ds.std)
-    assert res["test/mae_orig"] == pytest.approx(((p - y) * std).abs().mean().item(), rel=1e-5)
+    assert plain["test/mae_orig"] == pytest.approx(((p - y) * std).abs().mean().item(), rel=1e-5)
 
 
 def test_every_task_gives_lightning_a_one_sample_input():
@@ -1035,3 +1039,72 @@ def test_every_task_gives_lightning_a_one_sample_input():
         draws.append(torch.rand(3))
     torch.testing.assert_close(draws[1], draws[0])  # the random example input does not move the global RNG
 
+
+
+# ------------------------------------------------------------------------------ tasks depend on batches only
+def _traffic_dm(tmp_path):
+    from hoformer.data import TrafficDataModule
+
+    rng = np.random.default_rng(0)
+    values = rng.uniform(20, 70, (400, 5)).round(1)
+    values[rng.random(values.shape) < 0.1] = 0.0  # missing readings
+    pd = pytest.importorskip("pandas")
+    speed = tmp_path / "traffic" / "los_speed.csv"
+    speed.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(values, columns=[str(i) for i in range(5)]).to_csv(speed, index=False)
+    pd.DataFrame(np.eye(5)).to_csv(tmp_path / "traffic" / "los_adj.csv", index=False, header=False)
+    return TrafficDataModule("los_loop", root=str(tmp_path / "traffic"), verify=False, batch_size=16,
+                             eval_batch_size=32)
+
+
+def _task_and_data(kind, tmp_path, data_root):
+    from hoformer.train import TrafficForecastingTask
+
+    if kind == "forecasting":
+        dm = LTSFDataModule(synthetic=True, synthetic_length=500, seq_len=32, pred_len=8, batch_size=16,
+                            eval_batch_size=32)
+        return lambda: ForecastingTask("hot_forecaster", dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC),
+                                       original_scale=True, plot_variates=0), dm, 16, 32
+    if kind == "traffic":
+        return lambda: TrafficForecastingTask("weaver", dict(num_nodes=5, dim=16, num_heads=4)), \
+            _traffic_dm(tmp_path), 16, 32
+    if kind == "classification":
+        dm = MedMNIST3DDataModule(root=str(data_root / "medmnist3d"), flag="adrenal", batch_size=16,
+                                  eval_batch_size=64)
+        return lambda: ClassificationTask("hot_volume_classifier", dict(num_classes=2, dim=16, num_heads=2, depth=1,
+                                                                        patch_size=7), lr=1e-3), dm, 16, 64
+    dm = MultispectralDataModule(root=str(tmp_path / "ssl4eo"), product="nlcd", synthetic=True, synthetic_n=8,
+                                 synthetic_size=32, crop_size=None, batch_size=4, flip=False)
+    return lambda: SegmentationTask("hot_segmenter", dict(in_channels=7, num_classes=17, input_size=32, dim=16,
+                                                          num_heads=2, depth=1, patch_size=8), lr=1e-3), dm, 4, 4
+
+
+@pytest.mark.parametrize("kind", ["forecasting", "traffic", "classification", "segmentation"])
+def test_tasks_train_and_test_on_plain_dataloaders(kind, tmp_path, data_root):
+    """A task needs its batches only: trained and tested on plain ``DataLoader``s over the library's datasets, it
+    logs the same metrics (original-scale ones included) as through the datamodule."""
+    make, dm, bs, ebs = _task_and_data(kind, tmp_path, data_root)
+    limits = dict(max_epochs=1, limit_train_batches=6, limit_val_batches=3, limit_test_batches=3)
+
+    def run(train, val, test):
+        pl.seed_everything(7, verbose=False)
+        task = make()
+        trainer = quiet_trainer(tmp_path, **limits)
+        trainer.fit(task, train_dataloaders=train, val_dataloaders=val, datamodule=None) if dm is not train \
+            else trainer.fit(task, datamodule=dm)
+        fit = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        (res,) = trainer.test(task, test, verbose=False) if dm is not test else trainer.test(task, datamodule=dm,
+                                                                                             verbose=False)
+        return fit, res
+
+    via_dm = run(dm, dm, dm)
+    dm.setup()
+    sets = dm.datasets  # built by setup() (a traffic datamodule's `dataset` is its name)
+    plain = run(DataLoader(sets["train"], batch_size=bs, shuffle=True), DataLoader(sets["val"], batch_size=ebs),
+                DataLoader(sets["test"], batch_size=ebs))
+    assert via_dm[0].keys() == plain[0].keys() and via_dm[1].keys() == plain[1].keys()
+    for got, want in zip(plain, via_dm):
+        for k, v in want.items():
+            assert got[k] == pytest.approx(v, rel=1e-6, abs=1e-7), k
+    if kind in ("forecasting", "traffic"):  # original-scale metrics are among them
+        assert any(k.endswith("_orig") or k.startswith("test/mae") for k in via_dm[1])

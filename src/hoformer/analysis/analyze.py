@@ -19,7 +19,6 @@ with ``--data-args`` JSON), or, by default, the datamodule hyper-parameters stor
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import re
 import sys
@@ -30,6 +29,8 @@ from typing import Any, Sequence
 import torch
 
 from hoformer.functional.triplet import triplet_windows
+
+from hoformer.checkpoint import build_datamodule, checkpoint_datamodule, find_run_file, load_checkpoint
 
 from .maps import AttentionRecord, batch_mean_maps, recording, split_batch
 from .plots import (
@@ -52,111 +53,6 @@ MODE_NAMES = {
     "weaver": ("time step", "sensor"),
     "traffic_hot": ("time step", "sensor"),
 }
-
-
-# ------------------------------------------------------------------------------------------------ loading
-def load_checkpoint(path, map_location: str = "cpu", model_args: dict | None = None
-                    ) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """``(model, info)`` from a Lightning ``.ckpt`` (``hyper_parameters`` with ``model_name`` / ``model_kwargs``) or a
-    ``save_pretrained`` folder. ``model_args`` override the checkpoint's ``model_kwargs`` (e.g. a constructor default
-    that changed since training; ``.ckpt`` only). ``info``: ``{"kind", "path", "datamodule": dict | None, "run_dir":
-    Path | None, "states": {datamodule class name: state_dict}}`` (the states restore e.g. a text datamodule's tokenizer)."""
-    from hoformer.models import create_model, from_pretrained
-
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"load_checkpoint: checkpoint {str(p)!r} does not exist (expected a Lightning .ckpt "
-                                "file or a save_pretrained folder with config.json and model.safetensors)")
-    if p.is_dir():
-        if not (p / "config.json").is_file():
-            raise ValueError(f"load_checkpoint: folder {str(p)!r} is not a save_pretrained folder (no config.json); "
-                             "pass a .ckpt file or the folder written by save_pretrained / ExportPretrained")
-        if model_args:
-            raise ValueError(f"load_checkpoint: --model-args {model_args} cannot apply to the save_pretrained folder "
-                             f"{str(p)!r}: its config.json fixes the model (edit it, or pass the Lightning .ckpt "
-                             "instead)")
-        model = from_pretrained(p, map_location=map_location)
-        tok = p / "tokenizer.json"  # TextClassificationTask.save_pretrained: the vocabulary the model was trained with
-        states = {"TextDataModule": {"tokenizer": tok.read_text()}} if tok.is_file() else {}
-        return model, {"kind": "pretrained", "path": p, "datamodule": None, "run_dir": p.parent, "states": states}
-    try:
-        ckpt = torch.load(p, map_location=map_location, weights_only=True)
-    except Exception as e:  # noqa: BLE001 - torch raises many types for non-checkpoints
-        raise ValueError(f"load_checkpoint: cannot read {str(p)!r} as a Lightning checkpoint "
-                         f"({type(e).__name__}: {e})") from e
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-        raise ValueError(f"load_checkpoint: {str(p)!r} is not a Lightning checkpoint (no 'state_dict')")
-    hp = dict(ckpt.get("hyper_parameters") or {})
-    if "model_name" not in hp:
-        raise ValueError(f"load_checkpoint: checkpoint {str(p)!r} has no 'model_name' hyper-parameter (was it "
-                         f"written by a hoformer TaskModule?); found {sorted(hp)[:10]}")
-    kwargs = {**dict(hp.get("model_kwargs") or {}), **dict(model_args or {})}
-    model = create_model(hp["model_name"], **kwargs)
-    state = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
-    try:
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        problem = f"missing={missing[:5]} unexpected={unexpected[:5]}" if missing or unexpected else ""
-    except RuntimeError as e:  # shape mismatches
-        problem = str(e).replace("\n", " ")
-    if problem:
-        raise ValueError(f"load_checkpoint: weights in {str(p)!r} do not match model {hp['model_name']!r} built with "
-                         f"{kwargs}: {problem} (if a constructor default changed since training, pass the old value "
-                         "with --model-args)")
-    # the run folder (config.yaml, metrics.csv) only for Lightning's layout <run>/checkpoints/*.ckpt: a checkpoint
-    # copied elsewhere (e.g. /tmp) must not pick up some other run's files from its neighbours
-    run_dir = p.parent.parent if p.parent.name == "checkpoints" else None
-    # Lightning stores a datamodule's state_dict under its class name (TextDataModule: the trained tokenizer)
-    states = {k: v for k, v in ckpt.items() if isinstance(v, dict) and k[:1].isupper()}
-    return model, {"kind": "ckpt", "path": p, "datamodule": ckpt.get("datamodule_hyper_parameters"),
-                   "run_dir": run_dir, "states": states}
-
-
-def _instantiate(class_path: str, init_args: dict):
-    mod, _, name = class_path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(mod), name)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise ValueError(f"build_datamodule: cannot import datamodule class {class_path!r} ({e})") from e
-    return cls(**{k: v for k, v in init_args.items() if not k.startswith("_")})
-
-
-def build_datamodule(*, config=None, data: str | None = None, data_args: dict | None = None,
-                     stored: dict | None = None):
-    """A datamodule from a LightningCLI YAML ``config`` (its ``data`` section), a class path ``data`` with
-    ``data_args``, or the ``datamodule_hyper_parameters`` stored in a checkpoint (with ``_class_path``)."""
-    overrides = dict(data_args or {})
-    if config is not None:
-        import yaml
-
-        cp = Path(config)
-        if not cp.is_file():
-            raise FileNotFoundError(f"build_datamodule: config {str(cp)!r} does not exist")
-        cfg = yaml.safe_load(cp.read_text()) or {}
-        sec = cfg.get("data")
-        if not isinstance(sec, dict) or "class_path" not in sec:
-            raise ValueError(f"build_datamodule: config {str(cp)!r} has no `data: {{class_path: ..., init_args: ...}}` "
-                             "section")
-        return _instantiate(sec["class_path"], {**(sec.get("init_args") or {}), **overrides})
-    if data is not None:
-        return _instantiate(data, overrides)
-    if stored and stored.get("_class_path"):
-        return _instantiate(stored["_class_path"], {**stored, **overrides})
-    raise ValueError("build_datamodule: no data given: pass --config CONFIG.yaml (LightningCLI config with a `data` "
-                     "section) or --data CLASS_PATH [--data-args JSON]; the checkpoint stores no datamodule class")
-
-
-def checkpoint_datamodule(info: dict, *, config=None, data: str | None = None, data_args: dict | None = None):
-    """The datamodule of a checkpoint loaded by :func:`load_checkpoint`: from ``config`` / ``data`` when given, else
-    the hyper-parameters stored in a Lightning checkpoint, else the ``config.yaml`` LightningCLI saved in its run
-    folder; with the state the checkpoint stored for it (e.g. the tokenizer the model was trained with)."""
-    stored = info["datamodule"]
-    if config is None and data is None and not (stored or {}).get("_class_path"):
-        config = _find_run_file(info["run_dir"], "config.yaml") if info["kind"] == "ckpt" else None
-    dm = build_datamodule(config=config, data=data, data_args=data_args, stored=stored)
-    state = info["states"].get(type(dm).__qualname__)
-    if state and hasattr(dm, "load_state_dict"):  # before setup
-        dm.load_state_dict(state)
-    return dm
 
 
 def _batches(dm, split: str, n: int) -> list:
@@ -286,7 +182,7 @@ def analyze_checkpoint(checkpoint, output, *, config=None, data: str | None = No
                                           title=f"{name}: {r.name}, sample {sample}, token {t} (window {w}, "
                                                 f"positions {starts[w]}..{starts[w] + s - 1})"))
     written += _forecast(first_pred, args, target, batch, out, name, sample)
-    mpath = Path(metrics) if metrics is not None else _find_run_file(info["run_dir"], "metrics.csv", _has_sr)
+    mpath = Path(metrics) if metrics is not None else find_run_file(info["run_dir"], "metrics.csv", _has_sr)
     if mpath is not None:
         try:
             written.append(plot_stable_rank_curves(mpath, out / "stable_rank.png"))
@@ -307,9 +203,9 @@ def _forecast(pred, args, target, batch, out: Path, name: str, sample: int) -> l
         s = min(sample, x.shape[0] - 1)
         return [plot_forecast_vs_truth(x[s], y[s], pred[s], out / "forecast.png", title=f"{name}: sample {s}")]
     if pred.ndim == 4 and target.shape == pred.shape and x.ndim == 4:  # traffic (B, Q, N, C)
-        if isinstance(batch, dict) and "mean" in batch and "std" in batch:
-            pred = pred * batch["std"][:, None, None, :].to(pred) + batch["mean"][:, None, None, :].to(pred)
-            x = x * batch["std"][:, None, None, :].to(x) + batch["mean"][:, None, None, :].to(x)
+        if isinstance(batch, dict) and "mean" in batch and "std" in batch:  # the original scale
+            pred, x, target = (t * batch["std"][:, None, None, :].to(t) + batch["mean"][:, None, None, :].to(t)
+                               for t in (pred, x, target))
         s = min(sample, x.shape[0] - 1)
         return [plot_forecast_vs_truth(x[s, :, :3, 0], target[s, :, :3, 0], pred[s, :, :3, 0], out / "forecast.png",
                                        channels=range(min(3, x.shape[2])),
@@ -325,17 +221,6 @@ def _has_sr(path: Path) -> bool:
             return "sr/" in f.readline()
     except OSError:
         return False
-
-
-def _find_run_file(run_dir: Path | None, name: str, accept=None) -> Path | None:
-    """Newest ``name`` under a run folder (LightningCLI writes ``config.yaml`` and CSVLogger ``metrics.csv`` into
-    ``<run>/logs/version_*``) for which ``accept(path)`` holds."""
-    if run_dir is None or not Path(run_dir).is_dir():
-        return None
-    found = [f for depth in range(4) for f in Path(run_dir).glob("/".join(["*"] * depth + [name]))]
-    found = [f for f in found if accept is None or accept(f)]
-    found.sort(key=lambda p: p.stat().st_mtime)
-    return found[-1] if found else None
 
 
 # ------------------------------------------------------------------------------------------------------ CLI

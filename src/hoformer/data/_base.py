@@ -17,19 +17,19 @@ built by a direct call (``dm.val_dataloader()``) always covers the whole split.
 
 A training loader starts its iterator (worker processes, sampler indices, the workers' seeds) at the epoch's first
 batch, not when Lightning calls ``iter`` on it, which for the first epoch of a run (fresh or resumed) happens before
-``on_train_epoch_start``; its workers are not kept between epochs. So the per-epoch reseeding of
+``on_train_epoch_start`` (:class:`hoformer.compat.DeferredStartLoader`); its workers are not kept between epochs. So the per-epoch reseeding of
 :class:`~hoformer.train.base.TaskModule` covers random augmentations too, in the main process and in workers, and a
 resumed run is exact. Lightning is an optional dependency (``hoformer[train]``): without it ``import hoformer.data``
 still works and only constructing a datamodule raises :class:`ImportError`.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
-import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+from torch.utils.data import DataLoader, Dataset
 
 from hoformer._checks import check_int
+from hoformer.compat import DeferredStartLoader, trainer_eval_sampler
 
 __all__ = ["SplitDataModule"]
 
@@ -41,54 +41,6 @@ except ImportError:  # keep `import hoformer.data` working without the `train` e
             raise ImportError("hoformer datamodules need lightning: pip install 'hoformer[train]'")
 
 _STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("test",)}
-
-
-class _DeferredIterator:
-    """Iterator that calls ``start()`` (``DataLoader.__iter__``) at the first ``next``."""
-
-    def __init__(self, start: Callable[[], Iterator]) -> None:
-        self._start, self._it = start, None
-
-    def __iter__(self) -> "_DeferredIterator":
-        return self
-
-    def __next__(self):
-        if self._it is None:
-            self._it = self._start()
-        return next(self._it)
-
-
-class _TrainLoader(DataLoader):
-    """``DataLoader`` whose iterator starts at the first batch. Lightning calls ``iter`` on the training loader of a
-    run's first epoch (fresh or resumed) before ``on_train_epoch_start``, and of the later epochs after it; deferring
-    the start makes every epoch's workers (seeded from ``generator``, else the global torch RNG), sampler indices and
-    main-process augmentations follow the reseeding done in that hook."""
-
-    def __iter__(self) -> Iterator:
-        return _DeferredIterator(super().__iter__)
-
-
-def _trainer_eval_sampler(dataset: Dataset, trainer) -> Sampler | None:
-    """Unpadded share of ``dataset`` for this rank when a DDP ``Trainer`` is building its loaders, else ``None``
-    (in order). A split smaller than the world size gets ``None`` too, which Lightning pads with its own
-    ``DistributedSampler``: an unpadded share would leave a rank without a batch.
-
-    Lightning builds a ``Trainer``'s loaders inside ``_replace_dunder_methods(DataLoader, ...)``, which keeps the
-    original ``DataLoader.__init__`` as ``__old__init__`` meanwhile; a direct call (e.g. teacher logits over a whole
-    split) keeps the plain in-order loader. Lightning does not replace a ``DistributedSampler`` (subclass). Only the
-    attached ``Trainer``'s world size counts: a process group left over from an earlier DDP fit does not shard the
-    loaders of a later single-device ``Trainer``."""
-    if trainer is None or getattr(trainer, "world_size", 1) <= 1:
-        return None
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return None
-    if "__old__init__" not in vars(DataLoader) or isinstance(dataset, IterableDataset) \
-            or len(dataset) < dist.get_world_size():
-        return None
-    from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-
-    return UnrepeatedDistributedSampler(dataset, num_replicas=dist.get_world_size(), rank=dist.get_rank(),
-                                        shuffle=False)
 
 
 class SplitDataModule(LightningDataModule):
@@ -157,8 +109,8 @@ class SplitDataModule(LightningDataModule):
         common = dict(drop_last=False, num_workers=self.num_workers, pin_memory=self.pin_memory,
                       collate_fn=self.collate_fn(split))
         if train:
-            return _TrainLoader(ds, batch_size=self.batch_size, shuffle=True, persistent_workers=False, **common)
-        return DataLoader(ds, batch_size=self.eval_batch_size, sampler=_trainer_eval_sampler(ds, self.trainer),
+            return DeferredStartLoader(ds, batch_size=self.batch_size, shuffle=True, persistent_workers=False, **common)
+        return DataLoader(ds, batch_size=self.eval_batch_size, sampler=trainer_eval_sampler(ds, self.trainer),
                           persistent_workers=self.num_workers > 0, **common)
 
     def train_dataloader(self) -> DataLoader:

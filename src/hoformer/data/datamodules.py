@@ -30,16 +30,18 @@ class LTSFDataModule(SplitDataModule):
 
     ``root=None`` resolves to ``$HOFORMER_DATA/ltsf`` (or ``../shared/data/ltsf``); with ``download=True`` a file
     that is not there is fetched (ETT: canonical URL, SHA-256-checked where pinned) into ``root`` (created if needed)
-    or, for ``root=None``, into the cache ``~/.cache/hoformer/ltsf`` (``$HOFORMER_CACHE``). Batches are ``(x, y)``
-    (``(B, seq_len, C)``, ``(B, label_len + pred_len, C)``), plus ``(x_mark, y_mark)`` with ``time_features``.
-    ``inverse_transform`` maps normalised predictions back to the original scale.
+    or, for ``root=None``, into the cache ``~/.cache/hoformer/ltsf`` (``$HOFORMER_CACHE``). Batches are the dicts of
+    :mod:`hoformer.data.series` (``x (B, seq_len, C)``, ``y (B, pred_len, C or 1)``, ``mean`` / ``std``, and
+    ``time`` / ``y_time`` with ``time_features``, ``y_known`` with ``label_len``). ``encoding``: the CSV's text
+    encoding. ``inverse_transform`` maps normalised values back to the original scale.
     """
 
     def __init__(self, root: str | None = None, name: str = "ETTh1", seq_len: int = 96, pred_len: int = 96,
                  batch_size: int = 32, num_workers: int = 0, synthetic: bool = False, label_len: int = 0,
                  features: str = "M", target: str = "OT", scale: bool = True, time_features: bool = False,
                  num_variates: int = 7, synthetic_length: int = 4000, seed: int = 0, verify: bool = True,
-                 download: bool = False, pin_memory: bool = False, eval_batch_size: int | None = None):
+                 download: bool = False, pin_memory: bool = False, eval_batch_size: int | None = None,
+                 encoding: str = "utf-8"):
         super().__init__(batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory,
                          eval_batch_size=eval_batch_size)
         self.save_hyperparameters()
@@ -59,7 +61,7 @@ class LTSFDataModule(SplitDataModule):
                                  time_features=h.time_features, features=h.features, target=h.target)
         return LTSFDataset(self.root, h.name, split, h.seq_len, h.pred_len, h.scale, h.features,
                            label_len=h.label_len, target=h.target, time_features=h.time_features, verify=h.verify,
-                           download=h.download)
+                           download=h.download, encoding=h.encoding)
 
     @property
     def num_variates(self) -> int:

@@ -12,8 +12,11 @@ paper):
 * validation and test slices start ``seq_len`` rows before their border, so the first validation target starts right
   after the last training row and *no* test time step goes unscored.
 * a StandardScaler (mean / population std, std 0 -> 1) is fitted on the training rows only and applied everywhere.
-* window ``s``: ``x = data[s : s+seq_len]``, ``y = data[s+seq_len-label_len : s+seq_len+pred_len]``;
-  ``len = rows_in_slice - seq_len - pred_len + 1`` (ETTh1 at 96/96: 8449 / 2785 / 2785).
+* window ``s``: ``x = data[s : s+seq_len]``, ``y = data[s+seq_len : s+seq_len+pred_len]`` (and, with ``label_len``,
+  ``y_known = data[s+seq_len-label_len : s+seq_len]``); ``len = rows_in_slice - seq_len - pred_len + 1`` (ETTh1 at
+  96/96: 8449 / 2785 / 2785).
+
+Splitting, scaling, windows and the batch format are those of every windowed series (:mod:`hoformer.data.series`).
 
 Conventional horizons: lookback 96 with ``pred_len`` in {96, 192, 336, 720}; for ILI the literature uses lookback 36
 with ``pred_len`` in {24, 36, 48, 60} (not forced here).
@@ -21,17 +24,17 @@ with ``pred_len`` in {24, 36, 48, 60} (not forced here).
 from __future__ import annotations
 
 import functools
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from hoformer._checks import check_int, is_int
 from hoformer._io import atomic_write
 
+from .series import SeriesWindows, StandardScaler, chronological_split, ltsf_borders
+from .series import time_features as time_features_of
 from ._utils import (VERIFY_HINT, SchemaError, cache_dir, default_data_root, download_url, resolve_root,
                      verify_file)
 
@@ -41,8 +44,7 @@ __all__ = [
     "LTSFDataset",
     "SyntheticLTSF",
     "default_ltsf_root",
-    "ltsf_borders",
-    "ltsf_time_features",
+    "read_series_table",
     "synthetic_multiway_series",
     "write_synthetic_ltsf_csv",
 ]
@@ -92,68 +94,44 @@ _LOOKUP = {**{k.lower(): k for k in LTSF_DATASETS}, **_ALIASES}
 _SPLITS = ("train", "val", "test")
 
 
-def ltsf_borders(protocol: str, n_rows: int, seq_len: int) -> tuple[list[int], list[int]]:
-    """Row borders ``(border1s, border2s)`` of train/val/test for a file of ``n_rows`` rows (TSLib protocol)."""
-    if protocol in ("etth", "ettm"):
-        m = 30 * 24 * (4 if protocol == "ettm" else 1)
-        b2 = [12 * m, 16 * m, 20 * m]
-        if n_rows < b2[2]:
-            raise SchemaError(f"the {protocol.upper()} protocol (12/4/4 months) needs at least {b2[2]} rows, the file "
-                              f"has {n_rows}")
-        b1 = [0, b2[0] - seq_len, b2[1] - seq_len]
-    elif protocol in ("custom", "solar"):
-        num_train, num_test = int(n_rows * 0.7), int(n_rows * 0.2)
-        num_val = int(n_rows * 0.1) if protocol == "solar" else n_rows - num_train - num_test
-        b1 = [0, num_train - seq_len, n_rows - num_test - seq_len]
-        b2 = [num_train, num_train + num_val, n_rows]
-    else:
-        raise ValueError(f"protocol must be 'etth', 'ettm', 'custom' or 'solar', got {protocol!r}")
-    if b1[1] < 0:  # the validation lookback would start before the first row (a negative index wraps around)
-        raise ValueError(f"seq_len={seq_len} is longer than the training slice ({b2[0]} rows of {n_rows})")
-    return b1, b2
+def _decode_error(path: str, encoding: str) -> str | None:
+    """``"line N (byte 0x.. at column k)"`` of the first line of ``path`` that does not decode as ``encoding``."""
+    with open(path, "rb") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                line.decode(encoding)
+            except UnicodeDecodeError as e:
+                return f"line {n} (byte 0x{line[e.start]:02x} at column {e.start + 1})"
+    return None
 
 
-def ltsf_time_features(dates, freq: str = "h") -> np.ndarray:
-    """TSLib ``timeenc=1`` calendar features in [-0.5, 0.5], shape ``(len(dates), F)`` float32.
+def read_series_table(path: str, header: bool = True, *, encoding: str = "utf-8"):
+    """Parse and schema-check an LTSF-layout file -> ``(dates datetime64[ns] | None, values float64 (T, C),
+    columns)``; arrays are read-only and cached per (path, mtime, size, encoding), so the three splits of one file
+    parse it once.
 
-    ``freq``: "h" hour/day-of-week/day-of-month/day-of-year, "t" (minutes) adds minute-of-hour, "s" adds
-    second-of-minute, "d"/"b" day-of-week/month/year, "w" day-of-month/week-of-year, "m" month-of-year.
-    """
-    import pandas as pd
-
-    idx = pd.DatetimeIndex(dates)
-    feats = {
-        "second": lambda: idx.second / 59.0 - 0.5,
-        "minute": lambda: idx.minute / 59.0 - 0.5,
-        "hour": lambda: idx.hour / 23.0 - 0.5,
-        "dow": lambda: idx.dayofweek / 6.0 - 0.5,
-        "dom": lambda: (idx.day - 1) / 30.0 - 0.5,
-        "doy": lambda: (idx.dayofyear - 1) / 365.0 - 0.5,
-        "moy": lambda: (idx.month - 1) / 11.0 - 0.5,
-        "woy": lambda: (np.asarray(idx.isocalendar().week, dtype=np.float64) - 1) / 52.0 - 0.5,
-    }
-    sets = {"s": ["second", "minute", "hour", "dow", "dom", "doy"], "t": ["minute", "hour", "dow", "dom", "doy"],
-            "h": ["hour", "dow", "dom", "doy"], "d": ["dow", "dom", "doy"], "b": ["dow", "dom", "doy"],
-            "w": ["dom", "woy"], "m": ["moy"]}
-    key = freq.lower().lstrip("0123456789")
-    key = "t" if key == "min" else key  # "10min", "15min" -> "min" above
-    if key not in sets:
-        raise ValueError(f"freq must be one of {sorted(sets)} (or 'min'), got {freq!r}")
-    return np.stack([np.asarray(feats[k](), dtype=np.float64) for k in sets[key]], -1).astype(np.float32)
+    ``header=True``: ``date,<variate_1>,...`` with a header line; ``False``: bare comma-separated values (solar).
+    The timestamps must not go back in time (a newest-first or shuffled export would be windowed out of order);
+    repeated timestamps are allowed. A line that does not decode as ``encoding`` is an error naming it."""
+    st = Path(path).stat()
+    return _read_table(str(path), header, encoding, st.st_mtime_ns, st.st_size)
 
 
 @functools.lru_cache(maxsize=4)
-def _read_table(path: str, header: bool, _mtime_ns: int, _size: int):
-    """Parse and schema-check an LTSF file -> (dates datetime64[ns] | None, values float64 (T, C), columns).
-
-    Cached per (path, mtime, size) so the three splits of one file parse it once; arrays are read-only."""
+def _read_table(path: str, header: bool, encoding: str, _mtime_ns: int, _size: int):
     import pandas as pd
 
     try:
         if header:
-            df = pd.read_csv(path, encoding="utf-8", encoding_errors="replace", skipinitialspace=True)
+            df = pd.read_csv(path, encoding=encoding, skipinitialspace=True)
         else:  # solar_AL.txt: comma-separated values, no header, no date column
-            df = pd.read_csv(path, header=None, encoding="utf-8", encoding_errors="replace")
+            df = pd.read_csv(path, header=None, encoding=encoding)
+    except UnicodeDecodeError as e:
+        where = _decode_error(path, encoding) or f"byte offset {e.start}"
+        raise SchemaError(f"{path}: {where} is not valid {encoding} text ({e.reason}); pass the file's encoding, "
+                          "e.g. encoding='latin-1'") from e
+    except LookupError as e:
+        raise ValueError(f"{path}: unknown encoding {encoding!r} ({e})") from e
     except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as e:
         raise SchemaError(f"{path}: not a readable CSV ({type(e).__name__}: {e})") from e
     columns = [str(c).strip() for c in df.columns]
@@ -172,6 +150,12 @@ def _read_table(path: str, header: bool, _mtime_ns: int, _size: int):
         if bad.size:
             raise SchemaError(f"{path}: unparsable 'date' value {df.iloc[bad[0], 0]!r} at line {bad[0] + first_row}")
         dates = parsed.to_numpy(dtype="datetime64[ns]")
+        back = np.flatnonzero(np.diff(dates.astype("int64")) < 0)
+        if back.size:
+            i = int(back[0]) + 1
+            raise SchemaError(f"{path}: timestamps go back in time at line {i + first_row} ({df.iloc[i - 1, 0]!s} "
+                              f"then {df.iloc[i, 0]!s}; {back.size} such step(s)); the rows must be in time order, "
+                              "oldest first: sort the file by its 'date' column")
         dates.setflags(write=False)  # cached: shared by every split of the file
         df, columns = df.iloc[:, 1:], columns[1:]
     if len(df) == 0:
@@ -220,8 +204,9 @@ def default_ltsf_root(name: str, download: bool = False) -> Path:
     return cache_dir("ltsf")
 
 
-class LTSFDataset(Dataset):
-    """Sliding windows over one LTSF file, split and scaled with the TSLib / iTransformer protocol.
+class LTSFDataset(SeriesWindows):
+    """Sliding windows over one LTSF file, split and scaled with the TSLib / iTransformer protocol, in the
+    windowed-series batch format of :mod:`hoformer.data.series`.
 
     Args:
         root: directory laid out like ``shared/data/ltsf`` (``ETT-small/ETTh1.csv``, ``weather/weather.csv``,
@@ -232,27 +217,33 @@ class LTSFDataset(Dataset):
         name: a known dataset (case-insensitive: ETTh1, ETTh2, ETTm1, ETTm2, weather, electricity/ECL, traffic,
             exchange_rate, solar, national_illness/ILI) or a CSV path relative to ``root`` (70/10/20 protocol).
         split: "train" | "val" | "test".
-        seq_len, pred_len: lookback and horizon; ``label_len`` extra known steps prepended to ``y`` (decoder
-            start tokens; 0 by default so ``y`` is exactly the horizon).
+        seq_len, pred_len: lookback and horizon; ``label_len`` known steps before the horizon, returned as
+            ``y_known`` (TSLib's decoder start tokens; 0 by default).
         scale: standardise with the train-slice statistics.
         features: "M" all variates in and out; "S" the ``target`` variate only; "MS" all in, ``target`` out
             (``y`` is then ``(pred_len, 1)``).
         target: target column for S/MS (moved to the last column, as in TSLib); default "OT".
-        time_features: also return calendar marks, items become ``(x, y, x_mark, y_mark)``.
+        time_features: also return the calendar features (:func:`~hoformer.data.series.time_features`) of the input
+            and target steps as ``time`` / ``y_time``.
         freq: calendar-feature frequency (default: the dataset's own, e.g. "h" for ETTh, "t" for ETTm/weather, as in
             Informer; TSLib's run scripts leave ``--freq h`` for every dataset: pass ``freq="h"`` to get their 4
             features). The hoformer models do not read the marks.
         verify: check the file's SHA-256 when the reference copy's is known (``False`` for other copies).
+        encoding: text encoding of the file (default UTF-8; a line that does not decode is an error naming it).
         download: fetch a missing file from its canonical URL (ETT only; others come in the TSLib bundle); the
             download is atomic and checked against the pinned SHA-256 where one is known (ETTh1, ETTm1).
 
-    Items: ``x`` float32 ``(seq_len, C)``, ``y`` float32 ``(label_len + pred_len, C)``.
+    Items: dicts ``x (seq_len, C)``, ``y (pred_len, C or 1)``, ``mean`` / ``std (C or 1,)`` (the train-slice
+    statistics; 0 / 1 with ``scale=False``), with ``time`` / ``y_time`` and ``y_known`` when asked for.
     """
 
     def __init__(self, root, name: str, split: str = "train", seq_len: int = 96, pred_len: int = 96,
                  scale: bool = True, features: str = "M", *, label_len: int = 0, target: str = "OT",
-                 time_features: bool = False, freq: str | None = None, verify: bool = True, download: bool = False):
+                 time_features: bool = False, freq: str | None = None, verify: bool = True, download: bool = False,
+                 encoding: str = "utf-8"):
         self.name, spec, path = _resolve(root, name, download)
+        if path.is_dir():
+            raise FileNotFoundError(f"LTSF file for {self.name!r}: {path} is a directory, expected a CSV file")
         if not path.is_file():
             if download and spec.url:
                 download_url(spec.url, path, sha256=spec.sha256 if verify else None)
@@ -262,9 +253,8 @@ class LTSFDataset(Dataset):
                 raise FileNotFoundError(f"LTSF file for {self.name!r} not found: {path}. {hint}".strip())
         if verify and spec.sha256:
             verify_file(path, sha256=spec.sha256, hint=VERIFY_HINT)
-        self.path = path
-        st = path.stat()
-        dates, values, columns = _read_table(str(path), spec.protocol != "solar", st.st_mtime_ns, st.st_size)
+        self.path, self.encoding = path, encoding
+        dates, values, columns = read_series_table(path, spec.protocol != "solar", encoding=encoding)
         self._build(values, dates, columns, spec.protocol, split, seq_len, pred_len, scale, features, label_len,
                     target, time_features, freq or spec.freq)
 
@@ -287,50 +277,41 @@ class LTSFDataset(Dataset):
             raise ValueError(f"target {target!r} is not a column of {self.name!r} (columns: {columns})")
         if features == "S":
             values, columns = values[:, -1:], columns[-1:]
-
+        try:
+            starts, train_rows = chronological_split(protocol, len(values), seq_len, pred_len)
+        except ValueError as e:  # SchemaError (too few rows for the protocol) stays one
+            raise type(e)(f"{self.name!r}: {e}") from e
         b1s, b2s = ltsf_borders(protocol, len(values), seq_len)
         i = _SPLITS.index(split)
         b1, b2 = b1s[i], b2s[i]
-        n = b2 - b1 - seq_len - pred_len + 1
-        if n < 1:
-            raise ValueError(f"{self.name!r} {split} slice has {b2 - b1} rows (incl. the {seq_len if i else 0}-row "
-                             f"lookback), too few for seq_len={seq_len} + pred_len={pred_len}")
-        train = values[b1s[0]:b2s[0]]
-        self.mean, self.std = train.mean(0), train.std(0)
-        self.std = np.where(self.std == 0, 1.0, self.std)
-        data = (values[b1:b2] - self.mean) / self.std if scale else values[b1:b2]
+        self.scaler = StandardScaler().fit(values[:train_rows])
+        self.mean, self.std = self.scaler.mean, self.scaler.std
+        data = self.scaler.transform(values[b1:b2]) if scale else values[b1:b2]
 
-        self.split, self.seq_len, self.pred_len, self.label_len = split, seq_len, pred_len, label_len
+        self.split, self.seq_len, self.pred_len = split, seq_len, pred_len
         self.scale, self.features, self.target, self.freq, self.protocol = scale, features, target, freq, protocol
         self.columns, self.borders, self.n_rows = columns, (b1, b2), len(values)
-        self._file_values, self._file_dates = values, dates  # the whole file (read-only), for forecast()
-        self.data = torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32))
+        self.file_values, self.file_dates = values, dates  # the whole file (read-only): forecasts read its end
         self.dates = None if dates is None else dates[b1:b2]
-        self.marks = None
+        marks = None
         if time_features:
-            marks = (ltsf_time_features(self.dates, freq) if self.dates is not None
+            marks = (time_features_of(self.dates, freq) if self.dates is not None
                      else np.zeros((b2 - b1, 1), np.float32))  # solar: no timestamps (as in iTransformer)
-            self.marks = torch.from_numpy(marks)
+        c = len(columns)
+        mean, std = (self.mean, self.std) if scale else (np.zeros(c), np.ones(c))
+        super().__init__(torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32)), starts[split] - b1, seq_len,
+                         pred_len, mean, std, time=None if marks is None else torch.from_numpy(marks),
+                         label_len=label_len, target_last=features == "MS")
+
+    @property
+    def marks(self) -> torch.Tensor | None:
+        """Calendar features of the split's rows (``time_features=True``), else ``None``."""
+        return self.time
 
     @property
     def num_variates(self) -> int:
         """Number of input variates ``C`` of ``x``."""
         return self.data.shape[-1]
-
-    def __len__(self) -> int:
-        return self.data.shape[0] - self.seq_len - self.pred_len + 1
-
-    def __getitem__(self, index: int):
-        if not -len(self) <= index < len(self):
-            raise IndexError(f"index {index} out of range for {len(self)} windows")
-        s = index % len(self)
-        e = s + self.seq_len
-        x, y = self.data[s:e], self.data[e - self.label_len:e + self.pred_len]
-        if self.features == "MS":
-            y = y[:, -1:]
-        if self.marks is None:
-            return x, y
-        return x, y, self.marks[s:e], self.marks[e - self.label_len:e + self.pred_len]
 
     def _stats(self, c: int):
         if c == len(self.mean):
@@ -341,7 +322,8 @@ class LTSFDataset(Dataset):
                          f"{' or 1 (target)' if self.features != 'M' else ''}, got {c}")
 
     def transform(self, data):
-        """Standardise raw values (numpy or torch, last dim = variates) with the train-slice statistics."""
+        """Standardise raw values (numpy or torch, last dim = variates, or 1 for the target under S/MS) with the
+        train-slice statistics."""
         if not self.scale:
             return data
         mean, std = self._stats(data.shape[-1])
@@ -361,168 +343,10 @@ class LTSFDataset(Dataset):
                 mean, dtype=data.dtype, device=data.device)
         return data * std + mean
 
-    # ------------------------------------------------------------------ forecasting beyond the data
-    def forecast(self, model, history=None, *, end: int | None = None):
-        """Forecast the ``pred_len`` steps that follow row ``end`` of ``history``, on the original scale.
-
-        The model sees the ``seq_len`` rows ``[end - seq_len, end)``, standardised with this dataset's train-slice
-        statistics (the scaler the model was trained with), in training's column order.
-
-        Args:
-            model: a forecaster ``(1, seq_len, C) -> (1, pred_len, C)`` (e.g. ``hot_forecaster``); it runs in eval
-                mode under ``no_grad`` on its own device and dtype, and its training flag is restored.
-            history: where the lookback comes from: ``None`` (this dataset's file), a CSV path in the LTSF layout
-                (``date`` first, then named columns; extra columns ignored), or a ``pandas.DataFrame`` with those
-                columns (timestamps, optional, from a ``date`` column or a ``DatetimeIndex``; their time zone is
-                kept). Use it for data newer than the training file: the scaler stays the training one.
-            end: 0-based row after the lookback (default: the number of rows, i.e. forecast the unseen future; a
-                smaller ``end`` is a backtest whose dates are the history's own as far as it goes).
-
-        Returns:
-            ``pandas.DataFrame`` with ``pred_len`` rows: a ``date`` column (extrapolated with the file's inferred
-            step past its end; ``step`` 1.. when the data have no timestamps) and the forecast columns (every
-            variate, or the ``target`` for ``features`` "S" / "MS").
-        """
-        import pandas as pd
-
-        values, dates, tz = self._history(history)
-        if len(values) < self.seq_len:
-            raise ValueError(f"forecast: the history has {len(values)} rows, fewer than seq_len={self.seq_len}")
-        end = len(values) if end is None else end
-        if not is_int(end) or not self.seq_len <= end <= len(values):
-            raise ValueError(f"forecast: `end` must be an int in [seq_len={self.seq_len}, {len(values)}] (rows of "
-                             f"the history), got {end!r}")
-        _check_order(dates, end - self.seq_len, min(end + self.pred_len, len(values)))
-        x = torch.from_numpy(np.ascontiguousarray(values[end - self.seq_len:end], dtype=np.float32))
-        x = self.transform(x)  # the identity without a scaler
-        param = next(iter(model.parameters()), None)
-        device, dtype = (param.device, param.dtype) if param is not None else (x.device, x.dtype)
-        was_training = model.training
-        try:
-            model.eval()
-            with torch.no_grad():
-                pred = model(x[None].to(device=device, dtype=dtype))[0].float().cpu()
-        finally:
-            model.train(was_training)
-        widths = sorted({len(self.columns), 1} if self.features != "M" else {len(self.columns)})  # S / MS: target
-        if pred.ndim != 2 or pred.shape[0] != self.pred_len or pred.shape[1] not in widths:
-            raise ValueError(f"forecast: the model maps (1, {self.seq_len}, {len(self.columns)}) to "
-                             f"{(1, *pred.shape)}, expected (1, {self.pred_len}, {' or '.join(map(str, widths))}) "
-                             f"(pred_len and features={self.features!r} of this dataset)")
-        if self.features == "MS" and pred.shape[1] > 1:
-            pred = pred[:, -1:]  # all variates in, the target (last column) out
-        out = self.inverse_transform(pred).numpy()
-        df = pd.DataFrame(out, columns=self.columns if out.shape[1] == len(self.columns) else self.columns[-1:])
-        when = _future_dates(dates, end, self.pred_len, tz)
-        df.insert(0, "date" if when is not None else "step",
-                  when if when is not None else np.arange(1, self.pred_len + 1))
-        return df
-
-    def _history(self, history) -> tuple[np.ndarray, np.ndarray | None, object]:
-        """``(values (T, C) in training's column order, dates (T,) as UTC-naive datetime64 | None, time zone |
-        None)`` of the forecast input (a DataFrame's time zone, from its ``date`` column or ``DatetimeIndex``, is kept
-        for the output; files are read as naive timestamps, offsets converted to UTC)."""
-        if history is None:
-            return self._file_values, self._file_dates, None
-        import pandas as pd
-
-        tz = None
-        if isinstance(history, (str, Path)):
-            path = Path(history)
-            if not path.is_file():
-                raise FileNotFoundError(f"forecast: history file {str(path)!r} not found")
-            st = path.stat()
-            dates, values, columns = _read_table(str(path), self.protocol != "solar", st.st_mtime_ns, st.st_size)
-            frame = pd.DataFrame(values, columns=list(columns))
-        elif isinstance(history, pd.DataFrame):
-            frame = history.rename(columns=lambda c: str(c).strip())  # a new frame: the caller's is left as it is
-            stamps = (_parse_stamps(frame["date"]) if "date" in frame.columns else
-                      frame.index if isinstance(frame.index, pd.DatetimeIndex) else None)
-            dates = None
-            if stamps is not None:
-                tz = stamps.tz
-                dates = (stamps.tz_convert("UTC").tz_localize(None) if tz is not None else stamps).to_numpy(
-                    "datetime64[ns]")
-        else:
-            raise TypeError(f"forecast: `history` must be None, a CSV path or a pandas.DataFrame, got "
-                            f"{type(history).__name__}")
-        missing = [c for c in self.columns if c not in frame.columns]
-        if missing:
-            raise ValueError(f"forecast: history lacks the training column(s) {missing} (has {list(frame.columns)})")
-        try:
-            values = frame[self.columns].to_numpy(np.float64)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"forecast: history columns {self.columns} must be numeric ({e})") from e
-        bad = np.argwhere(~np.isfinite(values))
-        if bad.size:
-            i, j = bad[0]
-            raise ValueError(f"forecast: history has a missing or non-finite value in column {self.columns[j]!r} at "
-                             f"row {i} ({len(bad)} such cells)")
-        return values, dates, tz
-
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(name={self.name!r}, split={self.split!r}, seq_len={self.seq_len}, "
                 f"pred_len={self.pred_len}, features={self.features!r}, variates={self.num_variates}, "
                 f"rows={self.borders}, windows={len(self)})")
-
-
-def _parse_stamps(column):
-    """A ``date`` column as a ``DatetimeIndex``: its time zone kept, mixed UTC offsets (a tz-aware series written to
-    text across a DST change) read as UTC. pandas 3 refuses mixed offsets, pandas 2 returns objects (with a warning)
-    that ``DatetimeIndex`` refuses: either way the column is parsed again with ``utc=True``."""
-    import pandas as pd
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            return pd.DatetimeIndex(pd.to_datetime(column))
-    except (ValueError, TypeError):
-        return pd.DatetimeIndex(pd.to_datetime(column, utc=True))
-
-
-def _check_order(dates, start: int, stop: int) -> None:
-    """Refuse timestamps that go back in time within the rows a forecast uses (``[start, stop)``: its lookback and the
-    backtest horizon): a newest-first export would feed the lookback reversed. Repeated timestamps are allowed (the
-    Weather file repeats one); rows outside the window are not the forecast's business."""
-    if dates is None or stop - start < 2:
-        return
-    back = np.flatnonzero(np.diff(dates[start:stop].astype("int64")) < 0)
-    if back.size:
-        import pandas as pd
-
-        i = start + int(back[0]) + 1
-        raise ValueError(f"forecast: the history's timestamps go back in time at row {i} ({pd.Timestamp(dates[i - 1])}"
-                         f" then {pd.Timestamp(dates[i])}); sort it oldest first")
-
-
-def _future_dates(dates, end: int, n: int, tz=None):
-    """Timestamps of the ``n`` rows from row ``end``: the file's own while it has them, past its end its last one
-    plus multiples of the step (pandas' inferred frequency of the last rows, so calendar steps like month starts
-    work; else their most common difference). ``None`` without timestamps."""
-    if dates is None:
-        return None
-    import pandas as pd
-
-    idx = pd.DatetimeIndex(dates)
-    if tz is not None:  # extrapolate in local time: calendar steps (days, months) keep their wall-clock hour
-        idx = idx.tz_localize("UTC").tz_convert(tz)
-    own = idx[end:end + n]
-    if len(own) == n:
-        return own
-    recent = idx[max(0, len(idx) - 64):]
-    if len(recent) < 2:
-        raise ValueError("forecast: at least two timestamps are needed to extrapolate the dates")
-    with warnings.catch_warnings():  # pandas 3 announces an offset instead of a string: date_range takes both
-        warnings.simplefilter("ignore")
-        freq = pd.infer_freq(recent) if len(recent) >= 3 else None
-    if freq is None:
-        steps, counts = np.unique(np.diff(recent.asi8), return_counts=True)
-        if steps[counts.argmax()] <= 0:
-            raise ValueError("forecast: the history's timestamps do not advance (their most common step is "
-                             f"{pd.Timedelta(int(steps[counts.argmax()]), unit='ns')}); cannot extrapolate the dates")
-        step = pd.Timedelta(int(steps[counts.argmax()]), unit="ns")
-        freq = f"{step.days}D" if tz is not None and step % pd.Timedelta(days=1) == pd.Timedelta(0) else step
-    return own.append(pd.date_range(recent[-1], periods=n - len(own) + 1, freq=freq)[1:])
 
 
 def synthetic_multiway_series(length: int = 4000, num_variates: int = 7, *, seed: int = 0, period: int = 24,
@@ -562,7 +386,7 @@ class SyntheticLTSF(LTSFDataset):
                  length: int = 4000, seed: int = 0, scale: bool = True, *, label_len: int = 0,
                  time_features: bool = False, period: int = 24, noise: float = 0.1, features: str = "M",
                  target: str = "OT"):
-        self.name, self.path = "synthetic", None
+        self.name, self.path, self.encoding = "synthetic", None, "utf-8"
         values = synthetic_multiway_series(length, num_variates, seed=seed, period=period, noise=noise)
         dates = np.datetime64("2020-01-01T00:00", "ns") + np.arange(length) * np.timedelta64(1, "h")
         dates.setflags(write=False)

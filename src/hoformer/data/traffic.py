@@ -3,7 +3,9 @@
 Protocol (DCRNN / torch-spatiotemporal, Weaver section 6.1): zeros are missing values; windows of ``P`` history
 and ``Q`` horizon steps with stride 1; chronological 70/10/20 split of the windows; a per-channel standard
 scaler fitted on the *observed* values of the time steps covered by the training windows (eqs 62-63); missing
-inputs are 0 after scaling; every sample carries its observation masks. Targets stay on the original scale.
+entries are 0 after scaling; every sample carries its observation masks and the scaler statistics, so metrics are
+computed on the original scale (``y * std + mean``). Splitting, scaling, windows and the batch format are those of
+every windowed series (:mod:`hoformer.data.series`; mode order ``(time, sensors, channels)``).
 
 File formats
 ------------
@@ -32,6 +34,7 @@ from torch.utils.data import Dataset
 from hoformer._checks import check_int
 
 from ._base import SplitDataModule
+from .series import SeriesWindows, StandardScaler, chronological_split, time_features
 from ._utils import VERIFY_HINT, SchemaError, verify_file
 
 __all__ = [
@@ -39,11 +42,6 @@ __all__ = [
     "read_traffic_h5",
     "load_adj_pkl",
     "load_los_loop",
-    "time_features",
-    "StandardScaler",
-    "window_starts",
-    "split_windows",
-    "TrafficWindows",
     "TrafficDataModule",
 ]
 
@@ -184,107 +182,9 @@ def load_los_loop(root: str | os.PathLike | None = None, *, speed_path: str | os
     return values, [str(c) for c in df.columns], adj
 
 
-def time_features(timestamps) -> np.ndarray:
-    """``(T,)`` datetime64 -> ``(T, 2)`` int16 ``[minute of day, day of week (Mon = 0)]``. Integers, so that a
-    ``bf16-true`` run (Lightning casts a batch's floating-point tensors) cannot round minute 1435 to 1432; the
-    models' cyclic encoding computes in float32 from them."""
-    import pandas as pd
-
-    idx = pd.DatetimeIndex(timestamps)
-    return np.stack([idx.hour * 60 + idx.minute, idx.dayofweek], axis=-1).astype(np.int16)
-
-
-class StandardScaler:
-    """Per-channel standardisation fitted on observed entries only (eqs 62-63): ``(x - mu) / (sigma + eps)``."""
-
-    def __init__(self, eps: float = 1e-8) -> None:
-        self.eps, self.mean, self.std = eps, None, None
-
-    def fit(self, values: np.ndarray, mask: np.ndarray) -> "StandardScaler":
-        """``values, mask (T, N, C)``; statistics over axes (0, 1) of the observed entries."""
-        m = mask.astype(np.float64)
-        n = m.sum(axis=(0, 1))
-        if (n == 0).any():
-            raise ValueError("StandardScaler.fit: a channel has no observed value in the training split")
-        self.mean = ((values * m).sum(axis=(0, 1)) / n).astype(np.float32)
-        self.std = np.sqrt((m * (values - self.mean) ** 2).sum(axis=(0, 1)) / n).astype(np.float32)
-        return self
-
-    def transform(self, values: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        return (mask * (values - self.mean) / (self.std + self.eps)).astype(np.float32)
-
-    def inverse_transform(self, values):
-        return values * (self.std + self.eps) + self.mean
-
-
 def _check_steps(fn: str, **steps) -> None:
     for name, v in steps.items():
         check_int(fn, name, v, note=" (time steps)")
-
-
-def window_starts(num_steps: int, window: int, horizon: int, stride: int = 1) -> np.ndarray:
-    """Start indices of every ``window + horizon`` slice of a ``num_steps`` series."""
-    _check_steps(window=window, horizon=horizon, stride=stride, fn="window_starts")
-    last = num_steps - window - horizon
-    if last < 0:
-        raise ValueError(f"window_starts: series of {num_steps} steps is shorter than window + horizon "
-                         f"= {window + horizon}")
-    return np.arange(0, last + 1, stride)
-
-
-def split_windows(num_windows: int, val_ratio: float = 0.1, test_ratio: float = 0.2, *, protocol: str = "dcrnn",
-                  gap: int = 12):
-    """Chronological 70/10/20 split of window indices -> ``(train, val, test)`` index arrays.
-
-    ``protocol="dcrnn"`` (Li et al. 2018's ``generate_training_data.py``): ``round(n * test_ratio)`` test and
-    ``round(n * (1 - val_ratio - test_ratio))`` training windows, the rest validation, contiguous. ``protocol="tsl"`` (torch-spatiotemporal's
-    ``TemporalSplitter``, used by the Weaver paper): ``int(n * test_ratio)`` test windows, ``int((n - n_test) *
-    val_ratio)`` validation windows before them, and the ``gap`` windows (TSL's ``samples_offset`` = the input
-    window length) before each boundary dropped, so no training target reaches into a validation target and no
-    validation target into a test target.
-    """
-    if not (0 <= val_ratio < 1 and 0 < test_ratio < 1 and val_ratio + test_ratio < 1):
-        raise ValueError(f"split_windows: need 0 <= val_ratio, 0 < test_ratio, sum < 1; got {val_ratio}, {test_ratio}")
-    if protocol not in ("dcrnn", "tsl"):
-        raise ValueError(f"split_windows: `protocol` must be 'dcrnn' or 'tsl', got {protocol!r}")
-    idx = np.arange(num_windows)
-    if protocol == "dcrnn":
-        n_test = round(num_windows * test_ratio)
-        n_train = round(num_windows * (1 - val_ratio - test_ratio))
-        n_val = num_windows - n_test - n_train
-        return idx[:n_train], idx[n_train:n_train + n_val], idx[n_train + n_val:]
-    if gap < 0:
-        raise ValueError(f"split_windows: `gap` must be >= 0, got {gap}")
-    test_start = num_windows - int(test_ratio * num_windows)
-    val_start = test_start - int(val_ratio * test_start)
-    if val_start - gap < 1 or test_start - gap <= val_start:
-        raise ValueError(f"split_windows: {num_windows} windows are too few for the 'tsl' split with gap {gap}")
-    return idx[:val_start - gap], idx[val_start:test_start - gap], idx[test_start:]
-
-
-class TrafficWindows(Dataset):
-    """Windows of a ``(T, N, C)`` series. Each item is a dict:
-
-    ``x (P, N, C)`` scaled input (missing = 0), ``mask (P, N, C)`` bool input observations, ``time (P, 2)``,
-    ``y (Q, N, C)`` original-scale target, ``y_mask (Q, N, C)`` bool target observations, ``mean``/``std (C,)``
-    scaler statistics (so a task can invert predictions without the datamodule).
-    """
-
-    def __init__(self, x: np.ndarray, y: np.ndarray, mask: np.ndarray, time: np.ndarray, starts: np.ndarray,
-                 window: int, horizon: int, scaler: StandardScaler) -> None:
-        self.x, self.y = torch.from_numpy(x), torch.from_numpy(y)
-        self.mask, self.time = torch.from_numpy(mask), torch.from_numpy(time)
-        self.starts, self.window, self.horizon = np.asarray(starts), window, horizon
-        self.mean, self.std = torch.from_numpy(scaler.mean), torch.from_numpy(scaler.std + scaler.eps)
-
-    def __len__(self) -> int:
-        return len(self.starts)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        s = int(self.starts[i])
-        p, q = slice(s, s + self.window), slice(s + self.window, s + self.window + self.horizon)
-        return {"x": self.x[p], "mask": self.mask[p], "time": self.time[p], "y": self.y[q],
-                "y_mask": self.mask[q], "mean": self.mean, "std": self.std}
 
 
 def _default_root() -> Path:
@@ -315,7 +215,7 @@ class TrafficDataModule(SplitDataModule):
             reference SHA-256 (:data:`TRAFFIC_SHA256`) before reading them; ``False`` for another copy or graph.
 
     The three splits are built together (the scaler is fitted on the training windows) and kept in :attr:`splits`
-    (``{"train" | "val" | "test": TrafficWindows}``, the base class's ``datasets``). ``dataset`` is the dataset's
+    (``{"train" | "val" | "test": SeriesWindows}``, the base class's ``datasets``). ``dataset`` is the dataset's
     name here, not the base class's ``dataset(split)`` accessor.
     """
 
@@ -339,7 +239,7 @@ class TrafficDataModule(SplitDataModule):
         self.split_protocol = split_protocol
 
     @property
-    def splits(self) -> dict[str, TrafficWindows]:
+    def splits(self) -> dict[str, SeriesWindows]:
         """The built splits by name (the same dict as ``datasets``)."""
         return self.datasets
 
@@ -365,7 +265,7 @@ class TrafficDataModule(SplitDataModule):
             ids = g_ids
         return values, stamps, ids, adj
 
-    def _make_splits(self, names) -> dict[str, TrafficWindows]:
+    def _make_splits(self, names) -> dict[str, SeriesWindows]:
         """All three splits at once, whichever ``names`` were asked for."""
         values, stamps, ids, adj = self._load()
         n = values.shape[1]
@@ -373,23 +273,28 @@ class TrafficDataModule(SplitDataModule):
             raise ValueError(f"TrafficDataModule: data has {n} nodes but the graph adjacency is {adj.shape}")
         if self.expected_nodes is not None and self.expected_nodes != n:
             raise ValueError(f"TrafficDataModule: `num_nodes`={self.expected_nodes} but {self.dataset} has {n} nodes")
+        back = np.flatnonzero(np.diff(np.asarray(stamps).astype("datetime64[ns]").astype("int64")) < 0)
+        if back.size:
+            i = int(back[0]) + 1
+            raise SchemaError(f"TrafficDataModule: the {self.dataset} timestamps go back in time at row {i} "
+                              f"({stamps[i - 1]} then {stamps[i]}); the rows must be in time order, oldest first")
         self.num_nodes, self.sensor_ids, self.adj = n, ids, adj
         data = values[..., None]  # (T, N, C=1)
         mask = data != 0
-        starts = window_starts(len(data), self.window, self.horizon)
-        tr, va, te = split_windows(len(starts), self.val_ratio, self.test_ratio, protocol=self.split_protocol,
-                                   gap=self.window)
-        train_end = int(starts[tr[-1]]) + self.window + self.horizon
-        self.scaler = StandardScaler().fit(data[:train_end], mask[:train_end])
-        x = self.scaler.transform(data, mask)
-        tf = time_features(stamps)
+        starts, train_rows = chronological_split(self.split_protocol, len(data), self.window, self.horizon,
+                                                 val_ratio=self.val_ratio, test_ratio=self.test_ratio)
+        self.scaler = StandardScaler(eps=1e-8).fit(data[:train_rows], mask[:train_rows])
+        x = torch.from_numpy(self.scaler.transform(data, mask).astype(np.float32))
+        tf = torch.from_numpy(time_features(stamps, encoding="daily"))
+        mask_t = torch.from_numpy(mask)
         out = {}
-        for name, idx in (("train", tr), ("val", va), ("test", te)):
-            s = starts[idx]
+        for name in ("train", "val", "test"):
+            s = starts[name]
             if self.drop_empty_windows:
                 has = np.array([mask[i + self.window:i + self.window + self.horizon].any() for i in s], dtype=bool)
                 s = s[has]
             if len(s) == 0:
                 raise ValueError(f"TrafficDataModule: the {name} split has no window with an observed target")
-            out[name] = TrafficWindows(x, data, mask, tf, s, self.window, self.horizon, self.scaler)
+            out[name] = SeriesWindows(x, s, self.window, self.horizon, self.scaler.mean, self.scaler.scale,
+                                      mask=mask_t, time=tf)
         return out

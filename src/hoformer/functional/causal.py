@@ -108,9 +108,10 @@ def causal_kronecker_attention(
     sizes = v.shape[2:-1]
     T = sizes[causal_mode]
     for name, seq in (("q", q), ("k", k)):
-        if isinstance(seq, torch.Tensor) or not isinstance(seq, Sequence) or len(seq) != nmodes:
-            raise TypeError(f"{fn}: `{name}` must be a list of {nmodes} per-mode tensors, got "
-                            f"{type(seq).__name__ if isinstance(seq, torch.Tensor) or not isinstance(seq, Sequence) else len(seq)}")
+        if isinstance(seq, torch.Tensor) or not isinstance(seq, Sequence):
+            raise TypeError(f"{fn}: `{name}` must be a list of {nmodes} per-mode tensors, got {type(seq).__name__}")
+        if len(seq) != nmodes:
+            raise ValueError(f"{fn}: `{name}` must be a list of {nmodes} per-mode tensors, got {len(seq)}")
     bh = tuple(v.shape[:2])
     for i, n in enumerate(sizes):
         want = (T, n) if i != causal_mode else (T,)
@@ -120,9 +121,9 @@ def causal_kronecker_attention(
             lead = tuple(t.shape[: -1 - len(want)])
             if (tuple(t.shape[-1 - len(want):-1]) != want or len(lead) > 2
                     or any(a not in (1, c) for a, c in zip(lead[::-1], bh[::-1]))):
+                role = "the causal mode" if i == causal_mode else "prefix-pooled along the causal mode"
                 raise ValueError(f"{fn}: `{name}` must have shape {what} (B, H = {bh}, size 1 broadcasts) for mode {i}"
-                                 f" {'(the causal mode)' if i == causal_mode else '(prefix-pooled along the causal mode)'}"
-                                 f", got {tuple(t.shape)}")
+                                 f" ({role}), got {tuple(t.shape)}")
         if q[i].shape[-1] != k[i].shape[-1]:
             raise ValueError(f"{fn}: `q[{i}]` {tuple(q[i].shape)} and `k[{i}]` {tuple(k[i].shape)} differ in E")
     if masks is not None:

@@ -217,9 +217,6 @@ class RecordableAttention(nn.Module):
                 records.append((name, maps))
 
 
-_Recordable = RecordableAttention  # the name other layer modules import
-
-
 @contextlib.contextmanager
 def record_attention(model: nn.Module):
     """Collect the attention maps of every attention layer of ``model`` during the ``with`` block.

@@ -187,6 +187,10 @@ class Encoder(nn.Module):
 
     def init_cache(self) -> list:
         """Decoding state for :meth:`step`: one cache per block (blocks built with a causal ``causal_mode``)."""
+        missing = sorted({type(blk.attn).__name__ for blk in self.blocks if not hasattr(blk.attn, "init_cache")})
+        if missing:
+            raise TypeError(f"Encoder.init_cache: incremental decoding needs causal Kronecker attention "
+                            f"(causal_mode set); {', '.join(missing)} has no decoding cache")
         return [blk.attn.init_cache() for blk in self.blocks]
 
     def step(self, x, cache: list):

@@ -18,10 +18,10 @@ import numpy as np
 
 import lightning as L
 import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader, RandomSampler
 
 from hoformer._checks import check_values
+from hoformer.compat import sync_dist_batch_size
 from hoformer.models import create_model
 
 __all__ = ["TaskModule"]
@@ -128,17 +128,9 @@ class TaskModule(L.LightningModule):
                 dl.generator = torch.Generator().manual_seed(seed + 1)
 
     def log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
-        """``LightningModule.log``; a ``sync_dist`` value with a ``batch_size`` counts each sample ``world_size`` times.
-
-        Lightning (2.6) averages the int64 per-rank batch-size totals of an epoch mean over the ranks in integer
-        arithmetic, which floors and inflates the mean whenever the ranks score uneven shares, as in unpadded DDP
-        evaluation (Lightning-AI/pytorch-lightning#21838). Scaling every count by the world size keeps that average an
-        integer (the total count); the weighted mean itself is unchanged, and exact. No effect on one process.
-        """
-        if kwargs.get("sync_dist") and kwargs.get("sync_dist_group") is None and kwargs.get("batch_size") \
-                and dist.is_available() and dist.is_initialized():
-            kwargs["batch_size"] = kwargs["batch_size"] * dist.get_world_size()
-        super().log(name, value, *args, **kwargs)
+        """``LightningModule.log``; a ``sync_dist`` value with a ``batch_size`` counts each sample ``world_size`` times
+        (:func:`hoformer.compat.sync_dist_batch_size`: exact DDP epoch means of uneven per-rank shares)."""
+        super().log(name, value, *args, **sync_dist_batch_size(kwargs))
 
     def configure_callbacks(self):
         """A :class:`~hoformer.train.guards.NonFiniteGuard` and a :class:`~hoformer.train.guards.CleanStaleTempFiles`

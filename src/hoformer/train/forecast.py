@@ -11,40 +11,209 @@ timestamps, to a CSV (atomically). ``--end ROW`` forecasts from an earlier row i
     hoformer forecast --checkpoint runs/.../pretrained --config configs/hot/ltsf/etth1_96_96_hot_product.yaml \\
                       --history ETTh1_with_new_rows.csv
 
-The Python form is :meth:`hoformer.data.LTSFDataset.forecast`.
+The Python forms are :func:`forecast_series` (a model and the dataset it was trained on) and
+:func:`forecast_checkpoint` (a checkpoint).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Sequence
 
-from hoformer._io import atomic_write
+import numpy as np
+import torch
 
-__all__ = ["forecast_checkpoint", "forecast_main"]
+from hoformer._checks import is_int
+from hoformer._io import atomic_write
+from hoformer.data.ltsf import LTSFDataset, read_series_table
+
+__all__ = ["forecast_series", "forecast_checkpoint", "forecast_main"]
+
+
+def forecast_series(model, dataset, history=None, *, end: int | None = None):
+    """Forecast the ``pred_len`` steps that follow row ``end`` of ``history``, on the original scale.
+
+    The model sees the ``seq_len`` rows ``[end - seq_len, end)``, standardised with ``dataset``'s train-slice
+    statistics (the scaler the model was trained with), in training's column order.
+
+    Args:
+        model: a forecaster ``(1, seq_len, C) -> (1, pred_len, C)`` (e.g. ``hot_forecaster``); it runs in eval
+            mode under ``no_grad`` on its own device and dtype, and its training flag is restored.
+        dataset: the :class:`~hoformer.data.LTSFDataset` the model was trained on (its training split: scaler,
+            columns, ``seq_len`` / ``pred_len``, ``features``).
+        history: where the lookback comes from: ``None`` (the dataset's file), a CSV path in the LTSF layout
+            (``date`` first, then named columns; extra columns ignored), or a ``pandas.DataFrame`` with those
+            columns (timestamps, optional, from a ``date`` column or a ``DatetimeIndex``; their time zone is
+            kept). Use it for data newer than the training file: the scaler stays the training one.
+        end: 0-based row after the lookback (default: the number of rows, i.e. forecast the unseen future; a
+            smaller ``end`` is a backtest whose dates are the history's own as far as it goes).
+
+    Returns:
+        ``pandas.DataFrame`` with ``pred_len`` rows: a ``date`` column (extrapolated with the file's inferred
+        step past its end; ``step`` 1.. when the data have no timestamps) and the forecast columns (every
+        variate, or the ``target`` for ``features`` "S" / "MS").
+    """
+    import pandas as pd
+
+    values, dates, tz = _history(dataset, history)
+    if len(values) < dataset.seq_len:
+        raise ValueError(f"forecast: the history has {len(values)} rows, fewer than seq_len={dataset.seq_len}")
+    end = len(values) if end is None else end
+    if not is_int(end) or not dataset.seq_len <= end <= len(values):
+        raise ValueError(f"forecast: `end` must be an int in [seq_len={dataset.seq_len}, {len(values)}] (rows of "
+                         f"the history), got {end!r}")
+    _check_order(dates, end - dataset.seq_len, min(end + dataset.pred_len, len(values)))
+    x = torch.from_numpy(np.ascontiguousarray(values[end - dataset.seq_len:end], dtype=np.float32))
+    x = dataset.transform(x)  # the identity without a scaler
+    param = next(iter(model.parameters()), None)
+    device, dtype = (param.device, param.dtype) if param is not None else (x.device, x.dtype)
+    was_training = model.training
+    try:
+        model.eval()
+        with torch.no_grad():
+            pred = model(x[None].to(device=device, dtype=dtype))[0].float().cpu()
+    finally:
+        model.train(was_training)
+    widths = sorted({len(dataset.columns), 1} if dataset.features != "M" else {len(dataset.columns)})  # S / MS: target
+    if pred.ndim != 2 or pred.shape[0] != dataset.pred_len or pred.shape[1] not in widths:
+        raise ValueError(f"forecast: the model maps (1, {dataset.seq_len}, {len(dataset.columns)}) to "
+                         f"{(1, *pred.shape)}, expected (1, {dataset.pred_len}, {' or '.join(map(str, widths))}) "
+                         f"(pred_len and features={dataset.features!r} of this dataset)")
+    if dataset.features == "MS" and pred.shape[1] > 1:
+        pred = pred[:, -1:]  # all variates in, the target (last column) out
+    out = dataset.inverse_transform(pred).numpy()
+    df = pd.DataFrame(out, columns=dataset.columns if out.shape[1] == len(dataset.columns) else dataset.columns[-1:])
+    when = _future_dates(dates, end, dataset.pred_len, tz)
+    df.insert(0, "date" if when is not None else "step",
+              when if when is not None else np.arange(1, dataset.pred_len + 1))
+    return df
+
+def _history(dataset, history) -> tuple[np.ndarray, np.ndarray | None, object]:
+    """``(values (T, C) in training's column order, dates (T,) as UTC-naive datetime64 | None, time zone |
+    None)`` of the forecast input (a DataFrame's time zone, from its ``date`` column or ``DatetimeIndex``, is kept
+    for the output; files are read as naive timestamps, offsets converted to UTC)."""
+    if history is None:
+        return dataset.file_values, dataset.file_dates, None
+    import pandas as pd
+
+    tz = None
+    if isinstance(history, (str, Path)):
+        path = Path(history)
+        if not path.is_file():
+            raise FileNotFoundError(f"forecast: history file {str(path)!r} not found")
+        dates, values, columns = read_series_table(path, dataset.protocol != "solar", encoding=dataset.encoding)
+        frame = pd.DataFrame(values, columns=list(columns))
+    elif isinstance(history, pd.DataFrame):
+        frame = history.rename(columns=lambda c: str(c).strip())  # a new frame: the caller's is left as it is
+        stamps = (_parse_stamps(frame["date"]) if "date" in frame.columns else
+                  frame.index if isinstance(frame.index, pd.DatetimeIndex) else None)
+        dates = None
+        if stamps is not None:
+            tz = stamps.tz
+            dates = (stamps.tz_convert("UTC").tz_localize(None) if tz is not None else stamps).to_numpy(
+                "datetime64[ns]")
+    else:
+        raise TypeError(f"forecast: `history` must be None, a CSV path or a pandas.DataFrame, got "
+                        f"{type(history).__name__}")
+    missing = [c for c in dataset.columns if c not in frame.columns]
+    if missing:
+        raise ValueError(f"forecast: history lacks the training column(s) {missing} (has {list(frame.columns)})")
+    try:
+        values = frame[dataset.columns].to_numpy(np.float64)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"forecast: history columns {dataset.columns} must be numeric ({e})") from e
+    bad = np.argwhere(~np.isfinite(values))
+    if bad.size:
+        i, j = bad[0]
+        raise ValueError(f"forecast: history has a missing or non-finite value in column {dataset.columns[j]!r} at "
+                         f"row {i} ({len(bad)} such cells)")
+    return values, dates, tz
+
+
+
+def _parse_stamps(column):
+    """A ``date`` column as a ``DatetimeIndex``: its time zone kept, mixed UTC offsets (a tz-aware series written to
+    text across a DST change) read as UTC. pandas 3 refuses mixed offsets, pandas 2 returns objects (with a warning)
+    that ``DatetimeIndex`` refuses: either way the column is parsed again with ``utc=True``."""
+    import pandas as pd
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            return pd.DatetimeIndex(pd.to_datetime(column))
+    except (ValueError, TypeError):
+        return pd.DatetimeIndex(pd.to_datetime(column, utc=True))
+
+
+def _check_order(dates, start: int, stop: int) -> None:
+    """Refuse timestamps that go back in time within the rows a forecast uses (``[start, stop)``: its lookback and the
+    backtest horizon): a newest-first export would feed the lookback reversed. Repeated timestamps are allowed (the
+    Weather file repeats one); rows outside the window are not the forecast's business."""
+    if dates is None or stop - start < 2:
+        return
+    back = np.flatnonzero(np.diff(dates[start:stop].astype("int64")) < 0)
+    if back.size:
+        import pandas as pd
+
+        i = start + int(back[0]) + 1
+        raise ValueError(f"forecast: the history's timestamps go back in time at row {i} ({pd.Timestamp(dates[i - 1])}"
+                         f" then {pd.Timestamp(dates[i])}); sort it oldest first")
+
+
+def _future_dates(dates, end: int, n: int, tz=None):
+    """Timestamps of the ``n`` rows from row ``end``: the file's own while it has them, past its end its last one
+    plus multiples of the step (pandas' inferred frequency of the last rows, so calendar steps like month starts
+    work; else their most common difference). ``None`` without timestamps."""
+    if dates is None:
+        return None
+    import pandas as pd
+
+    idx = pd.DatetimeIndex(dates)
+    if tz is not None:  # extrapolate in local time: calendar steps (days, months) keep their wall-clock hour
+        idx = idx.tz_localize("UTC").tz_convert(tz)
+    own = idx[end:end + n]
+    if len(own) == n:
+        return own
+    recent = idx[max(0, len(idx) - 64):]
+    if len(recent) < 2:
+        raise ValueError("forecast: at least two timestamps are needed to extrapolate the dates")
+    with warnings.catch_warnings():  # pandas 3 announces an offset instead of a string: date_range takes both
+        warnings.simplefilter("ignore")
+        freq = pd.infer_freq(recent) if len(recent) >= 3 else None
+    if freq is None:
+        steps, counts = np.unique(np.diff(recent.asi8), return_counts=True)
+        if steps[counts.argmax()] <= 0:
+            raise ValueError("forecast: the history's timestamps do not advance (their most common step is "
+                             f"{pd.Timedelta(int(steps[counts.argmax()]), unit='ns')}); cannot extrapolate the dates")
+        step = pd.Timedelta(int(steps[counts.argmax()]), unit="ns")
+        freq = f"{step.days}D" if tz is not None and step % pd.Timedelta(days=1) == pd.Timedelta(0) else step
+    return own.append(pd.date_range(recent[-1], periods=n - len(own) + 1, freq=freq)[1:])
+
+
 
 
 def forecast_checkpoint(checkpoint, *, config=None, data: str | None = None, data_args: dict | None = None,
                         history=None, end: int | None = None, device: str = "cpu"):
     """``pandas.DataFrame`` of the forecast of ``checkpoint`` after row ``end`` of ``history`` (defaults: the end of
-    the training file); see :meth:`hoformer.data.LTSFDataset.forecast`. The data come from ``config``, or the class
+    the training file); see :func:`forecast_series`. The data come from ``config``, or the class
     path ``data`` with ``data_args`` on top of the datamodule hyper-parameters the checkpoint stored (a checkpoint
     of a plain ``Trainer.fit``, e.g. ``hoformer demo``'s, stores them without their class), or the checkpoint /
     its run folder alone."""
-    from hoformer.analysis.analyze import checkpoint_datamodule, load_checkpoint
+    from hoformer.checkpoint import checkpoint_datamodule, load_checkpoint
 
     model, info = load_checkpoint(checkpoint, map_location=device)
     stored = info["datamodule"] or {}
     if data is not None and not stored.get("_class_path"):
         data_args = {**{k: v for k, v in stored.items() if not k.startswith("_")}, **(data_args or {})}
     dm = checkpoint_datamodule(info, config=config, data=data, data_args=data_args)
-    dataset = dm.dataset("train") if hasattr(dm, "dataset") else None
-    if not callable(getattr(dataset, "forecast", None)):
+    dataset = dm.dataset("train") if callable(getattr(dm, "dataset", None)) else None
+    if not isinstance(dataset, LTSFDataset):
         raise ValueError(f"forecast: the checkpoint's data ({type(dm).__name__}) is not an LTSF datamodule; pass "
                          "--config with an LTSFDataModule `data` section")
-    return dataset.forecast(model.to(device), history, end=end)
+    return forecast_series(model.to(device), dataset, history, end=end)
 
 
 def forecast_main(argv: Sequence[str] | None = None) -> int:

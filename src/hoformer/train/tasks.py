@@ -1,7 +1,7 @@
 """HOT Lightning tasks: forecasting, 3D classification, segmentation (HOT paper appendix B.4).
 
 * :class:`ForecastingTask` - L2 loss; MSE / MAE / SMAPE on the normalised scale as published (and optionally on the
-  original scale through the datamodule's ``inverse_transform``); the test stage writes a forecast PNG.
+  original scale, from the scaler statistics in the batch); the test stage writes a forecast PNG.
 * :class:`ClassificationTask` - cross-entropy; AUC and ACC (MedMNIST protocol: macro one-vs-rest AUC).
 * :class:`SegmentationTask` - per-pixel cross-entropy; pixel accuracy and mIoU.
 
@@ -15,9 +15,10 @@ checkpoint's model as ``save_pretrained`` safetensors + JSON at the end of ``fit
 outputs of ``hoformer predict``), :class:`CompileModel` (``torch.compile`` in place), :func:`checkpoint_callbacks`
 and :func:`plot_forecast`. Resumes are exact: see :meth:`~hoformer.train.base.TaskModule.on_train_epoch_start`.
 
-:class:`ForecastingTask` follows Time-Series-Library for the LTSF datamodule's options: with ``label_len > 0`` only the
-last ``pred_len`` target steps are scored, and with ``features="MS"`` (all variates in, the target out) the last output
-variate is the prediction.
+Every task depends on its batches only (never on a datamodule): :class:`ForecastingTask` reads the windowed-series
+dicts of :mod:`hoformer.data.series` (a one-channel target is the last output channel, Time-Series-Library's
+``features="MS"``; ``y_mask``, when present, masks loss and metrics), the image tasks ``(x, y)`` tuples or
+``{"x", "y"}`` dicts.
 """
 from __future__ import annotations
 
@@ -99,8 +100,8 @@ class ForecastingTask(_HotTask):
         model_name, model_kwargs, lr, weight_decay, betas, warmup_steps, scheduler, min_lr_ratio: see
             :class:`~hoformer.train.base.TaskModule` (paper: Adam, lr 2e-4, weight decay in {0.01, 0.1, 0.3, 0.5}).
         loss: ``"mse"`` (the paper's L2 loss) or ``"mae"``.
-        original_scale: also log ``{val,test}/{mse,mae}_orig`` on the original scale (needs a datamodule with
-            ``inverse_transform(tensor (..., C))``, called on the model's device, returning a tensor or an array).
+        original_scale: also log ``{val,test}/{mse,mae}_orig`` on the original scale (``y * std + mean`` with the
+            scaler statistics every batch carries).
         plot_variates: number of variates drawn in the test forecast PNG (0 disables it).
     """
 
@@ -135,46 +136,41 @@ class ForecastingTask(_HotTask):
         self._plot_sample = None
 
     def shared_step(self, batch, stage: str) -> torch.Tensor:
-        x, y = _unpack(batch, type(self).__name__)
+        name = type(self).__name__
+        if not isinstance(batch, dict):  # a bare (x, y) pair: a complete series without scaler statistics
+            x, y = _unpack(batch, name)
+            batch = {"x": x, "y": y}
+        if "x" not in batch or "y" not in batch:
+            raise TypeError(f"{name}: batches must be dicts of the windowed-series format (hoformer.data.series) with "
+                            f"keys 'x' and 'y' (or (x, y) pairs), got {sorted(batch)}")
+        x, y = batch["x"], batch["y"]
         pred = self.model(x)
-        label_len, features = self._data_options()
-        if label_len and y.ndim == 3 and y.shape[1] == label_len + pred.shape[1]:
-            y = y[:, label_len:]  # Time-Series-Library: y starts with label_len known steps; score the horizon
-        if features == "MS" and pred.ndim == 3 and y.shape[-1] == 1:
-            pred = pred[..., -1:]  # all variates in, the target (moved to the last column) out
+        if pred.shape != y.shape and pred.ndim == y.ndim and y.shape[-1] == 1:
+            pred = pred[..., -1:]  # one target channel: the last input channel (TSLib's features="MS")
         if pred.shape != y.shape:
-            raise ValueError(f"ForecastingTask: model output {tuple(pred.shape)} != target {tuple(y.shape)}")
-        loss = F.mse_loss(pred, y) if self.hparams.loss == "mse" else F.l1_loss(pred, y)
+            raise ValueError(f"{name}: model output {tuple(pred.shape)} != target {tuple(y.shape)}")
+        mask = batch.get("y_mask")
+        if mask is None:
+            loss = F.mse_loss(pred, y) if self.hparams.loss == "mse" else F.l1_loss(pred, y)
+        else:
+            err = (pred - y).square() if self.hparams.loss == "mse" else (pred - y).abs()
+            loss = (err * mask).sum() / mask.sum().clamp_min(1)
         p32, y32 = pred.detach().float(), y.float()
-        self.metrics[f"m_{stage}"].update(p32.reshape(-1), y32.reshape(-1))
+        sel = (lambda t: t.reshape(-1)) if mask is None else (lambda t: t[mask])
+        self.metrics[f"m_{stage}"].update(sel(p32), sel(y32))
         if self.hparams.original_scale and stage != "train":
-            inv = self._inverse_transform()
-            po, yo = inv(p32), inv(y32)
-            self.orig_metrics[f"m_{stage}"].update(po.reshape(-1), yo.reshape(-1))
+            if "mean" not in batch or "std" not in batch:
+                raise ValueError(f"{name}(original_scale=True): batches must carry the scaler statistics 'mean' and "
+                                 f"'std' (hoformer.data.series format), got keys {sorted(batch)}")
+            shape = (y.shape[0],) + (1,) * (y.ndim - 2) + (y.shape[-1],)
+            std, mean = batch["std"].reshape(shape).to(p32), batch["mean"].reshape(shape).to(p32)
+            po, yo = p32 * std + mean, y32 * std + mean
+            self.orig_metrics[f"m_{stage}"].update(sel(po), sel(yo))
             self.log_dict(self.orig_metrics[f"m_{stage}"], on_step=False, on_epoch=True, batch_size=x.shape[0])
         self._log_metrics(stage, loss, x.shape[0])
-        if stage == "test" and self._plot_sample is None:
+        if stage == "test" and self._plot_sample is None and x.ndim == 3:
             self._plot_sample = (x[0, :, -y.shape[-1]:].detach().float().cpu(), y32[0].cpu(), p32[0].cpu())
         return loss
-
-    def _data_options(self) -> tuple[int, str]:
-        """``(label_len, features)`` of the attached LTSF datamodule (``(0, "M")`` without one)."""
-        trainer = self._trainer
-        hp = getattr(getattr(trainer, "datamodule", None), "hparams", None) if trainer is not None else None
-        if hp is None:
-            return 0, "M"
-        return int(hp.get("label_len", 0) or 0), str(hp.get("features", "M"))
-
-    def _inverse_transform(self):
-        dm = getattr(self.trainer, "datamodule", None)
-        fn = getattr(dm, "inverse_transform", None)
-        if fn is None:
-            raise ValueError("ForecastingTask(original_scale=True) needs a datamodule with `inverse_transform`")
-
-        def inv(t: torch.Tensor) -> torch.Tensor:  # on the model's device: no host round trip per step
-            return torch.as_tensor(fn(t), dtype=torch.float32, device=t.device)
-
-        return inv
 
     def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0):
         return self.model(self._predict_input(batch))

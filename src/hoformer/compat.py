@@ -1,0 +1,81 @@
+"""Workarounds for Lightning behaviour, in one place. Each names the upstream report (or the behaviour, where none
+was filed) and the Lightning versions it was checked against; remove one when the supported versions no longer need
+it. Lightning is optional (``hoformer[train]``): nothing here imports it at module level.
+
+* :func:`sync_dist_batch_size` - epoch means of ``self.log(..., sync_dist=True, batch_size=n)`` under DDP with uneven
+  per-rank shares: Lightning averages the int64 per-rank batch-size totals in integer arithmetic, flooring the mean
+  (https://github.com/Lightning-AI/pytorch-lightning/issues/21838; lightning 2.5-2.6).
+* :class:`DeferredStartLoader` - Lightning creates the training iterator of a run's first epoch (fresh or resumed)
+  *before* ``on_train_epoch_start`` and of later epochs after it (``_FitLoop`` in lightning 2.0-2.6; no upstream
+  report), so per-epoch reseeding in that hook would miss the first epoch's shuffle and worker seeds.
+* :func:`trainer_eval_sampler` - validation / test loaders built by a DDP ``Trainer`` get a padded
+  ``DistributedSampler`` (samples repeated, metrics biased) unless the loader brings an unpadded one; Lightning's own
+  ``UnrepeatedDistributedSampler`` is used, detected while Lightning re-instantiates loaders
+  (``_replace_dunder_methods``; lightning 2.0-2.6; https://github.com/Lightning-AI/pytorch-lightning/issues/5060).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+
+__all__ = ["sync_dist_batch_size", "DeferredStartLoader", "trainer_eval_sampler"]
+
+
+def sync_dist_batch_size(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``LightningModule.log`` keyword arguments with a ``sync_dist`` ``batch_size`` multiplied by the world size.
+
+    Scaling every count by the world size keeps Lightning's integer average of the per-rank totals an integer (the
+    total count); the weighted mean itself is unchanged, and exact. No effect on one process."""
+    if kwargs.get("sync_dist") and kwargs.get("sync_dist_group") is None and kwargs.get("batch_size") \
+            and dist.is_available() and dist.is_initialized():
+        kwargs = {**kwargs, "batch_size": kwargs["batch_size"] * dist.get_world_size()}
+    return kwargs
+
+
+class _DeferredIterator:
+    """Iterator that calls ``start()`` (``DataLoader.__iter__``) at the first ``next``."""
+
+    def __init__(self, start: Callable[[], Iterator]) -> None:
+        self._start, self._it = start, None
+
+    def __iter__(self) -> "_DeferredIterator":
+        return self
+
+    def __next__(self):
+        if self._it is None:
+            self._it = self._start()
+        return next(self._it)
+
+
+class DeferredStartLoader(DataLoader):
+    """``DataLoader`` whose iterator starts at the first batch: every epoch's workers (seeded from ``generator``, else
+    the global torch RNG), sampler indices and main-process augmentations follow the reseeding done in
+    ``on_train_epoch_start``, the first epoch of a run included."""
+
+    def __iter__(self) -> Iterator:
+        return _DeferredIterator(super().__iter__)
+
+
+def trainer_eval_sampler(dataset: Dataset, trainer) -> Sampler | None:
+    """Unpadded share of ``dataset`` for this rank when a DDP ``Trainer`` is building its loaders, else ``None``
+    (in order). A split smaller than the world size gets ``None`` too, which Lightning pads with its own
+    ``DistributedSampler``: an unpadded share would leave a rank without a batch.
+
+    Lightning builds a ``Trainer``'s loaders inside ``_replace_dunder_methods(DataLoader, ...)``, which keeps the
+    original ``DataLoader.__init__`` as ``__old__init__`` meanwhile; a direct call (e.g. teacher logits over a whole
+    split) keeps the plain in-order loader. Lightning does not replace a ``DistributedSampler`` (subclass). Only the
+    attached ``Trainer``'s world size counts: a process group left over from an earlier DDP fit does not shard the
+    loaders of a later single-device ``Trainer``."""
+    if trainer is None or getattr(trainer, "world_size", 1) <= 1:
+        return None
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return None
+    if "__old__init__" not in vars(DataLoader) or isinstance(dataset, IterableDataset) \
+            or len(dataset) < dist.get_world_size():
+        return None
+    from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+
+    return UnrepeatedDistributedSampler(dataset, num_replicas=dist.get_world_size(), rank=dist.get_rank(),
+                                        shuffle=False)

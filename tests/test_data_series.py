@@ -1,0 +1,197 @@
+"""The windowed-series data contract shared by forecasting and traffic: splitter, scaler, windows, batch format; time
+order and text encoding of the files; checkpoints of the earlier task layout."""
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from hoformer.data import LTSFDataModule, LTSFDataset, TrafficDataModule, write_synthetic_ltsf_csv
+from hoformer.data._utils import SchemaError
+from hoformer.data.series import (SeriesWindows, StandardScaler, chronological_split, ltsf_borders, split_windows,
+                                  window_starts)
+
+
+def test_chronological_split_matches_both_protocol_families():
+    """Row protocols: every window inside a split's rows (TSLib borders); window protocols: the DCRNN / TSL split of
+    all windows. The scaler's rows end with the training windows' last target row in both."""
+    starts, rows = chronological_split("custom", 1000, 24, 12)
+    b1, b2 = ltsf_borders("custom", 1000, 24)
+    assert rows == b2[0] == 700
+    for i, s in enumerate(("train", "val", "test")):
+        assert starts[s][0] == b1[i] and starts[s][-1] + 24 + 12 == b2[i]
+        assert np.array_equal(np.diff(starts[s]), np.ones(len(starts[s]) - 1))
+    for protocol in ("dcrnn", "tsl"):
+        starts, rows = chronological_split(protocol, 500, 12, 12)
+        ws = window_starts(500, 12, 12)
+        want = split_windows(len(ws), protocol=protocol, gap=12)
+        for s, idx in zip(("train", "val", "test"), want):
+            assert np.array_equal(starts[s], ws[idx]), (protocol, s)
+        assert rows == starts["train"][-1] + 24
+    with pytest.raises(ValueError, match="protocol must be one of"):
+        chronological_split("weekly", 100, 4, 4)
+
+
+def test_scaler_observed_entries_and_constant_channels():
+    """Statistics over every axis but the last, of observed entries only; a constant channel keeps std 1."""
+    rng = np.random.default_rng(0)
+    v = rng.normal(3, 2, (50, 4, 2))
+    v[..., 1] = 5.0
+    mask = rng.random(v.shape) > 0.3
+    sc = StandardScaler(eps=1e-8).fit(v, mask)
+    for c in range(2):
+        obs = v[..., c][mask[..., c]]
+        np.testing.assert_allclose(sc.mean[c], obs.mean(), rtol=1e-12)
+        np.testing.assert_allclose(sc.std[c], obs.std() if c == 0 else 1.0, rtol=1e-12)
+    out = sc.transform(v, mask)
+    assert (out[~mask] == 0).all()
+    np.testing.assert_allclose(sc.inverse_transform(out)[mask], v[mask], rtol=1e-9)
+    t = torch.from_numpy(out).float()
+    torch.testing.assert_close(sc.inverse_transform(t)[torch.from_numpy(mask)], torch.from_numpy(v[mask]).float())
+
+
+def test_series_windows_items():
+    """Item ``i``: input rows [s, s + P), target rows [s + P, s + P + Q), the target's statistics, masks and time
+    features of both, the label_len known steps; a one-channel target is the last channel."""
+    data = torch.arange(40.0).reshape(10, 2, 2)  # (T, N, C)
+    mask = data % 3 != 0
+    time = torch.arange(10).reshape(10, 1)
+    ds = SeriesWindows(data, [0, 3], 4, 2, [1.0, 2.0], [3.0, 4.0], mask=mask, time=time, label_len=1,
+                       target_last=True)
+    item = ds[1]
+    assert set(item) == {"x", "y", "mean", "std", "mask", "y_mask", "time", "y_time", "y_known"}
+    torch.testing.assert_close(item["x"], data[3:7])
+    torch.testing.assert_close(item["y"], data[7:9, ..., -1:])
+    torch.testing.assert_close(item["y_known"], data[6:7, ..., -1:])
+    torch.testing.assert_close(item["y_mask"], mask[7:9, ..., -1:])
+    torch.testing.assert_close(item["y_time"], time[7:9])
+    torch.testing.assert_close(item["mean"], torch.tensor([2.0]))
+    torch.testing.assert_close(item["std"], torch.tensor([4.0]))
+    with pytest.raises(IndexError):
+        ds[2]
+
+
+def test_ltsf_and_traffic_batches_share_the_format(tmp_path):
+    """Both families give dicts with model-scale ``x`` / ``y`` and per-sample target statistics; traffic adds masks and
+    its daily time features. ``y * std + mean`` is the file's value in both."""
+    path = write_synthetic_ltsf_csv(tmp_path / "s.csv", "electricity", 400, num_variates=3)
+    raw = pd.read_csv(path).iloc[:, 1:].to_numpy()
+    ds = LTSFDataset(tmp_path, "s.csv", "test", 24, 12)
+    b = ds[0]
+    assert set(b) == {"x", "y", "mean", "std"}
+    s = ds.borders[0]
+    np.testing.assert_allclose((b["y"] * b["std"] + b["mean"]).numpy(), raw[s + 24:s + 36], rtol=1e-5)
+
+    rng = np.random.default_rng(1)
+    values = rng.uniform(20, 70, (300, 4)).round(1)
+    values[rng.random(values.shape) < 0.2] = 0.0
+    d = tmp_path / "traffic"
+    d.mkdir()
+    pd.DataFrame(values, columns=list("abcd")).to_csv(d / "los_speed.csv", index=False)
+    pd.DataFrame(np.eye(4)).to_csv(d / "los_adj.csv", index=False, header=False)
+    dm = TrafficDataModule("los_loop", root=str(d), verify=False, batch_size=5)
+    t = next(iter(dm.test_dataloader()))
+    assert set(t) == {"x", "y", "mean", "std", "mask", "y_mask", "time", "y_time"}
+    assert t["x"].shape == (5, 12, 4, 1) and t["mean"].shape == (5, 1) and t["time"].dtype == torch.int16
+    s = int(dm.splits["test"].starts[0])
+    want = values[s + 12:s + 24, :, None]
+    got = (t["y"][0] * t["std"][0] + t["mean"][0]).numpy()
+    np.testing.assert_allclose(got[want != 0], want[want != 0], rtol=1e-5)
+    assert np.array_equal(t["y_mask"][0].numpy(), want != 0)
+
+
+# ------------------------------------------------------------------------------------ time order, encoding
+@pytest.mark.parametrize("split", ["train", "val", "test"])
+@pytest.mark.parametrize("order", ["reversed", "shuffled"])
+def test_unordered_timestamps_are_refused_in_every_split(tmp_path, split, order):
+    path = write_synthetic_ltsf_csv(tmp_path / "s.csv", "electricity", 300, num_variates=3)
+    df = pd.read_csv(path)
+    df = df.iloc[::-1] if order == "reversed" else df.sample(frac=1.0, random_state=0)
+    df.to_csv(path, index=False)
+    with pytest.raises(SchemaError, match=r"s\.csv: timestamps go back in time at line \d+ .*sort the file"):
+        LTSFDataset(tmp_path, "s.csv", split, 24, 12)
+
+
+def test_repeated_timestamps_stay_allowed(tmp_path):
+    path = write_synthetic_ltsf_csv(tmp_path / "s.csv", "electricity", 300, num_variates=3)
+    df = pd.read_csv(path)
+    df.loc[5, "date"] = df.loc[4, "date"]  # one repeated stamp, as the Weather file has
+    df.to_csv(path, index=False)
+    assert len(LTSFDataset(tmp_path, "s.csv", "train", 24, 12)) > 0
+
+
+def test_unordered_traffic_timestamps_are_refused(tmp_path):
+    stamps = pd.date_range("2012-03-01", periods=200, freq="5min")
+    stamps = stamps[::-1]
+    df = pd.DataFrame(np.random.default_rng(0).uniform(10, 60, (200, 3)), index=stamps, columns=["1", "2", "3"])
+    pytest.importorskip("tables")
+    df.to_hdf(tmp_path / "metr-la.h5", key="df")
+    (tmp_path / "sensor_graph").mkdir()
+    with open(tmp_path / "sensor_graph" / "adj_mx.pkl", "wb") as f:
+        pickle.dump((["1", "2", "3"], {"1": 0, "2": 1, "3": 2}, np.eye(3, dtype=np.float32)), f)
+    dm = TrafficDataModule("metr_la", root=str(tmp_path), verify=False)
+    with pytest.raises(SchemaError, match="metr_la timestamps go back in time at row 1"):
+        dm.setup()
+
+
+def test_non_utf8_header_is_a_clear_error_with_an_encoding_option(tmp_path):
+    """A latin-1 header is not read as replacement characters: the error names the file, the line and the encoding;
+    ``encoding="latin-1"`` reads it."""
+    path = write_synthetic_ltsf_csv(tmp_path / "s.csv", "electricity", 300, num_variates=3)
+    text = path.read_text().replace("date,0,1,OT", "date,temp\u00e9rature,1,OT", 1)
+    path.write_bytes(text.encode("latin-1"))
+    with pytest.raises(SchemaError, match=r"s\.csv: line 1 \(byte 0xe9 at column 10\) is not valid utf-8 text.*"
+                                          r"encoding='latin-1'"):
+        LTSFDataset(tmp_path, "s.csv", "train", 24, 12)
+    ds = LTSFDataset(tmp_path, "s.csv", "train", 24, 12, encoding="latin-1")
+    assert ds.columns[0] == "temp\u00e9rature"
+    dm = LTSFDataModule(root=str(tmp_path), name="s.csv", seq_len=24, pred_len=12, encoding="latin-1")
+    assert dm.dataset("val").columns == ds.columns
+    with pytest.raises(ValueError, match="unknown encoding 'klingon'"):
+        LTSFDataset(tmp_path, "s.csv", "train", 24, 12, encoding="klingon")
+
+
+def test_a_directory_where_the_csv_should_be_is_named(tmp_path):
+    (tmp_path / "s.csv").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"s\.csv is a directory, expected a CSV file"):
+        LTSFDataset(tmp_path, "s.csv", "train", 24, 12)
+
+
+# ------------------------------------------------------------------------- checkpoints of the earlier layout
+def _earlier_layout_checkpoint(path, model, kwargs, data):
+    """A Lightning checkpoint as the tasks configured by registry name write it (``model_name`` / ``model_kwargs``
+    hyper-parameters, the datamodule's hyper-parameters beside them), built by hand."""
+    torch.save({
+        "epoch": 0, "global_step": 2, "pytorch-lightning_version": "2.6.6",
+        "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+        "loops": {}, "callbacks": {}, "optimizer_states": [], "lr_schedulers": [],
+        "hparams_name": "kwargs",
+        "hyper_parameters": {"model_name": "hot_forecaster", "model_kwargs": kwargs, "lr": 2e-4, "weight_decay": 0.1,
+                             "betas": (0.9, 0.999), "warmup_steps": 0, "scheduler": "cosine", "min_lr_ratio": 0.01,
+                             "loss": "mse", "original_scale": False, "plot_variates": 3},
+        "datamodule_hparams_name": "kwargs",
+        "datamodule_hyper_parameters": {"_class_path": "hoformer.data.LTSFDataModule", **data},
+    }, path)
+
+
+def test_checkpoints_of_the_earlier_task_layout_load(tmp_path):
+    """``load_checkpoint`` (used by analyze, forecast and the Python API) rebuilds the model and its data from a
+    checkpoint whose task recorded ``model_name`` / ``model_kwargs``; the forecast command reads it too."""
+    from hoformer.checkpoint import checkpoint_datamodule, load_checkpoint
+    from hoformer.models import create_model
+    from hoformer.train.forecast import forecast_checkpoint, forecast_series
+
+    kwargs = dict(seq_len=16, pred_len=8, num_variates=3, dim=16, num_heads=2, depth=1, patch_size=8)
+    data = dict(synthetic=True, synthetic_length=300, seq_len=16, pred_len=8, num_variates=3, batch_size=16)
+    model = create_model("hot_forecaster", **kwargs).eval()
+    _earlier_layout_checkpoint(tmp_path / "old.ckpt", model, kwargs, data)
+    loaded, info = load_checkpoint(tmp_path / "old.ckpt")
+    for (k, v), (k2, v2) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert k == k2 and torch.equal(v, v2)
+    dm = checkpoint_datamodule(info)
+    assert isinstance(dm, LTSFDataModule) and dm.hparams.synthetic_length == 300
+    df = forecast_checkpoint(tmp_path / "old.ckpt")
+    pd.testing.assert_frame_equal(df, forecast_series(model, dm.dataset("train")))
