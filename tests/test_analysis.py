@@ -471,7 +471,8 @@ def test_analyze_forecast_hoba_slice_and_run_files(tmp_path, monkeypatch):
     dm.setup("test")
     b = next(iter(dm.test_dataloader()))
     x, y = b["x"], b["y"]  # y: the horizon (the label_len known steps are y_known)
-    ((args, _),) = calls
+    ((args, kwargs),) = calls
+    assert kwargs["names"] == ["v0", "v1", "OT"]  # panels labelled with the data's column names
     torch.testing.assert_close(args[0], x[2])
     torch.testing.assert_close(args[1], y[2])
     with torch.no_grad():
@@ -670,3 +671,21 @@ def test_weaver_maps_are_recorded_as_a_kronecker_product():
     args, kwargs = w.example_inputs(2)
     (rec,) = attention_maps(w, *args, **kwargs)
     assert (rec.kind, rec.combine) == ("kronecker", "product")
+
+
+def test_task_forecast_png_labels_panels_with_column_names(tmp_path, monkeypatch):
+    """The forecasting task's test PNG labels each panel with the column name it was given, not ``variate <j>``."""
+    pytest.importorskip("matplotlib")
+    import hoformer.analysis.plots as plots
+    from hoformer.train.tasks import plot_forecast
+
+    seen = {}
+    monkeypatch.setattr(plots, "plot_forecast_vs_truth",
+                        lambda x, y, pred, path, **kw: seen.update(kw) or path)
+    x, y = torch.randn(16, 4), torch.randn(8, 4)
+    plot_forecast(x, y, y, tmp_path / "f.png", num_variates=2, names=["HUFL", "HULL", "MUFL", "OT"])
+    assert seen["channels"] == [3, 2] and [seen["names"][c] for c in seen["channels"]] == ["OT", "MUFL"]
+    plot_forecast(x[:, -1:], y[:, -1:], y[:, -1:], tmp_path / "f.png", names=["HUFL", "HULL", "MUFL", "OT"])  # MS
+    assert seen["names"] == ["OT"]
+    plot_forecast(x, y, y, tmp_path / "f.png")
+    assert seen["names"] == ["variate 0", "variate 1", "variate 2", "variate 3"]

@@ -115,12 +115,14 @@ def cli(argv: list[str]) -> None:
     """Run ``hoformer argv``; a non-zero exit (or argparse's SystemExit) becomes :class:`CLIError` with stderr."""
     from hoformer.cli import main
 
-    err = io.StringIO()
+    err, threads = io.StringIO(), torch.get_num_threads()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         try:
             rc = main(argv)
         except SystemExit as e:
             rc = e.code if isinstance(e.code, int) else 2
+        finally:
+            torch.set_num_threads(threads)  # `hoformer demo` sets the thread count of the process
     if rc:
         raise CLIError(err.getvalue())
 
@@ -368,6 +370,12 @@ DATA = [
          ("ETTh9",)),
     Case("LTSFDataset/missing-file", lambda tmp: LTSFDataset(tmp, "ETTh1"), FileNotFoundError,
          ("ETTh1", "ETTh1.csv", "download=True")),
+    Case("LTSFDataset/directory", lambda tmp: LTSFDataset((tmp / "ETT-small" / "ETTh1.csv").mkdir(parents=True) or tmp,
+                                                          "ETTh1"), FileNotFoundError,
+         ("LTSF file for 'ETTh1'", "ETTh1.csv", "is a directory")),
+    Case("LTSFDataset/directory-download", lambda tmp: LTSFDataset(
+        (tmp / "ETT-small" / "ETTh1.csv").mkdir(parents=True) or tmp, "ETTh1", download=True), FileNotFoundError,
+         ("ETTh1.csv", "is a directory")),
     Case("LTSFDataset/split", lambda tmp: SyntheticLTSF(split="dev"), ValueError,
          ("split", "'dev'")),
     Case("LTSFDataset/features", lambda tmp: SyntheticLTSF(features="X"), ValueError,
@@ -376,7 +384,8 @@ DATA = [
     Case("LTSFDataset/no-date-column", lambda tmp: LTSFDataset(tmp, text_csv(tmp, "x.csv", ["a,b,OT"] + [
         f"{i},{i},{i}" for i in range(300)]).name, seq_len=8, pred_len=4), ValueError, ("x.csv", "date")),
     Case("LTSFDataset/non-numeric", lambda tmp: LTSFDataset(tmp, text_csv(tmp, "y.csv", ["date,a,OT"] + [
-        f"2020-01-{1 + i // 24:02d} {i % 24:02d}:00:00,{'abc' if i == 5 else i},{i}" for i in range(300)]).name, seq_len=8,
+        f"2020-01-{1 + i // 24:02d} {i % 24:02d}:00:00,{'abc' if i == 5 else i},{i}" for i in range(300)]).name,
+        seq_len=8,
         pred_len=4), ValueError, ("y.csv", "a")),
     Case("LTSFDataset/empty-csv", lambda tmp: LTSFDataset(tmp, text_csv(tmp, "e.csv", ["date,a,OT"]).name), ValueError,
          ("e.csv",)),
@@ -397,7 +406,7 @@ DATA = [
          ("train.tsv", "found a directory")),
     Case("read_text_split/imdb-columns", lambda tmp: read_text_split("imdb", "train", write(
         tmp / "imdb" / "train.csv", "body,stars\nok,5\n").parent.parent), ValueError,
-         ("train.csv", "text column", "['body', 'stars']")),
+         ("train.csv", "no label column", "'sentiment'", "['body', 'stars']")),
     Case("read_text_split/imdb-labels", lambda tmp: read_text_split("imdb", "train", write(
         tmp / "imdb" / "train.csv", "review,sentiment\nok,great\n").parent.parent), ValueError,
          ("train.csv", "great")),
@@ -487,7 +496,67 @@ CLI = [
          pickle.UnpicklingError, ("evil.ckpt",)),
 ]
 
-CASES: list[Case] = F_KRON + F_SCORES + F_TRIPLET + LAYERS + MODELS + DATA + CHECKPOINTS + CLI
+def _task(**kw):
+    from hoformer.train import ClassificationTask
+
+    return ClassificationTask("hot_volume_classifier", dict(num_classes=3, input_size=8, patch_size=4, dim=16,
+                                                            num_heads=2, depth=1), **kw)
+
+
+def _table(tmp: Path, content: str | bytes, name: str = "t.csv", **kw):
+    from hoformer.data.text_csv import read_text_table
+
+    return read_text_table(write(tmp / name, content), **kw)
+
+
+TASKS_AND_TABLES = [
+    Case("ClassificationTask/class-weight-str", lambda _: _task(class_weight="balance"), ValueError,
+         ("`class_weight`", "'balanced'", "'balance'")),
+    Case("ClassificationTask/class-weight-length", lambda _: _task(class_weight=[1.0, 2.0]), ValueError,
+         ("`class_weight`", "3 numbers", "[1.0, 2.0]")),
+    Case("ClassificationTask/class-weight-negative", lambda _: _task(class_weight=[1.0, -1.0, 1.0]), ValueError,
+         ("`class_weight`", ">= 0", "-1.0")),
+    Case("ClassificationTask/class-weight-nan", lambda _: _task(class_weight=[1.0, float("nan"), 1.0]), ValueError,
+         ("`class_weight`", "finite")),
+    Case("ClassificationTask/balanced-without-data", lambda _: _task(class_weight="balanced").class_weights(),
+         ValueError, ("class_weight='balanced'", "no training data")),
+    Case("read_text_table/missing", lambda tmp: __import__("hoformer.data.text_csv", fromlist=["x"])
+         .read_text_table(tmp / "absent.tsv"), FileNotFoundError, ("absent.tsv",)),
+    Case("read_text_table/directory", lambda tmp: __import__("hoformer.data.text_csv", fromlist=["x"])
+         .read_text_table(tmp), IsADirectoryError, ("found a directory",)),
+    Case("read_text_table/no-text-column", lambda tmp: _table(tmp, "a,label\nx,1\n"), ValueError,
+         ("t.csv", "no text column", "['a', 'label']")),
+    Case("read_text_table/unknown-column", lambda tmp: _table(tmp, "text,label\nx,1\n", text_column="body"),
+         ValueError, ("t.csv", "`text_column`='body'", "['text', 'label']")),
+    Case("read_text_table/column-index", lambda tmp: _table(tmp, "text,label\nx,1\n", label_column=5), ValueError,
+         ("`label_column`=5", "out of range")),
+    Case("read_text_table/column-type", lambda tmp: _table(tmp, "text,label\nx,1\n", label_column=1.0), TypeError,
+         ("`label_column`", "float")),
+    Case("read_text_table/empty-label", lambda tmp: _table(tmp, "text,label\nx,1\ny,\n"), ValueError,
+         ("t.csv line 3", "empty label")),
+    Case("read_text_table/short-row", lambda tmp: _table(tmp, "text,label\nx\n"), ValueError,
+         ("t.csv line 2", "1 field(s)")),
+    Case("read_text_table/unknown-label", lambda tmp: _table(tmp, "text,label\nx,maybe\n", labels=["no", "yes"]),
+         ValueError, ("t.csv line 2", "'maybe'", "['no', 'yes']")),
+    Case("read_text_table/encoding", lambda tmp: _table(tmp, b"text,label\ncaf\xe9,1\n"), ValueError,
+         ("t.csv line 2", "utf-8", "encoding=")),
+    Case("read_text_table/bad-gzip", lambda tmp: _table(tmp, b"not gzip", name="t.csv.gz"), ValueError,
+         ("t.csv.gz",)),
+    Case("read_text_table/empty", lambda tmp: _table(tmp, ""), ValueError, ("t.csv", "empty")),
+    Case("read_text_table/header-only", lambda tmp: _table(tmp, "text,label\n"), ValueError, ("t.csv", "no rows")),
+    Case("read_text_table/same-column", lambda tmp: _table(tmp, "text,label\nx,1\n", text_column=0,
+                                                           label_column="text"),
+         ValueError, ("same", "'text'")),
+    Case("read_text_table/delimiter", lambda tmp: _table(tmp, "text,label\nx,1\n", delimiter=";;"), ValueError,
+         ("`delimiter`", "';;'")),
+    Case("read_text_split/imdb-missing-lists-paths", lambda tmp: read_text_split("imdb", "train", tmp),
+         FileNotFoundError,
+         ("train.csv.gz", "IMDB Dataset.csv", "dataset='csv'")),
+    Case("TextDataModule/csv-without-files", lambda tmp: __import__("hoformer.data", fromlist=["x"])
+         .TextDataModule("csv", train_file="a.csv"), ValueError, ("`train_file` and `test_file`", "None")),
+]
+
+CASES: list[Case] = F_KRON + F_SCORES + F_TRIPLET + LAYERS + MODELS + DATA + TASKS_AND_TABLES + CHECKPOINTS + CLI
 
 
 def test_corpus_size_and_unique_ids():

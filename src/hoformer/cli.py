@@ -28,7 +28,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 __all__ = ["main", "register_command", "COMMANDS", "HoformerCLI", "demo"]
 
@@ -75,6 +75,25 @@ def _lightning_cli():
                 TaskModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
                 seed_everything_default=0, args=args, run=run, auto_configure_optimizers=False, **kw,
             )
+
+        def add_arguments_to_parser(self, parser) -> None:
+            parser.add_argument("--threads", type=Optional[int], default=None,
+                                help="CPU threads of PyTorch (default: PyTorch's own, one per core; OMP_NUM_THREADS=N "
+                                     "sets it too). Runs sharing a machine should split its cores between them.")
+
+        def before_instantiate_classes(self) -> None:
+            import torch
+
+            sub = self.subcommand
+            n = (self.config[sub] if sub else self.config).get("threads")
+            if n is not None:
+                if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                    raise ValueError(f"hoformer {sub or 'cli'}: `--threads` must be an int >= 1, got {n!r}")
+                torch.set_num_threads(n)
+            how = "set by --threads" if n is not None else (
+                "from OMP_NUM_THREADS" if os.environ.get("OMP_NUM_THREADS") else "PyTorch's default, one per core")
+            print(f"hoformer {sub or 'cli'}: PyTorch uses {torch.get_num_threads()} CPU thread(s) ({how}; change with "
+                  "--threads N or OMP_NUM_THREADS=N, e.g. when several runs share the machine)", file=sys.stderr)
 
         def instantiate_trainer(self, **kwargs):
             """Atomic checkpoint writes whatever the config says: a plain ``TorchCheckpointIO`` (no ``plugins`` in the
@@ -237,6 +256,25 @@ def _demo_data_root(name: str = "ETTh1") -> Path | None:
     return next((c for c in cands if c is not None and (c / "ltsf" / rel).is_file()), None)
 
 
+def _download_demo_data(name: str, timeout: float) -> tuple[Path | None, str]:
+    """Fetch the LTSF file ``name`` from its canonical URL into the cache (``$HOFORMER_CACHE/ltsf``; checked against
+    the pinned SHA-256 where one is known, as ``LTSFDataset(download=True)`` does): ``(data root, "")`` holding
+    ``ltsf/<file>``, or ``(None, one-line reason)``."""
+    from hoformer.data import _utils
+    from hoformer.data.ltsf import _LOOKUP, LTSF_DATASETS
+
+    key = _LOOKUP.get(name.lower())
+    spec = LTSF_DATASETS[key] if key else None
+    if spec is None or spec.url is None:
+        return None, f"{name} has no download URL (only ETT files are downloadable)"
+    folder = _utils.cache_dir("ltsf")
+    try:
+        _utils.download_url(spec.url, folder / spec.path, sha256=spec.sha256, timeout=timeout)
+    except (OSError, ValueError) as e:  # no network, a timeout, a checksum mismatch
+        return None, f"the download of {name} failed: {str(e).splitlines()[0][:300]}"
+    return folder.parent, ""
+
+
 @register_command("demo", help="train a small HOT forecaster (ETTh1 if $HOFORMER_DATA has it, else synthetic)")
 def demo(argv: list[str]) -> int:
     """Train ``hot_forecaster`` (Kronecker product attention, lookback 96, horizon 96) for a few minutes on CPU, test
@@ -253,6 +291,9 @@ def demo(argv: list[str]) -> int:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-download", action="store_true", help="do not try the checksummed ETT download when the data "
+                   "folder lacks the dataset")
+    p.add_argument("--download-timeout", type=float, default=15.0, help="seconds (default 15)")
     a = p.parse_args(argv)
 
     import torch
@@ -266,15 +307,21 @@ def demo(argv: list[str]) -> int:
     torch.set_num_threads(a.threads)
     pl.seed_everything(a.seed, verbose=False)
     name = a.dataset
-    root = None if name == "synthetic" else _demo_data_root("ETTh1" if name == "auto" else name)
+    target = "ETTh1" if name == "auto" else name
+    root = None if name == "synthetic" else _demo_data_root(target)
+    where = os.environ.get("HOFORMER_DATA") or "../shared/data"
+    why = f"{target} is not under {where}/ltsf"
+    if root is None and name != "synthetic" and not a.no_download:
+        print(f"hoformer demo: {why}; trying the checksummed download (timeout {a.download_timeout:g} s)")
+        root, failed = _download_demo_data(target, a.download_timeout)
+        why = failed or why
     if name == "auto":
         name = "ETTh1" if root is not None else "synthetic"
         if root is None:
-            print("hoformer demo: no real data found ($HOFORMER_DATA or ../shared/data): using the synthetic dataset")
+            print(f"hoformer demo: no real data ({why}): using the synthetic dataset")
     elif name != "synthetic" and root is None:
-        where = os.environ.get("HOFORMER_DATA") or "../shared/data"
-        print(f"hoformer demo: dataset {name!r} not found under {where}/ltsf; set HOFORMER_DATA to the directory "
-              "holding ltsf/", file=sys.stderr)
+        print(f"hoformer demo: dataset {name!r} not found under {where}/ltsf ({why}); set HOFORMER_DATA to the "
+              "directory holding ltsf/", file=sys.stderr)
         return 2
     data = LTSFDataModule(root=None if name == "synthetic" else str(root / "ltsf"), name=name,
                           synthetic=name == "synthetic", seq_len=96, pred_len=96, batch_size=a.batch_size,
@@ -287,7 +334,7 @@ def demo(argv: list[str]) -> int:
         "hot_forecaster",
         dict(seq_len=96, pred_len=96, num_variates=c, attention=a.attention, dim=64, depth=2, num_heads=4,
              patch_size=8, dropout=0.1),
-        lr=1e-3, weight_decay=0.1, warmup_steps=50, original_scale=True,
+        lr=1e-3, weight_decay=0.1, warmup_steps=50, original_scale=True, variate_names=list(ds["train"].columns),
     )
     out = Path(a.output)
     ckpt, last = (ModelCheckpoint(**c["init_args"])

@@ -189,7 +189,7 @@ def _load(checkpoint) -> torch.nn.Module:
     if not isinstance(checkpoint, (str, os.PathLike)):
         raise ExportError(f"export: `checkpoint` must be a model, a Lightning .ckpt path or a save_pretrained folder, "
                           f"got {type(checkpoint).__name__}")
-    from hoformer.analysis.analyze import load_checkpoint
+    from hoformer.checkpoint import load_checkpoint
 
     model, _ = load_checkpoint(checkpoint, map_location="cpu")
     return model.eval()

@@ -181,7 +181,9 @@ def analyze_checkpoint(checkpoint, output, *, config=None, data: str | None = No
                                           token=t - starts[w], max_heads=max_heads,
                                           title=f"{name}: {r.name}, sample {sample}, token {t} (window {w}, "
                                                 f"positions {starts[w]}..{starts[w] + s - 1})"))
-    written += _forecast(first_pred, args, target, batch, out, name, sample)
+    # LTSF column names for the forecast panels (TrafficDataModule.dataset is the dataset name, not the accessor)
+    columns = getattr(dm.dataset(split), "columns", None) if callable(getattr(dm, "dataset", None)) else None
+    written += _forecast(first_pred, args, target, batch, out, name, sample, columns)
     mpath = Path(metrics) if metrics is not None else find_run_file(info["run_dir"], "metrics.csv", _has_sr)
     if mpath is not None:
         try:
@@ -192,7 +194,8 @@ def analyze_checkpoint(checkpoint, output, *, config=None, data: str | None = No
     return written
 
 
-def _forecast(pred, args, target, batch, out: Path, name: str, sample: int) -> list[Path]:
+def _forecast(pred, args, target, batch, out: Path, name: str, sample: int, columns=None) -> list[Path]:
+    """The forecast PNG of ``sample``; LTSF panels are labelled with the data's ``columns`` when known."""
     if not isinstance(pred, torch.Tensor) or not isinstance(target, torch.Tensor) or not pred.is_floating_point():
         return []
     x = args[0]
@@ -201,7 +204,9 @@ def _forecast(pred, args, target, batch, out: Path, name: str, sample: int) -> l
         if y.shape != pred.shape:
             return []
         s = min(sample, x.shape[0] - 1)
-        return [plot_forecast_vs_truth(x[s], y[s], pred[s], out / "forecast.png", title=f"{name}: sample {s}")]
+        names = list(columns)[-x.shape[-1]:] if columns is not None and len(columns) >= x.shape[-1] else None
+        return [plot_forecast_vs_truth(x[s], y[s], pred[s], out / "forecast.png", names=names,
+                                       title=f"{name}: sample {s}")]
     if pred.ndim == 4 and target.shape == pred.shape and x.ndim == 4:  # traffic (B, Q, N, C)
         if isinstance(batch, dict) and "mean" in batch and "std" in batch:  # the original scale
             pred, x, target = (t * batch["std"][:, None, None, :].to(t) + batch["mean"][:, None, None, :].to(t)

@@ -5,4 +5,5 @@ from .medmnist import *  # noqa: F401,F403
 from .multispectral import *  # noqa: F401,F403
 from .traffic import *  # noqa: F401,F403
 from .text import *  # noqa: F401,F403
+from .text_csv import *  # noqa: F401,F403
 from .datamodules import *  # noqa: F401,F403

@@ -11,9 +11,12 @@ reference SHA-256 (:data:`TEXT_SHA256`) before parsing where one is known (``ver
 * ``ag_news``: ``train.csv`` / ``test.csv`` (``"class(1-4)","title","description"``), or the 10k
   ``train_subset_10k.tsv`` (``text<TAB>label-name``, no header) when ``train.csv`` is absent; class names from
   ``classes.txt``.
-* ``imdb``: IMDB-style csv with a header: a text column (``review`` | ``text`` | ``sentence``) and a label column
-  (``sentiment`` | ``label``); ``train.csv`` / ``test.csv``, or one ``IMDB Dataset.csv`` (first half train,
-  second half test).
+* ``imdb``: IMDB-style csv with a header: a text column (``review`` | ``text`` | ``sentence`` | ...) and a label
+  column (``sentiment`` | ``label`` | ...) holding positive/negative or 1/0; ``train.csv`` / ``test.csv``
+  (``.gz`` accepted), or one ``IMDB Dataset.csv`` (first half train, second half test).
+* ``csv``: any CSV / TSV table (``.gz`` accepted) with a header, read by
+  :func:`~hoformer.data.text_csv.read_text_table`: ``TextDataModule(dataset="csv", train_file=..., test_file=...,
+  text_column=..., label_column=..., labels=...)``; the label mapping is printed when the data is set up.
 
 Validation is always a seeded ``val_fraction`` held out of the training file, by groups (``holdout="grouped"``):
 identical texts stay on one side, and SST-2's phrases (GLUE ``train.tsv`` holds every sub-phrase of each sentence's
@@ -48,6 +51,7 @@ from hoformer._io import atomic_write
 
 from ._base import SplitDataModule
 from ._utils import VERIFY_HINT, SchemaError, require_file, resolve_root, verify_file
+from .text_csv import find_table, label_report, read_text_table
 
 __all__ = [
     "TEXT_DATASETS",
@@ -181,31 +185,24 @@ def _read_ag_news(root: Path, split: str, verify: bool):
     return texts, labels, classes
 
 
+_IMDB_LABELS = {"negative": 0, "positive": 1, "neg": 0, "pos": 1, "0": 0, "1": 1}  # compared in lower case
+
+
 def _read_imdb(root: Path, split: str, verify: bool):
-    path = root / f"{split}.csv"
-    half = None
-    if not path.is_file():
-        path = _need(root / "IMDB Dataset.csv", "imdb", verify)
-        half = split
-    with open(path, encoding="utf-8", newline="") as f:
-        rows = list(csv.DictReader(f))
-    if not rows:
-        raise SchemaError(f"IMDB: {path} is empty")
-    cols = list(rows[0])
-    tcol = next((c for c in ("review", "text", "sentence") if c in cols), None)
-    lcol = next((c for c in ("sentiment", "label") if c in cols), None)
-    if tcol is None or lcol is None:
-        raise SchemaError(f"IMDB: {path} needs a text column (review|text|sentence) and a label column "
-                          f"(sentiment|label), got {cols}")
-    if half is not None:
-        mid = len(rows) // 2
-        rows = rows[:mid] if half == "train" else rows[mid:]
-    raw = [r[lcol].strip().lower() for r in rows]
-    names = {"negative": 0, "positive": 1, "neg": 0, "pos": 1, "0": 0, "1": 1}
-    if any(x not in names for x in raw):
-        raise SchemaError(f"IMDB: {path} labels must be positive/negative or 0/1, got {sorted(set(raw))[:5]}")
-    texts = [r[tcol].replace("<br />", " ") for r in rows]
-    return texts, [names[x] for x in raw], ["negative", "positive"]
+    """IMDB through :func:`~hoformer.data.text_csv.read_text_table`: ``<split>.csv`` (or ``.csv.gz``), else one
+    ``IMDB Dataset.csv`` (first half train, second half test); any text / label column names it knows."""
+    path = find_table(root, [f"{split}.csv", "IMDB Dataset.csv"], "IMDB")
+    table = read_text_table(path)
+    raw = [table.class_names[i].lower() for i in table.labels]
+    bad = sorted({x for x in raw if x not in _IMDB_LABELS})
+    if bad:
+        raise SchemaError(f"IMDB: {path} labels must be positive/negative or 0/1, got {bad[:5]}")
+    texts, labels = table.texts, [_IMDB_LABELS[x] for x in raw]
+    if not path.name.startswith(f"{split}.csv"):
+        mid = len(texts) // 2
+        sl = slice(None, mid) if split == "train" else slice(mid, None)
+        texts, labels = texts[sl], labels[sl]
+    return [x.replace("<br />", " ") for x in texts], labels, ["negative", "positive"]
 
 
 def read_text_split(name: str, split: str, root: str | os.PathLike | None = None, verify: bool = True):
@@ -445,6 +442,12 @@ class TextDataModule(SplitDataModule):
         seed: seed of the validation hold-out and ``train_limit`` subsampling.
         verify: check each file against the reference SHA-256 (:data:`TEXT_SHA256`) before parsing it, where the
             digest is known; ``False`` reads another copy (its layout is still checked).
+        train_file, test_file: ``dataset="csv"`` only: the training table (validation is held out of it) and the
+            reported test table, CSV / TSV with a header, ``.gz`` accepted (relative paths: under ``root`` when given).
+        text_column, label_column, labels: ``dataset="csv"`` only: the columns (header name or 0-based index; None:
+            the first of :data:`~hoformer.data.text_csv.TEXT_COLUMNS` / ``LABEL_COLUMNS`` present) and the class
+            names in id order (None: the training file's sorted distinct labels); see
+            :func:`~hoformer.data.text_csv.read_text_table`.
     """
 
     def __init__(
@@ -464,10 +467,24 @@ class TextDataModule(SplitDataModule):
         sst2_test: str = "dev",
         holdout: str = "grouped",
         verify: bool = True,
+        train_file: str | None = None,
+        test_file: str | None = None,
+        text_column: str | int | None = None,
+        label_column: str | int | None = None,
+        labels: list[str] | None = None,
     ) -> None:
         super().__init__(batch_size=batch_size, num_workers=num_workers, eval_batch_size=eval_batch_size)
-        if dataset not in TEXT_DATASETS:
-            raise ValueError(f"TextDataModule: unknown dataset {dataset!r}; expected one of {TEXT_DATASETS}")
+        if dataset not in (*TEXT_DATASETS, "csv"):
+            raise ValueError(f"TextDataModule: unknown dataset {dataset!r}; expected one of {TEXT_DATASETS} or "
+                             "'csv' (with train_file= and test_file=)")
+        table_args = dict(train_file=train_file, test_file=test_file, text_column=text_column,
+                          label_column=label_column, labels=labels)
+        if dataset == "csv" and (train_file is None or test_file is None):
+            raise ValueError(f"TextDataModule(dataset='csv') needs `train_file` and `test_file` (CSV / TSV tables "
+                             f"with a header), got train_file={train_file!r}, test_file={test_file!r}")
+        if dataset != "csv" and any(v is not None for v in table_args.values()):
+            given = sorted(k for k, v in table_args.items() if v is not None)
+            raise ValueError(f"TextDataModule: {given} apply to dataset='csv' only, got dataset={dataset!r}")
         check_int("TextDataModule", "max_len", max_len, low=3, note=" ([CLS] x [SEP])")
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"TextDataModule: val_fraction must be in (0, 1), got {val_fraction}")
@@ -480,6 +497,7 @@ class TextDataModule(SplitDataModule):
         self.tokenizer_path, self.tokenizer_dir, self.vocab_size = tokenizer, tokenizer_dir, vocab_size
         self.val_fraction, self.train_limit, self.seed = val_fraction, train_limit, seed
         self.sst2_test, self.holdout, self.verify = sst2_test, holdout, verify
+        self.table_args = table_args
         self.tokenizer: TextTokenizer | None = None
         self.class_names: list[str] = []
         self._texts: dict[str, list[str]] = {}
@@ -489,8 +507,23 @@ class TextDataModule(SplitDataModule):
         self.setup()
         return len(self.class_names)
 
+    def _table(self, key: str, labels) -> tuple[list[str], list[int], list[str]]:
+        """``dataset="csv"``: the table ``train_file`` / ``test_file``, its label mapping printed once."""
+        a = self.table_args
+        path = Path(a[key]).expanduser()
+        if self.root is not None and not path.is_absolute():
+            path = Path(self.root).expanduser() / path
+        table = read_text_table(path, text_column=a["text_column"], label_column=a["label_column"], labels=labels)
+        from lightning.pytorch.utilities import rank_zero_info  # a datamodule needs lightning anyway
+
+        rank_zero_info(f"TextDataModule: {label_report(table, str(path))}")
+        return table
+
     def _raw_splits(self):
-        texts, labels, classes = read_text_split(self.dataset_name, "train", self.root, self.verify)
+        if self.dataset_name == "csv":
+            texts, labels, classes = self._table("train_file", self.table_args["labels"])
+        else:
+            texts, labels, classes = read_text_split(self.dataset_name, "train", self.root, self.verify)
         order = list(range(len(texts)))
         rng = random.Random(self.seed)
         rng.shuffle(order)
@@ -507,7 +540,10 @@ class TextDataModule(SplitDataModule):
         train = ([texts[i] for i in train_idx], [labels[i] for i in train_idx])
         # SST-2: the reported set (dev, as in the paper) is the test split, never the validation split
         test_split = "dev" if self.dataset_name == "sst2" and self.sst2_test == "dev" else "test"
-        test = read_text_split(self.dataset_name, test_split, self.root, self.verify)[:2]
+        if self.dataset_name == "csv":
+            test = tuple(self._table("test_file", classes)[:2])
+        else:
+            test = read_text_split(self.dataset_name, test_split, self.root, self.verify)[:2]
         return {"train": train, "val": val, "test": test}, classes
 
     def _make_splits(self, names) -> dict[str, TextClassificationDataset]:
@@ -545,7 +581,8 @@ class TextDataModule(SplitDataModule):
         digest = hashlib.sha256()
         for text in train_texts:  # the vocabulary is a function of the training texts, not only of their number
             digest.update(text.encode("utf-8") + b"\0")
-        meta = {"dataset": self.dataset_name, "vocab_size": self.vocab_size, "train_limit": self.train_limit,
+        meta = {"dataset": self.dataset_name, **({"table": self.table_args} if self.dataset_name == "csv" else {}),
+                "vocab_size": self.vocab_size, "train_limit": self.train_limit,
                 "seed": self.seed, "val_fraction": self.val_fraction, "n_train": len(train_texts),
                 "train_sha256": digest.hexdigest()}
         if self.dataset_name == "sst2":  # a vocabulary saved when SST-2 validated on dev saw other training texts

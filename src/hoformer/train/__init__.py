@@ -4,3 +4,5 @@ from .metrics import *  # noqa: F401,F403
 from .tasks import *  # noqa: F401,F403
 from .traffic import *  # noqa: F401,F403
 from .text import *  # noqa: F401,F403
+from .class_balance import *  # noqa: F401,F403
+from .guards import *  # noqa: F401,F403

@@ -55,7 +55,8 @@ class NonFiniteError(FloatingPointError):
 
 
 def _nonfinite_tensors(obj, prefix: str) -> list[str]:
-    """Names (``prefix``, ``prefix[0]``, ``prefix['x']``...) of the floating-point tensors in ``obj`` holding NaN / inf."""
+    """Names (``prefix``, ``prefix[0]``, ``prefix['x']``...) of the floating-point tensors in ``obj`` holding NaN or
+    inf, each with its counts."""
     if isinstance(obj, torch.Tensor):
         bad = obj.is_floating_point() or obj.is_complex()
         if bad and not bool(torch.isfinite(obj).all()):
@@ -108,11 +109,11 @@ class NonFiniteGuard(pl.Callback):
     """Stop training at the first non-finite loss with a :class:`NonFiniteError` naming the global step, the batch
     index, which of the batch inputs / model outputs / loss went non-finite, and the first module whose output did.
 
-    The loss is checked before its backward pass, so no optimizer step is taken on it. On CPU the check reads one
-    value per step. On an accelerator a host read would wait for the step's kernels, so the flag is copied to the
-    host asynchronously and checked once it has arrived (usually at the next step): the error then comes one or
-    two steps late and still names the step that first went non-finite (the diagnosis of inputs and modules uses
-    that step's batch and the current weights).
+    On CPU (and accelerators other than CUDA) the loss is checked before its backward pass, so no optimizer step is
+    taken on it. On CUDA a host read would wait for the step's kernels, so the flag is copied to the host
+    asynchronously and checked once it has arrived (usually at the next step, at the latest at the end of the epoch):
+    the error then comes one or two steps late and still names the step that first went non-finite (the diagnosis of
+    inputs and modules uses that step's batch and the current weights).
 
     Args:
         enabled: ``False`` turns the guard off (e.g. ``--trainer.callbacks+=hoformer.train.NonFiniteGuard

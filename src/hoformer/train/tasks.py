@@ -40,6 +40,7 @@ from torchmetrics.classification import AUROC, Accuracy, MulticlassAccuracy, Mul
 from hoformer._io import atomic_write
 
 from .base import TaskModule, check_labels, integer_labels
+from .class_balance import BalancedAccuracy, ClassWeighting
 
 __all__ = [
     "ForecastingTask",
@@ -103,6 +104,8 @@ class ForecastingTask(_HotTask):
         original_scale: also log ``{val,test}/{mse,mae}_orig`` on the original scale (``y * std + mean`` with the
             scaler statistics every batch carries).
         plot_variates: number of variates drawn in the test forecast PNG (0 disables it).
+        variate_names: the data's column names in the model's variate order (``OT``, ``HUFL``, ...), the labels of
+            the forecast PNG's panels (default ``variate <j>``).
     """
 
     def __init__(
@@ -118,6 +121,7 @@ class ForecastingTask(_HotTask):
         loss: str = "mse",
         original_scale: bool = False,
         plot_variates: int = 3,
+        variate_names: list[str] | None = None,
     ) -> None:
         if loss not in ("mse", "mae"):
             raise ValueError(f"ForecastingTask: `loss` must be 'mse' or 'mae', got {loss!r}")
@@ -185,26 +189,30 @@ class ForecastingTask(_HotTask):
     @rank_zero_only
     def _save_plot(self) -> str | None:
         root = (self.trainer.log_dir if self.trainer.logger is not None else None) or self.trainer.default_root_dir
-        return plot_forecast(*self._plot_sample, Path(root) / "forecast.png", num_variates=self.hparams.plot_variates)
+        return plot_forecast(*self._plot_sample, Path(root) / "forecast.png", num_variates=self.hparams.plot_variates,
+                             names=self.hparams.variate_names)
 
 
-def plot_forecast(x, y, pred, path, num_variates: int = 3) -> str | None:
+def plot_forecast(x, y, pred, path, num_variates: int = 3, names=None) -> str | None:
     """Write a PNG with lookback ``x (L, C)``, truth ``y (S, C)`` and forecast ``pred (S, C)`` for the first
-    ``num_variates`` variates (the last variate, usually ``OT``, first). Returns the path, or None without matplotlib."""
+    ``num_variates`` variates (the last variate, usually ``OT``, first), each panel labelled with its column name from
+    ``names`` (``C`` names; default ``variate <j>``). Returns the path, or None without matplotlib."""
     if importlib.util.find_spec("matplotlib") is None:  # plots are an optional extra
         return None
     from hoformer.analysis.plots import plot_forecast_vs_truth
 
     c = np.shape(x)[-1]
     channels = [c - 1 - i for i in range(min(num_variates, c))]
-    names = [f"variate {j}" for j in range(c)]
+    names = list(names)[-c:] if names is not None and len(names) >= c else [f"variate {j}" for j in range(c)]
     return str(plot_forecast_vs_truth(x, y, pred, path, channels=channels, names=names))
 
 
 # --------------------------------------------------------------------------------------------- classification
-class ClassificationTask(_HotTask):
+class ClassificationTask(ClassWeighting, _HotTask):
     """3D image classification (MedMNIST3D): ``x (B, 1, D, H, W) -> logits (B, num_classes)``; labels ``(B,)`` or
-    ``(B, 1)``. Logs ``{stage}/auc`` (macro one-vs-rest; binary: AUC of class 1) and ``{stage}/acc``."""
+    ``(B, 1)``. Logs ``{stage}/auc`` (macro one-vs-rest; binary: AUC of class 1), ``{stage}/acc`` and
+    ``{stage}/bacc`` (balanced accuracy). ``class_weight``: None, ``"balanced"`` or one weight per class for the
+    cross-entropy (:mod:`hoformer.train.class_balance`)."""
 
     def __init__(
         self,
@@ -217,19 +225,21 @@ class ClassificationTask(_HotTask):
         scheduler: str = "cosine",
         min_lr_ratio: float = 0.01,
         label_smoothing: float = 0.0,
+        class_weight: str | list[float] | None = None,
     ) -> None:
         super().__init__(model_name, model_kwargs, lr, weight_decay, betas, warmup_steps, scheduler, min_lr_ratio)
         self.num_classes = n = self._model_classes()
+        self._init_class_weight(class_weight, n)
         # validate_args=False: check_labels has validated the labels, and torchmetrics' own check (torch.unique +
         # a Python branch) would be a host sync per step on a GPU
         kw = {"validate_args": False}
         if n == 2:
-            make = lambda p: MetricCollection({"auc": AUROC(task="binary", **kw), "acc": Accuracy(task="binary", **kw)},
-                                              prefix=p)
+            make = lambda p: MetricCollection({"auc": AUROC(task="binary", **kw), "acc": Accuracy(task="binary", **kw),
+                                               "bacc": BalancedAccuracy(2)}, prefix=p)
         else:
             make = lambda p: MetricCollection(
                 {"auc": AUROC(task="multiclass", num_classes=n, **kw),
-                 "acc": MulticlassAccuracy(n, average="micro", **kw)},
+                 "acc": MulticlassAccuracy(n, average="micro", **kw), "bacc": BalancedAccuracy(n)},
                 prefix=p,
             )
         self._stage_metrics(make)
@@ -245,11 +255,14 @@ class ClassificationTask(_HotTask):
                              f"shape {given} (multi-label / one-hot targets are not supported)")
         check_labels(y, self.num_classes, name)
         logits = self.model(x)
-        loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
+        loss = F.cross_entropy(logits, y, weight=self.class_weights(), label_smoothing=self.hparams.label_smoothing)
         prob = logits.detach().float().softmax(-1)
         self.metrics[f"m_{stage}"].update(prob[:, 1] if self.num_classes == 2 else prob, y)
         self._log_metrics(stage, loss, x.shape[0])
         return loss
+
+    def _train_labels(self, batch) -> torch.Tensor:
+        return _unpack(batch, type(self).__name__)[1]
 
     def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0):
         return self.model(self._predict_input(batch)).softmax(-1)

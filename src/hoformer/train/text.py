@@ -34,12 +34,14 @@ from hoformer.data._utils import sha256sum
 from hoformer.models.hf import hf_config, hf_position_offset
 
 from .base import TaskModule, check_labels
+from .class_balance import BalancedAccuracy, ClassWeighting
 
 __all__ = ["kd_loss", "TextClassificationTask", "teacher_logits_fingerprint"]
 
 
 def kd_loss(student_logits: torch.Tensor, labels: torch.Tensor, teacher_logits: torch.Tensor | None = None, *,
-            alpha: float = 0.3, temperature: float = 2.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            alpha: float = 0.3, temperature: float = 2.0, weight: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Eq 8: returns ``(total, ce, kl)``; without teacher logits ``total = ce`` and ``kl = 0``.
 
     Args:
@@ -47,6 +49,7 @@ def kd_loss(student_logits: torch.Tensor, labels: torch.Tensor, teacher_logits: 
         labels: ``(B,)`` class ids.
         alpha: weight of the distillation term in ``[0, 1]``.
         temperature: softening temperature ``tau > 0`` (the KL is scaled by ``tau^2``).
+        weight: optional per-class weights ``(C,)`` of the cross-entropy term (class weighting).
     """
     if not isinstance(student_logits, torch.Tensor) or not student_logits.is_floating_point():
         got = getattr(student_logits, "dtype", type(student_logits).__name__)
@@ -65,7 +68,7 @@ def kd_loss(student_logits: torch.Tensor, labels: torch.Tensor, teacher_logits: 
         raise ValueError(f"kd_loss: `alpha` must be in [0, 1], got {alpha}")
     if temperature <= 0:
         raise ValueError(f"kd_loss: `temperature` must be > 0, got {temperature}")
-    ce = F.cross_entropy(student_logits.float(), labels)
+    ce = F.cross_entropy(student_logits.float(), labels, weight=None if weight is None else weight.float())
     if teacher_logits is None:
         return ce, ce, ce.new_zeros(())
     if teacher_logits.shape != student_logits.shape:
@@ -133,7 +136,7 @@ def teacher_logits_fingerprint(datamodule) -> dict:
     return _data_fingerprint(datamodule)
 
 
-class TextClassificationTask(TaskModule):
+class TextClassificationTask(ClassWeighting, TaskModule):
     """Sequence classification (``ids, mask -> logits``) with optional distillation (eq 8).
 
     Args:
@@ -151,6 +154,9 @@ class TextClassificationTask(TaskModule):
             datamodule's ``tokenizer``, its vocabulary and pad id; see ``HOBAClassifier.load_embeddings_from``).
         init_head_from_teacher: also copy the classifier head (``head.*``) from ``init_embeddings_from`` (the paper
             initialises "embeddings and classification heads" from the teacher; needs the same width and classes).
+        class_weight: None, ``"balanced"`` or one cross-entropy weight per class
+            (:mod:`hoformer.train.class_balance`); ``{stage}/bacc`` (balanced accuracy) is logged beside
+            ``{stage}/acc`` either way.
         export_dir: at the end of ``fit``, save the model (best checkpoint when one exists) and the datamodule's
             tokenizer there, ready for ``hoformer.models.from_pretrained`` / ``TextTokenizer.from_pretrained``.
     """
@@ -172,6 +178,7 @@ class TextClassificationTask(TaskModule):
         init_embeddings_from: str | None = None,
         init_head_from_teacher: bool = False,
         export_dir: str | None = None,
+        class_weight: str | list[float] | None = None,
     ) -> None:
         if not 0.0 <= kd_alpha <= 1.0 or kd_temperature <= 0:
             raise ValueError(f"TextClassificationTask: need kd_alpha in [0, 1] and kd_temperature > 0, got "
@@ -186,6 +193,9 @@ class TextClassificationTask(TaskModule):
         # validate_args=False: kd_loss validates the labels (torchmetrics' own check is a host sync per step on GPU)
         self.acc = torch.nn.ModuleDict({s: MulticlassAccuracy(n_cls, average="micro", validate_args=False)
                                         for s in ("fit", "val", "test")})
+        self.bacc = torch.nn.ModuleDict({s: BalancedAccuracy(n_cls) for s in ("fit", "val", "test")})
+        self.num_classes = n_cls
+        self._init_class_weight(class_weight, n_cls)
         self.teacher_cache: dict[str, torch.Tensor] = {}
         self._teacher_data_fp: dict | None = None  # the data the in-memory teacher logits belong to
         self._embeddings_loaded = False
@@ -339,17 +349,23 @@ class TextClassificationTask(TaskModule):
         teacher = self.teacher_cache.get(split)
         t = teacher[batch["index"]] if teacher is not None else None
         loss, ce, kl = kd_loss(logits, batch["label"], t, alpha=self.hparams.kd_alpha,
-                               temperature=self.hparams.kd_temperature)
+                               temperature=self.hparams.kd_temperature, weight=self.class_weights())
         bs = batch["ids"].shape[0]
         acc = self.acc["fit" if stage == "train" else stage]
         acc.update(logits.detach(), batch["label"])  # the epoch value only (forward would also compute a batch one)
+        bacc = self.bacc["fit" if stage == "train" else stage]
+        bacc.update(logits.detach(), batch["label"])
         on_step, sync = stage == "train", stage != "train"  # evaluation means over all ranks under DDP
         self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=True, batch_size=bs, sync_dist=sync)
         self.log(f"{stage}/ce", ce, on_step=False, on_epoch=True, batch_size=bs, sync_dist=sync)
         if t is not None:
             self.log(f"{stage}/kl", kl, on_step=False, on_epoch=True, batch_size=bs, sync_dist=sync)
         self.log(f"{stage}/acc", acc, on_step=False, on_epoch=True, prog_bar=stage != "train", batch_size=bs)
+        self.log(f"{stage}/bacc", bacc, on_step=False, on_epoch=True, batch_size=bs)
         return loss
+
+    def _train_labels(self, batch) -> torch.Tensor:
+        return batch["label"]
 
     # ------------------------------------------------------------------------------------------- export
     def save_pretrained(self, directory, model: torch.nn.Module | None = None) -> Path:
