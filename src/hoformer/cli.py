@@ -8,14 +8,17 @@ checkpoint, early stopping, ``save_pretrained`` export) and loggers are configur
 configs and, when a config does not, by the CLI itself).
 
 Extra sub-commands are plain functions ``fn(argv) -> exit code``: ``hoformer demo`` is registered here with
-:func:`register_command`; ``hoformer analyze``, ``bench`` and ``forecast`` are ``"module:function"`` entries of
-:data:`HOOKS`, imported only when run (the other commands do not pay for their imports). A registered command of the
-same name takes precedence over a hook::
+:func:`register_command`; ``hoformer analyze``, ``bench``, ``export`` and ``forecast`` are ``"module:function"``
+entries of :data:`HOOKS`, imported only when run (the other commands do not pay for their imports). A registered
+command of the same name takes precedence over a hook::
 
     from hoformer.cli import register_command
 
-    @register_command("export-onnx", help="export a checkpoint to ONNX")
-    def export_onnx(argv: list[str]) -> int: ...
+    @register_command("my-report", help="summarise a checkpoint")
+    def my_report(argv: list[str]) -> int: ...
+
+``hoformer export --checkpoint CKPT_OR_PRETRAINED_DIR --format onnx|pt2 --output FILE`` writes a deployable file
+(:mod:`hoformer.export`).
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ HOOKS: dict[str, tuple[str, str]] = {
     "analyze": ("hoformer.analysis.analyze:analyze_main",
                 "figures of a checkpoint on a data split: attention maps, stable ranks, forecast"),
     "bench": ("hoformer.analysis.bench:bench_main", "attention / model scaling benchmark: time, memory, FLOPs"),
+    "export": ("hoformer.export:export_main", "export a checkpoint as a torch.export program (.pt2) or ONNX file"),
     "forecast": ("hoformer.train.forecast:forecast_main",
                  "forecast the steps after the end of a series with a trained forecaster (CSV out)"),
 }

@@ -94,25 +94,6 @@ def _flat_factor(s: torch.Tensor, b: int, h: int) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------ primitives
-def _opaque_to_compile(fn: Callable) -> Callable:
-    """``torch.compiler.disable(fn)``, applied at the first call rather than at import (importing Dynamo costs ~1 s,
-    which ``import hoformer.models`` should not pay). Under torch.compile the hand-written kernels (workspace buffers
-    written with ``out=``, ``data_ptr`` checks, host-side chunk loops and caches) then run as one opaque eager call
-    each: one graph break per call instead of Dynamo tracing their Python internals (ten and more breaks per call,
-    cached index tensors baked into graphs). The linear kernel's plain batched matmuls (:func:`_kron_apply_ops`,
-    :func:`_kron_sum_ops`) are left to the compiler: a ``kronecker_linear`` layer compiles to one graph (CPU,
-    inductor: 0.64-0.69x the eager fwd+bwd time, against 0.86-1.01x with them opaque)."""
-    disabled: list[Callable] = []
-
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
-        if not disabled:
-            disabled.append(torch.compiler.disable(fn))
-        return disabled[0](*args, **kwargs)
-
-    return call
-
-
 def _kron_apply_ops(factors: list[Callable], vt: torch.Tensor, mode_sizes: Sequence[int]) -> torch.Tensor:
     """Product of operator-valued factors (the linear kernel) on a channels-first value ``vt (b, h, d, n1..nk)``;
     returns ``(b, h, n1..nk, d)``. ``factors[m]`` is a callable ``X (bh, P, n_m) -> (bh, n_m, P)`` computing
@@ -253,76 +234,90 @@ def _dst_buffer(dst: torch.Tensor, key, ws: _Workspace, shape) -> torch.Tensor:
 
 
 def _autocast_off(fn):
-    """Run the autograd ``Function`` method ``fn(ctx, x, ...)`` with autocast disabled on ``x``'s device: the
+    """Run the kernel ``fn(...)`` with autocast disabled on the device of its first tensor argument: the
     hand-written kernels choose their compute dtype themselves (the Kronecker products run in the value's dtype, the
     triplet kernel in fp32 for half / bf16 inputs) and their backward recomputes in that same dtype, so an autocast
     region around the call must not turn their matmuls into bf16."""
 
     @functools.wraps(fn)
-    def wrapped(ctx, x, *args):
+    def wrapped(*args):
+        x = next(a for a in args if isinstance(a, torch.Tensor))
         with torch.autocast(x.device.type, enabled=False):
-            return fn(ctx, x, *args)
+            return fn(*args)
 
     return wrapped
 
 
-class _KronApply(torch.autograd.Function):
-    """``S_1 (x) .. (x) S_k`` with a hand-written, cache-blocked backward.
+@_autocast_off  # everything runs in v's dtype, fwd and bwd alike
+def _kron_apply_forward(v: torch.Tensor, factors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``S_1 (x) .. (x) S_k`` applied to ``v (b, h, n1..nk, d)``, factors expanded to ``(b, h, n_m, n_m)``.
 
     Per chunk of (batch, head) pairs the value is read as ``(c, n1..nk, d)`` and the ``k`` mode products are applied
     in place of layout (:func:`_mode_mul`) between two reused chunk buffers, so no transposed copy and no fresh
     allocation is made per chunk; the last product writes straight into the output when it can. The output is
     allocated like ``v`` (same strides): when ``v`` is the head-split view of a ``(b, n.., h*d)`` projection, merging
-    the heads afterwards is free. Backward: recompute the chunk's step inputs ``X_m``, then walk back with
-    ``dS_m = G_(m) X_(m)^T`` and ``G <- G x_m S_m^T``. Only ``v`` (usually a view of a tensor autograd keeps anyway)
-    and the factors are saved.
+    the heads afterwards is free.
     """
+    b, h, sizes, k = v.shape[0], v.shape[1], v.shape[2:-1], len(factors)
+    out, ws = torch.empty_like(v), _Workspace(v)
+    for bs, hs in _chunks(b, h, _chunk_pairs(v)):
+        fs = _pair_factors(factors, bs, hs)
+        shape = (fs[0].shape[0], *sizes, v.shape[-1])
+        x = ws.as_contiguous("x", v[bs, hs], shape)
+        for m, s in enumerate(fs):
+            dst = _dst_buffer(out[bs, hs], "y", ws, shape) if m == k - 1 else ws.get(("t", m % 2), shape)
+            x = _mode_mul(s, x, sizes, m, dst, ws)
+        if x.data_ptr() != out[bs, hs].data_ptr():
+            out[bs, hs] = x.view(out[bs, hs].shape)
+    return out
+
+
+@_autocast_off
+def _kron_apply_backward(gy: torch.Tensor, v: torch.Tensor, factors: Sequence[torch.Tensor], need_v: bool,
+                         need_s: Sequence[bool]) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
+    """Gradients ``(dv, [dS_m])`` of :func:`_kron_apply_forward` (``None`` where not needed): per chunk, recompute the
+    step inputs ``X_m``, then walk back with ``dS_m = G_(m) X_(m)^T`` and ``G <- G x_m S_m^T``. Only ``v`` (usually a
+    view of a tensor autograd keeps anyway) and the factors are needed."""
+    b, h, sizes, k = v.shape[0], v.shape[1], v.shape[2:-1], len(factors)
+    gv = torch.empty_like(v) if need_v else None
+    gs = [v.new_empty(b, h, *f.shape[-2:]) if need_s[m] else None for m, f in enumerate(factors)]
+    last = max([m for m in range(k) if need_s[m]], default=-1)  # recompute no further than needed
+    ws = _Workspace(v)
+    gy = gy.to(v.dtype)
+    for bs, hs in _chunks(b, h, _chunk_pairs(v)):
+        fs = _pair_factors(factors, bs, hs)
+        c = fs[0].shape[0]
+        shape = (c, *sizes, v.shape[-1])
+        inputs = [ws.as_contiguous("x", v[bs, hs], shape)]
+        for m in range(last):  # the input of every step whose factor needs a gradient
+            inputs.append(_mode_mul(fs[m], inputs[m], sizes, m, ws.get(("in", m), shape), ws))
+        g = ws.as_contiguous("g", gy[bs, hs], shape)
+        for m in reversed(range(k)):
+            if gs[m] is not None:
+                _mode_gram(g, inputs[m], sizes, m, gs[m][bs, hs].view(c, sizes[m], sizes[m]), ws)
+            if m or need_v:
+                dst = _dst_buffer(gv[bs, hs], "gv", ws, shape) if m == 0 else ws.get(("t", m % 2), shape)
+                g = _mode_mul(fs[m].transpose(1, 2), g, sizes, m, dst, ws)
+        if need_v and g.data_ptr() != gv[bs, hs].data_ptr():
+            gv[bs, hs] = g.view(gv[bs, hs].shape)
+    return gv, gs
+
+
+class _KronApply(torch.autograd.Function):
+    """``S_1 (x) .. (x) S_k`` with the hand-written, cache-blocked backward (:func:`_kron_apply_forward`,
+    :func:`_kron_apply_backward`); only ``v`` and the factors are saved. Eager only: traced code (``torch.compile``,
+    ``torch.export``) calls the same kernels as the custom op ``hoformer::kron_apply`` (:mod:`._ops`)."""
 
     @staticmethod
-    @_autocast_off  # everything runs in v's dtype, fwd and bwd alike
     def forward(ctx, v: torch.Tensor, *factors: torch.Tensor) -> torch.Tensor:
-        b, h, sizes, k = v.shape[0], v.shape[1], v.shape[2:-1], len(factors)
-        out, ws = torch.empty_like(v), _Workspace(v)
-        for bs, hs in _chunks(b, h, _chunk_pairs(v)):
-            fs = _pair_factors(factors, bs, hs)
-            shape = (fs[0].shape[0], *sizes, v.shape[-1])
-            x = ws.as_contiguous("x", v[bs, hs], shape)
-            for m, s in enumerate(fs):
-                dst = _dst_buffer(out[bs, hs], "y", ws, shape) if m == k - 1 else ws.get(("t", m % 2), shape)
-                x = _mode_mul(s, x, sizes, m, dst, ws)
-            if x.data_ptr() != out[bs, hs].data_ptr():
-                out[bs, hs] = x.view(out[bs, hs].shape)
         ctx.save_for_backward(v, *factors)
-        return out
+        return _kron_apply_forward(v, factors)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    @_autocast_off
     def backward(ctx, gy: torch.Tensor):
         v, *factors = ctx.saved_tensors
-        b, h, sizes, k = v.shape[0], v.shape[1], v.shape[2:-1], len(factors)
-        need_v, need_s = ctx.needs_input_grad[0], ctx.needs_input_grad[1:]
-        gv = torch.empty_like(v) if need_v else None
-        gs = [v.new_empty(b, h, *f.shape[-2:]) if need_s[m] else None for m, f in enumerate(factors)]
-        last = max([m for m in range(k) if need_s[m]], default=-1)  # recompute no further than needed
-        ws = _Workspace(v)
-        gy = gy.to(v.dtype)
-        for bs, hs in _chunks(b, h, _chunk_pairs(v)):
-            fs = _pair_factors(factors, bs, hs)
-            c = fs[0].shape[0]
-            shape = (c, *sizes, v.shape[-1])
-            inputs = [ws.as_contiguous("x", v[bs, hs], shape)]
-            for m in range(last):  # the input of every step whose factor needs a gradient
-                inputs.append(_mode_mul(fs[m], inputs[m], sizes, m, ws.get(("in", m), shape), ws))
-            g = ws.as_contiguous("g", gy[bs, hs], shape)
-            for m in reversed(range(k)):
-                if gs[m] is not None:
-                    _mode_gram(g, inputs[m], sizes, m, gs[m][bs, hs].view(c, sizes[m], sizes[m]), ws)
-                if m or need_v:
-                    dst = _dst_buffer(gv[bs, hs], "gv", ws, shape) if m == 0 else ws.get(("t", m % 2), shape)
-                    g = _mode_mul(fs[m].transpose(1, 2), g, sizes, m, dst, ws)
-            if need_v and g.data_ptr() != gv[bs, hs].data_ptr():
-                gv[bs, hs] = g.view(gv[bs, hs].shape)
+        gv, gs = _kron_apply_backward(gy, v, factors, ctx.needs_input_grad[0], ctx.needs_input_grad[1:])
         return (gv, *gs)
 
 
@@ -342,10 +337,12 @@ def kron_apply(factors: Sequence[torch.Tensor], v: torch.Tensor) -> torch.Tensor
     return _kron_apply(_check_factors(factors, v, "kron_apply"), v)
 
 
-@_opaque_to_compile
 def _kron_apply(factors: Sequence[torch.Tensor], v: torch.Tensor) -> torch.Tensor:
     """:func:`kron_apply` without the argument checks: factors ``(.., Ni, Ni)`` broadcasting to ``(B, H)``."""
-    return _KronApply.apply(v, *_expand_factors(factors, v))
+    factors = _expand_factors(factors, v)
+    if torch.compiler.is_compiling():  # torch.compile / torch.export: the same kernels as one opaque custom op
+        return torch.ops.hoformer.kron_apply(v, factors)
+    return _KronApply.apply(v, *factors)
 
 
 def kron_sum_apply(factors: Sequence[torch.Tensor], v: torch.Tensor, normalize: bool = True) -> torch.Tensor:
@@ -356,11 +353,13 @@ def kron_sum_apply(factors: Sequence[torch.Tensor], v: torch.Tensor, normalize: 
     return _kron_sum_apply(_check_factors(factors, v, "kron_sum_apply"), v, normalize)
 
 
-@_opaque_to_compile
 def _kron_sum_apply(factors: Sequence[torch.Tensor], v: torch.Tensor, normalize: bool = True) -> torch.Tensor:
     """:func:`kron_sum_apply` without the argument checks."""
     alpha = 1.0 / len(factors) if normalize else 1.0
-    return _KronSumApply.apply(v, alpha, *_expand_factors(factors, v))
+    factors = _expand_factors(factors, v)
+    if torch.compiler.is_compiling():  # torch.compile / torch.export: the same kernels as one opaque custom op
+        return torch.ops.hoformer.kron_sum_apply(v, factors, alpha)
+    return _KronSumApply.apply(v, alpha, *factors)
 
 
 def _unfold(x: torch.Tensor, m: int, n: int) -> torch.Tensor:
@@ -375,62 +374,76 @@ def _fold_add(out: torch.Tensor | None, y: torch.Tensor, m: int, like: torch.Ten
     return y.contiguous() if out is None else out.add_(y)
 
 
+def _kron_sum_chunk(src, dst, fs, alpha: float, transpose: bool, ws: _Workspace) -> None:
+    """``dst = alpha * sum_m src x_m S_m`` (``S_m^T`` if ``transpose``) for one chunk ``(cb, ch, n1..nk, d)``."""
+    sizes = src.shape[2:-1]
+    shape = (fs[0].shape[0], *sizes, src.shape[-1])
+    x = ws.as_contiguous("x", src, shape)
+    y = _dst_buffer(dst, "y", ws, shape)
+    for m, s in enumerate(fs):
+        _mode_mul(s.transpose(1, 2) if transpose else s, x, sizes, m, y, ws, accumulate=m > 0)
+    if alpha != 1.0:
+        y.mul_(alpha)
+    if y.data_ptr() != dst.data_ptr():
+        dst.copy_(y.view(dst.shape))
+
+
+@_autocast_off
+def _kron_sum_apply_forward(v: torch.Tensor, factors: Sequence[torch.Tensor], alpha: float) -> torch.Tensor:
+    """``alpha * sum_m v x_m S_m``, cache-blocked and copy-free like :func:`_kron_apply_forward` (the terms accumulate
+    in one buffer through ``baddbmm``)."""
+    b, h = v.shape[:2]
+    out, ws = torch.empty_like(v), _Workspace(v)
+    for bs, hs in _chunks(b, h, _chunk_pairs(v)):
+        _kron_sum_chunk(v[bs, hs], out[bs, hs], _pair_factors(factors, bs, hs), alpha, False, ws)
+    return out
+
+
+@_autocast_off
+def _kron_sum_apply_backward(g: torch.Tensor, v: torch.Tensor, factors: Sequence[torch.Tensor], alpha: float,
+                             need_v: bool, need_s: Sequence[bool]):
+    """Gradients ``(dv, [dS_m])`` of :func:`_kron_sum_apply_forward` (``None`` where not needed):
+    ``dv = alpha * sum_m g x_m S_m^T`` (the adjoint of a Kronecker sum is the sum of the transposes) and
+    ``dS_m = alpha * G_(m) V_(m)^T`` from the chunk's mode-``m`` fibres."""
+    b, h, sizes = v.shape[0], v.shape[1], v.shape[2:-1]
+    gv = torch.empty_like(v) if need_v else None
+    gs = [v.new_empty(b, h, *f.shape[-2:]) if need_s[m] else None for m, f in enumerate(factors)]
+    ws = _Workspace(v)
+    g = g.to(v.dtype)
+    for bs, hs in _chunks(b, h, _chunk_pairs(v)):
+        fs = _pair_factors(factors, bs, hs)
+        if need_v:
+            _kron_sum_chunk(g[bs, hs], gv[bs, hs], fs, alpha, True, ws)
+        if not any(need_s):
+            continue
+        c = fs[0].shape[0]
+        shape = (c, *sizes, v.shape[-1])
+        gc, vc = ws.as_contiguous("g", g[bs, hs], shape), ws.as_contiguous("x", v[bs, hs], shape)
+        for m in range(len(fs)):
+            if gs[m] is not None:
+                d = _mode_gram(gc, vc, sizes, m, gs[m][bs, hs].view(c, sizes[m], sizes[m]), ws)
+                if alpha != 1.0:
+                    d.mul_(alpha)
+    return gv, gs
+
+
 class _KronSumApply(torch.autograd.Function):
-    """``alpha * sum_m v x_m S_m``, cache-blocked and copy-free like :class:`_KronApply` (the terms accumulate in one
-    buffer through ``baddbmm``), with a hand-written backward: ``dv = alpha * sum_m g x_m S_m^T`` (the adjoint of a
-    Kronecker sum is the sum of the transposes) and ``dS_m = alpha * G_(m) V_(m)^T`` from the chunk's mode-``m``
-    fibres. Saves ``v`` and the factors."""
+    """``alpha * sum_m v x_m S_m`` with the hand-written backward (:func:`_kron_sum_apply_forward`,
+    :func:`_kron_sum_apply_backward`); saves ``v`` and the factors. Eager only: traced code calls the same kernels
+    as the custom op ``hoformer::kron_sum_apply`` (:mod:`._ops`)."""
 
     @staticmethod
-    @_autocast_off
     def forward(ctx, v: torch.Tensor, alpha: float, *factors: torch.Tensor) -> torch.Tensor:
-        b, h = v.shape[:2]
-        out, ws = torch.empty_like(v), _Workspace(v)
-        for bs, hs in _chunks(b, h, _chunk_pairs(v)):
-            _KronSumApply._apply(v[bs, hs], out[bs, hs], _pair_factors(factors, bs, hs), alpha, False, ws)
         ctx.save_for_backward(v, *factors)
         ctx.alpha = alpha
-        return out
-
-    @staticmethod
-    def _apply(src, dst, fs, alpha: float, transpose: bool, ws: _Workspace) -> None:
-        """``dst = alpha * sum_m src x_m S_m`` (``S_m^T`` if ``transpose``) for one chunk ``(cb, ch, n1..nk, d)``."""
-        sizes = src.shape[2:-1]
-        shape = (fs[0].shape[0], *sizes, src.shape[-1])
-        x = ws.as_contiguous("x", src, shape)
-        y = _dst_buffer(dst, "y", ws, shape)
-        for m, s in enumerate(fs):
-            _mode_mul(s.transpose(1, 2) if transpose else s, x, sizes, m, y, ws, accumulate=m > 0)
-        if alpha != 1.0:
-            y.mul_(alpha)
-        if y.data_ptr() != dst.data_ptr():
-            dst.copy_(y.view(dst.shape))
+        return _kron_sum_apply_forward(v, factors, alpha)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    @_autocast_off
     def backward(ctx, g: torch.Tensor):
         v, *factors = ctx.saved_tensors
-        b, h, sizes = v.shape[0], v.shape[1], v.shape[2:-1]
-        need_v, need_s = ctx.needs_input_grad[0], ctx.needs_input_grad[2:]
-        gv = torch.empty_like(v) if need_v else None
-        gs = [v.new_empty(b, h, *f.shape[-2:]) if need_s[m] else None for m, f in enumerate(factors)]
-        ws = _Workspace(v)
-        g = g.to(v.dtype)
-        for bs, hs in _chunks(b, h, _chunk_pairs(v)):
-            fs = _pair_factors(factors, bs, hs)
-            if need_v:
-                _KronSumApply._apply(g[bs, hs], gv[bs, hs], fs, ctx.alpha, True, ws)
-            if not any(need_s):
-                continue
-            c = fs[0].shape[0]
-            shape = (c, *sizes, v.shape[-1])
-            gc, vc = ws.as_contiguous("g", g[bs, hs], shape), ws.as_contiguous("x", v[bs, hs], shape)
-            for m in range(len(fs)):
-                if gs[m] is not None:
-                    d = _mode_gram(gc, vc, sizes, m, gs[m][bs, hs].view(c, sizes[m], sizes[m]), ws)
-                    if ctx.alpha != 1.0:
-                        d.mul_(ctx.alpha)
+        gv, gs = _kron_sum_apply_backward(g, v, factors, ctx.alpha, ctx.needs_input_grad[0],
+                                          ctx.needs_input_grad[2:])
         return (gv, None, *gs)
 
 

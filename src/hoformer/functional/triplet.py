@@ -32,7 +32,7 @@ import torch
 
 from hoformer._checks import check_fraction, check_int, check_scale
 
-from .kronecker import _autocast_off, _opaque_to_compile
+from .kronecker import _autocast_off
 from .scores import masked_softmax
 
 __all__ = [
@@ -113,8 +113,21 @@ def _check_inputs(q, k1, k2, v1, v2, mask, block_size, overlap, fn: str, names=(
     return mask
 
 
-# cached per shape and device: 512 entries cover every padded length of a bucketed text batch stream
-@functools.lru_cache(maxsize=512)
+def _eager_cache(fn):
+    """``functools.lru_cache(maxsize=512)`` for eager calls (512 entries cover every padded length of a bucketed text
+    batch stream); a traced call (``torch.compile``, ``torch.export``) builds its tensor afresh: made while tracing it
+    is a fake tensor or a graph constant, which must not be served to later eager calls."""
+    cached = functools.lru_cache(maxsize=512)(fn)
+
+    @functools.wraps(fn)
+    def call(*args):
+        return fn(*args) if torch.compiler.is_compiling() else cached(*args)
+
+    return call
+
+
+# cached per shape and device
+@_eager_cache
 def _window_index(L: int, block_size: int, overlap: float, device: torch.device) -> torch.Tensor:
     """``(w, s)`` long tensor of token positions per window, ``s = min(block_size, L)``; cached per shape and device
     (built from a Python list: one host-to-device copy per forward and backward otherwise). Read-only. Made outside
@@ -124,7 +137,7 @@ def _window_index(L: int, block_size: int, overlap: float, device: torch.device)
         return starts[:, None] + torch.arange(min(block_size, L), device=device)
 
 
-@functools.lru_cache(maxsize=512)
+@_eager_cache
 def _window_count(L: int, block_size: int, overlap: float, device: torch.device) -> torch.Tensor:
     """``(L,)`` float32 number of windows covering each token (the divisor of eq 4), counted on the host: a
     ``torch.bincount`` of the index would copy its min / max to the host, a sync per call on CUDA. Cached, read-only."""
@@ -201,89 +214,103 @@ def _tile_rows(n_win: int, s: int, d: int, budget: int) -> tuple[int, int]:
     return nw, c
 
 
+@_autocast_off
+def _triplet_forward(q, k1, k2, v1, v2, mask, block_size, overlap, scale, budget):
+    """Forward of :func:`triplet_attention`: ``(out, C, lse)``, the output and what the backward keeps (per-window
+    outputs ``C (B*H*W, s, d)`` and log-sum-exps ``(B*H*W, s)``, in the compute dtype)."""
+    B, H, L, D = q.shape
+    cdt = _compute_dtype(q.dtype)
+    idx = _window_index(L, block_size, overlap, q.device)  # w s
+    W, S = idx.shape
+    N = B * H * W
+    flat = [x.reshape(B * H, L, D) for x in (q, k1, k2, v1, v2)]
+    bias = _key_bias(mask, idx, cdt)
+    C = torch.empty(N, S, D, device=q.device, dtype=cdt)
+    lse = torch.empty(N, S, device=q.device, dtype=cdt)
+    nw, c = _tile_rows(N, S, D, budget)
+    for n0 in range(0, N, nw):
+        n1 = min(N, n0 + nw)
+        qw, k1w, k2w, v1w, v2w, bw = _gather(flat, bias, idx, n0, n1, H, W, cdt)
+        for i0 in range(0, S, c):
+            i1 = min(S, i0 + c)
+            a, _, lse[n0:n1, i0:i1] = _scores(qw[:, i0:i1] * scale, k1w, k2w, bw)
+            w_ = torch.matmul(a.flatten(1, 2), v2w).view(n1 - n0, i1 - i0, S, D)  # n i j d
+            C[n0:n1, i0:i1] = w_.mul_(v1w[:, None]).sum(2)
+    out = _scatter_mean(C, idx, _window_count(L, block_size, overlap, q.device), B, H, L, mask).to(q.dtype)
+    return out, C, lse
+
+
+@_autocast_off
+def _triplet_backward(g, q, k1, k2, v1, v2, mask, C, lse, block_size, overlap, scale, budget):
+    """Gradients ``[dq, dk1, dk2, dv1, dv2]`` of :func:`_triplet_forward`: the scores are recomputed per tile from
+    ``q, k1, k2`` and the stored log-sum-exps (flash-attention style)."""
+    B, H, L, D = q.shape
+    cdt = C.dtype
+    idx = _window_index(L, block_size, overlap, q.device)
+    W, S = idx.shape
+    N = B * H * W
+    count = _window_count(L, block_size, overlap, q.device).to(cdt)
+    g = g.to(cdt) / count[:, None]
+    if mask is not None:
+        g = g * mask[:, None, :, None]
+    gflat = g.reshape(B * H, L, D)
+    flat = [x.reshape(B * H, L, D) for x in (q, k1, k2, v1, v2)]
+    bias = _key_bias(mask, idx, cdt)
+    grads = [torch.zeros(B * H * L, D, device=q.device, dtype=cdt) for _ in range(5)]
+    nw, c = _tile_rows(N, S, D, budget)
+    for n0 in range(0, N, nw):
+        n1 = min(N, n0 + nw)
+        n = n1 - n0
+        qw, k1w, k2w, v1w, v2w, bw = _gather(flat, bias, idx, n0, n1, H, W, cdt)
+        pos = _positions(idx, n0, n1, H, W, L)  # n s, rows of the flattened (B*H*L) tensors
+        gw = gflat.reshape(-1, D)[pos]  # n s d : dL/dC per window
+        dq, dk1, dk2, dv1, dv2 = (torch.zeros(n, S, D, device=q.device, dtype=cdt) for _ in range(5))
+        for i0 in range(0, S, c):
+            i1 = min(S, i0 + c)
+            ci = i1 - i0
+            qc, gc = qw[:, i0:i1] * scale, gw[:, i0:i1]
+            a, p, _ = _scores(qc, k1w, k2w, bw, lse[n0:n1, i0:i1])
+            dw = (gc[:, :, None] * v1w[:, None]).flatten(1, 2)  # n (i j) d
+            da = torch.matmul(dw, v2w.mT)  # n (i j) l
+            if ci == S:  # whole windows: one contraction dU = A^T dC gives both value gradients
+                du = torch.matmul(a.flatten(2).mT, gc).view(n, S, S, D)  # n j l d, one tile's worth
+                dv1 += (du * v2w[:, None]).sum(2)
+                dv2 += du.mul_(v1w[:, :, None]).sum(1)
+            else:  # row chunks of a large window: no (s, s, d) tensor, two contractions
+                a2 = a.flatten(1, 2)  # n (i j) l
+                dv2 += torch.matmul(a2.mT, dw)
+                dv1 += (torch.matmul(a2, v2w).view(n, ci, S, D) * gc[:, :, None]).sum(1)
+            delta = (gc * C[n0:n1, i0:i1]).sum(-1)  # n i  (= sum_jl A dA)
+            # dT / scale (the scale sits in qc), so dk1 and dk2 come out right and dq takes it once
+            dt = da.view(n, ci, S, S).sub_(delta[..., None, None]).mul_(a).flatten(1, 2)  # n (i j) l
+            z = torch.matmul(dt, k2w).view(n, ci, S, D)  # sum_l dT[i,j,l] k2[l] / scale
+            dq[:, i0:i1] = (z * k1w[:, None]).sum(2).mul_(scale)
+            dk1 += z.mul_(qc[:, :, None]).sum(1)
+            dk2 += torch.matmul(dt.mT, p.flatten(1, 2))
+        for acc, part in zip(grads, (dq, dk1, dk2, dv1, dv2)):
+            acc.index_add_(0, pos.flatten(), part.flatten(0, 1))
+    return [x.view(B, H, L, D).to(q.dtype) for x in grads]
+
+
 class _TripletFn(torch.autograd.Function):
-    """Forward / backward of :func:`triplet_attention` (first-order gradients only)."""
+    """:func:`triplet_attention` with its hand-written backward (first-order gradients only). Eager only: traced code
+    calls the same kernels as the custom op ``hoformer::triplet_attention`` (:mod:`._ops`)."""
 
     @staticmethod
-    @_autocast_off
     def forward(ctx, q, k1, k2, v1, v2, mask, block_size, overlap, scale, budget):
-        B, H, L, D = q.shape
-        cdt = _compute_dtype(q.dtype)
-        idx = _window_index(L, block_size, overlap, q.device)  # w s
-        W, S = idx.shape
-        N = B * H * W
-        flat = [x.reshape(B * H, L, D) for x in (q, k1, k2, v1, v2)]
-        bias = _key_bias(mask, idx, cdt)
-        C = torch.empty(N, S, D, device=q.device, dtype=cdt)
-        lse = torch.empty(N, S, device=q.device, dtype=cdt)
-        nw, c = _tile_rows(N, S, D, budget)
-        for n0 in range(0, N, nw):
-            n1 = min(N, n0 + nw)
-            qw, k1w, k2w, v1w, v2w, bw = _gather(flat, bias, idx, n0, n1, H, W, cdt)
-            for i0 in range(0, S, c):
-                i1 = min(S, i0 + c)
-                a, _, lse[n0:n1, i0:i1] = _scores(qw[:, i0:i1] * scale, k1w, k2w, bw)
-                w_ = torch.matmul(a.flatten(1, 2), v2w).view(n1 - n0, i1 - i0, S, D)  # n i j d
-                C[n0:n1, i0:i1] = w_.mul_(v1w[:, None]).sum(2)
-        out = _scatter_mean(C, idx, _window_count(L, block_size, overlap, q.device), B, H, L, mask).to(q.dtype)
+        out, C, lse = _triplet_forward(q, k1, k2, v1, v2, mask, block_size, overlap, scale, budget)
         ctx.save_for_backward(q, k1, k2, v1, v2, mask if mask is not None else torch.empty(0), C, lse)
         ctx.cfg = (block_size, overlap, scale, budget, mask is not None)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    @_autocast_off
     def backward(ctx, g):
         q, k1, k2, v1, v2, mask, C, lse = ctx.saved_tensors
         block_size, overlap, scale, budget, has_mask = ctx.cfg
-        mask = mask if has_mask else None
-        B, H, L, D = q.shape
-        cdt = C.dtype
-        idx = _window_index(L, block_size, overlap, q.device)
-        W, S = idx.shape
-        N = B * H * W
-        count = _window_count(L, block_size, overlap, q.device).to(cdt)
-        g = g.to(cdt) / count[:, None]
-        if mask is not None:
-            g = g * mask[:, None, :, None]
-        gflat = g.reshape(B * H, L, D)
-        flat = [x.reshape(B * H, L, D) for x in (q, k1, k2, v1, v2)]
-        bias = _key_bias(mask, idx, cdt)
-        grads = [torch.zeros(B * H * L, D, device=q.device, dtype=cdt) for _ in range(5)]
-        nw, c = _tile_rows(N, S, D, budget)
-        for n0 in range(0, N, nw):
-            n1 = min(N, n0 + nw)
-            n = n1 - n0
-            qw, k1w, k2w, v1w, v2w, bw = _gather(flat, bias, idx, n0, n1, H, W, cdt)
-            pos = _positions(idx, n0, n1, H, W, L)  # n s, rows of the flattened (B*H*L) tensors
-            gw = gflat.reshape(-1, D)[pos]  # n s d : dL/dC per window
-            dq, dk1, dk2, dv1, dv2 = (torch.zeros(n, S, D, device=q.device, dtype=cdt) for _ in range(5))
-            for i0 in range(0, S, c):
-                i1 = min(S, i0 + c)
-                ci = i1 - i0
-                qc, gc = qw[:, i0:i1] * scale, gw[:, i0:i1]
-                a, p, _ = _scores(qc, k1w, k2w, bw, lse[n0:n1, i0:i1])
-                dw = (gc[:, :, None] * v1w[:, None]).flatten(1, 2)  # n (i j) d
-                da = torch.matmul(dw, v2w.mT)  # n (i j) l
-                if ci == S:  # whole windows: one contraction dU = A^T dC gives both value gradients
-                    du = torch.matmul(a.flatten(2).mT, gc).view(n, S, S, D)  # n j l d, one tile's worth
-                    dv1 += (du * v2w[:, None]).sum(2)
-                    dv2 += du.mul_(v1w[:, :, None]).sum(1)
-                else:  # row chunks of a large window: no (s, s, d) tensor, two contractions
-                    a2 = a.flatten(1, 2)  # n (i j) l
-                    dv2 += torch.matmul(a2.mT, dw)
-                    dv1 += (torch.matmul(a2, v2w).view(n, ci, S, D) * gc[:, :, None]).sum(1)
-                delta = (gc * C[n0:n1, i0:i1]).sum(-1)  # n i  (= sum_jl A dA)
-                # dT / scale (the scale sits in qc), so dk1 and dk2 come out right and dq takes it once
-                dt = da.view(n, ci, S, S).sub_(delta[..., None, None]).mul_(a).flatten(1, 2)  # n (i j) l
-                z = torch.matmul(dt, k2w).view(n, ci, S, D)  # sum_l dT[i,j,l] k2[l] / scale
-                dq[:, i0:i1] = (z * k1w[:, None]).sum(2).mul_(scale)
-                dk1 += z.mul_(qc[:, :, None]).sum(1)
-                dk2 += torch.matmul(dt.mT, p.flatten(1, 2))
-            for acc, part in zip(grads, (dq, dk1, dk2, dv1, dv2)):
-                acc.index_add_(0, pos.flatten(), part.flatten(0, 1))
-        out = [x.view(B, H, L, D).to(q.dtype) for x in grads]
-        return (*out, None, None, None, None, None)
+        grads = _triplet_backward(g, q, k1, k2, v1, v2, mask if has_mask else None, C, lse, block_size, overlap,
+                                  scale, budget)
+        return (*grads, None, None, None, None, None)
 
 
 def _key_bias(mask, idx, cdt):
@@ -338,7 +365,6 @@ def _scatter_mean(C, idx, count, B, H, L, mask):
     return out if mask is None else out * mask[:, None, :, None]
 
 
-@_opaque_to_compile
 def triplet_attention(
     q: torch.Tensor,
     k1: torch.Tensor,
@@ -377,6 +403,9 @@ def triplet_attention(
     if chunk_elements is None:
         chunk_elements = _DEFAULT_CHUNK.get(q.device.type, 1 << 24)
     check_int("triplet_attention", "chunk_elements", chunk_elements)
+    if torch.compiler.is_compiling():  # torch.compile / torch.export: the same kernels as one opaque custom op
+        return torch.ops.hoformer.triplet_attention(q, k1, k2, v1, v2, mask, block_size, float(overlap), scale,
+                                                    chunk_elements)[0]
     return _TripletFn.apply(q, k1, k2, v1, v2, mask, block_size, float(overlap), scale, chunk_elements)
 
 
@@ -394,7 +423,6 @@ def _block_weights(q, k, block_size: int, overlap: float, scale, mask):
     return a, idx, mw
 
 
-@_opaque_to_compile
 def block_attention(q, k, v, *, block_size: int, overlap: float = 0.0, scale=None, mask=None):
     """Pairwise (2D) softmax attention inside the same overlapping windows as :func:`triplet_attention`, outputs
     averaged over covering windows (eq 4): the "2D block-local" baseline of section 4.3 / Table 7.
@@ -458,7 +486,6 @@ def _cross_weights(o, block_size: int, mask, scale):
     return a, r
 
 
-@_opaque_to_compile
 def cross_block_attention(o, *, block_size: int, mask=None, scale=None):
     """Cross-block interaction (eqs 5-7): ``o_i + sum_m' softmax_m'(r_m . r_m' * scale) r_m'`` with ``m = i // b``.
 

@@ -142,7 +142,9 @@ def dictionary_retrieval(logits: torch.Tensor, temperature: torch.Tensor, dictio
         )
     dtype = torch.promote_types(logits.dtype, torch.float32)
     with torch.autocast(device_type=logits.device.type, enabled=False):
-        w = entmax15(logits.to(dtype) / F.softplus(temperature.to(dtype)), dim=-1)
+        z = logits.to(dtype) / F.softplus(temperature.to(dtype))
+        # traced code (torch.compile / torch.export): the same function as an opaque custom op (functional/_ops.py)
+        w = torch.ops.hoformer.entmax15(z, -1) if torch.compiler.is_compiling() else entmax15(z, dim=-1)
         return w, torch.matmul(w, dictionary.to(dtype)).to(logits.dtype)
 
 

@@ -316,13 +316,8 @@ class _ModePools(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, mean: bool):
-        k = x.ndim - 2
         ctx.shape, ctx.mean = x.shape, mean
-        outs = []
-        for i in range(k):
-            others = [1 + j for j in range(k) if j != i]
-            outs.append(x.mean(dim=others) if mean else x.sum(dim=others))
-        return tuple(outs)
+        return _pool_modes(x, mean)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -339,11 +334,20 @@ class _ModePools(torch.autograd.Function):
         return acc, None  # the broadcast sums above already have x's full shape
 
 
+def _pool_modes(x: torch.Tensor, mean: bool) -> tuple[torch.Tensor, ...]:
+    k = x.ndim - 2
+    others = [[1 + j for j in range(k) if j != i] for i in range(k)]
+    return tuple(x.mean(dim=d) if mean else x.sum(dim=d) for d in others)
+
+
 def mode_pools(x: torch.Tensor, mean: bool = False) -> list[torch.Tensor]:
     """``[g_pool^(1)(x), .., g_pool^(k)(x)]``: ``x (B, N1..Nk, D)`` summed (or averaged) over all modes but one,
-    each ``(B, Ni, D)`` (HOT eq 6); one fused backward for all of them."""
+    each ``(B, Ni, D)`` (HOT eq 6); one fused backward for all of them (traced code, ``torch.compile`` /
+    ``torch.export``, uses the plain reductions and leaves fusing their gradients to the compiler)."""
     if x.ndim == 3:  # one mode: nothing to pool
         return [x]
+    if torch.compiler.is_compiling():
+        return list(_pool_modes(x, mean))
     return list(_ModePools.apply(x, mean))
 
 

@@ -378,12 +378,14 @@ class CompileModel(pl.Callback):
         hoformer fit --config C.yaml --trainer.callbacks+=hoformer.train.CompileModel [--trainer.callbacks.mode=max-autotune]
 
     Compiles in place (``nn.Module.compile``), so the state-dict keys, checkpoints, resumes, EMA and
-    ``save_pretrained`` are those of the uncompiled model. The softmax Kronecker and the triplet kernels stay opaque
-    eager calls (``torch.compiler.disable``; the linear Kronecker kernel is traced); the compiler fuses the
-    projections, norms, MLPs and softmaxes around them.
+    ``save_pretrained`` are those of the uncompiled model. The softmax Kronecker and the triplet kernels are custom
+    ops in the graph (their hand-written forward and backward run; the linear Kronecker kernel is traced); the
+    compiler fuses the projections, norms, MLPs and softmaxes around them.
 
     Args: ``backend``, ``mode``, ``fullgraph``, ``dynamic``, ``options`` as in :func:`torch.compile`
-    (``backend="aot_eager"`` needs no C++ toolchain). ``fallback_random``: Inductor draws dropout masks with ATen's
+    (``backend="aot_eager"`` needs no C++ toolchain); ``fullgraph=None`` (default) is ``True`` for a registered
+    hoformer model (every one compiles to one graph, so a graph break is an error, not a silent slowdown) and
+    ``False`` for any other module. ``fallback_random``: Inductor draws dropout masks with ATen's
     random ops instead of its own generated ones (Inductor's ``fallback_random`` option); ``None`` (default) turns it
     on when the model trains on CPU, where Inductor's generated random numbers made a dropout training step 1.1-2x
     slower than eager (``benchmarks/compile.py``, docs/results.md). With it, compiled dropout draws the same masks as
@@ -393,7 +395,7 @@ class CompileModel(pl.Callback):
     meant for accelerators.
     """
 
-    def __init__(self, backend: str = "inductor", mode: str | None = None, fullgraph: bool = False,
+    def __init__(self, backend: str = "inductor", mode: str | None = None, fullgraph: bool | None = None,
                  dynamic: bool | None = None, options: dict[str, Any] | None = None,
                  fallback_random: bool | None = None) -> None:
         import torch._dynamo
@@ -409,7 +411,7 @@ class CompileModel(pl.Callback):
 
     @staticmethod
     def compile_kwargs(device: torch.device | str, backend: str = "inductor", mode: str | None = None,
-                       fullgraph: bool = False, dynamic: bool | None = None, options: dict[str, Any] | None = None,
+                       fullgraph: bool | None = False, dynamic: bool | None = None, options: dict[str, Any] | None = None,
                        fallback_random: bool | None = None) -> dict[str, Any]:
         """The :func:`torch.compile` keyword arguments for a model on ``device``: with Inductor and
         ``fallback_random`` (``None``: on CPU only), ``mode`` is spelled out as its options
@@ -430,7 +432,12 @@ class CompileModel(pl.Callback):
         model = getattr(pl_module, "model", None)
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"CompileModel: {type(pl_module).__name__} has no `model` module to compile")
-        model.compile(**self.compile_kwargs(trainer.strategy.root_device, **self.kwargs,
+        from hoformer.models import HoformerModel
+
+        kwargs = dict(self.kwargs)
+        if kwargs["fullgraph"] is None:
+            kwargs["fullgraph"] = isinstance(model, HoformerModel)
+        model.compile(**self.compile_kwargs(trainer.strategy.root_device, **kwargs,
                                             fallback_random=self.fallback_random))
         # Lightning's model summary would run the one-sample example through the compiled model: an extra batch-1
         # eval graph to compile, and a batch-size change that turns on dynamic shapes for the training graphs

@@ -1,0 +1,310 @@
+"""Deployable models: the kernels' custom ops, torch.export, full-graph torch.compile and ONNX for every registered
+model (small sizes), and the ``hoformer export`` command."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from hoformer.export import ExportError, export_model, export_program, verify_export
+from hoformer.functional import kron_apply, kron_sum_apply, triplet_attention, triplet_windows
+from hoformer.functional._ops import EXPORT_DECOMPOSITIONS, _window_shape
+from hoformer.models import create_model, list_models
+
+D64 = torch.float64
+HAS_ONNX = all(importlib.util.find_spec(m) is not None for m in ("onnx", "onnxscript", "onnxruntime"))
+needs_onnx = pytest.mark.skipif(not HAS_ONNX, reason="needs the export extra (onnx, onnxscript, onnxruntime)")
+
+#: small constructor arguments per registered model (a model missing here is tested at its defaults)
+SMALL = {
+    "cnn3d_classifier": dict(input_size=8, widths=(4, 8)),
+    "historical_average": dict(num_nodes=5, window=4, horizon=3),
+    "last_value": dict(num_nodes=5, window=4, horizon=3),
+    "hoba_classifier": dict(vocab_size=40, num_classes=3, max_len=16, dim=16, num_heads=2, depth=2, block_size=4),
+    "hot_forecaster": dict(seq_len=16, pred_len=8, num_variates=3, dim=16, depth=1, num_heads=2),
+    "hot_volume_classifier": dict(input_size=8, dim=16, depth=1, num_heads=2),
+    "hot_segmenter": dict(in_channels=3, num_classes=4, input_size=16, dim=16, depth=1, num_heads=2, patch_size=4),
+    "weaver": dict(num_nodes=5, window=4, horizon=3, dim=16, num_heads=2, num_landmarks=4, dict_width=4,
+                   kern_dim=8, kern_layers=2),
+    "traffic_alternating": dict(num_nodes=5, window=4, horizon=3, dim=16, num_heads=2),
+    "traffic_full_attention": dict(num_nodes=5, window=4, horizon=3, dim=16, num_heads=2),
+    "traffic_hot": dict(num_nodes=5, window=4, horizon=3, dim=16, num_heads=2),
+}
+ALL_MODELS = list_models()
+#: the custom op each of these models' programs holds before lowering
+KERNEL_OP = {"hot_forecaster": "hoformer.kron_apply", "hot_volume_classifier": "hoformer.kron_apply",
+             "hoba_classifier": "hoformer.triplet_attention", "weaver": "hoformer.kron_apply",
+             "traffic_hot": "hoformer.kron_apply"}
+#: one model per family in the default suite (HOT, HOBA, Weaver and its traffic baselines, CNN); the other models
+#: run the same tests with ``-m slow``
+FAMILY = ["cnn3d_classifier", "hoba_classifier", "hot_forecaster", "weaver"]
+
+
+def _per_family(names):
+    return [n if n in FAMILY else pytest.param(n, marks=pytest.mark.slow) for n in names]
+
+
+def _small(name, dtype=torch.float32):
+    torch.manual_seed(0)
+    return create_model(name, **SMALL.get(name, {})).to(dtype).eval()
+
+
+def _cast(tree, dtype):
+    if isinstance(tree, torch.Tensor):
+        return tree.to(dtype) if tree.is_floating_point() else tree
+    if isinstance(tree, dict):
+        return {k: _cast(v, dtype) for k, v in tree.items()}
+    return type(tree)(_cast(v, dtype) for v in tree)
+
+
+def _inputs(model, b, dtype=torch.float32):
+    torch.manual_seed(b)
+    args, kwargs = model.example_inputs(batch_size=b)
+    return _cast(tuple(args), dtype), _cast(dict(kwargs), dtype)
+
+
+def _ops_of(ep) -> set[str]:
+    return {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+
+
+# --------------------------------------------------------------------------------------------- custom ops
+def _triplet_args(L=10, mask=True):
+    q = [torch.randn(2, 2, L, 4, dtype=D64, requires_grad=True) for _ in range(5)]
+    m = torch.ones(2, L, dtype=torch.bool)
+    m[1, 7:] = False
+    return (*q, m if mask else None, 4, 0.25, 0.5, 1 << 19)
+
+
+def test_custom_ops_pass_opcheck():
+    """Schema, fake (meta) implementation with dynamic shapes, and registered autograd of every custom op."""
+    torch.manual_seed(0)
+    v = torch.randn(2, 3, 4, 5, 2, dtype=D64, requires_grad=True)
+    fs = [torch.randn(2, 3, n, n, dtype=D64, requires_grad=True) for n in (4, 5)]
+    cases = [
+        (torch.ops.hoformer.kron_apply.default, (v, fs)),
+        (torch.ops.hoformer.kron_sum_apply.default, (v, fs, 0.5)),
+        (torch.ops.hoformer.triplet_attention.default, _triplet_args()),
+        (torch.ops.hoformer.triplet_attention.default, _triplet_args(L=3, mask=False)),  # one window, L < block
+        (torch.ops.hoformer.entmax15.default, (torch.randn(3, 7, dtype=D64, requires_grad=True), -1)),
+    ]
+    for op, args in cases:
+        result = torch.library.opcheck(op, args)
+        assert all(r == "SUCCESS" for r in result.values()), (op, result)
+
+
+@pytest.mark.parametrize("wanted", ["all", "one factor"])
+def test_custom_op_gradients_are_the_hand_written_ones(wanted):
+    """gradcheck (float64) through the ops with any subset of inputs needing a gradient (the backward ops skip the
+    rest), and the ops' gradients equal the eager autograd Functions'."""
+    torch.manual_seed(0)
+    v = torch.randn(2, 3, 4, 5, 2, dtype=D64, requires_grad=wanted in ("all", "v"))
+    fs = [torch.randn(2, 3, n, n, dtype=D64, requires_grad=wanted in ("all", "factors") or
+                      (wanted == "one factor" and m == 1)) for m, n in enumerate((4, 5))]
+    leaves = [t for t in (v, *fs) if t.requires_grad]
+    ops = {"product": lambda: torch.ops.hoformer.kron_apply(v, fs),
+           "sum": lambda: torch.ops.hoformer.kron_sum_apply(v, fs, 0.5)}
+    eager = {"product": lambda: kron_apply(fs, v), "sum": lambda: kron_sum_apply(fs, v, normalize=True)}
+    for combine, op in ops.items():
+        assert torch.autograd.gradcheck(lambda *_: op(), leaves)
+        g = torch.randn_like(v)
+        got = torch.autograd.grad(op(), leaves, g)
+        want = torch.autograd.grad(eager[combine](), leaves, g)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    args = _triplet_args()
+    assert torch.autograd.gradcheck(lambda *q: torch.ops.hoformer.triplet_attention(*q, *args[5:])[0], args[:5])
+
+
+@pytest.mark.parametrize("L", [3, 8, 10, 17, 33])
+def test_window_count_by_arithmetic_matches_triplet_windows(L):
+    for b in (4, 8, 16):
+        for ov in (0.0, 0.25, 0.5, 0.9):
+            assert _window_shape(L, b, ov) == (len(triplet_windows(L, b, ov)), min(b, L)), (L, b, ov)
+
+
+def test_export_lowerings_equal_the_kernels():
+    """The pure-tensor transcriptions that the written files hold compute what the fast kernels compute (float64),
+    broadcast factors, 1-3 modes, masks and one-window sequences included."""
+    torch.manual_seed(0)
+    lower = {op.name(): fn for op, fn in EXPORT_DECOMPOSITIONS.items()}
+    for sizes in ((4,), (4, 5), (3, 2, 4)):
+        v = torch.randn(2, 3, *sizes, 2, dtype=D64).movedim(-1, 2).contiguous().movedim(2, -1)  # strided like a view
+        for lead in ((2, 3), (1, 3), (2, 1)):
+            fs = [torch.randn(*lead, n, n, dtype=D64) for n in sizes]
+            ex = [f.expand(2, 3, n, n) for f, n in zip(fs, sizes)]
+            torch.testing.assert_close(lower["hoformer::kron_apply"](v, ex), kron_apply(fs, v))
+            torch.testing.assert_close(lower["hoformer::kron_sum_apply"](v, ex, 1 / len(sizes)),
+                                       kron_sum_apply(fs, v, normalize=True))
+    for L, b, ov in ((10, 4, 0.25), (17, 8, 0.5), (3, 4, 0.0), (16, 4, 0.0)):
+        x = [torch.randn(2, 2, L, 3, dtype=D64) for _ in range(5)]
+        mask = torch.ones(2, L, dtype=torch.bool)
+        mask[1, L // 2:] = False
+        for m in (None, mask):
+            want = triplet_attention(*x, block_size=b, overlap=ov, mask=m, scale=0.7)
+            torch.testing.assert_close(lower["hoformer::triplet_attention"](*x, m, b, ov, 0.7, 1 << 19)[0], want)
+    from entmax import entmax15
+
+    z = torch.randn(3, 4, 9, dtype=D64)
+    torch.testing.assert_close(lower["hoformer::entmax15"](z, -1), entmax15(z, dim=-1))
+
+
+# ------------------------------------------------------------------------------------------ torch.export
+@pytest.mark.parametrize("name", _per_family(ALL_MODELS))
+def test_torch_export_and_onnx_every_model_dynamic_batch(name, tmp_path):
+    """torch.export with a dynamic batch: the program with hoformer's custom ops and the lowered one (core ATen ops
+    only, what the files hold) equal eager within 1e-5 (float32) at batch sizes other than the traced one; the ONNX
+    file of the lowered program (standard domain only, dynamic batch) run by ONNX Runtime equals eager within 1e-4."""
+    from hoformer.export import _input_names, _write
+
+    model = _small(name)
+    ep = export_program(model, lower=False)
+    table = torch.export.default_decompositions()
+    table.update(EXPORT_DECOMPOSITIONS)
+    low = ep.run_decompositions(table)  # what export_program(model) returns, without a second trace
+    if name in KERNEL_OP:  # unlowered, the hand-written kernel is one opaque op (its fast eager kernel runs)
+        assert any(o.startswith(KERNEL_OP[name]) for o in _ops_of(ep)), _ops_of(ep)
+    assert not any(o.startswith("hoformer.") for o in _ops_of(low)), _ops_of(low)
+    for b in (1, 3):
+        args, kwargs = _inputs(model, b)
+        with torch.no_grad():
+            want = model(*args, **kwargs)
+            for prog in (ep, low):
+                torch.testing.assert_close(prog.module()(*args, **kwargs), want, rtol=0, atol=1e-5)
+    if not HAS_ONNX:
+        pytest.skip("ONNX part needs the export extra (onnx, onnxscript, onnxruntime)")
+    import onnx
+
+    args, kwargs = model.example_inputs(batch_size=2)
+    path = tmp_path / f"{name}.onnx"
+    _write(low, model, _input_names(model, args, {k: v for k, v in kwargs.items() if v is not None}), path, "onnx")
+    graph = onnx.load(str(path)).graph
+    assert {n.domain for n in graph.node} <= {"", "ai.onnx"}, "custom-domain nodes left in the file"
+    assert graph.input[0].type.tensor_type.shape.dim[0].dim_param, "batch dimension is not dynamic"
+    assert verify_export(model, path, batch_sizes=(1, 3, 5)) <= 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ALL_MODELS)
+def test_pt2_file_round_trip(name, tmp_path):
+    model = _small(name)
+    path = export_model(model, tmp_path / f"{name}.pt2")
+    assert verify_export(model, path, batch_sizes=(1, 4)) <= 1e-5
+    args, kwargs = _inputs(model, 2)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.export.load(str(path)).module()(*args, **kwargs), model(*args, **kwargs),
+                                   rtol=0, atol=1e-5)
+
+
+# -------------------------------------------------------------------------------------- torch.compile
+@pytest.mark.parametrize("name", _per_family(ALL_MODELS))
+def test_compile_fullgraph_every_model_forward_and_backward(name):
+    """``torch.compile(model, fullgraph=True)`` (aot_eager: Dynamo + AOTAutograd, no C++ toolchain) traces every
+    model without a graph break; forward (float32, 1e-5) and parameter gradients (float64) equal eager's."""
+    import torch._dynamo as dynamo
+
+    for dtype in (torch.float32, D64):
+        model = _small(name, dtype)
+        args, kwargs = _inputs(model, 2, dtype)
+        dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        y, y0 = compiled(*args, **kwargs), model(*args, **kwargs)
+        torch.testing.assert_close(y, y0, rtol=0, atol=1e-5 if dtype == torch.float32 else 1e-12)
+        params = [p for p in model.parameters() if p.requires_grad]
+        if dtype == D64 and params:
+            g = torch.randn_like(y0)
+            got = torch.autograd.grad(y, params, g, allow_unused=True)
+            want = torch.autograd.grad(y0, params, g, allow_unused=True)
+            for a, b in zip(got, want):
+                assert (a is None) == (b is None)
+                if a is not None:
+                    torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+    dynamo.reset()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["hot_forecaster", "hoba_classifier", "weaver"])
+def test_compile_fullgraph_inductor(name):
+    """The default backend (Inductor, C++ on CPU) with the custom ops in the graph: forward and backward run and
+    equal eager."""
+    import torch._dynamo as dynamo
+
+    model = _small(name)
+    args, kwargs = _inputs(model, 2)
+    dynamo.reset()
+    y = torch.compile(model, fullgraph=True)(*args, **kwargs)
+    y0 = model(*args, **kwargs)
+    torch.testing.assert_close(y, y0, rtol=0, atol=1e-5)
+    params = [p for p in model.parameters() if p.requires_grad]
+    g = torch.randn_like(y0)
+    for a, b in zip(torch.autograd.grad(y, params, g), torch.autograd.grad(y0, params, g)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    dynamo.reset()
+
+
+# -------------------------------------------------------------------------------------------------- errors
+def test_unexportable_models_and_options_raise_clear_errors(tmp_path):
+    model = _small("hot_forecaster")
+    with pytest.raises(ExportError, match=r"model 'hot_forecaster': `return_attention=True` cannot be exported"):
+        export_program(model, ((torch.randn(2, 16, 3),), {"return_attention": True}))
+    from hoformer.layers import record_attention
+
+    hoba = _small("hoba_classifier")
+    with record_attention(hoba), pytest.raises(ExportError, match=r"model 'hoba_classifier': attention recording is on"):
+        export_program(hoba)
+    with pytest.raises(ExportError, match="expected a hoformer model"):
+        export_program(torch.nn.Linear(2, 2), ((torch.randn(1, 2),), {}))
+    with pytest.raises(ExportError, match=r"cannot tell the format from the file name"):
+        export_model(model, tmp_path / "model.bin")
+    with pytest.raises(ExportError, match=r"`format` must be one of \('pt2', 'onnx'\), got 'tflite'"):
+        export_model(model, tmp_path / "model.pt2", format="tflite")
+    with pytest.raises(ExportError, match=r"`example` must be an \(args tuple, kwargs dict\) pair"):
+        export_program(model, torch.randn(2, 16, 3))
+
+
+def test_a_tracer_failure_is_one_clear_error_naming_the_model(monkeypatch):
+    """Python control flow on tensor values cannot be exported: the error names the model and the tracer's reason,
+    the tracer's traceback is kept as the cause."""
+    model = _small("last_value")
+    forward = type(model).forward
+
+    def data_dependent(self, x, *args, **kwargs):
+        y = forward(self, x, *args, **kwargs)
+        return y * 2 if bool(x.sum() > 0) else y
+
+    monkeypatch.setattr(type(model), "forward", data_dependent)
+    with pytest.raises(ExportError, match=r"model 'last_value' could not be traced by torch.export \(") as err:
+        export_program(model)
+    assert err.value.__cause__ is not None
+
+
+# ------------------------------------------------------------------------------------------------------ CLI
+def test_cli_export_from_a_lightning_checkpoint(tmp_path, capsys):
+    from hoformer.cli import main
+
+    model = _small("hot_forecaster")
+    state = {f"model.{k}": v for k, v in model.state_dict().items()}
+    ckpt = {"state_dict": state, "hyper_parameters": {"model_name": "hot_forecaster",
+                                                      "model_kwargs": SMALL["hot_forecaster"]}}
+    torch.save(ckpt, tmp_path / "last.ckpt")
+    out = tmp_path / "out" / "model.pt2"
+    assert main(["export", "--checkpoint", str(tmp_path / "last.ckpt"), "--output", str(out)]) == 0
+    assert out.is_file() and "matches the eager model within 1e-05" in capsys.readouterr().out
+    assert verify_export(model, out) <= 1e-5
+    assert main(["export", "--checkpoint", str(tmp_path / "missing"), "--output", str(out)]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["export", "--checkpoint", str(tmp_path / "last.ckpt"), "--output", str(tmp_path / "m.xyz")]) == 2
+    assert "cannot tell the format" in capsys.readouterr().err
+
+
+@needs_onnx
+def test_cli_export_onnx_from_a_pretrained_folder(tmp_path, capsys):
+    from hoformer.cli import main
+
+    model = _small("historical_average")
+    model.save_pretrained(tmp_path / "pretrained")
+    out = tmp_path / "model.onnx"
+    argv = ["export", "--checkpoint", str(tmp_path / "pretrained"), "--format", "onnx", "--output", str(out)]
+    assert main(argv) == 0
+    assert "(onnx," in capsys.readouterr().out
+    assert verify_export(model, out) <= 1e-4
