@@ -11,7 +11,7 @@ mode. Per model and batch size:
 
 * ``eager``: ``model(*inputs)`` under ``torch.inference_mode``;
 * ``compile``: ``torch.compile(model, fullgraph=True)`` (Inductor), the same call; compile time reported apart;
-* ``onnx``: the file written by :func:`hoformer.export.export_model` (dynamic batch) in an ONNX Runtime CPU session
+* ``onnx``: the file written by :func:`hoformer.export.export_model` (dynamic batch) run by ONNX Runtime's CPU InferenceSession
   with ``intra_op_num_threads`` = ``--threads``; export time reported apart.
 
 Latency is the median wall time of ``--reps`` calls after 3 warm-up calls; the runtimes of one (model, batch) are

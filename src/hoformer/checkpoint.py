@@ -133,17 +133,6 @@ def checkpoint_datamodule(info: dict, *, config=None, data: str | None = None, d
     return dm
 
 
-
-def _has_sr(path: Path) -> bool:
-    """A ``metrics.csv`` whose header has stable-rank columns (``hoformer test`` / ``predict`` add version folders
-    whose metrics have none, and must not hide the fit's)."""
-    try:
-        with open(path) as f:
-            return "sr/" in f.readline()
-    except OSError:
-        return False
-
-
 def find_run_file(run_dir: Path | None, name: str, accept=None) -> Path | None:
     """Newest ``name`` under a run folder (LightningCLI writes ``config.yaml`` and CSVLogger ``metrics.csv`` into
     ``<run>/logs/version_*``) for which ``accept(path)`` holds."""
