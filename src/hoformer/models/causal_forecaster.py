@@ -48,10 +48,9 @@ class HOTCausalForecaster(HoformerModel):
     Inference (:meth:`forward`): the lookback patches fill the encoder's decoding cache one patch at a time, then each
     generated patch is embedded and fed back, ``ceil(pred_len / patch_size)`` patches, cropped to ``pred_len`` steps.
     ``forward(x, pred_len=h)`` generates any horizon ``h`` without retraining. The cache holds no gradients and uses
-    eval-mode arithmetic: it runs in eval mode without autograd (validation, test, ``torch.no_grad`` inference) when
-    every attention layer decodes incrementally (the Kronecker layers); otherwise (training mode, gradients needed,
-    e.g. ``torch.export``, or attention without a cache) each step recomputes the causal forward of the whole prefix,
-    with the same outputs.
+    eval-mode arithmetic, so it serves eval mode without autograd (validation, test, ``torch.no_grad`` inference);
+    in training mode or with gradients enabled (e.g. ``torch.export`` tracing) each step recomputes the causal forward
+    of the whole prefix instead, with the same outputs.
 
     Args:
         seq_len: lookback window (time steps of the input); a multiple of ``patch_size``.
@@ -59,7 +58,7 @@ class HOTCausalForecaster(HoformerModel):
             another per call). Training windows are ``seq_len + pred_len`` steps long (the data's horizon).
         num_variates: variates (channels) of the series.
         attention: a name of :data:`hoformer.layers.ATTENTION_TYPES` over the ``(time patches, variates)`` grid, built
-            causal along time; incremental decoding needs a Kronecker attention (the others recompute each step).
+            causal along time (every type decodes with a cache).
         dim: model width.
         depth: number of blocks.
         num_heads: attention heads.
@@ -148,16 +147,12 @@ class HOTCausalForecaster(HoformerModel):
         return pred * sd + mu, s[:, p:]
 
     # ------------------------------------------------------------------------------------------ inference
-    def _cached(self) -> bool:
-        return (not self.training and not torch.is_grad_enabled()
-                and all(hasattr(blk.attn, "init_cache") for blk in self.encoder.blocks))
-
     def _generate(self, z: torch.Tensor, n: int, cache: bool) -> torch.Tensor:
         """Lookback tokens ``z (B, T, C, D)`` -> ``n`` generated patches as a scaled series ``(B, n * P, C)``.
         ``cache``: decode with the encoder's cache; else recompute the causal forward of the prefix each step."""
         out = []
         if cache:
-            state = self.encoder.init_cache()
+            state = self.encoder.init_cache(max_steps=z.shape[1] + n - 1)
             for t in range(z.shape[1]):
                 h = self.encoder.step(z[:, t : t + 1], state)
             for i in range(n):
@@ -179,5 +174,6 @@ class HOTCausalForecaster(HoformerModel):
         h = self.pred_len if pred_len is None else pred_len
         check_int(fn, "pred_len", h)
         mu, sd = self._scale(x)
-        y = self._generate(self._tokens((x - mu) / sd), math.ceil(h / self.patch_size), self._cached())
+        cache = not self.training and not torch.is_grad_enabled()
+        y = self._generate(self._tokens((x - mu) / sd), math.ceil(h / self.patch_size), cache)
         return y[:, :h] * sd + mu
