@@ -90,7 +90,7 @@ def forecast_series(model, dataset, history=None, *, end: int | None = None, hor
     if pred.ndim != 2 or pred.shape[0] != steps or pred.shape[1] not in widths:
         raise ValueError(f"forecast: the model maps (1, {dataset.seq_len}, {len(dataset.columns)}) to "
                          f"{(1, *pred.shape)}, expected (1, {steps}, {' or '.join(map(str, widths))}) "
-                         f"(the horizon and features={dataset.features!r} of this dataset)")
+                         f"(pred_len and features={dataset.features!r} of this dataset)")
     if dataset.features == "MS" and pred.shape[1] > 1:
         pred = pred[:, -1:]  # all variates in, the target (last column) out
     out = dataset.inverse_transform(pred).numpy()
