@@ -98,6 +98,18 @@ def test_teacher_forced_predicts_every_next_patch_from_its_prefix():
     torch.testing.assert_close(target, s[:, 4 : n * 4], rtol=0, atol=0)
 
 
+def test_teacher_forced_on_horizon_positions_only():
+    """``train_positions="horizon"``: the same predictions from the last lookback patch on, the horizon as target."""
+    x, y = _x(), _x(seq_len=18, seed=2)
+    everywhere, _ = _model().teacher_forced(x, y)
+    pred, target = _model(train_positions="horizon").teacher_forced(x, y)
+    assert pred.shape == target.shape == (2, 16, 3)  # 4 complete horizon patches of 18 steps
+    torch.testing.assert_close(target, y[:, :16], rtol=0, atol=0)
+    torch.testing.assert_close(pred, everywhere[:, 20:], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="`train_positions` must be 'all' or 'horizon'"):
+        create_model("hot_causal_forecaster", train_positions="lookback")
+
+
 def test_teacher_forced_is_causal():
     """The prediction of patch ``i + 1`` depends on the window's steps up to the end of patch ``i`` only: its gradient
     with respect to every later step is exactly zero (the window's scale is a constant of the lookback, detached as

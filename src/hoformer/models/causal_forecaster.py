@@ -11,6 +11,7 @@ Axis legend: ``b`` batch, ``t`` time patches, ``c`` variates, ``p`` steps per pa
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 from torch import nn
@@ -38,12 +39,13 @@ class HOTCausalForecaster(HoformerModel):
     mapping each token to the ``patch_size`` values of the next patch of its variate -> the window's scale undone.
 
     Training (:meth:`teacher_forced`): the lookback and the target are one series; every position predicts the next
-    patch from the patches up to it, in one forward. The loss covers every position whose next patch lies in the
-    window, lookback positions included: the forecast positions (from the last lookback patch on) are the ones
-    generation uses, the earlier ones are extra next-patch examples of the same causal function. The scale is a
-    constant of the window computed from the whole lookback, as at inference, where the lookback is known before
-    the first generated patch; the predictions at lookback positions therefore see the lookback's mean and standard
-    deviation (not its values) beyond their own prefix.
+    patch from the patches up to it, in one forward. By default (``train_positions="all"``) the loss covers every
+    position whose next patch lies in the window, lookback positions included: the forecast positions (from the last
+    lookback patch on) are the ones generation uses, the earlier ones are extra next-patch examples of the same
+    causal function. The scale is a constant of the window computed from the whole lookback, as at inference, where
+    the lookback is known before the first generated patch; the predictions at lookback positions therefore see the
+    lookback's mean and standard deviation (not its values) beyond their own prefix. ``train_positions="horizon"``
+    keeps the forecast positions only.
 
     Inference (:meth:`forward`): the lookback patches fill the encoder's decoding cache one patch at a time, then each
     generated patch is embedded and fed back, ``ceil(pred_len / patch_size)`` patches, cropped to ``pred_len`` steps.
@@ -68,6 +70,9 @@ class HOTCausalForecaster(HoformerModel):
         drop_path: stochastic depth of the last block (linearly increasing from 0).
         qk_norm: LayerNorm on queries and keys.
         rope: rotary positions on the time mode.
+        train_positions: the positions :meth:`teacher_forced` returns (the training loss): ``"all"`` (every position
+            whose next patch lies in the window) or ``"horizon"`` (from the last lookback patch on: the targets are
+            the horizon's patches only).
     """
 
     def __init__(
@@ -85,13 +90,17 @@ class HOTCausalForecaster(HoformerModel):
         drop_path: float = 0.0,
         qk_norm: bool = True,
         rope: bool = True,
+        train_positions: Literal["all", "horizon"] = "all",
     ) -> None:
         super().__init__()
         fn = "hot_causal_forecaster"
         _check_attention(attention, fn)
         for name, v in (("seq_len", seq_len), ("pred_len", pred_len), ("num_variates", num_variates)):
             check_int(fn, name, v)
+        if train_positions not in ("all", "horizon"):
+            raise ValueError(f"{fn}: `train_positions` must be 'all' or 'horizon', got {train_positions!r}")
         (self.num_patches,) = _grid((seq_len,), patch_size, fn, "seq_len")
+        self.train_positions = train_positions
         self.seq_len, self.pred_len, self.num_variates, self.patch_size = seq_len, pred_len, num_variates, patch_size
         self.embed = PatchEmbed(1, dim, patch_size, ndim=1, act="relu")
         self.encoder = Encoder(dim, depth, num_heads, drop_path=drop_path, attention=attention, mlp_ratio=mlp_ratio,
@@ -125,7 +134,9 @@ class HOTCausalForecaster(HoformerModel):
         """Next-patch predictions at every position of the window ``[x; y]`` in one causal forward, and their
         targets, on the data's scale: ``(pred, target)``, each ``(B, (n - 1) * P, C)`` with ``n`` the complete
         patches of the window (a partial last patch of ``y`` is dropped). ``pred[:, i*P:(i+1)*P]`` is predicted from
-        patches ``0..i`` and targets patch ``i + 1``; the loss of ``ForecastingTask`` covers all of them.
+        patches ``0..i`` and targets patch ``i + 1``; the loss of ``ForecastingTask`` covers all of them. With
+        ``train_positions="horizon"`` both start at the first horizon patch: ``(B, (n - T) * P, C)``, ``T`` the
+        lookback's patches.
 
         Args:
             x: lookback ``(B, seq_len, C)``.
@@ -143,8 +154,9 @@ class HOTCausalForecaster(HoformerModel):
         p = self.patch_size
         n = (x.shape[1] + y.shape[1]) // p
         s = torch.cat([x, y], 1)[:, : n * p]
-        pred = self._next(self.encoder(self._tokens((s[:, : (n - 1) * p] - mu) / sd)))
-        return pred * sd + mu, s[:, p:]
+        pred = self._next(self.encoder(self._tokens((s[:, : (n - 1) * p] - mu) / sd))) * sd + mu
+        first = (self.num_patches - 1) * p if self.train_positions == "horizon" else 0
+        return pred[:, first:], s[:, p + first :]
 
     # ------------------------------------------------------------------------------------------ inference
     def _generate(self, z: torch.Tensor, n: int, cache: bool) -> torch.Tensor:
