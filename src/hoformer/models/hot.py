@@ -16,6 +16,7 @@ Axis legend: ``b`` batch, ``c`` variates / channels, ``t`` time patches, ``n1..n
 from __future__ import annotations
 
 import inspect
+import types
 from typing import Any, Literal, Sequence
 
 import torch
@@ -94,11 +95,6 @@ def _documented(*entries: str):
         cls.__doc__ = "\n".join([cls.__doc__.rstrip(), *(e.strip("\n") for e in entries)]) + "\n    "
         return cls
     return deco
-
-
-def _arguments(scope: dict[str, Any]) -> dict[str, Any]:
-    """A constructor's arguments from its ``locals()`` taken before any other assignment."""
-    return {k: v for k, v in scope.items() if k not in ("self", "__class__")}
 
 
 def _attention_kwargs(model: str, attention: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -341,51 +337,11 @@ class _ImageModel(HoformerModel):
 
 class _PatchGridModel(_ImageModel):
     """Shared backbone of the image-like HOT models: ``(B, C_in, *input_size)`` -> conv patch embedding (ReLU) ->
-    ``k``-mode grid of patches ``(B, n1..nk, dim)`` -> optional positional encoding -> ``depth`` blocks. Subclasses
-    declare the typed, documented constructor and pass its arguments here with the number of modes ``ndim``."""
+    ``k``-mode grid of patches ``(B, n1..nk, dim)`` -> optional positional encoding -> ``depth`` blocks -> the
+    subclass's head (:meth:`_head`). One typed constructor serves both models; the segmenter's is a copy with its own
+    defaults (:func:`_with_defaults`)."""
 
-    def __init__(self, ndim: int, *, in_channels, num_classes, input_size, attention, dim, depth, num_heads,
-                 patch_size, mlp_ratio, dropout, drop_path, pos_embed, qk_norm, mlp, **knobs) -> None:
-        super().__init__()
-        fn = self._name
-        _check_attention(attention, fn)
-        attn_kw = _attention_kwargs(fn, attention, knobs)
-        self._set_io(ndim, in_channels, input_size, num_classes)
-        self.patch_size = patch_size
-        self.grid = _grid(self.input_size, patch_size, fn)
-        rope_modes, self.pos = _pos(pos_embed, self.grid, dim, fn)
-        self.embed = PatchEmbed(in_channels, dim, patch_size, ndim=ndim, act="relu")
-        self.encoder = _encoder(attention, dim, depth, num_heads, ndim, rope_modes, mlp_ratio, dropout, drop_path,
-                                qk_norm, mlp=mlp, **attn_kw)
-
-    def _encode(self, x: torch.Tensor, masks) -> torch.Tensor:
-        """``x`` -> encoded grid ``(B, n1..nk, dim)``."""
-        self._check_x(x)
-        z = self.embed(x)
-        if self.pos is not None:
-            z = self.pos(z)
-        return self.encoder(z, masks=masks)
-
-
-@_documented(_GRID_DOC, _KNOBS_DOC)
-@register_model(name="hot_volume_classifier")
-class HOTVolumeClassifier(_PatchGridModel):
-    """HOT 3D image classifier (Table 2, MedMNIST3D). ``(B, C_in, D, H, W) -> logits (B, num_classes)``.
-
-    Conv3d patch embedding (kernel = stride = ``patch_size``, ReLU) -> 3-mode grid ``(B, n1, n2, n3, dim)`` ->
-    ``depth`` blocks (``pos_embed="rope"``: mode-wise RoPE, best for HOT product in appendix D; or ``"learned"``,
-    ``"sincos"``, ``"none"``) -> global average pooling -> linear classifier.
-    Defaults: 6 blocks, width 128, patch 4 on 28^3 (7^3 tokens), binary classes (AdrenalMNIST3D).
-
-    Args:
-        in_channels: input channels.
-        input_size: volume size ``D = H = W`` or ``(D, H, W)``; each a multiple of ``patch_size``.
-        num_classes: classes (>= 2).
-        attention: a name of :data:`hoformer.layers.ATTENTION_TYPES` over the 3-mode patch grid.
-        patch_size: voxels per patch side.
-    """
-
-    _name, _legend = "hot_volume_classifier", "(B, C_in, D, H, W)"
+    _ndim = 0
 
     def __init__(
         self,
@@ -411,8 +367,68 @@ class HOTVolumeClassifier(_PatchGridModel):
         kronecker_pool: KroneckerPool = "sum",
         mlp: MlpKind = "gelu",
     ) -> None:
-        super().__init__(3, **_arguments(locals()))
-        self.head = nn.Linear(dim, num_classes)
+        super().__init__()
+        fn, ndim = self._name, self._ndim
+        _check_attention(attention, fn)
+        attn_kw = _attention_kwargs(fn, attention, locals())
+        self._set_io(ndim, in_channels, input_size, num_classes)
+        self.patch_size = patch_size
+        self.grid = _grid(self.input_size, patch_size, fn)
+        rope_modes, self.pos = _pos(pos_embed, self.grid, dim, fn)
+        self.embed = PatchEmbed(in_channels, dim, patch_size, ndim=ndim, act="relu")
+        self.encoder = _encoder(attention, dim, depth, num_heads, ndim, rope_modes, mlp_ratio, dropout, drop_path,
+                                qk_norm, mlp=mlp, **attn_kw)
+        self.head = self._head(dim, num_classes, patch_size)
+
+    def _head(self, dim: int, num_classes: int, patch_size: int) -> nn.Module:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _encode(self, x: torch.Tensor, masks) -> torch.Tensor:
+        """``x`` -> encoded grid ``(B, n1..nk, dim)``."""
+        self._check_x(x)
+        z = self.embed(x)
+        if self.pos is not None:
+            z = self.pos(z)
+        return self.encoder(z, masks=masks)
+
+
+def _with_defaults(init, qualname: str, **defaults):
+    """A copy of the constructor ``init`` (every parameter with a default, none keyword-only) in which the
+    parameters named in ``defaults`` default to those values: the same parameters, order, annotations and code."""
+    params = list(inspect.signature(init).parameters.values())[1:]  # without self
+    unknown = sorted(set(defaults) - {p.name for p in params})
+    if unknown or init.__kwdefaults__ or any(p.default is p.empty for p in params):
+        raise TypeError(f"_with_defaults: {init.__qualname__} must have defaults for every parameter and take "
+                        f"{unknown}")
+    values = tuple(defaults.get(p.name, p.default) for p in params)
+    new = types.FunctionType(init.__code__, init.__globals__, init.__name__, values, init.__closure__)
+    new.__annotations__, new.__doc__, new.__module__ = dict(init.__annotations__), init.__doc__, init.__module__
+    new.__qualname__ = qualname
+    return new
+
+
+@_documented(_GRID_DOC, _KNOBS_DOC)
+@register_model(name="hot_volume_classifier")
+class HOTVolumeClassifier(_PatchGridModel):
+    """HOT 3D image classifier (Table 2, MedMNIST3D). ``(B, C_in, D, H, W) -> logits (B, num_classes)``.
+
+    Conv3d patch embedding (kernel = stride = ``patch_size``, ReLU) -> 3-mode grid ``(B, n1, n2, n3, dim)`` ->
+    ``depth`` blocks (``pos_embed="rope"``: mode-wise RoPE, best for HOT product in appendix D; or ``"learned"``,
+    ``"sincos"``, ``"none"``) -> global average pooling -> linear classifier.
+    Defaults: 6 blocks, width 128, patch 4 on 28^3 (7^3 tokens), binary classes (AdrenalMNIST3D).
+
+    Args:
+        in_channels: input channels.
+        input_size: volume size ``D = H = W`` or ``(D, H, W)``; each a multiple of ``patch_size``.
+        num_classes: classes (>= 2).
+        attention: a name of :data:`hoformer.layers.ATTENTION_TYPES` over the 3-mode patch grid.
+        patch_size: voxels per patch side.
+    """
+
+    _name, _legend, _ndim = "hot_volume_classifier", "(B, C_in, D, H, W)", 3
+
+    def _head(self, dim: int, num_classes: int, patch_size: int) -> nn.Module:
+        return nn.Linear(dim, num_classes)
 
     def forward(self, x: torch.Tensor, masks=None) -> torch.Tensor:
         return self.head(self._encode(x, masks).mean(dim=(1, 2, 3)))
@@ -430,40 +446,18 @@ class HOTSegmenter(_PatchGridModel):
 
     Args:
         in_channels: input bands.
-        num_classes: classes per pixel (>= 2).
         input_size: image size ``H = W`` or ``(H, W)``; each a multiple of ``patch_size``.
+        num_classes: classes per pixel (>= 2).
         attention: a name of :data:`hoformer.layers.ATTENTION_TYPES` over the 2-mode patch grid.
         patch_size: pixels per patch side.
     """
 
-    _name, _legend = "hot_segmenter", "(B, C_in, H, W)"
+    _name, _legend, _ndim = "hot_segmenter", "(B, C_in, H, W)", 2
+    __init__ = _with_defaults(_PatchGridModel.__init__, "HOTSegmenter.__init__", in_channels=7, input_size=264,
+                              num_classes=17, patch_size=8)
 
-    def __init__(
-        self,
-        in_channels: int = 7,
-        num_classes: int = 17,
-        input_size: int | Sequence[int] = 264,
-        attention: AttentionName = "kronecker_product",
-        dim: int = 128,
-        depth: int = 6,
-        num_heads: int = 8,
-        patch_size: int = 8,
-        mlp_ratio: float = 4.0,
-        dropout: float = 0.1,
-        drop_path: float = 0.0,
-        pos_embed: PosEmbed = "rope",
-        qk_norm: bool = True,
-        qk_bias: bool = False,
-        qkv_bias: bool = True,
-        attn_dropout: float | None = None,
-        rope_theta: float = 10000.0,
-        num_features: int | None = None,
-        redraw_interval: int = 0,
-        kronecker_pool: KroneckerPool = "sum",
-        mlp: MlpKind = "gelu",
-    ) -> None:
-        super().__init__(2, **_arguments(locals()))
-        self.head = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, patch_size**2 * num_classes))
+    def _head(self, dim: int, num_classes: int, patch_size: int) -> nn.Module:
+        return nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, patch_size**2 * num_classes))
 
     def forward(self, x: torch.Tensor, masks=None) -> torch.Tensor:
         z = self._encode(x, masks)
