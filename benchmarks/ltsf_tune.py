@@ -10,6 +10,11 @@ the variant is selected on) next to the test metrics.
 
 Run:  .venv/bin/python benchmarks/ltsf_tune.py --variants reg patch16 --dataset etth1 --model hot_product
       .venv/bin/python benchmarks/ltsf_tune.py --import-grid runs/ltsf_cpu.jsonl --summary --dataset etth1
+      .venv/bin/python benchmarks/ltsf_tune.py --same-windows ema ema_joint --dataset etth1   # one set of windows
+
+``--same-windows`` scores the finished runs of the named variants (their exported best weights) on the test windows
+of the longest horizon only, which every horizon's test set begins with (the same forecast origins): a direct model
+of horizon ``h`` on its ``h`` steps, a joint-horizon model on each prefix.
 """
 from __future__ import annotations
 
@@ -101,7 +106,10 @@ def write_configs(dataset: str, model: str, variant: str) -> list[Path]:
         name = f"hot/ltsf_cpu/{dataset}_96_{h}_{model}"
         _, protocol, *args = experiments()[name]
         run = f"runs/tune/{dataset}_{model}/{variant}/{dataset}_96_{h}"
-        cfg = _nest([a for a in args if not a.startswith("--trainer.default_root_dir")])
+        # the task's and the model's arguments spelled out under init_args (a config may not mix `model.model.x` and
+        # `model.init_args.y`)
+        cfg = _nest([a.replace("--model.model.", "--model.init_args.model.", 1) for a in args
+                     if not a.startswith("--trainer.default_root_dir")])
         cfg = _merge(cfg, {"trainer": {"default_root_dir": run}})
         for key, value in VARIANTS[variant].items():
             where, k = key.split(".", 1)
@@ -187,6 +195,34 @@ def summary(dataset: str, model: str) -> str:
     return "\n".join(lines)
 
 
+def same_windows(dataset: str, model: str, variants: list[str]) -> str:
+    """Test MSE / MAE of every finished run of ``variants`` on the test windows of horizon ``max(HORIZONS)`` (the
+    first windows of each horizon's test set), per horizon: a markdown table."""
+    import torch
+
+    from hoformer.data import LTSFDataModule
+    from hoformer.models import from_pretrained
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from paper_configs import LTSF
+
+    name, lookback, _ = LTSF[dataset]
+    windows = len(LTSFDataModule(name=name, seq_len=lookback, pred_len=max(HORIZONS)).dataset("test"))
+    lines = [f"| variant | horizon | test MSE / MAE on the first {windows} test windows |", "|---|---|---|"]
+    for variant in variants:
+        path = ROOT / f"runs/tune/{dataset}_{model}/{variant}.jsonl"
+        for r in map(json.loads, filter(str.strip, path.read_text().splitlines())):
+            net = from_pretrained(ROOT / Path(r["config"]).parent / "pretrained").eval()
+            ds = LTSFDataModule(name=name, seq_len=lookback, pred_len=r["pred_len"]).dataset("test")
+            with torch.no_grad():
+                err = torch.cat([net(torch.stack([ds[i]["x"] for i in range(a, min(a + 256, windows))]))
+                                 - torch.stack([ds[i]["y"] for i in range(a, min(a + 256, windows))])
+                                 for a in range(0, windows, 256)]).double()
+            for h in [h for h in HORIZONS if h <= r["pred_len"]] if r.get("test/mse@96") else [r["pred_len"]]:
+                lines.append(f"| {variant} | {h} | {err[:, :h].square().mean():.4f} / {err[:, :h].abs().mean():.4f} |")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="etth1")
@@ -198,7 +234,12 @@ def main():
     ap.add_argument("--max-time", default="00:00:30:00")
     ap.add_argument("--horizons", nargs="*", type=int, default=list(HORIZONS), choices=HORIZONS,
                     help="run only these horizons (e.g. two processes on disjoint horizons share the variant's JSONL)")
+    ap.add_argument("--same-windows", nargs="+", metavar="VARIANT", choices=sorted(VARIANTS),
+                    help="score these variants' finished runs on the longest horizon's test windows and exit")
     args = ap.parse_args()
+    if args.same_windows:
+        print(same_windows(args.dataset, args.model, args.same_windows))
+        return
     if args.import_grid:
         print(f"wrote {import_grid(args.dataset, args.model, args.import_grid)}")
     if args.summary:
