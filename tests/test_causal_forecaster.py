@@ -18,7 +18,8 @@ from hoformer.train.forecast import forecast_checkpoint, forecast_main, forecast
 from _trainer import quiet_trainer
 
 D64 = torch.float64
-SMALL = dict(seq_len=24, pred_len=16, num_variates=3, dim=16, depth=2, num_heads=2, patch_size=4)
+SMALL = dict(seq_len=24, pred_len=16, num_variates=3, dim=16, depth=2, num_heads=2, patch_size=4,
+             train_positions="all")
 
 
 def _model(dtype=D64, **kw):
@@ -99,14 +100,16 @@ def test_teacher_forced_predicts_every_next_patch_from_its_prefix():
 
 
 def test_teacher_forced_on_horizon_positions_only():
-    """``train_positions="horizon"``: the same predictions from the last lookback patch on, the horizon as target."""
+    """``train_positions="horizon"`` (the default): the same predictions from the last lookback patch on, the horizon
+    as target."""
     x, y = _x(), _x(seq_len=18, seed=2)
     everywhere, _ = _model().teacher_forced(x, y)
+    assert create_model("hot_causal_forecaster").train_positions == "horizon"
     pred, target = _model(train_positions="horizon").teacher_forced(x, y)
     assert pred.shape == target.shape == (2, 16, 3)  # 4 complete horizon patches of 18 steps
     torch.testing.assert_close(target, y[:, :16], rtol=0, atol=0)
     torch.testing.assert_close(pred, everywhere[:, 20:], rtol=0, atol=0)
-    with pytest.raises(ValueError, match="`train_positions` must be 'all' or 'horizon'"):
+    with pytest.raises(ValueError, match="`train_positions` must be 'horizon' or 'all'"):
         create_model("hot_causal_forecaster", train_positions="lookback")
 
 
