@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from hoformer._checks import DETAIL, check_fraction, check_int, check_values
 
 from .kronecker import (
+    _check_mode_masks,
     _check_tensor,
     _linear_attention,
     _rescaled,
@@ -126,19 +127,7 @@ def causal_kronecker_attention(
                                  f" ({role}), got {tuple(t.shape)}")
         if q[i].shape[-1] != k[i].shape[-1]:
             raise ValueError(f"{fn}: `q[{i}]` {tuple(q[i].shape)} and `k[{i}]` {tuple(k[i].shape)} differ in E")
-    if masks is not None:
-        if isinstance(masks, torch.Tensor) or len(masks) != nmodes:
-            raise ValueError(f"{fn}: `masks` must be a list of {nmodes} entries (one per mode, None allowed)")
-        for i, (m, n) in enumerate(zip(masks, sizes)):
-            if m is None:
-                continue
-            if not isinstance(m, torch.Tensor) or m.dtype != torch.bool:
-                raise TypeError(f"{fn}: `masks[{i}]` must be a bool tensor (True = attend), got "
-                                f"{getattr(m, 'dtype', type(m))}")
-            if not 2 <= m.ndim <= 4 or m.shape[-2:] != (n, n) or any(
-                    a not in (1, c) for a, c in zip(m.shape[:-2][::-1], bh[::-1])):
-                raise ValueError(f"{fn}: `masks[{i}]` must broadcast like (B|1, H|1, {n}, {n}) with (B, H) = {bh}, "
-                                 f"got {tuple(m.shape)}")
+    _check_mode_masks(masks, sizes, fn, bh)
     if kernel == "linear":
         phi = feature_map or elu_feature_map
         q = [phi(t) for t in q]

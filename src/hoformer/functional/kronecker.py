@@ -515,17 +515,30 @@ def _check_qk_masks(q, k, masks, sizes, fn, where: str = "") -> None:
                                  f"{' of ' + where.rstrip(': ') if where else ''}, got {tuple(t.shape)}")
         if q[i].shape[-1] != k[i].shape[-1]:
             raise ValueError(f"{fn}: `q[{i}]` {tuple(q[i].shape)} and `k[{i}]` {tuple(k[i].shape)} differ in Dqk")
-    if masks is not None:
-        if isinstance(masks, torch.Tensor) or len(masks) != nmodes:
-            raise ValueError(f"{fn}: `masks` must be a list of {nmodes} entries (one per mode, None allowed), got "
-                             f"{type(masks).__name__ if isinstance(masks, torch.Tensor) else len(masks)}")
-        for i, (m, n) in enumerate(zip(masks, sizes)):
-            if m is None:
-                continue
-            if not isinstance(m, torch.Tensor) or m.dtype != torch.bool:
-                raise TypeError(f"{fn}: `masks[{i}]` must be a bool tensor (True = attend), got {getattr(m, 'dtype', type(m))}")
+    _check_mode_masks(masks, sizes, fn)
+
+
+def _check_mode_masks(masks, sizes, fn: str, bh: tuple[int, int] | None = None) -> None:
+    """Per-mode masks: ``None``, or a list with one entry per mode of ``sizes``, each ``None`` or a bool
+    ``(..., Ni, Ni)``; given ``bh = (B, H)``, also at most 4-d and broadcasting like ``(B|1, H|1, Ni, Ni)``."""
+    if masks is None:
+        return
+    nmodes = len(sizes)
+    if isinstance(masks, torch.Tensor) or len(masks) != nmodes:
+        raise ValueError(f"{fn}: `masks` must be a list of {nmodes} entries (one per mode, None allowed), got "
+                         f"{type(masks).__name__ if isinstance(masks, torch.Tensor) else len(masks)}")
+    for i, (m, n) in enumerate(zip(masks, sizes)):
+        if m is None:
+            continue
+        if not isinstance(m, torch.Tensor) or m.dtype != torch.bool:
+            raise TypeError(f"{fn}: `masks[{i}]` must be a bool tensor (True = attend), got {getattr(m, 'dtype', type(m))}")
+        if bh is None:
             if m.ndim < 2 or m.shape[-2:] != (n, n):
                 raise ValueError(f"{fn}: `masks[{i}]` must have shape (..., {n}, {n}), got {tuple(m.shape)}")
+        elif not 2 <= m.ndim <= 4 or m.shape[-2:] != (n, n) or any(
+                a not in (1, c) for a, c in zip(m.shape[:-2][::-1], bh[::-1])):
+            raise ValueError(f"{fn}: `masks[{i}]` must broadcast like (B|1, H|1, {n}, {n}) with (B, H) = {bh}, "
+                             f"got {tuple(m.shape)}")
 
 
 def _check_qkv(q, k, v, masks, fn):

@@ -13,9 +13,10 @@ Kronecker layers' other factors are computed from queries / keys pooled over eve
 ``causal_mode=c`` (every layer here) makes a layer causal along mode ``c``: in eval mode, for every index ``t`` of
 mode ``c``, ``layer(x)`` at ``t`` equals ``layer(x[..., :t+1 along c, ...])`` at its last index. The dense layers
 combine a lower-triangular mask into mode ``c``'s; the Kronecker layers also pool the other modes' queries / keys
-over indices ``<= t`` only (:mod:`hoformer.functional.causal`). Causal Kronecker layers decode incrementally, one
+over indices ``<= t`` only (:mod:`hoformer.functional.causal`). Every causal layer decodes incrementally, one
 index of mode ``c`` (a full slice of the other modes) at a time: ``cache = layer.init_cache()``, then
-``layer.step(x_t, cache)``.
+``layer.step(x_t, cache)`` (a :class:`DecodingCache` of the causal mode's keys and values; each ``step`` docstring
+states its per-step cost).
 
 * :class:`KroneckerAttention` - HOT (paper 000 eqs 3-9, 002 eqs 10-12): per-mode factors from pooled queries/keys,
   combined as a Kronecker product or sum; softmax, FAVOR+ linear, Tanimoto or cosine (Weaver) kernels.
@@ -144,34 +145,95 @@ def _causal_masks(masks, sizes, causal_mode, device):
 
 class DecodingCache:
     """The state a causal attention layer keeps between decoding steps (from ``init_cache()``): the number of steps
-    so far, the running pools of the non-causal modes and the causal mode's keys and values, in buffers that grow
-    by doubling (amortised O(1) copies per step)."""
+    so far, the running pools of the non-causal modes (Kronecker layers) and the keys and values along the causal
+    mode, one pair per attention stage that attends along it, in buffers ``(B, H, capacity, ...)``.
 
-    def __init__(self) -> None:
+    ``max_steps=None``: the buffers grow by doubling (amortised O(1) copies per step, no limit). An int: they are
+    allocated for ``max_steps`` steps at the first step (no copies later), and a step past ``max_steps`` raises.
+    """
+
+    def __init__(self, max_steps: int | None = None, fn: str = "DecodingCache") -> None:
+        check_int(fn, "max_steps", max_steps, optional=True, note=" (None: buffers that grow)")
+        self.max_steps = None if max_steps is None else int(max_steps)
         self.steps = 0
         self.shape = None
         self.pools: list[torch.Tensor] | None = None
-        self._keys: torch.Tensor | None = None
-        self._values: torch.Tensor | None = None
+        self._kv: list[list[torch.Tensor]] = []  # per stage: [keys, values]
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store step ``self.steps``'s key ``(B, H, 1, E)`` and value ``(B, H, 1, P)``; return every key and value so
-        far, ``(B, H, steps + 1, .)`` views of the buffers."""
+    def check(self, fn: str, batch: int, rest: tuple[int, ...], dtype: torch.dtype) -> None:
+        """Refuse a step past ``max_steps`` or one whose batch, other modes or dtype differ from the earlier steps'."""
+        if self.max_steps is not None and self.steps >= self.max_steps:
+            raise ValueError(f"{fn}: the cache is full: it was made with max_steps={self.max_steps} and holds "
+                             f"{self.steps} steps; make it with init_cache(max_steps=...) large enough, or None to grow")
+        if self.steps and self.shape != (batch, rest, dtype):
+            raise ValueError(f"{fn}: the cache holds inputs of batch {self.shape[0]}, other modes {self.shape[1]} "
+                             f"and dtype {self.shape[2]}; got batch {batch}, other modes {rest}, dtype {dtype}")
+        self.shape = (batch, rest, dtype)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor, stage: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store step ``self.steps``'s key ``(B, H, 1, ...)`` and value ``(B, H, 1, ...)`` of attention stage
+        ``stage``; return every key and value of that stage so far, ``(B, H, steps + 1, ...)`` views of the
+        buffers."""
         t = self.steps
-        self._keys = _grow(self._keys, k, t)
-        self._values = _grow(self._values, v, t)
-        return self._keys[:, :, : t + 1], self._values[:, :, : t + 1]
+        while len(self._kv) <= stage:
+            self._kv.append([None, None])
+        kv = self._kv[stage]
+        kv[0], kv[1] = self._grow(kv[0], k, t), self._grow(kv[1], v, t)
+        return kv[0][:, :, : t + 1], kv[1][:, :, : t + 1]
+
+    def advance(self) -> None:
+        """Close the step: the next ``append`` writes index ``steps + 1``."""
+        self.steps += 1
+
+    def _grow(self, buf: torch.Tensor | None, new: torch.Tensor, t: int) -> torch.Tensor:
+        if buf is None or buf.shape[2] <= t:
+            cap = self.max_steps or max(16, 2 * (0 if buf is None else buf.shape[2]))
+            grown = new.new_empty(*new.shape[:2], cap, *new.shape[3:])
+            if buf is not None:
+                grown[:, :, :t] = buf[:, :, :t]
+            buf = grown
+        buf[:, :, t : t + 1] = new
+        return buf
 
 
-def _grow(buf: torch.Tensor | None, new: torch.Tensor, t: int) -> torch.Tensor:
-    if buf is None or buf.shape[2] <= t:
-        cap = max(16, 2 * (0 if buf is None else buf.shape[2]))
-        grown = new.new_empty(*new.shape[:2], cap, new.shape[-1])
-        if buf is not None:
-            grown[:, :, :t] = buf[:, :, :t]
-        buf = grown
-    buf[:, :, t : t + 1] = new
-    return buf
+class _Decoder:
+    """``init_cache`` of the layers that decode along their ``causal_mode`` (each defines ``step``)."""
+
+    causal_mode: int | None
+
+    def init_cache(self, max_steps: int | None = None) -> DecodingCache:
+        """An empty decoding state for :meth:`step` (one per layer and sequence batch). ``max_steps``: ``None`` for
+        key / value buffers that grow by doubling, or the number of steps to preallocate (stepping past raises)."""
+        fn = f"{type(self).__name__}.init_cache"
+        if self.causal_mode is None:
+            raise ValueError(f"{fn}: decoding needs a layer built with `causal_mode`")
+        return DecodingCache(max_steps, fn)
+
+
+def _check_step(layer, fn: str, x, cache, masks, heads: int, num_modes: int | None):
+    """The checks of every ``step``: ``layer`` decodes (``causal_mode`` set), ``cache`` is a :class:`DecodingCache`
+    with room for one more step, ``x`` is one index of the causal mode (size 1 along it) with the batch, other modes
+    and dtype of the earlier steps, and ``masks`` are per-mode masks whose causal entry is ``None``. Returns the
+    checked masks."""
+    c = layer.causal_mode
+    if c is None:
+        raise ValueError(f"{fn}: decoding needs a layer built with `causal_mode`")
+    if not isinstance(cache, DecodingCache):
+        raise TypeError(f"{fn}: `cache` must come from init_cache(), got {type(cache).__name__}")
+    _check_x(x, layer.dim, fn, num_modes)
+    nm = x.ndim - 2
+    _check_rope_modes(layer.rope_modes, nm, fn)
+    if c >= nm:
+        raise ValueError(f"{fn}: causal_mode={c} but x {tuple(x.shape)} has only {nm} modes")
+    if x.shape[1 + c] != 1:
+        raise ValueError(f"{fn}: `x` must be one index of the causal mode {c} (size 1 along it), got shape "
+                         f"{tuple(x.shape)}")
+    if masks is not None and not isinstance(masks, torch.Tensor) and len(masks) == nm and masks[c] is not None:
+        raise ValueError(f"{fn}: `masks[{c}]` (the causal mode's) must be None while decoding")
+    sizes = tuple(x.shape[1:-1])
+    masks = _check_masks(masks, sizes, fn, x.shape[0], heads)
+    cache.check(fn, x.shape[0], sizes[:c] + sizes[c + 1 :], x.dtype)
+    return masks
 
 
 def _kron_and(masks: Sequence[torch.Tensor | None], sizes: Sequence[int], device) -> torch.Tensor | None:
@@ -351,7 +413,7 @@ def mode_pools(x: torch.Tensor, mean: bool = False) -> list[torch.Tensor]:
     return list(_ModePools.apply(x, mean))
 
 
-class KroneckerAttention(RecordableAttention):
+class KroneckerAttention(_Decoder, RecordableAttention):
     """HOT multi-head Kronecker attention over ``x (B, N1..Nk, D)`` (paper 000 eqs 5-9).
 
     For each head and mode ``i``: pool ``x`` over the other modes (``pool="sum"`` as in the paper, or ``"mean"``),
@@ -526,50 +588,29 @@ class KroneckerAttention(RecordableAttention):
             maps = [maps[order.index(i)] for i in range(nm)]
         return y, maps
 
-    def init_cache(self) -> DecodingCache:
-        """An empty decoding state for :meth:`step` (one per layer and sequence batch)."""
-        if self.causal_mode is None:
-            raise ValueError("KroneckerAttention.init_cache: decoding needs a layer built with `causal_mode`")
-        return DecodingCache()
-
     @torch.no_grad()
     def step(self, x: torch.Tensor, cache: DecodingCache, masks=None) -> torch.Tensor:
         """Incremental decoding along the causal mode: the output at the next index ``t`` of ``causal_mode`` from the
         slice ``x (B, N1..Nk, D)`` with size 1 along the causal mode (a full slice of the other modes), equal to
         ``layer(x_full)`` at ``t`` for the inputs given so far (eval mode: no dropout here; no gradients).
 
-        ``cache`` (from :meth:`init_cache`) keeps the running pools of the other modes, the causal mode's keys and
-        the values of the past steps. Per-step cost, with ``P = prod(N_i, i != c)``, ``F = E`` (softmax) or the
-        number of random features (linear): the projections ``O(P D H E + sum_i Ni D H E)``, the other modes' factors
-        and products ``O(H sum_i Ni^2 E + H P E sum_i Ni)``, the pools ``O(P D)``, none of which depends on ``t``, plus
-        the causal mode's own attention row over the ``t + 1`` steps so far ``O(t H (F + P E))`` (the linear
-        kernel's key features are recomputed for that row: its key stabiliser spans every key so far).
+        ``cache`` (from :meth:`init_cache`) keeps the running pools of the other modes, the causal mode's keys
+        ``(B, H, t, E)`` and the values of the past steps ``(B, H, t, P E)`` (buffers that grow by doubling, or
+        preallocated with ``init_cache(max_steps)``). Per-step cost, with ``P = prod(N_i, i != c)``, ``F = E``
+        (softmax) or the number of random features (linear): the projections ``O(P D H E + sum_i Ni D H E)``, the
+        other modes' factors and products ``O(H sum_i Ni^2 E + H P E sum_i Ni)``, the pools ``O(P D)``, none of
+        which depends on ``t``, plus the causal mode's own attention row over the ``t + 1`` steps so far
+        ``O(t H (F + P E))`` (the linear kernel's key features are recomputed for that row: its key stabiliser
+        spans every key so far); all times ``B``.
         ``masks``: per-mode masks of the other modes (the causal mode's entry must be ``None``)."""
         fn = "KroneckerAttention.step"
-        c = self.causal_mode
-        if c is None:
-            raise ValueError(f"{fn}: decoding needs a layer built with `causal_mode`")
-        if not isinstance(cache, DecodingCache):
-            raise TypeError(f"{fn}: `cache` must come from init_cache(), got {type(cache).__name__}")
-        _check_x(x, self.dim, fn, self.num_modes)
-        nm = x.ndim - 2
+        masks = _check_step(self, fn, x, cache, masks, self.heads, self.num_modes)
+        c, nm = self.causal_mode, x.ndim - 2
         self._ensure_modes(nm)
-        _check_rope_modes(self.rope_modes, nm, fn)
-        if c >= nm:
-            raise ValueError(f"{fn}: causal_mode={c} but x {tuple(x.shape)} has only {nm} modes")
-        if x.shape[1 + c] != 1:
-            raise ValueError(f"{fn}: `x` must be one index of the causal mode {c} (size 1 along it), got shape "
-                             f"{tuple(x.shape)}")
-        if masks is not None and not isinstance(masks, torch.Tensor) and len(masks) == nm and masks[c] is not None:
-            raise ValueError(f"{fn}: `masks[{c}]` (the causal mode's) must be None while decoding")
-        masks = _check_masks(masks, tuple(x.shape[1:-1]), fn, x.shape[0], self.heads)
         order = [c] + [i for i in range(nm) if i != c]
         xp = x.movedim(1 + c, 1)
         b, rest = xp.shape[0], tuple(xp.shape[2:-1])
         t = cache.steps
-        if t and cache.shape != (b, rest, x.dtype):
-            raise ValueError(f"{fn}: the cache holds inputs of batch {cache.shape[0]}, other modes {cache.shape[1]} "
-                             f"and dtype {cache.shape[2]}; got batch {b}, other modes {rest}, dtype {x.dtype}")
         pc, pools = self._causal_pools(xp)
         cache.pools = [p[:, 0] if t == 0 else acc + p[:, 0] for acc, p in
                        zip(cache.pools if t else pools, pools)]
@@ -590,7 +631,7 @@ class KroneckerAttention(RecordableAttention):
                            (*rest, self.dim_head),
                            combine=self.combine, kernel="linear" if linear else "softmax", scale=None, dropout_p=0.0,
                            want_factors=False, score_fn=self.score_fn)
-        cache.steps, cache.shape = t + 1, (b, rest, x.dtype)
+        cache.advance()
         return self.to_out(y.to(x.dtype).movedim(1, -2).reshape(b, 1, *rest, -1)).movedim(1, 1 + c)
 
     def forward(self, x: torch.Tensor, masks=None) -> torch.Tensor:
@@ -663,9 +704,10 @@ def _attend(q, k, v, mask, dropout_p, want_maps):
     return sdpa(q, k, v, mask=mask, dropout_p=dropout_p), None
 
 
-class FullAttention(_QKV):
+class FullAttention(_Decoder, _QKV):
     """Flattened high-order attention (HOT eqs 1-2) with SDPA; per-mode masks are combined as a Kronecker AND.
-    ``causal_mode=c``: a token at index ``t`` of mode ``c`` attends to the tokens at indices ``<= t``.
+    ``causal_mode=c``: a token at index ``t`` of mode ``c`` attends to the tokens at indices ``<= t``, and
+    :meth:`step` decodes along ``c``.
 
     ``rope_modes``: axial N-d RoPE on the flattened tokens (head dim split between those modes).
     """
@@ -683,18 +725,51 @@ class FullAttention(_QKV):
         _check_causal_range(self.causal_mode, len(sizes), x, "FullAttention")
         masks = _causal_masks(_check_masks(masks, sizes, "FullAttention", b, self.heads), sizes, self.causal_mode,
                               x.device)
+        return self._tokens(x, masks)
+
+    @torch.no_grad()
+    def step(self, x: torch.Tensor, cache: DecodingCache, masks=None) -> torch.Tensor:
+        """Incremental decoding along the causal mode ``c``: the output at the next index ``t`` of ``c`` from the slice
+        ``x (B, N1..Nk, D)`` with size 1 along ``c`` (a full slice of the other modes), equal to ``layer(x_full)`` at
+        ``t`` for the inputs given so far (no attention dropout; no gradients). RoPE on ``c`` rotates at the
+        absolute position ``t``.
+
+        ``cache`` (from :meth:`init_cache`) keeps the keys and values of every past token, ``(B, H, t, P, E)`` each
+        with ``P = prod(N_i, i != c)``: buffers that grow by doubling, or preallocated with ``init_cache(max_steps)``.
+        Per-step cost: the projections ``O(B P D H E)`` and the ``P`` queries against the ``(t + 1) P`` tokens so far
+        ``O(B H (t + 1) P^2 E)``, so ``O(B P H E (D + (t + 1) P))``; memory ``O(B H t P E)``.
+        ``masks``: per-mode masks of the other modes (the causal mode's entry must be ``None``)."""
+        masks = _check_step(self, "FullAttention.step", x, cache, masks, self.heads, self.num_modes)
+        y = self._tokens(x, masks, cache, self.causal_mode)
+        cache.advance()
+        return y
+
+    def _tokens(self, x, masks, cache=None, causal_mode=None, stage=0, record=True):
+        """Attention over the flattened tokens of ``x (B, N.., D)`` (checked; ``masks`` checked, per mode, any causal
+        mask already in). With a ``cache``: ``x`` is the next index of ``causal_mode``; its keys / values (RoPE at
+        that absolute index) join the cached ones of stage ``stage``, which its queries attend to. Maps are recorded
+        (under :func:`record_attention`) only without a cache and with ``record``."""
+        b, sizes = x.shape[0], tuple(x.shape[1:-1])
         q, k, v = (t.reshape(b, self.heads, -1, self.dim_head) for t in self.qkv(x))
-        q = axial_rotary(q, sizes, self.rope_modes, self.rope_theta)
-        k = axial_rotary(k, sizes, self.rope_modes, self.rope_theta)
+        offsets = None
+        if cache is not None:
+            offsets = [0] * len(sizes)
+            offsets[causal_mode] = cache.steps
+        q = axial_rotary(q, sizes, self.rope_modes, self.rope_theta, offsets)
+        k = axial_rotary(k, sizes, self.rope_modes, self.rope_theta, offsets)
         mask = _kron_and(masks, sizes, x.device)
-        want = self._recording
-        y, a = _attend(q, k, v, mask, self.attn_dropout if self.training else 0.0, want)
+        want = record and self._recording and cache is None
+        if cache is not None:  # every past slice's tokens, masked along the other modes like this slice's
+            k, v = (t.flatten(2, 3) for t in cache.append(k.unsqueeze(2), v.unsqueeze(2), stage))
+            if mask is not None:
+                mask = mask.unsqueeze(-2).expand(*mask.shape[:-1], cache.steps + 1, mask.shape[-1]).flatten(-2)
+        y, a = _attend(q, k, v, mask, self.attn_dropout if self.training and cache is None else 0.0, want)
         if want:
             self._maybe_record([a])
         return self.out(y.view(b, self.heads, *sizes, self.dim_head))
 
 
-class AxialAttention(_QKV):
+class AxialAttention(_Decoder, _QKV):
     """Attention along each mode separately, for every fiber of the other modes (Ho et al. 2019).
 
     ``combine="sum"``: one shared qkv projection, ``y = (1/k) sum_i attn_i(x)`` (the dense-fiber analogue of the
@@ -702,7 +777,7 @@ class AxialAttention(_QKV):
     ``modes``: the 0-based modes to attend along, in order (default: all). ``modes=(0,)`` on a ``(B, P, N, D)``
     traffic tensor is temporal attention for every sensor, ``modes=(1,)`` spatial attention for every step.
     ``causal_mode=c``: attention along ``c`` is lower-triangular (along the other modes a fibre stays at one index of
-    ``c``, so either combine is causal).
+    ``c``, so either combine is causal), and :meth:`step` decodes along ``c``.
     """
 
     def __init__(self, dim, num_heads=8, qk_norm=True, rope_modes=(), dropout=0.0, dim_head=None,
@@ -734,37 +809,73 @@ class AxialAttention(_QKV):
                               for _ in range(n_att - 1))
             self.num_modes = k
 
-    def _along(self, q, k, v, mode, mask, want):
-        # (b, h, n1..nk, e) -> mode last before e, attend over it for every fiber
+    def _along(self, q, k, v, mode, mask, want, cache=None):
+        """Attention along ``mode`` of ``(b, h, n1..nk, e)`` for every fiber. With a ``cache`` (``mode`` is the causal
+        one, of size 1 here): this index's keys / values (RoPE at its absolute position) join the cached past ones,
+        which the queries attend to (``mask`` is then None)."""
         q, k, v = (t.movedim(2 + mode, -2) for t in (q, k, v))
         if self.rotary is not None and mode in self.rope_modes:
-            q, k = self.rotary(q), self.rotary(k)
+            pos = None if cache is None else torch.arange(cache.steps, cache.steps + 1, device=q.device)
+            q, k = self.rotary(q, pos), self.rotary(k, pos)
+        if cache is not None:  # stored as (b, h, 1, fibers.., e): the steps along dim 2
+            k, v = (t.movedim(2, -2) for t in cache.append(k.movedim(-2, 2), v.movedim(-2, 2)))
         if mask is not None:
             while mask.ndim < 4:
                 mask = mask.unsqueeze(0)
             mask = mask.view(*mask.shape[:2], *([1] * (q.ndim - 4)), *mask.shape[-2:])
-        y, a = _attend(q, k, v, mask, self.attn_dropout if self.training else 0.0, want)
+        y, a = _attend(q, k, v, mask, self.attn_dropout if self.training and cache is None else 0.0, want)
         return y.movedim(-2, 2 + mode), a
+
+    def _modes_for(self, x, fn: str) -> tuple[int, ...]:
+        """The modes attended along for ``x`` (checked against its modes); builds the lazy sequential projections."""
+        nm = x.ndim - 2
+        modes = tuple(range(nm)) if self.modes is None else self.modes
+        if max(modes) >= nm:
+            raise ValueError(f"{fn}: `modes`={modes} but x {tuple(x.shape)} has only {nm} modes")
+        _check_rope_modes(self.rope_modes, nm, fn)
+        self._ensure(nm)
+        _check_causal_range(self.causal_mode, nm, x, fn)
+        return modes
 
     def forward(self, x, masks=None):
         _check_x(x, self.dim, "AxialAttention", self.num_modes if self.combine == "sequential" else None)
         sizes = tuple(x.shape[1:-1])
-        nm = len(sizes)
-        modes = tuple(range(nm)) if self.modes is None else self.modes
-        if max(modes) >= nm:
-            raise ValueError(f"AxialAttention: `modes`={modes} but x {tuple(x.shape)} has only {nm} modes")
-        _check_rope_modes(self.rope_modes, nm, "AxialAttention")
-        self._ensure(nm)
-        _check_causal_range(self.causal_mode, nm, x, "AxialAttention")
+        modes = self._modes_for(x, "AxialAttention")
         masks = _causal_masks(_check_masks(masks, sizes, "AxialAttention", x.shape[0], self.heads), sizes,
-                              self.causal_mode, x.device) or [None] * nm
-        want = self._recording
+                              self.causal_mode, x.device)
+        return self._run(x, masks or [None] * len(sizes), modes)
+
+    @torch.no_grad()
+    def step(self, x: torch.Tensor, cache: DecodingCache, masks=None) -> torch.Tensor:
+        """Incremental decoding along the causal mode ``c``: the output at the next index ``t`` of ``c`` from the slice
+        ``x (B, N1..Nk, D)`` with size 1 along ``c`` (a full slice of the other modes), equal to ``layer(x_full)`` at
+        ``t`` for the inputs given so far (no attention dropout; no gradients). RoPE on ``c`` rotates at the
+        absolute position ``t``.
+
+        ``cache`` (from :meth:`init_cache`) keeps the keys and values of the stage that attends along ``c`` for
+        every past step, ``(B, H, t, P, E)`` each with ``P = prod(N_i, i != c)``: buffers that grow by doubling, or
+        preallocated with ``init_cache(max_steps)``. Per-step cost: the projections ``O(B P D H E)`` (plus
+        ``O(B P H^2 E^2)`` per later stage of ``combine="sequential"``), attention along every other attended mode
+        ``i`` ``O(B H P N_i E)`` and along ``c`` each fibre's row over the ``t + 1`` steps so far
+        ``O(B H (t + 1) P E)``: ``O(B P H E (D + t + sum_{i != c} N_i))``; memory ``O(B H t P E)``.
+        ``masks``: per-mode masks of the other modes (the causal mode's entry must be ``None``)."""
+        fn = "AxialAttention.step"
+        masks = _check_step(self, fn, x, cache, masks, self.heads,
+                            self.num_modes if self.combine == "sequential" else None)
+        y = self._run(x, masks or [None] * (x.ndim - 2), self._modes_for(x, fn), cache)
+        cache.advance()
+        return y
+
+    def _run(self, x, masks, modes, cache=None):
+        """The attention stages on checked inputs; with a ``cache`` the stage along the causal mode decodes."""
+        want = self._recording and cache is None
+        c = None if cache is None else self.causal_mode
         maps = []
         q, k, v = self.qkv(x)
         if self.combine == "sum":
             y = None
             for m in modes:
-                ym, a = self._along(q, k, v, m, masks[m], want)
+                ym, a = self._along(q, k, v, m, masks[m], want, cache if m == c else None)
                 y = ym if y is None else y + ym
                 maps.append(a)
             y = y / len(modes) if len(modes) > 1 else y
@@ -776,14 +887,14 @@ class AxialAttention(_QKV):
                     qkv = self.extra[j - 1](cur).view(*cur.shape[:-1], 3, self.heads, self.dim_head).unbind(-3)
                     q, k, y = (t.movedim(-2, 1) for t in qkv)
                     q, k = self.q_norm(q), self.k_norm(k)
-                y, a = self._along(q, k, y, m, masks[m], want)
+                y, a = self._along(q, k, y, m, masks[m], want, cache if m == c else None)
                 maps.append(a)
         if want:
             self._maybe_record(maps)
         return self.out(y)
 
 
-class DividedAttention(nn.Module):
+class DividedAttention(_Decoder, nn.Module):
     """TimeSformer divided attention: full attention along ``first_mode``, then jointly over the other modes.
 
     Returns ``T(x) + S(x + T(x))`` so that the block's residual reproduces TimeSformer's
@@ -794,7 +905,7 @@ class DividedAttention(nn.Module):
     :class:`~hoformer.layers.blocks.Block` (one norm before the whole layer) ``S`` sees ``LN(x) + T`` where
     TimeSformer's own block, with a norm per stage, feeds ``LN(x + T)``.
     ``causal_mode=c``: the stage that attends along ``c`` (``T`` if ``c = first_mode``, else ``S``) is
-    lower-triangular along ``c``.
+    lower-triangular along ``c``, and :meth:`step` decodes along ``c``.
     """
 
     def __init__(self, dim, num_heads=8, qk_norm=True, rope_modes=(), dropout=0.0, dim_head=None,
@@ -813,6 +924,10 @@ class DividedAttention(nn.Module):
                                   bias=bias, rope_theta=rope_theta)
         self.rope_modes, self.num_modes = rope_modes, num_modes
 
+    def _check_first_mode(self, x, fn: str) -> None:
+        if self.first_mode >= x.ndim - 2:
+            raise ValueError(f"{fn}: first_mode={self.first_mode} but x {tuple(x.shape)} has only {x.ndim - 2} modes")
+
     def forward(self, x, masks=None):
         _check_x(x, self.dim, "DividedAttention", self.num_modes)
         sizes = tuple(x.shape[1:-1])
@@ -820,34 +935,60 @@ class DividedAttention(nn.Module):
         _check_rope_modes(self.rope_modes, nm, "DividedAttention")
         _check_causal_range(self.causal_mode, nm, x, "DividedAttention")
         masks = _causal_masks(_check_masks(masks, sizes, "DividedAttention", x.shape[0], self.first.heads), sizes,
-                              self.causal_mode, x.device) or [None] * nm
-        fm = self.first_mode
-        if fm >= nm:
-            raise ValueError(f"DividedAttention: first_mode={fm} but x {tuple(x.shape)} has only {nm} modes")
+                              self.causal_mode, x.device)
+        self._check_first_mode(x, "DividedAttention")
+        return self._run(x, masks or [None] * nm)
+
+    @torch.no_grad()
+    def step(self, x: torch.Tensor, cache: DecodingCache, masks=None) -> torch.Tensor:
+        """Incremental decoding along the causal mode ``c``: the output at the next index ``t`` of ``c`` from the slice
+        ``x (B, N1..Nk, D)`` with size 1 along ``c`` (a full slice of the other modes), equal to ``layer(x_full)`` at
+        ``t`` for the inputs given so far (no attention dropout; no gradients). RoPE on ``c`` rotates at the
+        absolute position ``t``.
+
+        ``cache`` (from :meth:`init_cache`) keeps the keys and values of the stage that attends along ``c`` (of both
+        stages with a single mode) for every past step, ``(B, H, t, P, E)`` each with ``P = prod(N_i, i != c)``:
+        buffers that grow by doubling, or preallocated with ``init_cache(max_steps)``. Per-step cost, with ``F`` the
+        size of ``first_mode``: the projections ``O(B P D H E)``, and if ``c = first_mode`` the ``T`` row of every
+        fibre over the ``t + 1`` steps so far ``O(B H (t + 1) P E)`` and ``S`` over the slice ``O(B H P^2 E)``, else
+        ``T`` over the slice ``O(B H P F E)`` and ``S``, for each of the ``F`` indices of ``first_mode``, ``P / F``
+        queries against ``(t + 1) P / F`` tokens ``O(B H (t + 1) P^2 E / F)``; memory ``O(B H t P E)``.
+        ``masks``: per-mode masks of the other modes (the causal mode's entry must be ``None``)."""
+        fn = "DividedAttention.step"
+        masks = _check_step(self, fn, x, cache, masks, self.first.heads, self.num_modes)
+        self._check_first_mode(x, fn)
+        y = self._run(x, masks or [None] * (x.ndim - 2), cache)
+        cache.advance()
+        return y
+
+    def _run(self, x, masks, cache=None):
+        """Both stages on checked inputs; with a ``cache`` the stage along the causal mode decodes."""
+        nm = x.ndim - 2
+        fm, c = self.first_mode, None if cache is None else self.causal_mode
         # attention along `first_mode` only: move it to mode 0, treat the others as fibers via axial on a 2-mode view
         xt = x.movedim(1 + fm, 1)
         b, n0 = xt.shape[:2]
         rest_sizes = xt.shape[2:-1]
         x2 = xt.reshape(b, n0, -1, self.dim)  # (b, n0, prod(rest), d)
         q, k, v = self.first.qkv(x2)
-        want = self.first._recording
-        t, a_t = self.first._along(q, k, v, 0, masks[fm], want)
+        want = self.first._recording and cache is None
+        t, a_t = self.first._along(q, k, v, 0, masks[fm], want, cache if c == fm else None)
         if want:
             self.first._maybe_record([a_t])
         t = self.first.out(t).view(xt.shape).movedim(1, 1 + fm)
         h = x + t
         if nm == 1:  # no other modes: the joint stage attends along the same mode again (same masks)
-            s = self.rest(h, masks=masks)
-        else:  # joint attention over the other modes, for every position of first_mode
-            hs = h.movedim(1 + fm, 1).reshape(b * n0, *rest_sizes, self.dim)
-            # the joint stage's batch is (b, n0) flattened: a per-sample (B, H|1, n, n) mask follows its sample to
-            # the n0 rows b * n0 .. b * n0 + n0 - 1
-            rest_masks = [m.repeat_interleave(n0, 0) if m is not None and m.ndim == 4 and m.shape[0] > 1 else m
-                          for i, m in enumerate(masks) if i != fm]
-            s = self.rest(hs, masks=rest_masks)
-        if nm > 1:
-            s = s.view(b, n0, *rest_sizes, self.dim).movedim(1, 1 + fm)
-        return t + s
+            return t + self.rest._tokens(h, masks, cache, c, stage=1)
+        # joint attention over the other modes, for every position of first_mode
+        hs = h.movedim(1 + fm, 1).reshape(b * n0, *rest_sizes, self.dim)
+        # the joint stage's batch is (b, n0) flattened: a per-sample (B, H|1, n, n) mask follows its sample to
+        # the n0 rows b * n0 .. b * n0 + n0 - 1
+        rest_masks = [m.repeat_interleave(n0, 0) if m is not None and m.ndim == 4 and m.shape[0] > 1 else m
+                      for i, m in enumerate(masks) if i != fm]
+        decode = c is not None and c != fm
+        s = self.rest._tokens(hs, rest_masks, cache if decode else None, c - (c > fm) if decode else None,
+                              record=cache is None)
+        return t + s.view(b, n0, *rest_sizes, self.dim).movedim(1, 1 + fm)
 
 
 # ----------------------------------------------------------------------------------------- factory

@@ -160,10 +160,8 @@ class Block(nn.Module):
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
     def step(self, x, cache):
-        """One decoding step of a block whose attention is causal (see ``KroneckerAttention.step``): ``x`` is one
+        """One decoding step of a block whose attention is causal (see the attention layer's ``step``): ``x`` is one
         index of the causal mode; the norms and the MLP act per token. Eval-mode arithmetic, no gradients."""
-        if not hasattr(self.attn, "step"):
-            raise TypeError(f"Block.step: {type(self.attn).__name__} has no incremental decoding")
         with torch.no_grad():
             x = x + self.attn.step(self.norm1(x), cache)
             return x + self.mlp(self.norm2(x))
@@ -185,18 +183,15 @@ class Encoder(nn.Module):
             x = blk(x, masks=masks)
         return self.norm(x)
 
-    def init_cache(self) -> list:
-        """Decoding state for :meth:`step`: one cache per block (blocks built with a causal ``causal_mode``)."""
-        missing = sorted({type(blk.attn).__name__ for blk in self.blocks if not hasattr(blk.attn, "init_cache")})
-        if missing:
-            raise TypeError(f"Encoder.init_cache: incremental decoding needs causal Kronecker attention "
-                            f"(causal_mode set); {', '.join(missing)} has no decoding cache")
-        return [blk.attn.init_cache() for blk in self.blocks]
+    def init_cache(self, max_steps: int | None = None) -> list:
+        """Decoding state for :meth:`step`: one cache per block (every attention type decodes when built with
+        ``causal_mode``). ``max_steps``: ``None`` for key / value buffers that grow, or the steps to preallocate."""
+        return [blk.attn.init_cache(max_steps) for blk in self.blocks]
 
     def step(self, x, cache: list):
         """The encoder's output at the next index of the causal mode from that index's input slice ``x`` (size 1 along
         the causal mode): equal to ``forward`` on every slice so far, read at the last. Per-step cost: the blocks'
-        (see ``KroneckerAttention.step``)."""
+        (see the attention layers' ``step``)."""
         if not isinstance(cache, list) or len(cache) != len(self.blocks):
             raise TypeError(f"Encoder.step: `cache` must be the list from init_cache() ({len(self.blocks)} entries)")
         for blk, c in zip(self.blocks, cache):

@@ -70,9 +70,11 @@ class RotaryEmbedding(nn.Module):
         return apply_rotary(x, cos.to(x.dtype), sin.to(x.dtype))
 
 
-def axial_rotary(x: torch.Tensor, sizes: Sequence[int], rope_modes: Sequence[int], theta: float = 10000.0):
+def axial_rotary(x: torch.Tensor, sizes: Sequence[int], rope_modes: Sequence[int], theta: float = 10000.0,
+                 offsets: Sequence[int] | None = None):
     """N-d axial RoPE on flattened tokens ``x (..., prod(sizes), d)``: the head dim is split evenly (in even chunks)
-    between the modes of ``rope_modes`` and each chunk is rotated by its mode's coordinate."""
+    between the modes of ``rope_modes`` and each chunk is rotated by its mode's coordinate. ``offsets`` (one int per
+    mode, default zeros): the coordinate of each mode's first index, e.g. the absolute position of a decoded slice."""
     if not rope_modes:
         return x
     k = len(sizes)
@@ -87,7 +89,8 @@ def axial_rotary(x: torch.Tensor, sizes: Sequence[int], rope_modes: Sequence[int
     chunk = (d // len(rope_modes)) // 2 * 2
     if chunk == 0:
         raise ValueError(f"axial_rotary: head dim {d} too small for {len(rope_modes)} rotary modes")
-    grids = torch.meshgrid(*[torch.arange(n, device=x.device) for n in sizes], indexing="ij")
+    offsets = (0,) * k if offsets is None else tuple(offsets)
+    grids = torch.meshgrid(*[torch.arange(o, o + n, device=x.device) for o, n in zip(offsets, sizes)], indexing="ij")
     parts, start = [], 0
     for m in rope_modes:
         cos, sin = RotaryEmbedding(chunk, theta).angles(grids[m].reshape(-1))

@@ -109,6 +109,10 @@ class ForecastingTask(_HotTask):
         plot_variates: number of variates drawn in the test forecast PNG (0 disables it).
         variate_names: the data's column names in the model's variate order (``OT``, ``HUFL``, ...), the labels of
             the forecast PNG's panels (default ``variate <j>``).
+
+    A model with a method ``teacher_forced(x, y) -> (pred, target)`` (a causal forecaster trained on next-step
+    prediction at every position) is trained on the loss between the ``pred`` and ``target`` it returns instead of
+    ``model(x)`` and ``y``; validation, test and predict call ``model(x)`` as for any model.
     """
 
     selection = ("val/mae", "min")
@@ -148,12 +152,22 @@ class ForecastingTask(_HotTask):
             raise TypeError(f"{name}: batches must be dicts of the windowed-series format (hoformer.data.series) with "
                             f"keys 'x' and 'y' (or (x, y) pairs), got {sorted(batch)}")
         x, y = batch["x"], batch["y"]
-        pred = self.model(x)
+        mask = batch.get("y_mask")
+        teacher = getattr(self.model, "teacher_forced", None) if stage == "train" else None
+        if callable(teacher):  # the model defines its own training targets (e.g. next-patch prediction)
+            if mask is not None:
+                raise ValueError(f"{name}: a model with `teacher_forced` (here {self.model_name!r}) trains without "
+                                 "`y_mask`; the batch carries one (missing targets)")
+            pred, y = teacher(x, y)
+            if pred.shape != y.shape:
+                raise ValueError(f"{name}: {self.model_name!r}.teacher_forced(x, y) returned predictions "
+                                 f"{tuple(pred.shape)} and targets {tuple(y.shape)} of different shapes")
+        else:
+            pred = self.model(x)
         if pred.shape != y.shape and pred.ndim == y.ndim and y.shape[-1] == 1:
             pred = pred[..., -1:]  # one target channel: the last input channel (TSLib's features="MS")
         if pred.shape != y.shape:
             raise ValueError(f"{name}: model output {tuple(pred.shape)} != target {tuple(y.shape)}")
-        mask = batch.get("y_mask")
         if mask is None:
             loss = F.mse_loss(pred, y) if self.hparams.loss == "mse" else F.l1_loss(pred, y)
         else:
