@@ -227,14 +227,20 @@ def test_fit_help_shows_typed_model_arguments(capsys):
     assert "--model.dim DIM" in out and "(type: int, default: 128)" in out
 
 
-def test_misspelled_model_argument_fails_at_parse_time_naming_the_valid_ones(capsys):
-    cfg = str(REPO / "configs" / "hot" / "ltsf" / "etth1_96_96_hot_product.yaml")
+@pytest.mark.parametrize("config,model,first", [
+    ("hot/ltsf/etth1_96_96_hot_product.yaml", "HOTForecaster", "seq_len, pred_len, num_variates, attention, dim"),
+    ("hot/medmnist3d/adrenal_hot_sum.yaml", "HOTVolumeClassifier", "in_channels, input_size, num_classes, attention"),
+    ("weaver/los_loop_cpu.yaml", "Weaver", "num_nodes, window, horizon, in_channels, out_channels, dim"),
+    ("hoba/cpu_trec_hoba.yaml", "HOBAClassifier", "vocab_size, num_classes, max_len, dim"),
+], ids=["hot-ltsf", "hot-medmnist3d", "weaver", "hoba"])
+def test_misspelled_model_argument_fails_at_parse_time_naming_the_valid_ones(config, model, first, capsys):
+    cfg = str(REPO / "configs" / config)
     with pytest.raises(SystemExit) as e:
-        cli.main(["fit", "--config", cfg, "--model.model.init_args.dimm=3"])
+        cli.main(["fit", *cli.expand_configs(["--config", cfg]), "--model.model.init_args.dimm=3"])
     assert e.value.code not in (0, None)
     err = capsys.readouterr().err
-    assert "hoformer.models.HOTForecaster has no argument 'dimm': did you mean 'dim'?" in err
-    assert "its arguments are seq_len, pred_len, num_variates, attention, dim" in err
+    assert f"hoformer.models.{model} has no argument 'dimm': did you mean 'dim'?" in err
+    assert f"its arguments are {first}" in err
 
 
 def test_one_data_override_switches_to_another_csv(tmp_path, monkeypatch, capsys):
