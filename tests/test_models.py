@@ -1025,8 +1025,13 @@ def _state_fingerprint(model) -> str:
     return hashlib.sha256(sig.encode()).hexdigest()[:16]
 
 
+#: models registered after release 0.1.0: no directory that release wrote can hold them
+ADDED_AFTER_0_1_0 = {"hot_causal_forecaster", "hot_forecaster_official"}
+
+
 def test_legacy_table_covers_every_registered_model():
-    assert sorted(name for name, _, _ in LEGACY_0_1_0) == ALL_MODELS
+    assert ADDED_AFTER_0_1_0 <= set(ALL_MODELS)
+    assert sorted(name for name, _, _ in LEGACY_0_1_0) == sorted(set(ALL_MODELS) - ADDED_AFTER_0_1_0)
 
 
 @pytest.mark.parametrize("name,kwargs,fingerprint", LEGACY_0_1_0, ids=[n for n, _, _ in LEGACY_0_1_0])
