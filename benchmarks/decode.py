@@ -96,7 +96,8 @@ def main() -> None:
     print(f"Encoder depth {args.depth}, dim {args.dim}, {args.heads} heads, other mode {args.other}, batch "
           f"{args.batch}, device {args.device}, {torch.get_num_threads()} threads")
     rows = run(args)
-    print("\n| attention | past steps | ms / step (median) | full causal forward ms | speed-up |\n|---|---:|---:|---:|---:|")
+    print("\n| attention | past steps | ms / step (median) | full causal forward ms | speed-up |")
+    print("|---|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {VARIANTS[r['variant']]} | {r['past']} | {r['step_ms']:.2f} ({r['step_median_ms']:.2f}) | "
               f"{r['full_ms']:.1f} | {r['speedup']:.0f}x |")

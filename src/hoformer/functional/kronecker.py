@@ -531,7 +531,8 @@ def _check_mode_masks(masks, sizes, fn: str, bh: tuple[int, int] | None = None) 
         if m is None:
             continue
         if not isinstance(m, torch.Tensor) or m.dtype != torch.bool:
-            raise TypeError(f"{fn}: `masks[{i}]` must be a bool tensor (True = attend), got {getattr(m, 'dtype', type(m))}")
+            raise TypeError(f"{fn}: `masks[{i}]` must be a bool tensor (True = attend), got "
+                            f"{getattr(m, 'dtype', type(m))}")
         if bh is None:
             if m.ndim < 2 or m.shape[-2:] != (n, n):
                 raise ValueError(f"{fn}: `masks[{i}]` must have shape (..., {n}, {n}), got {tuple(m.shape)}")
