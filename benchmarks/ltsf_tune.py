@@ -10,6 +10,11 @@ the variant is selected on) next to the test metrics.
 
 Run:  .venv/bin/python benchmarks/ltsf_tune.py --variants reg patch16 --dataset etth1 --model hot_product
       .venv/bin/python benchmarks/ltsf_tune.py --import-grid runs/ltsf_cpu.jsonl --summary --dataset etth1
+      .venv/bin/python benchmarks/ltsf_tune.py --same-windows ema ema_joint --dataset etth1   # one set of windows
+
+``--same-windows`` scores the finished runs of the named variants (their exported best weights) on the test windows
+of the longest horizon only, which every horizon's test set begins with (the same forecast origins): a direct model
+of horizon ``h`` on its ``h`` steps, a joint-horizon model on each prefix.
 """
 from __future__ import annotations
 
@@ -26,9 +31,19 @@ ROOT = Path(__file__).resolve().parents[1]
 HORIZONS = (96, 192, 336, 720)
 # seed -> variant suffix ("grid" runs seed 2024); 2027 / 2028 complete the HOT paper's five seeds (Tables 9 / 10)
 SEEDS = {2024: "", 2025: "_seed2025", 2026: "_seed2026", 2027: "_seed2027", 2028: "_seed2028"}
-# variant -> overrides: "model.<k>" for the model's init args, "task.<k>" for the task's optim, "data.<k>" for the data,
-# "run.<k>" for a top-level key (seed_everything), "callback.<class path>" for a trainer callback added with these
-# init_args
+EMA = {"callback.lightning.pytorch.callbacks.EMAWeightAveraging": {"decay": 0.99}}
+
+
+def _official() -> dict:
+    """The model arguments of the ``hot_forecaster_official`` preset, as ``model.<k>`` overrides."""
+    from hoformer.models.registry import model_entry
+
+    return {f"model.{k}": v for k, v in model_entry("hot_forecaster_official").preset.items()}
+
+
+# variant -> overrides: "model.<k>" for the model's init args, "task.<k>" for the task's optim, "fc.<k>" for the
+# ForecastingTask's own arguments, "data.<k>" for the data, "run.<k>" for a top-level key (seed_everything),
+# "callback.<class path>" for a trainer callback added with these init_args
 VARIANTS = {
     "grid": {},  # the committed CPU-budget config (dropout 0.2, weight decay 0.1, width 64, patch 8, lr 1e-3)
     "reg": {"model.dropout": 0.3, "task.weight_decay": 0.5},  # the paper grid's strongest regularisation
@@ -50,6 +65,14 @@ VARIANTS = {
                      **({"run.seed_everything": seed} if sfx else {})}
        for decay, dtag in ((0.99, ""), (0.998, "998"))
        for seed, sfx in SEEDS.items()},
+    # q/k biases added before the sum-pooling, as the reference HOT implementation does (ETTh1 96 -> 96: --horizons 96)
+    **{f"ema_qkbias{sfx}": {**EMA, "model.qk_bias": True, **({"run.seed_everything": seed} if sfx else {})}
+       for seed, sfx in SEEDS.items()},
+    # joint-horizon training (the reference HOT protocol): one 720-step model on the average of the 96 / 192 / 336 /
+    # 720 prefix losses, tested on each prefix (test/mse@96, ...); run with --horizons 720
+    "ema_joint": {**EMA, "fc.horizons": list(HORIZONS)},
+    # the same with the reference implementation's forecaster (the hot_forecaster_official preset)
+    "ema_official": {**EMA, "fc.horizons": list(HORIZONS), **_official()},
 }
 
 
@@ -83,7 +106,10 @@ def write_configs(dataset: str, model: str, variant: str) -> list[Path]:
         name = f"hot/ltsf_cpu/{dataset}_96_{h}_{model}"
         _, protocol, *args = experiments()[name]
         run = f"runs/tune/{dataset}_{model}/{variant}/{dataset}_96_{h}"
-        cfg = _nest([a for a in args if not a.startswith("--trainer.default_root_dir")])
+        # the task's and the model's arguments spelled out under init_args (a config may not mix `model.model.x` and
+        # `model.init_args.y`)
+        cfg = _nest([a.replace("--model.model.", "--model.init_args.model.", 1) for a in args
+                     if not a.startswith("--trainer.default_root_dir")])
         cfg = _merge(cfg, {"trainer": {"default_root_dir": run}})
         for key, value in VARIANTS[variant].items():
             where, k = key.split(".", 1)
@@ -92,7 +118,7 @@ def write_configs(dataset: str, model: str, variant: str) -> list[Path]:
                 callbacks.append({"class_path": k, "init_args": value})
                 continue
             path = {"model": ["model", "init_args", "model", "init_args"], "task": ["model", "init_args", "optim"],
-                    "data": ["data", "init_args"], "run": []}[where]
+                    "fc": ["model", "init_args"], "data": ["data", "init_args"], "run": []}[where]
             update: dict = {k: value}
             for p in reversed(path):
                 update = {p: update}
@@ -169,6 +195,34 @@ def summary(dataset: str, model: str) -> str:
     return "\n".join(lines)
 
 
+def same_windows(dataset: str, model: str, variants: list[str]) -> str:
+    """Test MSE / MAE of every finished run of ``variants`` on the test windows of horizon ``max(HORIZONS)`` (the
+    first windows of each horizon's test set), per horizon: a markdown table."""
+    import torch
+
+    from hoformer.data import LTSFDataModule
+    from hoformer.models import from_pretrained
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from paper_configs import LTSF
+
+    name, lookback, _ = LTSF[dataset]
+    windows = len(LTSFDataModule(name=name, seq_len=lookback, pred_len=max(HORIZONS)).dataset("test"))
+    lines = [f"| variant | horizon | test MSE / MAE on the first {windows} test windows |", "|---|---|---|"]
+    for variant in variants:
+        path = ROOT / f"runs/tune/{dataset}_{model}/{variant}.jsonl"
+        for r in map(json.loads, filter(str.strip, path.read_text().splitlines())):
+            net = from_pretrained(ROOT / Path(r["config"]).parent / "pretrained").eval()
+            ds = LTSFDataModule(name=name, seq_len=lookback, pred_len=r["pred_len"]).dataset("test")
+            with torch.no_grad():
+                err = torch.cat([net(torch.stack([ds[i]["x"] for i in range(a, min(a + 256, windows))]))
+                                 - torch.stack([ds[i]["y"] for i in range(a, min(a + 256, windows))])
+                                 for a in range(0, windows, 256)]).double()
+            for h in [h for h in HORIZONS if h <= r["pred_len"]] if r.get("test/mse@96") else [r["pred_len"]]:
+                lines.append(f"| {variant} | {h} | {err[:, :h].square().mean():.4f} / {err[:, :h].abs().mean():.4f} |")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="etth1")
@@ -180,7 +234,12 @@ def main():
     ap.add_argument("--max-time", default="00:00:30:00")
     ap.add_argument("--horizons", nargs="*", type=int, default=list(HORIZONS), choices=HORIZONS,
                     help="run only these horizons (e.g. two processes on disjoint horizons share the variant's JSONL)")
+    ap.add_argument("--same-windows", nargs="+", metavar="VARIANT", choices=sorted(VARIANTS),
+                    help="score these variants' finished runs on the longest horizon's test windows and exit")
     args = ap.parse_args()
+    if args.same_windows:
+        print(same_windows(args.dataset, args.model, args.same_windows))
+        return
     if args.import_grid:
         print(f"wrote {import_grid(args.dataset, args.model, args.import_grid)}")
     if args.summary:

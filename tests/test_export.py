@@ -23,6 +23,8 @@ SMALL = {
     "last_value": dict(num_nodes=5, window=4, horizon=3),
     "hoba_classifier": dict(vocab_size=40, num_classes=3, max_len=16, dim=16, num_heads=2, depth=2, block_size=4),
     "hot_forecaster": dict(seq_len=16, pred_len=8, num_variates=3, dim=16, depth=1, num_heads=2),
+    "hot_causal_forecaster": dict(seq_len=16, pred_len=8, num_variates=3, dim=16, depth=1, num_heads=2),
+    "hot_forecaster_official": dict(seq_len=16, pred_len=8, num_variates=3, dim=16, depth=1, num_heads=2),
     "hot_volume_classifier": dict(input_size=8, dim=16, depth=1, num_heads=2),
     "hot_segmenter": dict(in_channels=3, num_classes=4, input_size=16, dim=16, depth=1, num_heads=2, patch_size=4),
     "weaver": dict(num_nodes=5, window=4, horizon=3, dim=16, num_heads=2, num_landmarks=4, dict_width=4,

@@ -34,12 +34,13 @@ class RMSNorm(nn.Module):
 
 
 class Mlp(nn.Module):
-    """``Linear -> GELU -> Dropout -> Linear -> Dropout``."""
+    """``Linear -> GELU -> Dropout -> Linear -> Dropout``; ``bias``: biases on both linear maps."""
 
-    def __init__(self, dim: int, hidden: int, out: int | None = None, dropout: float = 0.0) -> None:
+    def __init__(self, dim: int, hidden: int, out: int | None = None, dropout: float = 0.0, bias: bool = True) -> None:
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, out or dim), nn.Dropout(dropout)
+            nn.Linear(dim, hidden, bias=bias), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, out or dim, bias=bias),
+            nn.Dropout(dropout),
         )
 
     def forward(self, x):
@@ -47,12 +48,13 @@ class Mlp(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """``W2 (silu(W1 x) * W3 x)`` (Shazeer 2020); ``hidden`` is the gated width."""
+    """``W2 (silu(W1 x) * W3 x)`` (Shazeer 2020); ``hidden`` is the gated width; ``bias``: biases on ``W1``, ``W3``
+    and ``W2`` (``False``: the bias-free form of LLaMA-style feed-forwards). Dropout after the gate and the output."""
 
-    def __init__(self, dim: int, hidden: int, out: int | None = None, dropout: float = 0.0) -> None:
+    def __init__(self, dim: int, hidden: int, out: int | None = None, dropout: float = 0.0, bias: bool = True) -> None:
         super().__init__()
-        self.w13 = nn.Linear(dim, 2 * hidden)
-        self.w2 = nn.Linear(hidden, out or dim)
+        self.w13 = nn.Linear(dim, 2 * hidden, bias=bias)
+        self.w2 = nn.Linear(hidden, out or dim, bias=bias)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x):
@@ -130,22 +132,26 @@ class Block(nn.Module):
         dim, num_heads: model width and heads.
         attention: a name of :data:`~hoformer.layers.ATTENTION_TYPES`.
         mlp_ratio: hidden width / dim. mlp: ``"gelu"`` | ``"swiglu"``. norm: ``"layernorm"`` | ``"rmsnorm"``.
+        mlp_hidden: the MLP's hidden width (SwiGLU: its gated width); default ``int(dim * mlp_ratio)`` for GELU and
+            ``int(int(dim * mlp_ratio) * 2 / 3)`` for SwiGLU (about the GELU MLP's parameter count).
+        mlp_bias: biases in the MLP's linear maps.
         drop_path: stochastic depth. dropout: MLP/attention output dropout.
         **attn_kw: forwarded to the attention layer (e.g. ``num_modes``, ``rope_modes``, ``qk_norm``).
     """
 
     def __init__(self, dim: int, num_heads: int = 8, attention: str = "kronecker_product", mlp_ratio: float = 4.0,
                  mlp: str = "gelu", norm: str = "layernorm", dropout: float = 0.0, drop_path: float = 0.0,
-                 **attn_kw) -> None:
+                 mlp_hidden: int | None = None, mlp_bias: bool = True, **attn_kw) -> None:
         super().__init__()
+        check_int("Block", "mlp_hidden", mlp_hidden, optional=True)
         self.norm1 = _norm(norm, dim)
         self.attn = build_attention(attention, dim, num_heads, dropout=dropout, **attn_kw)
         self.norm2 = _norm(norm, dim)
         hidden = int(dim * mlp_ratio)
         if mlp == "gelu":
-            self.mlp = Mlp(dim, hidden, dropout=dropout)
+            self.mlp = Mlp(dim, mlp_hidden or hidden, dropout=dropout, bias=mlp_bias)
         elif mlp == "swiglu":
-            self.mlp = SwiGLU(dim, int(hidden * 2 / 3), dropout=dropout)
+            self.mlp = SwiGLU(dim, mlp_hidden or int(hidden * 2 / 3), dropout=dropout, bias=mlp_bias)
         else:
             raise ValueError(f"Block: `mlp` must be 'gelu' or 'swiglu', got {mlp!r}")
         self.drop_path = DropPath(drop_path)

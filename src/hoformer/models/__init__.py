@@ -8,3 +8,4 @@ from .hot import *  # noqa: F401,F403,E402
 from .weaver import *  # noqa: F401,F403,E402
 from .hoba import *  # noqa: F401,F403,E402
 from .cnn import *  # noqa: F401,F403,E402
+from .causal_forecaster import *  # noqa: F401,F403,E402

@@ -15,7 +15,9 @@ Axis legend: ``b`` batch, ``c`` variates / channels, ``t`` time patches, ``n1..n
 """
 from __future__ import annotations
 
-from typing import Literal, Sequence
+import inspect
+import types
+from typing import Any, Literal, Sequence
 
 import torch
 from torch import nn
@@ -26,8 +28,8 @@ from hoformer.layers import ATTENTION_TYPES, AbsolutePositionalEncoding, Encoder
 from .base import HoformerModel, check_batch_input
 from .registry import register_model
 
-__all__ = ["HOTForecaster", "HOTVolumeClassifier", "HOTSegmenter", "FORECAST_ATTENTIONS", "AttentionName",
-           "ForecastAttentionName"]
+__all__ = ["HOTForecaster", "HOTVolumeClassifier", "HOTSegmenter", "FORECAST_ATTENTIONS", "ATTENTION_KNOBS",
+           "AttentionName", "ForecastAttentionName"]
 
 #: attention names accepted by the forecaster: every layer type plus the 1-mode baselines of Table 1, which are
 #: :class:`~hoformer.layers.AxialAttention` along that mode only (for every fiber of the other mode)
@@ -40,6 +42,86 @@ AttentionName = Literal["kronecker_product", "kronecker_sum", "kronecker_linear"
 #: :data:`AttentionName` plus the forecaster's 1-mode baselines (:data:`FORECAST_ATTENTIONS`)
 ForecastAttentionName = Literal[AttentionName, "spatial", "temporal"]
 PosEmbed = Literal["rope", "learned", "sincos", "none"]
+KroneckerPool = Literal["sum", "mean"]
+MlpKind = Literal["gelu", "swiglu"]
+
+#: the attention settings every HOT model takes -> (the attention layer's keyword, the default that leaves the layer's
+#: own default in place); only values other than the default reach :func:`hoformer.layers.build_attention`
+ATTENTION_KNOBS: dict[str, tuple[str, Any]] = {
+    "qk_bias": ("qk_bias", False),
+    "qkv_bias": ("bias", True),
+    "attn_dropout": ("attn_dropout", None),
+    "rope_theta": ("rope_theta", 10000.0),
+    "num_features": ("num_features", None),
+    "redraw_interval": ("redraw_interval", 0),
+    "kronecker_pool": ("pool", "sum"),
+}
+_FAVOR_KNOBS = ("num_features", "redraw_interval")  # FAVOR+ settings: only the linear kernel draws features
+
+_KNOBS_DOC = """
+        qk_bias: biases on the per-mode query / key projections of Kronecker attention, added as the reference HOT
+            implementation does (it projects every token with a bias, then sum-pools, so the pooled bias is
+            ``b * prod(N_j, j != i)``). Kronecker attentions only.
+        qkv_bias: biases on the attention's input and output projections (values and output for Kronecker
+            attention, queries / keys / values and output for the others).
+        attn_dropout: dropout on the attention weights (Kronecker: on the softmax factors); None: ``dropout``.
+        rope_theta: base of the rotary position embedding.
+        num_features: FAVOR+ random features per head (``attention="kronecker_linear"`` only; None:
+            ``max(E, E log E)`` for head dim ``E``).
+        redraw_interval: redraw the FAVOR+ features every this many training forwards (0: never;
+            ``"kronecker_linear"`` only).
+        kronecker_pool: how Kronecker attention pools the other modes' tokens before a mode's queries / keys: ``"sum"``
+            (HOT eqs 5-6) or ``"mean"``. Kronecker attentions only.
+        mlp: feed-forward of every block: ``"gelu"`` (Linear -> GELU -> Linear) or ``"swiglu"``.
+"""
+
+
+_GRID_DOC = """
+        dim: model width.
+        depth: number of blocks.
+        num_heads: attention heads.
+        mlp_ratio: MLP hidden width / ``dim``.
+        dropout: dropout on attention outputs and MLPs.
+        drop_path: stochastic depth of the last block (linearly increasing from 0).
+        pos_embed: ``"rope"`` (mode-wise rotary), ``"learned"``, ``"sincos"`` or ``"none"``.
+        qk_norm: LayerNorm on queries and keys.
+"""
+
+
+def _documented(*entries: str):
+    """Class decorator: append Args entries shared by several models (``_GRID_DOC``, ``_KNOBS_DOC``) to the class's
+    Args section, the last section of its docstring."""
+    def deco(cls):
+        cls.__doc__ = "\n".join([cls.__doc__.rstrip(), *(e.strip("\n") for e in entries)]) + "\n    "
+        return cls
+    return deco
+
+
+def _attention_kwargs(model: str, attention: str, args: dict[str, Any]) -> dict[str, Any]:
+    """The :data:`ATTENTION_KNOBS` among a model's constructor ``args`` that differ from their defaults, as the
+    attention layer's keyword arguments. A setting the chosen attention does not take (``num_features`` with
+    ``attention="full"``, ``qk_bias`` with ``"axial"``) raises, naming the model, the setting and the attention."""
+    layer = "axial" if attention in FORECAST_ATTENTIONS else attention
+    cls, preset = ATTENTION_TYPES[layer]
+    params = inspect.signature(cls).parameters
+
+    def applies(arg: str) -> bool:
+        return ATTENTION_KNOBS[arg][0] in params and (arg not in _FAVOR_KNOBS or preset.get("kernel") == "linear")
+
+    out = {}
+    for arg, (key, default) in ATTENTION_KNOBS.items():
+        value = args[arg]
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise TypeError(f"{model}: `{arg}` must be a bool, got {value!r}")
+        if (value is None) == (default is None) and value == default:
+            continue
+        if not applies(arg):
+            kernel = f", kernel {preset['kernel']!r}" if "kernel" in preset else ""
+            raise ValueError(f"{model}: `{arg}={value!r}` does not apply to attention={attention!r} "
+                             f"({cls.__name__}{kernel}); the settings it takes: "
+                             f"{[a for a in ATTENTION_KNOBS if applies(a)]}")
+        out[key] = value
+    return out
 
 
 def _check_attention(name: str, model: str, extra: Sequence[str] = ()) -> None:
@@ -49,13 +131,15 @@ def _check_attention(name: str, model: str, extra: Sequence[str] = ()) -> None:
 
 
 def _encoder(attention: str, dim: int, depth: int, num_heads: int, num_modes: int, rope_modes: Sequence[int],
-             mlp_ratio: float, dropout: float, drop_path: float, qk_norm: bool) -> Encoder:
+             mlp_ratio: float, dropout: float, drop_path: float, qk_norm: bool, **block_kw) -> Encoder:
+    """``depth`` blocks of ``attention``; ``block_kw``: the blocks' MLP settings and the attention's keyword
+    arguments (:func:`_attention_kwargs`)."""
     single = FORECAST_ATTENTIONS.get(attention)  # 1-mode baselines: axial attention along that mode only
     extra = {"modes": (single,)} if single is not None else {}
     return Encoder(
         dim, depth, num_heads, drop_path=drop_path, attention="axial" if single is not None else attention,
         mlp_ratio=mlp_ratio, dropout=dropout, qk_norm=qk_norm, num_modes=num_modes, rope_modes=tuple(rope_modes),
-        **extra,
+        **extra, **block_kw,
     )
 
 
@@ -93,6 +177,7 @@ def _grid(sizes, patch: int, fn: str, what: str = "input_size") -> tuple[int, ..
 
 
 # ------------------------------------------------------------------------------------------------ forecaster
+@_documented(_KNOBS_DOC)
 @register_model(name="hot_forecaster")
 class HOTForecaster(HoformerModel):
     """HOT long-term forecaster (Table 1). Input ``(B, seq_len, C)``, output ``(B, pred_len, C)``.
@@ -109,6 +194,17 @@ class HOTForecaster(HoformerModel):
     the defaults) rather than a pooled one (475K).
 
     Defaults follow appendix B.4 / Table 6: 2 blocks, width 128, patch 4.
+
+    The reference HOT implementation's forecaster differs outside the attention too; each difference is an option
+    (default: off), and the registered preset ``hot_forecaster_official`` turns all of them on:
+    ``embed_norm=True`` (embedding Conv1d -> ReLU -> LayerNorm -> Dropout), ``mlp="swiglu", mlp_bias=False``
+    (bias-free SwiGLU feed-forward, hidden width ``d_mlp``), ``pool="mean", head_norm=True`` (head LayerNorm ->
+    Dropout -> Linear over the time-mean), ``revin_detach=False`` (gradients flow through the per-window mean / std)
+    and ``qk_bias=True`` (q/k biases added before the sum-pooling). Two differences remain, both in the attention:
+    with ``attention="kronecker_sum"`` hoformer averages the ``k`` factor terms where the reference adds them
+    unnormalised (a factor ``k`` on the attention output before the output projection), and hoformer pools before
+    projecting (equal results, cheaper). The reference trains one 720-step model on the average of the 96 / 192 /
+    336 / 720 prefix losses: :class:`~hoformer.train.ForecastingTask`'s ``horizons`` option.
 
     Args:
         seq_len: lookback window (time steps of the input); a multiple of ``patch_size``.
@@ -128,6 +224,13 @@ class HOTForecaster(HoformerModel):
         revin: per-variate instance normalisation of the input, undone on the output.
         rope: rotary positions on the time mode.
         qk_norm: LayerNorm on queries and keys.
+        embed_norm: LayerNorm -> Dropout after the patch embedding's ReLU.
+        head_norm: LayerNorm -> Dropout on the head's input (per variate, after pooling).
+        revin_detach: treat the instance-normalisation mean / std as constants in the backward pass (False: the
+            loss's gradient flows through them into the input window).
+        d_mlp: hidden width of every block's feed-forward (SwiGLU: the gated width); None: ``int(dim * mlp_ratio)``
+            for GELU, two thirds of it for SwiGLU.
+        mlp_bias: biases in the feed-forward's linear maps.
     """
 
     def __init__(
@@ -147,21 +250,46 @@ class HOTForecaster(HoformerModel):
         revin: bool = True,
         rope: bool = True,
         qk_norm: bool = True,
+        qk_bias: bool = False,
+        qkv_bias: bool = True,
+        attn_dropout: float | None = None,
+        rope_theta: float = 10000.0,
+        num_features: int | None = None,
+        redraw_interval: int = 0,
+        kronecker_pool: KroneckerPool = "sum",
+        mlp: MlpKind = "gelu",
+        embed_norm: bool = False,
+        head_norm: bool = False,
+        revin_detach: bool = True,
+        d_mlp: int | None = None,
+        mlp_bias: bool = True,
     ) -> None:
         super().__init__()
         fn = "hot_forecaster"
         _check_attention(attention, fn, FORECAST_ATTENTIONS)
+        attn_kw = _attention_kwargs(fn, attention, locals())
         for name, v in (("seq_len", seq_len), ("pred_len", pred_len), ("num_variates", num_variates)):
             check_int(fn, name, v)
+        check_int(fn, "d_mlp", d_mlp, optional=True)
         if pool not in ("mean", "flatten"):
             raise ValueError(f"{fn}: `pool` must be 'mean' or 'flatten', got {pool!r}")
+        for name, v in (("embed_norm", embed_norm), ("head_norm", head_norm), ("revin_detach", revin_detach),
+                        ("mlp_bias", mlp_bias)):
+            if not isinstance(v, bool):
+                raise TypeError(f"{fn}: `{name}` must be a bool, got {v!r}")
+        if not revin and not revin_detach:
+            raise ValueError(f"{fn}: `revin_detach=False` needs `revin=True` (there is no instance normalisation "
+                             "whose statistics could be detached)")
         (self.num_patches,) = _grid((seq_len,), patch_size, fn, "seq_len")
         self.seq_len, self.pred_len, self.num_variates = seq_len, pred_len, num_variates
-        self.pool, self.revin = pool, revin
+        self.pool, self.revin, self.revin_detach = pool, revin, revin_detach
         self.embed = PatchEmbed(1, dim, patch_size, ndim=1, act="relu")
+        self.embed_norm = nn.Sequential(nn.LayerNorm(dim), nn.Dropout(dropout)) if embed_norm else None
         self.encoder = _encoder(attention, dim, depth, num_heads, 2, (1,) if rope else (), mlp_ratio, dropout,
-                                drop_path, qk_norm)
-        self.head = nn.Linear(dim * (self.num_patches if pool == "flatten" else 1), pred_len)
+                                drop_path, qk_norm, mlp=mlp, mlp_hidden=d_mlp, mlp_bias=mlp_bias, **attn_kw)
+        head_in = dim * (self.num_patches if pool == "flatten" else 1)
+        self.head_norm = nn.Sequential(nn.LayerNorm(head_in), nn.Dropout(dropout)) if head_norm else None
+        self.head = nn.Linear(head_in, pred_len)
 
     def example_inputs(self, batch_size: int = 2):
         return (torch.randn(batch_size, self.seq_len, self.num_variates),), {}
@@ -170,12 +298,18 @@ class HOTForecaster(HoformerModel):
         _check_input(self, x, (self.seq_len, self.num_variates), "hot_forecaster", "(B, seq_len, num_variates)")
         b, _, c = x.shape
         if self.revin:
-            mu = x.mean(1, keepdim=True).detach()
-            sd = torch.sqrt(x.var(1, keepdim=True, unbiased=False) + 1e-5).detach()
+            mu = x.mean(1, keepdim=True)
+            sd = torch.sqrt(x.var(1, keepdim=True, unbiased=False) + 1e-5)
+            if self.revin_detach:
+                mu, sd = mu.detach(), sd.detach()
             x = (x - mu) / sd
         z = self.embed(x.transpose(1, 2).reshape(b * c, 1, self.seq_len)).view(b, c, self.num_patches, -1)
+        if self.embed_norm is not None:
+            z = self.embed_norm(z)
         z = self.encoder(z, masks=masks)
         z = z.mean(2) if self.pool == "mean" else z.flatten(2)  # (b, c, d | t*d)
+        if self.head_norm is not None:
+            z = self.head_norm(z)
         y = self.head(z).transpose(1, 2)  # (b, pred_len, c)
         if self.revin:
             y = y * sd + mu
@@ -203,55 +337,11 @@ class _ImageModel(HoformerModel):
 
 class _PatchGridModel(_ImageModel):
     """Shared backbone of the image-like HOT models: ``(B, C_in, *input_size)`` -> conv patch embedding (ReLU) ->
-    ``k``-mode grid of patches ``(B, n1..nk, dim)`` -> optional positional encoding -> ``depth`` blocks."""
+    ``k``-mode grid of patches ``(B, n1..nk, dim)`` -> optional positional encoding -> ``depth`` blocks -> the
+    subclass's head (:meth:`_head`). One typed constructor serves both models; the segmenter's is a copy with its own
+    defaults (:func:`_with_defaults`)."""
 
-    def _build(self, ndim: int, in_channels, num_classes, input_size, attention, dim, depth, num_heads, patch_size,
-               mlp_ratio, dropout, drop_path, pos_embed, qk_norm) -> None:
-        fn = self._name
-        _check_attention(attention, fn)
-        self._set_io(ndim, in_channels, input_size, num_classes)
-        self.patch_size = patch_size
-        self.grid = _grid(self.input_size, patch_size, fn)
-        rope_modes, self.pos = _pos(pos_embed, self.grid, dim, fn)
-        self.embed = PatchEmbed(in_channels, dim, patch_size, ndim=ndim, act="relu")
-        self.encoder = _encoder(attention, dim, depth, num_heads, ndim, rope_modes, mlp_ratio, dropout, drop_path,
-                                qk_norm)
-
-    def _encode(self, x: torch.Tensor, masks) -> torch.Tensor:
-        """``x`` -> encoded grid ``(B, n1..nk, dim)``."""
-        self._check_x(x)
-        z = self.embed(x)
-        if self.pos is not None:
-            z = self.pos(z)
-        return self.encoder(z, masks=masks)
-
-
-@register_model(name="hot_volume_classifier")
-class HOTVolumeClassifier(_PatchGridModel):
-    """HOT 3D image classifier (Table 2, MedMNIST3D). ``(B, C_in, D, H, W) -> logits (B, num_classes)``.
-
-    Conv3d patch embedding (kernel = stride = ``patch_size``, ReLU) -> 3-mode grid ``(B, n1, n2, n3, dim)`` ->
-    ``depth`` blocks (``pos_embed="rope"``: mode-wise RoPE, best for HOT product in appendix D; or ``"learned"``,
-    ``"sincos"``, ``"none"``) -> global average pooling -> linear classifier.
-    Defaults: 6 blocks, width 128, patch 4 on 28^3 (7^3 tokens), binary classes (AdrenalMNIST3D).
-
-    Args:
-        in_channels: input channels.
-        input_size: volume size ``D = H = W`` or ``(D, H, W)``; each a multiple of ``patch_size``.
-        num_classes: classes (>= 2).
-        attention: a name of :data:`hoformer.layers.ATTENTION_TYPES` over the 3-mode patch grid.
-        dim: model width.
-        depth: number of blocks.
-        num_heads: attention heads.
-        patch_size: voxels per patch side.
-        mlp_ratio: MLP hidden width / ``dim``.
-        dropout: dropout on attention outputs and MLPs.
-        drop_path: stochastic depth of the last block (linearly increasing from 0).
-        pos_embed: ``"rope"`` (mode-wise rotary), ``"learned"``, ``"sincos"`` or ``"none"``.
-        qk_norm: LayerNorm on queries and keys.
-    """
-
-    _name, _legend = "hot_volume_classifier", "(B, C_in, D, H, W)"
+    _ndim = 0
 
     def __init__(
         self,
@@ -268,17 +358,84 @@ class HOTVolumeClassifier(_PatchGridModel):
         drop_path: float = 0.0,
         pos_embed: PosEmbed = "rope",
         qk_norm: bool = True,
+        qk_bias: bool = False,
+        qkv_bias: bool = True,
+        attn_dropout: float | None = None,
+        rope_theta: float = 10000.0,
+        num_features: int | None = None,
+        redraw_interval: int = 0,
+        kronecker_pool: KroneckerPool = "sum",
+        mlp: MlpKind = "gelu",
     ) -> None:
         super().__init__()
-        self._build(3, in_channels, num_classes, input_size, attention, dim, depth, num_heads, patch_size, mlp_ratio,
-                    dropout, drop_path, pos_embed, qk_norm)
-        self.head = nn.Linear(dim, num_classes)
+        fn, ndim = self._name, self._ndim
+        _check_attention(attention, fn)
+        attn_kw = _attention_kwargs(fn, attention, locals())
+        self._set_io(ndim, in_channels, input_size, num_classes)
+        self.patch_size = patch_size
+        self.grid = _grid(self.input_size, patch_size, fn)
+        rope_modes, self.pos = _pos(pos_embed, self.grid, dim, fn)
+        self.embed = PatchEmbed(in_channels, dim, patch_size, ndim=ndim, act="relu")
+        self.encoder = _encoder(attention, dim, depth, num_heads, ndim, rope_modes, mlp_ratio, dropout, drop_path,
+                                qk_norm, mlp=mlp, **attn_kw)
+        self.head = self._head(dim, num_classes, patch_size)
+
+    def _head(self, dim: int, num_classes: int, patch_size: int) -> nn.Module:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _encode(self, x: torch.Tensor, masks) -> torch.Tensor:
+        """``x`` -> encoded grid ``(B, n1..nk, dim)``."""
+        self._check_x(x)
+        z = self.embed(x)
+        if self.pos is not None:
+            z = self.pos(z)
+        return self.encoder(z, masks=masks)
+
+
+def _with_defaults(init, qualname: str, **defaults):
+    """A copy of the constructor ``init`` (every parameter with a default, none keyword-only) in which the
+    parameters named in ``defaults`` default to those values: the same parameters, order, annotations and code."""
+    params = list(inspect.signature(init).parameters.values())[1:]  # without self
+    unknown = sorted(set(defaults) - {p.name for p in params})
+    if unknown or init.__kwdefaults__ or any(p.default is p.empty for p in params):
+        raise TypeError(f"_with_defaults: {init.__qualname__} must have defaults for every parameter and take "
+                        f"{unknown}")
+    values = tuple(defaults.get(p.name, p.default) for p in params)
+    new = types.FunctionType(init.__code__, init.__globals__, init.__name__, values, init.__closure__)
+    new.__annotations__, new.__doc__, new.__module__ = dict(init.__annotations__), init.__doc__, init.__module__
+    new.__qualname__ = qualname
+    return new
+
+
+@_documented(_GRID_DOC, _KNOBS_DOC)
+@register_model(name="hot_volume_classifier")
+class HOTVolumeClassifier(_PatchGridModel):
+    """HOT 3D image classifier (Table 2, MedMNIST3D). ``(B, C_in, D, H, W) -> logits (B, num_classes)``.
+
+    Conv3d patch embedding (kernel = stride = ``patch_size``, ReLU) -> 3-mode grid ``(B, n1, n2, n3, dim)`` ->
+    ``depth`` blocks (``pos_embed="rope"``: mode-wise RoPE, best for HOT product in appendix D; or ``"learned"``,
+    ``"sincos"``, ``"none"``) -> global average pooling -> linear classifier.
+    Defaults: 6 blocks, width 128, patch 4 on 28^3 (7^3 tokens), binary classes (AdrenalMNIST3D).
+
+    Args:
+        in_channels: input channels.
+        input_size: volume size ``D = H = W`` or ``(D, H, W)``; each a multiple of ``patch_size``.
+        num_classes: classes (>= 2).
+        attention: a name of :data:`hoformer.layers.ATTENTION_TYPES` over the 3-mode patch grid.
+        patch_size: voxels per patch side.
+    """
+
+    _name, _legend, _ndim = "hot_volume_classifier", "(B, C_in, D, H, W)", 3
+
+    def _head(self, dim: int, num_classes: int, patch_size: int) -> nn.Module:
+        return nn.Linear(dim, num_classes)
 
     def forward(self, x: torch.Tensor, masks=None) -> torch.Tensor:
         return self.head(self._encode(x, masks).mean(dim=(1, 2, 3)))
 
 
 # ---------------------------------------------------------------------------------------------- segmentation
+@_documented(_GRID_DOC, _KNOBS_DOC)
 @register_model(name="hot_segmenter")
 class HOTSegmenter(_PatchGridModel):
     """HOT multispectral segmenter (Table 3, SSL4EO-L). ``(B, C_in, H, W) -> logits (B, num_classes, H, W)``.
@@ -289,44 +446,27 @@ class HOTSegmenter(_PatchGridModel):
 
     Args:
         in_channels: input bands.
-        num_classes: classes per pixel (>= 2).
         input_size: image size ``H = W`` or ``(H, W)``; each a multiple of ``patch_size``.
+        num_classes: classes per pixel (>= 2).
         attention: a name of :data:`hoformer.layers.ATTENTION_TYPES` over the 2-mode patch grid.
-        dim: model width.
-        depth: number of blocks.
-        num_heads: attention heads.
         patch_size: pixels per patch side.
-        mlp_ratio: MLP hidden width / ``dim``.
-        dropout: dropout on attention outputs and MLPs.
-        drop_path: stochastic depth of the last block (linearly increasing from 0).
-        pos_embed: ``"rope"`` (mode-wise rotary), ``"learned"``, ``"sincos"`` or ``"none"``.
-        qk_norm: LayerNorm on queries and keys.
     """
 
-    _name, _legend = "hot_segmenter", "(B, C_in, H, W)"
+    _name, _legend, _ndim = "hot_segmenter", "(B, C_in, H, W)", 2
+    __init__ = _with_defaults(_PatchGridModel.__init__, "HOTSegmenter.__init__", in_channels=7, input_size=264,
+                              num_classes=17, patch_size=8)
 
-    def __init__(
-        self,
-        in_channels: int = 7,
-        num_classes: int = 17,
-        input_size: int | Sequence[int] = 264,
-        attention: AttentionName = "kronecker_product",
-        dim: int = 128,
-        depth: int = 6,
-        num_heads: int = 8,
-        patch_size: int = 8,
-        mlp_ratio: float = 4.0,
-        dropout: float = 0.1,
-        drop_path: float = 0.0,
-        pos_embed: PosEmbed = "rope",
-        qk_norm: bool = True,
-    ) -> None:
-        super().__init__()
-        self._build(2, in_channels, num_classes, input_size, attention, dim, depth, num_heads, patch_size, mlp_ratio,
-                    dropout, drop_path, pos_embed, qk_norm)
-        self.head = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, patch_size**2 * num_classes))
+    def _head(self, dim: int, num_classes: int, patch_size: int) -> nn.Module:
+        return nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, patch_size**2 * num_classes))
 
     def forward(self, x: torch.Tensor, masks=None) -> torch.Tensor:
         z = self._encode(x, masks)
         b, (gh, gw), p, k = x.shape[0], self.grid, self.patch_size, self.num_classes
         return self.head(z).view(b, gh, gw, p, p, k).permute(0, 5, 1, 3, 2, 4).reshape(b, k, gh * p, gw * p)
+
+
+# the reference HOT implementation's forecaster (see HOTForecaster's docstring): every option it differs by, on
+register_model(HOTForecaster, name="hot_forecaster_official", preset={
+    "embed_norm": True, "mlp": "swiglu", "mlp_bias": False, "pool": "mean", "head_norm": True, "revin_detach": False,
+    "qk_bias": True,
+})

@@ -5,11 +5,14 @@ checkpoint (a Lightning ``.ckpt`` of a :class:`~hoformer.train.ForecastingTask` 
 its LTSF data (the datamodule stored in the checkpoint, the run's ``config.yaml``, or ``--config``), this reads the
 last ``seq_len`` rows of the data file (or of ``--history``, e.g. the same series with newer rows), standardises them
 with the training slice's scaler, and writes the ``pred_len`` forecast steps on the original scale, with their
-timestamps, to a CSV (atomically). ``--end ROW`` forecasts from an earlier row instead (a backtest)::
+timestamps, to a CSV (atomically). ``--end ROW`` forecasts from an earlier row instead (a backtest).
+``--horizon H`` asks for ``H`` steps instead: a model that generates any horizon (its ``forward`` takes ``pred_len``,
+e.g. ``hot_causal_forecaster``) forecasts them; a direct model (fixed head) only its trained ``pred_len``::
 
     hoformer forecast --checkpoint runs/hot/ltsf/etth1_96_96_hot_product/checkpoints/last.ckpt --output forecast.csv
     hoformer forecast --checkpoint runs/.../pretrained --config configs/hot/ltsf/etth1_96_96_hot_product.yaml \\
                       --history ETTh1_with_new_rows.csv
+    hoformer forecast --checkpoint runs/hot/ltsf_cpu/etth1_96_causal/checkpoints/last.ckpt --horizon 720
 
 The Python forms are :func:`forecast_series` (a model and the dataset it was trained on) and
 :func:`forecast_checkpoint` (a checkpoint).
@@ -17,6 +20,7 @@ The Python forms are :func:`forecast_series` (a model and the dataset it was tra
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 import warnings
@@ -33,8 +37,9 @@ from hoformer.data.ltsf import LTSFDataset, read_series_table
 __all__ = ["forecast_series", "forecast_checkpoint", "forecast_main"]
 
 
-def forecast_series(model, dataset, history=None, *, end: int | None = None):
-    """Forecast the ``pred_len`` steps that follow row ``end`` of ``history``, on the original scale.
+def forecast_series(model, dataset, history=None, *, end: int | None = None, horizon: int | None = None):
+    """Forecast the ``horizon`` (default ``pred_len``) steps that follow row ``end`` of ``history``, on the
+    original scale.
 
     The model sees the ``seq_len`` rows ``[end - seq_len, end)``, standardised with ``dataset``'s train-slice
     statistics (the scaler the model was trained with), in training's column order.
@@ -50,9 +55,12 @@ def forecast_series(model, dataset, history=None, *, end: int | None = None):
             kept). Use it for data newer than the training file: the scaler stays the training one.
         end: 0-based row after the lookback (default: the number of rows, i.e. forecast the unseen future; a
             smaller ``end`` is a backtest whose dates are the history's own as far as it goes).
+        horizon: forecast steps (default: the dataset's ``pred_len``, the horizon the model was trained for).
+            Another horizon needs a model that generates any horizon, i.e. whose ``forward`` takes ``pred_len``
+            (``hot_causal_forecaster``); a direct model's head has a fixed size and is refused with an error.
 
     Returns:
-        ``pandas.DataFrame`` with ``pred_len`` rows: a ``date`` column (extrapolated with the file's inferred
+        ``pandas.DataFrame`` with ``horizon`` rows: a ``date`` column (extrapolated with the file's inferred
         step past its end; ``step`` 1.. when the data have no timestamps) and the forecast columns (every
         variate, or the ``target`` for ``features`` "S" / "MS").
     """
@@ -65,7 +73,8 @@ def forecast_series(model, dataset, history=None, *, end: int | None = None):
     if not is_int(end) or not dataset.seq_len <= end <= len(values):
         raise ValueError(f"forecast: `end` must be an int in [seq_len={dataset.seq_len}, {len(values)}] (rows of "
                          f"the history), got {end!r}")
-    _check_order(dates, end - dataset.seq_len, min(end + dataset.pred_len, len(values)))
+    steps, kwargs = _horizon(model, dataset, horizon)
+    _check_order(dates, end - dataset.seq_len, min(end + steps, len(values)))
     x = torch.from_numpy(np.ascontiguousarray(values[end - dataset.seq_len:end], dtype=np.float32))
     x = dataset.transform(x)  # the identity without a scaler
     param = next(iter(model.parameters()), None)
@@ -74,22 +83,44 @@ def forecast_series(model, dataset, history=None, *, end: int | None = None):
     try:
         model.eval()
         with torch.no_grad():
-            pred = model(x[None].to(device=device, dtype=dtype))[0].float().cpu()
+            pred = model(x[None].to(device=device, dtype=dtype), **kwargs)[0].float().cpu()
     finally:
         model.train(was_training)
     widths = sorted({len(dataset.columns), 1} if dataset.features != "M" else {len(dataset.columns)})  # S / MS: target
-    if pred.ndim != 2 or pred.shape[0] != dataset.pred_len or pred.shape[1] not in widths:
+    if pred.ndim != 2 or pred.shape[0] != steps or pred.shape[1] not in widths:
         raise ValueError(f"forecast: the model maps (1, {dataset.seq_len}, {len(dataset.columns)}) to "
-                         f"{(1, *pred.shape)}, expected (1, {dataset.pred_len}, {' or '.join(map(str, widths))}) "
+                         f"{(1, *pred.shape)}, expected (1, {steps}, {' or '.join(map(str, widths))}) "
                          f"(pred_len and features={dataset.features!r} of this dataset)")
     if dataset.features == "MS" and pred.shape[1] > 1:
         pred = pred[:, -1:]  # all variates in, the target (last column) out
     out = dataset.inverse_transform(pred).numpy()
     df = pd.DataFrame(out, columns=dataset.columns if out.shape[1] == len(dataset.columns) else dataset.columns[-1:])
-    when = _future_dates(dates, end, dataset.pred_len, tz)
-    df.insert(0, "date" if when is not None else "step",
-              when if when is not None else np.arange(1, dataset.pred_len + 1))
+    when = _future_dates(dates, end, steps, tz)
+    df.insert(0, "date" if when is not None else "step", when if when is not None else np.arange(1, steps + 1))
     return df
+
+
+def _horizon(model, dataset, horizon) -> tuple[int, dict]:
+    """``(steps, forward kwargs)`` of a forecast of ``horizon`` steps (``None``: the dataset's ``pred_len``). A
+    model whose ``forward`` takes ``pred_len`` is asked for the steps; any other model must have been trained for
+    them."""
+    if horizon is None:
+        return dataset.pred_len, {}
+    if not is_int(horizon) or horizon < 1:
+        raise ValueError(f"forecast: `horizon` must be an int >= 1 (forecast steps), got {horizon!r}")
+    try:
+        any_horizon = "pred_len" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        any_horizon = False
+    if any_horizon:
+        return int(horizon), {"pred_len": int(horizon)}
+    if horizon != dataset.pred_len:
+        name = getattr(model, "config", {}).get("name", type(model).__name__)
+        raise ValueError(f"forecast: `horizon`={horizon} but {name} forecasts the fixed horizon pred_len="
+                         f"{dataset.pred_len} it was trained for (a direct head); forecasting another horizon needs "
+                         f"a model that generates any horizon (its forward takes `pred_len`, e.g. "
+                         f"hot_causal_forecaster) or a model trained for {horizon}")
+    return int(horizon), {}
 
 def _history(dataset, history) -> tuple[np.ndarray, np.ndarray | None, object]:
     """``(values (T, C) in training's column order, dates (T,) as UTC-naive datetime64 | None, time zone |
@@ -196,7 +227,7 @@ def _future_dates(dates, end: int, n: int, tz=None):
 
 
 def forecast_checkpoint(checkpoint, *, config=None, data: str | None = None, data_args: dict | None = None,
-                        history=None, end: int | None = None, device: str = "cpu"):
+                        history=None, end: int | None = None, horizon: int | None = None, device: str = "cpu"):
     """``pandas.DataFrame`` of the forecast of ``checkpoint`` after row ``end`` of ``history`` (defaults: the end of
     the training file); see :func:`forecast_series`. The data come from ``config``, or the class
     path ``data`` with ``data_args`` on top of the datamodule hyper-parameters the checkpoint stored (a checkpoint
@@ -213,7 +244,7 @@ def forecast_checkpoint(checkpoint, *, config=None, data: str | None = None, dat
     if not isinstance(dataset, LTSFDataset):
         raise ValueError(f"forecast: the checkpoint's data ({type(dm).__name__}) is not an LTSF datamodule; pass "
                          "--config with an LTSFDataModule `data` section")
-    return forecast_series(model.to(device), dataset, history, end=end)
+    return forecast_series(model.to(device), dataset, history, end=end, horizon=horizon)
 
 
 def forecast_main(argv: Sequence[str] | None = None) -> int:
@@ -229,6 +260,8 @@ def forecast_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--history", help="CSV in the LTSF layout to forecast from (default: the training file); its "
                                      "columns must include the training ones")
     p.add_argument("--end", type=int, help="forecast from this 0-based row (default: after the last row)")
+    p.add_argument("--horizon", type=int, help="forecast steps (default: the data's pred_len); another horizon "
+                                                "needs a model that generates any horizon (hot_causal_forecaster)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--output", default="forecast.csv", help="CSV to write (default forecast.csv)")
     a = p.parse_args(argv)
@@ -240,7 +273,7 @@ def forecast_main(argv: Sequence[str] | None = None) -> int:
         p.error("--data-args must be a JSON object")
     try:
         df = forecast_checkpoint(a.checkpoint, config=a.config, data=a.data, data_args=data_args, history=a.history,
-                                 end=a.end, device=a.device)
+                                 end=a.end, horizon=a.horizon, device=a.device)
     except (FileNotFoundError, ValueError, TypeError) as e:  # input errors (incl. wrong data args): one line
         print(f"hoformer forecast: error: {e}", file=sys.stderr)
         return 2

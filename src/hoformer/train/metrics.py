@@ -2,7 +2,8 @@
 
 Tensors are ``(B, Q, ...)`` with the horizon on dim 1; ``mask`` is bool, True = observed (missing targets are
 excluded from numerator *and* count). ``at=h`` restricts a metric to horizon step ``h`` (1-based: 3, 6, 12 =
-15/30/60 minutes at 5-minute sampling); ``at=None`` averages over every observed entry of all steps.
+15/30/60 minutes at 5-minute sampling), ``upto=h`` to the first ``h`` steps (the ``h``-step forecast inside a longer
+one: ETTh1's 96 / 192 / 336 prefixes of a 720-step forecast); neither: every observed entry of all steps.
 States are (sum, count) pairs reduced by summation across processes, so the DDP result equals the
 single-process one exactly (no mean of means).
 """
@@ -13,7 +14,7 @@ from torchmetrics import Metric
 
 from hoformer._checks import check_values, is_int
 
-__all__ = ["masked_mae", "MaskedMAE", "MaskedMAPE", "MaskedRMSE", "forecasting_metrics"]
+__all__ = ["masked_mae", "MaskedMAE", "MaskedMSE", "MaskedMAPE", "MaskedRMSE", "forecasting_metrics"]
 
 
 def _check(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None, fn: str) -> torch.Tensor:
@@ -44,11 +45,17 @@ class _MaskedMetric(Metric):
     higher_is_better = False
     full_state_update = False
 
-    def __init__(self, at: int | None = None, **kwargs) -> None:
+    def __init__(self, at: int | None = None, upto: int | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
+        name = type(self).__name__
         if at is not None and (not is_int(at) or at < 1):
-            raise ValueError(f"{type(self).__name__}: `at` must be a 1-based horizon step or None, got {at!r}")
-        self.at = at
+            raise ValueError(f"{name}: `at` must be a 1-based horizon step or None, got {at!r}")
+        if upto is not None and (not is_int(upto) or upto < 1):
+            raise ValueError(f"{name}: `upto` must be a number of horizon steps >= 1 or None, got {upto!r}")
+        if at is not None and upto is not None:
+            raise ValueError(f"{name}: give `at` (one step) or `upto` (the first steps), not both; got at={at}, "
+                             f"upto={upto}")
+        self.at, self.upto = at, upto
         self.add_state("total", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("count", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
 
@@ -65,6 +72,11 @@ class _MaskedMetric(Metric):
                 raise ValueError(f"{type(self).__name__}: at={self.at} but the horizon (dim 1) of `pred` "
                                  f"{tuple(pred.shape)} is shorter")
             pred, target, mask = pred[:, self.at - 1], target[:, self.at - 1], mask[:, self.at - 1]
+        if self.upto is not None:
+            if pred.ndim < 2 or self.upto > pred.shape[1]:
+                raise ValueError(f"{type(self).__name__}: upto={self.upto} but the horizon (dim 1) of `pred` "
+                                 f"{tuple(pred.shape)} is shorter")
+            pred, target, mask = pred[:, :self.upto], target[:, :self.upto], mask[:, :self.upto]
         pred, target = pred.double(), target.double()
         mask = self._valid(target, mask)
         self.total += (self._err(pred, target) * mask).sum()
@@ -75,8 +87,8 @@ class _MaskedMetric(Metric):
 
     def compute(self) -> torch.Tensor:
         if self.count == 0:
-            raise ValueError(f"{type(self).__name__}(at={self.at}): no observed target value was seen "
-                             "(all-missing data); the metric is undefined")
+            raise ValueError(f"{type(self).__name__}(at={self.at}, upto={self.upto}): no observed target value was "
+                             "seen (all-missing data); the metric is undefined")
         return self._finish(self.total / self.count).float()
 
 
@@ -85,6 +97,13 @@ class MaskedMAE(_MaskedMetric):
 
     def _err(self, pred, target):
         return (pred - target).abs()
+
+
+class MaskedMSE(_MaskedMetric):
+    """Masked mean squared error: the pooled squared error over the observed entries."""
+
+    def _err(self, pred, target):
+        return (pred - target) ** 2
 
 
 class MaskedRMSE(_MaskedMetric):
@@ -101,7 +120,7 @@ class MaskedMAPE(_MaskedMetric):
     """Masked mean absolute percentage error in % (eq 65); targets with ``|y| <= eps`` are also excluded."""
 
     def __init__(self, at: int | None = None, eps: float = 1e-5, **kwargs) -> None:
-        super().__init__(at=at, **kwargs)
+        super().__init__(at=at, **kwargs)  # `upto` through kwargs
         self.eps = eps
 
     def _valid(self, target, mask):

@@ -37,6 +37,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection, SymmetricMeanAbsolutePercentageError
 from torchmetrics.classification import AUROC, Accuracy, MulticlassAccuracy, MulticlassJaccardIndex
 
+from hoformer._checks import is_int
 from hoformer._io import atomic_write
 
 from hoformer.models import HoformerModel
@@ -44,6 +45,7 @@ from hoformer.models import HoformerModel
 from .base import TaskModule, check_labels, integer_labels
 from .optim import Optimization
 from .class_balance import BalancedAccuracy, ClassWeighting
+from .metrics import MaskedMAE, MaskedMSE
 
 __all__ = [
     "ForecastingTask",
@@ -109,6 +111,11 @@ class ForecastingTask(_HotTask):
         plot_variates: number of variates drawn in the test forecast PNG (0 disables it).
         variate_names: the data's column names in the model's variate order (``OT``, ``HUFL``, ...), the labels of
             the forecast PNG's panels (default ``variate <j>``).
+        horizons: joint-horizon training (the reference HOT protocol: one model with a 720-step head for the
+            horizons 96 / 192 / 336 / 720): increasing step counts, the largest at most the model's horizon. The loss
+            is the average of the losses on the first ``h`` steps for each ``h``, and validation / test also log
+            ``{stage}/mse@h`` and ``{stage}/mae@h`` on those prefixes (``mse_orig@h`` / ``mae_orig@h`` with
+            ``original_scale``) beside the metrics over the whole horizon. None: one horizon, the plain loss.
 
     A model with a method ``teacher_forced(x, y) -> (pred, target)`` (a causal forecaster trained on next-step
     prediction at every position) is trained on the loss between the ``pred`` and ``target`` it returns instead of
@@ -126,9 +133,15 @@ class ForecastingTask(_HotTask):
         original_scale: bool = False,
         plot_variates: int = 3,
         variate_names: list[str] | None = None,
+        horizons: list[int] | None = None,
     ) -> None:
         if loss not in ("mse", "mae"):
             raise ValueError(f"ForecastingTask: `loss` must be 'mse' or 'mae', got {loss!r}")
+        if horizons is not None:
+            horizons = list(horizons)
+            if not horizons or not all(is_int(h) and h >= 1 for h in horizons) or horizons != sorted(set(horizons)):
+                raise ValueError("ForecastingTask: `horizons` must be a non-empty increasing list of step counts >= 1 "
+                                 f"(e.g. [96, 192, 336, 720]) or None, got {horizons!r}")
         super().__init__(model, optim)
         self._stage_metrics(lambda p: MetricCollection(
             {"mse": MeanSquaredError(), "mae": MeanAbsoluteError(), "smape": SymmetricMeanAbsolutePercentageError()},
@@ -139,6 +152,15 @@ class ForecastingTask(_HotTask):
                 f"m_{s}": MetricCollection({"mse": MeanSquaredError(), "mae": MeanAbsoluteError()}, prefix=f"{s}/",
                                     postfix="_orig")
                 for s in ("val", "test")
+            })
+        if horizons is not None:  # per-prefix metrics (normalised scale, and original scale when asked)
+            scales = ("", "_orig") if original_scale else ("",)
+            self.prefix_metrics = torch.nn.ModuleDict({
+                f"m_{s}{scale}": MetricCollection(
+                    {f"{m}{scale}@{h}": cls(upto=h) for h in horizons for m, cls in (("mse", MaskedMSE),
+                                                                                     ("mae", MaskedMAE))},
+                    prefix=f"{s}/", compute_groups=False)  # the metrics share state names (see forecasting_metrics)
+                for s in ("val", "test") for scale in scales
             })
         self.forecast_plot_path: str | None = None
         self._plot_sample = None
@@ -168,14 +190,22 @@ class ForecastingTask(_HotTask):
             pred = pred[..., -1:]  # one target channel: the last input channel (TSLib's features="MS")
         if pred.shape != y.shape:
             raise ValueError(f"{name}: model output {tuple(pred.shape)} != target {tuple(y.shape)}")
-        if mask is None:
-            loss = F.mse_loss(pred, y) if self.hparams.loss == "mse" else F.l1_loss(pred, y)
+        horizons = self.hparams.horizons
+        if horizons is not None and not callable(teacher):
+            if pred.ndim < 2 or horizons[-1] > pred.shape[1]:
+                raise ValueError(f"{name}: `horizons` {horizons} reach step {horizons[-1]} but the model forecasts "
+                                 f"{pred.shape[1] if pred.ndim > 1 else 0} steps (output {tuple(pred.shape)})")
+            loss = torch.stack([self._loss(pred[:, :h], y[:, :h], None if mask is None else mask[:, :h])
+                                for h in horizons]).mean()
         else:
-            err = (pred - y).square() if self.hparams.loss == "mse" else (pred - y).abs()
-            loss = (err * mask).sum() / mask.sum().clamp_min(1)
+            loss = self._loss(pred, y, mask)
         p32, y32 = pred.detach().float(), y.float()
         sel = (lambda t: t.reshape(-1)) if mask is None else (lambda t: t[mask])
         self.metrics[f"m_{stage}"].update(sel(p32), sel(y32))
+        bool_mask = None if mask is None else mask.bool()
+        if horizons is not None and stage != "train":
+            self.prefix_metrics[f"m_{stage}"].update(p32, y32, bool_mask)
+            self.log_dict(self.prefix_metrics[f"m_{stage}"], on_step=False, on_epoch=True, batch_size=x.shape[0])
         if self.hparams.original_scale and stage != "train":
             if "mean" not in batch or "std" not in batch:
                 raise ValueError(f"{name}(original_scale=True): batches must carry the scaler statistics 'mean' and "
@@ -185,10 +215,21 @@ class ForecastingTask(_HotTask):
             po, yo = p32 * std + mean, y32 * std + mean
             self.orig_metrics[f"m_{stage}"].update(sel(po), sel(yo))
             self.log_dict(self.orig_metrics[f"m_{stage}"], on_step=False, on_epoch=True, batch_size=x.shape[0])
+            if horizons is not None:
+                self.prefix_metrics[f"m_{stage}_orig"].update(po, yo, bool_mask)
+                self.log_dict(self.prefix_metrics[f"m_{stage}_orig"], on_step=False, on_epoch=True,
+                              batch_size=x.shape[0])
         self._log_metrics(stage, loss, x.shape[0])
         if stage == "test" and self._plot_sample is None and x.ndim == 3:
             self._plot_sample = (x[0, :, -y.shape[-1]:].detach().float().cpu(), y32[0].cpu(), p32[0].cpu())
         return loss
+
+    def _loss(self, pred: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The training loss (``loss``) over the observed entries (``mask``: True / nonzero = observed)."""
+        if mask is None:
+            return F.mse_loss(pred, y) if self.hparams.loss == "mse" else F.l1_loss(pred, y)
+        err = (pred - y).square() if self.hparams.loss == "mse" else (pred - y).abs()
+        return (err * mask).sum() / mask.sum().clamp_min(1)
 
     def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0):
         return self.model(self._predict_input(batch))
