@@ -245,7 +245,8 @@ def test_misspelled_model_argument_fails_at_parse_time_naming_the_valid_ones(con
 
 def test_one_data_override_switches_to_another_csv(tmp_path, monkeypatch, capsys):
     """A config pointed at another CSV with another number of columns by one ``--data`` override: the model's
-    variates (and lookback / horizon) come from the datamodule, the run trains and tests."""
+    variates (and lookback / horizon) and the plot labels (column names) come from the datamodule, the run trains and
+    tests."""
     from hoformer.data import write_synthetic_ltsf_csv
 
     monkeypatch.chdir(tmp_path)
@@ -257,6 +258,10 @@ def test_one_data_override_switches_to_another_csv(tmp_path, monkeypatch, capsys
              "--trainer.limit_test_batches=1", "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}/r"]
     obj = cli.HoformerCLI(args=[*cli.expand_configs(["--config", cfg]), f"--data.name={csv}", *quick], run=False)
     assert obj.model.model.config["kwargs"]["num_variates"] == 5 == obj.datamodule.num_variates
+    import pandas as pd
+
+    columns = [c for c in pd.read_csv(csv, nrows=0).columns if c != "date"]  # the forecast plots' panel labels
+    assert obj.model.hparams.variate_names == columns == obj.datamodule.variate_names and len(columns) == 5
     assert cli.main(["fit", *cli.expand_configs(["--config", cfg]), f"--data.name={csv}", *quick]) == 0
     assert (tmp_path / "r" / "checkpoints" / "last.ckpt").is_file()
     assert cli.main(["test", "--config", cfg, f"--data.name={csv}", *quick, "--ckpt_path", "best"]) == 0

@@ -148,6 +148,9 @@ def _lightning_cli():
             for arg, attr in DATA_LINKS.items():
                 parser.link_arguments("data", f"model.init_args.model.init_args.{arg}", compute_fn=_data_attr(attr),
                                       apply_on="instantiate")
+            # the forecast plots' panel labels: the data's column names (a task without the argument ignores it)
+            parser.link_arguments("data", "model.init_args.variate_names", compute_fn=_data_attr("variate_names"),
+                                  apply_on="instantiate")
 
         def before_instantiate_classes(self) -> None:
             import torch
