@@ -122,7 +122,7 @@ def _teacher_args(teacher: str) -> list[str]:
 def _hoba():
     for ds, (length, block, n) in TEXT.items():
         yield (f"hoba/{ds}_teacher", "configs/hoba/paper_teacher.yaml",
-               [f"{DATA}.dataset={ds}", f"{DATA}.max_len={length}", f"{MODEL}.max_len={max(length, 128)}",
+               [f"{DATA}.dataset={ds}", f"{DATA}.max_len={max(length, 128)}",
                 f"--model.init_args.optim.warmup_steps={_warmup(5, n, 8)}"])
         teacher = f"runs/hoba/{ds}_teacher/pretrained"
         for depth in (3, 6):
@@ -134,7 +134,7 @@ def _hoba():
                 for bs in blocks:
                     name = f"hoba/{ds}_{v}_{depth}l" + (f"_b{bs}" if len(blocks) > 1 else "")
                     yield name, "configs/hoba/paper_student.yaml", [
-                        f"{DATA}.dataset={ds}", f"{DATA}.max_len={tokens}", f"{MODEL}.max_len={tokens}",
+                        f"{DATA}.dataset={ds}", f"{DATA}.max_len={tokens}",
                         f"{MODEL}.depth={depth}", f"{MODEL}.attention={attention}", f"{MODEL}.block_size={bs}",
                         f"{MODEL}.cross_block={str(cross_block).lower()}",
                         f"--model.init_args.optim.warmup_steps={_warmup(5, n, 8)}", *_teacher_args(teacher)]

@@ -96,6 +96,21 @@ def test_kron_apply_and_sum_on_device(sizes):
     _close((dsum @ flat).view_as(v), kron_sum_apply([f.to(F64) for f in factors], v.to(F64)), 1e-5, "kron_sum_dense")
 
 
+def test_kron_apply_in_chunks_on_device(monkeypatch):
+    """A value larger than one accelerator chunk (here: a 1 KiB chunk, so every (batch, head) pair is its own chunk)
+    gives the same values and gradients as the CPU float64 reference."""
+    from hoformer.functional import kronecker as kronecker_module
+
+    monkeypatch.setattr(kronecker_module, "_ACCELERATOR_CHUNK_BYTES", 1 << 10)
+    g = torch.Generator().manual_seed(0)
+    for sizes in [(4, 6), (2, 3, 13)]:
+        v = torch.randn(3, 2, *sizes, 8, generator=g)
+        factors = [torch.randn(3 if i % 2 else 1, 2, n, n, generator=g) for i, n in enumerate(sizes)]
+        _grads_vs_reference(lambda v, *f: kron_apply(list(f), v), [v, *factors], 1e-5, f"chunked kron_apply {sizes}")
+        _grads_vs_reference(lambda v, *f: kron_sum_apply(list(f), v), [v, *factors], 1e-5,
+                            f"chunked kron_sum_apply {sizes}")
+
+
 @pytest.mark.parametrize("combine", ["product", "sum"])
 @pytest.mark.parametrize("kernel", ["softmax", "linear"])
 def test_kronecker_attention_on_device(combine, kernel):

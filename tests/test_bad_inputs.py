@@ -42,6 +42,14 @@ def t(*shape, dtype=torch.float32):
     return torch.randn(*shape, dtype=dtype)
 
 
+def _step_past_max(name: str) -> None:
+    """Two decoding steps into a cache made for one."""
+    layer = HL.build_attention(name, 16, 2, causal_mode=0)
+    cache = layer.init_cache(max_steps=1)
+    for _ in range(2):
+        layer.step(t(1, 1, 3, 16), cache)
+
+
 def qkv(b=2, h=2, sizes=(3, 4), d=5):
     """Per-mode q / k and a value tensor of the Kronecker functions."""
     q = [t(b, h, n, d) for n in sizes]
@@ -284,6 +292,16 @@ LAYERS = [
          ("pool", "'avg'")),
     Case("KroneckerAttention/input-dim", lambda _: HL.KroneckerAttention(32, num_heads=4)(t(2, 3, 4, 16)),
          ValueError, ("32", "16")),
+    Case("FullAttention.step/slice-shape",
+         lambda _: HL.FullAttention(16, 2, causal_mode=1).step(t(1, 3, 2, 16), HL.FullAttention(16, 2, causal_mode=1)
+                                                               .init_cache()),
+         ValueError, ("FullAttention.step", "`x`", "causal mode 1", "size 1 along it", "(1, 3, 2, 16)")),
+    Case("AxialAttention.step/cache-full", lambda _: _step_past_max("axial"), ValueError,
+         ("AxialAttention.step", "cache is full", "max_steps=1")),
+    Case("DividedAttention.init_cache/max-steps", lambda _: HL.DividedAttention(16, 2, causal_mode=0).init_cache(0),
+         ValueError, ("DividedAttention.init_cache", "`max_steps`", "int >= 1", "got 0")),
+    Case("Encoder.init_cache/not-causal", lambda _: HL.Encoder(16, 1, 2, attention="axial_sequential").init_cache(),
+         ValueError, ("AxialAttention.init_cache", "causal_mode")),
     Case("build_attention/unknown", lambda _: HL.build_attention("kronecker_prod", 32, num_heads=4), ValueError,
          ("kronecker_prod", "kronecker_product")),
     Case("Block/mlp", lambda _: HL.Block(32, num_heads=4, mlp="relu6"), ValueError, ("mlp", "'relu6'")),

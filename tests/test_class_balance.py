@@ -93,3 +93,20 @@ def test_balanced_without_training_data_is_a_clear_error():
     task = ClassificationTask(create_model("hot_volume_classifier", **dict(num_classes=2, **VOL)), class_weight="balanced")
     with pytest.raises(ValueError, match="class_weight='balanced' counts the training labels"):
         task.class_weights()
+
+
+def test_balanced_weights_count_plain_training_loaders_before_the_first_epoch(tmp_path):
+    """``fit`` with plain loaders and no epoch count (``max_epochs=-1``: the training loader is not loaded before the
+    sanity check): the validation loss of the sanity check already uses the weights, counted from the training loader
+    the trainer was given, the same as through a datamodule."""
+    torch.manual_seed(0)
+    x, y = torch.rand(36, 1, 8, 8, 8), (torch.arange(36) % 9 == 0).long()
+    want = torch.tensor([36 / (2 * 32), 36 / (2 * 4)])
+    for data in ({"datamodule": _DM(x, y)},
+                 {"train_dataloaders": DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True),
+                  "val_dataloaders": DataLoader(TensorDataset(x, y), batch_size=8)}):
+        task = ClassificationTask(create_model("hot_volume_classifier", **dict(num_classes=2, **VOL)),
+                                  class_weight="balanced")
+        trainer = quiet_trainer(tmp_path, max_epochs=-1, max_steps=1, limit_val_batches=1, num_sanity_val_steps=1)
+        trainer.fit(task, **data)
+        assert torch.allclose(task.class_weights(), want)

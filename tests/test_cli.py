@@ -212,9 +212,10 @@ def test_paper_experiments_parse(name, capsys):
     if name == "weaver/los_loop_cpu_alternating":
         assert cfg["model"]["init_args"]["model"]["class_path"] == "hoformer.models.TrafficTransformer"
         assert model["layout"] == "alternating" and model["dim"] == 32
-    if name == "hoba/imdb_block2d_nocb_6l":
-        assert (model["depth"], model["attention"], model["cross_block"], model["max_len"]) == (6, "block2d", False,
-                                                                                                 512)
+    if name == "hoba/imdb_block2d_nocb_6l":  # max_len: the data's, linked into the model (test_text_max_len_...)
+        assert (model["depth"], model["attention"], model["cross_block"], "max_len" in model) == (6, "block2d", False,
+                                                                                                  False)
+        assert cfg["data"]["init_args"]["max_len"] == 512
 
 
 def test_fit_help_shows_typed_model_arguments(capsys):
@@ -226,19 +227,26 @@ def test_fit_help_shows_typed_model_arguments(capsys):
     assert "--model.dim DIM" in out and "(type: int, default: 128)" in out
 
 
-def test_misspelled_model_argument_fails_at_parse_time_naming_the_valid_ones(capsys):
-    cfg = str(REPO / "configs" / "hot" / "ltsf" / "etth1_96_96_hot_product.yaml")
+@pytest.mark.parametrize("config,model,first", [
+    ("hot/ltsf/etth1_96_96_hot_product.yaml", "HOTForecaster", "seq_len, pred_len, num_variates, attention, dim"),
+    ("hot/medmnist3d/adrenal_hot_sum.yaml", "HOTVolumeClassifier", "in_channels, input_size, num_classes, attention"),
+    ("weaver/los_loop_cpu.yaml", "Weaver", "num_nodes, window, horizon, in_channels, out_channels, dim"),
+    ("hoba/cpu_trec_hoba.yaml", "HOBAClassifier", "vocab_size, num_classes, max_len, dim"),
+], ids=["hot-ltsf", "hot-medmnist3d", "weaver", "hoba"])
+def test_misspelled_model_argument_fails_at_parse_time_naming_the_valid_ones(config, model, first, capsys):
+    cfg = str(REPO / "configs" / config)
     with pytest.raises(SystemExit) as e:
-        cli.main(["fit", "--config", cfg, "--model.model.init_args.dimm=3"])
+        cli.main(["fit", *cli.expand_configs(["--config", cfg]), "--model.model.init_args.dimm=3"])
     assert e.value.code not in (0, None)
     err = capsys.readouterr().err
-    assert "hoformer.models.HOTForecaster has no argument 'dimm': did you mean 'dim'?" in err
-    assert "its arguments are seq_len, pred_len, num_variates, attention, dim" in err
+    assert f"hoformer.models.{model} has no argument 'dimm': did you mean 'dim'?" in err
+    assert f"its arguments are {first}" in err
 
 
 def test_one_data_override_switches_to_another_csv(tmp_path, monkeypatch, capsys):
     """A config pointed at another CSV with another number of columns by one ``--data`` override: the model's
-    variates (and lookback / horizon) come from the datamodule, the run trains and tests."""
+    variates (and lookback / horizon) and the plot labels (column names) come from the datamodule, the run trains and
+    tests."""
     from hoformer.data import write_synthetic_ltsf_csv
 
     monkeypatch.chdir(tmp_path)
@@ -250,9 +258,37 @@ def test_one_data_override_switches_to_another_csv(tmp_path, monkeypatch, capsys
              "--trainer.limit_test_batches=1", "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}/r"]
     obj = cli.HoformerCLI(args=[*cli.expand_configs(["--config", cfg]), f"--data.name={csv}", *quick], run=False)
     assert obj.model.model.config["kwargs"]["num_variates"] == 5 == obj.datamodule.num_variates
+    import pandas as pd
+
+    columns = [c for c in pd.read_csv(csv, nrows=0).columns if c != "date"]  # the forecast plots' panel labels
+    assert obj.model.hparams.variate_names == columns == obj.datamodule.variate_names and len(columns) == 5
     assert cli.main(["fit", *cli.expand_configs(["--config", cfg]), f"--data.name={csv}", *quick]) == 0
     assert (tmp_path / "r" / "checkpoints" / "last.ckpt").is_file()
     assert cli.main(["test", "--config", cfg, f"--data.name={csv}", *quick, "--ckpt_path", "best"]) == 0
+
+
+def test_text_max_len_vocab_and_pad_come_from_the_datamodule(tmp_path, capsys):
+    """The HOBA model's position table (``max_len``), vocabulary size and pad id are linked from the text datamodule:
+    one ``--data.init_args.max_len`` override sets the model's too, and giving the model's at the command line fails
+    before anything is built (the data's value would silently replace it)."""
+    (tmp_path / "trec").mkdir()
+    lines = [f"{c}:x question {i} about things ?" for i, c in enumerate(["HUM", "LOC", "NUM", "DESC", "ENTY", "ABBR"] * 5)]
+    (tmp_path / "trec" / "train_5500.label").write_text("\n".join(lines))
+    (tmp_path / "trec" / "TREC_10.label").write_text("NUM:date When ?\nHUM:ind Who ?\n")
+    cfg = str(REPO / "configs" / "hoba" / "cpu_trec_teacher.yaml")
+    data = [f"--data.init_args.root={tmp_path}", "--data.init_args.verify=false", "--data.init_args.vocab_size=120",
+            f"--trainer.default_root_dir={tmp_path}/r"]
+    for max_len in (64, 40):
+        obj = cli.HoformerCLI(args=[*cli.expand_configs(["--config", cfg]), *data, f"--data.init_args.max_len={max_len}"],
+                              run=False)
+        kw = obj.model.model.config["kwargs"]
+        assert kw["max_len"] == obj.datamodule.max_len == max_len
+        assert (kw["vocab_size"], kw["pad_id"], kw["num_classes"]) == (120, obj.datamodule.tokenizer.pad_id, 6)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["fit", *cli.expand_configs(["--config", cfg]), *data, "--model.model.init_args.max_len=128"])
+    assert e.value.code not in (0, None)
+    err = capsys.readouterr().err
+    assert "max_len=128 (the datamodule's `max_len`) is determined by the data" in err
 
 
 def test_test_command_loads_a_checkpoint_of_the_earlier_layout(tmp_path, monkeypatch):

@@ -5,10 +5,11 @@ fails)."""
 from __future__ import annotations
 
 import os
-import shutil
 import re
+import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -167,7 +168,8 @@ def documented_commands(tmp_path: Path) -> list[tuple[str, list[str]]]:
         stub.chmod(0o755)
     calls = []
     for page in PAGES:
-        for block in re.findall(r"^```bash\n(.*?)^```", page.read_text(), flags=re.S | re.M):
+        for indent, block in re.findall(r"^( *)```bash\n(.*?)^\1```", page.read_text(), flags=re.S | re.M):
+            block = textwrap.dedent(block)  # a block inside a list item is indented
             log.write_text("")
             subprocess.run([shutil.which("bash"), "-c", block], cwd=tmp_path,
                            env={"PATH": str(bindir), "HOME": str(tmp_path)}, capture_output=True, text=True, timeout=120)
@@ -263,3 +265,13 @@ def test_documented_commands_parse(tmp_path, monkeypatch, capsys):
         if error:
             failed.append(f"{page}: {' '.join(argv)}\n    {error}: {out.err.strip().splitlines()[-1:]}")
     assert not failed, "commands of the pages that do not parse:\n" + "\n".join(failed)
+
+
+def test_pages_speak_of_the_project_not_its_history():
+    """README and docs describe the current project; how it got there is the changelog's (which this skips)."""
+    words = re.compile(r"\b(?:sessions?|helpers?|development rounds?|rounds? \d+|issues? #?\d+)\b|(?<![\w&])#\d+\b",
+                       flags=re.I)
+    labels = re.compile(r"\bR\d{1,2}\b")  # numbered rounds
+    found = [f"{p.relative_to(ROOT).as_posix()}:{i}: {line.strip()}" for p in PAGES
+             for i, line in enumerate(p.read_text().splitlines(), 1) if words.search(line) or labels.search(line)]
+    assert not found, "pages that speak of development history:\n" + "\n".join(found)

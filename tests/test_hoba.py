@@ -5,8 +5,6 @@ import json
 import math
 import os
 from pathlib import Path
-from types import SimpleNamespace
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,6 +15,7 @@ from hoformer.data._utils import SchemaError
 from hoformer.layers import record_attention
 from hoformer.models import create_model, from_pretrained
 from hoformer.train import TextClassificationTask, kd_loss
+from hoformer.train import text as text_task
 
 from _pretrained import restamp_config
 from _trainer import quiet_trainer
@@ -247,20 +246,25 @@ def test_datamodule_splits_and_tokenizer_saved(tmp_path):
 
 
 def test_export_holds_the_best_checkpoint_and_leaves_the_live_model_alone(tmp_path):
-    """export_dir gets the best checkpoint's weights; the task's own model keeps the last epoch's (it used to be
-    overwritten on global rank 0 only, so a later trainer.test under DDP mixed best and last weights)."""
+    """ExportPretrained writes the best checkpoint's weights and the datamodule's tokenizer; the task's own model
+    keeps the last epoch's (it used to be overwritten on global rank 0 only, so a later trainer.test under DDP mixed
+    best and last weights)."""
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from hoformer.train.tasks import ExportPretrained
 
     root = _write_fake_text_root(tmp_path / "data")
     dm = TextDataModule("sst2", root=str(root), verify=False, max_len=16, batch_size=8, vocab_size=100)
     dm.setup()
     task = TextClassificationTask(create_model("hoba_classifier", **dict(vocab_size=dm.tokenizer.vocab_size, num_classes=2, max_len=16,
                                                     dim=16, num_heads=2, depth=1, attention="full2d")),
-                                  optim=Optimization(lr=1e-2, weight_decay=0.01), export_dir=str(tmp_path / "export"))
+                                  optim=Optimization(lr=1e-2, weight_decay=0.01))
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="step", mode="min")  # the best is epoch 0's
-    pl.Trainer(max_epochs=3, logger=False, callbacks=[ckpt], enable_progress_bar=False, enable_model_summary=False,
-               limit_train_batches=2, limit_val_batches=1).fit(task, dm)
+    export = ExportPretrained(str(tmp_path / "export"))
+    pl.Trainer(max_epochs=3, logger=False, callbacks=[ckpt, export], enable_progress_bar=False,
+               enable_model_summary=False, limit_train_batches=2, limit_val_batches=1).fit(task, dm)
+    assert TextTokenizer.from_pretrained(tmp_path / "export").tok.to_str() == dm.tokenizer.tok.to_str()
     best = torch.load(ckpt.best_model_path, weights_only=True)["state_dict"]
     exported = from_pretrained(tmp_path / "export").state_dict()
     for k, v in exported.items():
@@ -295,11 +299,13 @@ def test_teacher_logits_follow_the_datamodule_of_each_run(tmp_path):
     with torch.no_grad():
         for b in dm2.test_dataloader():
             want[b["index"]] = teacher(b["ids"], b["mask"])
-    torch.testing.assert_close(task.teacher_cache["test"], want)
+    torch.testing.assert_close(task.distillation.logits["test"], want)
 
 
 def test_task_distills_with_cached_teacher_logits(tmp_path):
     import lightning.pytorch as pl
+
+    from hoformer.train.tasks import ExportPretrained
 
     root = _write_fake_text_root(tmp_path / "data")
     dm = TextDataModule("sst2", root=str(root), verify=False, max_len=16, batch_size=8, vocab_size=100,
@@ -313,11 +319,11 @@ def test_task_distills_with_cached_teacher_logits(tmp_path):
     def fit():
         task = TextClassificationTask(create_model("hoba_classifier", **dict(mk, attention="hoba", block_size=4)),
                                       teacher=str(tmp_path / "teacher"), teacher_logits=str(cache),
-                                      init_embeddings_from=str(tmp_path / "teacher"),
-                                      export_dir=str(tmp_path / "student"))
+                                      init_embeddings_from=str(tmp_path / "teacher"))
         dm2 = TextDataModule("sst2", root=str(root), verify=False, max_len=16, batch_size=8, tokenizer=str(tmp_path / "teacher"))
         tr = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, limit_train_batches=2, limit_val_batches=1)
+                        enable_model_summary=False, limit_train_batches=2, limit_val_batches=1,
+                        callbacks=[ExportPretrained(str(tmp_path / "student"))])
         tr.fit(task, dm2)
         return task, tr
 
@@ -388,15 +394,16 @@ def test_checkpoint_carries_the_tokenizer(tmp_path):
 
 
 def test_task_rejects_class_mismatch(tmp_path):
+    """A model with fewer classes than the data (TREC: 6) fails on the first batch, naming num_classes."""
     import lightning.pytorch as pl
 
     root = _write_fake_text_root(tmp_path / "data")
     task = TextClassificationTask(create_model("hoba_classifier", **dict(vocab_size=200, num_classes=3, max_len=16, dim=16, num_heads=2,
                                                     depth=1)))
-    dm = TextDataModule("sst2", root=str(root), verify=False, max_len=16, batch_size=8, vocab_size=100)
+    dm = TextDataModule("trec", root=str(root), verify=False, max_len=16, batch_size=8, vocab_size=100)
     tr = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                     enable_model_summary=False)
-    with pytest.raises(ValueError, match="classes"):
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, num_classes=3\)"):
         tr.fit(task, dm)
 
 
@@ -570,8 +577,6 @@ def test_kd_loss_limits_and_bad_inputs():
 
 def _task_env(tmp_path, teacher_seed=0):
     """A fake SST-2 root, a datamodule with a tokenizer saved in the teacher directory, a teacher model there."""
-    from types import SimpleNamespace
-
     root = tmp_path / "data"
     if not root.exists():
         _write_fake_text_root(root)
@@ -585,11 +590,16 @@ def _task_env(tmp_path, teacher_seed=0):
     teacher.save_pretrained(tdir)
 
     def task(**kw):
-        t = TextClassificationTask(create_model("hoba_classifier", **dict(mk, attention="hoba", block_size=4)), **kw)
-        t._trainer = SimpleNamespace(datamodule=dm)  # what _datamodule() reads; enough for the teacher hooks
-        return t
+        return TextClassificationTask(create_model("hoba_classifier", **dict(mk, attention="hoba", block_size=4)), **kw)
 
     return dm, teacher, task
+
+
+def _load(task, splits, dm):
+    """The teacher logits of ``splits`` for ``dm`` (what the task's TeacherLogits callback does when a run starts);
+    returns them by split."""
+    task.distillation.load(splits, dm, task.num_classes)
+    return task.distillation.logits
 
 
 def _teacher_logits(teacher, dm, split):
@@ -606,15 +616,15 @@ def test_teacher_cache_hit_is_identical_and_other_weights_recompute(tmp_path, mo
     dm, teacher, task = _task_env(tmp_path)
     cache = tmp_path / "logits.pt"
     t1 = task(teacher=str(tmp_path / "teacher"), teacher_logits=str(cache))
-    t1._teacher_splits(("train", "val", "test"))
+    _load(t1, ("train", "val", "test"), dm)
     for s in ("train", "val", "test"):  # per example, unpadded: batching / padding do not change the logits
-        torch.testing.assert_close(t1.teacher_cache[s], _teacher_logits(teacher, dm, s), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(t1.distillation.logits[s], _teacher_logits(teacher, dm, s), rtol=1e-5, atol=1e-6)
     # cache hit: the teacher is never run again and the cached logits (hence every loss) are bit-identical
-    monkeypatch.setattr(TextClassificationTask, "_run_teacher", lambda *a, **k: pytest.fail("teacher re-run"))
+    monkeypatch.setattr(text_task, "_run_teacher", lambda *a, **k: pytest.fail("teacher re-run"))
     t2 = task(teacher=str(tmp_path / "teacher"), teacher_logits=str(cache))
-    t2._teacher_splits(("train", "val", "test"))
+    _load(t2, ("train", "val", "test"), dm)
     for s in ("train", "val", "test"):
-        assert torch.equal(t2.teacher_cache[s], t1.teacher_cache[s])
+        assert torch.equal(t2.distillation.logits[s], t1.distillation.logits[s])
     monkeypatch.undo()
     # other teacher *weights*, config.json byte for byte the same (weights rewritten with the same save id): the
     # cache is stale and recomputed from the new teacher
@@ -627,11 +637,11 @@ def test_teacher_cache_hit_is_identical_and_other_weights_recompute(tmp_path, mo
     teacher2 = create_model("hoba_classifier", **teacher.config["kwargs"]).eval()
     save_file({k: v.contiguous() for k, v in teacher2.state_dict().items()}, str(wpath), metadata=meta)
     t3 = task(teacher=str(tmp_path / "teacher"), teacher_logits=str(cache))
-    t3._teacher_splits(("train",))
-    torch.testing.assert_close(t3.teacher_cache["train"], _teacher_logits(teacher2, dm, "train"), rtol=1e-5,
+    _load(t3, ("train",), dm)
+    torch.testing.assert_close(t3.distillation.logits["train"], _teacher_logits(teacher2, dm, "train"), rtol=1e-5,
                                atol=1e-6)
-    assert not torch.allclose(t3.teacher_cache["train"], t1.teacher_cache["train"])
-    assert torch.equal(torch.load(cache, weights_only=True)["train"], t3.teacher_cache["train"])
+    assert not torch.allclose(t3.distillation.logits["train"], t1.distillation.logits["train"])
+    assert torch.equal(torch.load(cache, weights_only=True)["train"], t3.distillation.logits["train"])
 
 
 def test_foreign_teacher_logits_file_checks(tmp_path):
@@ -644,28 +654,29 @@ def test_foreign_teacher_logits_file_checks(tmp_path):
     path = tmp_path / "foreign.pt"
     torch.save({**logits, "fingerprint": teacher_logits_fingerprint(dm)}, path)
     t = task(teacher_logits=str(path))
-    t._teacher_splits(("train", "val"))
+    _load(t, ("train", "val"), dm)
     for s in n:
-        assert torch.equal(t.teacher_cache[s], logits[s])
+        assert torch.equal(t.distillation.logits[s], logits[s])
     torch.save(logits, path)  # no fingerprint: used, with a warning that it cannot be checked
     with pytest.warns(UserWarning, match="carries no fingerprint"):
-        task(teacher_logits=str(path))._teacher_splits(("train",))
+        _load(task(teacher_logits=str(path)), ("train",), dm)
     fp = teacher_logits_fingerprint(dm)
     fp["train"] = "0" * 64  # computed on other training data
     torch.save({**logits, "fingerprint": fp}, path)
     with pytest.raises(ValueError, match=r"other data \(fingerprint differs for \['train'\]"):
-        task(teacher_logits=str(path))._teacher_splits(("train",))
+        _load(task(teacher_logits=str(path)), ("train",), dm)
     torch.save({**logits, "val": logits["val"][:-1], "fingerprint": teacher_logits_fingerprint(dm)}, path)
     with pytest.raises(ValueError, match=rf"'val' have shape \({n['val'] - 1}, 2\), expected \({n['val']}, 2\)"):
-        task(teacher_logits=str(path))._teacher_splits(("val",))
+        _load(task(teacher_logits=str(path)), ("val",), dm)
     torch.save({"train": logits["train"], "fingerprint": teacher_logits_fingerprint(dm)}, path)
     with pytest.raises(FileNotFoundError, match=r"lacks splits \['val', 'test'\]"):
-        task(teacher_logits=str(path))._teacher_splits(("train",))
+        _load(task(teacher_logits=str(path)), ("train",), dm)
 
 
 def test_shared_step_uses_teacher_rows_of_the_batch_indices(tmp_path):
-    """Each example is distilled towards *its own* teacher row (by dataset index, whatever the batch order), and the
-    logged loss is eq 8 on those rows; the student inherits the teacher's embeddings at setup('fit')."""
+    """Each example is distilled towards *its own* teacher row (the TeacherLogits callback puts the rows of the
+    batch's dataset indices into it, whatever the batch order), and the logged loss is eq 8 on those rows; the
+    student inherits the teacher's embeddings at setup('fit')."""
     dm, teacher, task = _task_env(tmp_path)
     t = task(teacher=str(tmp_path / "teacher"), kd_alpha=0.3, kd_temperature=2.0,
              init_embeddings_from=str(tmp_path / "teacher"))
@@ -682,41 +693,57 @@ def test_shared_step_uses_teacher_rows_of_the_batch_indices(tmp_path):
             torch.testing.assert_close(th.model.state_dict()[k], v, rtol=0, atol=0)
     with pytest.raises(ValueError, match="init_head_from_teacher=True needs init_embeddings_from"):
         task(init_head_from_teacher=True)
-    t._teacher_splits(("train",))
+    _load(t, ("train",), dm)
     # distinct rows per example: a random tiny teacher gives nearly the same logits for every input, which made the
     # wrong-rows check below pass or fail with the student's random init
-    cache = t.teacher_cache["train"]
-    t.teacher_cache["train"] = 3 * torch.randn(cache.shape, generator=torch.Generator().manual_seed(0))
+    cache = t.distillation.logits["train"]
+    t.distillation.logits["train"] = 3 * torch.randn(cache.shape, generator=torch.Generator().manual_seed(0))
     from hoformer.data.text import collate_text
 
     ds = dm.datasets["train"]
     batch = collate_text([ds[i] for i in (7, 2, 30, 11)], pad_id=dm.tokenizer.pad_id)
+    assert t.configure_callbacks() == [t.distillation]
+    t.distillation.on_train_batch_start(None, t, batch, 0)
     t._trainer = None  # self.log is a no-op without a trainer
     t.model.eval()
     loss = t.shared_step(batch, "train")
     with torch.no_grad():
         z = t.model(batch["ids"], batch["mask"])
-    rows = t.teacher_cache["train"][[7, 2, 30, 11]]
+    rows = t.distillation.logits["train"][[7, 2, 30, 11]]
     torch.testing.assert_close(loss.detach(), kd_loss(z, batch["label"], rows, alpha=0.3, temperature=2.0)[0])
-    assert not torch.allclose(loss.detach(), kd_loss(z, batch["label"], t.teacher_cache["train"][:4])[0])
+    assert not torch.allclose(loss.detach(), kd_loss(z, batch["label"], t.distillation.logits["train"][:4])[0])
 
 
-def test_task_setup_refuses_vocab_length_and_padding_mismatch(tmp_path):
-    from types import SimpleNamespace
+def test_task_refuses_batches_outside_the_model_vocabulary_length_or_padding(tmp_path):
+    """The first batch of a run is checked against the model: token ids below ``vocab_size``, padding with
+    ``pad_id`` (else padding trains and a real token does not); a longer sequence than ``max_len`` is refused by the
+    model. Later batches are not checked again (one host sync per run)."""
+    from hoformer.data.text import collate_text
 
     dm, _, _ = _task_env(tmp_path)
-    v = dm.tokenizer.vocab_size
-    for kw, match in ((dict(vocab_size=v - 1, max_len=16), rf"tokenizer has {v} tokens but the model's vocab_size is "
-                                                            rf"{v - 1}"),
-                      (dict(vocab_size=v, max_len=8), r"data max_len=16 exceeds the model's max_len=8"),
-                      (dict(vocab_size=v, max_len=16, pad_id=dm.tokenizer.pad_id + 1),
-                       rf"tokenizer pads with id {dm.tokenizer.pad_id} but the model's pad_id is "
-                       rf"{dm.tokenizer.pad_id + 1}; set the model's pad_id={dm.tokenizer.pad_id}")):
+    ds, pad = dm.datasets["train"], dm.tokenizer.pad_id
+    batch = collate_text([ds[i] for i in range(8)], pad_id=pad)
+    assert (~batch["mask"]).any()  # padded rows: the pad check has something to check
+    top = int(batch["ids"].max())
+    for kw, match in ((dict(vocab_size=top, max_len=16), rf"the batch holds token id {top} but the model's "
+                                                          rf"vocab_size is {top}"),
+                      (dict(vocab_size=top + 1, max_len=batch["ids"].shape[1] - 1),
+                       rf"sequence length {batch['ids'].shape[1]} exceeds max_len={batch['ids'].shape[1] - 1}"),
+                      (dict(vocab_size=top + 1, max_len=16, pad_id=pad + 1),
+                       rf"the batch pads with id\(s\) \[{pad}\] but the model's pad_id is {pad + 1}; set the "
+                       "model's pad_id to the tokenizer's pad_id")):
         t = TextClassificationTask(create_model("hoba_classifier",
                                                 **dict(num_classes=2, dim=16, num_heads=2, depth=1, **kw)))
-        t._trainer = SimpleNamespace(datamodule=dm)
+        t._trainer = None  # self.log is a no-op without a trainer
+        t.setup("fit")
         with pytest.raises(ValueError, match=match):
-            t.setup("fit")
+            t.shared_step(batch, "train")
+    t = TextClassificationTask(create_model("hoba_classifier", **dict(num_classes=2, dim=16, num_heads=2, depth=1,
+                                                                      vocab_size=top + 1, max_len=16)))
+    t._trainer = None
+    t.setup("fit")
+    t.shared_step(batch, "train")
+    assert t._batch_checked
 
 
 def test_teacher_cache_with_teacher_is_keyed_to_the_data(tmp_path):
@@ -727,7 +754,7 @@ def test_teacher_cache_with_teacher_is_keyed_to_the_data(tmp_path):
 
     dm, teacher, task = _task_env(tmp_path)
     cache = tmp_path / "logits.pt"
-    task(teacher=str(tmp_path / "teacher"), teacher_logits=str(cache))._teacher_splits(("train", "val", "test"))
+    _load(task(teacher=str(tmp_path / "teacher"), teacher_logits=str(cache)), ("train", "val", "test"), dm)
     dm2 = TextDataModule("sst2", root=str(tmp_path / "data"), verify=False, max_len=6, batch_size=8,
                          tokenizer=str(tmp_path / "teacher"))
     dm2.setup()
@@ -735,13 +762,12 @@ def test_teacher_cache_with_teacher_is_keyed_to_the_data(tmp_path):
     mk = {**teacher.config["kwargs"], "attention": "hoba", "block_size": 4}
     t2 = TextClassificationTask(create_model("hoba_classifier", **mk), teacher=str(tmp_path / "teacher"),
                                 teacher_logits=str(cache))
-    t2._trainer = SimpleNamespace(datamodule=dm2)
-    t2._teacher_splits(("train",))
+    _load(t2, ("train",), dm2)
     ds = dm2.datasets["train"]
     with torch.no_grad():
         want = torch.stack([teacher(ds[i]["ids"][None], torch.ones(1, len(ds[i]["ids"]), dtype=torch.bool))[0]
                             for i in range(len(ds))])
-    torch.testing.assert_close(t2.teacher_cache["train"], want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(t2.distillation.logits["train"], want, rtol=1e-5, atol=1e-6)
     assert torch.load(cache, weights_only=True)["fingerprint"]["max_len"] == 6  # rewritten for this data
 
 
@@ -753,18 +779,19 @@ def test_validation_batches_use_the_validation_teacher_rows(tmp_path):
 
     dm, _, task = _task_env(tmp_path)
     t = task(teacher=str(tmp_path / "teacher"), kd_alpha=0.5, kd_temperature=2.0)
-    t._teacher_splits(("train", "val"))
+    _load(t, ("train", "val"), dm)
     ds = dm.datasets["val"]
     idx = list(range(min(4, len(ds))))
     batch = collate_text([ds[i] for i in idx], pad_id=dm.tokenizer.pad_id)
+    t.distillation.on_validation_batch_start(None, t, batch, 0)
     t._trainer = None  # self.log is a no-op without a trainer
     t.model.eval()
     loss = t.shared_step(batch, "val")
     with torch.no_grad():
         z = t.model(batch["ids"], batch["mask"])
-    want = kd_loss(z, batch["label"], t.teacher_cache["val"][idx], alpha=0.5, temperature=2.0)[0]
+    want = kd_loss(z, batch["label"], t.distillation.logits["val"][idx], alpha=0.5, temperature=2.0)[0]
     torch.testing.assert_close(loss.detach(), want)
-    assert not torch.allclose(want, kd_loss(z, batch["label"], t.teacher_cache["train"][idx], alpha=0.5,
+    assert not torch.allclose(want, kd_loss(z, batch["label"], t.distillation.logits["train"][idx], alpha=0.5,
                                             temperature=2.0)[0])
 
 
@@ -806,6 +833,51 @@ def test_validate_alone_distills_with_the_validation_teacher_logits(tmp_path):
     (res,) = quiet_trainer(tmp_path).validate(t, dm, verbose=False)
     assert "val/kl" in res and res["val/kl"] > 0
     assert res["val/loss"] == pytest.approx(0.5 * res["val/ce"] + 0.5 * 4 * res["val/kl"], rel=1e-5)
+
+
+def test_distillation_on_plain_dataloaders_matches_the_datamodule_route(tmp_path):
+    """The task reads its teacher logits from the batch: plain ``DataLoader`` s over the datamodule's datasets with a
+    ``TeacherLogits`` callback given the data log the same metrics (``kl`` included) as ``teacher_logits=`` with the
+    datamodule; without the callback those batches carry no teacher logits and the loss is the cross-entropy."""
+    from torch.utils.data import DataLoader
+
+    from hoformer.train import TeacherLogits
+    from hoformer.train.text import teacher_logits_fingerprint
+
+    dm, _, task = _task_env(tmp_path)
+    g = torch.Generator().manual_seed(0)
+    logits = {s: 3 * torch.randn(len(dm.datasets[s]), 2, generator=g) for s in ("train", "val", "test")}
+    path = tmp_path / "foreign.pt"
+    torch.save({**logits, "fingerprint": teacher_logits_fingerprint(dm)}, path)
+    limits = dict(max_epochs=1, limit_train_batches=3, limit_val_batches=2)
+
+    def run(make_task, fit_args, test_args, callbacks=()):
+        import lightning.pytorch as pl
+
+        pl.seed_everything(3, verbose=False)
+        trainer = quiet_trainer(tmp_path, callbacks=list(callbacks), **limits)
+        t = make_task()
+        trainer.fit(t, **fit_args)
+        fit = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        (res,) = trainer.test(t, verbose=False, **test_args)
+        return fit, res
+
+    via_dm = run(lambda: task(teacher_logits=str(path), kd_alpha=0.5), dict(datamodule=dm), dict(datamodule=dm))
+    collate = dm.collate_fn("train")
+    loaders = {s: DataLoader(dm.datasets[s], batch_size=8, shuffle=s == "train", collate_fn=collate)
+               for s in ("train", "val", "test")}
+    plain = run(lambda: task(kd_alpha=0.5), dict(train_dataloaders=loaders["train"], val_dataloaders=loaders["val"]),
+                dict(dataloaders=loaders["test"]), callbacks=[TeacherLogits(cache=str(path), data=dm)])
+    assert "train/kl" in via_dm[0] and "test/kl" in via_dm[1]
+    for got, want in zip(plain, via_dm):
+        assert got.keys() == want.keys()
+        for k, v in want.items():
+            assert got[k] == pytest.approx(v, rel=1e-6, abs=1e-7), k
+    alone = run(lambda: task(kd_alpha=0.5), dict(train_dataloaders=loaders["train"], val_dataloaders=loaders["val"]),
+                dict(dataloaders=loaders["test"]))
+    assert "test/kl" not in alone[1] and alone[1]["test/loss"] == pytest.approx(alone[1]["test/ce"])
+    with pytest.raises(RuntimeError, match="TeacherLogits: teacher logits are computed on the text data"):
+        run(lambda: task(teacher_logits=str(path)), dict(train_dataloaders=loaders["train"]), {})
 
 
 def test_text_batches_pad_with_the_tokenizer_pad_id(tmp_path):
@@ -872,39 +944,38 @@ def test_local_hugging_face_teacher_logits_on_raw_texts(tmp_path, monkeypatch):
     model, tok = _hf_teacher(tdir, dm.texts("train"), id2label={0: "NEGATIVE", 1: "POSITIVE"})
     cache = tmp_path / "hf_logits.pt"
     t = task(teacher=str(tdir), teacher_logits=str(cache))
-    t._teacher_splits(("train", "val", "test"))
+    _load(t, ("train", "val", "test"), dm)
     with torch.no_grad():
         for s in ("train", "val", "test"):  # one text at a time, unpadded: batching and padding change nothing
             texts = dm.texts(s)
             assert len(texts) == len(dm.datasets[s]) and texts == dm.texts(s)
             want = torch.cat([model(**tok([x], truncation=True, max_length=12, return_tensors="pt")).logits
                               for x in texts])
-            torch.testing.assert_close(t.teacher_cache[s], want, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(t.distillation.logits[s], want, rtol=1e-4, atol=1e-5)
     assert dm.texts("test") == ["good film", "boring"]  # SST-2 dev, in file order
     # cache hit without re-running; other weights -> recomputed
-    monkeypatch.setattr(TextClassificationTask, "_run_hf_teacher", lambda *a, **k: pytest.fail("teacher re-run"))
+    monkeypatch.setattr(text_task, "_run_hf_teacher", lambda *a, **k: pytest.fail("teacher re-run"))
     t2 = task(teacher=str(tdir), teacher_logits=str(cache))
-    t2._teacher_splits(("train",))
-    assert torch.equal(t2.teacher_cache["train"], t.teacher_cache["train"])
+    _load(t2, ("train",), dm)
+    assert torch.equal(t2.distillation.logits["train"], t.distillation.logits["train"])
     # a student vocabulary retrained from scratch (other token ids, same texts) keeps the cache: the Hugging Face
     # teacher reads the raw texts, so its logits are keyed to them, not to the student's ids
     dm2 = TextDataModule("sst2", root=str(tmp_path / "data"), verify=False, max_len=16, batch_size=8, vocab_size=60)
     dm2.setup()
     assert dm2.datasets["train"].ids != dm.datasets["train"].ids and dm2.texts("train") == dm.texts("train")
     t4 = task(teacher=str(tdir), teacher_logits=str(cache))
-    t4._trainer = SimpleNamespace(datamodule=dm2)
-    t4._teacher_splits(("train",))
-    assert torch.equal(t4.teacher_cache["train"], t.teacher_cache["train"])
+    _load(t4, ("train",), dm2)
+    assert torch.equal(t4.distillation.logits["train"], t.distillation.logits["train"])
     # the cache file alone (teacher=None) is checked against the texts it was keyed to, and reused
     t5 = task(teacher_logits=str(cache))
-    t5._teacher_splits(("train", "val"))
-    assert torch.equal(t5.teacher_cache["val"], t.teacher_cache["val"]) and "train_texts" in t5._teacher_data_fp
+    _load(t5, ("train", "val"), dm)
+    assert torch.equal(t5.distillation.logits["val"], t.distillation.logits["val"]) and "train_texts" in t5.distillation.data_fingerprint
     monkeypatch.undo()
     # other weights only (same labels, tokenizer files rewritten alike): recomputed
     model2, _ = _hf_teacher(tdir, dm.texts("train"), id2label={0: "NEGATIVE", 1: "POSITIVE"}, seed=1)
     t3 = task(teacher=str(tdir), teacher_logits=str(cache))
-    t3._teacher_splits(("train",))
-    assert not torch.allclose(t3.teacher_cache["train"], t.teacher_cache["train"])
+    _load(t3, ("train",), dm)
+    assert not torch.allclose(t3.distillation.logits["train"], t.distillation.logits["train"])
     # a student distils from it end to end (one epoch)
     trainer = quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=2, limit_val_batches=1)
     trainer.fit(task(teacher=str(tdir), teacher_logits=str(cache)), datamodule=dm)
@@ -912,18 +983,18 @@ def test_local_hugging_face_teacher_logits_on_raw_texts(tmp_path, monkeypatch):
     # refused: other label names / order, other number of labels
     _hf_teacher(tmp_path / "swapped", dm.texts("train"), id2label={0: "positive", 1: "negative"})
     with pytest.raises(ValueError, match=r"labels \['positive', 'negative'\].*not the data's classes"):
-        task(teacher=str(tmp_path / "swapped"))._teacher_splits(("train",))
+        _load(task(teacher=str(tmp_path / "swapped")), ("train",), dm)
     _hf_teacher(tmp_path / "three", dm.texts("train"), num_labels=3)
     with pytest.raises(ValueError, match="num_labels=3"):
-        task(teacher=str(tmp_path / "three"))._teacher_splits(("train",))
+        _load(task(teacher=str(tmp_path / "three")), ("train",), dm)
     # a tokenizer that states no maximum and a short position table (RoBERTa: 5 rows - pad offset 2 = 3 tokens): the
     # texts (4 words) are cut to what the model can read instead of indexing past its positions
     small, stok = _hf_teacher(tmp_path / "short", dm.texts("train"), max_positions=5, model_max_length=None)
     ts = task(teacher=str(tmp_path / "short"))
-    ts._teacher_splits(("train",))
+    _load(ts, ("train",), dm)
     with torch.no_grad():
         want = small(**stok(dm.texts("train")[:1], truncation=True, max_length=3, return_tensors="pt")).logits
-    torch.testing.assert_close(ts.teacher_cache["train"][:1], want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(ts.distillation.logits["train"][:1], want, rtol=1e-4, atol=1e-5)
 
 
 def test_text_datamodule_texts_follow_the_split_order(tmp_path):

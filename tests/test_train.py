@@ -1071,6 +1071,15 @@ def _task_and_data(kind, tmp_path, data_root):
     if kind == "traffic":
         return lambda: TrafficForecastingTask(create_model("weaver", **dict(num_nodes=5, dim=16, num_heads=4))), \
             _traffic_dm(tmp_path), 16, 32
+    if kind == "text":
+        from hoformer.data import TextDataModule
+        from hoformer.train import TextClassificationTask
+
+        dm = TextDataModule("trec", root=str(data_root / "text"), max_len=32, batch_size=16, eval_batch_size=64,
+                            vocab_size=600, train_limit=400, tokenizer_dir=str(tmp_path / "tok"))
+        model = dict(vocab_size=dm.vocab_size, pad_id=dm.pad_id, max_len=dm.max_len, num_classes=dm.num_classes,
+                     dim=16, num_heads=2, depth=1, attention="hoba", block_size=8)
+        return lambda: TextClassificationTask(create_model("hoba_classifier", **model)), dm, 16, 64
     if kind == "classification":
         dm = MedMNIST3DDataModule(root=str(data_root / "medmnist3d"), flag="adrenal", batch_size=16,
                                   eval_batch_size=64)
@@ -1084,7 +1093,7 @@ def _task_and_data(kind, tmp_path, data_root):
                                     optim=Optimization(lr=1e-3, weight_decay=0.1)), dm, 4, 4
 
 
-@pytest.mark.parametrize("kind", ["forecasting", "traffic", "classification", "segmentation"])
+@pytest.mark.parametrize("kind", ["forecasting", "traffic", "classification", "segmentation", "text"])
 def test_tasks_train_and_test_on_plain_dataloaders(kind, tmp_path, data_root):
     """A task needs its batches only: trained and tested on plain ``DataLoader``s over the library's datasets, it
     logs the same metrics (original-scale ones included) as through the datamodule."""
@@ -1105,8 +1114,10 @@ def test_tasks_train_and_test_on_plain_dataloaders(kind, tmp_path, data_root):
     via_dm = run(dm, dm, dm)
     dm.setup()
     sets = dm.datasets  # built by setup() (a traffic datamodule's `dataset` is its name)
-    plain = run(DataLoader(sets["train"], batch_size=bs, shuffle=True), DataLoader(sets["val"], batch_size=ebs),
-                DataLoader(sets["test"], batch_size=ebs))
+    collate = dm.collate_fn("train")  # the batch format's collate function (text: padding), None: PyTorch's default
+    plain = run(DataLoader(sets["train"], batch_size=bs, shuffle=True, collate_fn=collate),
+                DataLoader(sets["val"], batch_size=ebs, collate_fn=collate),
+                DataLoader(sets["test"], batch_size=ebs, collate_fn=collate))
     assert via_dm[0].keys() == plain[0].keys() and via_dm[1].keys() == plain[1].keys()
     for got, want in zip(plain, via_dm):
         for k, v in want.items():

@@ -66,7 +66,7 @@ DATA_LINKS = {
     "seq_len": "seq_len", "pred_len": "pred_len", "num_variates": "num_variates",  # forecasting
     "num_nodes": "num_nodes", "window": "window", "horizon": "horizon",  # traffic
     "in_channels": "in_channels", "input_size": "input_size", "num_classes": "num_classes",  # images, volumes
-    "vocab_size": "vocab_size", "pad_id": "pad_id",  # text (max_len: the model's position table may be longer)
+    "vocab_size": "vocab_size", "pad_id": "pad_id", "max_len": "max_len",  # text
 }
 
 
@@ -148,11 +148,15 @@ def _lightning_cli():
             for arg, attr in DATA_LINKS.items():
                 parser.link_arguments("data", f"model.init_args.model.init_args.{arg}", compute_fn=_data_attr(attr),
                                       apply_on="instantiate")
+            # the forecast plots' panel labels: the data's column names (a task without the argument ignores it)
+            parser.link_arguments("data", "model.init_args.variate_names", compute_fn=_data_attr("variate_names"),
+                                  apply_on="instantiate")
 
         def before_instantiate_classes(self) -> None:
             import torch
 
             sub = self.subcommand
+            self._refuse_given_links(self.config[sub] if sub else self.config)
             n = (self.config[sub] if sub else self.config).get("threads")
             if n is not None:
                 if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -162,6 +166,29 @@ def _lightning_cli():
                 "from OMP_NUM_THREADS" if os.environ.get("OMP_NUM_THREADS") else "PyTorch's default, one per core")
             print(f"hoformer {sub or 'cli'}: PyTorch uses {torch.get_num_threads()} CPU thread(s) ({how}; change with "
                   "--threads N or OMP_NUM_THREADS=N, e.g. when several runs share the machine)", file=sys.stderr)
+
+        def _refuse_given_links(self, cfg) -> None:
+            """A data-determined model argument (:data:`DATA_LINKS`) given in a config or on the command line would
+            be replaced by the datamodule's value without a word: refuse it (a value other than the model's
+            default; the parsed config cannot tell a default from a given value) before anything is built."""
+            import inspect
+
+            model = cfg.get("model.init_args.model") if cfg.get("model.init_args") is not None else None
+            path = model.get("class_path") if model is not None else None
+            if not path or model.get("init_args") is None:
+                return
+            try:
+                mod, _, name = path.rpartition(".")
+                params = inspect.signature(getattr(importlib.import_module(mod), name)).parameters
+            except (ImportError, AttributeError, ValueError, TypeError):
+                return
+            args = model["init_args"]
+            given = {a: args.get(a) for a in DATA_LINKS if a in params and a in args
+                     and params[a].default is not inspect.Parameter.empty and args.get(a) != params[a].default}
+            if given:
+                where = ", ".join(f"{a}={v!r} (the datamodule's `{DATA_LINKS[a]}`)" for a, v in given.items())
+                self.parser.error(f"{path}: {where} is determined by the data and linked from it; set it on the data "
+                                  "(--data.init_args...) and leave it out of the model's arguments")
 
         def instantiate_trainer(self, **kwargs):
             """Everything a run writes lives under ``trainer.default_root_dir`` (the one output setting): without a

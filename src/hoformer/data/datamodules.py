@@ -64,6 +64,12 @@ class LTSFDataModule(SplitDataModule):
                            download=h.download, encoding=h.encoding)
 
     @property
+    def variate_names(self) -> list[str]:
+        """The column names in the model's variate order (``HUFL`` ... ``OT`` for ETTh1), the labels of the forecast
+        plots (linked into :class:`~hoformer.train.ForecastingTask` ``variate_names`` by the CLI)."""
+        return list(self.dataset("train").columns)
+
+    @property
     def num_variates(self) -> int:
         """Input variates ``C`` (known without reading the file for the built-in datasets)."""
         if self.hparams.features == "S":

@@ -164,35 +164,37 @@ class DecodingCache:
         """Refuse a step past ``max_steps`` or one whose batch, other modes or dtype differ from the earlier steps'."""
         if self.max_steps is not None and self.steps >= self.max_steps:
             raise ValueError(f"{fn}: the cache is full: it was made with max_steps={self.max_steps} and holds "
-                             f"{self.steps} steps; make it with init_cache(max_steps=...) large enough, or None to grow")
+                             f"{self.steps} steps; make it with init_cache(max_steps=...) large enough, or None to "
+                             "grow")
         if self.steps and self.shape != (batch, rest, dtype):
             raise ValueError(f"{fn}: the cache holds inputs of batch {self.shape[0]}, other modes {self.shape[1]} "
                              f"and dtype {self.shape[2]}; got batch {batch}, other modes {rest}, dtype {dtype}")
         self.shape = (batch, rest, dtype)
 
-    def append(self, k: torch.Tensor, v: torch.Tensor, stage: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store step ``self.steps``'s key ``(B, H, 1, ...)`` and value ``(B, H, 1, ...)`` of attention stage
-        ``stage``; return every key and value of that stage so far, ``(B, H, steps + 1, ...)`` views of the
-        buffers."""
+    def append(self, k: torch.Tensor, v: torch.Tensor, stage: int = 0, dim: int = 2) -> tuple[torch.Tensor, ...]:
+        """Store step ``self.steps``'s key and value (size 1 along ``dim``) of attention stage ``stage``; return every
+        key and value of that stage so far, views of the buffers with ``steps + 1`` entries along ``dim`` (``2``:
+        ``(B, H, steps, ...)``; ``-2``: ``(B, H, .., steps, E)``, every fibre's rows contiguous)."""
         t = self.steps
         while len(self._kv) <= stage:
             self._kv.append([None, None])
         kv = self._kv[stage]
-        kv[0], kv[1] = self._grow(kv[0], k, t), self._grow(kv[1], v, t)
-        return kv[0][:, :, : t + 1], kv[1][:, :, : t + 1]
+        kv[0], kv[1] = self._grow(kv[0], k, t, dim), self._grow(kv[1], v, t, dim)
+        return kv[0].narrow(dim, 0, t + 1), kv[1].narrow(dim, 0, t + 1)
 
     def advance(self) -> None:
         """Close the step: the next ``append`` writes index ``steps + 1``."""
         self.steps += 1
 
-    def _grow(self, buf: torch.Tensor | None, new: torch.Tensor, t: int) -> torch.Tensor:
-        if buf is None or buf.shape[2] <= t:
-            cap = self.max_steps or max(16, 2 * (0 if buf is None else buf.shape[2]))
-            grown = new.new_empty(*new.shape[:2], cap, *new.shape[3:])
+    def _grow(self, buf: torch.Tensor | None, new: torch.Tensor, t: int, dim: int) -> torch.Tensor:
+        if buf is None or buf.shape[dim] <= t:
+            shape = list(new.shape)
+            shape[dim] = self.max_steps or max(16, 2 * (0 if buf is None else buf.shape[dim]))
+            grown = new.new_empty(shape)
             if buf is not None:
-                grown[:, :, :t] = buf[:, :, :t]
+                grown.narrow(dim, 0, t).copy_(buf.narrow(dim, 0, t))
             buf = grown
-        buf[:, :, t : t + 1] = new
+        buf.narrow(dim, t, 1).copy_(new)
         return buf
 
 
@@ -817,8 +819,8 @@ class AxialAttention(_Decoder, _QKV):
         if self.rotary is not None and mode in self.rope_modes:
             pos = None if cache is None else torch.arange(cache.steps, cache.steps + 1, device=q.device)
             q, k = self.rotary(q, pos), self.rotary(k, pos)
-        if cache is not None:  # stored as (b, h, 1, fibers.., e): the steps along dim 2
-            k, v = (t.movedim(2, -2) for t in cache.append(k.movedim(-2, 2), v.movedim(-2, 2)))
+        if cache is not None:  # stored as (b, h, fibers.., steps, e): each fibre's past rows contiguous
+            k, v = cache.append(k, v, dim=-2)
         if mask is not None:
             while mask.ndim < 4:
                 mask = mask.unsqueeze(0)
@@ -853,11 +855,12 @@ class AxialAttention(_Decoder, _QKV):
         absolute position ``t``.
 
         ``cache`` (from :meth:`init_cache`) keeps the keys and values of the stage that attends along ``c`` for
-        every past step, ``(B, H, t, P, E)`` each with ``P = prod(N_i, i != c)``: buffers that grow by doubling, or
-        preallocated with ``init_cache(max_steps)``. Per-step cost: the projections ``O(B P D H E)`` (plus
-        ``O(B P H^2 E^2)`` per later stage of ``combine="sequential"``), attention along every other attended mode
-        ``i`` ``O(B H P N_i E)`` and along ``c`` each fibre's row over the ``t + 1`` steps so far
-        ``O(B H (t + 1) P E)``: ``O(B P H E (D + t + sum_{i != c} N_i))``; memory ``O(B H t P E)``.
+        every past step, ``(B, H, N.., t, E)`` each (the other modes ``N..``, ``P = prod(N_i, i != c)`` fibres):
+        buffers that grow by doubling, or preallocated with ``init_cache(max_steps)``. Per-step cost: the
+        projections ``O(B P D H E)`` (plus ``O(B P H^2 E^2)`` per later stage of ``combine="sequential"``),
+        attention along every other attended mode ``i`` ``O(B H P N_i E)`` and along ``c`` each fibre's row over
+        the ``t + 1`` steps so far ``O(B H (t + 1) P E)``: ``O(B P H E (D + t + sum_{i != c} N_i))``; memory
+        ``O(B H t P E)``.
         ``masks``: per-mode masks of the other modes (the causal mode's entry must be ``None``)."""
         fn = "AxialAttention.step"
         masks = _check_step(self, fn, x, cache, masks, self.heads,
@@ -947,7 +950,7 @@ class DividedAttention(_Decoder, nn.Module):
         absolute position ``t``.
 
         ``cache`` (from :meth:`init_cache`) keeps the keys and values of the stage that attends along ``c`` (of both
-        stages with a single mode) for every past step, ``(B, H, t, P, E)`` each with ``P = prod(N_i, i != c)``:
+        stages with a single mode) for every past step, ``t P`` of each per head with ``P = prod(N_i, i != c)``:
         buffers that grow by doubling, or preallocated with ``init_cache(max_steps)``. Per-step cost, with ``F`` the
         size of ``first_mode``: the projections ``O(B P D H E)``, and if ``c = first_mode`` the ``T`` row of every
         fibre over the ``t + 1`` steps so far ``O(B H (t + 1) P E)`` and ``S`` over the slice ``O(B H P^2 E)``, else

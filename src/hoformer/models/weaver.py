@@ -102,10 +102,8 @@ class Weaver(TrafficModel):
     With ``use_time=True`` and no ``time`` passed, the temporal encoding input is zero.
 
     Args:
-        num_nodes: sensors of the graph (``N``).
-        window: history steps (``P``).
-        horizon: forecast steps (``Q``).
-        in_channels: input channels per sensor and step (``C``).
+        num_nodes, window, horizon, in_channels: sensors ``N``, history steps ``P``, forecast steps ``Q``, input
+            channels ``C`` (the data's: the CLI links them from the datamodule).
         out_channels: forecast channels (``None``: ``in_channels``).
         dim: embedding width ``E``.
         num_heads: attention heads.
@@ -177,10 +175,8 @@ class TrafficTransformer(TrafficModel):
             ``S_T (x) S_S``, paper 000), ``"temporal"`` (each sensor's ``P`` steps) or ``"spatial"`` (each step's
             ``N`` sensors).
         num_layers: blocks per layout stage (``"alternating"`` has two stages).
-        num_nodes: sensors of the graph (``N``).
-        window: history steps (``P``).
-        horizon: forecast steps (``Q``).
-        in_channels: input channels per sensor and step (``C``).
+        num_nodes, window, horizon, in_channels: sensors ``N``, history steps ``P``, forecast steps ``Q``, input
+            channels ``C`` (the data's: the CLI links them from the datamodule).
         out_channels: forecast channels (``None``: ``in_channels``).
         dim: embedding width ``E``.
         num_heads: attention heads.
@@ -233,7 +229,7 @@ class _CopyBaseline(TrafficModel):
         window: history steps (``P``).
         horizon: forecast steps (``Q``).
         in_channels: channels per sensor and step (``C``).
-        out_channels: ``None`` or ``in_channels``.
+        out_channels: ``None`` or ``in_channels`` (they forecast their inputs).
     """
 
     def __init__(self, num_nodes: int = 207, window: int = 12, horizon: int = 12, in_channels: int = 1,
@@ -243,28 +239,30 @@ class _CopyBaseline(TrafficModel):
             raise ValueError(f"{type(self).__name__}: forecasts its input channels, so `out_channels` must equal "
                              f"in_channels={self.in_channels} (or be None), got {out_channels!r}")
 
+    def forward(self, x: torch.Tensor, time: torch.Tensor | None = None, mask: torch.Tensor | None = None):
+        x, _, mask = self._prepare(x, time, mask)
+        return self._value(x, mask).unsqueeze(1).expand(-1, self.horizon, -1, -1).contiguous()
+
+    def _value(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:  # pragma: no cover - abstract
+        """The value ``(B, N, C)`` repeated over the horizon, from the history ``x`` and its ``mask``."""
+        raise NotImplementedError
+
 
 @register_model(name="last_value")
 class LastValue(_CopyBaseline):
     """Parameter-free baseline: repeat each sensor's last observed value over the horizon.
 
     Args:
-        num_nodes: sensors of the graph (``N``).
-        window: history steps (``P``).
-        horizon: forecast steps (``Q``).
-        in_channels: channels per sensor and step (``C``).
-        out_channels: ``None`` or ``in_channels``.
+        num_nodes, window, horizon, in_channels, out_channels: as in :class:`TrafficModel` (``out_channels``: ``None``
+            or ``in_channels``).
     """
 
-    def forward(self, x: torch.Tensor, time: torch.Tensor | None = None, mask: torch.Tensor | None = None):
-        x, _, mask = self._prepare(x, time, mask)
+    def _value(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         if mask is None:
-            last = x[:, -1]
-        else:
-            steps = torch.arange(self.window, device=x.device).view(1, -1, 1, 1)
-            idx = torch.where(mask, steps, -1).amax(dim=1, keepdim=True).expand(-1, 1, -1, x.shape[-1])
-            last = x.gather(1, idx.clamp_min(0)).squeeze(1).masked_fill(idx.squeeze(1) < 0, 0.0)
-        return last.unsqueeze(1).expand(-1, self.horizon, -1, -1).contiguous()
+            return x[:, -1]
+        steps = torch.arange(self.window, device=x.device).view(1, -1, 1, 1)
+        idx = torch.where(mask, steps, -1).amax(dim=1, keepdim=True).expand(-1, 1, -1, x.shape[-1])
+        return x.gather(1, idx.clamp_min(0)).squeeze(1).masked_fill(idx.squeeze(1) < 0, 0.0)
 
 
 @register_model(name="historical_average")
@@ -272,18 +270,12 @@ class HistoricalAverage(_CopyBaseline):
     """Parameter-free baseline: each sensor's mean observed value over the history window.
 
     Args:
-        num_nodes: sensors of the graph (``N``).
-        window: history steps (``P``).
-        horizon: forecast steps (``Q``).
-        in_channels: channels per sensor and step (``C``).
-        out_channels: ``None`` or ``in_channels``.
+        num_nodes, window, horizon, in_channels, out_channels: as in :class:`TrafficModel` (``out_channels``: ``None``
+            or ``in_channels``).
     """
 
-    def forward(self, x: torch.Tensor, time: torch.Tensor | None = None, mask: torch.Tensor | None = None):
-        x, _, mask = self._prepare(x, time, mask)
+    def _value(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         if mask is None:
-            avg = x.mean(dim=1)
-        else:
-            m = mask.expand_as(x).to(x.dtype)
-            avg = (x * m).sum(1) / m.sum(1).clamp_min(1.0)
-        return avg.unsqueeze(1).expand(-1, self.horizon, -1, -1).contiguous()
+            return x.mean(dim=1)
+        m = mask.expand_as(x).to(x.dtype)
+        return (x * m).sum(1) / m.sum(1).clamp_min(1.0)

@@ -104,22 +104,24 @@ class ClassWeighting:
 
     def class_weights(self) -> torch.Tensor | None:
         """The cross-entropy weights ``(K,)`` (None: unweighted). ``"balanced"`` ones are counted at first use (the
-        first training or sanity-check step of ``fit``) from the trainer's training data or the datamodule's."""
+        first training or sanity-check step of ``fit``) from the trainer's training data."""
         if self.hparams.class_weight == "balanced" and self._class_w is None:
             self._class_w = self._count_balanced().to(self.device)
         return self._class_w
 
     def _count_balanced(self, loader=None) -> torch.Tensor:
-        """Balanced weights from the labels of ``loader`` (default: the trainer's training data)."""
+        """Balanced weights from the labels of ``loader`` (default: the trainer's training data, whichever way
+        ``fit`` was given it: loaders or a datamodule)."""
         trainer = self._trainer
+        if loader is None and trainer is not None:
+            if trainer.train_dataloader is None and trainer.state.fn == "fit":
+                # not loaded yet (a sanity check before the first epoch): load it as Lightning's own
+                # Trainer.estimated_stepping_batches does
+                trainer.fit_loop.setup_data()
+            loader = trainer.train_dataloader
         if loader is None:
-            loader = getattr(trainer, "train_dataloader", None) if trainer is not None else None
-        if loader is None:
-            dm = getattr(trainer, "datamodule", None) if trainer is not None else None
-            if dm is None:
-                raise ValueError(f"{type(self).__name__}: class_weight='balanced' counts the training labels, but "
-                                 "no training data is attached (fit first, or pass explicit weights)")
-            loader = dm.train_dataloader()
+            raise ValueError(f"{type(self).__name__}: class_weight='balanced' counts the training labels, but "
+                             "no training data is attached (fit first, or pass explicit weights)")
         with torch.random.fork_rng(devices=[]):  # counting must not move the RNG of the run
             counts = count_labels(loader, self._train_labels, int(self.num_classes))
         return balanced_class_weights(counts)

@@ -5,14 +5,17 @@
   arguments in the other order, ``KL(softmax(z_S / tau) || softmax(z_T / tau))``; we keep Hinton et al.'s
   distillation direction (teacher distribution as the target, its mass-covering gradient ``p_S - p_T`` w.r.t.
   ``z_S / tau``), which the paper's "KL divergence between teacher and student distributions" also reads as.
-* :class:`TextClassificationTask` - trains a registered text model (default ``hoba_classifier``) on
-  :class:`hoformer.data.TextDataModule` batches, optionally distilled from a teacher. Teacher logits come from a
-  teacher ``save_pretrained`` directory (a 2D model trained by this project: same tokenizer) or a local Hugging Face
-  sequence-classification checkpoint (e.g. a fine-tuned RoBERTa, the paper's teacher; needs the ``hf`` extra: it reads
-  the raw texts with its own tokenizer, never the network), and are cached on disk (``teacher_logits``) so student
-  epochs never re-run the teacher; a logits file produced elsewhere can be given alone: ``{"train": (N_train, C),
-  "val": ..., "test": ...}`` in the datamodule's split order (``torch.save``). The student can inherit the teacher's
-  embeddings and head (``init_embeddings_from``, ``init_head_from_teacher``; Hugging Face BERT / RoBERTa too).
+* :class:`TextClassificationTask` - trains a registered text model (default ``hoba_classifier``) on the batches of
+  :class:`hoformer.data.TextDataModule` (or plain ``DataLoader`` s over its datasets), distilled from a teacher when
+  a batch carries ``teacher_logits``.
+* :class:`TeacherLogits` - the callback that puts them there (attached by the task's ``teacher`` /
+  ``teacher_logits`` arguments): teacher logits come from a teacher ``save_pretrained`` directory (a 2D model trained
+  by this project: same tokenizer) or a local Hugging Face sequence-classification checkpoint (e.g. a fine-tuned
+  RoBERTa, the paper's teacher; needs the ``hf`` extra: it reads the raw texts with its own tokenizer, never the
+  network), and are cached on disk (``teacher_logits``) so student epochs never re-run the teacher; a logits file
+  produced elsewhere can be given alone: ``{"train": (N_train, C), "val": ..., "test": ...}`` in the datamodule's
+  split order (``torch.save``). The student can inherit the teacher's embeddings and head (``init_embeddings_from``,
+  ``init_head_from_teacher``; Hugging Face BERT / RoBERTa too).
 
 Metric names: ``{train,val,test}/{loss,ce,kl,acc}`` (``kl`` only where teacher logits exist).
 """
@@ -21,10 +24,10 @@ from __future__ import annotations
 import hashlib
 import re
 import warnings
-import os
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
@@ -39,7 +42,7 @@ from .base import TaskModule, check_labels
 from .optim import Optimization
 from .class_balance import BalancedAccuracy, ClassWeighting
 
-__all__ = ["kd_loss", "TextClassificationTask", "teacher_logits_fingerprint"]
+__all__ = ["kd_loss", "TextClassificationTask", "TeacherLogits", "teacher_logits_fingerprint"]
 
 
 def kd_loss(student_logits: torch.Tensor, labels: torch.Tensor, teacher_logits: torch.Tensor | None = None, *,
@@ -139,19 +142,189 @@ def teacher_logits_fingerprint(datamodule) -> dict:
     return _data_fingerprint(datamodule)
 
 
+class TeacherLogits(pl.Callback):
+    """Puts the teacher's logits of every example into its batch, ``batch["teacher_logits"] (B, C)``, the rows of
+    the batch's ``index`` in its split, for the distillation term of :class:`TextClassificationTask`.
+
+    :class:`TextClassificationTask` attaches one (``configure_callbacks``) when it is given ``teacher`` or
+    ``teacher_logits``; the task itself reads batches only. The logits of a split are computed once (or read from
+    ``cache``) when ``fit`` / ``validate`` / ``test`` starts, from the text data: ``data`` when given, else the
+    trainer's datamodule (a :class:`hoformer.data.TextDataModule`: its splits, their order and, for a Hugging Face
+    teacher, their raw texts and class names).
+
+    Args:
+        teacher: ``save_pretrained`` directory of the teacher (same tokenizer as the data), or a local Hugging Face
+            ``AutoModelForSequenceClassification`` directory (its own tokenizer in the same directory).
+        cache: file of the teacher's logits per split (written when ``teacher`` is given and the file is missing
+            or stale; read alone when ``teacher`` is None). Keyed by a fingerprint of the data (and of the
+            teacher's files): a file computed on other data is recomputed (with ``teacher``) or refused (without).
+        data: the text datamodule the logits are for (default: the trainer's).
+    """
+
+    def __init__(self, teacher: str | None = None, cache: str | None = None, data: Any = None) -> None:
+        if teacher is None and cache is None:
+            raise ValueError("TeacherLogits: give `teacher` (a teacher directory), `cache` (a logits file) or both")
+        self.teacher, self.cache, self.data = teacher, cache, data
+        self.logits: dict[str, torch.Tensor] = {}
+        self.data_fingerprint: dict | None = None  # the data the in-memory logits belong to
+
+    def _text_data(self, trainer):
+        dm = self.data if self.data is not None else getattr(trainer, "datamodule", None)
+        if dm is None or not hasattr(dm, "datasets"):
+            raise RuntimeError("TeacherLogits: teacher logits are computed on the text data: train with a "
+                               "hoformer.data.TextDataModule as the datamodule or pass it as TeacherLogits(data=...); "
+                               f"got {type(dm).__name__}")
+        dm.setup()
+        return dm
+
+    def load(self, splits, data, num_classes: int, device: torch.device | str = "cpu") -> None:
+        """Make ``self.logits[s]`` ``(len(split s), num_classes)`` for ``s`` in ``splits`` (every split is loaded or
+        computed together), on ``device``."""
+        cache_path = Path(self.cache) if self.cache else None
+        # the cache is keyed by the data it was computed on (token ids + labels of every split, in order, and max_len;
+        # for a Hugging Face teacher the raw texts + labels) and, when the teacher directory is known, by the
+        # teacher's weights *and* config; logits loaded without a teacher keep the kind of key they were stored with
+        hf = (hf_config(Path(self.teacher)) is not None if self.teacher else
+              "train_texts" in (self.data_fingerprint or {}))
+        data_fp = _data_fingerprint(data, hf=hf)
+        if all(s in self.logits for s in splits) and self.data_fingerprint == data_fp:
+            return  # the in-memory logits are for this very data (a task reused with other data is not)
+        self.logits.clear()
+        fp = None
+        if self.teacher:
+            fp = {**_teacher_fingerprint(Path(self.teacher), hf), **data_fp}
+        cached = {}
+        if cache_path is not None and cache_path.is_file():
+            cached = torch.load(cache_path, map_location="cpu", weights_only=True)
+            stored = cached.get("fingerprint")
+            if fp is not None and stored != fp:
+                cached = {}  # stale: other teacher weights / config or other data / tokenizer: recomputed below
+            elif fp is None and stored is None:
+                warnings.warn(f"TextClassificationTask: teacher_logits {cache_path} carries no fingerprint, so it "
+                              "cannot be checked against this data (order, tokenizer, max_len); only shapes are "
+                              "checked. Store one with hoformer.train.text.teacher_logits_fingerprint(datamodule).",
+                              stacklevel=2)
+            elif fp is None and "train_texts" in stored:  # written by a Hugging Face teacher: keyed to the texts
+                data_fp = _data_fingerprint(data, hf=True)
+            if fp is None and stored is not None and {k: stored.get(k) for k in data_fp} != data_fp:
+                bad = sorted(k for k in data_fp if stored.get(k) != data_fp[k])
+                raise ValueError(f"TextClassificationTask: teacher_logits {cache_path} was computed on other data "
+                                 f"(fingerprint differs for {bad}: another tokenizer, max_len, split or order); "
+                                 "pass `teacher` to recompute it or delete the file")
+        missing = [s for s in ("train", "val", "test") if s not in cached]
+        if missing and self.teacher is None:
+            raise FileNotFoundError(f"TextClassificationTask: teacher_logits {cache_path} lacks splits {missing} "
+                                    "and no `teacher` directory was given to compute them")
+        if missing:
+            run = _run_hf_teacher if hf else _run_teacher
+            cached.update(run(Path(self.teacher), data, missing, num_classes, device))
+            cached["fingerprint"] = fp
+            if cache_path is not None:
+                atomic_write(cache_path, lambda p: torch.save(cached, p))
+        for s in ("train", "val", "test"):
+            t = cached[s]
+            if t.shape != (len(data.datasets[s]), num_classes):
+                raise ValueError(f"TextClassificationTask: teacher logits for {s!r} have shape {tuple(t.shape)}, "
+                                 f"expected {(len(data.datasets[s]), num_classes)}")
+            self.logits[s] = t.float().to(device)
+        self.data_fingerprint = data_fp
+
+    def _load(self, trainer, pl_module, splits) -> None:
+        self.load(splits, self._text_data(trainer), int(pl_module.num_classes), pl_module.device)
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self._load(trainer, pl_module, ("train", "val"))
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._load(trainer, pl_module, ("val",))
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        self._load(trainer, pl_module, ("test",))
+
+    def attach(self, batch: dict, split: str) -> dict:
+        """``batch`` with ``teacher_logits``: the rows of its ``index`` in ``split``'s logits."""
+        batch["teacher_logits"] = self.logits[split][batch["index"].to(self.logits[split].device)]
+        return batch
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.attach(batch, "train")
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        self.attach(batch, "val")
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        self.attach(batch, "test")
+
+
+@torch.no_grad()
+def _run_teacher(tdir: Path, dm, splits, num_classes: int, device) -> dict[str, torch.Tensor]:
+    from hoformer.models import from_pretrained
+
+    teacher = from_pretrained(tdir, map_location="cpu").to(device).eval()
+    out = {}
+    loaders = {"train": dm.ordered_train_dataloader, "val": dm.val_dataloader, "test": dm.test_dataloader}
+    for s in splits:
+        logits = torch.empty(len(dm.datasets[s]), num_classes)
+        for b in loaders[s]():
+            logits[b["index"]] = teacher(b["ids"].to(device), b["mask"].to(device)).float().cpu()
+        out[s] = logits
+    return out
+
+
+@torch.no_grad()
+def _run_hf_teacher(tdir: Path, dm, splits, num_classes: int, device) -> dict[str, torch.Tensor]:
+    """Logits of a local Hugging Face sequence classifier on the raw texts of ``splits`` (its own tokenizer,
+    truncated to its own maximum length), in the datamodule's order; ``local_files_only``: never the network."""
+    try:
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    except ImportError as e:
+        raise ImportError(f"TextClassificationTask: teacher {str(tdir)!r} is a Hugging Face checkpoint; running it "
+                          "needs the `transformers` package (pip install 'hoformer[hf]')") from e
+    teacher = AutoModelForSequenceClassification.from_pretrained(tdir, local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(tdir, local_files_only=True)
+    n = teacher.config.num_labels
+    names = [str(teacher.config.id2label[i]) for i in range(n)]
+    if n != num_classes:
+        raise ValueError(f"TextClassificationTask: teacher {str(tdir)!r} has num_labels={n}, the data "
+                         f"{len(dm.class_names)} classes {dm.class_names}")
+    generic = all(re.fullmatch(r"LABEL_\d+", x) for x in names)
+    if not generic and [x.lower() for x in names] != [c.lower() for c in dm.class_names]:
+        raise ValueError(f"TextClassificationTask: teacher {str(tdir)!r} labels {names} (config.json id2label) are "
+                         f"not the data's classes {dm.class_names} in that order; a teacher trained with another "
+                         "label order would distil swapped classes (fix id2label if only the names differ)")
+    teacher = teacher.to(device).eval()
+    limit = _hf_max_length(tok, teacher.config)
+    bs = dm.eval_batch_size or dm.batch_size
+    out = {}
+    for s in splits:
+        texts = dm.texts(s)
+        logits = torch.empty(len(texts), n)
+        for i in range(0, len(texts), bs):
+            enc = tok(texts[i:i + bs], padding=True, truncation=True, max_length=limit, return_tensors="pt")
+            logits[i:i + bs] = teacher(**enc.to(device)).logits.float().cpu()
+        out[s] = logits
+    return out
+
+
 class TextClassificationTask(ClassWeighting, TaskModule):
     """Sequence classification (``ids, mask -> logits``) with optional distillation (eq 8).
+
+    Batches (:func:`hoformer.data.text.collate_text`): dicts with ``ids (B, L)``, ``mask (B, L)`` bool, ``label (B,)``
+    and, for distillation, ``teacher_logits (B, C)`` (added by the :class:`TeacherLogits` callback that ``teacher`` /
+    ``teacher_logits`` attach, or by the data itself). The task reads nothing else: the model's ``vocab_size``,
+    ``pad_id``, ``max_len`` and ``num_classes`` come from the data through the CLI's links, and the first batch of a
+    run is checked against them (token ids below ``vocab_size``, padding with ``pad_id``).
 
     Args:
         model, optim: see :class:`~hoformer.train.base.TaskModule` (paper: AdamW, weight decay 0.01, 10% linear
             warm-up).
-        kd_alpha, kd_temperature: eq 8 (paper: 0.3, 2.0). Ignored without a teacher.
+        kd_alpha, kd_temperature: eq 8 (paper: 0.3, 2.0). Ignored without teacher logits.
         teacher: ``save_pretrained`` directory of the teacher (same tokenizer as the datamodule), or a local Hugging
             Face ``AutoModelForSequenceClassification`` directory (``config.json`` with a ``model_type``; its own
             tokenizer in the same directory; its ``num_labels`` and, unless generic ``LABEL_k``, its ``id2label``
             names must match the dataset's classes in order).
         teacher_logits: cache file of the teacher's logits per split (written when ``teacher`` is given and the
-            cache is missing or stale; read alone when ``teacher`` is None).
+            cache is missing or stale; read alone when ``teacher`` is None). See :class:`TeacherLogits`.
         init_embeddings_from: ``save_pretrained`` directory whose ``embed.*`` weights initialise the student, or a
             local Hugging Face BERT / RoBERTa checkpoint (the student then needs its width and, through the
             datamodule's ``tokenizer``, its vocabulary and pad id; see ``HOBAClassifier.load_embeddings_from``).
@@ -160,8 +333,8 @@ class TextClassificationTask(ClassWeighting, TaskModule):
         class_weight: None, ``"balanced"`` or one cross-entropy weight per class
             (:mod:`hoformer.train.class_balance`); ``{stage}/bacc`` (balanced accuracy) is logged beside
             ``{stage}/acc`` either way.
-        export_dir: at the end of ``fit``, save the model (best checkpoint when one exists) and the datamodule's
-            tokenizer there, ready for ``hoformer.models.from_pretrained`` / ``TextTokenizer.from_pretrained``.
+
+    The trained model with its tokenizer is exported by the :class:`~hoformer.train.tasks.ExportPretrained` callback.
     """
 
     selection = ("val/acc", "max")
@@ -177,7 +350,6 @@ class TextClassificationTask(ClassWeighting, TaskModule):
         teacher_logits: str | None = None,
         init_embeddings_from: str | None = None,
         init_head_from_teacher: bool = False,
-        export_dir: str | None = None,
         class_weight: str | list[float] | None = None,
     ) -> None:
         if not 0.0 <= kd_alpha <= 1.0 or kd_temperature <= 0:
@@ -196,158 +368,43 @@ class TextClassificationTask(ClassWeighting, TaskModule):
         self.bacc = torch.nn.ModuleDict({s: BalancedAccuracy(n_cls) for s in ("fit", "val", "test")})
         self.num_classes = n_cls
         self._init_class_weight(class_weight, n_cls)
-        self.teacher_cache: dict[str, torch.Tensor] = {}
-        self._teacher_data_fp: dict | None = None  # the data the in-memory teacher logits belong to
+        #: the :class:`TeacherLogits` callback that adds ``teacher_logits`` to the batches (None without a teacher)
+        self.distillation = TeacherLogits(teacher, teacher_logits) if teacher or teacher_logits else None
         self._embeddings_loaded = False
+        self._batch_checked = False
 
-    # ------------------------------------------------------------------------------------------- setup
-    def _datamodule(self):
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        if dm is None or not hasattr(dm, "datasets"):
-            raise RuntimeError("TextClassificationTask needs a hoformer.data.TextDataModule as `data`")
-        dm.setup()
-        return dm
+    def configure_callbacks(self):
+        return [self.distillation] if self.distillation is not None else []
 
     def setup(self, stage: str) -> None:
-        dm = self._datamodule()
-        if len(dm.class_names) != self.model.num_classes:
-            raise ValueError(f"TextClassificationTask: dataset {dm.dataset_name!r} has {len(dm.class_names)} classes "
-                             f"but the model has num_classes={self.model.num_classes}")
-        vocab, model_vocab = dm.tokenizer.vocab_size, getattr(self.model, "vocab_size", None)
-        if model_vocab is not None and vocab > model_vocab:
-            raise ValueError(f"TextClassificationTask: tokenizer has {vocab} tokens but the model's vocab_size is "
-                             f"{model_vocab}; set the model's vocab_size >= {vocab}")
-        model_pad = getattr(self.model, "pad_id", None)
-        if model_pad is not None and model_pad != dm.tokenizer.pad_id:  # else padding trains and a real token does not
-            raise ValueError(f"TextClassificationTask: the tokenizer pads with id {dm.tokenizer.pad_id} but the "
-                             f"model's pad_id is {model_pad}; set the model's pad_id={dm.tokenizer.pad_id}")
-        if getattr(self.model, "max_len", dm.max_len) < dm.max_len:
-            raise ValueError(f"TextClassificationTask: data max_len={dm.max_len} exceeds the model's max_len="
-                             f"{self.model.max_len}")
+        self._batch_checked = False  # the first batch of every run is checked against the model
         if stage == "fit" and self.hparams.init_embeddings_from and not self._embeddings_loaded:
             self.model.load_embeddings_from(self.hparams.init_embeddings_from, head=self.hparams.init_head_from_teacher)
             self._embeddings_loaded = True
 
-    def _teacher_splits(self, splits) -> None:
-        hp = self.hparams
-        if not (hp.teacher or hp.teacher_logits):
-            return
-        dm = self._datamodule()
-        cache_path = Path(hp.teacher_logits) if hp.teacher_logits else None
-        # the cache is keyed by the data it was computed on (token ids + labels of every split, in order, and max_len;
-        # for a Hugging Face teacher the raw texts + labels) and, when the teacher directory is known, by the
-        # teacher's weights *and* config; logits loaded without a teacher keep the kind of key they were stored with
-        hf = (hf_config(Path(hp.teacher)) is not None if hp.teacher else
-              "train_texts" in (self._teacher_data_fp or {}))
-        data_fp = _data_fingerprint(dm, hf=hf)
-        if all(s in self.teacher_cache for s in splits) and self._teacher_data_fp == data_fp:
-            return  # the in-memory logits are for this very data (a task reused with another datamodule is not)
-        self.teacher_cache.clear()
-        fp = None
-        if hp.teacher:
-            fp = {**_teacher_fingerprint(Path(hp.teacher), hf), **data_fp}
-        cached = {}
-        if cache_path is not None and cache_path.is_file():
-            cached = torch.load(cache_path, map_location="cpu", weights_only=True)
-            stored = cached.get("fingerprint")
-            if fp is not None and stored != fp:
-                cached = {}  # stale: other teacher weights / config or other data / tokenizer: recomputed below
-            elif fp is None and stored is None:
-                warnings.warn(f"TextClassificationTask: teacher_logits {cache_path} carries no fingerprint, so it "
-                              "cannot be checked against this data (order, tokenizer, max_len); only shapes are "
-                              "checked. Store one with hoformer.train.text.teacher_logits_fingerprint(datamodule).",
-                              stacklevel=2)
-            elif fp is None and "train_texts" in stored:  # written by a Hugging Face teacher: keyed to the texts
-                data_fp = _data_fingerprint(dm, hf=True)
-            if fp is None and stored is not None and {k: stored.get(k) for k in data_fp} != data_fp:
-                bad = sorted(k for k in data_fp if stored.get(k) != data_fp[k])
-                raise ValueError(f"TextClassificationTask: teacher_logits {cache_path} was computed on other data "
-                                 f"(fingerprint differs for {bad}: another tokenizer, max_len, split or order); "
-                                 "pass `teacher` to recompute it or delete the file")
-        missing = [s for s in ("train", "val", "test") if s not in cached]
-        if missing and hp.teacher is None:
-            raise FileNotFoundError(f"TextClassificationTask: teacher_logits {cache_path} lacks splits {missing} "
-                                    "and no `teacher` directory was given to compute them")
-        if missing:
-            run = self._run_hf_teacher if hf else self._run_teacher
-            cached.update(run(Path(hp.teacher), dm, missing))
-            cached["fingerprint"] = fp
-            if cache_path is not None:
-                atomic_write(cache_path, lambda p: torch.save(cached, p))
-        for s in ("train", "val", "test"):
-            t = cached[s]
-            if t.shape != (len(dm.datasets[s]), self.model.num_classes):
-                raise ValueError(f"TextClassificationTask: teacher logits for {s!r} have shape {tuple(t.shape)}, "
-                                 f"expected {(len(dm.datasets[s]), self.model.num_classes)}")
-            self.teacher_cache[s] = t.float().to(self.device)
-        self._teacher_data_fp = data_fp
-
-    @torch.no_grad()
-    def _run_teacher(self, tdir: Path, dm, splits) -> dict[str, torch.Tensor]:
-        from hoformer.models import from_pretrained
-
-        teacher = from_pretrained(tdir, map_location="cpu").to(self.device).eval()
-        out = {}
-        loaders = {"train": dm.ordered_train_dataloader, "val": dm.val_dataloader, "test": dm.test_dataloader}
-        for s in splits:
-            logits = torch.empty(len(dm.datasets[s]), self.model.num_classes)
-            for b in loaders[s]():
-                logits[b["index"]] = teacher(b["ids"].to(self.device), b["mask"].to(self.device)).float().cpu()
-            out[s] = logits
-        return out
-
-    @torch.no_grad()
-    def _run_hf_teacher(self, tdir: Path, dm, splits) -> dict[str, torch.Tensor]:
-        """Logits of a local Hugging Face sequence classifier on the raw texts of ``splits`` (its own tokenizer,
-        truncated to its own maximum length), in the datamodule's order; ``local_files_only``: never the network."""
-        try:
-            from transformers import AutoModelForSequenceClassification, AutoTokenizer
-        except ImportError as e:
-            raise ImportError(f"TextClassificationTask: teacher {str(tdir)!r} is a Hugging Face checkpoint; running it "
-                              "needs the `transformers` package (pip install 'hoformer[hf]')") from e
-        teacher = AutoModelForSequenceClassification.from_pretrained(tdir, local_files_only=True)
-        tok = AutoTokenizer.from_pretrained(tdir, local_files_only=True)
-        n = teacher.config.num_labels
-        names = [str(teacher.config.id2label[i]) for i in range(n)]
-        if n != self.model.num_classes:
-            raise ValueError(f"TextClassificationTask: teacher {str(tdir)!r} has num_labels={n}, the data "
-                             f"{len(dm.class_names)} classes {dm.class_names}")
-        generic = all(re.fullmatch(r"LABEL_\d+", x) for x in names)
-        if not generic and [x.lower() for x in names] != [c.lower() for c in dm.class_names]:
-            raise ValueError(f"TextClassificationTask: teacher {str(tdir)!r} labels {names} (config.json id2label) are "
-                             f"not the data's classes {dm.class_names} in that order; a teacher trained with another "
-                             "label order would distil swapped classes (fix id2label if only the names differ)")
-        teacher = teacher.to(self.device).eval()
-        limit = _hf_max_length(tok, teacher.config)
-        bs = dm.eval_batch_size or dm.batch_size
-        out = {}
-        for s in splits:
-            texts = dm.texts(s)
-            logits = torch.empty(len(texts), n)
-            for i in range(0, len(texts), bs):
-                enc = tok(texts[i:i + bs], padding=True, truncation=True, max_length=limit, return_tensors="pt")
-                logits[i:i + bs] = teacher(**enc.to(self.device)).logits.float().cpu()
-            out[s] = logits
-        return out
-
-    def on_fit_start(self) -> None:
-        self._teacher_splits(("train", "val"))
-
-    def on_validation_start(self) -> None:
-        self._teacher_splits(("val",))
-
-    def on_test_start(self) -> None:
-        self._teacher_splits(("test",))
+    def _check_batch(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
+        """Token ids inside the model's vocabulary and padding with its ``pad_id`` (else padding trains and a real
+        token does not); one host sync, on the first batch of a run."""
+        vocab, pad = getattr(self.model, "vocab_size", None), getattr(self.model, "pad_id", None)
+        top = int(ids.max()) if ids.numel() else -1
+        if vocab is not None and top >= vocab:
+            raise ValueError(f"TextClassificationTask: the batch holds token id {top} but the model's vocab_size is "
+                             f"{vocab}; set the model's vocab_size to the tokenizer's vocab_size (> {top})")
+        pads = torch.unique(ids[~mask]) if pad is not None else ids.new_empty(0)
+        if pads.numel() and pads.tolist() != [pad]:
+            raise ValueError(f"TextClassificationTask: the batch pads with id(s) {pads.tolist()[:5]} but the model's "
+                             f"pad_id is {pad}; set the model's pad_id to the tokenizer's pad_id")
 
     # -------------------------------------------------------------------------------------------- steps
     def shared_step(self, batch, stage: str) -> torch.Tensor:
         if not isinstance(batch, dict) or not {"ids", "mask", "label"} <= set(batch):
             raise TypeError("TextClassificationTask: batches must be dicts with 'ids', 'mask', 'label' "
                             "(hoformer.data.TextDataModule)")
+        if not self._batch_checked:
+            self._check_batch(batch["ids"], batch["mask"])
+            self._batch_checked = True
         logits = self.model(batch["ids"], batch["mask"])
-        split = {"train": "train", "val": "val", "test": "test"}[stage]
-        teacher = self.teacher_cache.get(split)
-        t = teacher[batch["index"]] if teacher is not None else None
+        t = batch.get("teacher_logits")
         loss, ce, kl = kd_loss(logits, batch["label"], t, alpha=self.hparams.kd_alpha,
                                temperature=self.hparams.kd_temperature, weight=self.class_weights())
         bs = batch["ids"].shape[0]
@@ -366,27 +423,3 @@ class TextClassificationTask(ClassWeighting, TaskModule):
 
     def _train_labels(self, batch) -> torch.Tensor:
         return batch["label"]
-
-    # ------------------------------------------------------------------------------------------- export
-    def save_pretrained(self, directory, model: torch.nn.Module | None = None) -> Path:
-        """Model (``model``, default this task's; safetensors + JSON) and, when a datamodule is attached, its
-        tokenizer in one directory."""
-        d = (self.model if model is None else model).save_pretrained(directory)
-        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        if dm is not None and getattr(dm, "tokenizer", None) is not None:
-            dm.tokenizer.save(d)
-        return d
-
-    def on_fit_end(self) -> None:
-        if not self.hparams.export_dir or not self.trainer.is_global_zero:
-            return
-        cb = self.trainer.checkpoint_callback
-        best = getattr(cb, "best_model_path", "") if cb is not None else ""
-        model = self.model
-        if best and os.path.isfile(best):  # into a copy: the live model (every rank's) keeps its trained weights
-            from hoformer.models import model_from_config
-
-            state = torch.load(best, map_location="cpu", weights_only=True)["state_dict"]
-            model = model_from_config(self.model.config)
-            model.load_state_dict({k[len("model."):]: v for k, v in state.items() if k.startswith("model.")})
-        self.save_pretrained(self.hparams.export_dir, model)
