@@ -17,10 +17,10 @@ import torch
 from torch import nn
 
 from hoformer._checks import check_int
-from hoformer.layers import Encoder, PatchEmbed
+from hoformer.layers import PatchEmbed
 
 from .base import HoformerModel
-from .hot import AttentionName, _check_attention, _check_input, _grid
+from .hot import AttentionName, _check_attention, _check_input, _encoder, _grid, _window_stats
 from .registry import register_model
 
 __all__ = ["HOTCausalForecaster"]
@@ -102,21 +102,14 @@ class HOTCausalForecaster(HoformerModel):
         self.train_positions = train_positions
         self.seq_len, self.pred_len, self.num_variates, self.patch_size = seq_len, pred_len, num_variates, patch_size
         self.embed = PatchEmbed(1, dim, patch_size, ndim=1, act="relu")
-        self.encoder = Encoder(dim, depth, num_heads, drop_path=drop_path, attention=attention, mlp_ratio=mlp_ratio,
-                               dropout=dropout, qk_norm=qk_norm, num_modes=2, rope_modes=(0,) if rope else (),
-                               causal_mode=0)
+        self.encoder = _encoder(attention, dim, depth, num_heads, 2, (0,) if rope else (), mlp_ratio, dropout,
+                                drop_path, qk_norm, causal_mode=0)
         self.head = nn.Linear(dim, patch_size)
 
     def example_inputs(self, batch_size: int = 2):
         return (torch.randn(batch_size, self.seq_len, self.num_variates),), {}
 
     # ------------------------------------------------------------------------------------------ pieces
-    def _scale(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-window, per-variate ``(mean, std)`` of the lookback ``x (B, L, C)``, each ``(B, 1, C)``, detached."""
-        mu = x.mean(1, keepdim=True).detach()
-        sd = torch.sqrt(x.var(1, keepdim=True, unbiased=False) + 1e-5).detach()
-        return mu, sd
-
     def _tokens(self, s: torch.Tensor) -> torch.Tensor:
         """Scaled series ``s (B, n * P, C)`` -> tokens ``(B, n, C, D)`` (each variate's patches embedded alone)."""
         b, length, c = s.shape
@@ -149,7 +142,7 @@ class HOTCausalForecaster(HoformerModel):
                              f"{x.shape[2]}) and dtype {x.dtype} (every variate: the model forecasts its own inputs), "
                              f"got {tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__}"
                              f"{'' if not isinstance(y, torch.Tensor) else f' {y.dtype}'}")
-        mu, sd = self._scale(x)
+        mu, sd = _window_stats(x)
         p = self.patch_size
         n = (x.shape[1] + y.shape[1]) // p
         s = torch.cat([x, y], 1)[:, : n * p]
@@ -184,7 +177,7 @@ class HOTCausalForecaster(HoformerModel):
         _check_input(self, x, (self.seq_len, self.num_variates), fn, _LEGEND)
         h = self.pred_len if pred_len is None else pred_len
         check_int(fn, "pred_len", h)
-        mu, sd = self._scale(x)
+        mu, sd = _window_stats(x)
         cache = not self.training and not torch.is_grad_enabled()
         y = self._generate(self._tokens((x - mu) / sd), math.ceil(h / self.patch_size), cache)
         return y[:, :h] * sd + mu

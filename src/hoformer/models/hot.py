@@ -169,6 +169,14 @@ def _pos(kind: str, grid: Sequence[int], dim: int, fn: str):
     return (), (AbsolutePositionalEncoding(grid, dim, kind) if kind != "none" else None)
 
 
+def _window_stats(x: torch.Tensor, detach: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-window, per-variate instance-normalisation statistics of ``x (B, L, C)`` over time: ``(mean, std)``, each
+    ``(B, 1, C)`` (population variance, ``eps = 1e-5``); ``detach``: constants for the backward pass."""
+    mu = x.mean(1, keepdim=True)
+    sd = torch.sqrt(x.var(1, keepdim=True, unbiased=False) + 1e-5)
+    return (mu.detach(), sd.detach()) if detach else (mu, sd)
+
+
 def _grid(sizes, patch: int, fn: str, what: str = "input_size") -> tuple[int, ...]:
     if not is_int(patch) or patch <= 0 or any(s % patch for s in sizes):
         raise ValueError(f"{fn}: `{what}` {tuple(sizes)} must be divisible by `patch_size` (a positive int), "
@@ -298,10 +306,7 @@ class HOTForecaster(HoformerModel):
         _check_input(self, x, (self.seq_len, self.num_variates), "hot_forecaster", "(B, seq_len, num_variates)")
         b, _, c = x.shape
         if self.revin:
-            mu = x.mean(1, keepdim=True)
-            sd = torch.sqrt(x.var(1, keepdim=True, unbiased=False) + 1e-5)
-            if self.revin_detach:
-                mu, sd = mu.detach(), sd.detach()
+            mu, sd = _window_stats(x, self.revin_detach)
             x = (x - mu) / sd
         z = self.embed(x.transpose(1, 2).reshape(b * c, 1, self.seq_len)).view(b, c, self.num_patches, -1)
         if self.embed_norm is not None:
