@@ -78,6 +78,18 @@ def _data_attr(attr: str):
     return value
 
 
+def _class_parameters(path: str):
+    """The constructor parameters (``inspect.Parameter`` by name) of the class at the dotted ``class_path``, or None
+    when it cannot be imported or inspected (jsonargparse reports that itself)."""
+    import inspect
+
+    mod, _, name = path.rpartition(".")
+    try:
+        return inspect.signature(getattr(importlib.import_module(mod), name)).parameters
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return None
+
+
 def _explain_unknown_option(message: str) -> str:
     """Append the accepted arguments (and the closest one) to jsonargparse's "Option 'x' is not accepted" error of a
     ``class_path`` (a misspelled model or task argument)."""
@@ -88,14 +100,10 @@ def _explain_unknown_option(message: str) -> str:
     paths = re.findall(r"class_path '([\w.]+)'", message[:bad.start()] if bad else "")
     if not bad or not paths:
         return message
-    mod, _, name = paths[-1].rpartition(".")
-    try:
-        import inspect
-
-        cls = getattr(importlib.import_module(mod), name)
-        params = [p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs")]
-    except (ImportError, AttributeError, ValueError, TypeError):
+    signature = _class_parameters(paths[-1])
+    if signature is None:
         return message
+    params = [p for p in signature if p not in ("self", "args", "kwargs")]
     option = bad.group(1).split(".")[-1]
     close = difflib.get_close_matches(option, params, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
@@ -177,10 +185,8 @@ def _lightning_cli():
             path = model.get("class_path") if model is not None else None
             if not path or model.get("init_args") is None:
                 return
-            try:
-                mod, _, name = path.rpartition(".")
-                params = inspect.signature(getattr(importlib.import_module(mod), name)).parameters
-            except (ImportError, AttributeError, ValueError, TypeError):
+            params = _class_parameters(path)
+            if params is None:
                 return
             args = model["init_args"]
             given = {a: args.get(a) for a in DATA_LINKS if a in params and a in args
