@@ -247,8 +247,8 @@ def test_datamodule_splits_and_tokenizer_saved(tmp_path):
 
 def test_export_holds_the_best_checkpoint_and_leaves_the_live_model_alone(tmp_path):
     """ExportPretrained writes the best checkpoint's weights and the datamodule's tokenizer; the task's own model
-    keeps the last epoch's (it used to be overwritten on global rank 0 only, so a later trainer.test under DDP mixed
-    best and last weights)."""
+    keeps the last epoch's on every rank (were it overwritten on global rank 0 only, a later trainer.test under DDP
+    would mix best and last weights)."""
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint
 
