@@ -7,3 +7,4 @@ from .traffic import *  # noqa: F401,F403
 from .text import *  # noqa: F401,F403
 from .class_balance import *  # noqa: F401,F403
 from .guards import *  # noqa: F401,F403
+from .deadline import *  # noqa: F401,F403

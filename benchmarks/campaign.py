@@ -1,0 +1,616 @@
+"""Paper-scale campaign: run the next pending experiments of one priority list within a time budget, resume the
+unfinished ones exactly, and record every finished run as one line of the results ledger.
+
+    python benchmarks/campaign.py --budget-min 9 --device cuda            # a GPU window: the paper recipe
+    python benchmarks/campaign.py --budget-min 170 --device cpu           # a CPU: ETTh1 at paper size, early-stopped
+    python benchmarks/campaign.py --budget-min 9 --dry-run                # the plan, estimates, a one-step smoke test
+    python benchmarks/campaign.py --status                                # done / in progress / pending
+    python benchmarks/campaign.py --tables [--check]                      # regenerate the ledger tables in the docs
+
+* **Priority list** (:func:`paper_plan`, first to last): HOT Weather 96->{96,192,336,720} product, sum and the spatial
+  baseline; ETTh1 at paper size; AdrenalMNIST3D with the paper's Table 6 search (patch, dropout, weight decay); the
+  other MedMNIST3D sets present in the data folder; the rest of the paper grid (``benchmarks/paper_configs.py``; the
+  HOBA students, which need their teacher's run first, are run with ``benchmarks/hoba_students.py``).
+  Each experiment is a ``paper_configs.py`` experiment: the paper's model, optimiser and 100 epochs, the
+  best-validation checkpoint tested. On a CPU (:func:`cpu_plan`) the same paper-size ETTh1 models (96->96 and
+  96->720, HOT product and the spatial baseline) stop early on the validation MAE (patience 10, recorded in the
+  ledger line): the paper's 100 epochs take about five hours each there.
+* **Packing**: ``--parallel K`` runs (default 2 on a CPU, one thread each; 4 on a GPU, sharing it) take the next
+  pending experiment whenever one ends, as long as the budget leaves time for at least one more epoch and the test.
+* **Deadline**: each fit gets a :class:`hoformer.train.Deadline` callback that stops at the last epoch boundary before
+  the budget ends; the run's ``last.ckpt`` is then resumed exactly by the next call (``--ckpt_path last.ckpt``,
+  hoformer's per-epoch reseeding). A fit still running at the hard end of the budget is stopped; its last complete
+  epoch is kept.
+* **Output**: run folders ``<--out>/<experiment>`` (checkpoints, logs, ``campaign.json`` with the wall time of every
+  attempt) and, for each run that finished, one JSON line appended to ``--ledger`` (default
+  ``results/ledger.jsonl``): experiment, task, dataset, model, horizon, test metrics, seed, epochs run, best epoch,
+  stopping rule, wall time, hardware, torch version, commit, scale and the exact command.
+
+Run it from the repository root (the configs are relative paths); the hoformer it imports is the one the runs use:
+do not edit ``src/`` under a running campaign (use a ``git worktree`` and ``PYTHONPATH=<worktree>/src``).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import fnmatch
+import importlib.util
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SEED = 2024  # configs/trainer.yaml
+
+
+def _sibling(name: str):
+    """A module next to this script (``benchmarks/`` is not a package)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+paper_configs = _sibling("paper_configs")
+ledger = _sibling("ledger")
+LEDGER, read_ledger, append_ledger = ledger.LEDGER, ledger.read_ledger, ledger.append_ledger
+
+# ------------------------------------------------------------------------------------------------ experiments
+SELECTION = {  # task family -> (validation metric that selects the checkpoint and stops early, mode)
+    "forecasting": ("val/mae", "min"), "classification": ("val/auc", "max"), "segmentation": ("val/acc", "max"),
+    "traffic": ("val/mae", "min"), "text": ("val/acc", "max"),
+}
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One run of the campaign: a ``paper_configs.py`` experiment (``base``) plus ``extra`` overrides.
+
+    ``name`` names the run folder and the ledger line; ``patience`` adds early stopping on the task's
+    model-selection metric (``None``: the paper's fixed epoch count); ``family`` is the task family (default: from the
+    experiment's name)."""
+
+    name: str
+    base: str
+    extra: tuple[str, ...] = ()
+    scale: str = "paper"
+    patience: int | None = None
+    family: str | None = None
+
+    @property
+    def task(self) -> str:
+        if self.family:
+            return self.family
+        prefix = self.base.split("/")[:2]
+        return {"hot/ltsf": "forecasting", "hot/ltsf_cpu": "forecasting", "hot/medmnist3d": "classification",
+                "hot/ssl4eo_l": "segmentation"}.get("/".join(prefix), {"weaver": "traffic", "hoba": "text"}
+                                                   .get(prefix[0], "other"))
+
+    def args(self) -> list[str]:
+        """``hoformer fit`` arguments without the run folder."""
+        args = [a for a in paper_configs.experiments()[self.base] if not a.startswith("--trainer.default_root_dir=")]
+        args += list(self.extra)
+        if self.patience is not None:
+            monitor, mode = SELECTION[self.task]
+            args += ["--trainer.callbacks+=lightning.pytorch.callbacks.EarlyStopping",
+                     f"--trainer.callbacks.monitor={monitor}", f"--trainer.callbacks.patience={self.patience}",
+                     f"--trainer.callbacks.mode={mode}"]
+        return args
+
+    def value(self, key: str, default=None):
+        """The last ``--...key=value`` among the arguments (``key``: the option's last dotted part)."""
+        vals = [a.split("=", 1)[1] for a in self.args()
+                if "=" in a and a.split("=", 1)[0].split(".")[-1].lstrip("-") == key]
+        return vals[-1] if vals else default
+
+    def describe(self, data: dict | None = None) -> dict:
+        """The ledger's identification fields; ``data``: the ``data.init_args`` the run was fitted with (its
+        LightningCLI ``config.yaml``; default: what the arguments say)."""
+        model = self.base.split("/")[-1]
+        for v in (*paper_configs.FORECAST_VARIANTS, *paper_configs.CLS_VARIANTS, "cnn3d"):
+            if self.base.endswith("_" + v):
+                model = v
+        data = data if data is not None else {}
+
+        def get(key, default=None):
+            return data.get(key, self.value(key, default))
+
+        d = {"experiment": self.name, "task": self.task, "model": model, "scale": self.scale}
+        dataset = "synthetic" if get("synthetic") in (True, "true") else get("name") or get("flag") or \
+            get("dataset") or get("product")
+        d["dataset"] = dataset
+        if self.task == "forecasting":
+            d.update(lookback=int(get("seq_len")), horizon=int(get("pred_len")))
+        elif self.task == "classification":
+            d["size"] = int(get("size", 28))
+        return d
+
+
+def _present(rel: str) -> bool:
+    return (Path(os.environ.get("HOFORMER_DATA", ROOT.parent / "shared" / "data")) / rel).exists()
+
+
+LTSF_FILES = {"ETTh1": "ltsf/ETT-small/ETTh1.csv", "ETTh2": "ltsf/ETT-small/ETTh2.csv",
+              "ETTm1": "ltsf/ETT-small/ETTm1.csv", "ETTm2": "ltsf/ETT-small/ETTm2.csv",
+              "weather": "ltsf/weather/weather.csv", "electricity": "ltsf/electricity/electricity.csv",
+              "traffic": "ltsf/traffic/traffic.csv", "solar": "ltsf/Solar/solar_AL.txt",
+              "national_illness": "ltsf/illness/national_illness.csv"}
+
+
+def data_present(exp: Experiment) -> bool:
+    """Whether the experiment's data file is in the data folder (``$HOFORMER_DATA``)."""
+    if exp.task == "forecasting":
+        return _present(LTSF_FILES.get(exp.value("name"), "-"))
+    if exp.task == "classification":
+        return _present(f"medmnist3d/{exp.value('flag')}.npz")
+    if exp.task == "traffic":
+        ds = exp.value("dataset", "metr_la")
+        return _present({"metr_la": "traffic/metr-la.h5", "pems_bay": "traffic/pems-bay.h5",
+                         "los_loop": "traffic/los_loop/los_speed.csv"}.get(ds, "-"))
+    if exp.task == "text":
+        return _present(f"text/{exp.value('dataset')}")
+    return False  # SSL4EO-L patches are not distributed here
+
+
+TABLE6 = {"patch_size": (4, 2), "dropout": (0.0, 0.1, 0.2, 0.3), "weight_decay": (0.01, 0.1, 0.3, 0.5)}
+
+
+def paper_plan() -> list[Experiment]:
+    """The priority list of the paper-recipe campaign (100 epochs, best validation checkpoint), first to last."""
+    plan = [Experiment(f"hot/ltsf/weather_96_{h}_{v}", f"hot/ltsf/weather_96_{h}_{v}")
+            for h in (96, 192, 336, 720) for v in ("hot_product", "hot_sum", "spatial")]
+    plan += [Experiment(f"hot/ltsf/etth1_96_{h}_{v}", f"hot/ltsf/etth1_96_{h}_{v}")
+             for h in (96, 720, 192, 336) for v in ("hot_product", "spatial", "hot_sum")]
+    model = "--model.model.init_args"
+    for patch in TABLE6["patch_size"]:
+        for drop in TABLE6["dropout"]:
+            for wd in TABLE6["weight_decay"]:
+                plan.append(Experiment(f"hot/medmnist3d/adrenal_hot_product_p{patch}_d{drop}_wd{wd}",
+                                       "hot/medmnist3d/adrenal_hot_product",
+                                       (f"{model}.patch_size={patch}", f"{model}.dropout={drop}",
+                                        f"--model.init_args.optim.weight_decay={wd}")))
+    seen = {e.base for e in plan}
+    medmnist = [n for n in paper_configs.experiments() if n.startswith("hot/medmnist3d/") and n not in seen]
+    rest = [n for n in paper_configs.experiments()
+            if n.startswith(("hot/ltsf/", "weaver/")) and n not in seen and "_cpu" not in n]
+    plan += [Experiment(n, n) for n in medmnist + rest]
+    return [e for e in plan if data_present(e)]
+
+
+def cpu_plan() -> list[Experiment]:
+    """Paper-size ETTh1 on a CPU: the paper's model and optimiser, early stopping on validation MAE (patience 10)."""
+    return [Experiment(f"hot/ltsf/etth1_96_{h}_{v}+es10", f"hot/ltsf/etth1_96_{h}_{v}", patience=10)
+            for h in (96, 720) for v in ("hot_product", "spatial")]
+
+
+PLANS = {"paper": paper_plan, "cpu": cpu_plan}
+
+
+# ------------------------------------------------------------------------------------------------ provenance
+def hardware(device: str, threads: int) -> str:
+    if device.startswith("cuda"):
+        import torch
+
+        return f"{torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda})"
+    model = platform.processor() or "CPU"
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{model}, {os.cpu_count()} cores, {threads} thread(s) per run"
+
+
+def commit() -> str:
+    def git(*a):
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    sha = git("rev-parse", "--short=10", "HEAD") or "unknown"
+    return sha + ("+dirty" if git("status", "--porcelain", "--", "src", "configs") else "")
+
+
+# ------------------------------------------------------------------------------------------------- run state
+def _test_metrics(root: Path) -> dict:
+    """The last ``test/*`` row of the newest CSV log under ``root/logs``."""
+    for path in sorted((root / "logs").glob("version_*/metrics.csv"), key=lambda p: p.stat().st_mtime, reverse=True):
+        rows = [r for r in csv.DictReader(path.open()) if any(k.startswith("test/") and r[k] for k in r)]
+        if rows:
+            return {k: float(v) for k, v in rows[-1].items() if k.startswith("test/") and v}
+    raise RuntimeError(f"no test metrics under {root / 'logs'}")
+
+
+def _val_rows(root: Path) -> list[dict]:
+    rows = []
+    for path in (root / "logs").glob("version_*/metrics.csv"):
+        for r in csv.DictReader(path.open()):
+            if any(k.startswith("val/") and r[k] for k in r):
+                rows.append({k: float(v) for k, v in r.items() if v and (k.startswith("val/") or k == "epoch")})
+    return rows
+
+
+def _ckpt_epochs(root: Path) -> int:
+    """Epochs completed according to ``last.ckpt`` (0 when there is none)."""
+    last = root / "checkpoints" / "last.ckpt"
+    if not last.exists():
+        return 0
+    from hoformer.train.guards import read_checkpoint
+
+    return int(read_checkpoint(last, fn="campaign")["epoch"]) + 1
+
+
+def _resolved(root: Path, *keys: str):
+    """A value of the configuration the run was fitted with (LightningCLI's ``config.yaml`` in its log folder)."""
+    import yaml
+
+    for path in sorted((root / "logs").glob("version_*/config.yaml")):
+        node = yaml.safe_load(path.read_text())
+        for k in keys:
+            node = node.get(k) if isinstance(node, dict) else None
+        if node is not None:
+            return node
+    return None
+
+
+def _best_epoch(root: Path) -> int | None:
+    best = sorted((root / "checkpoints").glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)
+    m = re.search(r"epoch=?(\d+)", best[-1].name) if best else None
+    return int(m.group(1)) if m else None
+
+
+@dataclass
+class RunState:
+    """``<run>/campaign.json``: every attempt (start, wall seconds, hardware, commit, epochs after it), whether the fit
+    has ended by itself (``fitted``: max_epochs or early stopping) and whether the run is done (tested, in the ledger)."""
+
+    path: Path
+    attempts: list[dict] = field(default_factory=list)
+    fitted: bool = False
+    done: bool = False
+
+    @classmethod
+    def load(cls, root: Path) -> "RunState":
+        p = root / "campaign.json"
+        if p.exists():
+            d = json.loads(p.read_text())
+            return cls(p, d.get("attempts", []), d.get("fitted", False), d.get("done", False))
+        return cls(p)
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"attempts": self.attempts, "fitted": self.fitted, "done": self.done}, indent=1))
+        os.replace(tmp, self.path)
+
+    @property
+    def wall_s(self) -> float:
+        return sum(a.get("wall_s", 0.0) for a in self.attempts)
+
+    def epoch_s(self) -> float | None:
+        """The slowest measured epoch of this run (seconds), from its attempts."""
+        times = [t for a in self.attempts for t in a.get("epoch_s", [])]
+        return max(times) if times else None
+
+
+# --------------------------------------------------------------------------------------------------- running
+def _env(threads: int) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+    src = str(ROOT / "src")  # the hoformer next to this script, whatever is installed
+    env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])])
+    return env
+
+
+def fit_command(exp: Experiment, root: Path, device: str, deadline: float, resume: bool) -> list[str]:
+    accel = ["--trainer.accelerator=gpu"] if device.startswith("cuda") else ["--trainer.accelerator=cpu"]
+    cmd = ["fit", *exp.args(), f"--trainer.default_root_dir={root}", "--trainer.enable_progress_bar=false", *accel,
+           "--trainer.callbacks+=hoformer.train.Deadline", f"--trainer.callbacks.at={deadline:.0f}"]
+    if resume:
+        cmd += ["--ckpt_path", str(root / "checkpoints" / "last.ckpt")]
+    return cmd
+
+
+def public_command(exp: Experiment) -> str:
+    """The fit command a reader runs to reproduce a ledger line (run folder under ``runs/campaign``)."""
+    return "hoformer fit " + " ".join(shlex.quote(a) for a in
+                                      [*exp.args(), f"--trainer.default_root_dir=runs/campaign/{exp.name}"])
+
+
+def run_cli(argv: list[str], log_path: Path, threads: int, deadline: float) -> int:
+    """``python -m hoformer.cli <argv>`` in a new process (output appended to ``log_path``) until it ends, or until
+    ``deadline`` (Unix time) passes: then it is stopped (its last complete epoch's checkpoint stays)."""
+    with open(log_path, "a") as logf:
+        logf.write(f"$ hoformer {' '.join(shlex.quote(a) for a in argv)}\n")
+        logf.flush()
+        p = subprocess.Popen([sys.executable, "-m", "hoformer.cli", *argv], cwd=ROOT, env=_env(threads),
+                             stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            while p.poll() is None:
+                if time.time() > deadline:
+                    logf.write("campaign: hard deadline, stopping the run\n")
+                    os.killpg(p.pid, signal.SIGTERM)
+                    try:
+                        p.wait(30)
+                    except subprocess.TimeoutExpired:
+                        os.killpg(p.pid, signal.SIGKILL)
+                    return -signal.SIGTERM
+                time.sleep(0.5)
+            return p.returncode
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+
+
+class Campaign:
+    """Runs experiments into ``out`` and records the finished ones in ``ledger``; ``runner`` starts one ``hoformer``
+    command (:func:`run_cli`: a process per command)."""
+
+    def __init__(self, out: Path, ledger_path: Path, device: str, threads: int, deadline: float, log=print,
+                 runner=run_cli) -> None:
+        self.out, self.ledger, self.device, self.threads, self.deadline = out, ledger_path, device, threads, deadline
+        self.log, self.runner = log, runner
+
+    def _run(self, argv: list[str], log_path: Path) -> int:
+        return self.runner(argv, log_path, self.threads, self.deadline)
+
+    def run(self, exp: Experiment, test_reserve: float) -> str:
+        """Fit (or resume) ``exp`` until it ends or the deadline; test and record it when it ended. Returns
+        ``"done"``, ``"paused"`` (resumable) or ``"failed"``."""
+        root = self.out / exp.name
+        root.mkdir(parents=True, exist_ok=True)
+        state = RunState.load(root)
+        if state.done:
+            return "done"
+        if not state.fitted:
+            resume = (root / "checkpoints" / "last.ckpt").exists()
+            (root / "deadline.json").unlink(missing_ok=True)
+            t0 = time.time()
+            rc = self._run(fit_command(exp, root, self.device, self.deadline - test_reserve, resume),
+                           root / "fit.log")
+            report = json.loads((root / "deadline.json").read_text()) if (root / "deadline.json").exists() else {}
+            state.attempts.append({"start": dt.datetime.fromtimestamp(t0, dt.timezone.utc).isoformat(
+                timespec="seconds"), "wall_s": round(time.time() - t0, 1), "hardware": hardware(self.device,
+                                                                                                self.threads),
+                "commit": commit(), "epochs_after": _ckpt_epochs(root), "rc": rc, "epoch_s": report.get("epoch_s", [])})
+            state.fitted = rc == 0 and bool(report) and not report["stopped_by_deadline"]
+            state.save()
+            if rc != 0 or not report:
+                self.log(f"  {exp.name}: fit stopped (exit {rc}); {_ckpt_epochs(root)} epochs kept, "
+                         f"see {root / 'fit.log'}")
+                return "paused" if rc == -signal.SIGTERM else "failed"
+            if report["stopped_by_deadline"]:
+                self.log(f"  {exp.name}: paused at the deadline after {_ckpt_epochs(root)} epochs (resumable)")
+                return "paused"
+        t1 = time.time()
+        test = ["test", *exp.args(), f"--trainer.default_root_dir={root}", "--trainer.enable_progress_bar=false",
+                "--trainer.accelerator=" + ("gpu" if self.device.startswith("cuda") else "cpu"), "--ckpt_path", "best"]
+        if self._run(test, root / "test.log") != 0:
+            self.log(f"  {exp.name}: test failed, see {root / 'test.log'}")
+            return "failed"
+        state.attempts[-1]["wall_s"] += round(time.time() - t1, 1)
+        row = self.ledger_row(exp, root, state)
+        append_ledger(row, self.ledger)
+        state.done = True
+        state.save()
+        self.log(f"  {exp.name}: done, " + ", ".join(f"{k} {v:.4f}" for k, v in row["metrics"].items()))
+        return "done"
+
+    def ledger_row(self, exp: Experiment, root: Path, state: RunState) -> dict:
+        import torch
+
+        vals = _val_rows(root)
+        monitor, mode = SELECTION[exp.task]
+        scored = [r for r in vals if monitor in r]
+        best = (min if mode == "min" else max)(scored, key=lambda r: r[monitor]) if scored else {}
+        hw = list(dict.fromkeys(a["hardware"] for a in state.attempts))
+        commits = list(dict.fromkeys(a["commit"] for a in state.attempts))
+        stopping = {"max_epochs": _resolved(root, "trainer", "max_epochs")}
+        if exp.patience is not None:
+            stopping["early_stopping"] = {"monitor": monitor, "mode": mode, "patience": exp.patience}
+        return {**exp.describe(_resolved(root, "data", "init_args") or {}), "split": "test", "metrics": _test_metrics(root),
+                "best_val": {k: v for k, v in best.items() if k.startswith("val/")},
+                "seed": int(_resolved(root, "seed_everything") or SEED), "epochs": _ckpt_epochs(root),
+                "best_epoch": _best_epoch(root), "stopping": stopping, "wall_s": round(state.wall_s, 1),
+                "attempts": len(state.attempts), "hardware": " + ".join(hw), "device": self.device,
+                "torch": torch.__version__, "commit": " + ".join(commits),
+                "date": dt.date.today().isoformat(), "command": public_command(exp)}
+
+
+# -------------------------------------------------------------------------------------------------- planning
+def _status(exp: Experiment, out: Path, done: set[str]) -> str:
+    if exp.name in done:
+        return "done"
+    root = out / exp.name
+    return "in progress" if (root / "checkpoints" / "last.ckpt").exists() else "pending"
+
+
+def estimate_s(exp: Experiment, out: Path, history: list[dict], step_s: dict[str, dict]) -> tuple[float, float, str]:
+    """``(seconds left to finish, seconds per epoch, where the estimate comes from)``."""
+    root = out / exp.name
+    state = RunState.load(root)
+    max_epochs = int(exp.value("max_epochs", 100) or 100)
+    done_epochs = _ckpt_epochs(root) if (root / "checkpoints" / "last.ckpt").exists() else 0
+    # epochs to expect: the full recipe, or (early stopping) the best epoch of finished runs of the same task + patience
+    if exp.patience is None:
+        epochs = max_epochs
+    else:
+        bests = [r["best_epoch"] for r in history if r.get("task") == exp.task and r.get("stopping", {})
+                 .get("early_stopping") and r.get("best_epoch") is not None]
+        epochs = min(max_epochs, (round(sum(bests) / len(bests)) if bests else 5) + exp.patience + 1)
+    epoch, source = state.epoch_s(), "this run's epochs"
+    if epoch is None:
+        same = [r for r in history if r.get("experiment") == exp.name and r.get("epochs")]
+        if same:
+            epoch, source = same[-1]["wall_s"] / same[-1]["epochs"], "ledger"
+    if epoch is None and exp.name in step_s:
+        s = step_s[exp.name]
+        epoch, source = s["step_s"] * s["train_batches"] * 1.15, "one-step smoke test (+15% validation)"
+    if epoch is None:
+        return math.inf, math.inf, "unknown (run --dry-run)"
+    return max(epochs - done_epochs, 0) * epoch + epoch / 2, epoch, source  # + the test, about half an epoch
+
+
+def pack(pending: list[Experiment], est: dict[str, tuple[float, float, str]], budget_s: float,
+         parallel: int) -> list[list[tuple[Experiment, float]]]:
+    """Greedy list scheduling in priority order: each slot takes the next pending experiment while at least one more
+    epoch and the test fit in what is left of the budget; an experiment that cannot finish runs until the budget ends
+    (then it is resumed by the next call). Returns per slot ``[(experiment, planned seconds)]``."""
+    slots = [[] for _ in range(parallel)]
+    used = [0.0] * parallel
+    for exp in pending:
+        total, epoch, _ = est[exp.name]
+        if math.isinf(epoch):
+            continue
+        i = min(range(parallel), key=lambda j: used[j])
+        left = budget_s - used[i]
+        if left < 1.5 * epoch:
+            continue
+        run = min(total, left)
+        slots[i].append((exp, run))
+        used[i] += run
+    return slots
+
+
+def smoke_test(exp: Experiment, out: Path, threads: int, runner=run_cli) -> dict:
+    """One epoch of three training steps and two validation steps of ``exp`` on the CPU (the steps after the first
+    time a step): returns
+    ``{"ok", "step_s", "train_batches", "seconds"}``."""
+    root = out / "_smoke" / exp.name
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "deadline.json").unlink(missing_ok=True)
+    t0 = time.time()
+    argv = ["fit", *exp.args(), f"--trainer.default_root_dir={root}", "--trainer.accelerator=cpu",
+            "--trainer.limit_train_batches=3", "--trainer.limit_val_batches=2", "--trainer.max_epochs=1",
+            "--trainer.num_sanity_val_steps=0", "--trainer.enable_progress_bar=false",
+            "--trainer.enable_checkpointing=false",
+            "--trainer.callbacks+=hoformer.train.Deadline", "--trainer.callbacks.at=4102444800"]
+    try:
+        rc = runner(argv, root / "smoke.log", threads, time.time() + 600)
+    except Exception as e:  # noqa: BLE001 - an in-process runner raises what the run raised
+        rc = f"{type(e).__name__}: {e}"
+    report = json.loads((root / "deadline.json").read_text()) if (root / "deadline.json").exists() else {}
+    res = {"ok": rc == 0 and "step_s" in report, "seconds": round(time.time() - t0, 1)}
+    if res["ok"]:
+        res.update(step_s=report["step_s"], train_batches=report["train_batches"])
+    else:
+        log = (root / "smoke.log").read_text().strip().splitlines() if (root / "smoke.log").exists() else []
+        res["error"] = (log[-1:] or [str(rc)])[0] if rc != 0 else "no timing report"
+    return res
+
+
+# ------------------------------------------------------------------------------------------------------ main
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--budget-min", type=float, default=9.0, help="wall-clock budget of this call, minutes")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--plan", choices=sorted(PLANS), help="priority list (default: cpu on a CPU, paper on a GPU)")
+    ap.add_argument("--only", nargs="*", default=[], help="experiment names or patterns to keep from the plan")
+    ap.add_argument("--parallel", type=int, help="runs at once (default: 2 on a CPU, 4 on a GPU)")
+    ap.add_argument("--threads", type=int, help="threads per run (default: cores / parallel on a CPU, 4 on a GPU)")
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "campaign", help="run folders")
+    ap.add_argument("--ledger", type=Path, default=LEDGER, help="results ledger (JSON lines, appended)")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan with estimates; smoke-test each run")
+    ap.add_argument("--status", action="store_true", help="print every experiment of the plan and its state")
+    ap.add_argument("--tables", action="store_true", help="regenerate the ledger tables of README.md and docs/")
+    ap.add_argument("--check", action="store_true", help="with --tables: fail if a committed table is stale")
+    a = ap.parse_args(argv)
+
+    if a.tables:
+        changed = ledger.render_tables(ledger.doc_files(), read_ledger(a.ledger), write=not a.check)
+        for f in changed:
+            print(f"{'stale' if a.check else 'updated'}: {f.relative_to(ROOT)}")
+        return 1 if a.check and changed else 0
+    if a.budget_min <= 0:
+        ap.error(f"--budget-min must be > 0, got {a.budget_min}")
+    cuda = a.device.startswith("cuda")
+    parallel = a.parallel or (4 if cuda else 2)
+    threads = a.threads or (4 if cuda else max(1, (os.cpu_count() or 1) // parallel))
+    plan = PLANS[a.plan or ("paper" if cuda else "cpu")]()
+    if a.only:
+        plan = [e for e in plan if any(fnmatch.fnmatch(e.name, p) for p in a.only)]
+    history = read_ledger(a.ledger)
+    done = {r["experiment"] for r in history}
+    if a.status:
+        for e in plan:
+            print(f"{_status(e, a.out, done):12s} {e.name}")
+        return 0
+    pending = [e for e in plan if e.name not in done]
+    budget_s = a.budget_min * 60
+    t_start = time.time()
+
+    step_s: dict[str, dict] = {}
+    if a.dry_run:  # smoke-test what could be planned (at most 2 x parallel runs deep), then plan with its timings
+        for e in pending[: 2 * parallel]:
+            r = smoke_test(e, a.out, threads)
+            step_s[e.name] = r
+            print(f"smoke test {e.name}: " + (f"ok, {r['step_s'] * 1000:.0f} ms/step on the CPU, "
+                                              f"{r['train_batches']} steps/epoch ({r['seconds']} s)"
+                                              if r["ok"] else f"FAILED {r['error']}"))
+        failed = [k for k, v in step_s.items() if not v["ok"]]
+        step_s = {k: v for k, v in step_s.items() if v["ok"]}
+    est = {e.name: estimate_s(e, a.out, history, step_s) for e in pending}
+    slots = pack(pending, est, budget_s, parallel)
+    print(f"plan: {len(plan)} experiments, {len(done & {e.name for e in plan})} done, {len(pending)} pending; "
+          f"budget {a.budget_min:g} min on {a.device}, {parallel} at once, {threads} thread(s) each")
+    for i, slot in enumerate(slots):
+        for e, run in slot:
+            total, epoch, src = est[e.name]
+            state = "finishes" if run >= total else "paused at the deadline (resumable)"
+            print(f"  slot {i}: {e.name}: {run / 60:.1f} min planned, {total / 60:.1f} min to finish "
+                  f"({epoch:.0f} s/epoch from {src}): {state}")
+    planned = {e.name for slot in slots for e, _ in slot}
+    for e in [e for e in pending if e.name not in planned][:5]:
+        total, epoch, src = est[e.name]
+        print(f"  waits: {e.name}: " + (f"{epoch / 60:.1f} min per epoch ({src}), {total / 60:.1f} min to finish"
+                                         if not math.isinf(epoch) else src))
+    if a.dry_run:
+        return 1 if failed else 0
+
+    deadline = t_start + budget_s
+    camp = Campaign(a.out, a.ledger, a.device, threads, deadline)
+    queue = list(pending)
+    results: dict[str, str] = {}
+    qlock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with qlock:
+                left = deadline - time.time()
+                nxt = None
+                for e in queue:
+                    total, epoch, _ = estimate_s(e, a.out, history, step_s)
+                    if math.isinf(epoch) or left > 1.5 * epoch:
+                        nxt = e
+                        break
+                if nxt is None:
+                    return
+                queue.remove(nxt)
+            print(f"start {nxt.name} ({(deadline - time.time()) / 60:.1f} min left)", flush=True)
+            _, epoch, _ = estimate_s(nxt, a.out, history, step_s)
+            results[nxt.name] = camp.run(nxt, test_reserve=0 if math.isinf(epoch) else epoch / 2)
+
+    threads_ = [threading.Thread(target=worker) for _ in range(parallel)]
+    for t in threads_:
+        t.start()
+    for t in threads_:
+        t.join()
+    print(f"summary ({(time.time() - t_start) / 60:.1f} min): " +
+          ", ".join(f"{k} {sum(v == k for v in results.values())}" for k in ("done", "paused", "failed")))
+    for name, res in results.items():
+        print(f"  {res:7s} {name}")
+    return 1 if "failed" in results.values() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
