@@ -423,7 +423,7 @@ class Campaign:
                 "best_epoch": _best_epoch(root), "stopping": stopping, "wall_s": round(state.wall_s, 1),
                 "attempts": len(state.attempts), "hardware": " + ".join(hw), "device": self.device,
                 "torch": torch.__version__, "commit": " + ".join(commits),
-                "date": dt.date.today().isoformat(), "command": public_command(exp)}
+                "date": dt.date.today().isoformat(), "record": "campaign", "command": public_command(exp)}
 
 
 # -------------------------------------------------------------------------------------------------- planning
@@ -444,8 +444,9 @@ def estimate_s(exp: Experiment, out: Path, history: list[dict], step_s: dict[str
     if exp.patience is None:
         epochs = max_epochs
     else:
-        bests = [r["best_epoch"] for r in history if r.get("task") == exp.task and r.get("stopping", {})
-                 .get("early_stopping") and r.get("best_epoch") is not None]
+        bests = [r["best_epoch"] for r in history if r.get("task") == exp.task and r.get("record") == "campaign"
+                 and (r.get("stopping") or {}).get("early_stopping", {}).get("patience") == exp.patience
+                 and r.get("best_epoch") is not None]
         epochs = min(max_epochs, (round(sum(bests) / len(bests)) if bests else 5) + exp.patience + 1)
     epoch, source = state.epoch_s(), "this run's epochs"
     if epoch is None:
@@ -464,16 +465,15 @@ def pack(pending: list[Experiment], est: dict[str, tuple[float, float, str]], bu
          parallel: int) -> list[list[tuple[Experiment, float]]]:
     """Greedy list scheduling in priority order: each slot takes the next pending experiment while at least one more
     epoch and the test fit in what is left of the budget; an experiment that cannot finish runs until the budget ends
-    (then it is resumed by the next call). Returns per slot ``[(experiment, planned seconds)]``."""
+    (then it is resumed by the next call), and so does one whose duration is unknown (no measurement yet). Returns
+    per slot ``[(experiment, planned seconds)]``."""
     slots = [[] for _ in range(parallel)]
     used = [0.0] * parallel
     for exp in pending:
         total, epoch, _ = est[exp.name]
-        if math.isinf(epoch):
-            continue
         i = min(range(parallel), key=lambda j: used[j])
         left = budget_s - used[i]
-        if left < 1.5 * epoch:
+        if left <= 0 or (not math.isinf(epoch) and left < 1.5 * epoch):
             continue
         run = min(total, left)
         slots[i].append((exp, run))
@@ -566,6 +566,9 @@ def main(argv: list[str] | None = None) -> int:
     for i, slot in enumerate(slots):
         for e, run in slot:
             total, epoch, src = est[e.name]
+            if math.isinf(total):
+                print(f"  slot {i}: {e.name}: the rest of the budget, duration unknown ({src})")
+                continue
             state = "finishes" if run >= total else "paused at the deadline (resumable)"
             print(f"  slot {i}: {e.name}: {run / 60:.1f} min planned, {total / 60:.1f} min to finish "
                   f"({epoch:.0f} s/epoch from {src}): {state}")

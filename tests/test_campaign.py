@@ -80,6 +80,7 @@ def test_interrupted_run_resumes_exactly_and_writes_one_ledger_line(tiny, tmp_pa
     assert line["stopping"] == {"max_epochs": 3}
     assert line["seed"] == 2024 and line["scale"] == "cpu" and line["task"] == "forecasting"
     assert line["horizon"] == 16 and line["lookback"] == 32
+    assert line["record"] == "campaign"
     for key in ("experiment", "dataset", "model", "best_epoch", "wall_s", "hardware", "torch", "commit", "command"):
         assert line[key] not in (None, ""), key
     assert line["command"].startswith("hoformer fit --config ") and "runs/campaign/test/tiny" in line["command"]
@@ -102,10 +103,14 @@ def test_pack_fills_slots_in_priority_order_within_the_budget():
     est = {"e0": (300.0, 60.0, ""), "e1": (1000.0, 100.0, ""), "e2": (100.0, 10.0, ""),
            "e3": (50.0, 500.0, ""), "e4": (float("inf"), float("inf"), "unknown")}
     slots = campaign.pack(exps, est, budget_s=600, parallel=2)
-    assert [[(e.name, s) for e, s in slot] for slot in slots] == [[("e0", 300.0), ("e2", 100.0)], [("e1", 600.0)]]
-    # one slot: e1 runs until the budget ends (paused, resumed by the next call); e3's epoch does not fit
+    assert [[(e.name, s) for e, s in slot] for slot in slots] == [[("e0", 300.0), ("e2", 100.0), ("e4", 200.0)],
+                                                                                   [("e1", 600.0)]]
+    # one slot: e1 runs until the budget ends (paused, resumed by the next call); nothing is left for the others
     (slot,) = campaign.pack(exps, est, budget_s=600, parallel=1)
     assert [(e.name, s) for e, s in slot] == [("e0", 300.0), ("e1", 300.0)]
+    # e3's epoch (500 s) does not fit in what e2 leaves; e4 (never measured) takes the rest of the budget
+    (slot,) = campaign.pack(exps[2:], est, budget_s=600, parallel=1)
+    assert [(e.name, s) for e, s in slot] == [("e2", 100.0), ("e4", 500.0)]
 
 
 def test_plans_follow_the_priority_list(data_root):

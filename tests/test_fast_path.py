@@ -1,0 +1,81 @@
+"""The fast training path: a compiled training step (``hoformer.train.CompileModel``'s arguments, Inductor, one graph)
+equals the eager one for every registered model, and the fused optimiser step equals the default one."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hoformer.models import create_model, list_models
+from hoformer.train import CompileModel, Optimization
+from hoformer.train.optim import configure_optimization
+from test_export import SMALL
+
+FAST = ["hot_forecaster"]  # the default suite compiles one model; `make test-slow` compiles every one
+
+
+def _loss(out):
+    if isinstance(out, (tuple, list)):
+        out = out[0]
+    if out.ndim == 2 and not out.is_floating_point():
+        out = out.float()
+    return out.float().pow(2).mean()
+
+
+def _step(model, args, kwargs, seed):
+    """One training step: forward in train mode (dropout on), a loss, backward, an AdamW step; returns the loss."""
+    opt = configure_optimization(Optimization(lr=1e-2, weight_decay=0.1), model, 10)
+    opt = opt["optimizer"] if isinstance(opt, dict) else opt
+    torch.manual_seed(seed)
+    loss = _loss(model(*args, **kwargs))
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+@pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow) for n in list_models()])
+def test_compiled_training_step_matches_eager(name):
+    """Inductor (C++ on CPU), ``fullgraph=True`` and the same dropout masks as eager (``fallback_random``, what
+    CompileModel sets on CPU): loss and updated weights equal eager's after one AdamW step."""
+    import torch._dynamo as dynamo
+
+    torch.manual_seed(0)
+    eager = create_model(name, **SMALL.get(name, {})).train()
+    compiled = create_model(name, **SMALL.get(name, {})).train()
+    compiled.load_state_dict(eager.state_dict())
+    if not any(p.requires_grad for p in eager.parameters()):
+        pytest.skip(f"{name} has no trainable parameters (nothing to train)")
+    torch.manual_seed(1)
+    args, kwargs = eager.example_inputs(batch_size=2)
+    dynamo.reset()
+    compiled.compile(**CompileModel.compile_kwargs("cpu", fullgraph=True, fallback_random=True))
+    want = _step(eager, args, kwargs, seed=3)
+    got = _step(compiled, args, kwargs, seed=3)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    for (k, a), b in zip(compiled.state_dict().items(), eager.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}.{k}: {m}")
+    dynamo.reset()
+
+
+def test_fused_adamw_step_equals_the_default_one():
+    """``Optimization(fused=True)`` (PyTorch's one-kernel step, the default on CUDA) updates the weights as the default
+    implementation does; ``fused=None`` picks it only when every parameter is on a CUDA device."""
+    torch.manual_seed(0)
+    a = create_model("hot_forecaster", **SMALL["hot_forecaster"]).double()
+    b = create_model("hot_forecaster", **SMALL["hot_forecaster"]).double()
+    b.load_state_dict(a.state_dict())
+    auto = configure_optimization(Optimization(lr=1e-2, weight_decay=0.1, schedule="constant"), a, 10)
+    assert not auto.defaults["fused"]  # CPU parameters: not fused
+    fused = configure_optimization(Optimization(lr=1e-2, weight_decay=0.1, schedule="constant", fused=True), b, 10)
+    assert fused.defaults["fused"] is True
+    args, _ = a.example_inputs(batch_size=2)
+    args = [x.double() for x in args]
+    for _ in range(3):
+        for model, opt in ((a, auto), (b, fused)):
+            opt.zero_grad()
+            F.mse_loss(model(*args), torch.zeros(())).backward()
+            opt.step()
+    for (k, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-12, msg=lambda m: f"{k}: {m}")
+    with pytest.raises(TypeError, match=r"Optimization: `fused` must be True, False or None"):
+        Optimization(fused="yes")
