@@ -75,3 +75,17 @@ def test_transcribed_lines_name_their_source_and_paper_numbers_are_no_lines():
         assert r.get("record", "campaign") == "campaign" or pattern.fullmatch(r["record"]), r["experiment"]
         assert r["scale"] in ("paper", "cpu"), r["experiment"]
     assert all("source" in v for v in ledger.PAPER.values())
+
+
+def test_no_transcribed_line_stands_for_a_pending_campaign_experiment(monkeypatch):
+    """The campaign counts an experiment whose name is in the ledger as done, so a line of an earlier, differently
+    budgeted run must not carry the name of an experiment the campaign is still to run."""
+    if "campaign" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("campaign", REPO / "benchmarks" / "campaign.py")
+        sys.modules["campaign"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["campaign"])
+    campaign = sys.modules["campaign"]
+    monkeypatch.setattr(campaign, "data_present", lambda exp: True)
+    planned = {e.name for plan in campaign.PLANS.values() for e in plan()}
+    transcribed = {r["experiment"] for r in ledger.read_ledger() if r.get("record", "campaign") != "campaign"}
+    assert planned and not transcribed & planned, sorted(transcribed & planned)
