@@ -46,58 +46,516 @@ def append_ledger(row: dict, path: Path = LEDGER) -> None:
 
 # ---------------------------------------------------------------------------------------------------- tables
 TABLE_RE = re.compile(r"(<!-- ledger:(?P<name>[\w./-]+) -->\n)(?P<body>.*?)(<!-- /ledger -->)", re.S)
+HORIZONS = (96, 192, 336, 720)
+NO_RUNS = "no runs yet"
+
+# The papers' own numbers, printed next to hoformer's. They are not hoformer runs, so they are not ledger lines.
+PAPER = {
+    "ETTh1/avg": {"mse": 0.454, "mae": 0.447, "source": "iTransformer paper (the HOT paper does not report ETTh1)"},
+    "weather/hot/avg": {"mse": 0.245, "mae": 0.275, "source": "HOT Table 1"},
+    "weather/spatial/avg": {"mse": 0.258, "mae": 0.278, "source": "HOT Table 1, Transformer (spatial)"},
+    "weather/temporal/avg": {"mse": 0.258, "mae": 0.283, "source": "HOT Table 1, Transformer (temporal)"},
+    "adrenal/hot_product": {"auc": 88.6, "acc": 83.8, "source": "HOT Table 2"},
+    "metr_la/weaver": {"mae": 3.00, "source": "Weaver paper, MAE over all 12 steps"},
+    "pems_bay/weaver": {"mae": 1.54, "source": "Weaver paper, MAE over all 12 steps"},
+}
+
+LABELS = {"hot_product": "HOT (product)", "hot_sum": "HOT (sum)", "full": "Transformer (non-factorized)",
+          "spatial": "Transformer (spatial)", "temporal": "Transformer (temporal)"}
+
+
+def pick(rows: list[dict], **select) -> list[dict]:
+    """The ledger lines whose fields equal ``select`` (a callable value is a predicate on the field's value)."""
+    return [r for r in rows if all(v(r.get(k)) if callable(v) else r.get(k) == v for k, v in select.items())]
+
+
+def metric(r: dict, names: str | tuple[str, ...], horizon: int | None = None) -> float | None:
+    """The first of ``names`` a line has; with ``horizon``: ``NAME@horizon`` (a line scoring several horizons) or
+    ``NAME`` of a line of that horizon."""
+    m = r["metrics"]
+    for name in (names,) if isinstance(names, str) else names:
+        if horizon is None:
+            if name in m:
+                return m[name]
+        elif f"{name}@{horizon}" in m:
+            return m[f"{name}@{horizon}"]
+        elif r.get("horizon") == horizon and name in m:
+            return m[name]
+    return None
+
+
+def _mean(vals: list[float]) -> float:
+    return sum(vals) / len(vals)
 
 
 def _fmt(v: float | None, digits: int = 3) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
-def _mean_std(vals: list[float], digits: int) -> str:
+def _mean_std(vals: list[float], digits: int = 3) -> str:
     if not vals:
         return "-"
-    m = sum(vals) / len(vals)
+    m = _mean(vals)
     if len(vals) == 1:
         return f"{m:.{digits}f}"
     s = (sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5
-    return f"{m:.{digits}f} ± {s:.{digits}f}"
+    sd = digits if round(s, digits) else digits + 1  # a spread below the last digit keeps one more
+    return f"{m:.{digits}f} ± {s:.{sd}f}"
 
 
+def _md(head: list[str], body: list[list[str]]) -> str:
+    """A markdown table; without rows, one row saying so."""
+    body = body or [[NO_RUNS] + [""] * (len(head) - 1)]
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+                      *("| " + " | ".join(str(c) for c in row) + " |" for row in body)])
+
+
+def _duration(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 3600:
+        return f"{s:.0f} s"
+    h, m = divmod(round(s / 60), 60)
+    return f"{h} h {m} min" if h else f"{m} min"
+
+
+def hardware_short(rows: list[dict]) -> str:
+    """``2 CPU cores`` / the GPU's name, for the lines of one table cell."""
+    out = []
+    for r in rows:
+        hw = r["hardware"]
+        cores = re.search(r"(\d+) cores", hw)
+        out.append(f"{cores.group(1)} CPU cores" if cores else hw.split(" (CUDA")[0])
+    return ", ".join(dict.fromkeys(out)) or "-"
+
+
+def seeds_of(rows: list[dict]) -> list:
+    """The seeds of ``rows`` (a line recording a summary over seeds lists them)."""
+    out = []
+    for r in rows:
+        out += r["seed"] if isinstance(r["seed"], list) else [r["seed"]]
+    return sorted(set(out), key=str)
+
+
+def _epochs(r: dict) -> str:
+    if r.get("epochs") is None:
+        return "-"
+    best = "" if r.get("best_epoch") is None else f" ({r['best_epoch']})"
+    hand = ", stopped by hand" if r.get("stopping", {}).get("stopped_by_hand") else ""
+    return f"{r['epochs']}{best}{hand}"
+
+
+# -------------------------------------------------------------------------------------------- forecasting
 def table_forecast(rows: list[dict], **select) -> str:
     """Test MSE / MAE per model (rows) and horizon (columns) of the ledger lines matching ``select``; several seeds
-    are averaged (mean ± std); the hardware, epochs and provenance of each line are in the ledger."""
-    sel = [r for r in rows if all(r.get(k) == v for k, v in select.items())]
-    horizons = sorted({r["horizon"] for r in sel})
-    models = list(dict.fromkeys(r["model"] for r in sel))
-    head = "| model | " + " | ".join(f"{h}: MSE / MAE" for h in horizons) + " | epochs (best) | seeds |"
-    lines = [head, "|---|" + "---|" * (len(horizons) + 2)]
-    for m in models:
-        cells, epochs, seeds = [], [], set()
+    are averaged (mean ± std); epochs run (best epoch) per line, the seeds and the hardware."""
+    sel = pick(rows, **select)
+    horizons = sorted({r["horizon"] for r in sel if isinstance(r.get("horizon"), int)}) or [96, 720]
+    body = []
+    for m in dict.fromkeys(r["model"] for r in sel):
+        rs = pick(sel, model=m)
+        cells = []
         for h in horizons:
-            rs = [r for r in sel if r["model"] == m and r["horizon"] == h]
-            seeds |= {r["seed"] for r in rs}
-            epochs += [f"{r['epochs']} ({r['best_epoch']})" for r in rs]
-            cells.append(f"{_mean_std([r['metrics']['test/mse'] for r in rs], 3)} / "
-                         f"{_mean_std([r['metrics']['test/mae'] for r in rs], 3)}" if rs else "-")
-        lines.append(f"| {m} | " + " | ".join(cells) + f" | {', '.join(epochs)} | {len(seeds)} |")
-    return "\n".join(lines)
+            hs = [r for r in rs if r.get("horizon") == h]
+            cells.append(f"{_mean_std([r['metrics']['test/mse'] for r in hs])} / "
+                         f"{_mean_std([r['metrics']['test/mae'] for r in hs])}" if hs else "-")
+        epochs = ", ".join(_epochs(r) for h in horizons for r in rs if r.get("horizon") == h)
+        body.append([LABELS.get(m, m), *cells, epochs, str(len(seeds_of(rs))), hardware_short(rs)])
+    return _md(["model", *(f"{h}: MSE / MAE" for h in horizons), "epochs (best)", "seeds", "hardware"], body)
 
 
+def table_horizons(rows: list[dict], groups: list[tuple[str, dict]], metrics=("test/mse", "test/mae"),
+                   horizons=HORIZONS, avg: bool = True, extra=(), first: str = "model") -> str:
+    """One row per group (``(label, select)``), one column per horizon: test MSE / MAE (``metrics``: names, or
+    tuples of alternative names, tried in order), mean ± std over the group's lines when it has several (seeds);
+    ``avg``: the mean over the horizons, for the metrics every horizon has; ``extra``: ``(header, lines -> cell)``."""
+    body = []
+    for label, select in groups:
+        rs = pick(rows, **select)
+        if not rs:
+            continue
+        cells, means = [], {i: [] for i in range(len(metrics))}
+        for h in horizons:
+            parts = []
+            for i, name in enumerate(metrics):
+                vals = [v for r in rs if (v := metric(r, name, h)) is not None]
+                if vals:
+                    parts.append(_mean_std(vals))
+                    means[i].append(_mean(vals))
+            cells.append(" / ".join(parts) or "-")
+        if avg:
+            cells.append(" / ".join(f"{_mean(v):.3f}" for v in means.values() if len(v) == len(horizons)) or "-")
+        body.append([label, *cells, *(fn(rs) for _, fn in extra)])
+    return _md([first, *map(str, horizons), *(["avg"] if avg else []), *(h for h, _ in extra)], body)
+
+
+def horizon_average(rows: list[dict], seed, name: str = "test/mse", horizons=HORIZONS) -> float | None:
+    """The mean over ``horizons`` of one seed's test metric: from its per-horizon lines, or from a line that records
+    only that average (``horizon``: the list of horizons)."""
+    per = [pick(rows, seed=seed, horizon=h) for h in horizons]
+    if all(len(p) == 1 and metric(p[0], name) is not None for p in per):
+        return _mean([metric(p[0], name) for p in per])
+    whole = [r for r in pick(rows, seed=seed, horizon=list(horizons)) if metric(r, name) is not None]
+    return metric(whole[0], name) if len(whole) == 1 else None
+
+
+def table_seeds(rows: list[dict], groups: list[tuple[str, dict]], seeds: list[int], paper: dict | None = None) -> str:
+    """Four-horizon average test MSE per seed and its mean ± std over the seeds, one row per group."""
+    body = []
+    for label, select in groups:
+        rs = pick(rows, **select)
+        vals = [horizon_average(rs, s) for s in seeds]
+        if not rs or any(v is None for v in vals):
+            continue
+        body.append([label, " / ".join(_fmt(v) for v in vals), _mean_std(vals), *([paper.get(label, "-")] if paper else [])])
+    head = ["model", f"per seed ({' / '.join(map(str, seeds))})", f"mean ± std, {len(seeds)} seeds"]
+    return _md(head + (["paper"] if paper else []), body)
+
+
+def table_per_seed(rows: list[dict], groups: list[tuple[str, dict]], seeds: list[int], first: str) -> str:
+    """Test MSE / MAE of one line per seed, their mean ± std and each fit's wall-clock time, one row per group."""
+    body = []
+    for label, select in groups:
+        rs = [pick(rows, seed=s, **select) for s in seeds]
+        if not all(len(r) == 1 for r in rs):
+            continue
+        rs = [r[0] for r in rs]
+        cells = [f"{_fmt(metric(r, 'test/mse'))} / {_fmt(metric(r, 'test/mae'))}" for r in rs]
+        body.append([label, *cells, _mean_std([metric(r, "test/mse") for r in rs]),
+                     _mean_std([metric(r, "test/mae") for r in rs]), " / ".join(_duration(r["wall_s"]) for r in rs)])
+    return _md([first, *(f"seed {s}" for s in seeds), f"MSE, {len(seeds)} seeds", f"MAE, {len(seeds)} seeds",
+                "fit wall-clock per seed"], body)
+
+
+def fits(rs: list[dict]) -> str:
+    return f"{len(rs)}: " + " / ".join(_duration(r["wall_s"]) for r in rs)
+
+
+def epochs_best(rs: list[dict]) -> str:
+    cells = [_epochs(r) for r in rs]
+    return "-" if set(cells) == {"-"} else " / ".join(cells)
+
+
+# ----------------------------------------------------------------------------------------- classification
+def table_classification(rows: list[dict], groups: list[tuple[str, dict]], mean_of: tuple[str, dict] | None = None,
+                         paper: tuple[str, str] | None = None) -> str:
+    """One row per line of each group: epochs, best validation AUC (its epoch), test AUC / ACC (%), fit time and
+    threads; ``mean_of``: a row with the mean over a group's lines; ``paper``: (label, PAPER key)."""
+    head = ["model, training", "seed", "epochs", "best val AUC (epoch)", "test AUC", "test ACC", "fit"]
+    body = []
+    for label, select in groups:
+        for r in pick(rows, **select):
+            val = r.get("best_val", {}).get("val/auc")
+            threads = re.search(r"(\d+) thread", r["hardware"])
+            body.append([label, r["seed"], r["epochs"], f"{_fmt(val and 100 * val, 1)} ({r['best_epoch']})",
+                         _fmt(100 * r["metrics"]["test/auc"], 1), _fmt(100 * r["metrics"]["test/acc"], 1),
+                         _duration(r["wall_s"]) + (f", {threads.group(1)} thread" + "s" * (threads.group(1) != "1")
+                                                    if threads else "")])
+    if mean_of:
+        label, select = mean_of
+        rs = pick(rows, **select)
+        if rs:
+            body.append([f"**{label}**", ", ".join(map(str, seeds_of(rs))), rs[0]["epochs"], "",
+                         f"**{_mean([100 * r['metrics']['test/auc'] for r in rs]):.1f}**",
+                         f"**{_mean([100 * r['metrics']['test/acc'] for r in rs]):.1f}**", ""])
+    if paper:
+        p = PAPER[paper[1]]
+        body.append([paper[0], "", "", "", f"{p['auc']:.1f}", f"{p['acc']:.1f}", ""])
+    return _md(head, body)
+
+
+# ------------------------------------------------------------------------------------------------ traffic
+TRAFFIC_METRICS = [("MAE 15m", "test/mae@15m"), ("MAE 30m", "test/mae@30m"), ("MAE 60m", "test/mae@60m"),
+                   ("MAE all", "test/mae"), ("MAPE all %", "test/mape"), ("RMSE all", "test/rmse")]
+
+
+def _summary_cell(r: dict, name: str) -> str:
+    """A line's metric with its standard deviation over seeds when the line records a summary over seeds."""
+    v, s = r["metrics"].get(name), r.get("metrics_std", {}).get(name)
+    return "-" if v is None else f"{v:.3f}" + ("" if s is None else f" ± {s:.3f}")
+
+
+def table_traffic(rows: list[dict], dataset: str = "los_loop") -> str:
+    """Los-loop test metrics (mph; MAPE in %), mean ± sample std over the seeds, one row per model."""
+    body = []
+    for r in pick(rows, task="traffic", dataset=dataset):
+        body.append([f"`{r['model']}`", r.get("params", "-"), *(_summary_cell(r, k) for _, k in TRAFFIC_METRICS),
+                     _fmt(r["wall_s"], 0), ", ".join(map(str, seeds_of([r])))])
+    return _md(["model", "params", *(h for h, _ in TRAFFIC_METRICS), "s/run", "seeds"], body)
+
+
+# --------------------------------------------------------------------------------------------------- text
+TEXT_STUDENTS = [("HOBA (triplet, block 16, overlap 0.25, cross-block)", "hoba"), ("HOBA without cross-block", "hoba_nocb"),
+                 ("2D block-local (same windows, overlap, cross-block)", "block2d"), ("2D full attention", "full2d")]
+
+
+def table_text(rows: list[dict], datasets=(("TREC test", "trec"), ("SST-2 dev", "sst2"))) -> str:
+    """Test accuracy (%) of the distilled students: mean ± std over seeds and per seed; the teacher's single run."""
+    head = ["student"]
+    for name, _ in datasets:
+        head += [f"{name} acc (%)", f"{name} per seed"]
+    body = []
+    for label, model in TEXT_STUDENTS:
+        row = [label]
+        for _, ds in datasets:
+            rs = sorted(pick(rows, task="text", dataset=ds, model=model, role="student"), key=lambda r: r["seed"])
+            accs = [100 * r["metrics"]["test/acc"] for r in rs]
+            row += [_mean_std(accs, 1), " / ".join(f"{a:.1f}" for a in accs) + f" (seeds {', '.join(str(r['seed']) for r in rs)})"]
+        body.append(row)
+    row = ["*teacher (2D, 4 layers)*"]
+    for _, ds in datasets:
+        rs = pick(rows, task="text", dataset=ds, role="teacher")
+        row += [", ".join(f"*{100 * r['metrics']['test/acc']:.1f}*" for r in rs) or "-", ""]
+    body.append(row)
+    return _md(head, body)
+
+
+# ---------------------------------------------------------------------------------------------------- runs
 def table_runs(rows: list[dict], **select) -> str:
     """One line per ledger run matching ``select``: experiment, metrics, epochs, wall time, hardware, commit."""
-    sel = [r for r in rows if all(r.get(k) == v for k, v in select.items())]
-    lines = ["| experiment | test metrics | epochs (best) | wall | hardware | commit |", "|---|---|---|---|---|---|"]
-    for r in sel:
+    body = []
+    for r in pick(rows, **select):
         metrics = ", ".join(f"{k.split('/', 1)[1]} {v:.4f}" for k, v in r["metrics"].items()
                             if not k.endswith("_orig"))
-        lines.append(f"| `{r['experiment']}` | {metrics} | {r['epochs']} ({r['best_epoch']}) | "
-                     f"{r['wall_s'] / 60:.0f} min | {r['hardware']} | {r['commit']} |")
-    return "\n".join(lines)
+        body.append([f"`{r['experiment']}`", r["seed"], metrics, _epochs(r), _duration(r["wall_s"]), r["hardware"],
+                     r["commit"]])
+    return _md(["experiment", "seed", "test metrics", "epochs (best)", "wall", "hardware", "commit"], body)
+
+
+# ------------------------------------------------------------------------------------------- summary rows
+ETTH1_EMA = dict(dataset="ETTh1", experiment=lambda e: e.endswith("+ema"),
+                 model=lambda m: m in ("hot_product", "hot_sum", "spatial"))
+SEEDS5 = [2024, 2025, 2026, 2027, 2028]
+
+
+def _seed_mean(rows: list[dict], seeds: list[int], **select) -> float | None:
+    vals = [horizon_average(pick(rows, **select), s) for s in seeds]
+    return None if any(v is None for v in vals) else _mean(vals)
+
+
+def _etth1(rows: list[dict]) -> str:
+    p, s, sp = (_seed_mean(rows, SEEDS5, **ETTH1_EMA | {"model": m}) for m in ("hot_product", "hot_sum", "spatial"))
+    return f"HOT product {_fmt(p)}, sum {_fmt(s)}; spatial (iTransformer) {_fmt(sp)}"
+
+
+def _etth1_paper(rows: list[dict]) -> str:
+    rs = pick(rows, dataset="ETTh1", scale="paper", task="forecasting")
+    if not rs:
+        return NO_RUNS
+    parts = []
+    for m in dict.fromkeys(r["model"] for r in rs):
+        per = [f"{h}: {_mean([r['metrics']['test/mse'] for r in pick(rs, model=m, horizon=h)]):.3f}"
+               for h in sorted({r["horizon"] for r in pick(rs, model=m)})]
+        parts.append(f"{LABELS.get(m, m)} " + ", ".join(per))
+    return "; ".join(parts)
+
+
+def _horizon_avg(rows: list[dict], name: str, **select) -> float | None:
+    rs = pick(rows, **select)
+    vals = [metric(r, name, h) for h in HORIZONS for r in rs if metric(r, name, h) is not None]
+    return _mean(vals) if len(vals) == len(HORIZONS) else None
+
+
+WEATHER_SUM = dict(dataset="weather", model="hot_sum", variant="ema")
+ADRENAL = dict(dataset="AdrenalMNIST3D", model="hot_product", augment="flips+shift2")
+
+
+def _adrenal(rows: list[dict]) -> str:
+    rs = pick(rows, **ADRENAL)
+    return f"HOT product {_mean([100 * r['metrics']['test/auc'] for r in rs]):.1f} / " \
+           f"{_mean([100 * r['metrics']['test/acc'] for r in rs]):.1f}" if rs else NO_RUNS
+
+
+def _traffic(rows: list[dict], model: str) -> tuple[float, float]:
+    (r,) = pick(rows, task="traffic", model=model)
+    return r["metrics"]["test/mae@30m"], r["metrics"]["test/mae@60m"]
+
+
+def _best_traffic_baseline(rows: list[dict]) -> str:
+    base = [r for r in pick(rows, task="traffic") if not r["model"].startswith("weaver")]
+    best = min(base, key=lambda r: r["metrics"]["test/mae@30m"])
+    return f"{best['metrics']['test/mae@30m']:.2f} / {best['metrics']['test/mae@60m']:.2f}"
+
+
+def _text_mean(rows: list[dict], ds: str, model: str) -> float:
+    return _mean([100 * r["metrics"]["test/acc"] for r in pick(rows, task="text", dataset=ds, model=model,
+                                                                 role="student")])
+
+
+def _text(rows: list[dict], ds: str) -> str:
+    best2d = max(_text_mean(rows, ds, m) for m in ("block2d", "full2d"))
+    return f"HOBA {_text_mean(rows, ds, 'hoba'):.1f} (best 2D student {best2d:.1f})"
+
+
+def _bench(rows: list[dict]) -> list[dict]:
+    return pick(rows, task="benchmark")
+
+
+def _kron_time(rows: list[dict]) -> str:
+    ts = [r["metrics"]["t/paper"] for r in pick(rows, task="benchmark", model=lambda m: m.startswith("kron_"))]
+    return f"{min(ts):.2f}-{max(ts):.2f}x"
+
+
+def _full_speedup(rows: list[dict]) -> str:
+    ms = {r["model"]: r["metrics"]["fwd_bwd_ms"] for r in pick(rows, task="benchmark", shape=[16, 16, 16])}
+    return f"{ms['full'] / ms['kron_product']:.0f}x"
+
+
+def _triplet(rows: list[dict]) -> str:
+    (r,) = pick(rows, experiment="bench/triplet/target")
+    m = r["metrics"]
+    return f"{m['fast_s'] / m['naive_s']:.2f}x / {m['fast_peak_mib'] / m['naive_peak_mib']:.2f}x"
+
+
+# each: task, dataset, metric, paper, hoformer (rows -> str), the lines behind it (rows -> lines), docs page#anchor
+SUMMARY = [
+    ("forecasting (HOT)", "ETTh1, 4 horizons, CPU budget", "MSE", "0.454 (iTransformer)", _etth1,
+     lambda rows: [r for r in pick(rows, **ETTH1_EMA) if r["seed"] in SEEDS5], "results_hot.md#forecasting-etth1-four-horizons"),
+    ("forecasting (HOT)", "ETTh1 96->96 and 96->720, paper size", "MSE", "-", _etth1_paper,
+     lambda rows: pick(rows, dataset="ETTh1", scale="paper"), "results_hot.md#paper-scale"),
+    ("forecasting (HOT)", "Weather, 4 horizons, CPU budget", "MSE / MAE", "0.245 / 0.275",
+     lambda rows: f"HOT sum {_fmt(_horizon_avg(rows, 'test/mse', **WEATHER_SUM))} / "
+                  f"{_fmt(_horizon_avg(rows, 'test/mae', **WEATHER_SUM))}",
+     lambda rows: pick(rows, **WEATHER_SUM), "results_hot.md#forecasting-weather-four-horizons"),
+    ("3D classification (HOT)", "AdrenalMNIST3D, paper recipe", "AUC / ACC", "88.6 / 83.8", _adrenal,
+     lambda rows: pick(rows, **ADRENAL), "results_hot.md#3d-classification-adrenalmnist3d-283"),
+    ("traffic (Weaver)", "Los-loop, 30 / 60 min", "MAE", "-",
+     lambda rows: "Weaver {:.2f} / {:.2f}".format(*_traffic(rows, "weaver_NT")) +
+                  f" (best baseline {_best_traffic_baseline(rows)})",
+     lambda rows: pick(rows, task="traffic", model="weaver_NT"), "results_traffic.md#current-results"),
+    ("traffic (Weaver)", "METR-LA / PEMS-BAY", "MAE",
+     f"{PAPER['metr_la/weaver']['mae']:.2f} / {PAPER['pems_bay/weaver']['mae']:.2f}", lambda rows: "not run (no data here)",
+     lambda rows: [], "reproducing.md#weaver-traffic-forecasting"),
+    ("text (HOBA)", "TREC test", "accuracy %", "-", lambda rows: _text(rows, "trec"),
+     lambda rows: pick(rows, task="text", dataset="trec", model="hoba"), "results_text.md#results"),
+    ("text (HOBA)", "SST-2 dev", "accuracy %", "-", lambda rows: _text(rows, "sst2"),
+     lambda rows: pick(rows, task="text", dataset="sst2", model="hoba"), "results_text.md#results"),
+    ("kernel (HOT)", "one layer, 4 shapes", "fwd+bwd time vs the paper's equations", "-", _kron_time,
+     lambda rows: pick(rows, task="benchmark", model=lambda m: m.startswith("kron_")),
+     "benchmarks.md#kronecker-attention-benchmarksattentionpy"),
+    ("kernel (HOT)", "one layer, 16^3 tokens", "fwd+bwd speed-up vs full attention", "-", _full_speedup,
+     lambda rows: pick(rows, task="benchmark", shape=[16, 16, 16]), "benchmarks.md#kronecker-attention-benchmarksattentionpy"),
+    ("kernel (HOBA)", "L=512, block 32", "time / memory vs Algorithm 1", "-", _triplet,
+     lambda rows: pick(rows, experiment="bench/triplet/target"), "benchmarks.md#hoba-triplet-attention-kernel"),
+]
+
+
+def table_summary(rows: list[dict], prefix: str = "") -> str:
+    """One row per task and dataset: the paper's number, hoformer's from the ledger, seeds, hardware, where the
+    command is (``prefix``: the docs folder as seen from the page)."""
+    body = []
+    for task, dataset, name, paper, value, lines, link in SUMMARY:
+        rs = lines(rows)
+        seeds = [s for s in seeds_of(rs) if s is not None]
+        body.append([task, dataset, name, paper, value(rows), str(len(seeds)) if seeds else "-",
+                     hardware_short(rs) if rs else "-", f"[command]({prefix}{link})"])
+    return _md(["task", "dataset", "metric", "paper", "hoformer", "seeds", "hardware", "how"], body)
+
+
+def table_hot_summary(rows: list[dict]) -> str:
+    """The HOT page's summary: the rows of :data:`SUMMARY` for HOT, plus the joint-horizon ETTh1 model."""
+    joint = pick(rows, dataset="ETTh1", variant="ema_joint")
+    direct = pick(rows, dataset="ETTh1", variant="ema", model="hot_product", seed=2024)
+    same = lambda rs: _mean([metric(r, ("test_2161/mse", "test/mse"), h) for h in HORIZONS for r in rs
+                              if metric(r, ("test_2161/mse", "test/mse"), h) is not None])
+    body = []
+    for task, dataset, name, paper, value, lines, link in SUMMARY[:4]:
+        rs = lines(rows)
+        body.append([f"{task}, {dataset}", name, paper, value(rows), str(len(seeds_of(rs))) if rs else "-",
+                     hardware_short(rs) if rs else "-", f"[details]({link.split('.md', 1)[1]})"])
+    if joint and len(direct) == len(HORIZONS):
+        body.insert(1, ["forecasting (HOT), ETTh1, one 720-step model for all 4 horizons, CPU budget",
+                        "MSE on the 2161 test windows all horizons share", "-",
+                        f"joint model {same(joint):.3f}; 4 direct models {same(direct):.3f}", "1",
+                        hardware_short(joint), "[details](#forecasting-one-model-for-every-horizon)"])
+    return _md(["task, dataset", "metric", "paper", "hoformer", "seeds", "hardware", "how"], body)
+
+
+# ---------------------------------------------------------------------------------------------- page tables
+def _paper_avg(key: str) -> str:
+    return f"{PAPER[key]['mse']:.3f} / {PAPER[key]['mae']:.3f}"
+
+
+def _etth1(model: str, **more) -> dict:
+    return dict(dataset="ETTh1", model=model, **more)
+
+
+EMA_GROUPS = [(LABELS[m], ETTH1_EMA | {"model": m}) for m in ("hot_product", "hot_sum", "spatial")]
+GRID = lambda m: _etth1(m, variant="grid")
+NO_EMA = lambda m: _etth1(m, experiment=lambda e: not e.endswith(("+ema", "+ema998")) and "+" not in e.rsplit("/", 1)[-1])
+DIRECT = _etth1("hot_product", variant="ema", seed=2024)
+CAUSAL = lambda v: _etth1("hot_causal", variant=v)
+SAME = ("test_2161/mse", "test/mse"), ("test_2161/mae", "test/mae")
+WEATHER = [("HOT (product), 12-min cap", dict(dataset="weather", model="hot_product", variant="rerun")),
+           ("HOT (product), run to its end", dict(dataset="weather", model="hot_product", variant="uncapped")),
+           ("HOT (sum), 12-min cap", dict(dataset="weather", model="hot_sum", variant="rerun")),
+           ("HOT (sum), EMA 0.99", WEATHER_SUM),
+           ("Transformer (spatial) = iTransformer, 12-min cap", dict(dataset="weather", model="spatial", variant="rerun")),
+           ("Transformer (temporal), 12-min cap", dict(dataset="weather", model="temporal", variant="rerun"))]
+
+
+def _weather_paper(rs: list[dict]) -> str:
+    return _paper_avg({"spatial": "weather/spatial/avg", "temporal": "weather/temporal/avg"}
+                      .get(rs[0]["model"], "weather/hot/avg"))
 
 
 TABLES = {  # the name in `<!-- ledger:NAME -->` -> how the ledger renders it
+    "results/overview": lambda rows: table_summary(rows),
+    "results/readme": lambda rows: table_summary(rows, prefix="docs/"),
+    "hot/summary": table_hot_summary,
+    "hot/etth1_seeds": lambda rows: table_seeds(rows, EMA_GROUPS, SEEDS5,
+                                                paper={LABELS["spatial"]: _paper_avg("ETTh1/avg") + " (iTransformer)"}),
+    "hot/etth1_seed2024": lambda rows: table_horizons(rows, [(l, s | {"seed": 2024}) for l, s in EMA_GROUPS],
+                                                      metrics=("test/mse",)),
+    "hot/etth1_grid": lambda rows: table_horizons(rows, [(LABELS[m], GRID(m)) for m in LABELS]),
+    "hot/etth1_seed_spread": lambda rows: table_seeds(rows, [
+        ("HOT (product), no EMA", NO_EMA("hot_product")), ("Transformer (spatial), no EMA", NO_EMA("spatial")),
+        ("HOT (product), EMA 0.99", ETTH1_EMA | {"model": "hot_product"}),
+        ("HOT (product), EMA 0.998", _etth1("hot_product", experiment=lambda e: e.endswith("+ema998")))],
+        [2024, 2025, 2026]),
+    "hot/etth1_one_model": lambda rows: table_horizons(rows, [
+        ("direct, 4 models", DIRECT), ("joint, 1 model (`etth1_96_720_joint.yaml`)", _etth1("hot_product", variant="ema_joint")),
+        ("joint, official preset (`etth1_96_720_official.yaml`)", _etth1("hot_product", variant="ema_official")),
+        ("causal, 1 model (`etth1_96_causal.yaml`)", CAUSAL("causal"))],
+        extra=[("fits, wall-clock per fit", fits), ("epochs run (best)", epochs_best)]),
+    "hot/etth1_same_windows": lambda rows: table_horizons(rows, [
+        ("direct, 4 models", DIRECT), ("joint", _etth1("hot_product", variant="ema_joint")),
+        ("joint, official preset", _etth1("hot_product", variant="ema_official")),
+        ("causal", CAUSAL("causal"))], metrics=SAME),
+    "hot/etth1_qk_bias": lambda rows: table_per_seed(rows, [
+        ("False (default)", _etth1("hot_product", horizon=96, experiment=lambda e: e.endswith("+ema"))),
+        ("True", _etth1("hot_product", horizon=96, experiment=lambda e: e.endswith("+ema+qk_bias")))],
+        [2024, 2025, 2026], first="`qk_bias`"),
+    "hot/etth1_causal": lambda rows: table_horizons(rows, [
+        ("HOT product, four direct models + EMA", DIRECT),
+        ("causal HOT product, loss on the horizon's patches (default)", CAUSAL("causal")),
+        ("causal HOT product, loss at every position (`train_positions=all`)", CAUSAL("causal_all"))],
+        extra=[("fits", lambda rs: str(len(rs)))]),
+    "hot/weather": lambda rows: table_horizons(rows, WEATHER, extra=[
+        ("paper avg", _weather_paper), ("epochs run (best)", epochs_best)]),
+    "hot/adrenal": lambda rows: table_classification(rows, [
+        ("HOT (product), flips + shifts", ADRENAL),
+        ("HOT (product), flips only", dict(dataset="AdrenalMNIST3D", model="hot_product", augment="flips")),
+        ("3D CNN reference `cnn3d_classifier` (GroupNorm, 0.2M parameters), no augmentation",
+         dict(dataset="AdrenalMNIST3D", model="cnn3d"))],
+        mean_of=("HOT (product), flips + shifts, mean", ADRENAL), paper=("paper, HOT (product)", "adrenal/hot_product")),
     "hot/etth1_paper": lambda rows: table_forecast(rows, dataset="ETTh1", scale="paper"),
     "hot/weather_paper": lambda rows: table_forecast(rows, dataset="weather", scale="paper"),
     "hot/paper_runs": lambda rows: table_runs(rows, scale="paper"),
+    "traffic/summary": lambda rows: _md(
+        ["dataset", "model", "metric", "paper", "hoformer", "seeds"],
+        [["Los-loop, 30 / 60 min", f"Weaver NT (Tanimoto), 8 epochs", "MAE (mph)", "-",
+          "{:.2f} / {:.2f}".format(*_traffic(rows, "weaver_NT")), "3"],
+         ["Los-loop, 30 / 60 min", "best baseline (alternating temporal / spatial attention)", "MAE (mph)", "-",
+          _best_traffic_baseline(rows), "3"]]),
+    "traffic/los_loop": table_traffic,
+    "text/summary": lambda rows: _md(
+        ["dataset", "student (2 layers, width 64)", "metric", "paper", "hoformer", "seeds"],
+        [[name, "HOBA / 2D block-local / 2D full", "accuracy %", "-",
+          " / ".join(f"{_text_mean(rows, ds, m):.1f}" for m in ("hoba", "block2d", "full2d")),
+          str(len(seeds_of(pick(rows, task="text", dataset=ds, model="hoba"))))]
+         for name, ds in (("TREC test", "trec"), ("SST-2 dev", "sst2"))]),
+    "text/students": table_text,
 }
 
 

@@ -1,0 +1,91 @@
+"""The ledger's table kinds (``benchmarks/ledger.py``): aggregates are computed from the lines, every table of the docs
+is rendered from the committed ledger, and an empty selection says so."""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _load_ledger():
+    if "ledger" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("ledger", REPO / "benchmarks" / "ledger.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["ledger"] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules["ledger"]
+
+
+ledger = _load_ledger()
+
+
+def _line(model: str, seed: int, horizon, mse: float, **more) -> dict:
+    return {"experiment": f"x/{model}", "task": "forecasting", "dataset": "D", "model": model, "horizon": horizon,
+            "seed": seed, "metrics": {"test/mse": mse, "test/mae": mse / 2}, "epochs": 3, "best_epoch": 1,
+            "wall_s": 60.0, "hardware": "CPU, 2 cores, 1 thread(s) per run", **more}
+
+
+def test_seed_table_averages_horizons_then_seeds_from_the_lines():
+    h = ledger.HORIZONS
+    rows = [_line("m", 1, hz, v) for hz, v in zip(h, (0.1, 0.2, 0.3, 0.4))]  # seed 1: mean 0.25
+    rows.append(_line("m", 2, list(h), 0.35))  # seed 2: only its four-horizon average was recorded
+    table = ledger.table_seeds(rows, [("M", {"model": "m"})], [1, 2])
+    assert "| M | 0.250 / 0.350 | 0.300 ± 0.071 |" in table
+    rows[0] = dict(rows[0], metrics={"test/mse": 0.5, "test/mae": 0.25})  # one horizon changes: every cell follows
+    assert "| M | 0.350 / 0.350 | 0.350 ± 0.0000 |" in ledger.table_seeds(rows, [("M", {"model": "m"})], [1, 2])
+    # a seed without every horizon (and no average line) is no row rather than a wrong mean
+    assert ledger.NO_RUNS in ledger.table_seeds(rows[1:], [("M", {"model": "m"})], [1, 2])
+
+
+def test_horizon_table_prefix_metrics_and_same_window_alternatives():
+    """A line scoring several horizons (``test/mse@H``) and per-horizon lines share one table; the average column
+    only appears for a metric every horizon has."""
+    joint = _line("j", 1, 720, 0.0, metrics={f"test/mse@{h}": h / 1000 for h in ledger.HORIZONS})
+    direct = [_line("d", 1, h, h / 1000 + 0.01) for h in ledger.HORIZONS]
+    direct[0]["metrics"]["test_2161/mse"] = 0.05
+    table = ledger.table_horizons([joint, *direct], [("joint", {"model": "j"}), ("direct", {"model": "d"})],
+                                  metrics=(("test_2161/mse", "test/mse"),))
+    assert "| joint | 0.096 | 0.192 | 0.336 | 0.720 | 0.336 |" in table
+    assert "| direct | 0.050 | 0.202 | 0.346 | 0.730 | 0.332 |" in table
+
+
+def test_empty_tables_say_no_runs_yet():
+    for name in ("hot/etth1_paper", "hot/weather_paper", "hot/paper_runs"):
+        body = ledger.TABLES[name]([]).splitlines()
+        assert len(body) == 3 and body[2].startswith(f"| {ledger.NO_RUNS} |"), name
+
+
+def test_every_table_renders_from_the_ledger_and_every_table_is_on_a_page():
+    rows = ledger.read_ledger()
+    used = {m.group("name") for f in ledger.doc_files() for m in ledger.TABLE_RE.finditer(f.read_text())}
+    assert used <= set(ledger.TABLES) and set(ledger.TABLES) - used == set(), set(ledger.TABLES) - used
+    for name, render in ledger.TABLES.items():
+        body = render(copy.deepcopy(rows))
+        assert body.startswith("| ") and "nan" not in body, name
+
+
+def test_transcribed_lines_name_their_source_and_paper_numbers_are_no_lines():
+    rows = ledger.read_ledger()
+    pattern = re.compile(r"transcribed: (README\.md|docs/[\w.]+\.md) at [0-9a-f]{7}; run log not kept")
+    for r in rows:
+        assert r.get("record", "campaign") == "campaign" or pattern.fullmatch(r["record"]), r["experiment"]
+        assert r["scale"] in ("paper", "cpu"), r["experiment"]
+    assert all("source" in v for v in ledger.PAPER.values())
+
+
+def test_no_transcribed_line_stands_for_a_pending_campaign_experiment(monkeypatch):
+    """The campaign counts an experiment whose name is in the ledger as done, so a line of an earlier, differently
+    budgeted run must not carry the name of an experiment the campaign is still to run."""
+    if "campaign" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("campaign", REPO / "benchmarks" / "campaign.py")
+        sys.modules["campaign"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["campaign"])
+    campaign = sys.modules["campaign"]
+    monkeypatch.setattr(campaign, "data_present", lambda exp: True)
+    planned = {e.name for plan in campaign.PLANS.values() for e in plan()}
+    transcribed = {r["experiment"] for r in ledger.read_ledger() if r.get("record", "campaign") != "campaign"}
+    assert planned and not transcribed & planned, sorted(transcribed & planned)
