@@ -316,7 +316,7 @@ def table_runs(rows: list[dict], **select) -> str:
     body = []
     for r in pick(rows, **select):
         metrics = ", ".join(f"{k.split('/', 1)[1]} {v:.4f}" for k, v in r["metrics"].items()
-                            if not k.endswith("_orig"))
+                            if not k.endswith(("_orig", "/loss")))
         body.append([f"`{r['experiment']}`", r["seed"], metrics, _epochs(r), _duration(r["wall_s"]), r["hardware"],
                      r["commit"]])
     return _md(["experiment", "seed", "test metrics", "epochs (best)", "wall", "hardware", "commit"], body)
