@@ -18,7 +18,7 @@ import torch
 
 import hoformer.functional as HF
 import hoformer.layers as HL
-from hoformer.data import LTSFDataset, MedMNIST3D, SyntheticLTSF, read_text_split
+from hoformer.data import LTSFDataModule, MedMNIST3D, read_text_split
 from hoformer.data._utils import ChecksumError, download_url, require_file, verify_file
 from hoformer.models import create_model, from_pretrained
 
@@ -384,29 +384,30 @@ MODELS = [
 ]
 
 DATA = [
-    Case("LTSFDataset/unknown-name", lambda tmp: LTSFDataset(tmp, "ETTh9"), (ValueError, FileNotFoundError),
-         ("ETTh9",)),
-    Case("LTSFDataset/missing-file", lambda tmp: LTSFDataset(tmp, "ETTh1"), FileNotFoundError,
+    Case("LTSFDataModule/unknown-name", lambda tmp: LTSFDataModule(str(tmp), "ETTh9").setup(),
+         (ValueError, FileNotFoundError), ("ETTh9",)),
+    Case("LTSFDataModule/missing-file", lambda tmp: LTSFDataModule(str(tmp), "ETTh1").setup(), FileNotFoundError,
          ("ETTh1", "ETTh1.csv", "download=True")),
-    Case("LTSFDataset/directory", lambda tmp: LTSFDataset((tmp / "ETT-small" / "ETTh1.csv").mkdir(parents=True) or tmp,
-                                                          "ETTh1"), FileNotFoundError,
+    Case("LTSFDataModule/directory", lambda tmp: LTSFDataModule(
+        str((tmp / "ETT-small" / "ETTh1.csv").mkdir(parents=True) or tmp), "ETTh1").setup(), FileNotFoundError,
          ("LTSF file for 'ETTh1'", "ETTh1.csv", "is a directory")),
-    Case("LTSFDataset/directory-download", lambda tmp: LTSFDataset(
-        (tmp / "ETT-small" / "ETTh1.csv").mkdir(parents=True) or tmp, "ETTh1", download=True), FileNotFoundError,
-         ("ETTh1.csv", "is a directory")),
-    Case("LTSFDataset/split", lambda tmp: SyntheticLTSF(split="dev"), ValueError,
+    Case("LTSFDataModule/directory-download", lambda tmp: LTSFDataModule(
+        str((tmp / "ETT-small" / "ETTh1.csv").mkdir(parents=True) or tmp), "ETTh1", download=True).setup(),
+         FileNotFoundError, ("ETTh1.csv", "is a directory")),
+    Case("LTSFDataModule/split", lambda tmp: LTSFDataModule(synthetic=True).dataset("dev"), ValueError,
          ("split", "'dev'")),
-    Case("LTSFDataset/features", lambda tmp: SyntheticLTSF(features="X"), ValueError,
+    Case("LTSFDataModule/features", lambda tmp: LTSFDataModule(synthetic=True, features="X"), ValueError,
          ("features", "'X'")),
-    Case("LTSFDataset/seq-len", lambda tmp: SyntheticLTSF(seq_len=0), ValueError, ("seq_len", "0")),
-    Case("LTSFDataset/no-date-column", lambda tmp: LTSFDataset(tmp, text_csv(tmp, "x.csv", ["a,b,OT"] + [
-        f"{i},{i},{i}" for i in range(300)]).name, seq_len=8, pred_len=4), ValueError, ("x.csv", "date")),
-    Case("LTSFDataset/non-numeric", lambda tmp: LTSFDataset(tmp, text_csv(tmp, "y.csv", ["date,a,OT"] + [
+    Case("LTSFDataModule/seq-len", lambda tmp: LTSFDataModule(synthetic=True, seq_len=0), ValueError,
+         ("seq_len", "0")),
+    Case("LTSFDataModule/no-date-column", lambda tmp: LTSFDataModule(str(tmp), text_csv(tmp, "x.csv", ["a,b,OT"] + [
+        f"{i},{i},{i}" for i in range(300)]).name, seq_len=8, pred_len=4).setup(), ValueError, ("x.csv", "date")),
+    Case("LTSFDataModule/non-numeric", lambda tmp: LTSFDataModule(str(tmp), text_csv(tmp, "y.csv", ["date,a,OT"] + [
         f"2020-01-{1 + i // 24:02d} {i % 24:02d}:00:00,{'abc' if i == 5 else i},{i}" for i in range(300)]).name,
         seq_len=8,
-        pred_len=4), ValueError, ("y.csv", "a")),
-    Case("LTSFDataset/empty-csv", lambda tmp: LTSFDataset(tmp, text_csv(tmp, "e.csv", ["date,a,OT"]).name), ValueError,
-         ("e.csv",)),
+        pred_len=4).setup(), ValueError, ("y.csv", "a")),
+    Case("LTSFDataModule/empty-csv", lambda tmp: LTSFDataModule(str(tmp), text_csv(tmp, "e.csv", ["date,a,OT"]).name)
+         .setup(), ValueError, ("e.csv",)),
     Case("read_text_split/unknown", lambda tmp: read_text_split("imdbb", "train", tmp), ValueError,
          ("imdbb", "sst2")),
     Case("read_text_split/split", lambda tmp: read_text_split("sst2", "valid", tmp), ValueError,

@@ -9,8 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from hoformer.data import LTSFDataModule, LTSFDataset, TrafficDataModule, write_synthetic_ltsf_csv
-from hoformer.data._utils import SchemaError
+from hoformer.data import LTSFDataModule, SchemaError, TrafficDataModule, write_synthetic_ltsf_csv
 from hoformer.data.series import (SeriesWindows, StandardScaler, chronological_split, ltsf_borders, split_windows,
                                   window_starts)
 
@@ -79,10 +78,10 @@ def test_ltsf_and_traffic_batches_share_the_format(tmp_path):
     its daily time features. ``y * std + mean`` is the file's value in both."""
     path = write_synthetic_ltsf_csv(tmp_path / "s.csv", "electricity", 400, num_variates=3)
     raw = pd.read_csv(path).iloc[:, 1:].to_numpy()
-    ds = LTSFDataset(tmp_path, "s.csv", "test", 24, 12)
+    ds = LTSFDataModule(str(tmp_path), "s.csv", 24, 12).dataset("test")
     b = ds[0]
     assert set(b) == {"x", "y", "mean", "std"}
-    s = ds.borders[0]
+    s = ds.starts[0]
     np.testing.assert_allclose((b["y"] * b["std"] + b["mean"]).numpy(), raw[s + 24:s + 36], rtol=1e-5)
 
     rng = np.random.default_rng(1)
@@ -112,7 +111,7 @@ def test_unordered_timestamps_are_refused_in_every_split(tmp_path, split, order)
     df = df.iloc[::-1] if order == "reversed" else df.sample(frac=1.0, random_state=0)
     df.to_csv(path, index=False)
     with pytest.raises(SchemaError, match=r"s\.csv: timestamps go back in time at line \d+ .*sort the file"):
-        LTSFDataset(tmp_path, "s.csv", split, 24, 12)
+        LTSFDataModule(str(tmp_path), "s.csv", 24, 12).dataset(split)
 
 
 def test_repeated_timestamps_stay_allowed(tmp_path):
@@ -120,7 +119,7 @@ def test_repeated_timestamps_stay_allowed(tmp_path):
     df = pd.read_csv(path)
     df.loc[5, "date"] = df.loc[4, "date"]  # one repeated stamp, as the Weather file has
     df.to_csv(path, index=False)
-    assert len(LTSFDataset(tmp_path, "s.csv", "train", 24, 12)) > 0
+    assert len(LTSFDataModule(str(tmp_path), "s.csv", 24, 12).dataset("train")) > 0
 
 
 def test_unordered_traffic_timestamps_are_refused(tmp_path):
@@ -133,7 +132,7 @@ def test_unordered_traffic_timestamps_are_refused(tmp_path):
     with open(tmp_path / "sensor_graph" / "adj_mx.pkl", "wb") as f:
         pickle.dump((["1", "2", "3"], {"1": 0, "2": 1, "3": 2}, np.eye(3, dtype=np.float32)), f)
     dm = TrafficDataModule("metr_la", root=str(tmp_path), verify=False)
-    with pytest.raises(SchemaError, match="metr_la timestamps go back in time at row 1"):
+    with pytest.raises(SchemaError, match=r"metr-la\.h5: timestamps go back in time at row 1 .*oldest first"):
         dm.setup()
 
 
@@ -145,19 +144,17 @@ def test_non_utf8_header_is_a_clear_error_with_an_encoding_option(tmp_path):
     path.write_bytes(text.encode("latin-1"))
     with pytest.raises(SchemaError, match=r"s\.csv: line 1 \(byte 0xe9 at column 10\) is not valid utf-8 text.*"
                                           r"encoding='latin-1'"):
-        LTSFDataset(tmp_path, "s.csv", "train", 24, 12)
-    ds = LTSFDataset(tmp_path, "s.csv", "train", 24, 12, encoding="latin-1")
-    assert ds.columns[0] == "temp\u00e9rature"
+        LTSFDataModule(str(tmp_path), "s.csv", 24, 12).setup()
     dm = LTSFDataModule(root=str(tmp_path), name="s.csv", seq_len=24, pred_len=12, encoding="latin-1")
-    assert dm.dataset("val").columns == ds.columns
+    assert dm.variate_names[0] == dm.dataset("val").columns[0] == "temp\u00e9rature"
     with pytest.raises(ValueError, match="unknown encoding 'klingon'"):
-        LTSFDataset(tmp_path, "s.csv", "train", 24, 12, encoding="klingon")
+        LTSFDataModule(str(tmp_path), "s.csv", 24, 12, encoding="klingon").setup()
 
 
 def test_a_directory_where_the_csv_should_be_is_named(tmp_path):
     (tmp_path / "s.csv").mkdir()
     with pytest.raises(FileNotFoundError, match=r"s\.csv is a directory, expected a CSV file"):
-        LTSFDataset(tmp_path, "s.csv", "train", 24, 12)
+        LTSFDataModule(str(tmp_path), "s.csv", 24, 12).setup()
 
 
 # ------------------------------------------------------------------------- checkpoints of the earlier layout
@@ -194,4 +191,4 @@ def test_checkpoints_of_the_earlier_task_layout_load(tmp_path):
     dm = checkpoint_datamodule(info)
     assert isinstance(dm, LTSFDataModule) and dm.hparams.synthetic_length == 300
     df = forecast_checkpoint(tmp_path / "old.ckpt")
-    pd.testing.assert_frame_equal(df, forecast_series(model, dm.dataset("train")))
+    pd.testing.assert_frame_equal(df, forecast_series(model, dm.scaler, dm.variate_names, dm.history()))

@@ -13,7 +13,7 @@ import torch
 
 from hoformer.train import Optimization
 from hoformer.models import create_model
-from hoformer.data._utils import ChecksumError, SchemaError
+from hoformer.data import ChecksumError, SchemaError
 from hoformer.data.traffic import (
     TRAFFIC_SHA256,
     TrafficDataModule,

@@ -136,7 +136,7 @@ def test_forecasting_metrics_score_every_window(tmp_path):
     assert res["test/mse"] == pytest.approx(err.pow(2).mean().item(), rel=1e-5)
     assert res["test/mae"] == pytest.approx(err.abs().mean().item(), rel=1e-5)
     assert res["test/smape"] == pytest.approx(smape.item(), rel=1e-4)
-    po, yo = ds.inverse_transform(p.numpy()), ds.inverse_transform(y.numpy())
+    po, yo = dm.scaler.inverse_transform(p.numpy()), dm.scaler.inverse_transform(y.numpy())
     assert res["test/mse_orig"] == pytest.approx(float(((po - yo) ** 2).mean()), rel=1e-4)
 
 

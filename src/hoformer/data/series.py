@@ -537,6 +537,9 @@ class SeriesDataModule(SplitDataModule):
     def _make_splits(self, names) -> dict[str, SeriesWindows]:
         """All three splits at once, whichever ``names`` were asked for: one read, one split, one scaler."""
         series = self.read_series()
+        for array in (series.values, series.dates, series.mask):  # shared by every split and user: read-only
+            if array is not None:
+                array.setflags(write=False)
         values, mask = series.values, series.mask
         try:
             starts, train_rows = chronological_split(self.protocol, len(values), self.window, self.horizon,
