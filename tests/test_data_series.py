@@ -192,3 +192,90 @@ def test_checkpoints_of_the_earlier_task_layout_load(tmp_path):
     assert isinstance(dm, LTSFDataModule) and dm.hparams.synthetic_length == 300
     df = forecast_checkpoint(tmp_path / "old.ckpt")
     pd.testing.assert_frame_equal(df, forecast_series(model, dm.scaler, dm.variate_names, dm.history()))
+
+
+# ------------------------------------------------------------------------------------------- data signature
+def _custom(tmp_path, name, num_variates, seed=0, rows=400):
+    write_synthetic_ltsf_csv(tmp_path / name, "electricity", rows, num_variates=num_variates, seed=seed)
+    return name
+
+
+def test_data_signature_names_what_the_model_depends_on(tmp_path):
+    """File name, series names, their number, the forecast targets, lookback, horizon and a scaler digest; JSON-able;
+    the same for the same data read from another folder or with other loader settings."""
+    import json
+    import shutil
+
+    from hoformer.data import LTSFDataModule
+
+    _custom(tmp_path, "s.csv", 4)
+    dm = LTSFDataModule(str(tmp_path), "s.csv", 24, 12)
+    sig = dm.data_signature()
+    assert json.loads(json.dumps(sig)) == sig
+    assert {k: sig[k] for k in ("data", "columns", "num_series", "targets", "lookback", "horizon")} == {
+        "data": "s.csv", "columns": ["0", "1", "2", "OT"], "num_series": 4, "targets": ["0", "1", "2", "OT"],
+        "lookback": 24, "horizon": 12}
+    assert sig["scaler"] == dm.scaler.digest() and len(sig["scaler"]) == 16
+    (tmp_path / "elsewhere").mkdir()
+    shutil.copy(tmp_path / "s.csv", tmp_path / "elsewhere" / "s.csv")
+    other = LTSFDataModule(str(tmp_path / "elsewhere"), "s.csv", 24, 12, batch_size=7, num_workers=0)
+    assert other.data_signature() == sig
+    ms = LTSFDataModule(str(tmp_path), "s.csv", 24, 12, features="MS").data_signature()
+    assert ms["targets"] == ["OT"] and ms["columns"] == sig["columns"]
+    assert LTSFDataModule(str(tmp_path), "s.csv", 24, 12, scale=False).data_signature()["scaler"] is None
+    traffic = _los_loop(tmp_path / "traffic")
+    t = traffic.data_signature()
+    assert t["data"] == "los_speed.csv" and t["columns"] == list("abcd") and t["num_series"] == 4
+    assert (t["lookback"], t["horizon"]) == (12, 12) and t["scaler"] == traffic.scaler.digest()
+
+
+def _los_loop(d):
+    rng = np.random.default_rng(1)
+    values = rng.uniform(20, 70, (300, 4)).round(1)
+    d.mkdir()
+    pd.DataFrame(values, columns=list("abcd")).to_csv(d / "los_speed.csv", index=False)
+    pd.DataFrame(np.eye(4)).to_csv(d / "los_adj.csv", index=False, header=False)
+    return TrafficDataModule("los_loop", root=str(d), verify=False)
+
+
+def test_scaler_digest_ignores_rounding_but_not_other_statistics():
+    sc = StandardScaler().fit(np.random.default_rng(0).normal(size=(100, 3)))
+    twin = StandardScaler()
+    twin.mean, twin.std = sc.mean * (1 + 1e-14), sc.std.copy()  # another machine's summation order
+    assert twin.digest() == sc.digest()
+    twin.mean = sc.mean + 1e-6
+    assert twin.digest() != sc.digest()
+
+
+def test_check_data_signature_refuses_other_data_naming_the_difference(tmp_path):
+    """An 8-series checkpoint used on 7-series data, a 7-series one on 4 series, another file with the same columns,
+    another lookback: each refused with what differs (trained on what, given what) and the override; the override
+    turns it into a warning; a checkpoint without a signature checks nothing."""
+    from hoformer.data import DataMismatchError, LTSFDataModule, check_data_signature
+
+    def sig(name, n, seed=0, **kw):
+        return LTSFDataModule(str(tmp_path), _custom(tmp_path, name, n, seed), 24, 12, **kw).data_signature()
+
+    eight, seven, four = sig("eight.csv", 8), sig("seven.csv", 7), sig("four.csv", 4)
+    assert check_data_signature(seven, sig("seven.csv", 7)) == []
+    with pytest.raises(DataMismatchError) as e:
+        check_data_signature(eight, seven)
+    msg = str(e.value)
+    assert "data: trained on 'eight.csv', now 'seven.csv'" in msg and "num_series: trained on 8, now 7" in msg
+    assert "only in training: ['6']" in msg and "pass allow_mismatch=True to use it anyway" in msg
+    assert isinstance(e.value, ValueError)
+    with pytest.raises(DataMismatchError, match="num_series: trained on 7, now 4"):
+        check_data_signature(seven, four, override="--allow_data_mismatch")
+    with pytest.raises(DataMismatchError, match="pass --allow_data_mismatch to use it anyway"):
+        check_data_signature(seven, four, override="--allow_data_mismatch")
+    other_values = sig("seven_b.csv", 7, seed=1)  # same columns, other numbers
+    with pytest.raises(DataMismatchError, match="scaler: trained on") as e:
+        check_data_signature(seven, {**other_values, "data": "seven.csv"})
+    assert "columns" not in str(e.value)
+    with pytest.raises(DataMismatchError, match="lookback: trained on 24, now 48"):
+        check_data_signature(seven, {**seven, "lookback": 48})
+    with pytest.warns(UserWarning, match="num_series: trained on 8, now 7"):
+        diffs = check_data_signature(eight, seven, allow_mismatch=True)
+    assert len(diffs) >= 3 and any(d.startswith("columns:") for d in diffs)
+    assert check_data_signature(None, seven) == [] and check_data_signature({}, seven) == []
+    assert check_data_signature({"lookback": 24, "future_key": 1}, seven) == []  # keys on one side only

@@ -620,7 +620,9 @@ def _differences(saved: dict, current: dict) -> list[str]:
         if isinstance(a, list) and isinstance(b, list):
             only_a, only_b = [x for x in a if x not in b], [x for x in b if x not in a]
             if only_a or only_b:
-                line += f" (only in training: {_show(only_a)}; only now: {_show(only_b)})"
+                parts = [f"only in training: {_show(only_a)}" if only_a else "", f"only now: {_show(only_b)}" if only_b
+                         else ""]
+                line += f" ({'; '.join(p for p in parts if p)})"
             else:
                 line += " (the same names in another order)"
         out.append(line)
