@@ -615,7 +615,7 @@ def test_synthetic_features_and_datamodule_options():
 def test_verify_file_and_roots(tmp_path, monkeypatch):
     import hashlib
 
-    from hoformer.data._utils import default_data_root, verify_file
+    from hoformer.data import default_data_root, verify_file
 
     f = tmp_path / "blob.bin"
     f.write_bytes(b"hoformer")
@@ -638,7 +638,7 @@ def test_verify_file_and_roots(tmp_path, monkeypatch):
 def test_download_url_keeps_verified_file_and_overwrites(tmp_path):
     import hashlib
 
-    from hoformer.data._utils import download_url
+    from hoformer.data import download_url
 
     src = tmp_path / "src.bin"
     src.write_bytes(b"new contents")

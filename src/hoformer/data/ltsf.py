@@ -90,7 +90,7 @@ _LOOKUP = {**{k.lower(): k for k in LTSF_DATASETS}, **_ALIASES}
 
 
 def _resolve(root, name: str, download: bool = False) -> tuple[str, LTSFSpec, Path]:
-    key = _LOOKUP.get(str(name).lower())
+    key = ltsf_key(name)
     if key is not None:
         spec = LTSF_DATASETS[key]
         if root is None:
@@ -110,7 +110,7 @@ def default_ltsf_root(name: str, download: bool = False) -> Path:
     if not download:
         return resolve_root(None, "ltsf", f"LTSF dataset {name!r}")
     base = default_data_root()
-    key = _LOOKUP.get(str(name).lower())
+    key = ltsf_key(name)
     if base is not None and key is not None and (base / "ltsf" / LTSF_DATASETS[key].path).is_file():
         return base / "ltsf"
     return cache_dir("ltsf")
