@@ -259,3 +259,39 @@ def test_forecast_calendar_steps_in_local_time_offsets_and_order(tmp_path):
         _forecast(Persistence(24), ds, raw.iloc[::-1])  # checked in the rows the forecast uses: the last 48
     repeated = raw.assign(date=raw["date"].where(raw.index != 20, raw["date"].shift(1)))  # one repeated timestamp,
     assert len(_forecast(Persistence(24), ds, repeated)) == 24  # as the Weather file has: allowed
+
+
+def test_forecast_series_arguments_are_checked(tmp_path):
+    """The scaler must fit the columns, the lengths come from the model or the arguments, features is one of three."""
+    dm = _etth1(tmp_path)
+    history = dm.history()
+    with pytest.raises(ValueError, match=r"the scaler has 7 channels but 2 columns were given \(\['HUFL', 'OT'\]\)"):
+        forecast_series(Persistence(24), dm.scaler, ["HUFL", "OT"], history, seq_len=48)
+    with pytest.raises(ValueError, match=r"`seq_len` must be an int >= 1 \(pass seq_len=\.\.\., or a model with a "
+                                         r"`seq_len` attribute\), got None"):
+        forecast_series(Persistence(24), dm.scaler, dm.variate_names, history)
+    with pytest.raises(ValueError, match="`features` must be 'M', 'S' or 'MS', got 'X'"):
+        forecast_series(Persistence(24), dm.scaler, dm.variate_names, history, seq_len=48, features="X")
+    got = forecast_series(Persistence(24), dm.scaler, dm.variate_names, history, seq_len=48)  # pred_len: the model's
+    pd.testing.assert_frame_equal(got, _forecast(Persistence(24), dm))
+
+
+def test_forecast_checkpoint_reads_a_history_file_as_the_training_file(tmp_path):
+    """``history=PATH`` (``--history``) is read like the training file (header or not, encoding) and matched by
+    column name; a missing file is named."""
+    write_synthetic_ltsf_csv(tmp_path / "Solar" / "solar_AL.txt", "solar", n_rows=400, num_variates=4)
+    kwargs = dict(seq_len=24, pred_len=8, num_variates=4, dim=16, depth=1, num_heads=2, patch_size=4)
+    model = create_model("hot_forecaster", **kwargs)
+    ckpt = tmp_path / "solar.ckpt"
+    data = dict(root=str(tmp_path), name="solar", seq_len=24, pred_len=8, verify=False)
+    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+                "hyper_parameters": {"model_name": "hot_forecaster", "model_kwargs": kwargs},
+                "datamodule_hyper_parameters": {"_class_path": "hoformer.data.LTSFDataModule", **data}}, ckpt)
+    newer = write_synthetic_ltsf_csv(tmp_path / "newer.txt", "solar", n_rows=100, num_variates=4, seed=3)
+    dm = _dm(tmp_path, "solar", seq_len=24, pred_len=8)
+    want = forecast_series(model, dm.scaler, dm.variate_names, dm.history(newer))
+    pd.testing.assert_frame_equal(forecast_checkpoint(ckpt, history=newer), want)
+    assert list(want.columns) == ["step", "0", "1", "2", "3"]  # no header: the columns are numbered
+    assert not want.equals(forecast_checkpoint(ckpt))  # the training file's end is another lookback
+    with pytest.raises(FileNotFoundError, match="missing.txt"):
+        forecast_checkpoint(ckpt, history=tmp_path / "missing.txt")

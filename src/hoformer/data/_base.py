@@ -7,7 +7,7 @@ A subclass says how its datasets are built, in one of two ways:
   on first use (the HOT datamodules);
 * all splits together (a tokenizer or a scaler fitted on the training split): override
   :meth:`SplitDataModule._make_splits`, which may return more splits than were asked for; everything it returns is
-  cached, so it runs once (text, traffic).
+  cached, so it runs once (text, the series datamodules).
 
 Training loaders shuffle; validation, test and predict loaders never shuffle and no loader drops its last batch, so
 every evaluation sample is scored. When a multi-process (DDP) ``Trainer`` asks for the validation / test / predict
