@@ -603,7 +603,7 @@ def test_forecasting_loss_and_original_scale_metrics(tmp_path, loss):
     want = err.pow(2).mean() if loss == "mse" else err.abs().mean()
     assert res["test/loss"] == pytest.approx(want.item(), rel=1e-5)
     ds = dm.dataset("test")
-    mean, std = torch.from_numpy(ds.mean), torch.from_numpy(ds.std)
+    mean, std = torch.from_numpy(dm.scaler.mean), torch.from_numpy(dm.scaler.std)
     err_orig = (p * std + mean) - (y * std + mean)  # by hand: x * std + mean per variate
     assert res["test/mae_orig"] == pytest.approx(err_orig.abs().mean().item(), rel=1e-5)
     assert res["test/mse_orig"] == pytest.approx(err_orig.pow(2).mean().item(), rel=1e-5)
@@ -1007,7 +1007,7 @@ def test_original_scale_metrics_come_from_the_batch_statistics(tmp_path):
     y = torch.stack([ds[i]["y"] for i in range(len(ds))]).double()
     with torch.no_grad():
         p = task.model.eval().double()(x)
-    std = torch.from_numpy(ds.std)
+    std = torch.from_numpy(dm.scaler.std)
     assert plain["test/mae_orig"] == pytest.approx(((p - y) * std).abs().mean().item(), rel=1e-5)
 
 
