@@ -249,9 +249,9 @@ def _augment(item):
 
 
 class _AugmentedLTSF(LTSFDataModule):
-    def _make(self, split):
-        ds = super()._make(split)
-        return _Mapped(ds, _augment) if split == "train" else ds
+    def _make_splits(self, names):
+        out = super()._make_splits(names)
+        return {**out, "train": _Mapped(out["train"], _augment)}
 
 
 def _resume_run(tmp_path, callbacks, ckpt_path=None, augment=False, num_workers=0):
@@ -535,9 +535,9 @@ def test_epoch_shuffle_is_drawn_from_seed_and_epoch(tmp_path):
     log: list[int] = []
 
     class DM(LTSFDataModule):
-        def _make(self, split):
-            ds = super()._make(split)
-            return _Indexed(ds, log) if split == "train" else ds
+        def _make_splits(self, names):
+            out = super()._make_splits(names)
+            return {**out, "train": _Indexed(out["train"], log)}
 
     def run(seed, burn=0):
         log.clear()
@@ -763,9 +763,9 @@ def test_worker_seeds_are_drawn_from_seed_and_epoch(tmp_path):
     seen = []
 
     class DM(LTSFDataModule):
-        def _make(self, split):
-            ds = super()._make(split)
-            return _Mapped(ds, _with_worker_seed) if split == "train" else ds
+        def _make_splits(self, names):
+            out = super()._make_splits(names)
+            return {**out, "train": _Mapped(out["train"], _with_worker_seed)}
 
     class Grab(pl.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
