@@ -31,7 +31,7 @@ import numpy as np
 from hoformer._checks import check_int
 
 from .series import Series, SeriesDataModule, SeriesWindows, check_series_frame, check_time_order, read_series_table
-from ._utils import VERIFY_HINT, SchemaError, require_file, verify_file
+from ._utils import VERIFY_HINT, SchemaError, require_file, resolve_root, verify_file
 
 __all__ = [
     "TRAFFIC_SHA256",
@@ -141,17 +141,13 @@ def load_los_loop(root: str | os.PathLike | None = None, *, speed_path: str | os
     return values.astype(np.float32), list(ids), adj.astype(np.float32)
 
 
-def _default_root() -> Path:
-    env = os.environ.get("HOFORMER_DATA")
-    return (Path(env) if env else Path("../shared/data")) / "traffic"
-
-
 class TrafficDataModule(SeriesDataModule):
     """METR-LA / PEMS-BAY / Los-loop datamodule (usable from a LightningCLI ``data: class_path``).
 
     Args:
         dataset: ``"metr_la"``, ``"pems_bay"`` or ``"los_loop"``.
-        root: directory with the files (default ``$HOFORMER_DATA/traffic``): ``metr-la.h5``, ``pems-bay.h5``,
+        root: directory with the files (default ``$HOFORMER_DATA/traffic``, or ``../shared/data/traffic``; not read
+            when ``data_path`` and ``adj_path`` are both given): ``metr-la.h5``, ``pems-bay.h5``,
             ``sensor_graph/adj_mx.pkl``, ``sensor_graph/adj_mx_bay.pkl``, ``los_loop/los_{speed,adj}.csv``.
         data_path, adj_path: override the file locations (each independently; the other file is still looked up
             under ``root``): the ``.h5`` / ``los_speed.csv`` and the ``.pkl`` / ``los_adj.csv``.
@@ -192,7 +188,11 @@ class TrafficDataModule(SeriesDataModule):
                          test_ratio=test_ratio, scaler_eps=1e-8, time_encoding="daily",
                          drop_empty_windows=drop_empty_windows, batch_size=batch_size, num_workers=num_workers,
                          eval_batch_size=eval_batch_size)
-        self.dataset, self.root = dataset, Path(root) if root else _default_root()
+        if data_path is not None and adj_path is not None:  # both files named: the root is not read
+            self.root = Path(root) if root else None
+        else:
+            self.root = resolve_root(root, "traffic", f"traffic dataset {dataset!r}")
+        self.dataset = dataset
         self.data_path, self.adj_path = data_path, adj_path
         self.start, self.expected_nodes, self.verify = start, num_nodes, verify
         self.split_protocol = split_protocol
