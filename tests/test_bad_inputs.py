@@ -18,7 +18,7 @@ import torch
 
 import hoformer.functional as HF
 import hoformer.layers as HL
-from hoformer.data import LTSFDataset, MedMNIST3D, SyntheticLTSF, read_text_split
+from hoformer.data import LTSFDataModule, MedMNIST3D, read_text_split
 from hoformer.data._utils import ChecksumError, download_url, require_file, verify_file
 from hoformer.models import create_model, from_pretrained
 
@@ -384,29 +384,30 @@ MODELS = [
 ]
 
 DATA = [
-    Case("LTSFDataset/unknown-name", lambda tmp: LTSFDataset(tmp, "ETTh9"), (ValueError, FileNotFoundError),
-         ("ETTh9",)),
-    Case("LTSFDataset/missing-file", lambda tmp: LTSFDataset(tmp, "ETTh1"), FileNotFoundError,
+    Case("LTSFDataModule/unknown-name", lambda tmp: LTSFDataModule(str(tmp), "ETTh9").setup(),
+         (ValueError, FileNotFoundError), ("ETTh9",)),
+    Case("LTSFDataModule/missing-file", lambda tmp: LTSFDataModule(str(tmp), "ETTh1").setup(), FileNotFoundError,
          ("ETTh1", "ETTh1.csv", "download=True")),
-    Case("LTSFDataset/directory", lambda tmp: LTSFDataset((tmp / "ETT-small" / "ETTh1.csv").mkdir(parents=True) or tmp,
-                                                          "ETTh1"), FileNotFoundError,
+    Case("LTSFDataModule/directory", lambda tmp: LTSFDataModule(
+        str((tmp / "ETT-small" / "ETTh1.csv").mkdir(parents=True) or tmp), "ETTh1").setup(), FileNotFoundError,
          ("LTSF file for 'ETTh1'", "ETTh1.csv", "is a directory")),
-    Case("LTSFDataset/directory-download", lambda tmp: LTSFDataset(
-        (tmp / "ETT-small" / "ETTh1.csv").mkdir(parents=True) or tmp, "ETTh1", download=True), FileNotFoundError,
-         ("ETTh1.csv", "is a directory")),
-    Case("LTSFDataset/split", lambda tmp: SyntheticLTSF(split="dev"), ValueError,
+    Case("LTSFDataModule/directory-download", lambda tmp: LTSFDataModule(
+        str((tmp / "ETT-small" / "ETTh1.csv").mkdir(parents=True) or tmp), "ETTh1", download=True).setup(),
+         FileNotFoundError, ("ETTh1.csv", "is a directory")),
+    Case("LTSFDataModule/split", lambda tmp: LTSFDataModule(synthetic=True).dataset("dev"), ValueError,
          ("split", "'dev'")),
-    Case("LTSFDataset/features", lambda tmp: SyntheticLTSF(features="X"), ValueError,
+    Case("LTSFDataModule/features", lambda tmp: LTSFDataModule(synthetic=True, features="X"), ValueError,
          ("features", "'X'")),
-    Case("LTSFDataset/seq-len", lambda tmp: SyntheticLTSF(seq_len=0), ValueError, ("seq_len", "0")),
-    Case("LTSFDataset/no-date-column", lambda tmp: LTSFDataset(tmp, text_csv(tmp, "x.csv", ["a,b,OT"] + [
-        f"{i},{i},{i}" for i in range(300)]).name, seq_len=8, pred_len=4), ValueError, ("x.csv", "date")),
-    Case("LTSFDataset/non-numeric", lambda tmp: LTSFDataset(tmp, text_csv(tmp, "y.csv", ["date,a,OT"] + [
+    Case("LTSFDataModule/seq-len", lambda tmp: LTSFDataModule(synthetic=True, seq_len=0), ValueError,
+         ("seq_len", "0")),
+    Case("LTSFDataModule/no-date-column", lambda tmp: LTSFDataModule(str(tmp), text_csv(tmp, "x.csv", ["a,b,OT"] + [
+        f"{i},{i},{i}" for i in range(300)]).name, seq_len=8, pred_len=4).setup(), ValueError, ("x.csv", "date")),
+    Case("LTSFDataModule/non-numeric", lambda tmp: LTSFDataModule(str(tmp), text_csv(tmp, "y.csv", ["date,a,OT"] + [
         f"2020-01-{1 + i // 24:02d} {i % 24:02d}:00:00,{'abc' if i == 5 else i},{i}" for i in range(300)]).name,
         seq_len=8,
-        pred_len=4), ValueError, ("y.csv", "a")),
-    Case("LTSFDataset/empty-csv", lambda tmp: LTSFDataset(tmp, text_csv(tmp, "e.csv", ["date,a,OT"]).name), ValueError,
-         ("e.csv",)),
+        pred_len=4).setup(), ValueError, ("y.csv", "a")),
+    Case("LTSFDataModule/empty-csv", lambda tmp: LTSFDataModule(str(tmp), text_csv(tmp, "e.csv", ["date,a,OT"]).name)
+         .setup(), ValueError, ("e.csv",)),
     Case("read_text_split/unknown", lambda tmp: read_text_split("imdbb", "train", tmp), ValueError,
          ("imdbb", "sst2")),
     Case("read_text_split/split", lambda tmp: read_text_split("sst2", "valid", tmp), ValueError,
@@ -591,3 +592,58 @@ def test_bad_input(case: Case, tmp_path):
     missing = [n for n in case.needles if n not in msg]
     assert not missing, f"{case.id}: message lacks {missing}: {msg!r}"
     assert not (tmp_path / "marker").exists(), f"{case.id}: a checkpoint's pickle payload ran"
+
+
+# ------------------------------------------------------------------------------ repeated and empty table cells
+def _dated_rows(header: str, n: int = 300) -> list[str]:
+    width = header.count(",")
+    return [header] + [f"2020-01-{1 + i // 24:02d} {i % 24:02d}:00:00," + ",".join(str(i + j) for j in range(width))
+                       for i in range(n)]
+
+
+@pytest.mark.parametrize("header, name, where", [("date,a,b,a", "a", "#2 and #4"), ("date,OT,OT", "OT", "#2 and #3"),
+                                                 ("date,a, a,b", "a", "#2 and #3")])
+def test_series_csv_with_a_repeated_column_name_is_refused(tmp_path, header, name, where):
+    """A repeated series name was renamed ``a.1`` by pandas and trained on; the reader names the file, the name and
+    both columns, for the datamodule and for a forecast history alike."""
+    from hoformer.data import LTSFDataModule, SchemaError, read_series_table
+
+    path = text_csv(tmp_path, "rep.csv", _dated_rows(header))
+    want = rf"rep\.csv: column name '{name}' is repeated in the header \(columns {where}\); expected one distinct name"
+    with pytest.raises(SchemaError, match=want):
+        LTSFDataModule(str(tmp_path), "rep.csv", seq_len=8, pred_len=4).setup()
+    with pytest.raises(SchemaError, match=want):
+        read_series_table(path)
+
+
+def test_traffic_table_with_a_repeated_sensor_is_refused(tmp_path):
+    from hoformer.data import SchemaError, load_los_loop
+
+    text_csv(tmp_path, "los_speed.csv", ["1,2,1"] + [f"{i},{i + 1},{i + 2}" for i in range(50)])
+    text_csv(tmp_path, "los_adj.csv", ["1,0,0", "0,1,0", "0,0,1"])
+    with pytest.raises(SchemaError, match=r"los_speed\.csv: column name '1' is repeated in the header \(columns #1 "
+                                          r"and #3\)"):
+        load_los_loop(tmp_path, verify=False)
+
+
+@pytest.mark.parametrize("content, line", [("text,label\nfine,1\n,0\n", 3), ("text,label\nfine,1\n   ,0\n", 3),
+                                           ('text,label\nfine,1\nok,0\n"",1\n', 4)])
+def test_text_csv_row_with_an_empty_text_is_refused(tmp_path, content, line):
+    with pytest.raises(ValueError, match=rf"t\.csv line {line}: empty text in column 'text'; expected a text"):
+        _table(tmp_path, content)
+
+
+@pytest.mark.parametrize("content, kind, name, cols", [
+    ("text,label,label\nx,1,0\n", "label", "label", "#2, #3"),
+    ("Text,text,label\nx,y,0\n", "text", "text", "#1, #2"),
+    ("review,sentiment,sentiment\nx,1,0\n", "label", "sentiment", "#2, #3")])
+def test_text_csv_with_a_repeated_text_or_label_column_is_refused(tmp_path, content, kind, name, cols):
+    """``text,label,label`` used the first label silently; which column is meant is now asked for, and a 0-based
+    index still picks one."""
+    with pytest.raises(ValueError, match=rf"t\.csv: the {kind} column '{name}' appears 2 times in the header .*"
+                                         rf"\(columns {cols}\); expected one column of that name.*{kind}_column="):
+        _table(tmp_path, content)
+    if kind == "label":
+        with pytest.raises(ValueError, match="appears 2 times"):
+            _table(tmp_path, content, label_column=name)
+        assert _table(tmp_path, content, label_column=2).labels == [0]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hoformer.data import LTSFDataModule, SyntheticLTSF
+from hoformer.data import LTSFDataModule
 from hoformer.models import create_model, from_pretrained
 from hoformer.models.causal_forecaster import HOTCausalForecaster
 from hoformer.train import ForecastingTask
@@ -218,25 +218,26 @@ def test_forecasting_task_trains_on_next_patch_prediction(tmp_path):
 
 
 # -------------------------------------------------------------------------------------------- forecast
-def _dataset():
-    return SyntheticLTSF("train", 24, 16, num_variates=3, length=300)
+def _forecast(model, **kw):
+    dm = LTSFDataModule(synthetic=True, seq_len=24, pred_len=16, num_variates=3, synthetic_length=300)
+    dm.setup()
+    return forecast_series(model, dm.scaler, dm.variate_names, dm.history(), **kw)
 
 
 def test_forecast_series_any_horizon_for_the_causal_model_only():
     model = _model(dtype=torch.float32)
-    ds = _dataset()
-    default = forecast_series(model, ds)
-    long = forecast_series(model, ds, horizon=50)
+    default = _forecast(model)
+    long = _forecast(model, horizon=50)
     assert len(default) == 16 and len(long) == 50 and list(long.columns) == list(default.columns)
     assert long["date"].is_monotonic_increasing
     torch.testing.assert_close(torch.tensor(long.iloc[:16, 1:].to_numpy()),
                                torch.tensor(default.iloc[:, 1:].to_numpy()), rtol=1e-6, atol=1e-6)
     direct = create_model("hot_forecaster", seq_len=24, pred_len=16, num_variates=3, dim=16, depth=1, num_heads=2)
-    assert len(forecast_series(direct, ds, horizon=16)) == 16
+    assert len(_forecast(direct, horizon=16)) == 16
     with pytest.raises(ValueError, match=r"`horizon`=50 but hot_forecaster forecasts the fixed horizon pred_len=16"):
-        forecast_series(direct, ds, horizon=50)
+        _forecast(direct, horizon=50)
     with pytest.raises(ValueError, match="`horizon` must be an int >= 1"):
-        forecast_series(model, ds, horizon=0)
+        _forecast(model, horizon=0)
 
 
 def test_hoformer_forecast_horizon_from_a_causal_checkpoint(tmp_path, capsys):
@@ -250,7 +251,7 @@ def test_hoformer_forecast_horizon_from_a_causal_checkpoint(tmp_path, capsys):
     out = tmp_path / "forecast.csv"
     assert forecast_main(["--checkpoint", str(ckpt), "--horizon", "40", "--output", str(out)]) == 0
     assert "hoformer forecast: 40 steps" in capsys.readouterr().out
-    want = forecast_series(model, _dataset(), horizon=40)
+    want = _forecast(model, horizon=40)
     got = forecast_checkpoint(ckpt, horizon=40)
     torch.testing.assert_close(torch.tensor(got.iloc[:, 1:].to_numpy()), torch.tensor(want.iloc[:, 1:].to_numpy()),
                                rtol=1e-6, atol=1e-6)

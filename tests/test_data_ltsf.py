@@ -7,8 +7,21 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from hoformer.data import LTSFDataModule, LTSFDataset, SyntheticLTSF, time_features, write_synthetic_ltsf_csv
-from hoformer.data._utils import ChecksumError, SchemaError
+from hoformer.data import ChecksumError, LTSFDataModule, SchemaError, time_features, write_synthetic_ltsf_csv
+
+SPLITS = ("train", "val", "test")
+
+
+def _built(root, name, seq_len=96, pred_len=96, **kw):
+    """An LTSF datamodule, set up (read, split and scaled once for every split)."""
+    dm = LTSFDataModule(None if root is None else str(root), name, seq_len, pred_len, **kw)
+    dm.setup()
+    return dm
+
+
+def _split(root, name, split="train", seq_len=96, pred_len=96, **kw):
+    """The windows of one split."""
+    return _built(root, name, seq_len, pred_len, **kw).dataset(split)
 
 
 
@@ -24,14 +37,16 @@ def _raw(path, n_cols):
 
 def _check_protocol(root, name, raw, b2, seq=96, pred=96, **kw):
     """Borders b2 = (train_end, val_end, test_end); checks lengths, scaler, window positions, inverse."""
-    ds = {s: LTSFDataset(root, name, s, seq, pred, **kw) for s in ("train", "val", "test")}
+    dm = _built(root, name, seq, pred, **kw)
+    ds = {s: dm.dataset(s) for s in SPLITS}
     starts = (0, b2[0] - seq, b2[1] - seq)
     for (s, d), b1, e in zip(ds.items(), starts, b2):
-        assert d.borders == (b1, e)
+        assert d.starts[0] == b1 and d.starts[-1] + seq + pred == e  # absolute rows of the file
         assert len(d) == e - b1 - seq - pred + 1  # every window of the slice, none dropped
+        assert d.data is ds["train"].data  # one scaled series shared by the splits
     mean, std = raw[:b2[0]].mean(0), raw[:b2[0]].std(0)  # scaler fitted on the training rows only
-    np.testing.assert_allclose(ds["test"].mean, mean, rtol=1e-10)
-    np.testing.assert_allclose(ds["test"].std, std, rtol=1e-10)
+    np.testing.assert_allclose(dm.scaler.mean, mean, rtol=1e-10)
+    np.testing.assert_allclose(dm.scaler.std, std, rtol=1e-10)
     scaled = (raw - mean) / std
     x, y = _item(ds["val"][0])  # first validation window starts seq_len early: its target starts right after train
     np.testing.assert_allclose(x.numpy(), scaled[b2[0] - seq:b2[0]], rtol=1e-5, atol=1e-5)
@@ -41,18 +56,18 @@ def _check_protocol(root, name, raw, b2, seq=96, pred=96, **kw):
     x, y = _item(ds["test"][len(ds["test"]) - 1])  # the last test window ends on the last test row
     np.testing.assert_allclose(y.numpy(), scaled[b2[2] - pred:b2[2]], rtol=1e-5, atol=1e-5)
     assert x.dtype == y.dtype == torch.float32 and x.shape == (seq, raw.shape[1]) and y.shape == (pred, raw.shape[1])
-    np.testing.assert_allclose(ds["test"].inverse_transform(y.double()).numpy(), raw[b2[2] - pred:b2[2]],
+    np.testing.assert_allclose(dm.scaler.inverse_transform(y.double()).numpy(), raw[b2[2] - pred:b2[2]],
                                rtol=1e-5, atol=1e-4)
     with pytest.raises(IndexError):
         ds["test"][len(ds["test"])]
-    return ds
+    return dm, ds
 
 
 # ------------------------------------------------------------------------------------------------ real data
 def test_etth1_protocol(data_root):
     root = data_root / "ltsf"
     raw = _raw(root / "ETT-small/ETTh1.csv", 7)
-    ds = _check_protocol(root, "etth1", raw, (8640, 11520, 14400))
+    _, ds = _check_protocol(root, "etth1", raw, (8640, 11520, 14400))
     assert [len(d) for d in ds.values()] == [8449, 2785, 2785]
     assert ds["train"].columns[-1] == "OT" and ds["train"].num_variates == 7
 
@@ -62,7 +77,7 @@ def test_weather_protocol(data_root):
     raw = _raw(root / "weather/weather.csv", 21)  # CRLF line endings, non-ASCII header
     n = len(raw)
     n_train, n_test = int(0.7 * n), int(0.2 * n)
-    ds = _check_protocol(root, "Weather", raw, (n_train, n - n_test, n))
+    _, ds = _check_protocol(root, "Weather", raw, (n_train, n - n_test, n))
     assert [len(d) for d in ds.values()] == [36696, 5175, 10444]  # the published TSLib / iTransformer counts
     assert ds["train"].num_variates == 21
 
@@ -80,11 +95,11 @@ def test_synthetic_ett_protocol(ett_root):
     path = ett_root / "ETT-small/ETTh1.csv"
     assert path.read_text().splitlines()[0] == "date,HUFL,HULL,MUFL,MULL,LUFL,LULL,OT"
     raw = _raw(path, 7)
-    ds = _check_protocol(ett_root, "ETTh1", raw, (8640, 11520, 14400), verify=False)
+    _, ds = _check_protocol(ett_root, "ETTh1", raw, (8640, 11520, 14400), verify=False)
     assert [len(d) for d in ds.values()] == [8449, 2785, 2785]
     # other lookbacks / horizons move the val/test starts with seq_len
-    d = LTSFDataset(ett_root, "ETTh1", "test", 336, 720, verify=False)
-    assert d.borders == (11520 - 336, 14400) and len(d) == 2880 + 336 - 336 - 720 + 1
+    d = _split(ett_root, "ETTh1", "test", 336, 720, verify=False)
+    assert d.starts[0] == 11520 - 336 and d.starts[-1] + 336 + 720 == 14400 and len(d) == 2880 + 336 - 336 - 720 + 1
 
 
 def test_synthetic_weather_format_protocol(ett_root):
@@ -92,15 +107,17 @@ def test_synthetic_weather_format_protocol(ett_root):
     blob = path.read_bytes()
     assert b"\r\n" in blob and "\u00b5mol".encode() in blob.split(b"\r\n")[0]  # same quirks as the real file
     raw = _raw(path, 21)
-    ds = _check_protocol(ett_root, "weather", raw, (1050, 1200, 1500), seq=48, pred=24, verify=False)
-    assert ds["val"].dates[0] == ds["train"].dates[1050 - 48]  # val slice starts seq_len rows early
+    dm, ds = _check_protocol(ett_root, "weather", raw, (1050, 1200, 1500), seq=48, pred=24, verify=False)
+    assert ds["val"].starts[0] == 1050 - 48  # val slice starts seq_len rows early
+    torch.testing.assert_close(ds["val"][0]["x"], ds["train"].data[1050 - 48:1050])
 
 
 def test_features_marks_and_inverse(ett_root):
     kw = dict(verify=False, seq_len=24, pred_len=12)
-    s = LTSFDataset(ett_root, "ETTh1", "val", features="S", **kw)
-    ms = LTSFDataset(ett_root, "ETTh1", "val", features="MS", label_len=6, **kw)
-    m = LTSFDataset(ett_root, "ETTh1", "val", time_features=True, **kw)
+    s = _split(ett_root, "ETTh1", "val", features="S", **kw)
+    dm_ms = _built(ett_root, "ETTh1", features="MS", label_len=6, **kw)
+    dm_m = _built(ett_root, "ETTh1", time_features=True, **kw)
+    ms, m = dm_ms.dataset("val"), dm_m.dataset("val")
     assert _item(s[0])[0].shape == (24, 1) and _item(s[0])[1].shape == (12, 1)
     assert _item(ms[0])[0].shape == (24, 7) and _item(ms[0])[1].shape == (18, 1)
     torch.testing.assert_close(_item(ms[0])[1][:, 0],  # target = OT
@@ -110,28 +127,29 @@ def test_features_marks_and_inverse(ett_root):
     assert xm.shape == (24, 4) and ym.shape == (12, 4) and xm.abs().max() <= 0.5
     # hour-of-day feature of the first val input row (8640 - 24 hours after 2016-07-01 00:00 -> 00:00)
     assert xm[0, 0].item() == pytest.approx(-0.5)
-    raw = m.inverse_transform(y)
-    torch.testing.assert_close(m.transform(raw), y)
-    np.testing.assert_allclose(ms.inverse_transform(ms[0]["y"].numpy())[:, 0], raw[:, -1].numpy(), rtol=1e-5)
+    raw = dm_m.scaler.inverse_transform(y)
+    torch.testing.assert_close(dm_m.scaler.transform(raw), y)
+    target = dm_ms.scaler.channels(slice(-1, None))  # MS: the scaler of the target column
+    np.testing.assert_allclose(target.inverse_transform(ms[0]["y"].numpy())[:, 0], raw[:, -1].numpy(), rtol=1e-5)
     # the batch's statistics give the same original scale (the target's under MS)
     torch.testing.assert_close(ms[0]["y"] * ms[0]["std"] + ms[0]["mean"], raw[:, -1:].float(), rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="last dimension"):
-        m.inverse_transform(torch.zeros(3, 5))
+    with pytest.raises(ValueError, match="expected a last dimension of 7"):
+        dm_m.scaler.inverse_transform(torch.zeros(3, 5))
     tf = time_features(np.array(["2020-01-01T23:59"], dtype="datetime64[ns]"), "t")
     np.testing.assert_allclose(tf[0, :2], [0.5, 0.5])
 
 
 def test_errors(ett_root, tmp_path):
     with pytest.raises(ChecksumError, match="sha256 checksum mismatch"):
-        LTSFDataset(ett_root, "ETTh1", "train")  # the synthetic file is not the reference ETTh1
+        _built(ett_root, "ETTh1")  # the synthetic file is not the reference ETTh1
     with pytest.raises(FileNotFoundError, match="ETTm1.csv"):
-        LTSFDataset(ett_root, "ETTm1", "train")
+        _built(ett_root, "ETTm1")
     with pytest.raises(ValueError, match="name must be one of"):
-        LTSFDataset(ett_root, "nope", "train")
-    with pytest.raises(ValueError, match="split"):
-        LTSFDataset(ett_root, "ETTh1", "dev", verify=False)
+        _built(ett_root, "nope")
+    with pytest.raises(ValueError, match=r"LTSFDataModule.dataset: `split` must be one of .*, got 'dev'"):
+        _split(ett_root, "ETTh1", "dev", verify=False)
     with pytest.raises(ValueError, match="too few"):
-        LTSFDataset(ett_root, "weather", "val", seq_len=96, pred_len=200, verify=False)
+        _built(ett_root, "weather", seq_len=96, pred_len=200, verify=False)
     bad = tmp_path / "ETT-small"
     bad.mkdir()
     lines = (ett_root / "ETT-small/ETTh1.csv").read_text().splitlines()
@@ -145,17 +163,20 @@ def test_errors(ett_root, tmp_path):
     for msg, content in cases.items():
         (bad / "ETTh1.csv").write_text("\n".join(content) + "\n")
         with pytest.raises(SchemaError, match=msg):
-            LTSFDataset(tmp_path, "ETTh1", "train", verify=False)
+            _built(tmp_path, "ETTh1", verify=False)
 
 
 def test_synthetic_dataset_and_datamodule():
-    a, b = SyntheticLTSF("train", 48, 24, length=1200), SyntheticLTSF("train", 48, 24, length=1200)
-    torch.testing.assert_close(a.data, b.data)  # deterministic
-    assert not torch.allclose(a.data, SyntheticLTSF("train", 48, 24, length=1200, seed=1).data)
-    torch.testing.assert_close(a.data.double().mean(0), torch.zeros(7, dtype=torch.float64), atol=1e-6, rtol=0)
-    torch.testing.assert_close(a.data.double().std(0, unbiased=False), torch.ones(7, dtype=torch.float64),
-                               atol=1e-6, rtol=0)
-    corr = np.corrcoef(a.data.numpy().T)
+    def synthetic(**kw):
+        return _split(None, "synthetic", "train", 48, 24, synthetic=True, synthetic_length=1200, **kw).data
+
+    a = synthetic()
+    torch.testing.assert_close(a, synthetic())  # deterministic
+    assert not torch.allclose(a, synthetic(seed=1))
+    train = a[:840].double()  # 70 % of the rows: the scaler's
+    torch.testing.assert_close(train.mean(0), torch.zeros(7, dtype=torch.float64), atol=1e-6, rtol=0)
+    torch.testing.assert_close(train.std(0, unbiased=False), torch.ones(7, dtype=torch.float64), atol=1e-6, rtol=0)
+    corr = np.corrcoef(a.numpy().T)
     assert np.abs(corr[np.triu_indices(7, 1)]).max() > 0.3  # variates are coupled
 
     dm = LTSFDataModule(synthetic=True, seq_len=48, pred_len=24, batch_size=7, synthetic_length=1200)
@@ -169,7 +190,7 @@ def test_synthetic_dataset_and_datamodule():
         last = y[-1]
     assert n == len(test)
     torch.testing.assert_close(last, test.data[-24:])
-    assert dm.inverse_transform(last).shape == (24, 7)
+    assert dm.scaler.inverse_transform(last).shape == (24, 7)
 
 
 def test_datamodule_real_layout(ett_root, monkeypatch, tmp_path):
@@ -189,12 +210,35 @@ def test_datamodule_real_layout(ett_root, monkeypatch, tmp_path):
         LTSFDataModule(name="ETTh1")
 
 
+def test_one_read_one_scaler_fit_for_every_split(ett_root, monkeypatch):
+    """However the splits are asked for, the file is read, split and the scaler fitted once; the splits are windows
+    (absolute start rows) over one scaled series."""
+    from hoformer.data import series
+
+    calls = []
+    for name in ("fit", "transform"):
+        real = getattr(series.StandardScaler, name)
+        monkeypatch.setattr(series.StandardScaler, name,
+                            lambda self, *a, _real=real, _name=name, **k: calls.append(_name) or _real(self, *a, **k))
+    real_read = LTSFDataModule.read_series
+    monkeypatch.setattr(LTSFDataModule, "read_series", lambda self: calls.append("read") or real_read(self))
+    dm = LTSFDataModule(str(ett_root), "ETTh1", 24, 12, verify=False)
+    for split in ("test", "train", "val", "test"):
+        dm.dataset(split)
+    dm.setup("fit")
+    dm.setup("test")
+    next(iter(dm.val_dataloader()))
+    assert calls == ["read", "fit", "transform"]
+    assert all(dm.dataset(s).data is dm.dataset("train").data for s in SPLITS)
+    assert [int(dm.dataset(s).starts[0]) for s in SPLITS] == [0, 8640 - 24, 11520 - 24]
+
+
 def test_public_names_not_shadowed():
     """``hoformer.data`` star-imports every module: a later module must not shadow one of the data API names."""
     import hoformer.data as data
-    from hoformer.data import datamodules, ltsf, medmnist, multispectral
+    from hoformer.data import _utils, datamodules, ltsf, medmnist, multispectral, series, traffic
 
-    for mod in (ltsf, medmnist, multispectral, datamodules):
+    for mod in (_utils, series, ltsf, medmnist, multispectral, traffic, datamodules):
         for name in mod.__all__:
             assert getattr(data, name) is getattr(mod, name), f"hoformer.data.{name} is shadowed"
 
@@ -313,8 +357,8 @@ def test_download_real_ett_offline(data_root, tmp_path, monkeypatch):
     spec = ltsf_mod.LTSF_DATASETS["ETTh1"]
     monkeypatch.setitem(ltsf_mod.LTSF_DATASETS, "ETTh1", dataclasses.replace(spec, url=src.as_uri()))
     cache = _fresh_machine(monkeypatch, tmp_path)
-    ds = LTSFDataset(None, "ETTh1", "val", download=True)
-    assert ds.path == cache / "ETT-small" / "ETTh1.csv" and len(ds) == 2785
+    dm = _built(None, "ETTh1", download=True)
+    assert dm.series.source == str(cache / "ETT-small" / "ETTh1.csv") and len(dm.dataset("val")) == 2785
 
 
 # ------------------------------------------------------------------------------------------------ protocol details
@@ -372,9 +416,9 @@ def test_ettm_protocol(tmp_path):
     """ETTm: the same 12/4/4 months at 15 minutes (x4 rows); calendar marks default to the minute features."""
     path = _fast_ett_csv(tmp_path / "ETT-small" / "ETTm1.csv", 57600 + 17, 15)
     raw = _raw(path, 7)
-    ds = _check_protocol(tmp_path, "ETTm1", raw, (34560, 46080, 57600), verify=False)
+    _, ds = _check_protocol(tmp_path, "ETTm1", raw, (34560, 46080, 57600), verify=False)
     assert [len(d) for d in ds.values()] == [34369, 11425, 11425]  # rows past the 20 months are never used
-    m = LTSFDataset(tmp_path, "ETTm1", "val", 96, 96, verify=False, time_features=True, label_len=48)
+    m = _split(tmp_path, "ETTm1", "val", 96, 96, verify=False, time_features=True, label_len=48)
     _, y, xm, ym = _item(m[3])
     dates = np.datetime64("2016-07-01T00:00") + np.arange(57600) * np.timedelta64(15, "m")
     np.testing.assert_array_equal(xm.numpy(), time_features(dates[34560 - 96 + 3:34560 + 3], "t"))
@@ -391,8 +435,10 @@ def test_solar_protocol(tmp_path):
     raw = np.loadtxt(path, delimiter=",")
     assert raw.shape == (1003, 137)
     seq, pred = 24, 12
-    ds = {s: LTSFDataset(tmp_path, "solar", s, seq, pred, time_features=True) for s in ("train", "val", "test")}
-    assert [d.borders for d in ds.values()] == [(0, 702), (702 - seq, 802), (803 - seq, 1003)]
+    dm = _built(tmp_path, "solar", seq, pred, time_features=True)
+    ds = {s: dm.dataset(s) for s in SPLITS}
+    assert [(d.starts[0], d.starts[-1] + seq + pred) for d in ds.values()] == [(0, 702), (702 - seq, 802),
+                                                                             (803 - seq, 1003)]
     assert [len(d) for d in ds.values()] == [702 - seq - pred + 1, 100 - pred + 1, 200 - pred + 1]
     mean, std = raw[:702].mean(0), raw[:702].std(0)
     std = np.where(std == 0, 1.0, std)
@@ -412,8 +458,9 @@ def test_constant_column_scaled_with_unit_std(tmp_path):
                                                   * np.timedelta64(1, "h"), unit="s"), "T", " ")
     (tmp_path / "c.csv").write_text("date,a,OT\n" + "".join(f"{d},{a},{np.sin(i):.6f}\n"
                                                             for i, (d, a) in enumerate(zip(dates, raw_a))))
-    ds = LTSFDataset(tmp_path, "c.csv", "test", 24, 12)
-    assert ds.std[0] == 1.0 and ds.mean[0] == 5.0
+    dm = _built(tmp_path, "c.csv", 24, 12)
+    ds = dm.dataset("test")
+    assert dm.scaler.std[0] == 1.0 and dm.scaler.mean[0] == 5.0
     assert torch.isfinite(ds.data).all()
     np.testing.assert_allclose(_item(ds[0])[0][:, 0].numpy(), raw_a[800 - 24:800] - 5.0)
 
@@ -432,39 +479,43 @@ def test_target_moved_last_and_features(tmp_path):
     raw = _write_custom(tmp_path / "c.csv")  # (400, 3): OT, a, b
     n_train, n_test = 280, 80
     seq, pred = 24, 8
-    m = LTSFDataset(tmp_path, "c.csv", "val", seq, pred)
+    m = _split(tmp_path, "c.csv", "val", seq, pred)
     assert m.columns == ["a", "b", "OT"]
     ref = raw[:, [1, 2, 0]]
     mean, std = ref[:n_train].mean(0), ref[:n_train].std(0)
     x, y = _item(m[5])
     np.testing.assert_allclose(x.numpy(), ((ref - mean) / std)[n_train - seq + 5:n_train + 5], rtol=1e-5, atol=1e-5)
     # S with another target: that column alone, scaled with its own training statistics
-    s = LTSFDataset(tmp_path, "c.csv", "test", seq, pred, features="S", target="a")
+    s = _split(tmp_path, "c.csv", "test", seq, pred, features="S", target="a")
     assert s.columns == ["a"] and s.num_variates == 1
     a = raw[:, 1]
     x, y = _item(s[0])
     np.testing.assert_allclose(x[:, 0].numpy(), ((a - a[:n_train].mean()) / a[:n_train].std())[
         400 - n_test - seq:400 - n_test], rtol=1e-5, atol=1e-5)
-    # MS: all variates in, the target (last) out; inverse_transform takes either width
-    ms = LTSFDataset(tmp_path, "c.csv", "test", seq, pred, features="MS", target="b")
-    assert ms.columns == ["OT", "a", "b"]
+    # MS: all variates in, the target (last) out; the scaler of every column, channels(-1:) of the target
+    dm_ms = _built(tmp_path, "c.csv", seq, pred, features="MS", target="b")
+    ms, scaler = dm_ms.dataset("test"), dm_ms.scaler
+    assert ms.columns == dm_ms.variate_names == ["OT", "a", "b"]
     x, y = _item(ms[0])
     assert x.shape == (seq, 3) and y.shape == (pred, 1)
-    np.testing.assert_allclose(ms.inverse_transform(x.double().numpy()), raw[400 - n_test - seq:400 - n_test],
+    np.testing.assert_allclose(scaler.inverse_transform(x.double().numpy()), raw[400 - n_test - seq:400 - n_test],
                                rtol=1e-6, atol=1e-4)
-    np.testing.assert_allclose(ms.inverse_transform(y.double().numpy())[:, 0], raw[400 - n_test:400 - n_test + pred, 2],
+    np.testing.assert_allclose(scaler.channels(slice(-1, None)).inverse_transform(y.double().numpy())[:, 0],
+                               raw[400 - n_test:400 - n_test + pred, 2],
                                rtol=1e-6, atol=1e-3)
     ms_mean, ms_std = raw[:n_train].mean(0), raw[:n_train].std(0)
-    np.testing.assert_allclose(ms.transform(raw[:4]), (raw[:4] - ms_mean) / ms_std, rtol=1e-12)
-    np.testing.assert_allclose(ms.transform(raw[:4, 2:]), (raw[:4, 2:] - ms_mean[2]) / ms_std[2], rtol=1e-12)
-    unscaled = LTSFDataset(tmp_path, "c.csv", "test", seq, pred, scale=False)
+    np.testing.assert_allclose(scaler.transform(raw[:4]), (raw[:4] - ms_mean) / ms_std, rtol=1e-12)
+    np.testing.assert_allclose(scaler.channels([2]).transform(raw[:4, 2:]), (raw[:4, 2:] - ms_mean[2]) / ms_std[2],
+                               rtol=1e-12)
+    dm_raw = _built(tmp_path, "c.csv", seq, pred, scale=False)
+    unscaled = dm_raw.dataset("test")
     np.testing.assert_allclose(_item(unscaled[0])[0].numpy(), ref[400 - n_test - seq:400 - n_test], rtol=1e-6)
-    assert unscaled.inverse_transform(y) is y
+    assert dm_raw.scaler is None and unscaled[0]["std"].tolist() == [1.0, 1.0, 1.0]
 
 
 def test_negative_index_and_argument_errors(ett_root):
     kw = dict(verify=False, seq_len=24, pred_len=12)
-    ds = LTSFDataset(ett_root, "ETTh1", "test", **kw)
+    ds = _split(ett_root, "ETTh1", "test", **kw)
     n = len(ds)
     for i, j in ((-1, n - 1), (-n, 0), (-7, n - 7)):
         torch.testing.assert_close(ds[i], ds[j], rtol=0, atol=0)
@@ -475,14 +526,14 @@ def test_negative_index_and_argument_errors(ett_root):
              ({"label_len": -1}, "label_len must be"),
              ({"features": "X"}, "features must be 'M', 'S' or 'MS', got 'X'"),
              ({"features": "S", "target": "nope"}, "target 'nope' is not a column of 'ETTh1'"),
-             ({"seq_len": 0}, "LTSFDataset: `seq_len` must be an int >= 1, got 0"),
-             ({"pred_len": True}, "LTSFDataset: `pred_len` must be an int >= 1, got True"),
-             ({"seq_len": 24.0}, "LTSFDataset: `seq_len` must be an int >= 1, got 24.0"),
+             ({"seq_len": 0}, "LTSFDataModule: `seq_len` must be an int >= 1, got 0"),
+             ({"pred_len": True}, "LTSFDataModule: `pred_len` must be an int >= 1, got True"),
+             ({"seq_len": 24.0}, "LTSFDataModule: `seq_len` must be an int >= 1, got 24.0"),
              ({"seq_len": 8641}, r"seq_len=8641 is longer than the training slice \(8640 rows of 14400\)"),
              ({"seq_len": 8640, "pred_len": 2881}, "too few for seq_len=8640 \\+ pred_len=2881")]
     for over, msg in cases:
         with pytest.raises(ValueError, match=msg):
-            LTSFDataset(ett_root, "ETTh1", "val", **{**kw, **over})
+            _built(ett_root, "ETTh1", **{**kw, **over})
 
 
 _FEATURE_SETS = {"s": ["second", "minute", "hour", "dow", "dom", "doy"], "t": ["minute", "hour", "dow", "dom", "doy"],
@@ -518,31 +569,35 @@ def test_time_features_bad_freq():
 
 
 def test_cached_arrays_are_read_only(ett_root):
-    """Splits of one file share the parsed table: editing one dataset's dates or values cannot change another's."""
-    a = LTSFDataset(ett_root, "ETTh1", "val", 24, 12, verify=False, time_features=True)
+    """Users of one file share the parsed table: editing one datamodule's dates or values cannot change another's."""
+    a = _built(ett_root, "ETTh1", 24, 12, verify=False, time_features=True)
+    for array in (a.series.dates, a.series.values):
+        with pytest.raises(ValueError, match="read-only"):
+            array[0] = array[1]
+    b = _built(ett_root, "ETTh1", 24, 12, verify=False, time_features=True)
+    assert b.series.dates[8640 - 24] == np.datetime64("2016-07-01T00:00") + np.timedelta64(8640 - 24, "h")
+    torch.testing.assert_close(a.dataset("val")[0]["time"], b.dataset("val")[0]["time"])
+    syn = _built(None, "synthetic", 24, 12, synthetic=True, synthetic_length=500)
     with pytest.raises(ValueError, match="read-only"):
-        a.dates[0] = np.datetime64("2000-01-01")
-    b = LTSFDataset(ett_root, "ETTh1", "val", 24, 12, verify=False, time_features=True)
-    assert b.dates[0] == np.datetime64("2016-07-01T00:00") + np.timedelta64(8640 - 24, "h")
-    torch.testing.assert_close(a[0]["time"], b[0]["time"])
-    syn = SyntheticLTSF("val", 24, 12, length=500)
-    with pytest.raises(ValueError, match="read-only"):
-        syn.dates[0] = np.datetime64("2000-01-01")
+        syn.series.dates[0] = np.datetime64("2000-01-01")
 
 
 def test_synthetic_features_and_datamodule_options():
-    """SyntheticLTSF / LTSFDataModule(synthetic=True) honour features, target, seed, label_len (not silently M)."""
-    m = SyntheticLTSF("test", 24, 12, length=600)
-    s = SyntheticLTSF("test", 24, 12, length=600, features="S")
-    ms = SyntheticLTSF("test", 24, 12, length=600, features="MS", label_len=6)
+    """LTSFDataModule(synthetic=True) honours features, target, seed, label_len (not silently M)."""
+    def synthetic(**kw):
+        return _split(None, "synthetic", "test", 24, 12, synthetic=True, synthetic_length=600, **kw)
+
+    m = synthetic()
+    s = synthetic(features="S")
+    ms = synthetic(features="MS", label_len=6)
     assert s.num_variates == 1 and _item(s[0])[0].shape == (24, 1) and _item(ms[0])[1].shape == (18, 1)
     torch.testing.assert_close(_item(s[0])[0], _item(m[0])[0][:, -1:])  # per-variate scaling: OT alone == OT of M
     torch.testing.assert_close(_item(ms[0])[1][:, 0],
                                torch.cat([_item(m[0])[0][-6:, -1], _item(m[0])[1][:, -1]]))
-    v1 = SyntheticLTSF("test", 24, 12, length=600, features="S", target="v1")
+    v1 = synthetic(features="S", target="v1")
     torch.testing.assert_close(_item(v1[0])[0][:, 0], _item(m[0])[0][:, 1])
     with pytest.raises(ValueError, match="target 'x' is not a column of 'synthetic'"):
-        SyntheticLTSF("test", 24, 12, length=600, features="S", target="x")
+        synthetic(features="S", target="x")
 
     for features, c_in, c_out in (("M", 7, 7), ("S", 1, 1), ("MS", 7, 1)):
         dm = LTSFDataModule(synthetic=True, seq_len=24, pred_len=12, label_len=4, features=features,
@@ -551,16 +606,16 @@ def test_synthetic_features_and_datamodule_options():
         x, y = b["x"], torch.cat([b["y_known"], b["y"]], 1)
         assert dm.num_variates == c_in and x.shape == (5, 24, c_in) and y.shape == (5, 16, c_out)
         assert b["mean"].shape == b["std"].shape == (5, c_out)  # the target's scaler statistics
-        ref = SyntheticLTSF("test", 24, 12, length=600, seed=3, features=features, label_len=4)
+        ref = synthetic(seed=3, features=features, label_len=4)
         torch.testing.assert_close(x[0], _item(ref[0])[0])
-    assert not torch.allclose(SyntheticLTSF("test", 24, 12, length=600, seed=3).data, m.data)
+    assert not torch.allclose(synthetic(seed=3).data, m.data)
 
 
 # ------------------------------------------------------------------------------------------------ _utils helpers
 def test_verify_file_and_roots(tmp_path, monkeypatch):
     import hashlib
 
-    from hoformer.data._utils import default_data_root, verify_file
+    from hoformer.data import default_data_root, verify_file
 
     f = tmp_path / "blob.bin"
     f.write_bytes(b"hoformer")
@@ -583,7 +638,7 @@ def test_verify_file_and_roots(tmp_path, monkeypatch):
 def test_download_url_keeps_verified_file_and_overwrites(tmp_path):
     import hashlib
 
-    from hoformer.data._utils import download_url
+    from hoformer.data import download_url
 
     src = tmp_path / "src.bin"
     src.write_bytes(b"new contents")

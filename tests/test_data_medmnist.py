@@ -10,7 +10,7 @@ import torch
 
 from hoformer.data import MEDMNIST3D_INFO, MedMNIST3D, MedMNIST3DDataModule, medmnist3d_url
 from hoformer.data import medmnist as medmnist_mod
-from hoformer.data._utils import ChecksumError, SchemaError, download_url
+from hoformer.data import ChecksumError, SchemaError, download_url
 
 
 def _fake_npz(path, counts=(6, 3, 4), size=28, seed=0):
@@ -234,7 +234,7 @@ def test_datamodule_download_prefers_the_data_root(tmp_path, monkeypatch):
 def test_size_64_files_are_checked_against_the_64_digest(tmp_path, monkeypatch):
     """``size=64`` verifies ``{flag}_64.npz`` against the official 64^3 MD5, not the 28^3 one."""
     from hoformer.data import MEDMNIST3D_INFO, MedMNIST3D
-    from hoformer.data._utils import ChecksumError
+    from hoformer.data import ChecksumError
 
     arrays, md5 = _fake_npz(tmp_path / "adrenalmnist3d_64.npz", counts=(2, 1, 1), size=64)
     monkeypatch.setitem(MEDMNIST3D_INFO["adrenalmnist3d"]["md5"], 64, md5)

@@ -13,7 +13,7 @@ import torch
 from hoformer.data import (CDL_CLASSES, NLCD_CLASSES, CenterCrop, Compose, MultispectralDataModule, RandomCrop,
                            RandomFlip, SSL4EOLDataset, make_synthetic_ssl4eo)
 from hoformer.data import multispectral as ms_mod
-from hoformer.data._utils import ChecksumError, SchemaError
+from hoformer.data import ChecksumError, SchemaError
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from hoformer.data import LTSFDataModule, LTSFDataset, TrafficDataModule, write_synthetic_ltsf_csv
-from hoformer.data._utils import SchemaError
+from hoformer.data import LTSFDataModule, SchemaError, TrafficDataModule, write_synthetic_ltsf_csv
 from hoformer.data.series import (SeriesWindows, StandardScaler, chronological_split, ltsf_borders, split_windows,
                                   window_starts)
 
@@ -79,10 +78,10 @@ def test_ltsf_and_traffic_batches_share_the_format(tmp_path):
     its daily time features. ``y * std + mean`` is the file's value in both."""
     path = write_synthetic_ltsf_csv(tmp_path / "s.csv", "electricity", 400, num_variates=3)
     raw = pd.read_csv(path).iloc[:, 1:].to_numpy()
-    ds = LTSFDataset(tmp_path, "s.csv", "test", 24, 12)
+    ds = LTSFDataModule(str(tmp_path), "s.csv", 24, 12).dataset("test")
     b = ds[0]
     assert set(b) == {"x", "y", "mean", "std"}
-    s = ds.borders[0]
+    s = ds.starts[0]
     np.testing.assert_allclose((b["y"] * b["std"] + b["mean"]).numpy(), raw[s + 24:s + 36], rtol=1e-5)
 
     rng = np.random.default_rng(1)
@@ -112,7 +111,7 @@ def test_unordered_timestamps_are_refused_in_every_split(tmp_path, split, order)
     df = df.iloc[::-1] if order == "reversed" else df.sample(frac=1.0, random_state=0)
     df.to_csv(path, index=False)
     with pytest.raises(SchemaError, match=r"s\.csv: timestamps go back in time at line \d+ .*sort the file"):
-        LTSFDataset(tmp_path, "s.csv", split, 24, 12)
+        LTSFDataModule(str(tmp_path), "s.csv", 24, 12).dataset(split)
 
 
 def test_repeated_timestamps_stay_allowed(tmp_path):
@@ -120,7 +119,7 @@ def test_repeated_timestamps_stay_allowed(tmp_path):
     df = pd.read_csv(path)
     df.loc[5, "date"] = df.loc[4, "date"]  # one repeated stamp, as the Weather file has
     df.to_csv(path, index=False)
-    assert len(LTSFDataset(tmp_path, "s.csv", "train", 24, 12)) > 0
+    assert len(LTSFDataModule(str(tmp_path), "s.csv", 24, 12).dataset("train")) > 0
 
 
 def test_unordered_traffic_timestamps_are_refused(tmp_path):
@@ -133,7 +132,7 @@ def test_unordered_traffic_timestamps_are_refused(tmp_path):
     with open(tmp_path / "sensor_graph" / "adj_mx.pkl", "wb") as f:
         pickle.dump((["1", "2", "3"], {"1": 0, "2": 1, "3": 2}, np.eye(3, dtype=np.float32)), f)
     dm = TrafficDataModule("metr_la", root=str(tmp_path), verify=False)
-    with pytest.raises(SchemaError, match="metr_la timestamps go back in time at row 1"):
+    with pytest.raises(SchemaError, match=r"metr-la\.h5: timestamps go back in time at row 1 .*oldest first"):
         dm.setup()
 
 
@@ -145,19 +144,17 @@ def test_non_utf8_header_is_a_clear_error_with_an_encoding_option(tmp_path):
     path.write_bytes(text.encode("latin-1"))
     with pytest.raises(SchemaError, match=r"s\.csv: line 1 \(byte 0xe9 at column 10\) is not valid utf-8 text.*"
                                           r"encoding='latin-1'"):
-        LTSFDataset(tmp_path, "s.csv", "train", 24, 12)
-    ds = LTSFDataset(tmp_path, "s.csv", "train", 24, 12, encoding="latin-1")
-    assert ds.columns[0] == "temp\u00e9rature"
+        LTSFDataModule(str(tmp_path), "s.csv", 24, 12).setup()
     dm = LTSFDataModule(root=str(tmp_path), name="s.csv", seq_len=24, pred_len=12, encoding="latin-1")
-    assert dm.dataset("val").columns == ds.columns
+    assert dm.variate_names[0] == dm.dataset("val").columns[0] == "temp\u00e9rature"
     with pytest.raises(ValueError, match="unknown encoding 'klingon'"):
-        LTSFDataset(tmp_path, "s.csv", "train", 24, 12, encoding="klingon")
+        LTSFDataModule(str(tmp_path), "s.csv", 24, 12, encoding="klingon").setup()
 
 
 def test_a_directory_where_the_csv_should_be_is_named(tmp_path):
     (tmp_path / "s.csv").mkdir()
     with pytest.raises(FileNotFoundError, match=r"s\.csv is a directory, expected a CSV file"):
-        LTSFDataset(tmp_path, "s.csv", "train", 24, 12)
+        LTSFDataModule(str(tmp_path), "s.csv", 24, 12).setup()
 
 
 # ------------------------------------------------------------------------- checkpoints of the earlier layout
@@ -194,4 +191,91 @@ def test_checkpoints_of_the_earlier_task_layout_load(tmp_path):
     dm = checkpoint_datamodule(info)
     assert isinstance(dm, LTSFDataModule) and dm.hparams.synthetic_length == 300
     df = forecast_checkpoint(tmp_path / "old.ckpt")
-    pd.testing.assert_frame_equal(df, forecast_series(model, dm.dataset("train")))
+    pd.testing.assert_frame_equal(df, forecast_series(model, dm.scaler, dm.variate_names, dm.history()))
+
+
+# ------------------------------------------------------------------------------------------- data signature
+def _custom(tmp_path, name, num_variates, seed=0, rows=400):
+    write_synthetic_ltsf_csv(tmp_path / name, "electricity", rows, num_variates=num_variates, seed=seed)
+    return name
+
+
+def test_data_signature_names_what_the_model_depends_on(tmp_path):
+    """File name, series names, their number, the forecast targets, lookback, horizon and a scaler digest; JSON-able;
+    the same for the same data read from another folder or with other loader settings."""
+    import json
+    import shutil
+
+    from hoformer.data import LTSFDataModule
+
+    _custom(tmp_path, "s.csv", 4)
+    dm = LTSFDataModule(str(tmp_path), "s.csv", 24, 12)
+    sig = dm.data_signature()
+    assert json.loads(json.dumps(sig)) == sig
+    assert {k: sig[k] for k in ("data", "columns", "num_series", "targets", "lookback", "horizon")} == {
+        "data": "s.csv", "columns": ["0", "1", "2", "OT"], "num_series": 4, "targets": ["0", "1", "2", "OT"],
+        "lookback": 24, "horizon": 12}
+    assert sig["scaler"] == dm.scaler.digest() and len(sig["scaler"]) == 16
+    (tmp_path / "elsewhere").mkdir()
+    shutil.copy(tmp_path / "s.csv", tmp_path / "elsewhere" / "s.csv")
+    other = LTSFDataModule(str(tmp_path / "elsewhere"), "s.csv", 24, 12, batch_size=7, num_workers=0)
+    assert other.data_signature() == sig
+    ms = LTSFDataModule(str(tmp_path), "s.csv", 24, 12, features="MS").data_signature()
+    assert ms["targets"] == ["OT"] and ms["columns"] == sig["columns"]
+    assert LTSFDataModule(str(tmp_path), "s.csv", 24, 12, scale=False).data_signature()["scaler"] is None
+    traffic = _los_loop(tmp_path / "traffic")
+    t = traffic.data_signature()
+    assert t["data"] == "los_speed.csv" and t["columns"] == list("abcd") and t["num_series"] == 4
+    assert (t["lookback"], t["horizon"]) == (12, 12) and t["scaler"] == traffic.scaler.digest()
+
+
+def _los_loop(d):
+    rng = np.random.default_rng(1)
+    values = rng.uniform(20, 70, (300, 4)).round(1)
+    d.mkdir()
+    pd.DataFrame(values, columns=list("abcd")).to_csv(d / "los_speed.csv", index=False)
+    pd.DataFrame(np.eye(4)).to_csv(d / "los_adj.csv", index=False, header=False)
+    return TrafficDataModule("los_loop", root=str(d), verify=False)
+
+
+def test_scaler_digest_ignores_rounding_but_not_other_statistics():
+    sc = StandardScaler().fit(np.random.default_rng(0).normal(size=(100, 3)))
+    twin = StandardScaler()
+    twin.mean, twin.std = sc.mean * (1 + 1e-14), sc.std.copy()  # another machine's summation order
+    assert twin.digest() == sc.digest()
+    twin.mean = sc.mean + 1e-6
+    assert twin.digest() != sc.digest()
+
+
+def test_check_data_signature_refuses_other_data_naming_the_difference(tmp_path):
+    """An 8-series checkpoint used on 7-series data, a 7-series one on 4 series, another file with the same columns,
+    another lookback: each refused with what differs (trained on what, given what) and the override; the override
+    turns it into a warning; a checkpoint without a signature checks nothing."""
+    from hoformer.data import DataMismatchError, LTSFDataModule, check_data_signature
+
+    def sig(name, n, seed=0, **kw):
+        return LTSFDataModule(str(tmp_path), _custom(tmp_path, name, n, seed), 24, 12, **kw).data_signature()
+
+    eight, seven, four = sig("eight.csv", 8), sig("seven.csv", 7), sig("four.csv", 4)
+    assert check_data_signature(seven, sig("seven.csv", 7)) == []
+    with pytest.raises(DataMismatchError) as e:
+        check_data_signature(eight, seven)
+    msg = str(e.value)
+    assert "data: trained on 'eight.csv', now 'seven.csv'" in msg and "num_series: trained on 8, now 7" in msg
+    assert "only in training: ['6']" in msg and "pass allow_mismatch=True to use it anyway" in msg
+    assert isinstance(e.value, ValueError)
+    with pytest.raises(DataMismatchError, match="num_series: trained on 7, now 4"):
+        check_data_signature(seven, four, override="--allow_data_mismatch")
+    with pytest.raises(DataMismatchError, match="pass --allow_data_mismatch to use it anyway"):
+        check_data_signature(seven, four, override="--allow_data_mismatch")
+    other_values = sig("seven_b.csv", 7, seed=1)  # same columns, other numbers
+    with pytest.raises(DataMismatchError, match="scaler: trained on") as e:
+        check_data_signature(seven, {**other_values, "data": "seven.csv"})
+    assert "columns" not in str(e.value)
+    with pytest.raises(DataMismatchError, match="lookback: trained on 24, now 48"):
+        check_data_signature(seven, {**seven, "lookback": 48})
+    with pytest.warns(UserWarning, match="num_series: trained on 8, now 7"):
+        diffs = check_data_signature(eight, seven, allow_mismatch=True)
+    assert len(diffs) >= 3 and any(d.startswith("columns:") for d in diffs)
+    assert check_data_signature(None, seven) == [] and check_data_signature({}, seven) == []
+    assert check_data_signature({"lookback": 24, "future_key": 1}, seven) == []  # keys on one side only

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hoformer.data import TREC_COARSE, TextDataModule, TextTokenizer, read_text_split
-from hoformer.data._utils import ChecksumError, SchemaError, sha256sum
+from hoformer.data import ChecksumError, SchemaError, sha256sum
 from hoformer.data.text import TEXT_SHA256, TextClassificationDataset, collate_text
 
 

@@ -325,7 +325,7 @@ def test_per_prefix_test_metrics_equal_the_direct_ones(tmp_path):
         x = torch.stack([ds[i]["x"] for i in range(len(ds))]).double()
         y = torch.stack([ds[i]["y"] for i in range(len(ds))]).double()
         p = task.model.eval().double()(x)
-    po, yo = (torch.as_tensor(ds.inverse_transform(t.numpy())) for t in (p, y))
+    po, yo = (torch.as_tensor(dm.scaler.inverse_transform(t.numpy())) for t in (p, y))
     for h in (3, 8):
         assert res[f"test/mse@{h}"] == pytest.approx((p - y)[:, :h].pow(2).mean().item(), rel=1e-5)
         assert res[f"test/mae@{h}"] == pytest.approx((p - y)[:, :h].abs().mean().item(), rel=1e-5)

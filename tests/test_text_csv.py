@@ -6,7 +6,7 @@ import gzip
 import pytest
 
 from hoformer.data import TextDataModule, read_text_split
-from hoformer.data._utils import SchemaError
+from hoformer.data import SchemaError
 from hoformer.data.text_csv import find_table, label_report, read_text_table
 
 

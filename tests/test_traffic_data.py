@@ -13,7 +13,7 @@ import torch
 
 from hoformer.train import Optimization
 from hoformer.models import create_model
-from hoformer.data._utils import ChecksumError, SchemaError
+from hoformer.data import ChecksumError, SchemaError
 from hoformer.data.traffic import (
     TRAFFIC_SHA256,
     TrafficDataModule,
@@ -483,3 +483,22 @@ def test_los_loop_time_features_are_five_minute_steps(tmp_path):
     steps = np.arange(T) * 5
     np.testing.assert_array_equal(tf[:, 0], steps % 1440)
     np.testing.assert_array_equal(tf[:, 1], (3 + steps // 1440) % 7)
+
+
+def test_data_root_is_resolved_once_and_named(tmp_path, monkeypatch):
+    """The traffic root comes from the shared data-root rule: a missing one is an error at construction that says
+    how to fix it; with both files named no root is needed."""
+    monkeypatch.delenv("HOFORMER_DATA", raising=False)
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    with pytest.raises(FileNotFoundError, match="no data root for traffic dataset 'los_loop'.*HOFORMER_DATA"):
+        TrafficDataModule("los_loop")
+    with pytest.raises(FileNotFoundError, match=r"data root for traffic dataset 'metr_la' not found: .*nowhere"):
+        TrafficDataModule("metr_la", root=str(tmp_path / "nowhere"))
+    speed, adj, _ = _write_los(tmp_path / "files")
+    dm = TrafficDataModule("los_loop", data_path=str(speed), adj_path=str(adj), verify=False, num_nodes=N)
+    dm.setup()
+    assert dm.root is None and len(dm.splits["test"]) > 0
+    monkeypatch.setenv("HOFORMER_DATA", str(tmp_path))
+    (tmp_path / "traffic").mkdir()
+    assert TrafficDataModule("los_loop").root == tmp_path / "traffic"

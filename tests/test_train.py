@@ -136,7 +136,7 @@ def test_forecasting_metrics_score_every_window(tmp_path):
     assert res["test/mse"] == pytest.approx(err.pow(2).mean().item(), rel=1e-5)
     assert res["test/mae"] == pytest.approx(err.abs().mean().item(), rel=1e-5)
     assert res["test/smape"] == pytest.approx(smape.item(), rel=1e-4)
-    po, yo = ds.inverse_transform(p.numpy()), ds.inverse_transform(y.numpy())
+    po, yo = dm.scaler.inverse_transform(p.numpy()), dm.scaler.inverse_transform(y.numpy())
     assert res["test/mse_orig"] == pytest.approx(float(((po - yo) ** 2).mean()), rel=1e-4)
 
 
@@ -249,9 +249,9 @@ def _augment(item):
 
 
 class _AugmentedLTSF(LTSFDataModule):
-    def _make(self, split):
-        ds = super()._make(split)
-        return _Mapped(ds, _augment) if split == "train" else ds
+    def _make_splits(self, names):
+        out = super()._make_splits(names)
+        return {**out, "train": _Mapped(out["train"], _augment)}
 
 
 def _resume_run(tmp_path, callbacks, ckpt_path=None, augment=False, num_workers=0):
@@ -535,9 +535,9 @@ def test_epoch_shuffle_is_drawn_from_seed_and_epoch(tmp_path):
     log: list[int] = []
 
     class DM(LTSFDataModule):
-        def _make(self, split):
-            ds = super()._make(split)
-            return _Indexed(ds, log) if split == "train" else ds
+        def _make_splits(self, names):
+            out = super()._make_splits(names)
+            return {**out, "train": _Indexed(out["train"], log)}
 
     def run(seed, burn=0):
         log.clear()
@@ -603,7 +603,7 @@ def test_forecasting_loss_and_original_scale_metrics(tmp_path, loss):
     want = err.pow(2).mean() if loss == "mse" else err.abs().mean()
     assert res["test/loss"] == pytest.approx(want.item(), rel=1e-5)
     ds = dm.dataset("test")
-    mean, std = torch.from_numpy(ds.mean), torch.from_numpy(ds.std)
+    mean, std = torch.from_numpy(dm.scaler.mean), torch.from_numpy(dm.scaler.std)
     err_orig = (p * std + mean) - (y * std + mean)  # by hand: x * std + mean per variate
     assert res["test/mae_orig"] == pytest.approx(err_orig.abs().mean().item(), rel=1e-5)
     assert res["test/mse_orig"] == pytest.approx(err_orig.pow(2).mean().item(), rel=1e-5)
@@ -763,9 +763,9 @@ def test_worker_seeds_are_drawn_from_seed_and_epoch(tmp_path):
     seen = []
 
     class DM(LTSFDataModule):
-        def _make(self, split):
-            ds = super()._make(split)
-            return _Mapped(ds, _with_worker_seed) if split == "train" else ds
+        def _make_splits(self, names):
+            out = super()._make_splits(names)
+            return {**out, "train": _Mapped(out["train"], _with_worker_seed)}
 
     class Grab(pl.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
@@ -1007,7 +1007,7 @@ def test_original_scale_metrics_come_from_the_batch_statistics(tmp_path):
     y = torch.stack([ds[i]["y"] for i in range(len(ds))]).double()
     with torch.no_grad():
         p = task.model.eval().double()(x)
-    std = torch.from_numpy(ds.std)
+    std = torch.from_numpy(dm.scaler.std)
     assert plain["test/mae_orig"] == pytest.approx(((p - y) * std).abs().mean().item(), rel=1e-5)
 
 

@@ -1,4 +1,5 @@
 """Datasets and datamodules (download -> verify -> load; scalers fitted on the training split only)."""
+from ._utils import *  # noqa: F401,F403
 from .series import *  # noqa: F401,F403
 from .ltsf import *  # noqa: F401,F403
 from .medmnist import *  # noqa: F401,F403

@@ -7,7 +7,7 @@ A subclass says how its datasets are built, in one of two ways:
   on first use (the HOT datamodules);
 * all splits together (a tokenizer or a scaler fitted on the training split): override
   :meth:`SplitDataModule._make_splits`, which may return more splits than were asked for; everything it returns is
-  cached, so it runs once (text, traffic).
+  cached, so it runs once (text, the series datamodules).
 
 Training loaders shuffle; validation, test and predict loaders never shuffle and no loader drops its last batch, so
 every evaluation sample is scored. When a multi-process (DDP) ``Trainer`` asks for the validation / test / predict
@@ -40,6 +40,7 @@ except ImportError:  # keep `import hoformer.data` working without the `train` e
         def __init__(self, *args, **kwargs):
             raise ImportError("hoformer datamodules need lightning: pip install 'hoformer[train]'")
 
+_SPLITS = ("train", "val", "test")
 _STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("test",)}
 
 
@@ -91,6 +92,8 @@ class SplitDataModule(LightningDataModule):
 
     def dataset(self, split: str) -> Dataset:
         """The (cached) dataset of ``split`` ("train" | "val" | "test")."""
+        if split not in _SPLITS:
+            raise ValueError(f"{type(self).__name__}.dataset: `split` must be one of {_SPLITS}, got {split!r}")
         self._ensure((split,))
         return self.datasets[split]
 

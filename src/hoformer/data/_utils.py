@@ -15,7 +15,6 @@ __all__ = [
     "ChecksumError",
     "SchemaError",
     "file_hash",
-    "md5sum",
     "sha256sum",
     "require_file",
     "verify_file",
@@ -53,10 +52,6 @@ def file_hash(path: str | os.PathLike, algo: str = "sha256") -> str:
                 h.update(chunk)
         _HASH_CACHE[key] = h.hexdigest()
     return _HASH_CACHE[key]
-
-
-def md5sum(path: str | os.PathLike) -> str:
-    return file_hash(path, "md5")
 
 
 def sha256sum(path: str | os.PathLike) -> str:

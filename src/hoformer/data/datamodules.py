@@ -1,8 +1,10 @@
-"""Lightning datamodules for the HOT tasks (usable as ``data: {class_path: hoformer.data.LTSFDataModule, ...}``).
+"""Lightning datamodules of the volume and image tasks (usable as ``data: {class_path:
+hoformer.data.MedMNIST3DDataModule, ...}``; the series datamodules are in :mod:`hoformer.data.series`,
+:mod:`hoformer.data.ltsf` and :mod:`hoformer.data.traffic`).
 
-Roots default to ``$HOFORMER_DATA/<sub>`` (``ltsf``, ``medmnist3d``, ``ssl4eo_l``). Each builds one split at a time on
+Roots default to ``$HOFORMER_DATA/<sub>`` (``medmnist3d``, ``ssl4eo_l``). Each builds one split at a time on
 :class:`~hoformer.data._base.SplitDataModule`, whose validation and test loaders never shuffle or drop a batch, so
-every evaluation window / volume / patch is scored.
+every evaluation volume / patch is scored.
 """
 from __future__ import annotations
 
@@ -16,71 +18,11 @@ from hoformer._checks import is_int
 
 from ._base import SplitDataModule
 from ._utils import cache_dir, default_data_root, resolve_root
-from .ltsf import LTSF_DATASETS, LTSFDataset, SyntheticLTSF, _LOOKUP
 from .medmnist import MEDMNIST3D_INFO, MedMNIST3D, _filename, _flag
 from .multispectral import SSL4EO_SENSORS, CenterCrop, Compose, RandomCrop, RandomFlip, SSL4EOLDataset, \
     make_synthetic_ssl4eo, _dirs, _PRODUCTS
 
-__all__ = ["LTSFDataModule", "MedMNIST3DDataModule", "MultispectralDataModule"]
-
-
-class LTSFDataModule(SplitDataModule):
-    """Long-term forecasting data (:class:`~hoformer.data.LTSFDataset`, TSLib protocol) or, with ``synthetic=True``,
-    the built-in :class:`~hoformer.data.SyntheticLTSF` (``synthetic_length`` rows, ``num_variates`` variates).
-
-    ``root=None`` resolves to ``$HOFORMER_DATA/ltsf`` (or ``../shared/data/ltsf``); with ``download=True`` a file
-    that is not there is fetched (ETT: canonical URL, SHA-256-checked where pinned) into ``root`` (created if needed)
-    or, for ``root=None``, into the cache ``~/.cache/hoformer/ltsf`` (``$HOFORMER_CACHE``). Batches are the dicts of
-    :mod:`hoformer.data.series` (``x (B, seq_len, C)``, ``y (B, pred_len, C or 1)``, ``mean`` / ``std``, and
-    ``time`` / ``y_time`` with ``time_features``, ``y_known`` with ``label_len``). ``encoding``: the CSV's text
-    encoding. ``inverse_transform`` maps normalised values back to the original scale.
-    """
-
-    def __init__(self, root: str | None = None, name: str = "ETTh1", seq_len: int = 96, pred_len: int = 96,
-                 batch_size: int = 32, num_workers: int = 0, synthetic: bool = False, label_len: int = 0,
-                 features: str = "M", target: str = "OT", scale: bool = True, time_features: bool = False,
-                 num_variates: int = 7, synthetic_length: int = 4000, seed: int = 0, verify: bool = True,
-                 download: bool = False, pin_memory: bool = False, eval_batch_size: int | None = None,
-                 encoding: str = "utf-8"):
-        super().__init__(batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory,
-                         eval_batch_size=eval_batch_size)
-        self.save_hyperparameters()
-        self.name, self.seq_len, self.pred_len, self.synthetic = name, seq_len, pred_len, synthetic
-        if synthetic:
-            self.root = None
-        elif download:  # a fresh machine: no data root yet; the dataset creates it (or uses the cache) and downloads
-            self.root = Path(root).expanduser() if root is not None else None
-        else:
-            self.root = resolve_root(root, "ltsf", f"LTSF dataset {name!r}")
-
-    def _make(self, split: str) -> Dataset:
-        h = self.hparams
-        if self.synthetic:
-            return SyntheticLTSF(split, h.seq_len, h.pred_len, num_variates=h.num_variates,
-                                 length=h.synthetic_length, seed=h.seed, scale=h.scale, label_len=h.label_len,
-                                 time_features=h.time_features, features=h.features, target=h.target)
-        return LTSFDataset(self.root, h.name, split, h.seq_len, h.pred_len, h.scale, h.features,
-                           label_len=h.label_len, target=h.target, time_features=h.time_features, verify=h.verify,
-                           download=h.download, encoding=h.encoding)
-
-    @property
-    def variate_names(self) -> list[str]:
-        """The column names in the model's variate order (``HUFL`` ... ``OT`` for ETTh1), the labels of the forecast
-        plots (linked into :class:`~hoformer.train.ForecastingTask` ``variate_names`` by the CLI)."""
-        return list(self.dataset("train").columns)
-
-    @property
-    def num_variates(self) -> int:
-        """Input variates ``C`` (known without reading the file for the built-in datasets)."""
-        if self.hparams.features == "S":
-            return 1
-        if self.synthetic:
-            return self.hparams.num_variates
-        key = _LOOKUP.get(self.name.lower())
-        return LTSF_DATASETS[key].channels if key else self.dataset("train").num_variates
-
-    def inverse_transform(self, data):
-        return self.dataset("train").inverse_transform(data)
+__all__ = ["MedMNIST3DDataModule", "MultispectralDataModule"]
 
 
 class MedMNIST3DDataModule(SplitDataModule):

@@ -1,4 +1,4 @@
-"""Long-term time-series forecasting (LTSF) datasets with the Time-Series-Library / iTransformer protocol.
+"""Long-term time-series forecasting (LTSF) data with the Time-Series-Library / iTransformer protocol.
 
 Protocol (``thuml/Time-Series-Library`` ``data_provider/data_loader.py``, also used by iTransformer and the HOT
 paper):
@@ -16,35 +16,31 @@ paper):
   ``y_known = data[s+seq_len-label_len : s+seq_len]``); ``len = rows_in_slice - seq_len - pred_len + 1`` (ETTh1 at
   96/96: 8449 / 2785 / 2785).
 
-Splitting, scaling, windows and the batch format are those of every windowed series (:mod:`hoformer.data.series`).
+Reading, splitting, scaling, windows and the batch format are those of every windowed series
+(:class:`~hoformer.data.series.SeriesDataModule`); :class:`LTSFDataModule` is its LTSF configuration.
 
 Conventional horizons: lookback 96 with ``pred_len`` in {96, 192, 336, 720}; for ILI the literature uses lookback 36
 with ``pred_len`` in {24, 36, 48, 60} (not forced here).
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from hoformer._checks import check_int, is_int
 from hoformer._io import atomic_write
 
-from .series import SeriesWindows, StandardScaler, chronological_split, ltsf_borders
-from .series import time_features as time_features_of
-from ._utils import (VERIFY_HINT, SchemaError, cache_dir, default_data_root, download_url, resolve_root,
-                     verify_file)
+from .series import Series, SeriesDataModule, read_series_table
+from ._utils import VERIFY_HINT, cache_dir, default_data_root, download_url, require_file, resolve_root, verify_file
 
 __all__ = [
     "LTSFSpec",
     "LTSF_DATASETS",
-    "LTSFDataset",
-    "SyntheticLTSF",
+    "LTSFDataModule",
+    "ltsf_key",
     "default_ltsf_root",
-    "read_series_table",
     "synthetic_multiway_series",
     "write_synthetic_ltsf_csv",
 ]
@@ -74,7 +70,7 @@ LTSF_DATASETS: dict[str, LTSFSpec] = {
     # ETTh2 / ETTm2: no checksum pinned. Only ETTh1 / ETTm1 of ETDataset are in the project's reference data
     # (shared/data/SHA256SUMS), so no reference copy of these two could be hashed and checked against the canonical
     # source; a guessed digest would reject every correct download. They are downloaded and read unverified (the
-    # layout is still schema-checked by _read_table).
+    # layout is still schema-checked by read_series_table).
     "ETTh2": LTSFSpec("ETT-small/ETTh2.csv", "etth", "h", 7, None, _ETT_URL.format("ETTh2")),
     "ETTm1": LTSFSpec("ETT-small/ETTm1.csv", "ettm", "t", 7,
                       "6ce1759b1a18e3328421d5d75fadcb316c449fcd7cec32820c8dafda71986c9e", _ETT_URL.format("ETTm1")),
@@ -91,94 +87,10 @@ LTSF_DATASETS: dict[str, LTSFSpec] = {
 _ALIASES = {"ecl": "electricity", "exchange": "exchange_rate", "ili": "national_illness",
             "illness": "national_illness", "solar_al": "solar", "solar-energy": "solar"}
 _LOOKUP = {**{k.lower(): k for k in LTSF_DATASETS}, **_ALIASES}
-_SPLITS = ("train", "val", "test")
-
-
-def _decode_error(path: str, encoding: str) -> str | None:
-    """``"line N (byte 0x.. at column k)"`` of the first line of ``path`` that does not decode as ``encoding``."""
-    with open(path, "rb") as f:
-        for n, line in enumerate(f, 1):
-            try:
-                line.decode(encoding)
-            except UnicodeDecodeError as e:
-                return f"line {n} (byte 0x{line[e.start]:02x} at column {e.start + 1})"
-    return None
-
-
-def read_series_table(path: str, header: bool = True, *, encoding: str = "utf-8"):
-    """Parse and schema-check an LTSF-layout file -> ``(dates datetime64[ns] | None, values float64 (T, C),
-    columns)``; arrays are read-only and cached per (path, mtime, size, encoding), so the three splits of one file
-    parse it once.
-
-    ``header=True``: ``date,<variate_1>,...`` with a header line; ``False``: bare comma-separated values (solar).
-    The timestamps must not go back in time (a newest-first or shuffled export would be windowed out of order);
-    repeated timestamps are allowed. A line that does not decode as ``encoding`` is an error naming it."""
-    st = Path(path).stat()
-    return _read_table(str(path), header, encoding, st.st_mtime_ns, st.st_size)
-
-
-@functools.lru_cache(maxsize=4)
-def _read_table(path: str, header: bool, encoding: str, _mtime_ns: int, _size: int):
-    import pandas as pd
-
-    try:
-        if header:
-            df = pd.read_csv(path, encoding=encoding, skipinitialspace=True)
-        else:  # solar_AL.txt: comma-separated values, no header, no date column
-            df = pd.read_csv(path, header=None, encoding=encoding)
-    except UnicodeDecodeError as e:
-        where = _decode_error(path, encoding) or f"byte offset {e.start}"
-        raise SchemaError(f"{path}: {where} is not valid {encoding} text ({e.reason}); pass the file's encoding, "
-                          "e.g. encoding='latin-1'") from e
-    except LookupError as e:
-        raise ValueError(f"{path}: unknown encoding {encoding!r} ({e})") from e
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as e:
-        raise SchemaError(f"{path}: not a readable CSV ({type(e).__name__}: {e})") from e
-    columns = [str(c).strip() for c in df.columns]
-    dates = None
-    first_row = 2 if header else 1  # file line number of the first data row
-    if header:
-        if not columns or columns[0] != "date":
-            raise SchemaError(f"{path}: expected the LTSF layout 'date,<variate_1>,...,<variate_C>' with a 'date' "
-                              f"first column, got columns {columns[:6]}{' ...' if len(columns) > 6 else ''}")
-        if len(columns) < 2:
-            raise SchemaError(f"{path}: expected at least one variate column after 'date', got none")
-        # utc=True: timestamps with UTC offsets (mixed across DST, as pandas writes tz-aware series) become naive UTC;
-        # naive ones are unchanged
-        parsed = pd.to_datetime(df.iloc[:, 0], errors="coerce", utc=True).dt.tz_localize(None)
-        bad = np.flatnonzero(parsed.isna().to_numpy())
-        if bad.size:
-            raise SchemaError(f"{path}: unparsable 'date' value {df.iloc[bad[0], 0]!r} at line {bad[0] + first_row}")
-        dates = parsed.to_numpy(dtype="datetime64[ns]")
-        back = np.flatnonzero(np.diff(dates.astype("int64")) < 0)
-        if back.size:
-            i = int(back[0]) + 1
-            raise SchemaError(f"{path}: timestamps go back in time at line {i + first_row} ({df.iloc[i - 1, 0]!s} "
-                              f"then {df.iloc[i, 0]!s}; {back.size} such step(s)); the rows must be in time order, "
-                              "oldest first: sort the file by its 'date' column")
-        dates.setflags(write=False)  # cached: shared by every split of the file
-        df, columns = df.iloc[:, 1:], columns[1:]
-    if len(df) == 0:
-        raise SchemaError(f"{path}: no data rows")
-    for j, c in enumerate(df.columns):
-        if not pd.api.types.is_numeric_dtype(df[c]) or pd.api.types.is_bool_dtype(df[c]):
-            col = pd.to_numeric(df[c], errors="coerce")
-            bad = np.flatnonzero(col.isna().to_numpy() & df[c].notna().to_numpy())
-            i = bad[0] if bad.size else 0
-            raise SchemaError(f"{path}: column {columns[j]!r} must be numeric, got {df[c].iloc[i]!r} at line "
-                              f"{i + first_row}")
-    values = df.to_numpy(dtype=np.float64)
-    nan = np.argwhere(~np.isfinite(values))
-    if nan.size:
-        i, j = nan[0]
-        raise SchemaError(f"{path}: missing or non-finite value in column {columns[j]!r} at line {i + first_row} "
-                          f"({len(nan)} such cells); LTSF files must be complete")
-    values.setflags(write=False)
-    return dates, values, tuple(columns)
 
 
 def _resolve(root, name: str, download: bool = False) -> tuple[str, LTSFSpec, Path]:
-    key = _LOOKUP.get(str(name).lower())
+    key = ltsf_key(name)
     if key is not None:
         spec = LTSF_DATASETS[key]
         if root is None:
@@ -198,155 +110,171 @@ def default_ltsf_root(name: str, download: bool = False) -> Path:
     if not download:
         return resolve_root(None, "ltsf", f"LTSF dataset {name!r}")
     base = default_data_root()
-    key = _LOOKUP.get(str(name).lower())
+    key = ltsf_key(name)
     if base is not None and key is not None and (base / "ltsf" / LTSF_DATASETS[key].path).is_file():
         return base / "ltsf"
     return cache_dir("ltsf")
 
 
-class LTSFDataset(SeriesWindows):
-    """Sliding windows over one LTSF file, split and scaled with the TSLib / iTransformer protocol, in the
-    windowed-series batch format of :mod:`hoformer.data.series`.
+def ltsf_key(name: str) -> str | None:
+    """The key in :data:`LTSF_DATASETS` of a known dataset ``name`` (case-insensitive, aliases such as ``ECL`` or
+    ``ILI``), or ``None`` (a CSV path, or an unknown name)."""
+    return _LOOKUP.get(str(name).lower())
+
+
+class LTSFDataModule(SeriesDataModule):
+    """Long-term forecasting data with the Time-Series-Library protocol (module doc): one LTSF file, or with
+    ``synthetic=True`` the built-in multiway series (:func:`synthetic_multiway_series`: ``synthetic_length`` hourly
+    rows from 2020-01-01, ``num_variates`` variates named ``v0 .. v{C-2}, OT``, 70/10/20 split, deterministic given
+    ``seed``). A configuration of :class:`~hoformer.data.series.SeriesDataModule`: the file is read and split, and
+    the scaler fitted on its training rows, once, for every split.
 
     Args:
         root: directory laid out like ``shared/data/ltsf`` (``ETT-small/ETTh1.csv``, ``weather/weather.csv``,
             ``illness/national_illness.csv``, ``electricity/electricity.csv``, ``traffic/traffic.csv``,
-            ``exchange_rate/exchange_rate.csv``, ``Solar/solar_AL.txt``); ``None`` = ``$HOFORMER_DATA/ltsf``, or with
-            ``download=True`` (file not there) the cache ``~/.cache/hoformer/ltsf`` (``$HOFORMER_CACHE``); a
-            missing ``root`` is created by a download.
+            ``exchange_rate/exchange_rate.csv``, ``Solar/solar_AL.txt``); ``None`` = ``$HOFORMER_DATA/ltsf`` (or
+            ``../shared/data/ltsf``), or with ``download=True`` (file not there) the cache ``~/.cache/hoformer/ltsf``
+            (``$HOFORMER_CACHE``); a missing ``root`` is created by a download.
         name: a known dataset (case-insensitive: ETTh1, ETTh2, ETTm1, ETTm2, weather, electricity/ECL, traffic,
             exchange_rate, solar, national_illness/ILI) or a CSV path relative to ``root`` (70/10/20 protocol).
-        split: "train" | "val" | "test".
         seq_len, pred_len: lookback and horizon; ``label_len`` known steps before the horizon, returned as
             ``y_known`` (TSLib's decoder start tokens; 0 by default).
-        scale: standardise with the train-slice statistics.
         features: "M" all variates in and out; "S" the ``target`` variate only; "MS" all in, ``target`` out
             (``y`` is then ``(pred_len, 1)``).
         target: target column for S/MS (moved to the last column, as in TSLib); default "OT".
-        time_features: also return the calendar features (:func:`~hoformer.data.series.time_features`) of the input
-            and target steps as ``time`` / ``y_time``.
-        freq: calendar-feature frequency (default: the dataset's own, e.g. "h" for ETTh, "t" for ETTm/weather, as in
-            Informer; TSLib's run scripts leave ``--freq h`` for every dataset: pass ``freq="h"`` to get their 4
-            features). The hoformer models do not read the marks.
+        scale: standardise with the training rows' statistics (:attr:`scaler`; ``False``: none).
+        time_features: also return the calendar features (:func:`~hoformer.data.series.time_features`, the
+            dataset's own frequency, e.g. "h" for ETTh, "t" for ETTm / weather, as in Informer) of the input and
+            target steps as ``time`` / ``y_time``. The hoformer models do not read them.
         verify: check the file's SHA-256 when the reference copy's is known (``False`` for other copies).
-        encoding: text encoding of the file (default UTF-8; a line that does not decode is an error naming it).
         download: fetch a missing file from its canonical URL (ETT only; others come in the TSLib bundle); the
             download is atomic and checked against the pinned SHA-256 where one is known (ETTh1, ETTm1).
+        encoding: text encoding of the file (default UTF-8; a line that does not decode is an error naming it).
+        batch_size, eval_batch_size, num_workers, pin_memory: the loaders.
 
-    Items: dicts ``x (seq_len, C)``, ``y (pred_len, C or 1)``, ``mean`` / ``std (C or 1,)`` (the train-slice
-    statistics; 0 / 1 with ``scale=False``), with ``time`` / ``y_time`` and ``y_known`` when asked for.
+    Batches are the dicts of :mod:`hoformer.data.series` (``x (B, seq_len, C)``, ``y (B, pred_len, C or 1)``,
+    ``mean`` / ``std``, and ``time`` / ``y_time`` with ``time_features``, ``y_known`` with ``label_len``). After
+    ``setup``: :attr:`scaler` (its ``inverse_transform`` maps model-scale values back), :attr:`variate_names`,
+    :meth:`history` (the file as a DataFrame, for :func:`~hoformer.train.forecast.forecast_series`) and
+    :meth:`data_signature`.
     """
 
-    def __init__(self, root, name: str, split: str = "train", seq_len: int = 96, pred_len: int = 96,
-                 scale: bool = True, features: str = "M", *, label_len: int = 0, target: str = "OT",
-                 time_features: bool = False, freq: str | None = None, verify: bool = True, download: bool = False,
+    def __init__(self, root: str | None = None, name: str = "ETTh1", seq_len: int = 96, pred_len: int = 96,
+                 batch_size: int = 32, num_workers: int = 0, synthetic: bool = False, label_len: int = 0,
+                 features: str = "M", target: str = "OT", scale: bool = True, time_features: bool = False,
+                 num_variates: int = 7, synthetic_length: int = 4000, seed: int = 0, verify: bool = True,
+                 download: bool = False, pin_memory: bool = False, eval_batch_size: int | None = None,
                  encoding: str = "utf-8"):
-        self.name, spec, path = _resolve(root, name, download)
+        fn = type(self).__name__
+        for arg, v in (("seq_len", seq_len), ("pred_len", pred_len)):
+            check_int(fn, arg, v)
+        if not is_int(label_len) or not 0 <= label_len <= seq_len:
+            raise ValueError(f"{fn}: label_len must be an int in [0, seq_len={seq_len}], got {label_len!r}")
+        if features not in ("M", "S", "MS"):
+            raise ValueError(f"{fn}: features must be 'M', 'S' or 'MS', got {features!r}")
+        if synthetic:
+            check_int(fn, "num_variates", num_variates)
+            check_int(fn, "synthetic_length", synthetic_length, low=2)
+        spec = None if synthetic else LTSF_DATASETS.get(ltsf_key(name) or "")
+        super().__init__(window=seq_len, horizon=pred_len, protocol=spec.protocol if spec else "custom",
+                         scale=scale, label_len=label_len, target_last=features == "MS",
+                         time_encoding="calendar" if time_features else None, freq=spec.freq if spec else "h",
+                         batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory,
+                         eval_batch_size=eval_batch_size)
+        self.save_hyperparameters()
+        self.name, self.seq_len, self.pred_len, self.synthetic = name, seq_len, pred_len, synthetic
+        self.features, self.target = features, target
+        if synthetic:
+            self.root = None
+        elif download:  # a fresh machine: no data root yet; the read creates it (or uses the cache) and downloads
+            self.root = Path(root).expanduser() if root is not None else None
+        else:
+            self.root = resolve_root(root, "ltsf", f"LTSF dataset {name!r}")
+
+    # ------------------------------------------------------------------------------------------------ read
+    def _path(self) -> tuple[str, Path]:
+        """``(dataset label, file)``, downloaded (``download=True``) and verified (``verify=True``) where known."""
+        h = self.hparams
+        label, spec, path = _resolve(self.root, h.name, h.download)
         if path.is_dir():
-            raise FileNotFoundError(f"LTSF file for {self.name!r}: {path} is a directory, expected a CSV file")
+            raise FileNotFoundError(f"LTSF file for {label!r}: {path} is a directory, expected a CSV file")
         if not path.is_file():
-            if download and spec.url:
-                download_url(spec.url, path, sha256=spec.sha256 if verify else None)
+            if h.download and spec.url:
+                download_url(spec.url, path, sha256=spec.sha256 if h.verify else None)
             else:
                 hint = (f"Pass download=True to fetch it from {spec.url}." if spec.url else
                         _BUNDLE_HINT if spec.channels > 0 else "")
-                raise FileNotFoundError(f"LTSF file for {self.name!r} not found: {path}. {hint}".strip())
-        if verify and spec.sha256:
+                raise FileNotFoundError(f"LTSF file for {label!r} not found: {path}. {hint}".strip())
+        if h.verify and spec.sha256:
             verify_file(path, sha256=spec.sha256, hint=VERIFY_HINT)
-        self.path, self.encoding = path, encoding
-        dates, values, columns = read_series_table(path, spec.protocol != "solar", encoding=encoding)
-        self._build(values, dates, columns, spec.protocol, split, seq_len, pred_len, scale, features, label_len,
-                    target, time_features, freq or spec.freq)
+        return label, path
 
-    # ------------------------------------------------------------------ shared by SyntheticLTSF
-    def _build(self, values, dates, columns, protocol, split, seq_len, pred_len, scale, features, label_len, target,
-               time_features, freq):
-        for arg, v in (("seq_len", seq_len), ("pred_len", pred_len)):
-            check_int(type(self).__name__, arg, v)
-        if not is_int(label_len) or not 0 <= label_len <= seq_len:
-            raise ValueError(f"label_len must be an int in [0, seq_len={seq_len}], got {label_len!r}")
-        if split not in _SPLITS:
-            raise ValueError(f"split must be one of {_SPLITS}, got {split!r}")
-        if features not in ("M", "S", "MS"):
-            raise ValueError(f"features must be 'M', 'S' or 'MS', got {features!r}")
+    def _table(self, path=None):
+        """``(label, source, dates, values, columns)`` of the file (or of ``path``, read the same way)."""
+        h = self.hparams
+        if self.synthetic and path is None:
+            values = synthetic_multiway_series(h.synthetic_length, h.num_variates, seed=h.seed)
+            dates = np.datetime64("2020-01-01T00:00", "ns") + np.arange(h.synthetic_length) * np.timedelta64(1, "h")
+            columns = tuple(f"v{i}" for i in range(h.num_variates - 1)) + ("OT",)
+            source = f"synthetic(length={h.synthetic_length}, num_variates={h.num_variates}, seed={h.seed})"
+            return "synthetic", source, dates, values, columns
+        if path is None:
+            label, path = self._path()
+        else:
+            label, path = Path(path).stem, Path(path)
+        headed = self.synthetic or self.protocol != "solar"
+        dates, values, columns = read_series_table(path, headed, encoding=h.encoding)
+        return label, str(path), dates, values, columns
+
+    def read_series(self) -> Series:
+        label, source, dates, values, columns = self._table()
         columns = list(columns)
-        if target in columns:  # TSLib order: date, other variates..., target
-            order = [i for i, c in enumerate(columns) if c != target] + [columns.index(target)]
+        if self.target in columns:  # TSLib order: date, other variates..., target
+            order = [i for i, c in enumerate(columns) if c != self.target] + [columns.index(self.target)]
             values, columns = values[:, order], [columns[i] for i in order]
-        elif features != "M" and protocol != "solar":
-            raise ValueError(f"target {target!r} is not a column of {self.name!r} (columns: {columns})")
-        if features == "S":
+        elif self.features != "M" and self.protocol != "solar":
+            raise ValueError(f"target {self.target!r} is not a column of {label!r} (columns: {columns})")
+        if self.features == "S":
             values, columns = values[:, -1:], columns[-1:]
-        try:
-            starts, train_rows = chronological_split(protocol, len(values), seq_len, pred_len)
-        except ValueError as e:  # SchemaError (too few rows for the protocol) stays one
-            raise type(e)(f"{self.name!r}: {e}") from e
-        b1s, b2s = ltsf_borders(protocol, len(values), seq_len)
-        i = _SPLITS.index(split)
-        b1, b2 = b1s[i], b2s[i]
-        self.scaler = StandardScaler().fit(values[:train_rows])
-        self.mean, self.std = self.scaler.mean, self.scaler.std
-        data = self.scaler.transform(values[b1:b2]) if scale else values[b1:b2]
+        return Series(values, tuple(columns), source, dates)
 
-        self.split, self.seq_len, self.pred_len = split, seq_len, pred_len
-        self.scale, self.features, self.target, self.freq, self.protocol = scale, features, target, freq, protocol
-        self.columns, self.borders, self.n_rows = columns, (b1, b2), len(values)
-        self.file_values, self.file_dates = values, dates  # the whole file (read-only): forecasts read its end
-        self.dates = None if dates is None else dates[b1:b2]
-        marks = None
-        if time_features:
-            marks = (time_features_of(self.dates, freq) if self.dates is not None
-                     else np.zeros((b2 - b1, 1), np.float32))  # solar: no timestamps (as in iTransformer)
-        c = len(columns)
-        mean, std = (self.mean, self.std) if scale else (np.zeros(c), np.ones(c))
-        super().__init__(torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32)), starts[split] - b1, seq_len,
-                         pred_len, mean, std, time=None if marks is None else torch.from_numpy(marks),
-                         label_len=label_len, target_last=features == "MS")
-
+    # ---------------------------------------------------------------------------------------------- views
     @property
-    def marks(self) -> torch.Tensor | None:
-        """Calendar features of the split's rows (``time_features=True``), else ``None``."""
-        return self.time
+    def variate_names(self) -> list[str]:
+        """The column names in the model's variate order (``HUFL`` ... ``OT`` for ETTh1), the labels of the forecast
+        plots (linked into :class:`~hoformer.train.ForecastingTask` ``variate_names`` by the CLI)."""
+        return self.columns
 
     @property
     def num_variates(self) -> int:
-        """Number of input variates ``C`` of ``x``."""
-        return self.data.shape[-1]
+        """Input variates ``C`` (known without reading the file for the built-in datasets)."""
+        if self.features == "S":
+            return 1
+        if self.synthetic:
+            return self.hparams.num_variates
+        key = ltsf_key(self.name)
+        return LTSF_DATASETS[key].channels if key else len(self.columns)
 
-    def _stats(self, c: int):
-        if c == len(self.mean):
-            return self.mean, self.std
-        if c == 1 and self.features in ("S", "MS"):
-            return self.mean[-1:], self.std[-1:]
-        raise ValueError(f"expected a last dimension of {len(self.mean)} (all variates)"
-                         f"{' or 1 (target)' if self.features != 'M' else ''}, got {c}")
+    def history(self, path=None):
+        """The series on the original scale as a ``pandas.DataFrame``: a ``date`` column (when the data has
+        timestamps), then :attr:`variate_names`; of the datamodule's file, or of ``path`` (e.g. the same series with
+        newer rows) read and checked the same way. The ``history`` of
+        :func:`~hoformer.train.forecast.forecast_series`."""
+        import pandas as pd
 
-    def transform(self, data):
-        """Standardise raw values (numpy or torch, last dim = variates, or 1 for the target under S/MS) with the
-        train-slice statistics."""
-        if not self.scale:
-            return data
-        mean, std = self._stats(data.shape[-1])
-        if isinstance(data, torch.Tensor):
-            return (data - torch.as_tensor(mean, dtype=data.dtype, device=data.device)) / torch.as_tensor(
-                std, dtype=data.dtype, device=data.device)
-        return (data - mean) / std
-
-    def inverse_transform(self, data):
-        """Map standardised values (numpy or torch, last dim = variates, or 1 for the target under S/MS) back to
-        the original scale."""
-        if not self.scale:
-            return data
-        mean, std = self._stats(data.shape[-1])
-        if isinstance(data, torch.Tensor):
-            return data * torch.as_tensor(std, dtype=data.dtype, device=data.device) + torch.as_tensor(
-                mean, dtype=data.dtype, device=data.device)
-        return data * std + mean
-
-    def __repr__(self) -> str:
-        return (f"{type(self).__name__}(name={self.name!r}, split={self.split!r}, seq_len={self.seq_len}, "
-                f"pred_len={self.pred_len}, features={self.features!r}, variates={self.num_variates}, "
-                f"rows={self.borders}, windows={len(self)})")
+        series = self._built()
+        if path is None:
+            dates, values = series.dates, series.values
+        else:
+            _, _, dates, values, columns = self._table(require_file(path, "LTSFDataModule.history"))
+            missing = [c for c in series.columns if c not in columns]
+            if missing:
+                raise ValueError(f"{path}: lacks the training column(s) {missing} (has {list(columns)})")
+            values = values[:, [columns.index(c) for c in series.columns]]
+        frame = pd.DataFrame(np.asarray(values), columns=list(series.columns))
+        if dates is not None:
+            frame.insert(0, "date", pd.DatetimeIndex(dates))
+        return frame
 
 
 def synthetic_multiway_series(length: int = 4000, num_variates: int = 7, *, seed: int = 0, period: int = 24,
@@ -376,25 +304,6 @@ def synthetic_multiway_series(length: int = 4000, num_variates: int = 7, *, seed
     return coupled + noise * rng.normal(size=coupled.shape) + rng.uniform(5, 20, num_variates)
 
 
-class SyntheticLTSF(LTSFDataset):
-    """Built-in synthetic multiway forecasting dataset with the same item contract and split/scaling protocol as
-    :class:`LTSFDataset` (70/10/20, val/test start ``seq_len`` early, scaler fitted on train); hourly timestamps from
-    2020-01-01. Columns ``v0 .. v{C-2}, OT``; ``features`` / ``target`` as in :class:`LTSFDataset`. Deterministic
-    given ``seed``; see :func:`synthetic_multiway_series`."""
-
-    def __init__(self, split: str = "train", seq_len: int = 96, pred_len: int = 96, num_variates: int = 7,
-                 length: int = 4000, seed: int = 0, scale: bool = True, *, label_len: int = 0,
-                 time_features: bool = False, period: int = 24, noise: float = 0.1, features: str = "M",
-                 target: str = "OT"):
-        self.name, self.path, self.encoding = "synthetic", None, "utf-8"
-        values = synthetic_multiway_series(length, num_variates, seed=seed, period=period, noise=noise)
-        dates = np.datetime64("2020-01-01T00:00", "ns") + np.arange(length) * np.timedelta64(1, "h")
-        dates.setflags(write=False)
-        columns = [f"v{i}" for i in range(num_variates - 1)] + ["OT"]
-        self._build(values, dates, columns, "custom", split, seq_len, pred_len, scale, features, label_len, target,
-                    time_features, "h")
-
-
 _SYNTH_FORMATS = {  # dataset family -> (columns, pandas freq (ETT: from its protocol), first timestamp)
     "ETT": (["HUFL", "HULL", "MUFL", "MULL", "LUFL", "LULL", "OT"], None, "2016-07-01 00:00:00"),
     "weather": (["p (mbar)", "T (degC)", "Tpot (K)", "Tdew (degC)", "rh (%)", "VPmax (mbar)", "VPact (mbar)",
@@ -417,7 +326,7 @@ def write_synthetic_ltsf_csv(path, name: str = "ETTh1", n_rows: int | None = Non
     """
     import pandas as pd
 
-    key = _LOOKUP.get(name.lower())
+    key = ltsf_key(name)
     if key is None:
         raise ValueError(f"name must be one of {sorted(LTSF_DATASETS)}, got {name!r}")
     check_int("write_synthetic_ltsf_csv", "num_variates", num_variates, optional=True)

@@ -9,9 +9,13 @@ behind the batch dimension: ``x (B, P, *space, C)``.
 
 Pipeline
 --------
-read -> :func:`chronological_split` (window starts of each split, and the rows the training windows cover) ->
-:class:`StandardScaler` fitted on those training rows only (observed entries only) -> scaled series ->
-:class:`SeriesWindows` of each split. :func:`time_features` gives the calendar features of the timestamps.
+:class:`SeriesDataModule` runs it once, in ``setup``, for every split together:
+read (:func:`read_series_table` for CSVs, :func:`check_series_frame` for any table: numeric columns, finite values,
+distinct column names, time order) -> :func:`chronological_split` (absolute window starts of each split, and the rows
+the training windows cover) -> one :class:`StandardScaler` fitted on those training rows only (observed entries
+only) -> the scaled series -> :class:`SeriesWindows` of each split over it. :func:`time_features` gives the calendar
+features of the timestamps. :class:`~hoformer.data.LTSFDataModule` and :class:`~hoformer.data.TrafficDataModule`
+are configurations of it (which files, which split protocol, which scaler ``eps``, which time features).
 
 Batch format
 ------------
@@ -35,8 +39,22 @@ key             shape                       meaning
 
 A task needs nothing else: metrics on the original scale come from ``mean`` / ``std``, masked metrics from
 ``y_mask``.
+
+Data signature
+--------------
+:meth:`SeriesDataModule.data_signature` summarises what a model trained on the data depends on (file, series names,
+lookback, horizon, a digest of the scaler); :func:`check_data_signature` compares a stored one with the current one
+and names every difference, so a checkpoint is not silently tested on other data.
 """
 from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -44,16 +62,24 @@ from torch.utils.data import Dataset
 
 from hoformer._checks import check_int
 
+from ._base import SplitDataModule
 from ._utils import SchemaError
 
 __all__ = [
     "StandardScaler",
+    "read_series_table",
+    "check_series_frame",
+    "check_time_order",
     "time_features",
     "window_starts",
     "split_windows",
     "ltsf_borders",
     "chronological_split",
     "SeriesWindows",
+    "Series",
+    "SeriesDataModule",
+    "DataMismatchError",
+    "check_data_signature",
     "ROW_PROTOCOLS",
     "WINDOW_PROTOCOLS",
 ]
@@ -72,7 +98,7 @@ class StandardScaler:
     Fitted on the training rows only, on observed entries only when a ``mask`` is given (Weaver eqs 62-63); the
     population standard deviation, with a channel that is constant on the training rows keeping ``std = 1``
     (Time-Series-Library / scikit-learn). ``eps``: 0 for complete LTSF files (TSLib's numbers), ``1e-8`` for traffic
-    (DCRNN / torch-spatiotemporal). Statistics are float64; :attr:`scale` is ``std + eps``.
+    (DCRNN / torch-spatiotemporal). Statistics are float64 ``(C,)``; :attr:`scale` is ``std + eps``.
     """
 
     def __init__(self, eps: float = 0.0) -> None:
@@ -98,17 +124,170 @@ class StandardScaler:
     def scale(self) -> np.ndarray:
         return self.std + self.eps
 
-    def transform(self, values: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
-        """Standardised values (float64); entries outside ``mask`` are 0."""
+    def channels(self, index) -> "StandardScaler":
+        """The scaler of the channels ``index`` (a slice or index list), e.g. ``channels(slice(-1, None))``: the
+        target of ``features="MS"``."""
+        out = StandardScaler(self.eps)
+        out.mean, out.std = np.atleast_1d(self.mean[index]), np.atleast_1d(self.std[index])
+        return out
+
+    def _check_width(self, values, what: str) -> None:
+        if values.shape[-1] != len(self.mean):
+            raise ValueError(f"StandardScaler.{what}: expected a last dimension of {len(self.mean)} (the channels "
+                             f"it was fitted on), got shape {tuple(values.shape)}; channels(...) gives the scaler "
+                             "of a subset")
+
+    def transform(self, values, mask: np.ndarray | None = None):
+        """Standardised ``values`` (numpy: float64; torch: its dtype and device; last dim = channels); entries
+        outside ``mask`` are 0."""
+        self._check_width(values, "transform")
+        if isinstance(values, torch.Tensor):
+            kw = dict(dtype=values.dtype, device=values.device)
+            return (values - torch.as_tensor(self.mean, **kw)) / torch.as_tensor(self.scale, **kw)
         out = (values - self.mean) / self.scale
         return out if mask is None else out * mask
 
     def inverse_transform(self, values):
         """The original scale of standardised ``values`` (numpy or torch, last dim = channels)."""
+        self._check_width(values, "inverse_transform")
         if isinstance(values, torch.Tensor):
             return values * torch.as_tensor(self.scale, dtype=values.dtype, device=values.device) + torch.as_tensor(
                 self.mean, dtype=values.dtype, device=values.device)
         return values * self.scale + self.mean
+
+    def digest(self) -> str:
+        """A short digest of the statistics (9 significant digits, so that the same data fitted on another machine
+        gives the same digest)."""
+        text = ",".join(f"{v:.9g}" for v in np.concatenate([np.ravel(self.mean), np.ravel(self.scale)]))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------------------------------------ reader
+def _decode_error(path: str, encoding: str) -> str | None:
+    """``"line N (byte 0x.. at column k)"`` of the first line of ``path`` that does not decode as ``encoding``."""
+    with open(path, "rb") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                line.decode(encoding)
+            except UnicodeDecodeError as e:
+                return f"line {n} (byte 0x{line[e.start]:02x} at column {e.start + 1})"
+    return None
+
+
+def _repeated(names, source: str, first_column: int = 1) -> None:
+    """SchemaError naming the first column name that appears twice (pandas would rename the second ``a.1``)."""
+    seen: dict[str, int] = {}
+    for j, name in enumerate(names):
+        key = str(name).strip()
+        if key in seen:
+            raise SchemaError(f"{source}: column name {key!r} is repeated in the header (columns #{seen[key]} and "
+                              f"#{j + first_column}); expected one distinct name per column: rename or drop one")
+        seen[key] = j + first_column
+
+
+def check_series_frame(df, source: str, where: Callable[[int], str], *, first_column: int = 1,
+                       complete_hint: str = "", dtype=np.float64) -> np.ndarray:
+    """The values of a table of series (a ``pandas.DataFrame``, one column per series) as a ``(T, C)`` array of
+    ``dtype``, after the checks every series file gets: distinct column names, at least one row, numeric columns,
+    finite values. Each error is a :class:`SchemaError` naming ``source``, the column (name and 1-based number
+    ``#j``, counted from ``first_column``) and the row (``where(i)`` of the 0-based row ``i``, e.g. its file line)."""
+    import pandas as pd
+
+    _repeated(list(df.columns), source, first_column)
+    if len(df) == 0 or df.shape[1] == 0:
+        raise SchemaError(f"{source}: no data rows" if df.shape[1] else f"{source}: no data columns")
+    for j, c in enumerate(df.columns):
+        col = df.iloc[:, j]
+        if not pd.api.types.is_numeric_dtype(col) or pd.api.types.is_bool_dtype(col):
+            num = pd.to_numeric(col, errors="coerce")
+            bad = np.flatnonzero(num.isna().to_numpy() & col.notna().to_numpy())
+            i = int(bad[0]) if bad.size else 0
+            raise SchemaError(f"{source}: column {c!r} (#{j + first_column}) must be numeric, got {col.iloc[i]!r} "
+                              f"at {where(i)}")
+    values = np.asarray(df.to_numpy(), dtype=dtype)
+    bad = np.argwhere(~np.isfinite(values))
+    if bad.size:
+        i, j = bad[0]
+        raise SchemaError(f"{source}: missing or non-finite value (NaN or inf) in column {df.columns[j]!r} "
+                          f"(#{j + first_column}) at {where(int(i))} ({len(bad)} such cells){complete_hint}")
+    return values
+
+
+def check_time_order(dates: np.ndarray, source: str, where: Callable[[int], str], hint: str = "") -> None:
+    """SchemaError when timestamps go back in time (a newest-first or shuffled export would be windowed out of
+    order); repeated timestamps are allowed (the Weather file repeats one)."""
+    back = np.flatnonzero(np.diff(np.asarray(dates).astype("datetime64[ns]").astype("int64")) < 0)
+    if back.size:
+        import pandas as pd
+
+        i = int(back[0]) + 1
+        raise SchemaError(f"{source}: timestamps go back in time at {where(i)} ({pd.Timestamp(dates[i - 1])} then "
+                          f"{pd.Timestamp(dates[i])}; {back.size} such step(s)); the rows must be in time order, "
+                          f"oldest first{hint}")
+
+
+def read_series_table(path, header: bool = True, *, dated: bool | None = None, encoding: str = "utf-8"):
+    """Parse and schema-check a CSV of series -> ``(dates datetime64[ns] | None, values float64 (T, C), columns)``;
+    arrays are read-only and cached per (path, mtime, size, options), so every user of one file parses it once.
+
+    ``header=True``: a header line of column names (each name once); ``dated`` (default: ``header``): the first
+    column is ``date`` (the LTSF layout ``date,<series_1>,...``), whose timestamps must not go back in time (repeated
+    ones are allowed; UTC offsets are converted to naive UTC). ``header=False``: bare comma-separated values (solar,
+    an adjacency matrix), columns named ``0, 1, ...``. Every other column must be numeric and finite
+    (:func:`check_series_frame`). A line that does not decode as ``encoding`` is an error naming it."""
+    dated = header if dated is None else dated
+    if dated and not header:
+        raise ValueError("read_series_table: a `date` column needs a header (dated=True, header=False)")
+    st = Path(path).stat()
+    return _read_table(str(path), header, dated, encoding, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_table(path: str, header: bool, dated: bool, encoding: str, _mtime_ns: int, _size: int):
+    import pandas as pd
+
+    try:
+        if header:
+            df = pd.read_csv(path, encoding=encoding, skipinitialspace=True)
+            names = pd.read_csv(path, encoding=encoding, skipinitialspace=True, header=None, nrows=1).iloc[0].tolist()
+        else:  # solar_AL.txt, an adjacency: comma-separated values, no header, no date column
+            df = pd.read_csv(path, header=None, encoding=encoding)
+            names = list(df.columns)
+    except UnicodeDecodeError as e:
+        where = _decode_error(path, encoding) or f"byte offset {e.start}"
+        raise SchemaError(f"{path}: {where} is not valid {encoding} text ({e.reason}); pass the file's encoding, "
+                          "e.g. encoding='latin-1'") from e
+    except LookupError as e:
+        raise ValueError(f"{path}: unknown encoding {encoding!r} ({e})") from e
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as e:
+        raise SchemaError(f"{path}: not a readable CSV ({type(e).__name__}: {e})") from e
+    _repeated(names, path)
+    columns = [str(c).strip() for c in df.columns]
+    first_row = 2 if header else 1  # file line number of the first data row
+    line = lambda i: f"line {i + first_row}"  # noqa: E731
+    dates = None
+    if dated:
+        if not columns or columns[0] != "date":
+            raise SchemaError(f"{path}: expected the LTSF layout 'date,<variate_1>,...,<variate_C>' with a 'date' "
+                              f"first column, got columns {columns[:6]}{' ...' if len(columns) > 6 else ''}")
+        if len(columns) < 2:
+            raise SchemaError(f"{path}: expected at least one variate column after 'date', got none")
+        # utc=True: timestamps with UTC offsets (mixed across DST, as pandas writes tz-aware series) become naive UTC;
+        # naive ones are unchanged
+        parsed = pd.to_datetime(df.iloc[:, 0], errors="coerce", utc=True).dt.tz_localize(None)
+        bad = np.flatnonzero(parsed.isna().to_numpy())
+        if bad.size:
+            raise SchemaError(f"{path}: unparsable 'date' value {df.iloc[bad[0], 0]!r} at {line(bad[0])}")
+        dates = parsed.to_numpy(dtype="datetime64[ns]")
+        check_time_order(dates, path, line, hint=": sort the file by its 'date' column")
+        dates.setflags(write=False)  # cached: shared by every user of the file
+        df, columns = df.iloc[:, 1:], columns[1:]
+    if header:
+        df = df.set_axis(columns, axis=1)
+    values = check_series_frame(df, path, line, first_column=2 if dated else 1,
+                                complete_hint="; series files must be complete")
+    values.setflags(write=False)
+    return dates, values, tuple(columns)
 
 
 # ----------------------------------------------------------------------------------------------- time features
@@ -250,17 +429,18 @@ class SeriesWindows(Dataset):
 
     Args:
         data: scaled series (float32 tensor or array).
-        starts: window start rows (in ``data``).
+        starts: window start rows (absolute rows of ``data``).
         window, horizon: ``P`` and ``Q``.
         mean, std: scaler statistics ``(C,)`` (``std`` with the scaler's ``eps`` added); for the target channels.
         mask: observed entries of ``data`` (bool), or ``None`` (complete).
         time: time features ``(T, F)`` of the rows, or ``None``.
         label_len: known steps before the horizon returned as ``y_known``.
         target_last: the target is the last channel only (``y (Q, *space, 1)``).
+        columns: names of the series (LTSF: the variates, the channel mode; traffic: the sensors).
     """
 
     def __init__(self, data, starts, window: int, horizon: int, mean, std, *, mask=None, time=None,
-                 label_len: int = 0, target_last: bool = False) -> None:
+                 label_len: int = 0, target_last: bool = False, columns=()) -> None:
         self.data = torch.as_tensor(data)
         self.starts = np.asarray(starts, dtype=np.int64)
         self.window, self.horizon, self.label_len, self.target_last = window, horizon, label_len, target_last
@@ -269,6 +449,12 @@ class SeriesWindows(Dataset):
         self.target_mean, self.target_std = (mean[-1:], std[-1:]) if target_last else (mean, std)
         self.mask = None if mask is None else torch.as_tensor(mask)
         self.time = None if time is None else torch.as_tensor(time)
+        self.columns = list(columns)
+
+    @property
+    def num_variates(self) -> int:
+        """Channels ``C`` of ``x``."""
+        return self.data.shape[-1]
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -288,3 +474,176 @@ class SeriesWindows(Dataset):
         if self.label_len:
             item["y_known"] = self.data[e - self.label_len:e][..., c]
         return item
+
+
+# ------------------------------------------------------------------------------------------------- datamodule
+@dataclass(frozen=True)
+class Series:
+    """A series as read, on the original scale: ``values (T, *space, C)``; ``columns`` the names of the series (LTSF:
+    the ``C`` variates; traffic: the ``N`` sensors); ``source`` the file (or generator) it came from; ``dates (T,)``
+    datetime64 or ``None``; ``mask`` the observed entries (bool, like ``values``) or ``None`` (complete)."""
+    values: np.ndarray
+    columns: tuple[str, ...]
+    source: str
+    dates: np.ndarray | None = None
+    mask: np.ndarray | None = None
+
+
+class SeriesDataModule(SplitDataModule):
+    """The one windowed-series datamodule: a subclass says how to read its data (:meth:`read_series`), this class
+    does the rest once, in ``setup``, for all three splits: :func:`chronological_split` of the absolute window
+    starts, one :class:`StandardScaler` fitted on the training rows (:attr:`scaler`), the scaled series, the
+    :class:`SeriesWindows` of each split, time features, and the batches of the module doc.
+
+    Args:
+        window, horizon: lookback ``P`` and horizon ``Q`` (checked by the subclass, which names them).
+        protocol: split protocol (:data:`ROW_PROTOCOLS` or :data:`WINDOW_PROTOCOLS`); ``val_ratio`` /
+            ``test_ratio`` for the window protocols.
+        scale: standardise (``False``: the model sees the original values; ``mean`` 0, ``std`` 1, no :attr:`scaler`).
+        scaler_eps: the scaler's ``eps``.
+        label_len: ``y_known`` steps; ``target_last``: the target is the last channel (``features="MS"``).
+        time_encoding: ``None``, ``"calendar"`` (:func:`time_features` of ``freq``; zeros ``(T, 1)`` without
+            timestamps) or ``"daily"``.
+        drop_empty_windows: drop windows whose target is entirely missing (series with a mask).
+        batch_size, num_workers, pin_memory, eval_batch_size: the loaders (:class:`SplitDataModule`).
+    """
+
+    def __init__(self, *, window: int, horizon: int, protocol: str, val_ratio: float = 0.1, test_ratio: float = 0.2,
+                 scale: bool = True, scaler_eps: float = 0.0, label_len: int = 0, target_last: bool = False,
+                 time_encoding: str | None = None, freq: str = "h", drop_empty_windows: bool = False,
+                 batch_size: int = 32, num_workers: int = 0, pin_memory: bool = False,
+                 eval_batch_size: int | None = None) -> None:
+        super().__init__(batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory,
+                         eval_batch_size=eval_batch_size)
+        if protocol not in ROW_PROTOCOLS + WINDOW_PROTOCOLS:
+            raise ValueError(f"{type(self).__name__}: protocol must be one of {ROW_PROTOCOLS + WINDOW_PROTOCOLS}, "
+                             f"got {protocol!r}")
+        if time_encoding not in (None, "calendar", "daily"):
+            raise ValueError(f"{type(self).__name__}: time_encoding must be None, 'calendar' or 'daily', got "
+                             f"{time_encoding!r}")
+        self.window, self.horizon, self.protocol = window, horizon, protocol
+        self.val_ratio, self.test_ratio = val_ratio, test_ratio
+        self.scale, self.scaler_eps, self.label_len, self.target_last = scale, scaler_eps, label_len, target_last
+        self.time_encoding, self.freq, self.drop_empty_windows = time_encoding, freq, drop_empty_windows
+        self.series: Series | None = None
+        self.scaler: StandardScaler | None = None
+
+    # ---------------------------------------------------------------------------------------------- hook
+    def read_series(self) -> Series:
+        """Read (and check) the data: a :class:`Series` on the original scale."""
+        raise NotImplementedError(f"{type(self).__name__} must override read_series()")
+
+    # ------------------------------------------------------------------------------------------- building
+    def _make_splits(self, names) -> dict[str, SeriesWindows]:
+        """All three splits at once, whichever ``names`` were asked for: one read, one split, one scaler."""
+        series = self.read_series()
+        for array in (series.values, series.dates, series.mask):  # shared by every split and user: read-only
+            if array is not None:
+                array.setflags(write=False)
+        values, mask = series.values, series.mask
+        try:
+            starts, train_rows = chronological_split(self.protocol, len(values), self.window, self.horizon,
+                                                     val_ratio=self.val_ratio, test_ratio=self.test_ratio)
+        except ValueError as e:  # SchemaError (too few rows for the protocol) stays one
+            raise type(e)(f"{type(self).__name__} ({series.source}): {e}") from e
+        c = values.shape[-1]
+        if self.scale:
+            scaler = StandardScaler(self.scaler_eps).fit(values[:train_rows],
+                                                         None if mask is None else mask[:train_rows])
+            data, mean, std = scaler.transform(values, mask), scaler.mean, scaler.scale
+        else:
+            scaler, mean, std = None, np.zeros(c), np.ones(c)
+            data = values if mask is None else values * mask
+        x = torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32))
+        time = None
+        if self.time_encoding == "daily":
+            time = torch.from_numpy(time_features(series.dates, encoding="daily"))
+        elif self.time_encoding == "calendar":
+            time = torch.from_numpy(time_features(series.dates, self.freq) if series.dates is not None
+                                    else np.zeros((len(values), 1), np.float32))  # no timestamps (solar)
+        mask_t = None if mask is None else torch.from_numpy(np.ascontiguousarray(mask))
+        out = {}
+        for name in SPLITS:
+            s = starts[name]
+            if self.drop_empty_windows and mask is not None:
+                has = np.array([mask[i + self.window:i + self.window + self.horizon].any() for i in s], dtype=bool)
+                s = s[has]
+                if len(s) == 0:
+                    raise ValueError(f"{type(self).__name__} ({series.source}): the {name} split has no window with "
+                                     "an observed target")
+            out[name] = SeriesWindows(x, s, self.window, self.horizon, mean, std, mask=mask_t, time=time,
+                                      label_len=self.label_len, target_last=self.target_last, columns=series.columns)
+        self.series, self.scaler = series, scaler
+        return out
+
+    def _built(self) -> Series:
+        self._ensure(SPLITS)
+        return self.series
+
+    @property
+    def columns(self) -> list[str]:
+        """Names of the series (reads the data)."""
+        return list(self._built().columns)
+
+    # ------------------------------------------------------------------------------------------ signature
+    def data_signature(self) -> dict:
+        """What a model trained on this data depends on, as a JSON-able dict: ``data`` (the file name or generator),
+        ``columns`` (the series' names, in the model's order), ``num_series``, ``targets`` (the forecast series),
+        ``lookback``, ``horizon`` and ``scaler`` (a digest of the training statistics, ``None`` unscaled). Store it
+        with a checkpoint; :func:`check_data_signature` compares it with the data a checkpoint is later used on."""
+        series = self._built()
+        columns = list(series.columns)
+        return {"data": Path(series.source).name, "columns": columns, "num_series": len(columns),
+                "targets": columns[-1:] if self.target_last else columns, "lookback": self.window,
+                "horizon": self.horizon, "scaler": None if self.scaler is None else self.scaler.digest()}
+
+
+# ------------------------------------------------------------------------------------------------- signature
+class DataMismatchError(ValueError):
+    """A checkpoint is used on data other than the data it was trained on."""
+
+
+def _show(v) -> str:
+    if isinstance(v, list) and len(v) > 8:
+        return f"[{', '.join(map(repr, v[:3]))}, ... {len(v)} names]"
+    return repr(v)
+
+
+def _differences(saved: dict, current: dict) -> list[str]:
+    saved, current = json.loads(json.dumps(saved)), json.loads(json.dumps(current))  # tuples -> lists
+    out = []
+    for key in saved:
+        if key not in current or saved[key] == current[key]:
+            continue
+        a, b = saved[key], current[key]
+        line = f"{key}: trained on {_show(a)}, now {_show(b)}"
+        if isinstance(a, list) and isinstance(b, list):
+            only_a, only_b = [x for x in a if x not in b], [x for x in b if x not in a]
+            if only_a or only_b:
+                parts = [f"only in training: {_show(only_a)}" if only_a else "", f"only now: {_show(only_b)}" if only_b
+                         else ""]
+                line += f" ({'; '.join(p for p in parts if p)})"
+            else:
+                line += " (the same names in another order)"
+        out.append(line)
+    return out
+
+
+def check_data_signature(saved: dict | None, current: dict | None, *, allow_mismatch: bool = False,
+                         override: str = "allow_mismatch=True") -> list[str]:
+    """Compare the :meth:`~SeriesDataModule.data_signature` stored with a checkpoint (``saved``) with the one of the
+    data it is now used on (``current``) -> the list of differences (empty: the same data).
+
+    A difference raises :class:`DataMismatchError` (a ``ValueError``) naming every key that differs (trained on
+    what, given what) and how to proceed anyway (``override``: the text of the override, e.g. the CLI flag);
+    with ``allow_mismatch=True`` it is a warning instead. Keys present on one side only are not compared, and a
+    ``saved`` of ``None`` or ``{}`` (a checkpoint that recorded no signature) checks nothing."""
+    if not saved or not current:
+        return []
+    diffs = _differences(saved, current)
+    if diffs:
+        msg = ("the checkpoint was trained on other data than the data it is now used on:\n  " + "\n  ".join(diffs))
+        if not allow_mismatch:
+            raise DataMismatchError(f"{msg}\nUse the data it was trained on, or pass {override} to use it anyway.")
+        warnings.warn(f"{msg}\n(used anyway: {override})", stacklevel=2)
+    return diffs

@@ -68,13 +68,25 @@ def _delimiter(path: Path, first_line: str, delimiter: str | None) -> str:
     return "\t" if first_line.count("\t") > first_line.count(",") else ","
 
 
+def _once(names: list[str], name: str, kind: str, path: Path, header: list[str]) -> int:
+    """The index of ``name`` in ``names``; a SchemaError when the header has it more than once (which one would be
+    read is a guess)."""
+    where = [i for i, n in enumerate(names) if n == name]
+    if len(where) > 1:
+        raise SchemaError(f"read_text_table: {path}: the {kind} column {name!r} appears {len(where)} times in the "
+                          f"header {header} (columns {', '.join(f'#{i + 1}' for i in where)}); expected one column "
+                          f"of that name: rename the others, or pass {kind}_column=<0-based index>")
+    return where[0]
+
+
 def _column(header: list[str], chosen, candidates: Sequence[str], kind: str, path: Path) -> int:
-    """Index of the ``kind`` column: ``chosen`` (a header name or a 0-based index) or the first candidate present."""
+    """Index of the ``kind`` column: ``chosen`` (a header name or a 0-based index) or the first candidate present;
+    a name must appear once in the header."""
     if chosen is None:
         lower = [h.strip().lower() for h in header]
         for cand in candidates:
             if cand in lower:
-                return lower.index(cand)
+                return _once(lower, cand, kind, path, header)
         raise SchemaError(f"read_text_table: {path}: no {kind} column found; looked for a header named one of "
                           f"{list(candidates)} (case-insensitive), the header is {header}; pass "
                           f"{kind}_column=<name or 0-based index>")
@@ -89,7 +101,7 @@ def _column(header: list[str], chosen, candidates: Sequence[str], kind: str, pat
     stripped = [h.strip() for h in header]
     if chosen.strip() not in stripped:
         raise SchemaError(f"read_text_table: {path}: `{kind}_column`={chosen!r} is not in the header {header}")
-    return stripped.index(chosen.strip())
+    return _once(stripped, chosen.strip(), kind, path, header)
 
 
 def _label_map(raw: list[str], labels) -> tuple[dict[str, int], list[str]]:
@@ -130,8 +142,8 @@ def read_text_table(path: str | os.PathLike, *, text_column: str | int | None = 
         encoding: the file's text encoding.
 
     Raises ``FileNotFoundError`` / ``IsADirectoryError`` naming the path, :class:`~hoformer.data.SchemaError` (a
-    ``ValueError``) naming the file, the column or the line for a bad header, an empty text or label, an unknown
-    label, and ``ValueError`` for undecodable bytes (naming the file and the encoding).
+    ``ValueError``) naming the file, the column or the line for a bad header (a missing or repeated text or label
+    column name), an empty text or label, an unknown label, and ``ValueError`` for undecodable bytes (naming the file and the encoding).
     """
     p = require_file(path, "read_text_table")
     opener = gzip.open if p.suffix.lower() == ".gz" else open
@@ -164,6 +176,9 @@ def read_text_table(path: str | os.PathLike, *, text_column: str | int | None = 
             raise SchemaError(f"read_text_table: {p} line {n}: {len(row)} field(s), expected at least "
                               f"{max(ti, li) + 1} (header {header})")
         text, lab = row[ti].strip(), row[li].strip()
+        if not text:
+            raise SchemaError(f"read_text_table: {p} line {n}: empty text in column {header[ti]!r}; expected a text "
+                              "to classify (drop the row or fill it in)")
         if not lab:
             raise SchemaError(f"read_text_table: {p} line {n}: empty label in column {header[li]!r}")
         texts.append(text)

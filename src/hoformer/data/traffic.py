@@ -28,14 +28,10 @@ import pickle
 from pathlib import Path
 
 import numpy as np
-import torch
-from torch.utils.data import Dataset
-
 from hoformer._checks import check_int
 
-from ._base import SplitDataModule
-from .series import SeriesWindows, StandardScaler, chronological_split, time_features
-from ._utils import VERIFY_HINT, SchemaError, verify_file
+from .series import Series, SeriesDataModule, SeriesWindows, check_series_frame, check_time_order, read_series_table
+from ._utils import VERIFY_HINT, SchemaError, require_file, resolve_root, verify_file
 
 __all__ = [
     "TRAFFIC_SHA256",
@@ -55,49 +51,12 @@ TRAFFIC_SHA256: dict[str, str] = {
 }
 
 
+_ZERO_HINT = "; missing readings must be stored as 0 in this format"
+
+
 def _verify(path: Path, known: str, verify: bool) -> None:
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: file not found")
     if verify:
         verify_file(path, sha256=TRAFFIC_SHA256[known], hint=f"Expected the reference {known}. {VERIFY_HINT}")
-
-
-def _check_values(values: np.ndarray, source: str) -> np.ndarray:
-    values = np.asarray(values, dtype=np.float32)
-    if values.ndim != 2 or values.size == 0:
-        raise SchemaError(f"{source}: expected a non-empty (time, nodes) table, got shape {values.shape}")
-    bad = ~np.isfinite(values)
-    if bad.any():
-        t, n = np.argwhere(bad)[0]
-        raise SchemaError(f"{source}: {int(bad.sum())} NaN/inf values (first at row {t}, column {n}); "
-                          "missing readings must be stored as 0 in this format")
-    return values
-
-
-def _require_numeric(df, source: str, where) -> None:
-    """SchemaError naming the first non-numeric cell (``where(i)`` -> its position) instead of numpy's bare
-    'could not convert string to float'."""
-    import pandas as pd
-
-    for j, c in enumerate(df.columns):
-        if not pd.api.types.is_numeric_dtype(df[c]) or pd.api.types.is_bool_dtype(df[c]):
-            col = pd.to_numeric(df[c], errors="coerce")
-            bad = np.flatnonzero(col.isna().to_numpy() & df[c].notna().to_numpy())
-            i = int(bad[0]) if bad.size else 0
-            raise SchemaError(f"{source}: column {c!r} (#{j + 1}) must be numeric, got {df[c].iloc[i]!r} at "
-                              f"{where(i)}")
-
-
-def _read_numeric_csv(path: Path, header: bool):
-    import pandas as pd
-
-    try:
-        df = pd.read_csv(path, header=0 if header else None)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as e:
-        raise SchemaError(f"{path}: not a readable CSV ({type(e).__name__}: {e})") from e
-    first = 2 if header else 1
-    _require_numeric(df, str(path), lambda i: f"line {i + first}")
-    return df
 
 
 class _ArrayUnpickler(pickle.Unpickler):
@@ -115,19 +74,21 @@ class _ArrayUnpickler(pickle.Unpickler):
 
 
 def read_traffic_h5(path: str | os.PathLike, key: str | None = None):
-    """Read a DCRNN-format ``.h5`` -> ``(values (T, N) float32, timestamps (T,) datetime64, sensor_ids list[str])``."""
+    """Read a DCRNN-format ``.h5`` -> ``(values (T, N) float32, timestamps (T,) datetime64, sensor_ids list[str])``,
+    schema-checked as every series file (:func:`~hoformer.data.series.check_series_frame`: distinct numeric sensor
+    columns, finite values; timestamps in time order)."""
     import pandas as pd
 
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"read_traffic_h5: {path} not found (METR-LA: metr-la.h5, PEMS-BAY: pems-bay.h5)")
+    path = require_file(path, "read_traffic_h5", hint="(METR-LA: metr-la.h5, PEMS-BAY: pems-bay.h5)")
     df = pd.read_hdf(path, key=key)
     if not isinstance(df, pd.DataFrame) or not isinstance(df.index, pd.DatetimeIndex):
         raise SchemaError(f"read_traffic_h5: {path} must hold a DataFrame with a DatetimeIndex, got "
                           f"{type(df).__name__} indexed by {type(getattr(df, 'index', None)).__name__}")
-    _require_numeric(df, str(path), lambda i: f"row {i} ({df.index[i]})")
-    values = _check_values(df.to_numpy(), str(path))
-    return values, df.index.to_numpy(), [str(c) for c in df.columns]
+    values = check_series_frame(df, str(path), lambda i: f"row {i} ({df.index[i]})", dtype=np.float32,
+                                complete_hint=_ZERO_HINT)
+    stamps = df.index.to_numpy()
+    check_time_order(stamps, str(path), lambda i: f"row {i}")
+    return values, stamps, [str(c) for c in df.columns]
 
 
 def load_adj_pkl(path: str | os.PathLike, sha256: str | None = None):
@@ -172,32 +133,21 @@ def load_los_loop(root: str | os.PathLike | None = None, *, speed_path: str | os
     speed = Path(speed_path) if speed_path is not None else d / "los_speed.csv"
     adj_file = Path(adj_path) if adj_path is not None else d / "los_adj.csv"
     for p in (speed, adj_file):
-        if not p.is_file():
-            raise FileNotFoundError(f"load_los_loop: {p} not found")
+        require_file(p, "load_los_loop")
     _verify(speed, "los_speed.csv", verify)
     _verify(adj_file, "los_adj.csv", verify)
-    df = _read_numeric_csv(speed, header=True)
-    values = _check_values(df.to_numpy(), str(speed))
-    adj = _check_values(_read_numeric_csv(adj_file, header=False).to_numpy(), str(adj_file))
-    return values, [str(c) for c in df.columns], adj
+    _, values, ids = read_series_table(speed, header=True, dated=False)
+    _, adj, _ = read_series_table(adj_file, header=False)
+    return values.astype(np.float32), list(ids), adj.astype(np.float32)
 
 
-def _check_steps(fn: str, **steps) -> None:
-    for name, v in steps.items():
-        check_int(fn, name, v, note=" (time steps)")
-
-
-def _default_root() -> Path:
-    env = os.environ.get("HOFORMER_DATA")
-    return (Path(env) if env else Path("../shared/data")) / "traffic"
-
-
-class TrafficDataModule(SplitDataModule):
+class TrafficDataModule(SeriesDataModule):
     """METR-LA / PEMS-BAY / Los-loop datamodule (usable from a LightningCLI ``data: class_path``).
 
     Args:
         dataset: ``"metr_la"``, ``"pems_bay"`` or ``"los_loop"``.
-        root: directory with the files (default ``$HOFORMER_DATA/traffic``): ``metr-la.h5``, ``pems-bay.h5``,
+        root: directory with the files (default ``$HOFORMER_DATA/traffic``, or ``../shared/data/traffic``; not read
+            when ``data_path`` and ``adj_path`` are both given): ``metr-la.h5``, ``pems-bay.h5``,
             ``sensor_graph/adj_mx.pkl``, ``sensor_graph/adj_mx_bay.pkl``, ``los_loop/los_{speed,adj}.csv``.
         data_path, adj_path: override the file locations (each independently; the other file is still looked up
             under ``root``): the ``.h5`` / ``los_speed.csv`` and the ``.pkl`` / ``los_adj.csv``.
@@ -214,9 +164,12 @@ class TrafficDataModule(SplitDataModule):
         verify: check ``los_speed.csv``, ``los_adj.csv``, ``adj_mx.pkl`` / ``adj_mx_bay.pkl`` against the
             reference SHA-256 (:data:`TRAFFIC_SHA256`) before reading them; ``False`` for another copy or graph.
 
-    The three splits are built together (the scaler is fitted on the training windows) and kept in :attr:`splits`
-    (``{"train" | "val" | "test": SeriesWindows}``, the base class's ``datasets``). ``dataset`` is the dataset's
-    name here, not the base class's ``dataset(split)`` accessor.
+    A configuration of :class:`~hoformer.data.series.SeriesDataModule`: the files are read, the windows split and the
+    scaler fitted on the observed values of the training windows' rows (``eps = 1e-8``) once, for every split; batches
+    carry the observation masks and the daily time features (minute of day, day of week). The splits are kept in
+    :attr:`splits` (``{"train" | "val" | "test": SeriesWindows}``, the base class's ``datasets``); after ``setup``:
+    :attr:`scaler`, :attr:`sensor_ids` (the graph's order), :attr:`adj` and :meth:`data_signature`. ``dataset`` is
+    the dataset's name here, not the base class's ``dataset(split)`` accessor.
     """
 
     def __init__(self, dataset: str = "los_loop", root: str | None = None, data_path: str | None = None,
@@ -224,24 +177,31 @@ class TrafficDataModule(SplitDataModule):
                  test_ratio: float = 0.2, batch_size: int = 32, eval_batch_size: int | None = None,
                  num_workers: int = 0, drop_empty_windows: bool = True, start: str = "2012-03-01 00:00:00",
                  num_nodes: int | None = None, verify: bool = True, split_protocol: str = "dcrnn") -> None:
-        super().__init__(batch_size=batch_size, num_workers=num_workers, eval_batch_size=eval_batch_size)
+        fn = type(self).__name__
         if dataset not in ("metr_la", "pems_bay", "los_loop"):
-            raise ValueError(f"TrafficDataModule: `dataset` must be 'metr_la', 'pems_bay' or 'los_loop', got {dataset!r}")
-        self.dataset, self.root = dataset, Path(root) if root else _default_root()
-        self.data_path, self.adj_path = data_path, adj_path
-        _check_steps(window=window, horizon=horizon, fn="TrafficDataModule")
-        self.window, self.horizon = window, horizon
-        self.val_ratio, self.test_ratio = val_ratio, test_ratio
-        self.drop_empty_windows, self.start, self.expected_nodes = drop_empty_windows, start, num_nodes
-        self.verify = verify
+            raise ValueError(f"{fn}: `dataset` must be 'metr_la', 'pems_bay' or 'los_loop', got {dataset!r}")
+        for name, v in (("window", window), ("horizon", horizon)):
+            check_int(fn, name, v, note=" (time steps)")
         if split_protocol not in ("dcrnn", "tsl"):
-            raise ValueError(f"TrafficDataModule: `split_protocol` must be 'dcrnn' or 'tsl', got {split_protocol!r}")
+            raise ValueError(f"{fn}: `split_protocol` must be 'dcrnn' or 'tsl', got {split_protocol!r}")
+        super().__init__(window=window, horizon=horizon, protocol=split_protocol, val_ratio=val_ratio,
+                         test_ratio=test_ratio, scaler_eps=1e-8, time_encoding="daily",
+                         drop_empty_windows=drop_empty_windows, batch_size=batch_size, num_workers=num_workers,
+                         eval_batch_size=eval_batch_size)
+        if data_path is not None and adj_path is not None:  # both files named: the root is not read
+            self.root = Path(root) if root else None
+        else:
+            self.root = resolve_root(root, "traffic", f"traffic dataset {dataset!r}")
+        self.dataset = dataset
+        self.data_path, self.adj_path = data_path, adj_path
+        self.start, self.expected_nodes, self.verify = start, num_nodes, verify
         self.split_protocol = split_protocol
+        self._num_nodes = self.sensor_ids = self.adj = None
 
     @property
     def num_nodes(self) -> int:
         """Sensors ``N`` (reads the data)."""
-        if getattr(self, "_num_nodes", None) is None:
+        if self._num_nodes is None:
             self.setup()
         return self._num_nodes
 
@@ -262,10 +222,10 @@ class TrafficDataModule(SplitDataModule):
             values, ids, adj = load_los_loop(self.root, speed_path=self.data_path, adj_path=self.adj_path,
                                              verify=self.verify)
             stamps = pd.date_range(self.start, periods=len(values), freq="5min").to_numpy()
-            return values, stamps, ids, adj
-        h5 = {"metr_la": "metr-la.h5", "pems_bay": "pems-bay.h5"}[self.dataset]
+            return values, stamps, ids, adj, str(self.data_path or "los_speed.csv")
+        h5 = self.data_path or self.root / {"metr_la": "metr-la.h5", "pems_bay": "pems-bay.h5"}[self.dataset]
         pkl = {"metr_la": "adj_mx.pkl", "pems_bay": "adj_mx_bay.pkl"}[self.dataset]
-        values, stamps, ids = read_traffic_h5(self.data_path or self.root / h5)
+        values, stamps, ids = read_traffic_h5(h5)
         g_ids, _, adj = load_adj_pkl(self.adj_path or self.root / "sensor_graph" / pkl,
                                      sha256=TRAFFIC_SHA256[pkl] if self.verify else None)
         if len(g_ids) != len(ids):
@@ -275,38 +235,16 @@ class TrafficDataModule(SplitDataModule):
                 raise ValueError("TrafficDataModule: sensor ids of the data and of the graph differ")
             values = values[:, [ids.index(i) for i in g_ids]]  # reorder to graph order
             ids = g_ids
-        return values, stamps, ids, adj
+        return values, stamps, ids, adj, str(h5)
 
-    def _make_splits(self, names) -> dict[str, SeriesWindows]:
-        """All three splits at once, whichever ``names`` were asked for."""
-        values, stamps, ids, adj = self._load()
+    def read_series(self) -> Series:
+        """The speeds ``(T, N, 1)`` in graph order; zeros are missing (the mask)."""
+        values, stamps, ids, adj, source = self._load()
         n = values.shape[1]
         if adj.shape != (n, n):
             raise ValueError(f"TrafficDataModule: data has {n} nodes but the graph adjacency is {adj.shape}")
         if self.expected_nodes is not None and self.expected_nodes != n:
             raise ValueError(f"TrafficDataModule: `num_nodes`={self.expected_nodes} but {self.dataset} has {n} nodes")
-        back = np.flatnonzero(np.diff(np.asarray(stamps).astype("datetime64[ns]").astype("int64")) < 0)
-        if back.size:
-            i = int(back[0]) + 1
-            raise SchemaError(f"TrafficDataModule: the {self.dataset} timestamps go back in time at row {i} "
-                              f"({stamps[i - 1]} then {stamps[i]}); the rows must be in time order, oldest first")
         self._num_nodes, self.sensor_ids, self.adj = n, ids, adj
         data = values[..., None]  # (T, N, C=1)
-        mask = data != 0
-        starts, train_rows = chronological_split(self.split_protocol, len(data), self.window, self.horizon,
-                                                 val_ratio=self.val_ratio, test_ratio=self.test_ratio)
-        self.scaler = StandardScaler(eps=1e-8).fit(data[:train_rows], mask[:train_rows])
-        x = torch.from_numpy(self.scaler.transform(data, mask).astype(np.float32))
-        tf = torch.from_numpy(time_features(stamps, encoding="daily"))
-        mask_t = torch.from_numpy(mask)
-        out = {}
-        for name in ("train", "val", "test"):
-            s = starts[name]
-            if self.drop_empty_windows:
-                has = np.array([mask[i + self.window:i + self.window + self.horizon].any() for i in s], dtype=bool)
-                s = s[has]
-            if len(s) == 0:
-                raise ValueError(f"TrafficDataModule: the {name} split has no window with an observed target")
-            out[name] = SeriesWindows(x, s, self.window, self.horizon, self.scaler.mean, self.scaler.scale,
-                                      mask=mask_t, time=tf)
-        return out
+        return Series(data, tuple(ids), source, np.asarray(stamps), mask=data != 0)

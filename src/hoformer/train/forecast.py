@@ -14,8 +14,8 @@ e.g. ``hot_causal_forecaster``) forecasts them; a direct model (fixed head) only
                       --history ETTh1_with_new_rows.csv
     hoformer forecast --checkpoint runs/hot/ltsf_cpu/etth1_96_causal/checkpoints/last.ckpt --horizon 720
 
-The Python forms are :func:`forecast_series` (a model and the dataset it was trained on) and
-:func:`forecast_checkpoint` (a checkpoint).
+The Python forms are :func:`forecast_series` (a model, the scaler and column names of its training data, and the
+history) and :func:`forecast_checkpoint` (a checkpoint).
 """
 from __future__ import annotations
 
@@ -32,51 +32,66 @@ import torch
 
 from hoformer._checks import is_int
 from hoformer._io import atomic_write
-from hoformer.data.ltsf import LTSFDataset, read_series_table
+from hoformer.data import LTSFDataModule, read_series_table
 
 __all__ = ["forecast_series", "forecast_checkpoint", "forecast_main"]
 
 
-def forecast_series(model, dataset, history=None, *, end: int | None = None, horizon: int | None = None):
+def forecast_series(model, scaler, columns, history, *, seq_len: int | None = None, pred_len: int | None = None,
+                    features: str = "M", end: int | None = None, horizon: int | None = None):
     """Forecast the ``horizon`` (default ``pred_len``) steps that follow row ``end`` of ``history``, on the
     original scale.
 
-    The model sees the ``seq_len`` rows ``[end - seq_len, end)``, standardised with ``dataset``'s train-slice
-    statistics (the scaler the model was trained with), in training's column order.
+    The model sees the ``seq_len`` rows ``[end - seq_len, end)`` of the ``columns``, standardised with ``scaler``
+    (the one the model was trained with), in training's column order.
 
     Args:
         model: a forecaster ``(1, seq_len, C) -> (1, pred_len, C)`` (e.g. ``hot_forecaster``); it runs in eval
             mode under ``no_grad`` on its own device and dtype, and its training flag is restored.
-        dataset: the :class:`~hoformer.data.LTSFDataset` the model was trained on (its training split: scaler,
-            columns, ``seq_len`` / ``pred_len``, ``features``).
-        history: where the lookback comes from: ``None`` (the dataset's file), a CSV path in the LTSF layout
-            (``date`` first, then named columns; extra columns ignored), or a ``pandas.DataFrame`` with those
-            columns (timestamps, optional, from a ``date`` column or a ``DatetimeIndex``; their time zone is
-            kept). Use it for data newer than the training file: the scaler stays the training one.
+        scaler: the training data's :class:`~hoformer.data.StandardScaler` (``LTSFDataModule.scaler``; ``None``:
+            the model was trained on unscaled values).
+        columns: the training column names in the model's order (``LTSFDataModule.variate_names``).
+        history: where the lookback comes from: a ``pandas.DataFrame`` with those columns (extra columns ignored;
+            timestamps, optional, from a ``date`` column or a ``DatetimeIndex``, their time zone kept), e.g.
+            ``LTSFDataModule.history()`` (the training file) or ``LTSFDataModule.history(path)`` (newer data read
+            the same way), or a CSV path in the LTSF layout (``date`` first, then named columns). The scaler stays
+            the training one.
+        seq_len, pred_len: the model's lookback and trained horizon (default: its ``seq_len`` / ``pred_len``
+            attributes).
+        features: "M" (every column is forecast), "S" (one column) or "MS" (every column in, the last one, the
+            target, out: a model giving every column has its last one kept).
         end: 0-based row after the lookback (default: the number of rows, i.e. forecast the unseen future; a
             smaller ``end`` is a backtest whose dates are the history's own as far as it goes).
-        horizon: forecast steps (default: the dataset's ``pred_len``, the horizon the model was trained for).
-            Another horizon needs a model that generates any horizon, i.e. whose ``forward`` takes ``pred_len``
+        horizon: forecast steps (default: ``pred_len``, the horizon the model was trained for). Another horizon
+            needs a model that generates any horizon, i.e. whose ``forward`` takes ``pred_len``
             (``hot_causal_forecaster``); a direct model's head has a fixed size and is refused with an error.
 
     Returns:
-        ``pandas.DataFrame`` with ``horizon`` rows: a ``date`` column (extrapolated with the file's inferred
+        ``pandas.DataFrame`` with ``horizon`` rows: a ``date`` column (extrapolated with the history's inferred
         step past its end; ``step`` 1.. when the data have no timestamps) and the forecast columns (every
-        variate, or the ``target`` for ``features`` "S" / "MS").
+        column, or the target, the last one, for ``features="MS"``).
     """
     import pandas as pd
 
-    values, dates, tz = _history(dataset, history)
-    if len(values) < dataset.seq_len:
-        raise ValueError(f"forecast: the history has {len(values)} rows, fewer than seq_len={dataset.seq_len}")
+    columns = [str(c) for c in columns]
+    seq_len, pred_len = _lengths(model, seq_len, pred_len)
+    if features not in ("M", "S", "MS"):
+        raise ValueError(f"forecast: `features` must be 'M', 'S' or 'MS', got {features!r}")
+    if scaler is not None and len(scaler.mean) != len(columns):
+        raise ValueError(f"forecast: the scaler has {len(scaler.mean)} channels but {len(columns)} columns were "
+                         f"given ({columns}); pass the training data's scaler and column names")
+    values, dates, tz = _history(columns, history)
+    if len(values) < seq_len:
+        raise ValueError(f"forecast: the history has {len(values)} rows, fewer than seq_len={seq_len}")
     end = len(values) if end is None else end
-    if not is_int(end) or not dataset.seq_len <= end <= len(values):
-        raise ValueError(f"forecast: `end` must be an int in [seq_len={dataset.seq_len}, {len(values)}] (rows of "
+    if not is_int(end) or not seq_len <= end <= len(values):
+        raise ValueError(f"forecast: `end` must be an int in [seq_len={seq_len}, {len(values)}] (rows of "
                          f"the history), got {end!r}")
-    steps, kwargs = _horizon(model, dataset, horizon)
-    _check_order(dates, end - dataset.seq_len, min(end + steps, len(values)))
-    x = torch.from_numpy(np.ascontiguousarray(values[end - dataset.seq_len:end], dtype=np.float32))
-    x = dataset.transform(x)  # the identity without a scaler
+    steps, kwargs = _horizon(model, pred_len, horizon)
+    _check_order(dates, end - seq_len, min(end + steps, len(values)))
+    x = torch.from_numpy(np.ascontiguousarray(values[end - seq_len:end], dtype=np.float32))
+    if scaler is not None:
+        x = scaler.transform(x)
     param = next(iter(model.parameters()), None)
     device, dtype = (param.device, param.dtype) if param is not None else (x.device, x.dtype)
     was_training = model.training
@@ -86,26 +101,38 @@ def forecast_series(model, dataset, history=None, *, end: int | None = None, hor
             pred = model(x[None].to(device=device, dtype=dtype), **kwargs)[0].float().cpu()
     finally:
         model.train(was_training)
-    widths = sorted({len(dataset.columns), 1} if dataset.features != "M" else {len(dataset.columns)})  # S / MS: target
+    widths = sorted({len(columns), 1} if features != "M" else {len(columns)})  # S / MS: the target
     if pred.ndim != 2 or pred.shape[0] != steps or pred.shape[1] not in widths:
-        raise ValueError(f"forecast: the model maps (1, {dataset.seq_len}, {len(dataset.columns)}) to "
-                         f"{(1, *pred.shape)}, expected (1, {steps}, {' or '.join(map(str, widths))}) "
-                         f"(pred_len and features={dataset.features!r} of this dataset)")
-    if dataset.features == "MS" and pred.shape[1] > 1:
+        raise ValueError(f"forecast: the model maps (1, {seq_len}, {len(columns)}) to {(1, *pred.shape)}, expected "
+                         f"(1, {steps}, {' or '.join(map(str, widths))}) (pred_len and features={features!r})")
+    if features == "MS" and pred.shape[1] > 1:
         pred = pred[:, -1:]  # all variates in, the target (last column) out
-    out = dataset.inverse_transform(pred).numpy()
-    df = pd.DataFrame(out, columns=dataset.columns if out.shape[1] == len(dataset.columns) else dataset.columns[-1:])
+    names = columns if pred.shape[1] == len(columns) else columns[-1:]
+    if scaler is not None:
+        pred = (scaler if pred.shape[1] == len(columns) else scaler.channels(slice(-1, None))).inverse_transform(pred)
+    df = pd.DataFrame(pred.numpy(), columns=names)
     when = _future_dates(dates, end, steps, tz)
     df.insert(0, "date" if when is not None else "step", when if when is not None else np.arange(1, steps + 1))
     return df
 
 
-def _horizon(model, dataset, horizon) -> tuple[int, dict]:
-    """``(steps, forward kwargs)`` of a forecast of ``horizon`` steps (``None``: the dataset's ``pred_len``). A
-    model whose ``forward`` takes ``pred_len`` is asked for the steps; any other model must have been trained for
-    them."""
+def _lengths(model, seq_len, pred_len) -> tuple[int, int]:
+    """``(seq_len, pred_len)``: the arguments, else the model's attributes."""
+    out = []
+    for name, v in (("seq_len", seq_len), ("pred_len", pred_len)):
+        v = getattr(model, name, None) if v is None else v
+        if not is_int(v) or v < 1:
+            raise ValueError(f"forecast: `{name}` must be an int >= 1 (pass {name}=..., or a model with a `{name}` "
+                             f"attribute), got {v!r}")
+        out.append(int(v))
+    return out[0], out[1]
+
+
+def _horizon(model, pred_len: int, horizon) -> tuple[int, dict]:
+    """``(steps, forward kwargs)`` of a forecast of ``horizon`` steps (``None``: ``pred_len``). A model whose
+    ``forward`` takes ``pred_len`` is asked for the steps; any other model must have been trained for them."""
     if horizon is None:
-        return dataset.pred_len, {}
+        return pred_len, {}
     if not is_int(horizon) or horizon < 1:
         raise ValueError(f"forecast: `horizon` must be an int >= 1 (forecast steps), got {horizon!r}")
     try:
@@ -114,20 +141,19 @@ def _horizon(model, dataset, horizon) -> tuple[int, dict]:
         any_horizon = False
     if any_horizon:
         return int(horizon), {"pred_len": int(horizon)}
-    if horizon != dataset.pred_len:
+    if horizon != pred_len:
         name = getattr(model, "config", {}).get("name", type(model).__name__)
         raise ValueError(f"forecast: `horizon`={horizon} but {name} forecasts the fixed horizon pred_len="
-                         f"{dataset.pred_len} it was trained for (a direct head); forecasting another horizon needs "
+                         f"{pred_len} it was trained for (a direct head); forecasting another horizon needs "
                          f"a model that generates any horizon (its forward takes `pred_len`, e.g. "
                          f"hot_causal_forecaster) or a model trained for {horizon}")
     return int(horizon), {}
 
-def _history(dataset, history) -> tuple[np.ndarray, np.ndarray | None, object]:
+
+def _history(columns: list[str], history) -> tuple[np.ndarray, np.ndarray | None, object]:
     """``(values (T, C) in training's column order, dates (T,) as UTC-naive datetime64 | None, time zone |
     None)`` of the forecast input (a DataFrame's time zone, from its ``date`` column or ``DatetimeIndex``, is kept
     for the output; files are read as naive timestamps, offsets converted to UTC)."""
-    if history is None:
-        return dataset.file_values, dataset.file_dates, None
     import pandas as pd
 
     tz = None
@@ -135,8 +161,8 @@ def _history(dataset, history) -> tuple[np.ndarray, np.ndarray | None, object]:
         path = Path(history)
         if not path.is_file():
             raise FileNotFoundError(f"forecast: history file {str(path)!r} not found")
-        dates, values, columns = read_series_table(path, dataset.protocol != "solar", encoding=dataset.encoding)
-        frame = pd.DataFrame(values, columns=list(columns))
+        dates, values, names = read_series_table(path)
+        frame = pd.DataFrame(values, columns=list(names))
     elif isinstance(history, pd.DataFrame):
         frame = history.rename(columns=lambda c: str(c).strip())  # a new frame: the caller's is left as it is
         stamps = (_parse_stamps(frame["date"]) if "date" in frame.columns else
@@ -147,22 +173,21 @@ def _history(dataset, history) -> tuple[np.ndarray, np.ndarray | None, object]:
             dates = (stamps.tz_convert("UTC").tz_localize(None) if tz is not None else stamps).to_numpy(
                 "datetime64[ns]")
     else:
-        raise TypeError(f"forecast: `history` must be None, a CSV path or a pandas.DataFrame, got "
+        raise TypeError(f"forecast: `history` must be a pandas.DataFrame or a CSV path, got "
                         f"{type(history).__name__}")
-    missing = [c for c in dataset.columns if c not in frame.columns]
+    missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise ValueError(f"forecast: history lacks the training column(s) {missing} (has {list(frame.columns)})")
     try:
-        values = frame[dataset.columns].to_numpy(np.float64)
+        values = frame[columns].to_numpy(np.float64)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"forecast: history columns {dataset.columns} must be numeric ({e})") from e
+        raise ValueError(f"forecast: history columns {columns} must be numeric ({e})") from e
     bad = np.argwhere(~np.isfinite(values))
     if bad.size:
         i, j = bad[0]
-        raise ValueError(f"forecast: history has a missing or non-finite value in column {dataset.columns[j]!r} at "
+        raise ValueError(f"forecast: history has a missing or non-finite value in column {columns[j]!r} at "
                          f"row {i} ({len(bad)} such cells)")
     return values, dates, tz
-
 
 
 def _parse_stamps(column):
@@ -228,11 +253,11 @@ def _future_dates(dates, end: int, n: int, tz=None):
 
 def forecast_checkpoint(checkpoint, *, config=None, data: str | None = None, data_args: dict | None = None,
                         history=None, end: int | None = None, horizon: int | None = None, device: str = "cpu"):
-    """``pandas.DataFrame`` of the forecast of ``checkpoint`` after row ``end`` of ``history`` (defaults: the end of
-    the training file); see :func:`forecast_series`. The data come from ``config``, or the class
-    path ``data`` with ``data_args`` on top of the datamodule hyper-parameters the checkpoint stored (a checkpoint
-    of a plain ``Trainer.fit``, e.g. ``hoformer demo``'s, stores them without their class), or the checkpoint /
-    its run folder alone."""
+    """``pandas.DataFrame`` of the forecast of ``checkpoint`` after row ``end`` of ``history`` (a CSV path read as
+    the training file is, or a DataFrame; default: the training file itself); see :func:`forecast_series`. The data
+    come from ``config``, or the class path ``data`` with ``data_args`` on top of the datamodule hyper-parameters
+    the checkpoint stored (a checkpoint of a plain ``Trainer.fit``, e.g. ``hoformer demo``'s, stores them without
+    their class), or the checkpoint / its run folder alone."""
     from hoformer.checkpoint import checkpoint_datamodule, load_checkpoint
 
     model, info = load_checkpoint(checkpoint, map_location=device)
@@ -240,11 +265,13 @@ def forecast_checkpoint(checkpoint, *, config=None, data: str | None = None, dat
     if data is not None and not stored.get("_class_path"):
         data_args = {**{k: v for k, v in stored.items() if not k.startswith("_")}, **(data_args or {})}
     dm = checkpoint_datamodule(info, config=config, data=data, data_args=data_args)
-    dataset = dm.dataset("train") if callable(getattr(dm, "dataset", None)) else None
-    if not isinstance(dataset, LTSFDataset):
+    if not isinstance(dm, LTSFDataModule):
         raise ValueError(f"forecast: the checkpoint's data ({type(dm).__name__}) is not an LTSF datamodule; pass "
                          "--config with an LTSFDataModule `data` section")
-    return forecast_series(model.to(device), dataset, history, end=end, horizon=horizon)
+    if history is None or isinstance(history, (str, Path)):
+        history = dm.history(history)
+    return forecast_series(model.to(device), dm.scaler, dm.variate_names, history, seq_len=dm.seq_len,
+                           pred_len=dm.pred_len, features=dm.features, end=end, horizon=horizon)
 
 
 def forecast_main(argv: Sequence[str] | None = None) -> int:

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
 from hoformer._io import atomic_write
-from hoformer.data._utils import sha256sum
+from hoformer.data import sha256sum
 from hoformer.models.hf import hf_config, hf_position_offset
 
 from hoformer.models import HoformerModel
