@@ -206,3 +206,27 @@ def test_lightning_bf16_mixed_fit_on_device(tmp_path):
     assert torch.isfinite(trainer.callback_metrics["train/loss"])
     (res,) = trainer.test(task, dm, verbose=False)
     assert all(torch.isfinite(torch.tensor(v)) for v in res.values()), res
+
+
+def test_window_batches_on_the_device_equal_the_host_loader_s():
+    """``on_device=True``: the series lives on the device and each batch is gathered there; the batches equal the
+    DataLoader's (on the host) for the same sampler seed, and a fit on the device trains from them."""
+    from hoformer.data import LTSFDataModule
+
+    def dm(**kw):
+        d = LTSFDataModule(synthetic=True, synthetic_length=400, seq_len=24, pred_len=8, batch_size=16, **kw)
+        d.setup()
+        return d
+
+    host, dev = dm(), dm(on_device=True)
+    a = host._loader("train", True)
+    w = dev.dataset("train").to(DEVICE)
+    from hoformer.data.series import WindowBatches
+
+    b = WindowBatches(w, 16, shuffle=True)
+    a.sampler.generator = torch.Generator().manual_seed(3)
+    b.sampler.generator = torch.Generator().manual_seed(3)
+    for x, y in zip(a, b, strict=True):
+        for k in x:
+            assert y[k].device.type == DEVICE.type
+            assert torch.equal(x[k], y[k].cpu()), k

@@ -279,3 +279,43 @@ def test_check_data_signature_refuses_other_data_naming_the_difference(tmp_path)
     assert len(diffs) >= 3 and any(d.startswith("columns:") for d in diffs)
     assert check_data_signature(None, seven) == [] and check_data_signature({}, seven) == []
     assert check_data_signature({"lookback": 24, "future_key": 1}, seven) == []  # keys on one side only
+
+
+# ------------------------------------------------------------------------------------------ batches on the device
+def _ltsf(**kw):
+    from hoformer.data import LTSFDataModule
+
+    dm = LTSFDataModule(synthetic=True, synthetic_length=400, seq_len=24, pred_len=8, batch_size=16, **kw)
+    dm.setup()
+    return dm
+
+
+@pytest.mark.parametrize("kw", [{}, {"features": "MS", "label_len": 6, "time_features": True}])
+def test_window_batches_equal_the_dataloader_s(kw):
+    """``on_device=True`` (:class:`WindowBatches`: gathered in one indexing op per key) gives the DataLoader's batches,
+    in the same shuffled order for the same sampler seed, for every split and batch-format option."""
+    from hoformer.data.series import WindowBatches
+
+    ref, dev = _ltsf(**kw), _ltsf(on_device=True, **kw)
+    for split, train in (("train", True), ("val", False), ("test", False)):
+        a, b = ref._loader(split, train), dev._loader(split, train)
+        assert isinstance(b, WindowBatches) and len(a) == len(b)
+        if train:  # what a task's per-epoch reseeding does
+            a.sampler.generator = torch.Generator().manual_seed(5)
+            b.sampler.generator = torch.Generator().manual_seed(5)
+        batches = list(zip(a, b, strict=True))
+        assert len(batches) == len(a)
+        for x, y in batches:
+            assert x.keys() == y.keys()
+            for k in x:
+                assert torch.equal(x[k], y[k]), (split, k)
+
+
+def test_window_batches_are_gathered_where_the_windows_are():
+    dm = _ltsf(on_device=True)
+    w = dm.dataset("train").to("meta")
+    batch = w.batch(torch.tensor([0, 3, 5]))
+    assert all(v.device.type == "meta" for v in batch.values())
+    assert batch["x"].shape == (3, 24, 7) and batch["mean"].shape == (3, 7)
+    with pytest.raises(ValueError, match=r"LTSFDataModule: on_device=True .* got num_workers=2"):
+        _ltsf(on_device=True, num_workers=2)

@@ -150,7 +150,9 @@ class LTSFDataModule(SeriesDataModule):
         download: fetch a missing file from its canonical URL (ETT only; others come in the TSLib bundle); the
             download is atomic and checked against the pinned SHA-256 where one is known (ETTh1, ETTm1).
         encoding: text encoding of the file (default UTF-8; a line that does not decode is an error naming it).
-        batch_size, eval_batch_size, num_workers, pin_memory: the loaders.
+        batch_size, eval_batch_size, num_workers, pin_memory: the loaders; ``on_device``: keep the scaled series
+            on the trainer's device and gather the batches there (no workers; see
+            :class:`~hoformer.data.series.SeriesDataModule`).
 
     Batches are the dicts of :mod:`hoformer.data.series` (``x (B, seq_len, C)``, ``y (B, pred_len, C or 1)``,
     ``mean`` / ``std``, and ``time`` / ``y_time`` with ``time_features``, ``y_known`` with ``label_len``). After
@@ -164,7 +166,7 @@ class LTSFDataModule(SeriesDataModule):
                  features: str = "M", target: str = "OT", scale: bool = True, time_features: bool = False,
                  num_variates: int = 7, synthetic_length: int = 4000, seed: int = 0, verify: bool = True,
                  download: bool = False, pin_memory: bool = False, eval_batch_size: int | None = None,
-                 encoding: str = "utf-8"):
+                 encoding: str = "utf-8", on_device: bool = False):
         fn = type(self).__name__
         for arg, v in (("seq_len", seq_len), ("pred_len", pred_len)):
             check_int(fn, arg, v)
@@ -180,7 +182,7 @@ class LTSFDataModule(SeriesDataModule):
                          scale=scale, label_len=label_len, target_last=features == "MS",
                          time_encoding="calendar" if time_features else None, freq=spec.freq if spec else "h",
                          batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory,
-                         eval_batch_size=eval_batch_size)
+                         eval_batch_size=eval_batch_size, on_device=on_device)
         self.save_hyperparameters()
         self.name, self.seq_len, self.pred_len, self.synthetic = name, seq_len, pred_len, synthetic
         self.features, self.target = features, target

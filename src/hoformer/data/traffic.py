@@ -163,6 +163,8 @@ class TrafficDataModule(SeriesDataModule):
         num_nodes: if given, checked against the data and the graph.
         verify: check ``los_speed.csv``, ``los_adj.csv``, ``adj_mx.pkl`` / ``adj_mx_bay.pkl`` against the
             reference SHA-256 (:data:`TRAFFIC_SHA256`) before reading them; ``False`` for another copy or graph.
+        on_device: keep the scaled series on the trainer's device and gather the batches there (no workers; see
+            :class:`~hoformer.data.series.SeriesDataModule`).
 
     A configuration of :class:`~hoformer.data.series.SeriesDataModule`: the files are read, the windows split and the
     scaler fitted on the observed values of the training windows' rows (``eps = 1e-8``) once, for every split; batches
@@ -176,7 +178,8 @@ class TrafficDataModule(SeriesDataModule):
                  adj_path: str | None = None, window: int = 12, horizon: int = 12, val_ratio: float = 0.1,
                  test_ratio: float = 0.2, batch_size: int = 32, eval_batch_size: int | None = None,
                  num_workers: int = 0, drop_empty_windows: bool = True, start: str = "2012-03-01 00:00:00",
-                 num_nodes: int | None = None, verify: bool = True, split_protocol: str = "dcrnn") -> None:
+                 num_nodes: int | None = None, verify: bool = True, split_protocol: str = "dcrnn",
+                 on_device: bool = False) -> None:
         fn = type(self).__name__
         if dataset not in ("metr_la", "pems_bay", "los_loop"):
             raise ValueError(f"{fn}: `dataset` must be 'metr_la', 'pems_bay' or 'los_loop', got {dataset!r}")
@@ -187,7 +190,7 @@ class TrafficDataModule(SeriesDataModule):
         super().__init__(window=window, horizon=horizon, protocol=split_protocol, val_ratio=val_ratio,
                          test_ratio=test_ratio, scaler_eps=1e-8, time_encoding="daily",
                          drop_empty_windows=drop_empty_windows, batch_size=batch_size, num_workers=num_workers,
-                         eval_batch_size=eval_batch_size)
+                         eval_batch_size=eval_batch_size, on_device=on_device)
         if data_path is not None and adj_path is not None:  # both files named: the root is not read
             self.root = Path(root) if root else None
         else:
