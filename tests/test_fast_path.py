@@ -73,8 +73,9 @@ def test_fused_adamw_step_equals_the_default_one():
     assert fused.defaults["fused"] is True
     args, _ = a.example_inputs(batch_size=2)
     args = [x.double() for x in args]
-    for _ in range(3):
+    for step in range(3):
         for model, opt in ((a, auto), (b, fused)):
+            torch.manual_seed(step)  # the same dropout masks for both models
             opt.zero_grad()
             F.mse_loss(model(*args), torch.zeros(())).backward()
             opt.step()
