@@ -609,3 +609,52 @@ def test_kron_apply_refuses_non_square_factors():
         for fn in (kron_apply, kron_sum_apply):
             with pytest.raises(ValueError, match=r"`factors\[0\]` must have shape \(B, H, 4, 4\)"):
                 fn([bad, good], v)
+
+
+def _naive_sdpa(q, k, v, mask=None):
+    """softmax(q k^T / sqrt(E)) v over the last two dims, a row whose mask allows no key giving zeros."""
+    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    a = torch.softmax(s, -1)
+    return (a.nan_to_num(0.0) if mask is not None else a) @ v
+
+
+@pytest.mark.parametrize("mask_shape", [None, (4, 4), (2, 1, 1, 4, 4), (1, 3, 5, 4, 4), (3, 1, 4, 4)])
+def test_sdpa_with_more_than_two_batch_dims_matches_naive_attention(mask_shape):
+    """``sdpa`` on 5-D inputs (two heads-like batch dims, as the axial layers give: permuted, non-contiguous) with
+    masks broadcast over any of them, a fully masked row and ``Lk != Lq``, against the naive float64 formula."""
+    from hoformer.functional.kronecker import sdpa
+
+    q = torch.randn(2, 3, 4, 5, 6, dtype=f64).movedim(2, -2)  # (2, 3, 5, 4, 6)
+    k, v = (torch.randn(2, 3, 4, 5, 6, dtype=f64).movedim(2, -2) for _ in range(2))
+    mask = None
+    if mask_shape is not None:
+        mask = torch.rand(mask_shape) > 0.3
+        mask[..., 1, :] = False  # row 1: no key allowed
+        mask[..., 2, 0] = True  # row 2: never empty
+    torch.testing.assert_close(sdpa(q, k, v, mask=mask), _naive_sdpa(q, k, v, mask))
+    k2, v2 = k[..., :3, :], v[..., :3, :]  # fewer keys than queries (a decoding cache)
+    m2 = None if mask is None else mask[..., :3]
+    torch.testing.assert_close(sdpa(q, k2, v2, mask=m2), _naive_sdpa(q, k2, v2, m2))
+
+
+@pytest.mark.slow  # two Inductor (C++) compiles
+def test_sdpa_on_permuted_5d_inputs_compiles_to_the_eager_result():
+    """Inductor's attention-fusion patterns (torch 2.13) would rewrite an SDPA on permuted 5-D inputs (axial
+    attention along a mode of ``(B, H, N1, N2, E)``) as the 4-D ``transpose(1, 2)`` one, attending along the wrong
+    mode with a wrong output shape (with a mask: a graph that fails to compile); through ``sdpa`` the compiled result
+    is eager's."""
+    from hoformer.functional.kronecker import sdpa
+
+    def along_first_mode(q, k, v, mask):
+        q, k, v = (t.movedim(2, -2) for t in (q, k, v))  # (b, h, n2, n1, e): attend along n1
+        return sdpa(q, k, v, mask=mask)
+
+    q, k, v = (torch.randn(2, 2, 4, 5, 8) for _ in range(3))
+    mask = torch.rand(2, 1, 1, 4, 4) > 0.3
+    for m in (None, mask):
+        torch._dynamo.reset()
+        got = torch.compile(along_first_mode, backend="inductor", fullgraph=True)(q, k, v, m)
+        torch.testing.assert_close(got, along_first_mode(q, k, v, m), rtol=1e-5, atol=1e-6)
+    torch._dynamo.reset()

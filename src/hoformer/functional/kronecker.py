@@ -772,9 +772,22 @@ def full_attention(
 def sdpa(q, k, v, *, mask=None, scale=None, dropout_p=0.0) -> torch.Tensor:
     """``F.scaled_dot_product_attention`` over the second-to-last dim (unchecked), with hoformer's masking rule: a
     row whose ``mask`` allows no key gives zeros (some SDPA kernels and torch versions give NaN there), as in the
-    Kronecker path."""
+    Kronecker path.
+
+    ``q (.., Lq, E)``, ``k (.., Lk, E)``, ``v (.., Lk, Ev)`` share their batch dims ``..``; ``mask`` bool broadcastable
+    to ``(.., Lq, Lk)``. More than two batch dims are folded into SDPA's ``(B, H, L, E)`` and unfolded in the result:
+    the fused kernels take 4-D inputs only, and Inductor's attention-fusion patterns (torch 2.13) match a permuted
+    input of any rank as if it were the 4-D ``(0, 2, 1, 3)`` one, so an axial (5-D) call compiled to wrong output."""
+    lead = q.shape[:-3]
+    if len(lead) > 1:
+        q, k, v = (t.flatten(0, -4) for t in (q, k, v))
+        if mask is not None:
+            mask = mask[(None,) * (len(lead) + 3 - mask.ndim)]
+            mask = mask.expand(*lead, *mask.shape[-3:]).flatten(0, -4)  # a view where the folded dims broadcast
     y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
-    return y if mask is None else y.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+    if mask is not None:
+        y = y.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+    return y.unflatten(0, lead) if len(lead) > 1 else y
 
 
 # ------------------------------------------------------------------------------------- dense references
