@@ -451,7 +451,7 @@ DATA = [
 
 
 def _read_ckpt(path):
-    from hoformer.train.guards import read_checkpoint
+    from hoformer.checkpoint import read_checkpoint
 
     return read_checkpoint(path)
 

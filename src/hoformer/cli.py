@@ -140,14 +140,14 @@ def _lightning_cli():
             ``config`` and its ``optim`` there (and checkpoints of earlier tasks their ``model_name`` /
             ``model_kwargs``), which are not init args. The config defines the task; the checkpoint gives the
             weights (:mod:`hoformer.checkpoint` rebuilds a model from the hyper-parameters alone). The file is
-            still read here, so a truncated or refused checkpoint is reported naming it
-            (:func:`hoformer.train.guards.read_checkpoint`)."""
+            still read here, so a truncated, refused or non-Lightning file is reported naming it
+            (:func:`hoformer.checkpoint.read_lightning_checkpoint`)."""
             sub = self.config.get("subcommand")
             path = self.config[sub].get("ckpt_path") if sub else None
             if path and Path(path).is_file():
-                from hoformer.train.guards import read_checkpoint
+                from hoformer.checkpoint import read_lightning_checkpoint
 
-                read_checkpoint(path, fn=f"hoformer {sub} --ckpt_path")
+                read_lightning_checkpoint(path, fn=f"hoformer {sub} --ckpt_path")
 
         def add_arguments_to_parser(self, parser) -> None:
             parser.add_argument("--threads", type=Optional[int], default=None,
@@ -202,17 +202,15 @@ def _lightning_cli():
             logger (``<root>/tb``); without a ``ModelCheckpoint``, the best checkpoint by the task's model-selection
             metric (``selection``) and ``last.ckpt`` after every epoch (:func:`~hoformer.train.tasks.checkpoint_callbacks`);
             a ``ModelCheckpoint`` without ``dirpath`` writes to ``<root>/checkpoints``.
-            Checkpoints are written atomically whatever the config says: a plain ``TorchCheckpointIO`` is replaced by
-            :class:`~hoformer.train.tasks.AtomicCheckpointIO`; a custom checkpoint IO of the user's is kept."""
+            Checkpoints are written atomically and read weights-only whatever the config says
+            (:func:`~hoformer.train.tasks.install_checkpoint_io`: a plain ``TorchCheckpointIO`` is replaced by
+            :class:`~hoformer.train.tasks.AtomicCheckpointIO`; a custom checkpoint IO of the user's keeps its saves)."""
             import importlib.util
 
-            from lightning.fabric.plugins import TorchCheckpointIO
             from lightning.pytorch.callbacks import ModelCheckpoint
             from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
-            from hoformer.train.tasks import AtomicCheckpointIO
-
-            from hoformer.train.tasks import checkpoint_callbacks
+            from hoformer.train.tasks import checkpoint_callbacks, install_checkpoint_io
 
             cfg = self._get(self.config_init, "trainer", default={})
             root = cfg.get("default_root_dir") or os.getcwd()
@@ -231,8 +229,7 @@ def _lightning_cli():
             for cb in trainer.callbacks:
                 if isinstance(cb, ModelCheckpoint) and cb.dirpath is None:
                     cb.dirpath = os.path.join(root, "checkpoints")
-            if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
-                trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+            install_checkpoint_io(trainer)
             return trainer
 
         def _resolve_best(self) -> None:
@@ -265,13 +262,15 @@ def _lightning_cli():
 def _recorded_best(last: Path, state_key: str) -> str | None:
     """The ``best_model_path`` that the ModelCheckpoint ``state_key`` had when ``last`` was written, if that file
     still exists (robust to other runs' ``best-*.ckpt`` in the same directory); ``None`` otherwise."""
-    import torch
+    from hoformer.checkpoint import read_checkpoint
 
     if not last.is_file():
         return None
-    try:  # Lightning checkpoints load with weights_only=True (no unpickling of arbitrary objects)
-        ckpt = torch.load(last, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # noqa: BLE001 - torch raises many types for unreadable files: fall back to the glob
+    try:
+        ckpt = read_checkpoint(last, mmap=True)
+    except Exception:  # noqa: BLE001 - an unreadable last.ckpt: fall back to the glob
+        return None
+    if not isinstance(ckpt, dict):
         return None
     best = (ckpt.get("callbacks") or {}).get(state_key, {}).get("best_model_path")
     return best if best and Path(best).is_file() else None

@@ -1,9 +1,6 @@
-"""Guards of a training run: checkpoints read without unpickling, a stop at the first non-finite loss, and the
-removal of temporary files that a killed checkpoint save left behind.
+"""Guards of a training run: a stop at the first non-finite loss, and the removal of temporary files that a killed
+checkpoint save left behind (checkpoints are read by :mod:`hoformer.checkpoint`, without unpickling).
 
-* :func:`read_checkpoint` - the one reader of Lightning checkpoint files: ``torch.load(..., weights_only=True)``
-  always (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` cannot turn it off: an explicit ``weights_only=True`` wins over it), and
-  a missing, truncated or unreadable file raises an error naming the file.
 * :class:`NonFiniteGuard` - raises :class:`NonFiniteError` at the first non-finite training loss, naming the step, the
   batch index, whether the inputs, the outputs or only the loss went non-finite, and the first module whose output
   did. Every :class:`~hoformer.train.TaskModule` adds one (``configure_callbacks``) unless the trainer has one.
@@ -13,8 +10,6 @@ removal of temporary files that a killed checkpoint save left behind.
 """
 from __future__ import annotations
 
-import os
-import pickle
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,31 +17,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-__all__ = ["read_checkpoint", "NonFiniteError", "NonFiniteGuard", "CleanStaleTempFiles", "default_callbacks"]
-
-
-# ----------------------------------------------------------------------------------------- checkpoint reads
-def read_checkpoint(path, map_location: Any = "cpu", *, fn: str = "read_checkpoint") -> Any:
-    """``torch.load(path, map_location, weights_only=True)`` with errors that name the file: ``FileNotFoundError``
-    (missing), ``IsADirectoryError`` (a directory), ``ValueError`` (empty, truncated or not a PyTorch file) and
-    ``pickle.UnpicklingError`` (a pickle that needs more than tensors and plain containers: refused, never run)."""
-    p = Path(os.fspath(path))
-    if not p.exists():
-        raise FileNotFoundError(f"{fn}: checkpoint file {str(p)!r} not found")
-    if p.is_dir():
-        raise IsADirectoryError(f"{fn}: checkpoint {str(p)!r} is a directory; expected a .ckpt file (a "
-                                "save_pretrained folder loads with hoformer.models.from_pretrained)")
-    size = p.stat().st_size
-    try:
-        return torch.load(p, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
-        raise pickle.UnpicklingError(
-            f"{fn}: checkpoint {str(p)!r} holds objects other than tensors and plain containers; it is refused "
-            f"(weights_only=True; only load checkpoints you trust with a plain torch.load): {e}") from e
-    except Exception as e:  # noqa: BLE001 - torch raises many types (RuntimeError, EOFError, KeyError...) on bad bytes
-        detail = str(e).split(". ")[0]  # torch's miniz errors run on for several sentences
-        raise ValueError(f"{fn}: cannot read checkpoint {str(p)!r} ({size} bytes): the file is empty, truncated or "
-                         f"not a PyTorch checkpoint ({type(e).__name__}: {detail})") from e
+__all__ = ["NonFiniteError", "NonFiniteGuard", "CleanStaleTempFiles", "default_callbacks"]
 
 
 # --------------------------------------------------------------------------------------------- non-finite

@@ -52,6 +52,7 @@ __all__ = [
     "ClassificationTask",
     "SegmentationTask",
     "AtomicCheckpointIO",
+    "install_checkpoint_io",
     "checkpoint_callbacks",
     "ExportPretrained",
     "SavePredictions",
@@ -374,14 +375,24 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def load_checkpoint(self, path, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
         """Always ``weights_only=True`` (no environment setting turns it off); a missing, truncated or unreadable
-        file raises an error naming it (:func:`hoformer.train.guards.read_checkpoint`)."""
+        file, or one that is not a Lightning checkpoint, raises an error naming it
+        (:func:`hoformer.checkpoint.read_lightning_checkpoint`)."""
         if weights_only is False:
             raise ValueError("AtomicCheckpointIO.load_checkpoint: `weights_only` must be True or None (hoformer "
                              "checkpoints hold only tensors and plain containers), got False; load a trusted "
                              "pickled checkpoint with a plain TorchCheckpointIO")
-        from .guards import read_checkpoint
+        from hoformer.checkpoint import read_lightning_checkpoint
 
-        return read_checkpoint(path, map_location, fn="load_checkpoint")
+        return read_lightning_checkpoint(path, map_location, fn="load_checkpoint")
+
+
+def install_checkpoint_io(trainer: pl.Trainer) -> None:
+    """Make ``trainer`` load checkpoints weights-only and save them atomically (:class:`AtomicCheckpointIO` in place of
+    Lightning's default IO; a user's own IO keeps its saves and loads weights-only):
+    :func:`hoformer.compat.install_checkpoint_io`. Every task calls it from ``setup``, before any restore."""
+    from hoformer.compat import install_checkpoint_io as install
+
+    install(trainer, AtomicCheckpointIO, lambda io: isinstance(io, AtomicCheckpointIO))
 
 
 def checkpoint_callbacks(dirpath, monitor: str | None = None, mode: str = "min", filename: str = "best-{epoch:03d}",
@@ -389,14 +400,15 @@ def checkpoint_callbacks(dirpath, monitor: str | None = None, mode: str = "min",
     """The checkpoint callbacks every hoformer run uses, as LightningCLI ``class_path`` dicts (the config
     generators write them into YAML; ``[ModelCheckpoint(**c["init_args"]) for c in ...]`` builds them in Python):
     the best checkpoint by ``monitor`` (``filename``, extra ``best_kwargs`` such as ``save_top_k``; left out when
-    ``monitor`` is None) and ``last.ckpt`` rewritten every epoch for resuming. The second one is separate because
-    Lightning >= 2.6 writes ``save_last`` only together with a new top-k checkpoint (and with ``save_top_k=0`` only
-    when training ends), and ``hoformer ... --ckpt_path best`` reads the best path recorded in ``last.ckpt``."""
+    ``monitor`` is None) and ``last.ckpt`` rewritten every epoch for resuming
+    (:func:`hoformer.compat.separate_last_checkpoint`); ``hoformer ... --ckpt_path best`` reads the best path
+    recorded in ``last.ckpt``."""
+    from hoformer.compat import separate_last_checkpoint
+
     mc = "lightning.pytorch.callbacks.ModelCheckpoint"
     best = [{"class_path": mc, "init_args": {"dirpath": dirpath, "monitor": monitor, "mode": mode,
                                              **best_kwargs, "filename": filename}}] if monitor else []
-    return best + [{"class_path": mc, "init_args": {"dirpath": dirpath, "filename": "last",
-                                                    "enable_version_counter": False}}]
+    return separate_last_checkpoint(dirpath, best)
 
 
 class ExportPretrained(pl.Callback):
@@ -416,10 +428,10 @@ class ExportPretrained(pl.Callback):
         model = pl_module.model
         best = getattr(trainer.checkpoint_callback, "best_model_path", "") if trainer.checkpoint_callback else ""
         if best and os.path.isfile(best):
-            ckpt = torch.load(best, map_location="cpu", weights_only=True)
-            state = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+            from hoformer.checkpoint import model_state, read_lightning_checkpoint
+
             model = model_from_config(model.config)
-            model.load_state_dict(state)
+            model.load_state_dict(model_state(read_lightning_checkpoint(best, fn="ExportPretrained")))
         root = self.dirpath or os.path.join(trainer.default_root_dir, "pretrained")
         self.path = str(model.save_pretrained(root))
         tokenizer = getattr(getattr(trainer, "datamodule", None), "tokenizer", None)
