@@ -350,6 +350,11 @@ def test_fit_then_test_through_cli(tmp_path, monkeypatch):
     (pred,) = run.glob("logs/version_*/predictions.pt")
     n_test = (int(0.2 * 1200) + 96) - 96 - 96 + 1  # 20 % test rows + lookback, minus the window span
     assert torch.load(pred, weights_only=True).shape == (n_test, 96, 7)  # every test window predicted
+    # `hoformer forecast --config` reads the config as `fit` does (its `# extends:` bases included)
+    out = tmp_path / "forecast.csv"
+    assert cli.main(["forecast", "--config", cfg, "--checkpoint", str(best[-1]), "--output", str(out), "--data-args",
+                     '{"synthetic": true, "synthetic_length": 1200}']) == 0
+    assert len(out.read_text().splitlines()) == 96 + 1
 
 
 def test_cli_writes_checkpoints_atomically_without_a_config_plugin(tmp_path):
@@ -470,3 +475,103 @@ def test_ckpt_path_best_falls_back_to_the_newest_best_checkpoint(tmp_path):
                          trainer=SimpleNamespace(checkpoint_callback=cb))
     cli._lightning_cli()._resolve_best(ns)
     assert ns.config_init["test"]["ckpt_path"] == str(paths[-1])
+
+
+# ------------------------------------------------------------------------------------------- config resolution
+#: sha256[:16] of each committed config's effective configuration (trainer.callbacks as a multiset), as resolved
+#: when the shared callbacks were still repeated in ltsf_cpu.yaml / weaver/paper.yaml: composing by extending the
+#: callback list must leave every run's configuration as it was
+RESOLVED_DIGESTS = {
+    "configs/hoba/cpu_sst2_hoba.yaml": "65b5ca02bd927cc4",
+    "configs/hoba/cpu_sst2_teacher.yaml": "6d585f4a17608f16",
+    "configs/hoba/cpu_student.yaml": "2c6d7271d5699b03",
+    "configs/hoba/cpu_teacher.yaml": "f04c2afadd3a6f02",
+    "configs/hoba/cpu_trec_hoba.yaml": "2c6d7271d5699b03",
+    "configs/hoba/cpu_trec_teacher.yaml": "f04c2afadd3a6f02",
+    "configs/hoba/paper_student.yaml": "9fc99ac257a643aa",
+    "configs/hoba/paper_teacher.yaml": "50a9544f59ff24e6",
+    "configs/hoba/sst2_hoba_3l_b16.yaml": "9fc99ac257a643aa",
+    "configs/hot/ltsf.yaml": "6476d732838000d4",
+    "configs/hot/ltsf/etth1_96_96_full.yaml": "eda5e58d73a538a1",
+    "configs/hot/ltsf/etth1_96_96_hot_product.yaml": "6476d732838000d4",
+    "configs/hot/ltsf/etth1_96_96_hot_sum.yaml": "6cfb1e734e162db1",
+    "configs/hot/ltsf/weather_96_336_hot_sum.yaml": "97f8b6cb348d8077",
+    "configs/hot/ltsf/weather_96_96_hot_sum.yaml": "a29b18a397b36fbf",
+    "configs/hot/ltsf_cpu.yaml": "db8a0cf140e4071e",
+    "configs/hot/ltsf_cpu/etth1_96_720_joint.yaml": "e186ba4ca2c6ef18",
+    "configs/hot/ltsf_cpu/etth1_96_720_official.yaml": "9e9f3c78402e19b6",
+    "configs/hot/ltsf_cpu/etth1_96_96_hot_product.yaml": "db8a0cf140e4071e",
+    "configs/hot/ltsf_cpu/etth1_96_causal.yaml": "e1eef9c05ca5c396",
+    "configs/hot/medmnist3d.yaml": "21e0ebd31aa81f55",
+    "configs/hot/medmnist3d/adrenal_cnn3d.yaml": "6014f7e36c230449",
+    "configs/hot/medmnist3d/adrenal_hot_product.yaml": "21e0ebd31aa81f55",
+    "configs/hot/medmnist3d/adrenal_hot_sum.yaml": "9b92f42876dac9e2",
+    "configs/hot/ssl4eo_l.yaml": "48ccbd0fa62418bf",
+    "configs/weaver/los_loop_cpu.yaml": "0393240ac7aa19e9",
+    "configs/weaver/los_loop_cpu_weaver_nt.yaml": "4e8f7e638d82f5af",
+    "configs/weaver/los_loop_t.yaml": "2c274d2bc4057f9f",
+    "configs/weaver/metr_la_nt.yaml": "2d3fd28a4c3fb3bc",
+    "configs/weaver/paper.yaml": "a0aca43aa6c78442",
+}
+
+
+def _digest(cfg: dict) -> str:
+    import hashlib
+    import json
+
+    cfg = json.loads(json.dumps(cfg, default=str))
+    callbacks = (cfg.get("trainer") or {}).get("callbacks")
+    if callbacks:
+        cfg["trainer"]["callbacks"] = sorted(callbacks, key=lambda c: json.dumps(c, sort_keys=True))
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def test_every_committed_config_resolves_to_its_earlier_effective_configuration(monkeypatch):
+    monkeypatch.chdir(REPO)
+    found = sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").rglob("*.yaml") if p.name != "trainer.yaml")
+    assert found == sorted(RESOLVED_DIGESTS)
+    changed = [name for name in found if _digest(cli.resolve_config(name)) != RESOLVED_DIGESTS[name]]
+    assert not changed, changed
+
+
+def test_composed_configs_add_to_the_shared_callbacks_instead_of_repeating_them():
+    shared = [c["class_path"] for c in yaml.safe_load((REPO / "configs/trainer.yaml").read_text())["trainer"]["callbacks"]]
+    for name, added in [("configs/hot/ltsf_cpu.yaml", "EarlyStopping"), ("configs/weaver/paper.yaml", "EarlyStopping")]:
+        own = yaml.safe_load((REPO / name).read_text())["trainer"]
+        assert "callbacks" not in own and [c["class_path"].rsplit(".", 1)[-1] for c in own["callbacks+"]] == [added]
+        resolved = [c["class_path"] for c in cli.resolve_config(REPO / name)["trainer"]["callbacks"]]
+        assert resolved == shared + [f"lightning.pytorch.callbacks.{added}"]
+    # an experiment two levels down inherits both lists; an override on top applies last
+    cfg = cli.resolve_config(REPO / "configs/hot/ltsf_cpu/etth1_96_720_joint.yaml", ["--trainer.max_epochs=2"])
+    assert [c["class_path"].rsplit(".", 1)[-1] for c in cfg["trainer"]["callbacks"]][-1] == "EarlyStopping"
+    assert cfg["trainer"]["max_epochs"] == 2 and cfg["data"]["init_args"]["pred_len"] == 720
+
+
+def test_build_datamodule_reads_a_config_with_its_bases():
+    from hoformer.checkpoint import build_datamodule
+
+    dm = build_datamodule(config=REPO / "configs/hot/ltsf/etth1_96_96_hot_product.yaml", data_args={"synthetic": True})
+    assert (type(dm).__name__, dm.seq_len, dm.pred_len) == ("LTSFDataModule", 96, 96)
+
+
+def test_tuning_variants_are_override_lists_that_resolve():
+    """benchmarks/ltsf_tune.py: each variant is a list of `hoformer fit` overrides on the committed experiment, read
+    by the same resolver as the CLI (an EMA callback is added to the config's callbacks, not put in their place)."""
+    tune = _import_file(REPO / "benchmarks" / "ltsf_tune.py")
+    shared = [c["class_path"] for c in cli.resolve_config(REPO / "configs/hot/ltsf_cpu.yaml")["trainer"]["callbacks"]]
+    for variant in ("grid", "reg", "ema_seed2025", "ema_official"):
+        run, args = tune.variant_runs("etth1", "hot_product", variant)[-1]
+        assert args[0] == "--config" and args[-1] == f"--trainer.default_root_dir={run}"
+        cfg = cli.resolve_config(REPO / args[1], args[2:])
+        assert cfg["trainer"]["default_root_dir"] == run and cfg["data"]["init_args"]["pred_len"] == 720
+        callbacks = cfg["trainer"]["callbacks"]
+        assert [c["class_path"] for c in callbacks[:len(shared)]] == shared
+        if variant.startswith("ema"):
+            assert callbacks[-1]["class_path"].endswith("EMAWeightAveraging")
+            assert callbacks[-1]["init_args"]["decay"] == 0.99
+            assert cfg["seed_everything"] == (2025 if variant == "ema_seed2025" else 2024)
+        if variant == "ema_official":
+            assert cfg["model"]["init_args"]["horizons"] == [96, 192, 336, 720]
+        if variant == "reg":
+            assert cfg["model"]["init_args"]["model"]["init_args"]["dropout"] == 0.3
+            assert cfg["model"]["init_args"]["optim"]["weight_decay"] == 0.5

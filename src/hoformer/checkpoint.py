@@ -255,20 +255,17 @@ def _instantiate(class_path: str, init_args: dict):
 
 def build_datamodule(*, config=None, data: str | None = None, data_args: dict | None = None,
                      stored: dict | None = None):
-    """A datamodule from a LightningCLI YAML ``config`` (its ``data`` section), a class path ``data`` with
-    ``data_args``, or the ``datamodule_hyper_parameters`` stored in a checkpoint (with ``_class_path``)."""
+    """A datamodule from a LightningCLI YAML ``config`` (its ``data`` section, resolved by
+    :func:`hoformer.cli.resolve_config` as ``hoformer fit`` resolves it), a class path ``data`` with ``data_args``, or
+    the ``datamodule_hyper_parameters`` stored in a checkpoint (with ``_class_path``)."""
     overrides = dict(data_args or {})
     if config is not None:
-        import yaml
+        from hoformer.cli import resolve_config
 
-        cp = Path(config)
-        if not cp.is_file():
-            raise FileNotFoundError(f"build_datamodule: config {str(cp)!r} does not exist")
-        cfg = yaml.safe_load(cp.read_text()) or {}
-        sec = cfg.get("data")
-        if not isinstance(sec, dict) or "class_path" not in sec:
-            raise ValueError(f"build_datamodule: config {str(cp)!r} has no `data: {{class_path: ..., init_args: ...}}` "
-                             "section")
+        sec = resolve_config(config).get("data")  # the bases it extends included, as `hoformer fit` reads it
+        if not isinstance(sec, dict) or not sec.get("class_path"):
+            raise ValueError(f"build_datamodule: config {str(config)!r} has no `data: {{class_path: ..., init_args: "
+                             "...}` section (nor do the configs it extends)")
         return _instantiate(sec["class_path"], {**(sec.get("init_args") or {}), **overrides})
     if data is not None:
         return _instantiate(data, overrides)

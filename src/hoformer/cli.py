@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-__all__ = ["main", "register_command", "COMMANDS", "HoformerCLI", "demo"]
+__all__ = ["main", "register_command", "resolve_config", "COMMANDS", "HoformerCLI", "demo"]
 
 #: name -> (function(argv) -> exit code, one-line help)
 COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {}
@@ -110,155 +110,6 @@ def _explain_unknown_option(message: str) -> str:
     return (f"{message}\n{paths[-1]} has no argument {option!r}: {hint}its arguments are {', '.join(params)}")
 
 
-def _lightning_cli():
-    from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-
-    class HoformerArgumentParser(LightningArgumentParser):
-        def error(self, message, *args, **kwargs):
-            return super().error(_explain_unknown_option(str(message)), *args, **kwargs)
-
-    class HoformerCLI(LightningCLI):
-        """LightningCLI with subclass mode for task and data, the model a typed argument of the task whose
-        data-determined arguments are linked from the datamodule (:data:`DATA_LINKS`), and hoformer's defaults (see
-        module doc)."""
-
-        def __init__(self, args=None, run: bool = True, **kw):
-            from lightning.pytorch import LightningDataModule
-
-            from hoformer.train import TaskModule
-
-            kw.setdefault("save_config_kwargs", {"overwrite": True})
-            kw.setdefault("parser_class", HoformerArgumentParser)
-            super().__init__(
-                TaskModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-                seed_everything_default=0, args=args, run=run, auto_configure_optimizers=False, **kw,
-            )
-
-        def _parse_ckpt_path(self) -> None:
-            """LightningCLI (lightning 2.3-2.6, ``LightningCLI._parse_ckpt_path``) re-parses the hyper-parameters
-            stored in a ``--ckpt_path`` checkpoint as init args of the task; a hoformer task records its model's
-            ``config`` and its ``optim`` there (and checkpoints of earlier tasks their ``model_name`` /
-            ``model_kwargs``), which are not init args. The config defines the task; the checkpoint gives the
-            weights (:mod:`hoformer.checkpoint` rebuilds a model from the hyper-parameters alone). The file is
-            still read here, so a truncated, refused or non-Lightning file is reported naming it
-            (:func:`hoformer.checkpoint.read_lightning_checkpoint`)."""
-            sub = self.config.get("subcommand")
-            path = self.config[sub].get("ckpt_path") if sub else None
-            if path and Path(path).is_file():
-                from hoformer.checkpoint import read_lightning_checkpoint
-
-                read_lightning_checkpoint(path, fn=f"hoformer {sub} --ckpt_path")
-
-        def add_arguments_to_parser(self, parser) -> None:
-            parser.add_argument("--threads", type=Optional[int], default=None,
-                                help="CPU threads of PyTorch (default: PyTorch's own, one per core; OMP_NUM_THREADS=N "
-                                     "sets it too). Runs sharing a machine should split its cores between them.")
-            for arg, attr in DATA_LINKS.items():
-                parser.link_arguments("data", f"model.init_args.model.init_args.{arg}", compute_fn=_data_attr(attr),
-                                      apply_on="instantiate")
-            # the forecast plots' panel labels: the data's column names (a task without the argument ignores it)
-            parser.link_arguments("data", "model.init_args.variate_names", compute_fn=_data_attr("variate_names"),
-                                  apply_on="instantiate")
-
-        def before_instantiate_classes(self) -> None:
-            import torch
-
-            sub = self.subcommand
-            self._refuse_given_links(self.config[sub] if sub else self.config)
-            n = (self.config[sub] if sub else self.config).get("threads")
-            if n is not None:
-                if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                    raise ValueError(f"hoformer {sub or 'cli'}: `--threads` must be an int >= 1, got {n!r}")
-                torch.set_num_threads(n)
-            how = "set by --threads" if n is not None else (
-                "from OMP_NUM_THREADS" if os.environ.get("OMP_NUM_THREADS") else "PyTorch's default, one per core")
-            print(f"hoformer {sub or 'cli'}: PyTorch uses {torch.get_num_threads()} CPU thread(s) ({how}; change with "
-                  "--threads N or OMP_NUM_THREADS=N, e.g. when several runs share the machine)", file=sys.stderr)
-
-        def _refuse_given_links(self, cfg) -> None:
-            """A data-determined model argument (:data:`DATA_LINKS`) given in a config or on the command line would
-            be replaced by the datamodule's value without a word: refuse it (a value other than the model's
-            default; the parsed config cannot tell a default from a given value) before anything is built."""
-            import inspect
-
-            model = cfg.get("model.init_args.model") if cfg.get("model.init_args") is not None else None
-            path = model.get("class_path") if model is not None else None
-            if not path or model.get("init_args") is None:
-                return
-            params = _class_parameters(path)
-            if params is None:
-                return
-            args = model["init_args"]
-            given = {a: args.get(a) for a in DATA_LINKS if a in params and a in args
-                     and params[a].default is not inspect.Parameter.empty and args.get(a) != params[a].default}
-            if given:
-                where = ", ".join(f"{a}={v!r} (the datamodule's `{DATA_LINKS[a]}`)" for a, v in given.items())
-                self.parser.error(f"{path}: {where} is determined by the data and linked from it; set it on the data "
-                                  "(--data.init_args...) and leave it out of the model's arguments")
-
-        def instantiate_trainer(self, **kwargs):
-            """Everything a run writes lives under ``trainer.default_root_dir`` (the one output setting): without a
-            ``logger`` in the config, a CSV logger (``<root>/logs``) and, when TensorBoard is installed, a TensorBoard
-            logger (``<root>/tb``); without a ``ModelCheckpoint``, the best checkpoint by the task's model-selection
-            metric (``selection``) and ``last.ckpt`` after every epoch (:func:`~hoformer.train.tasks.checkpoint_callbacks`);
-            a ``ModelCheckpoint`` without ``dirpath`` writes to ``<root>/checkpoints``.
-            Checkpoints are written atomically and read weights-only whatever the config says
-            (:func:`~hoformer.train.tasks.install_checkpoint_io`: a plain ``TorchCheckpointIO`` is replaced by
-            :class:`~hoformer.train.tasks.AtomicCheckpointIO`; a custom checkpoint IO of the user's keeps its saves)."""
-            import importlib.util
-
-            from lightning.pytorch.callbacks import ModelCheckpoint
-            from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
-
-            from hoformer.train.tasks import checkpoint_callbacks, install_checkpoint_io
-
-            cfg = self._get(self.config_init, "trainer", default={})
-            root = cfg.get("default_root_dir") or os.getcwd()
-            callbacks = list(cfg.get("callbacks") or [])
-            if cfg.get("enable_checkpointing") is not False and "callbacks" not in kwargs \
-                    and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
-                monitor, mode = getattr(self.model, "selection", (None, "min"))
-                kwargs["callbacks"] = callbacks + [
-                    ModelCheckpoint(**c["init_args"])
-                    for c in checkpoint_callbacks(os.path.join(root, "checkpoints"), monitor, mode)]
-            if cfg.get("logger") in (None, True) and "logger" not in kwargs:
-                kwargs["logger"] = [CSVLogger(root, name="logs")]
-                if importlib.util.find_spec("tensorboard") is not None:
-                    kwargs["logger"].append(TensorBoardLogger(root, name="tb"))
-            trainer = super().instantiate_trainer(**kwargs)
-            for cb in trainer.callbacks:
-                if isinstance(cb, ModelCheckpoint) and cb.dirpath is None:
-                    cb.dirpath = os.path.join(root, "checkpoints")
-            install_checkpoint_io(trainer)
-            return trainer
-
-        def _resolve_best(self) -> None:
-            """``--ckpt_path best`` in a fresh process: the best checkpoint that the run's ``last.ckpt`` (written after
-            every epoch) records for this ModelCheckpoint, else the newest ``best-*.ckpt`` in its dirpath."""
-            cfg = self.config_init[self.subcommand]
-            cb = self.trainer.checkpoint_callback
-            if cfg.get("ckpt_path") != "best" or cb is None or cb.best_model_path:
-                return
-            if cb.monitor is None:
-                raise ValueError("--ckpt_path best: this config's ModelCheckpoint monitors no metric, so there is no "
-                                 "best checkpoint (the CPU-budget HOBA configs evaluate the last epoch); pass the "
-                                 "path of a checkpoint, e.g. <default_root_dir>/checkpoints/last.ckpt")
-            d = Path(cb.dirpath) if cb.dirpath else None
-            recorded = _recorded_best(d / "last.ckpt", cb.state_key) if d is not None else None
-            if recorded is not None:
-                cfg["ckpt_path"] = recorded
-                return
-            found = sorted(d.glob("best-*.ckpt"), key=os.path.getmtime) if d is not None and d.is_dir() else []
-            if not found:
-                raise FileNotFoundError(f"--ckpt_path best: no best-*.ckpt in the ModelCheckpoint dirpath {d}; "
-                                        "run `hoformer fit` with this config first or pass a checkpoint path")
-            cfg["ckpt_path"] = str(found[-1])
-
-        before_validate = before_test = before_predict = _resolve_best
-
-    return HoformerCLI
-
-
 def _recorded_best(last: Path, state_key: str) -> str | None:
     """The ``best_model_path`` that the ModelCheckpoint ``state_key`` had when ``last`` was written, if that file
     still exists (robust to other runs' ``best-*.ckpt`` in the same directory); ``None`` otherwise."""
@@ -278,8 +129,47 @@ def _recorded_best(last: Path, state_key: str) -> str | None:
 
 def __getattr__(name: str):  # lazy: importing hoformer.cli must not import lightning
     if name == "HoformerCLI":
-        return _lightning_cli()
+        from hoformer.lightning_cli import HoformerCLI
+
+        return HoformerCLI
     raise AttributeError(name)
+
+
+_PARSER = None
+
+
+def resolve_config(config, overrides: Sequence[str] = ()) -> dict:
+    """The effective configuration of ``hoformer fit --config CONFIG [OVERRIDES...]`` as a plain dict (``trainer``,
+    ``model``, ``data``, ``seed_everything``, ... with every default filled in), resolved by the very parser of the
+    ``fit`` / ``test`` / ... commands: the configs ``CONFIG`` extends come first, a list key written ``key+:`` extends
+    the list of the configs before it, ``--section.key=value`` overrides apply last. Nothing is instantiated.
+    Every command that takes a config (``analyze``, ``export``, ``forecast``, the benchmark launchers) reads it here.
+    A missing file, a file that is not YAML, or an invalid value raise a ``ValueError`` naming the file."""
+    global _PARSER
+    path = Path(config)
+    if not path.is_file():
+        raise FileNotFoundError(f"config {str(path)!r} does not exist" if not path.exists() else
+                                f"config {str(path)!r} is not a file")
+    argv = expand_configs(["fit", "--config", str(path), *overrides])
+    if _PARSER is None:
+        from hoformer.lightning_cli import HoformerCLI
+
+        _PARSER = HoformerCLI(parse_only=True).parser
+    import io
+    from contextlib import redirect_stderr
+
+    err = io.StringIO()
+    try:
+        with redirect_stderr(err):
+            ns = _PARSER.parse_args(argv)
+    except SystemExit:
+        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+        msg = next((ln for ln in lines if "error:" in ln), lines[-1] if lines else "invalid config")
+        raise ValueError(f"config {str(path)!r}: {msg.split('error:', 1)[-1].strip()}") from None
+    out = ns["fit"].as_dict()
+    for key in ("config", "ckpt_path", "weights_only"):  # the arguments of Trainer.fit, not of the config
+        out.pop(key, None)
+    return out
 
 
 def _usage() -> str:
@@ -395,8 +285,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         if from_command_line and expanded != argv:
             sys.argv[1:] = expanded
+        from hoformer.lightning_cli import HoformerCLI
+
         # from the command line LightningCLI reads sys.argv itself (given both, it warns on every run)
-        _lightning_cli()(args=None if from_command_line else expanded)
+        HoformerCLI(args=None if from_command_line else expanded)
         return 0
     print(f"hoformer: unknown command {cmd!r}\n\n{_usage()}", file=sys.stderr)
     return 2
