@@ -1124,3 +1124,14 @@ def test_tasks_train_and_test_on_plain_dataloaders(kind, tmp_path, data_root):
             assert got[k] == pytest.approx(v, rel=1e-6, abs=1e-7), k
     if kind in ("forecasting", "traffic"):  # original-scale metrics are among them
         assert any(k.endswith("_orig") or k.startswith("test/mae") for k in via_dm[1])
+
+
+def test_train_imports_no_analysis_module():
+    """Layering: the training tasks draw their forecast PNG with the shared figure primitives (hoformer._plot), not
+    through hoformer.analysis."""
+    import re
+
+    root = Path(__file__).resolve().parents[1] / "src" / "hoformer" / "train"
+    pattern = re.compile(r"^\s*(from|import)\s+(hoformer\.analysis|\.\.analysis)", re.M)
+    offenders = [p.name for p in root.rglob("*.py") if pattern.search(p.read_text())]
+    assert not offenders, offenders

@@ -70,6 +70,9 @@ def read_checkpoint(path, map_location: Any = "cpu", *, fn: str = "read_checkpoi
     try:
         return torch.load(p, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
+        if "global" not in str(e).lower():  # refusals name the global; bad bytes ("Unsupported operand"): wrong file
+            raise ValueError(f"{fn}: cannot read {what} {str(p)!r} ({size} bytes): it is not a PyTorch file "
+                             f"(UnpicklingError: {str(e).splitlines()[0][:200]})") from e
         raise pickle.UnpicklingError(
             f"{fn}: {what} {str(p)!r} holds objects other than tensors and plain containers; it is refused "
             f"(weights_only=True; only load files you trust with a plain torch.load): {e}") from e
@@ -79,12 +82,13 @@ def read_checkpoint(path, map_location: Any = "cpu", *, fn: str = "read_checkpoi
                          f"not a PyTorch file ({type(e).__name__}: {detail})") from e
 
 
-def read_lightning_checkpoint(path, map_location: Any = "cpu", *, fn: str = "read_checkpoint") -> dict:
-    """:func:`read_checkpoint` of a file that must be a Lightning checkpoint: a dict with ``state_dict`` and
-    ``pytorch-lightning_version`` (a ``ValueError`` naming the file and the keys found otherwise, e.g. for a bare
-    ``torch.save(model.state_dict())``)."""
+def read_lightning_checkpoint(path, map_location: Any = "cpu", *, fn: str = "read_checkpoint",
+                              restore: bool = False) -> dict:
+    """:func:`read_checkpoint` of a file that must be a Lightning checkpoint: a dict with a ``state_dict`` (and, to
+    ``restore`` a Trainer from it, ``pytorch-lightning_version``); a ``ValueError`` naming the file and the keys found
+    otherwise, e.g. for a bare ``torch.save(model.state_dict())``."""
     ckpt = read_checkpoint(path, map_location, fn=fn)
-    need = ("state_dict", "pytorch-lightning_version")
+    need = ("state_dict", "pytorch-lightning_version") if restore else ("state_dict",)
     if not isinstance(ckpt, dict) or any(k not in ckpt for k in need):
         found = sorted(map(str, ckpt))[:8] if isinstance(ckpt, dict) else type(ckpt).__name__
         hint = (" (it looks like a bare state_dict: load it with model.load_state_dict, or save_pretrained it)"
@@ -262,7 +266,7 @@ def build_datamodule(*, config=None, data: str | None = None, data_args: dict | 
     if config is not None:
         from hoformer.cli import resolve_config
 
-        sec = resolve_config(config).get("data")  # the bases it extends included, as `hoformer fit` reads it
+        sec = resolve_config(config, partial=True).get("data")  # the bases it extends included, as `hoformer fit` reads it
         if not isinstance(sec, dict) or not sec.get("class_path"):
             raise ValueError(f"build_datamodule: config {str(config)!r} has no `data: {{class_path: ..., init_args: "
                              "...}` section (nor do the configs it extends)")

@@ -138,13 +138,15 @@ def __getattr__(name: str):  # lazy: importing hoformer.cli must not import ligh
 _PARSER = None
 
 
-def resolve_config(config, overrides: Sequence[str] = ()) -> dict:
+def resolve_config(config, overrides: Sequence[str] = (), *, partial: bool = False) -> dict:
     """The effective configuration of ``hoformer fit --config CONFIG [OVERRIDES...]`` as a plain dict (``trainer``,
     ``model``, ``data``, ``seed_everything``, ... with every default filled in), resolved by the very parser of the
     ``fit`` / ``test`` / ... commands: the configs ``CONFIG`` extends come first, a list key written ``key+:`` extends
     the list of the configs before it, ``--section.key=value`` overrides apply last. Nothing is instantiated.
     Every command that takes a config (``analyze``, ``export``, ``forecast``, the benchmark launchers) reads it here.
-    A missing file, a file that is not YAML, or an invalid value raise a ``ValueError`` naming the file."""
+    A missing file, a file that is not YAML, or an invalid value raise a ``ValueError`` naming the file.
+    ``partial``: a config of some sections only (e.g. a ``data`` section for ``hoformer forecast``) is not refused for
+    the sections it lacks (their values are then not validated either)."""
     global _PARSER
     path = Path(config)
     if not path.is_file():
@@ -161,7 +163,7 @@ def resolve_config(config, overrides: Sequence[str] = ()) -> dict:
     err = io.StringIO()
     try:
         with redirect_stderr(err):
-            ns = _PARSER.parse_args(argv)
+            ns = _PARSER.parse_args(argv, _skip_validation=partial)
     except SystemExit:
         lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
         msg = next((ln for ln in lines if "error:" in ln), lines[-1] if lines else "invalid config")

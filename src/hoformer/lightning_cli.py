@@ -81,7 +81,7 @@ class HoformerCLI(LightningCLI):
         if path and Path(path).is_file():
             from hoformer.checkpoint import read_lightning_checkpoint
 
-            read_lightning_checkpoint(path, fn=f"hoformer {sub} --ckpt_path")
+            read_lightning_checkpoint(path, fn=f"hoformer {sub} --ckpt_path", restore=True)
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--threads", type=Optional[int], default=None,

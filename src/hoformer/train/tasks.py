@@ -255,7 +255,7 @@ def plot_forecast(x, y, pred, path, num_variates: int = 3, names=None) -> str | 
     ``names`` (``C`` names; default ``variate <j>``). Returns the path, or None without matplotlib."""
     if importlib.util.find_spec("matplotlib") is None:  # plots are an optional extra
         return None
-    from hoformer.analysis.plots import plot_forecast_vs_truth
+    from hoformer._plot import plot_forecast_vs_truth
 
     c = np.shape(x)[-1]
     channels = [c - 1 - i for i in range(min(num_variates, c))]
@@ -383,7 +383,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                              "pickled checkpoint with a plain TorchCheckpointIO")
         from hoformer.checkpoint import read_lightning_checkpoint
 
-        return read_lightning_checkpoint(path, map_location, fn="load_checkpoint")
+        return read_lightning_checkpoint(path, map_location, fn="load_checkpoint", restore=True)
 
 
 def install_checkpoint_io(trainer: pl.Trainer) -> None:
