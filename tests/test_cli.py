@@ -332,6 +332,11 @@ def test_fit_then_test_through_cli(tmp_path, monkeypatch):
             "--trainer.enable_progress_bar=false"]
     assert cli.main(["fit", "--config", cfg, *over]) == 0
     run = tmp_path / "runs" / "hot" / "ltsf" / "etth1_96_96_hot_sum"
+    from hoformer.train.guards import RunFolderError
+
+    with pytest.raises(RunFolderError, match="holds a finished run.*--overwrite true"):  # a second fit into the folder
+        cli.main(["fit", "--config", cfg, *over])
+    assert not (run / ".hoformer.lock").exists()  # released after the fit, and after the refusal
     best = sorted((run / "checkpoints").glob("best-*.ckpt"))
     assert best and (run / "checkpoints" / "last.ckpt").is_file()
     last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
@@ -575,3 +580,36 @@ def test_tuning_variants_are_override_lists_that_resolve():
         if variant == "reg":
             assert cfg["model"]["init_args"]["model"]["init_args"]["dropout"] == 0.3
             assert cfg["model"]["init_args"]["optim"]["weight_decay"] == 0.5
+
+
+def test_a_run_folder_holds_one_fit(tmp_path, capsys):
+    """A live run's lock refuses a second fit into its folder; a lock left by a process that is gone is taken over;
+    a finished run is replaced only when resuming or told to overwrite."""
+    import json
+    import socket
+
+    from hoformer.train.guards import RunFolderError, hold_run_folder
+
+    root, host = tmp_path / "run", socket.gethostname()
+    release = hold_run_folder(root)
+    with pytest.raises(RunFolderError, match=f"in use by another run \\(pid {os.getpid()}"):
+        hold_run_folder(root)
+    release()
+    assert not (root / ".hoformer.lock").exists()
+    (root / ".hoformer.lock").write_text(json.dumps({"host": host, "pid": os.getppid(), "started": "t"}))
+    with pytest.raises(RunFolderError, match=f"pid {os.getppid()} on {host}"):  # a live process holds it
+        hold_run_folder(root)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (root / ".hoformer.lock").write_text(json.dumps({"host": host, "pid": gone.pid, "started": "t"}))
+    hold_run_folder(root)()  # stale: taken over
+    assert "stale lock" in capsys.readouterr().err
+    (root / "checkpoints").mkdir()
+    (root / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    with pytest.raises(RunFolderError, match="finished run \\(checkpoints/last.ckpt\\).*--ckpt_path"):
+        hold_run_folder(root)
+    hold_run_folder(root, resume=True)()
+    hold_run_folder(root, overwrite=True)()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RunFolderError, match="is a file"):
+        hold_run_folder(tmp_path / "file")

@@ -169,7 +169,8 @@ def resolve_config(config, overrides: Sequence[str] = (), *, partial: bool = Fal
         msg = next((ln for ln in lines if "error:" in ln), lines[-1] if lines else "invalid config")
         raise ValueError(f"config {str(path)!r}: {msg.split('error:', 1)[-1].strip()}") from None
     out = ns["fit"].as_dict()
-    for key in ("config", "ckpt_path", "weights_only"):  # the arguments of Trainer.fit, not of the config
+    # the arguments of Trainer.fit and of the command, not of the configuration
+    for key in ("config", "ckpt_path", "weights_only", "overwrite", "allow_data_mismatch"):
         out.pop(key, None)
     return out
 
@@ -288,9 +289,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if from_command_line and expanded != argv:
             sys.argv[1:] = expanded
         from hoformer.lightning_cli import HoformerCLI
+        from hoformer.train.guards import RunFolderError
 
-        # from the command line LightningCLI reads sys.argv itself (given both, it warns on every run)
-        HoformerCLI(args=None if from_command_line else expanded)
+        try:  # from the command line LightningCLI reads sys.argv itself (given both, it warns on every run)
+            HoformerCLI(args=None if from_command_line else expanded)
+        except RunFolderError as e:
+            if not from_command_line:
+                raise
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         return 0
     print(f"hoformer: unknown command {cmd!r}\n\n{_usage()}", file=sys.stderr)
     return 2
@@ -403,8 +410,18 @@ def demo(argv: list[str]) -> int:
         plugins=[AtomicCheckpointIO()], enable_progress_bar=sys.stderr.isatty(), enable_model_summary=False,
         log_every_n_steps=20,
     )
+    from hoformer.train.guards import RunFolderError, hold_run_folder
+
+    try:  # a demo replaces the previous demo's files, but not those of a demo still running
+        release = hold_run_folder(out, overwrite=True, fn="hoformer demo")
+    except RunFolderError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     t0 = time.time()
-    trainer.fit(task, datamodule=data)
+    try:
+        trainer.fit(task, datamodule=data)
+    finally:
+        release()
     fit_s = time.time() - t0
     (metrics,) = trainer.test(task, datamodule=data, ckpt_path=ckpt.best_model_path or None, verbose=False)
     print(f"\nhoformer demo: trained {trainer.current_epoch} epoch(s) in {fit_s:.0f} s on {torch.get_num_threads()} "

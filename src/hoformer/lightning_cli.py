@@ -63,8 +63,12 @@ class HoformerCLI(LightningCLI):
             super().instantiate_classes()
 
     def after_instantiate_classes(self) -> None:
-        if not self._parse_only:
-            super().after_instantiate_classes()
+        if self._parse_only:
+            return
+        super().after_instantiate_classes()
+        cfg = self.config[self.subcommand] if self.subcommand else self.config
+        if cfg.get("allow_data_mismatch"):
+            self.model.allow_data_mismatch = True
 
     # ------------------------------------------------------------------------------------------------ a run
     def _parse_ckpt_path(self) -> None:
@@ -87,6 +91,12 @@ class HoformerCLI(LightningCLI):
         parser.add_argument("--threads", type=Optional[int], default=None,
                             help="CPU threads of PyTorch (default: PyTorch's own, one per core; OMP_NUM_THREADS=N "
                                  "sets it too). Runs sharing a machine should split its cores between them.")
+        parser.add_argument("--overwrite", type=bool, default=False,
+                            help="fit: replace the finished run in trainer.default_root_dir (default: refuse it; "
+                                 "resume it with --ckpt_path, or give the run its own folder)")
+        parser.add_argument("--allow_data_mismatch", type=bool, default=False,
+                            help="evaluate / resume a checkpoint on data other than the data it was trained on "
+                                 "(default: refused; a checkpoint records its data's signature)")
         for arg, attr in DATA_LINKS.items():
             parser.link_arguments("data", f"model.init_args.model.init_args.{arg}", compute_fn=_data_attr(attr),
                                   apply_on="instantiate")
@@ -150,6 +160,9 @@ class HoformerCLI(LightningCLI):
 
         cfg = self._get(self.config_init, "trainer", default={})
         root = cfg.get("default_root_dir") or os.getcwd()
+        if Path(root).exists() and not Path(root).is_dir():
+            raise ValueError(f"hoformer {self.subcommand or 'cli'}: trainer.default_root_dir {str(root)!r} is a file; "
+                             "expected the run folder (a directory, or a path that does not exist yet)")
         callbacks = list(cfg.get("callbacks") or [])
         if cfg.get("enable_checkpointing") is not False and "callbacks" not in kwargs \
                 and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
@@ -191,3 +204,19 @@ class HoformerCLI(LightningCLI):
         cfg["ckpt_path"] = str(found[-1])
 
     before_validate = before_test = before_predict = _resolve_best
+
+    def fit(self, model, **kwargs) -> None:
+        """``Trainer.fit`` holding the run folder: one fit per folder (:func:`hoformer.train.guards.hold_run_folder`),
+        taken by the launching process (rank 0) and released when the fit ends, however it ends."""
+        from hoformer.train.guards import hold_run_folder
+
+        release = None
+        if not (int(os.environ.get("LOCAL_RANK", 0)) or int(os.environ.get("NODE_RANK", 0))):
+            cfg = self.config_init[self.subcommand]
+            release = hold_run_folder(self.trainer.default_root_dir, resume=bool(kwargs.get("ckpt_path")),
+                                      overwrite=bool(cfg.get("overwrite")))
+        try:
+            self.trainer.fit(model, **kwargs)
+        finally:
+            if release is not None:
+                release()

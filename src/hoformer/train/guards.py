@@ -7,17 +7,25 @@ checkpoint save left behind (checkpoints are read by :mod:`hoformer.checkpoint`,
 * :class:`CleanStaleTempFiles` - at the start of ``fit``, removes the hidden temporary files of interrupted
   checkpoint writes (:func:`hoformer._io.stale_temp_files`: only ``.<name>.ckpt.<8 chars>.tmp``) from the
   checkpoint directories. Every :class:`~hoformer.train.TaskModule` adds one too.
+* :func:`hold_run_folder` - one ``fit`` per run folder: refuses a folder another live run holds (``.hoformer.lock``
+  with its host and pid; a lock whose process is gone is stale and taken over) and a finished run's folder unless
+  resuming or told to overwrite (``hoformer fit --overwrite true``).
 """
 from __future__ import annotations
 
+import atexit
+import json
+import os
+import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 
-__all__ = ["NonFiniteError", "NonFiniteGuard", "CleanStaleTempFiles", "default_callbacks"]
+__all__ = ["hold_run_folder", "RunFolderError", "NonFiniteError", "NonFiniteGuard", "CleanStaleTempFiles", "default_callbacks"]
 
 
 # --------------------------------------------------------------------------------------------- non-finite
@@ -187,3 +195,91 @@ def default_callbacks(trainer: pl.Trainer | None) -> list[pl.Callback]:
     :class:`CleanStaleTempFiles`, each unless the trainer already has one (the user's then applies)."""
     have = list(getattr(trainer, "callbacks", None) or [])
     return [cls() for cls in (NonFiniteGuard, CleanStaleTempFiles) if not any(isinstance(c, cls) for c in have)]
+
+
+# ---------------------------------------------------------------------------------------------- run folders
+LOCK_NAME = ".hoformer.lock"
+_HELD: set[str] = set()  # the lock files this process holds
+
+
+class RunFolderError(RuntimeError):
+    """A run folder that another live run holds, or that holds a finished run."""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def _finished_run(root: Path) -> list[str]:
+    """What an earlier run left in ``root``: its checkpoints and ``save_pretrained`` export."""
+    found = sorted(str(p.relative_to(root)) for p in (root / "checkpoints").glob("*.ckpt")) \
+        if (root / "checkpoints").is_dir() else []
+    if (root / "pretrained" / "config.json").is_file():
+        found.append("pretrained/")
+    return found
+
+
+def hold_run_folder(root, *, resume: bool = False, overwrite: bool = False, fn: str = "hoformer fit"):
+    """Take the run folder ``root`` for one ``fit``; returns the function that releases it (also called at exit).
+
+    Refused (:class:`RunFolderError`, naming the folder and what to do): a folder another live run holds (its
+    ``.hoformer.lock`` names the host and pid; a lock of a process that no longer exists on this host is stale and
+    taken over, with a note), a path that is a file, and a folder that holds a finished run (checkpoints,
+    ``pretrained/``) unless ``resume`` (a ``ckpt_path`` continues it) or ``overwrite`` (its files are replaced as the
+    new run writes them)."""
+    root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise RunFolderError(f"{fn}: the run folder {str(root)!r} (trainer.default_root_dir) is a file; expected a "
+                             "directory (or a path that does not exist yet)")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunFolderError(f"{fn}: cannot create the run folder {str(root)!r} (trainer.default_root_dir): "
+                             f"{e.strerror or e}") from e
+    lock = root / LOCK_NAME
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                other = json.loads(lock.read_text() or "{}")
+            except (OSError, ValueError):
+                other = {}
+            pid, host = other.get("pid"), other.get("host")
+            mine = pid == os.getpid() and host == me["host"] and str(lock) not in _HELD  # an earlier call that died
+            stale = host == me["host"] and isinstance(pid, int) and (mine or not _pid_alive(pid))
+            if not stale:
+                raise RunFolderError(
+                    f"{fn}: the run folder {str(root)!r} is in use by another run (pid {pid} on {host}, started "
+                    f"{other.get('started')}; lock file {str(lock)!r}); two runs in one folder overwrite each "
+                    "other's checkpoints and exports. Give this run its own --trainer.default_root_dir, or wait for "
+                    "that run to end (delete the lock file only if that run is gone)") from None
+            print(f"{fn}: taking over the stale lock {lock} (pid {pid} is no longer running)", file=sys.stderr)
+            lock.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            json.dump(me, f)
+        break
+    _HELD.add(str(lock))
+
+    def release() -> None:
+        if str(lock) in _HELD:
+            _HELD.discard(str(lock))
+            lock.unlink(missing_ok=True)
+
+    atexit.register(release)
+    done = _finished_run(root)
+    if done and not (resume or overwrite):
+        release()
+        raise RunFolderError(
+            f"{fn}: the run folder {str(root)!r} holds a finished run ({', '.join(done[:4])}); a new fit would "
+            "overwrite it. Resume it (--ckpt_path <folder>/checkpoints/last.ckpt), give this run its own "
+            "--trainer.default_root_dir, or replace it with --overwrite true")
+    return release
