@@ -1135,3 +1135,81 @@ def test_train_imports_no_analysis_module():
     pattern = re.compile(r"^\s*(from|import)\s+(hoformer\.analysis|\.\.analysis)", re.M)
     offenders = [p.name for p in root.rglob("*.py") if pattern.search(p.read_text())]
     assert not offenders, offenders
+
+
+# ------------------------------------------------------------------------------ restoring onto other data / models
+class _SignedData(pl.LightningDataModule):
+    """Tiny windowed series (lookback 16, horizon 8, 3 variates) whose ``data_signature()`` is ``signature``."""
+
+    def __init__(self, signature: dict, seed: int = 0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.ds = TensorDataset(torch.randn(8, 16, 3, generator=g), torch.randn(8, 8, 3, generator=g))
+        self.signature = signature
+
+    def data_signature(self) -> dict:
+        return dict(self.signature)
+
+    def train_dataloader(self):
+        return DataLoader(self.ds, batch_size=4)
+
+    def val_dataloader(self):
+        return DataLoader(self.ds, batch_size=4)
+
+    test_dataloader = val_dataloader
+
+
+def _tiny_task(**kw):
+    return ForecastingTask(create_model("hot_forecaster", seq_len=16, pred_len=8, num_variates=3,
+                                        **{**TINY_FC, **kw}))
+
+
+@pytest.fixture(scope="module")
+def signed_ckpt(tmp_path_factory):
+    """A one-step fit on data signed {"file": "a.csv", "num_variates": 3}: its last checkpoint."""
+    root = tmp_path_factory.mktemp("signed")
+    trainer = quiet_trainer(root, max_steps=1, enable_checkpointing=True, num_sanity_val_steps=0,
+                            callbacks=[ModelCheckpoint(dirpath=root, filename="last")])
+    trainer.fit(_tiny_task(), _SignedData({"file": "a.csv", "num_variates": 3}))
+    return root / "last.ckpt"
+
+
+def test_a_checkpoint_records_its_data_and_refuses_other_data(signed_ckpt, tmp_path):
+    from hoformer.checkpoint import DATA_SIGNATURE_KEY, load_checkpoint
+
+    assert torch.load(signed_ckpt, weights_only=True)[DATA_SIGNATURE_KEY] == {"file": "a.csv", "num_variates": 3}
+    assert load_checkpoint(signed_ckpt)[1]["data_signature"] == {"file": "a.csv", "num_variates": 3}
+    other = _SignedData({"file": "b.csv", "num_variates": 3})
+    with pytest.raises(ValueError, match=r"trained on other data.*file.*'a.csv'.*'b.csv'.*allow_data_mismatch"):
+        quiet_trainer(tmp_path).test(_tiny_task(), other, ckpt_path=signed_ckpt, verbose=False)
+    task = _tiny_task()
+    task.allow_data_mismatch = True  # told to: a warning, and the test runs
+    with pytest.warns(UserWarning, match="differ"):
+        (m,) = quiet_trainer(tmp_path).test(task, other, ckpt_path=signed_ckpt, verbose=False)
+    assert "test/mse" in m
+    # the same data: no word
+    (m,) = quiet_trainer(tmp_path).test(_tiny_task(), _SignedData({"file": "a.csv", "num_variates": 3}),
+                                        ckpt_path=signed_ckpt, verbose=False)
+    assert "test/mse" in m
+
+
+def test_restoring_a_checkpoint_of_another_model_configuration_names_the_difference(signed_ckpt, tmp_path):
+    data = _SignedData({"file": "a.csv", "num_variates": 3})
+    with pytest.raises(ValueError, match=r"does not fit this run's model.*dim=16 vs 32"):
+        quiet_trainer(tmp_path, max_steps=2).fit(_tiny_task(dim=32), data, ckpt_path=signed_ckpt)
+
+
+def test_forecast_and_analyze_refuse_a_checkpoint_on_other_data(signed_ckpt):
+    """hoformer forecast / analyze build the checkpoint's datamodule through checkpoint_datamodule, which refuses
+    data whose signature differs (--allow-data-mismatch: a warning)."""
+    from hoformer.checkpoint import checkpoint_datamodule, load_checkpoint
+
+    _, info = load_checkpoint(signed_ckpt)
+    other = {"signature": {"file": "b.csv", "num_variates": 4}}
+    with pytest.raises(ValueError, match=r"last.ckpt.*trained on other data.*num_variates.*3.*4.*--allow-data-mis"):
+        checkpoint_datamodule(info, data="test_train._SignedData", data_args=other,
+                              override="pass --allow-data-mismatch")
+    with pytest.warns(UserWarning, match="num_variates"):
+        checkpoint_datamodule(info, data="test_train._SignedData", data_args=other, allow_data_mismatch=True)
+    same = {"signature": {"file": "a.csv", "num_variates": 3}}
+    assert checkpoint_datamodule(info, data="test_train._SignedData", data_args=same).signature == same["signature"]

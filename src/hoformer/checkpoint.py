@@ -279,10 +279,13 @@ def build_datamodule(*, config=None, data: str | None = None, data_args: dict | 
                      "section) or --data CLASS_PATH [--data-args JSON]; the checkpoint stores no datamodule class")
 
 
-def checkpoint_datamodule(info: dict, *, config=None, data: str | None = None, data_args: dict | None = None):
+def checkpoint_datamodule(info: dict, *, config=None, data: str | None = None, data_args: dict | None = None,
+                          allow_data_mismatch: bool = False, override: str = "pass allow_data_mismatch=True"):
     """The datamodule of a checkpoint loaded by :func:`load_checkpoint`: from ``config`` / ``data`` when given, else
     the hyper-parameters stored in a Lightning checkpoint, else the ``config.yaml`` LightningCLI saved in its run
-    folder; with the state the checkpoint stored for it (e.g. the tokenizer the model was trained with)."""
+    folder; with the state the checkpoint stored for it (e.g. the tokenizer the model was trained with). Data other
+    than the checkpoint's (its ``data_signature``) are refused unless ``allow_data_mismatch`` (then a warning);
+    ``override`` names how the caller's user sets it (:func:`check_checkpoint_data`)."""
     stored = info["datamodule"]
     if config is None and data is None and not (stored or {}).get("_class_path"):
         config = find_run_file(info["run_dir"], "config.yaml") if info["kind"] == "ckpt" else None
@@ -290,6 +293,8 @@ def checkpoint_datamodule(info: dict, *, config=None, data: str | None = None, d
     state = info["states"].get(type(dm).__qualname__)
     if state and hasattr(dm, "load_state_dict"):  # before setup
         dm.load_state_dict(state)
+    check_checkpoint_data(info.get("data_signature"), dm, where=f"checkpoint {str(info['path'])!r}",
+                          allow_mismatch=allow_data_mismatch, override=override)
     return dm
 
 

@@ -227,7 +227,8 @@ def _future_dates(dates, end: int, n: int, tz=None):
 
 
 def forecast_checkpoint(checkpoint, *, config=None, data: str | None = None, data_args: dict | None = None,
-                        history=None, end: int | None = None, horizon: int | None = None, device: str = "cpu"):
+                        history=None, end: int | None = None, horizon: int | None = None, device: str = "cpu",
+                        allow_data_mismatch: bool = False):
     """``pandas.DataFrame`` of the forecast of ``checkpoint`` after row ``end`` of ``history`` (defaults: the end of
     the training file); see :func:`forecast_series`. The data come from ``config``, or the class
     path ``data`` with ``data_args`` on top of the datamodule hyper-parameters the checkpoint stored (a checkpoint
@@ -239,7 +240,8 @@ def forecast_checkpoint(checkpoint, *, config=None, data: str | None = None, dat
     stored = info["datamodule"] or {}
     if data is not None and not stored.get("_class_path"):
         data_args = {**{k: v for k, v in stored.items() if not k.startswith("_")}, **(data_args or {})}
-    dm = checkpoint_datamodule(info, config=config, data=data, data_args=data_args)
+    dm = checkpoint_datamodule(info, config=config, data=data, data_args=data_args,
+                               allow_data_mismatch=allow_data_mismatch, override="pass --allow-data-mismatch")
     dataset = dm.dataset("train") if callable(getattr(dm, "dataset", None)) else None
     if not isinstance(dataset, LTSFDataset):
         raise ValueError(f"forecast: the checkpoint's data ({type(dm).__name__}) is not an LTSF datamodule; pass "
@@ -263,6 +265,8 @@ def forecast_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--horizon", type=int, help="forecast steps (default: the data's pred_len); another horizon "
                                                 "needs a model that generates any horizon (hot_causal_forecaster)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--allow-data-mismatch", action="store_true",
+                   help="forecast with data other than the checkpoint's own (default: refused)")
     p.add_argument("--output", default="forecast.csv", help="CSV to write (default forecast.csv)")
     a = p.parse_args(argv)
     try:
@@ -273,7 +277,8 @@ def forecast_main(argv: Sequence[str] | None = None) -> int:
         p.error("--data-args must be a JSON object")
     try:
         df = forecast_checkpoint(a.checkpoint, config=a.config, data=a.data, data_args=data_args, history=a.history,
-                                 end=a.end, horizon=a.horizon, device=a.device)
+                                 end=a.end, horizon=a.horizon, device=a.device,
+                                 allow_data_mismatch=a.allow_data_mismatch)
     except (FileNotFoundError, ValueError, TypeError) as e:  # input errors (incl. wrong data args): one line
         print(f"hoformer forecast: error: {e}", file=sys.stderr)
         return 2
