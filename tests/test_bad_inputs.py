@@ -591,3 +591,14 @@ def test_bad_input(case: Case, tmp_path):
     missing = [n for n in case.needles if n not in msg]
     assert not missing, f"{case.id}: message lacks {missing}: {msg!r}"
     assert not (tmp_path / "marker").exists(), f"{case.id}: a checkpoint's pickle payload ran"
+
+
+def test_a_misspelled_top_level_config_key_gets_a_suggestion(tmp_path, capsys):
+    from hoformer import cli as hcli
+
+    typo = write(tmp_path / "typo.yaml", "trainr:\n  max_epochs: 1\n")
+    cfg = str(Path(__file__).resolve().parents[1] / "configs/hot/ltsf/etth1_96_96_hot_product.yaml")
+    with pytest.raises(SystemExit):
+        hcli.main(["fit", "--config", cfg, "--config", str(typo)])
+    err = capsys.readouterr().err
+    assert "'trainr.max_epochs'" in err and "did you mean 'trainer.max_epochs'" in err

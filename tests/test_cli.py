@@ -219,13 +219,35 @@ def test_paper_experiments_parse(name, capsys):
         assert cfg["data"]["init_args"]["max_len"] == 512
 
 
-def test_fit_help_shows_typed_model_arguments(capsys):
-    """The model is a typed argument of the task: its class's help lists every argument with type and default."""
+def test_fit_help_shows_typed_model_arguments_under_names_that_work(capsys):
+    """The model is a typed argument of the task: its class's help lists every argument with type and default, each
+    under the option name that sets it (`--model.model.dim`, not `--model.dim`)."""
+    import re
+
     with pytest.raises(SystemExit):
         cli.main(["fit", "--model.model.help", "hoformer.models.HOTForecaster"])
     out = capsys.readouterr().out
-    assert "--model.attention" in out and "type: Literal['kronecker_product'" in out
-    assert "--model.dim DIM" in out and "(type: int, default: 128)" in out
+    assert "--model.model.attention" in out and "type: Literal['kronecker_product'" in out
+    assert "--model.model.dim DIM" in out and "(type: int, default: 128)" in out
+    assert not re.search(r"--model\.(?!model\.)\w", out), "an option printed without its `model.model.` path"
+    printed = sorted(set(re.findall(r"--model\.model\.(\w+) \{true,false\}", out)))
+    assert len(printed) >= 5
+    cfg = cli.resolve_config(REPO / "configs/hot/ltsf/etth1_96_96_hot_product.yaml",
+                             [f"--model.model.{k}=true" for k in printed] + ["--model.model.dim=32"])
+    model = cfg["model"]["init_args"]["model"]["init_args"]
+    assert model["dim"] == 32 and all(model[k] is True for k in printed)
+
+
+def test_help_and_errors_say_what_to_do(capsys):
+    cfg = str(REPO / "configs/hot/ltsf/etth1_96_96_hot_product.yaml")
+    with pytest.raises(SystemExit):  # the help of a model asked of the task's argument
+        cli.main(["fit", "--config", cfg, "--model.help", "hoformer.models.HOTForecaster"])
+    assert "--model.model.help hoformer.models.HOTForecaster" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a wrong type: the error line first and last, the usage between
+        cli.main(["fit", "--config", cfg, "--trainer.max_epochs=abc"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("error: ") and "trainer.max_epochs" in err[0] and "usage:" in "\n".join(err)
+    assert "Given value: abc" in err[-1] and sum(line.startswith("error: ") for line in err) == 2
 
 
 @pytest.mark.parametrize("config,model,first", [

@@ -127,6 +127,49 @@ def _recorded_best(last: Path, state_key: str) -> str | None:
     return best if best and Path(best).is_file() else None
 
 
+def _explain_help_of_a_model(message: str) -> str:
+    """``--model.help hoformer.models.X`` asks for the help of a model where the task is expected: point at
+    ``--model.model.help`` (the task's ``model`` argument)."""
+    import re
+
+    m = re.search(r"--([\w.]+)\.help: \"([\w.]+)\" is not a subclass of TaskModule", message)
+    if m is None:
+        return message
+    mod, _, name = m.group(2).rpartition(".")
+    try:
+        from hoformer.models import HoformerModel
+
+        is_model = issubclass(getattr(importlib.import_module(mod), name), HoformerModel)
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return message
+    if not is_model:
+        return message
+    return (f"{message}. {m.group(2)} is a model: `--{m.group(1)}` is the task (hoformer.train.ForecastingTask, ...) "
+            f"and the model is the task's `model` argument, whose help is `--{m.group(1)}.model.help {m.group(2)}`")
+
+
+def _fix_class_help(text: str, key: str) -> str:
+    """jsonargparse prints the help of a nested ``--a.b.help CLASS`` with the options as ``--b.x`` (and the header
+    as ``--b.help``): spell them as they are given, ``--a.b.x``."""
+    import re
+
+    m = re.search(r"Help for --([\w.]+)\.help=", text)
+    if m is None or m.group(1) == key:
+        return text
+    return re.sub(rf"--{re.escape(m.group(1))}\.(?=\w)", f"--{key}.", text)
+
+
+def _class_help_key(argv: list[str]) -> str | None:
+    """``K`` of a ``--K.help CLASS`` argument (the help of a class argument), if any."""
+    import re
+
+    for a in argv:
+        m = re.fullmatch(r"--([\w.]+)\.help(=.*)?", a)
+        if m:
+            return m.group(1)
+    return None
+
+
 def __getattr__(name: str):  # lazy: importing hoformer.cli must not import lightning
     if name == "HoformerCLI":
         from hoformer.lightning_cli import HoformerCLI
@@ -291,8 +334,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         from hoformer.lightning_cli import HoformerCLI
         from hoformer.train.guards import RunFolderError
 
+        key = _class_help_key(expanded)
         try:  # from the command line LightningCLI reads sys.argv itself (given both, it warns on every run)
-            HoformerCLI(args=None if from_command_line else expanded)
+            if key is None:
+                HoformerCLI(args=None if from_command_line else expanded)
+            else:  # the help of a class argument: printed with the option names as they are given
+                import io
+                from contextlib import redirect_stdout
+
+                out = io.StringIO()
+                try:
+                    with redirect_stdout(out):
+                        HoformerCLI(args=None if from_command_line else expanded)
+                finally:
+                    sys.stdout.write(_fix_class_help(out.getvalue(), key))
         except RunFolderError as e:
             if not from_command_line:
                 raise

@@ -10,16 +10,51 @@ from typing import Optional
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from hoformer.cli import DATA_LINKS, _class_parameters, _data_attr, _explain_unknown_option, _recorded_best
+from hoformer.cli import (DATA_LINKS, _class_parameters, _data_attr, _explain_help_of_a_model,
+                          _explain_unknown_option, _recorded_best)
 
 __all__ = ["HoformerCLI", "HoformerArgumentParser"]
 
 
 class HoformerArgumentParser(LightningArgumentParser):
-    """LightningCLI's parser whose errors name the accepted arguments of a misspelled ``class_path`` argument."""
+    """LightningCLI's parser whose errors say what to do: the accepted arguments of a misspelled ``class_path``
+    argument, the closest option to a misspelled key (``trainr:`` -> ``trainer``), the ``--model.model.help`` of a
+    model class given to ``--model.help``; the error line is printed first and, after the usage, last."""
 
     def error(self, message, *args, **kwargs):
-        return super().error(_explain_unknown_option(str(message)), *args, **kwargs)
+        message = _explain_help_of_a_model(_explain_unknown_option(str(message)))
+        message = self._suggest_option(message)
+        if self.exit_on_error:
+            sys.stderr.write(f"error: {message}\n\n")
+        return super().error(message, *args, **kwargs)
+
+    def _option_names(self) -> list[str]:
+        """Every option name of this parser and of its subcommands' parsers (``trainer.max_epochs``, ...)."""
+        names = [a.dest for a in self._actions if a.dest and a.dest != "help"]
+        sub = getattr(self, "_subcommands_action", None)
+        for parser in (getattr(sub, "_name_parser_map", None) or {}).values():
+            names += [a.dest for a in parser._actions if a.dest and a.dest != "help"]
+        return sorted(set(names))
+
+    def _suggest_option(self, message: str) -> str:
+        import difflib
+        import re
+
+        bad = re.search(r"does not accept option '([\w.+-]+)'|Option '([\w.]+)' is not accepted", message)
+        if bad is None or "did you mean" in message:
+            return message
+        key = bad.group(1) or bad.group(2)
+        names = self._option_names()
+        close = difflib.get_close_matches(key, names, n=1, cutoff=0.75)
+        if not close:  # a misspelled section: match its first part (trainr.max_epochs -> trainer)
+            head, _, rest = key.partition(".")
+            tops = sorted({n.split(".")[0] for n in names})
+            top = difflib.get_close_matches(head, tops, n=1, cutoff=0.6)
+            close = [f"{top[0]}.{rest}" if rest else top[0]] if top else []
+        if not close:
+            return message
+        where = f"the key {key.split('.')[0]!r} (in a config file or on the command line)"
+        return f"{message}; {where}: did you mean {close[0].split('.')[0] if '.' not in key else close[0]!r}?"
 
 
 class HoformerCLI(LightningCLI):
