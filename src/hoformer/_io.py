@@ -63,6 +63,29 @@ def stage(path: Path, write_fn: Callable[[str], Any]) -> str:
     return tmp
 
 
+def _explain_write_error(path: Path, e: Exception) -> Exception:
+    """The error of a failed write of ``path`` naming the file and, when the disk is full (``ENOSPC`` / ``EDQUOT``, or
+    a writer such as ``torch.save`` that reports only a short write), the cause; ``e`` itself otherwise."""
+    import errno
+    import shutil
+
+    full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1))
+    if not full and (isinstance(e, OSError) or "unexpected pos" in str(e) or "write" in str(e).lower()):
+        try:
+            full = shutil.disk_usage(path.parent).free < 64 * 2**20  # under 64 MiB left: the likely cause
+        except OSError:
+            pass
+    if not full:
+        return e
+    try:
+        free = f"{shutil.disk_usage(path.parent).free / 2**20:.1f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    return OSError(errno.ENOSPC, f"cannot write {str(path)!r}: no space left on the device holding "
+                                 f"{str(path.parent)!r} ({free}); nothing was written and the previous file, if any, "
+                                 f"is intact ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})")
+
+
 def mkdir(directory: Path) -> None:
     created = not directory.is_dir()
     directory.mkdir(parents=True, exist_ok=True)
@@ -77,8 +100,14 @@ def atomic_write(path: str | os.PathLike, write_fn) -> None:
     ``path`` holds either its previous content or the complete new one.
     """
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"cannot write {str(path)!r}: it is a directory; expected a file path (e.g. "
+                                f"{str(path / 'out')!r} with the file's suffix)")
     mkdir(path.parent)
-    tmp = stage(path, write_fn)
+    try:
+        tmp = stage(path, write_fn)
+    except Exception as e:  # noqa: BLE001 - a full disk surfaces as OSError(ENOSPC) or as torch's "unexpected pos"
+        raise _explain_write_error(path, e) from e
     try:
         os.replace(tmp, path)
     finally:

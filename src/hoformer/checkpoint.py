@@ -26,8 +26,17 @@ from typing import Any
 
 import torch
 
-__all__ = ["read_checkpoint", "read_lightning_checkpoint", "model_state", "load_checkpoint", "model_spec",
+__all__ = ["CheckpointError", "MissingCheckpointError", "read_checkpoint", "read_lightning_checkpoint", "model_state", "load_checkpoint", "model_spec",
            "build_datamodule", "checkpoint_datamodule", "check_checkpoint_data", "find_run_file"]
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot serve the request: unreadable, not a Lightning checkpoint, of another model
+    configuration, trained on other data, or not there (``--ckpt_path best`` of a run that saved none)."""
+
+
+class MissingCheckpointError(CheckpointError, FileNotFoundError):
+    """No checkpoint where one was asked for."""
+
 
 #: the key under which a task stores its datamodule's ``data_signature()`` in a checkpoint
 DATA_SIGNATURE_KEY = "hoformer_data_signature"
@@ -61,7 +70,7 @@ def read_checkpoint(path, map_location: Any = "cpu", *, fn: str = "read_checkpoi
     refused, never run). ``what`` names the kind of file in the messages."""
     p = Path(os.fspath(path))
     if not p.exists():
-        raise FileNotFoundError(f"{fn}: {what} file {str(p)!r} not found")
+        raise MissingCheckpointError(f"{fn}: {what} file {str(p)!r} not found")
     if p.is_dir():
         raise IsADirectoryError(f"{fn}: {what} {str(p)!r} is a directory; expected a .ckpt file (a "
                                 "save_pretrained folder loads with hoformer.models.from_pretrained)")
@@ -71,14 +80,14 @@ def read_checkpoint(path, map_location: Any = "cpu", *, fn: str = "read_checkpoi
         return torch.load(p, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         if "global" not in str(e).lower():  # refusals name the global; bad bytes ("Unsupported operand"): wrong file
-            raise ValueError(f"{fn}: cannot read {what} {str(p)!r} ({size} bytes): it is not a PyTorch file "
+            raise CheckpointError(f"{fn}: cannot read {what} {str(p)!r} ({size} bytes): it is not a PyTorch file "
                              f"(UnpicklingError: {str(e).splitlines()[0][:200]})") from e
         raise pickle.UnpicklingError(
             f"{fn}: {what} {str(p)!r} holds objects other than tensors and plain containers; it is refused "
             f"(weights_only=True; only load files you trust with a plain torch.load): {e}") from e
     except Exception as e:  # noqa: BLE001 - torch raises many types (RuntimeError, EOFError, KeyError...) on bad bytes
         detail = str(e).split(". ")[0]  # torch's miniz errors run on for several sentences
-        raise ValueError(f"{fn}: cannot read {what} {str(p)!r} ({size} bytes): the file is empty, truncated or "
+        raise CheckpointError(f"{fn}: cannot read {what} {str(p)!r} ({size} bytes): the file is empty, truncated or "
                          f"not a PyTorch file ({type(e).__name__}: {detail})") from e
 
 
@@ -93,7 +102,7 @@ def read_lightning_checkpoint(path, map_location: Any = "cpu", *, fn: str = "rea
         found = sorted(map(str, ckpt))[:8] if isinstance(ckpt, dict) else type(ckpt).__name__
         hint = (" (it looks like a bare state_dict: load it with model.load_state_dict, or save_pretrained it)"
                 if isinstance(ckpt, dict) and ckpt and all(isinstance(v, torch.Tensor) for v in ckpt.values()) else "")
-        raise ValueError(f"{fn}: {str(path)!r} is a PyTorch file but not a Lightning checkpoint: expected the keys "
+        raise CheckpointError(f"{fn}: {str(path)!r} is a PyTorch file but not a Lightning checkpoint: expected the keys "
                          f"{list(need)}, found {found}{hint}")
     return ckpt
 
@@ -199,7 +208,7 @@ def check_model_state(checkpoint: dict, task, where: str) -> None:
     what = "; ".join(filter(None, [", ".join(shapes[:3]) + (f" (+{len(shapes) - 3} more)" if len(shapes) > 3 else ""),
                                    f"missing here: {missing[:3]}" if missing and not shapes else "",
                                    f"not in this model: {unexpected[:3]}" if unexpected and not shapes else ""]))
-    raise ValueError(f"{where} does not fit this run's model: {what}{diff}. Resume / test with the config the "
+    raise CheckpointError(f"{where} does not fit this run's model: {what}{diff}. Resume / test with the config the "
                      "checkpoint was trained with (its run folder's config.yaml), or start a new run")
 
 
@@ -243,7 +252,7 @@ def check_checkpoint_data(saved: dict | None, datamodule, *, where: str = "check
     try:
         check_data_signature(saved, current, allow_mismatch=allow_mismatch)
     except ValueError as e:
-        raise ValueError(f"{where} was trained on other data than this run's {type(datamodule).__name__}: {e}. "
+        raise CheckpointError(f"{where} was trained on other data than this run's {type(datamodule).__name__}: {e}. "
                          f"Use the data the checkpoint was trained on, or, to evaluate it on these data anyway, "
                          f"{override}") from e
 

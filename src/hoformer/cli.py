@@ -259,6 +259,24 @@ def _misplaced_config(argv: list[str]) -> str | None:
     return None
 
 
+def _check_yaml(path: Path, data: bytes) -> None:
+    """A config that is not UTF-8 text or not YAML raises a ``ValueError`` naming the file (and the line)."""
+    import yaml
+
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"hoformer: config {str(path)!r} is not a text file (byte {e.start} is not UTF-8); expected "
+                         "a YAML config") from None
+    try:
+        yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValueError(f"hoformer: config {str(path)!r} is not valid YAML{where}: {problem}") from None
+
+
 def _bases(path: Path, seen: tuple[Path, ...] = ()) -> list[str]:
     """The configs ``path`` extends (its leading ``# extends: <relative path>`` comment lines), bases first,
     recursively; ``path`` itself last."""
@@ -267,9 +285,11 @@ def _bases(path: Path, seen: tuple[Path, ...] = ()) -> list[str]:
         raise ValueError(f"hoformer: config {path} extends itself ({' -> '.join(map(str, seen + (path,)))})")
     out: list[str] = []
     try:
-        lines = path.read_text().splitlines()
+        text = path.read_bytes()
     except OSError:  # LightningCLI reports a missing / unreadable config
         return [str(path)]
+    _check_yaml(path, text)
+    lines = text.decode().splitlines()
     for line in lines:
         if not line.startswith("#"):
             break
@@ -331,6 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         if from_command_line and expanded != argv:
             sys.argv[1:] = expanded
+        from hoformer.checkpoint import CheckpointError
         from hoformer.lightning_cli import HoformerCLI
         from hoformer.train.guards import RunFolderError
 
@@ -348,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         HoformerCLI(args=None if from_command_line else expanded)
                 finally:
                     sys.stdout.write(_fix_class_help(out.getvalue(), key))
-        except RunFolderError as e:
+        except (RunFolderError, CheckpointError) as e:  # the input, not the library: one line, no traceback
             if not from_command_line:
                 raise
             print(f"error: {e}", file=sys.stderr)

@@ -10,6 +10,8 @@ from typing import Optional
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from hoformer.checkpoint import MissingCheckpointError
+
 from hoformer.cli import (DATA_LINKS, _class_parameters, _data_attr, _explain_help_of_a_model,
                           _explain_unknown_option, _recorded_best)
 
@@ -196,7 +198,9 @@ class HoformerCLI(LightningCLI):
         cfg = self._get(self.config_init, "trainer", default={})
         root = cfg.get("default_root_dir") or os.getcwd()
         if Path(root).exists() and not Path(root).is_dir():
-            raise ValueError(f"hoformer {self.subcommand or 'cli'}: trainer.default_root_dir {str(root)!r} is a file; "
+            from hoformer.train.guards import RunFolderError
+
+            raise RunFolderError(f"hoformer {self.subcommand or 'cli'}: trainer.default_root_dir {str(root)!r} is a file; "
                              "expected the run folder (a directory, or a path that does not exist yet)")
         callbacks = list(cfg.get("callbacks") or [])
         if cfg.get("enable_checkpointing") is not False and "callbacks" not in kwargs \
@@ -224,7 +228,7 @@ class HoformerCLI(LightningCLI):
         if cfg.get("ckpt_path") != "best" or cb is None or cb.best_model_path:
             return
         if cb.monitor is None:
-            raise ValueError("--ckpt_path best: this config's ModelCheckpoint monitors no metric, so there is no "
+            raise MissingCheckpointError("--ckpt_path best: this config's ModelCheckpoint monitors no metric, so there is no "
                              "best checkpoint (the CPU-budget HOBA configs evaluate the last epoch); pass the "
                              "path of a checkpoint, e.g. <default_root_dir>/checkpoints/last.ckpt")
         d = Path(cb.dirpath) if cb.dirpath else None
@@ -234,7 +238,7 @@ class HoformerCLI(LightningCLI):
             return
         found = sorted(d.glob("best-*.ckpt"), key=os.path.getmtime) if d is not None and d.is_dir() else []
         if not found:
-            raise FileNotFoundError(f"--ckpt_path best: no best-*.ckpt in the ModelCheckpoint dirpath {d}; "
+            raise MissingCheckpointError(f"--ckpt_path best: no best-*.ckpt in the ModelCheckpoint dirpath {d}; "
                                     "run `hoformer fit` with this config first or pass a checkpoint path")
         cfg["ckpt_path"] = str(found[-1])
 

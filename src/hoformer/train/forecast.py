@@ -283,8 +283,11 @@ def forecast_main(argv: Sequence[str] | None = None) -> int:
         print(f"hoformer forecast: error: {e}", file=sys.stderr)
         return 2
     out = Path(a.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(out, lambda tmp: df.to_csv(tmp, index=False))
+    try:
+        atomic_write(out, lambda tmp: df.to_csv(tmp, index=False))
+    except OSError as e:  # a directory, a full disk, no permission: one line naming the file
+        print(f"hoformer forecast: error: --output: {e}", file=sys.stderr)
+        return 2
     first, last = df.iloc[0, 0], df.iloc[-1, 0]
     print(f"hoformer forecast: {len(df)} steps ({first} .. {last}) x {df.shape[1] - 1} column(s) -> {out}")
     return 0
