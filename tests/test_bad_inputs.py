@@ -682,3 +682,20 @@ def test_a_write_that_runs_out_of_space_names_the_file_and_the_cause(tmp_path, m
     with pytest.raises(OSError, match=r"cannot write .*b.ckpt.*no space left.*0.0 MiB free"):
         atomic_write(tmp_path / "b.ckpt", short)
     assert not list(tmp_path.iterdir())  # no torn file, no temporary left
+
+
+def test_a_generated_forecast_far_beyond_the_trained_horizon_is_warned_about():
+    from types import SimpleNamespace
+
+    from hoformer.train.forecast import HORIZON_WARN_FACTOR, _horizon
+
+    model = create_model("hot_causal_forecaster", seq_len=32, num_variates=3, dim=16, num_heads=2, depth=1,
+                         patch_size=8)
+    data = SimpleNamespace(pred_len=8)
+    with pytest.warns(UserWarning, match=r"`horizon`=100000 is 12500x the horizon the model was trained for"):
+        assert _horizon(model, data, 100000)[0] == 100000
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _horizon(model, data, HORIZON_WARN_FACTOR * 8)  # up to the documented multiple: no warning

@@ -7,7 +7,9 @@ last ``seq_len`` rows of the data file (or of ``--history``, e.g. the same serie
 with the training slice's scaler, and writes the ``pred_len`` forecast steps on the original scale, with their
 timestamps, to a CSV (atomically). ``--end ROW`` forecasts from an earlier row instead (a backtest).
 ``--horizon H`` asks for ``H`` steps instead: a model that generates any horizon (its ``forward`` takes ``pred_len``,
-e.g. ``hot_causal_forecaster``) forecasts them; a direct model (fixed head) only its trained ``pred_len``::
+e.g. ``hot_causal_forecaster``) forecasts them (with a warning beyond ``HORIZON_WARN_FACTOR`` = 4 times the
+trained ``pred_len``: the errors of a generated forecast compound); a direct model (fixed head) only its trained
+``pred_len``::
 
     hoformer forecast --checkpoint runs/hot/ltsf/etth1_96_96_hot_product/checkpoints/last.ckpt --output forecast.csv
     hoformer forecast --checkpoint runs/.../pretrained --config configs/hot/ltsf/etth1_96_96_hot_product.yaml \\
@@ -34,7 +36,10 @@ from hoformer._checks import is_int
 from hoformer._io import atomic_write
 from hoformer.data.ltsf import LTSFDataset, read_series_table
 
-__all__ = ["forecast_series", "forecast_checkpoint", "forecast_main"]
+__all__ = ["forecast_series", "forecast_checkpoint", "forecast_main", "HORIZON_WARN_FACTOR"]
+
+#: a generated forecast longer than this multiple of the trained horizon (``pred_len``) is warned about
+HORIZON_WARN_FACTOR = 4
 
 
 def forecast_series(model, dataset, history=None, *, end: int | None = None, horizon: int | None = None):
@@ -113,6 +118,11 @@ def _horizon(model, dataset, horizon) -> tuple[int, dict]:
     except (TypeError, ValueError):
         any_horizon = False
     if any_horizon:
+        if horizon > HORIZON_WARN_FACTOR * dataset.pred_len:
+            warnings.warn(f"forecast: `horizon`={horizon} is {horizon / dataset.pred_len:.0f}x the horizon the model "
+                          f"was trained for (pred_len={dataset.pred_len}); a generated forecast compounds its errors "
+                          f"step by step, so beyond {HORIZON_WARN_FACTOR}x it is mostly the model's own drift",
+                          stacklevel=3)
         return int(horizon), {"pred_len": int(horizon)}
     if horizon != dataset.pred_len:
         name = getattr(model, "config", {}).get("name", type(model).__name__)
@@ -251,7 +261,11 @@ def forecast_checkpoint(checkpoint, *, config=None, data: str | None = None, dat
 
 def forecast_main(argv: Sequence[str] | None = None) -> int:
     """``hoformer forecast``: forecast the steps after the end of a series with a trained forecaster (CSV out)."""
-    p = argparse.ArgumentParser(prog="hoformer forecast", description=__doc__.split("\n\n")[1],
+    import re
+
+    text = __doc__.split("\n\n")[1].replace("::", ":")
+    text = re.sub(r":\w+:`~?([^`]+)`", r"\1", text).replace("``", "")  # reST roles and literals as plain text
+    p = argparse.ArgumentParser(prog="hoformer forecast", description=text,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", "--ckpt", required=True, help="Lightning .ckpt or save_pretrained folder")
     p.add_argument("--config", help="LightningCLI YAML whose `data` section gives the LTSF data (default: the "
