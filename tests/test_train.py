@@ -1213,3 +1213,47 @@ def test_forecast_and_analyze_refuse_a_checkpoint_on_other_data(signed_ckpt):
         checkpoint_datamodule(info, data="test_train._SignedData", data_args=other, allow_data_mismatch=True)
     same = {"signature": {"file": "a.csv", "num_variates": 3}}
     assert checkpoint_datamodule(info, data="test_train._SignedData", data_args=same).signature == same["signature"]
+
+
+def test_warmup_ratio_is_a_fraction_of_the_run_and_a_warmup_longer_than_the_run_is_warned_about():
+    """A fixed warm-up longer than a small run (123 steps of a 114-step run) never lets the learning rate peak; a
+    warmup_ratio scales with the run."""
+    from hoformer.train.optim import configure_optimization
+
+    def lrs(opt, total):
+        out = configure_optimization(opt, torch.nn.Linear(2, 2), total)
+        sched, rates = out["lr_scheduler"]["scheduler"], []
+        for _ in range(total):
+            rates.append(sched.get_last_lr()[0])
+            out["optimizer"].step()
+            sched.step()
+        return rates
+
+    rates = lrs(Optimization(lr=1.0, warmup_ratio=0.1), 114)
+    assert max(rates) == pytest.approx(1.0) and rates.index(max(rates)) == 10  # 11 warm-up steps = 10 % of 114
+    with pytest.warns(UserWarning, match=r"warmup_steps=123 is not shorter than the run \(114 optimiser steps\)"):
+        assert max(lrs(Optimization(lr=1.0, warmup_steps=123), 114)) < 1.0
+    with pytest.raises(ValueError, match="not both"):
+        Optimization(warmup_steps=10, warmup_ratio=0.1)
+    with pytest.raises(ValueError, match=r"`warmup_ratio` must be a fraction in \[0, 1\)"):
+        Optimization(warmup_ratio=1.5)
+
+
+def test_balanced_class_weights_are_printed(capsys):
+    task = ClassificationTask(create_model("hot_volume_classifier", num_classes=2, input_size=8, patch_size=4, dim=16,
+                                           depth=1, num_heads=2), class_weight="balanced")
+    x = torch.zeros(8, 1, 8, 8, 8)
+    y = torch.tensor([0, 0, 0, 0, 0, 0, 1, 1])
+    w = task._count_balanced(DataLoader(TensorDataset(x, y), batch_size=4))
+    assert w.tolist() == pytest.approx([8 / 12, 8 / 4])
+    assert "class_weight='balanced': training label counts [6, 2] -> cross-entropy weights [0.6667, 2.0]" \
+        in capsys.readouterr().err
+
+
+def test_classification_can_select_its_best_checkpoint_on_balanced_accuracy():
+    model = lambda: create_model("hot_volume_classifier", num_classes=2, input_size=8, patch_size=4, dim=16,  # noqa
+                                 depth=1, num_heads=2)
+    assert ClassificationTask(model()).selection == ("val/auc", "max")
+    assert ClassificationTask(model(), select_on="val/bacc").selection == ("val/bacc", "max")
+    with pytest.raises(ValueError, match="`select_on` must be"):
+        ClassificationTask(model(), select_on="val/loss")

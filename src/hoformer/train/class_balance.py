@@ -123,7 +123,13 @@ class ClassWeighting:
                              "no training data is attached (fit first, or pass explicit weights)")
         with torch.random.fork_rng(devices=[]):  # counting must not move the RNG of the run
             counts = count_labels(loader, self._train_labels, int(self.num_classes))
-        return balanced_class_weights(counts)
+        weights = balanced_class_weights(counts)
+        if trainer is None or trainer.is_global_zero:
+            import sys
+
+            print(f"{type(self).__name__}: class_weight='balanced': training label counts {counts.tolist()} -> "
+                  f"cross-entropy weights {[round(w, 4) for w in weights.tolist()]}", file=sys.stderr)
+        return weights
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import numpy as np
@@ -268,7 +268,8 @@ class ClassificationTask(ClassWeighting, _HotTask):
     """3D image classification (MedMNIST3D): ``x (B, 1, D, H, W) -> logits (B, num_classes)``; labels ``(B,)`` or
     ``(B, 1)``. Logs ``{stage}/auc`` (macro one-vs-rest; binary: AUC of class 1), ``{stage}/acc`` and
     ``{stage}/bacc`` (balanced accuracy). ``class_weight``: None, ``"balanced"`` or one weight per class for the
-    cross-entropy (:mod:`hoformer.train.class_balance`)."""
+    cross-entropy (:mod:`hoformer.train.class_balance`). ``select_on``: the validation metric the best checkpoint is
+    selected on (the MedMNIST protocol: ``val/auc``; ``val/bacc`` for imbalanced classes)."""
 
     selection = ("val/auc", "max")
     default_optim = Optimization(lr=2e-4, weight_decay=0.1)  # when `optim` is None
@@ -279,8 +280,13 @@ class ClassificationTask(ClassWeighting, _HotTask):
         optim: Optimization | None = Optimization(lr=2e-4, weight_decay=0.1),
         label_smoothing: float = 0.0,
         class_weight: str | list[float] | None = None,
+        select_on: Literal["val/auc", "val/acc", "val/bacc"] = "val/auc",
     ) -> None:
+        if select_on not in ("val/auc", "val/acc", "val/bacc"):
+            raise ValueError(f"ClassificationTask: `select_on` must be 'val/auc', 'val/acc' or 'val/bacc', got "
+                             f"{select_on!r}")
         super().__init__(model, optim)
+        self.selection = (select_on, "max")
         self.num_classes = n = self._model_classes()
         self._init_class_weight(class_weight, n)
         # validate_args=False: check_labels has validated the labels, and torchmetrics' own check (torch.unique +
