@@ -1257,3 +1257,24 @@ def test_classification_can_select_its_best_checkpoint_on_balanced_accuracy():
     assert ClassificationTask(model(), select_on="val/bacc").selection == ("val/bacc", "max")
     with pytest.raises(ValueError, match="`select_on` must be"):
         ClassificationTask(model(), select_on="val/loss")
+
+
+def test_a_run_off_a_terminal_prints_one_line_per_epoch_and_no_advertisement(tmp_path):
+    """Without a progress bar on a terminal (a log file, CI), each training epoch prints one line; Lightning's
+    advertising tip and its LeafSpec deprecation warning are not shown (a fresh process: pytest resets warnings)."""
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import lightning.pytorch as pl
+        from lightning.pytorch.loggers import CSVLogger
+        from test_train import _SignedData, _tiny_task
+        pl.Trainer(default_root_dir={str(tmp_path)!r}, accelerator="cpu", devices=1, max_epochs=2,
+                   logger=CSVLogger({str(tmp_path)!r}), num_sanity_val_steps=0).fit(_tiny_task(), _SignedData({{}}))
+    """)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-W", "default", "-c", script], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("epoch ")]
+    assert len(lines) == 2 and lines[0].startswith("epoch 1/2: ") and "train/loss" in lines[0] and "val/mae" in lines[0]
+    assert "Tip" not in out.stderr + out.stdout and "LeafSpec" not in out.stderr, out.stderr[-2000:]

@@ -20,6 +20,9 @@ it. Lightning is optional (``hoformer[train]``): nothing here imports it at modu
 * :func:`separate_last_checkpoint` - Lightning >= 2.6 writes ``ModelCheckpoint(save_last=True)``'s ``last.ckpt``
   only together with a new top-k checkpoint (and with ``save_top_k=0`` only when training ends), so the file a
   resume needs is written by a second ``ModelCheckpoint`` (``filename="last"``) every epoch.
+* :func:`quiet_lightning` - Lightning 2.6 logs an advertisement (``💡 Tip: ... litlogger / litmodels``) on every
+  run, and its ``_pytree`` builds ``torch.utils._pytree.LeafSpec``, which torch >= 2.10 deprecates with a
+  ``FutureWarning`` on every run (lightning 2.6, torch 2.10-2.13); both are filtered (nothing else is).
 * :func:`load_train_data_early` - a task that needs its training labels before the first epoch (balanced class
   weights counted during the sanity check) loads the training data as Lightning's own
   ``Trainer.estimated_stepping_batches`` does (``fit_loop.setup_data()``; lightning 2.0-2.6).
@@ -32,7 +35,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 __all__ = ["sync_dist_batch_size", "DeferredStartLoader", "trainer_eval_sampler", "install_checkpoint_io",
-           "separate_last_checkpoint", "load_train_data_early"]
+           "separate_last_checkpoint", "load_train_data_early", "quiet_lightning"]
 
 
 def sync_dist_batch_size(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -149,3 +152,23 @@ def load_train_data_early(trainer) -> None:
     epoch)."""
     if trainer.train_dataloader is None and trainer.state.fn == "fit":
         trainer.fit_loop.setup_data()
+
+
+class _DropAdvertisement:
+    """``logging.Filter`` dropping Lightning's advertising tips (``💡 Tip: ...``)."""
+
+    def filter(self, record) -> bool:
+        return not str(record.getMessage()).startswith("💡 Tip:")
+
+
+def quiet_lightning() -> None:
+    """Filter Lightning's advertising tips and the ``LeafSpec`` deprecation warning of its ``_pytree``. Idempotent."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero",
+                 "lightning_utilities.core.rank_zero"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropAdvertisement) for f in logger.filters):
+            logger.addFilter(_DropAdvertisement())

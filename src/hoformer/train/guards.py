@@ -7,6 +7,8 @@ checkpoint save left behind (checkpoints are read by :mod:`hoformer.checkpoint`,
 * :class:`CleanStaleTempFiles` - at the start of ``fit``, removes the hidden temporary files of interrupted
   checkpoint writes (:func:`hoformer._io.stale_temp_files`: only ``.<name>.ckpt.<8 chars>.tmp``) from the
   checkpoint directories. Every :class:`~hoformer.train.TaskModule` adds one too.
+* :class:`EpochSummary` - one line per training epoch on stderr (losses and validation metrics, time) when no
+  progress bar is drawn on a terminal (logs, CI, ``nohup``). Every :class:`~hoformer.train.TaskModule` adds one too.
 * :func:`hold_run_folder` - one ``fit`` per run folder: refuses a folder another live run holds (``.hoformer.lock``
   with its host and pid; a lock whose process is gone is stale and taken over) and a finished run's folder unless
   resuming or told to overwrite (``hoformer fit --overwrite true``).
@@ -25,7 +27,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-__all__ = ["hold_run_folder", "RunFolderError", "NonFiniteError", "NonFiniteGuard", "CleanStaleTempFiles", "default_callbacks"]
+__all__ = ["EpochSummary", "hold_run_folder", "RunFolderError", "NonFiniteError", "NonFiniteGuard", "CleanStaleTempFiles", "default_callbacks"]
 
 
 # --------------------------------------------------------------------------------------------- non-finite
@@ -190,11 +192,40 @@ class CleanStaleTempFiles(pl.Callback):
                 print(f"hoformer: removed {p}, left by an interrupted checkpoint save", file=sys.stderr)
 
 
+class EpochSummary(pl.Callback):
+    """One line per training epoch on stderr (global rank 0): the epoch, the epoch means of the logged losses and
+    validation metrics, and the epoch's wall time; printed when no progress bar is drawn on a terminal (stderr not a
+    terminal, or ``enable_progress_bar=False``), where a run would otherwise print nothing for minutes."""
+
+    def __init__(self, always: bool = False) -> None:
+        self.always = always
+        self._t0 = 0.0
+
+    def _quiet(self, trainer) -> bool:
+        return not self.always and trainer.progress_bar_callback is not None and sys.stderr.isatty()
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._t0 = time.time()
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if not trainer.is_global_zero or trainer.sanity_checking or self._quiet(trainer):
+            return
+        metrics = {k: v for k, v in trainer.callback_metrics.items()
+                   if not k.endswith("_step") and (k.startswith("val/") or k.endswith("loss") or k.endswith("_epoch"))}
+        shown = " ".join(f"{k.removesuffix('_epoch')} {float(v):.4g}" for k, v in sorted(metrics.items())
+                         if getattr(v, "numel", lambda: 1)() == 1)
+        total = f"/{trainer.max_epochs}" if trainer.max_epochs and trainer.max_epochs > 0 else ""
+        print(f"epoch {trainer.current_epoch + 1}{total}: {shown} ({time.time() - self._t0:.0f} s)",
+              file=sys.stderr, flush=True)
+
+
 def default_callbacks(trainer: pl.Trainer | None) -> list[pl.Callback]:
-    """The callbacks every :class:`~hoformer.train.TaskModule` adds to its trainer: a :class:`NonFiniteGuard` and a
-    :class:`CleanStaleTempFiles`, each unless the trainer already has one (the user's then applies)."""
+    """The callbacks every :class:`~hoformer.train.TaskModule` adds to its trainer: a :class:`NonFiniteGuard`, a
+    :class:`CleanStaleTempFiles` and an :class:`EpochSummary`, each unless the trainer already has one (the user's
+    then applies)."""
     have = list(getattr(trainer, "callbacks", None) or [])
-    return [cls() for cls in (NonFiniteGuard, CleanStaleTempFiles) if not any(isinstance(c, cls) for c in have)]
+    return [cls() for cls in (NonFiniteGuard, CleanStaleTempFiles, EpochSummary)
+            if not any(isinstance(c, cls) for c in have)]
 
 
 # ---------------------------------------------------------------------------------------------- run folders
