@@ -428,10 +428,12 @@ def demo(argv: list[str]) -> int:
     p.add_argument("--max-minutes", type=float, default=2.5, help="wall-clock budget of the training loop")
     p.add_argument("--limit-train-batches", type=float, default=1.0)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    p.add_argument("--threads", type=int, default=int(omp) if omp.isdigit() and int(omp) > 0 else min(2, os.cpu_count() or 1),
+                   help="CPU threads (default: OMP_NUM_THREADS when set, else 2)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-download", action="store_true", help="do not try the checksummed ETT download when the data "
-                   "folder lacks the dataset")
+    p.add_argument("--download", action="store_true", help="when the data folder lacks the dataset, try the "
+                   "checksummed ETT download into $HOFORMER_CACHE (default: nothing is downloaded)")
     p.add_argument("--download-timeout", type=float, default=15.0, help="seconds (default 15)")
     a = p.parse_args(argv)
 
@@ -451,8 +453,8 @@ def demo(argv: list[str]) -> int:
     target = "ETTh1" if name == "auto" else name
     root = None if name == "synthetic" else _demo_data_root(target)
     where = os.environ.get("HOFORMER_DATA") or "../shared/data"
-    why = f"{target} is not under {where}/ltsf"
-    if root is None and name != "synthetic" and not a.no_download:
+    why = f"{target} is not under {where}/ltsf" + ("" if a.download else "; --download fetches the ETT files")
+    if root is None and name != "synthetic" and a.download:
         print(f"hoformer demo: {why}; trying the checksummed download (timeout {a.download_timeout:g} s)")
         root, failed = _download_demo_data(target, a.download_timeout)
         why = failed or why
