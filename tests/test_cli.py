@@ -500,7 +500,7 @@ def test_ckpt_path_best_falls_back_to_the_newest_best_checkpoint(tmp_path):
     cb = ModelCheckpoint(dirpath=tmp_path, monitor="val/mae")
     ns = SimpleNamespace(subcommand="test", config_init={"test": {"ckpt_path": "best"}},
                          trainer=SimpleNamespace(checkpoint_callback=cb))
-    cli._lightning_cli()._resolve_best(ns)
+    cli.HoformerCLI._resolve_best(ns)
     assert ns.config_init["test"]["ckpt_path"] == str(paths[-1])
 
 
