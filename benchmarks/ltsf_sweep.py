@@ -70,7 +70,7 @@ def run_one(name: str, args, exp: list[str] | None = None, root: Path | None = N
     if exp is not None:
         root = Path(root)
     elif name.endswith(".yaml"):
-        from hoformer.cli import resolve_config
+        from hoformer.config import resolve_config
 
         cfg = resolve_config(name)
         root = Path(cfg["trainer"]["default_root_dir"])

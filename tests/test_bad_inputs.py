@@ -699,3 +699,8 @@ def test_a_generated_forecast_far_beyond_the_trained_horizon_is_warned_about():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _horizon(model, data, HORIZON_WARN_FACTOR * 8)  # up to the documented multiple: no warning
+
+
+def test_export_output_that_is_a_directory_is_one_line(tmp_path):
+    err = _cli_err(["export", "--checkpoint", str(pretrained_dir(tmp_path)), "--output", str(tmp_path)])
+    assert "--output" in err and "is a directory" in err

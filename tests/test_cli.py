@@ -16,6 +16,8 @@ import torch
 import yaml
 
 from hoformer import cli
+from hoformer.config import _bases, expand_configs, resolve_config
+from hoformer.lightning_cli import _recorded_best
 from hoformer.data import LTSF_DATASETS, MEDMNIST3D_INFO, NLCD_CLASSES, CDL_CLASSES
 from hoformer.models import create_model, from_pretrained
 
@@ -144,11 +146,11 @@ def test_configs_compose_from_a_shared_trainer():
     no output path appears in a config except the one ``trainer.default_root_dir``."""
     assert len(CONFIGS) <= 40 and sum(len(p.read_text().splitlines()) for p in CONFIGS) <= 1200
     for path in CONFIGS:
-        chain = cli._bases(path)
+        chain = _bases(path)
         assert chain[-1] == str(path) and (path.name == "trainer.yaml" or chain[0].endswith("configs/trainer.yaml"))
         text = path.read_text()
         assert text.count("runs/") <= 1 + text.count("/pretrained"), path  # teacher inputs are the only other paths
-        is_protocol = any(cli._bases(other)[-2:-1] == [str(path)] for other in CONFIGS if other != path)
+        is_protocol = any(_bases(other)[-2:-1] == [str(path)] for other in CONFIGS if other != path)
         if not is_protocol and path.name != "trainer.yaml":
             assert len(text.splitlines()) <= SMALL, f"{path}: an experiment file holds only what differs"
 
@@ -232,7 +234,7 @@ def test_fit_help_shows_typed_model_arguments_under_names_that_work(capsys):
     assert not re.search(r"--model\.(?!model\.)\w", out), "an option printed without its `model.model.` path"
     printed = sorted(set(re.findall(r"--model\.model\.(\w+) \{true,false\}", out)))
     assert len(printed) >= 5
-    cfg = cli.resolve_config(REPO / "configs/hot/ltsf/etth1_96_96_hot_product.yaml",
+    cfg = resolve_config(REPO / "configs/hot/ltsf/etth1_96_96_hot_product.yaml",
                              [f"--model.model.{k}=true" for k in printed] + ["--model.model.dim=32"])
     model = cfg["model"]["init_args"]["model"]["init_args"]
     assert model["dim"] == 32 and all(model[k] is True for k in printed)
@@ -259,7 +261,7 @@ def test_help_and_errors_say_what_to_do(capsys):
 def test_misspelled_model_argument_fails_at_parse_time_naming_the_valid_ones(config, model, first, capsys):
     cfg = str(REPO / "configs" / config)
     with pytest.raises(SystemExit) as e:
-        cli.main(["fit", *cli.expand_configs(["--config", cfg]), "--model.model.init_args.dimm=3"])
+        cli.main(["fit", *expand_configs(["--config", cfg]), "--model.model.init_args.dimm=3"])
     assert e.value.code not in (0, None)
     err = capsys.readouterr().err
     assert f"hoformer.models.{model} has no argument 'dimm': did you mean 'dim'?" in err
@@ -279,13 +281,13 @@ def test_one_data_override_switches_to_another_csv(tmp_path, monkeypatch, capsys
     cfg = str(REPO / "configs" / "hot" / "ltsf_cpu" / "etth1_96_96_hot_product.yaml")
     quick = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
              "--trainer.limit_test_batches=1", "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}/r"]
-    obj = cli.HoformerCLI(args=[*cli.expand_configs(["--config", cfg]), f"--data.name={csv}", *quick], run=False)
+    obj = cli.HoformerCLI(args=[*expand_configs(["--config", cfg]), f"--data.name={csv}", *quick], run=False)
     assert obj.model.model.config["kwargs"]["num_variates"] == 5 == obj.datamodule.num_variates
     import pandas as pd
 
     columns = [c for c in pd.read_csv(csv, nrows=0).columns if c != "date"]  # the forecast plots' panel labels
     assert obj.model.hparams.variate_names == columns == obj.datamodule.variate_names and len(columns) == 5
-    assert cli.main(["fit", *cli.expand_configs(["--config", cfg]), f"--data.name={csv}", *quick]) == 0
+    assert cli.main(["fit", *expand_configs(["--config", cfg]), f"--data.name={csv}", *quick]) == 0
     assert (tmp_path / "r" / "checkpoints" / "last.ckpt").is_file()
     assert cli.main(["test", "--config", cfg, f"--data.name={csv}", *quick, "--ckpt_path", "best"]) == 0
 
@@ -302,13 +304,13 @@ def test_text_max_len_vocab_and_pad_come_from_the_datamodule(tmp_path, capsys):
     data = [f"--data.init_args.root={tmp_path}", "--data.init_args.verify=false", "--data.init_args.vocab_size=120",
             f"--trainer.default_root_dir={tmp_path}/r"]
     for max_len in (64, 40):
-        obj = cli.HoformerCLI(args=[*cli.expand_configs(["--config", cfg]), *data, f"--data.init_args.max_len={max_len}"],
+        obj = cli.HoformerCLI(args=[*expand_configs(["--config", cfg]), *data, f"--data.init_args.max_len={max_len}"],
                               run=False)
         kw = obj.model.model.config["kwargs"]
         assert kw["max_len"] == obj.datamodule.max_len == max_len
         assert (kw["vocab_size"], kw["pad_id"], kw["num_classes"]) == (120, obj.datamodule.tokenizer.pad_id, 6)
     with pytest.raises(SystemExit) as e:
-        cli.main(["fit", *cli.expand_configs(["--config", cfg]), *data, "--model.model.init_args.max_len=128"])
+        cli.main(["fit", *expand_configs(["--config", cfg]), *data, "--model.model.init_args.max_len=128"])
     assert e.value.code not in (0, None)
     err = capsys.readouterr().err
     assert "max_len=128 (the datamodule's `max_len`) is determined by the data" in err
@@ -333,7 +335,7 @@ def test_test_command_loads_a_checkpoint_of_the_earlier_layout(tmp_path, monkeyp
                                 **{k: optim[k] for k in ("lr", "weight_decay", "betas", "warmup_steps")}}
     ckpt["state_dict"] = {k: 2 * v if v.is_floating_point() else v for k, v in ckpt["state_dict"].items()}
     torch.save(ckpt, tmp_path / "old.ckpt")
-    obj = cli.HoformerCLI(args=[*cli.expand_configs(["--config", cfg]), *over], run=False)
+    obj = cli.HoformerCLI(args=[*expand_configs(["--config", cfg]), *over], run=False)
     obj.trainer.test(obj.model, obj.datamodule, ckpt_path=str(tmp_path / "old.ckpt"), verbose=False)
     for k, v in obj.model.state_dict().items():
         if k.startswith("model."):
@@ -405,13 +407,13 @@ def test_cli_writes_checkpoints_atomically_without_a_config_plugin(tmp_path):
 
 
 def test_recorded_best_falls_back_when_last_ckpt_is_missing_or_stale(tmp_path):
-    assert cli._recorded_best(tmp_path / "last.ckpt", "ModelCheckpoint{}") is None
+    assert _recorded_best(tmp_path / "last.ckpt", "ModelCheckpoint{}") is None
     torch.save({"callbacks": {"K": {"best_model_path": str(tmp_path / "gone.ckpt")}}}, tmp_path / "last.ckpt")
-    assert cli._recorded_best(tmp_path / "last.ckpt", "K") is None  # the recorded file was deleted: fall back
+    assert _recorded_best(tmp_path / "last.ckpt", "K") is None  # the recorded file was deleted: fall back
     (tmp_path / "b.ckpt").write_bytes(b"x")
     torch.save({"callbacks": {"K": {"best_model_path": str(tmp_path / "b.ckpt")}}}, tmp_path / "last.ckpt")
-    assert cli._recorded_best(tmp_path / "last.ckpt", "K") == str(tmp_path / "b.ckpt")
-    assert cli._recorded_best(tmp_path / "last.ckpt", "other") is None
+    assert _recorded_best(tmp_path / "last.ckpt", "K") == str(tmp_path / "b.ckpt")
+    assert _recorded_best(tmp_path / "last.ckpt", "other") is None
 
 
 def test_test_best_without_checkpoint_is_clear(tmp_path, monkeypatch):
@@ -559,7 +561,7 @@ def test_every_committed_config_resolves_to_its_earlier_effective_configuration(
     monkeypatch.chdir(REPO)
     found = sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").rglob("*.yaml") if p.name != "trainer.yaml")
     assert found == sorted(RESOLVED_DIGESTS)
-    changed = [name for name in found if _digest(cli.resolve_config(name)) != RESOLVED_DIGESTS[name]]
+    changed = [name for name in found if _digest(resolve_config(name)) != RESOLVED_DIGESTS[name]]
     assert not changed, changed
 
 
@@ -568,16 +570,16 @@ def test_composed_configs_add_to_the_shared_callbacks_instead_of_repeating_them(
     for name, added in [("configs/hot/ltsf_cpu.yaml", "EarlyStopping"), ("configs/weaver/paper.yaml", "EarlyStopping")]:
         own = yaml.safe_load((REPO / name).read_text())["trainer"]
         assert "callbacks" not in own and [c["class_path"].rsplit(".", 1)[-1] for c in own["callbacks+"]] == [added]
-        resolved = [c["class_path"] for c in cli.resolve_config(REPO / name)["trainer"]["callbacks"]]
+        resolved = [c["class_path"] for c in resolve_config(REPO / name)["trainer"]["callbacks"]]
         assert resolved == shared + [f"lightning.pytorch.callbacks.{added}"]
     # an experiment two levels down inherits both lists; an override on top applies last
-    cfg = cli.resolve_config(REPO / "configs/hot/ltsf_cpu/etth1_96_720_joint.yaml", ["--trainer.max_epochs=2"])
+    cfg = resolve_config(REPO / "configs/hot/ltsf_cpu/etth1_96_720_joint.yaml", ["--trainer.max_epochs=2"])
     assert [c["class_path"].rsplit(".", 1)[-1] for c in cfg["trainer"]["callbacks"]][-1] == "EarlyStopping"
     assert cfg["trainer"]["max_epochs"] == 2 and cfg["data"]["init_args"]["pred_len"] == 720
 
 
 def test_build_datamodule_reads_a_config_with_its_bases():
-    from hoformer.checkpoint import build_datamodule
+    from hoformer.config import build_datamodule
 
     dm = build_datamodule(config=REPO / "configs/hot/ltsf/etth1_96_96_hot_product.yaml", data_args={"synthetic": True})
     assert (type(dm).__name__, dm.seq_len, dm.pred_len) == ("LTSFDataModule", 96, 96)
@@ -587,11 +589,11 @@ def test_tuning_variants_are_override_lists_that_resolve():
     """benchmarks/ltsf_tune.py: each variant is a list of `hoformer fit` overrides on the committed experiment, read
     by the same resolver as the CLI (an EMA callback is added to the config's callbacks, not put in their place)."""
     tune = _import_file(REPO / "benchmarks" / "ltsf_tune.py")
-    shared = [c["class_path"] for c in cli.resolve_config(REPO / "configs/hot/ltsf_cpu.yaml")["trainer"]["callbacks"]]
+    shared = [c["class_path"] for c in resolve_config(REPO / "configs/hot/ltsf_cpu.yaml")["trainer"]["callbacks"]]
     for variant in ("grid", "reg", "ema_seed2025", "ema_official"):
         run, args = tune.variant_runs("etth1", "hot_product", variant)[-1]
         assert args[0] == "--config" and args[-1] == f"--trainer.default_root_dir={run}"
-        cfg = cli.resolve_config(REPO / args[1], args[2:])
+        cfg = resolve_config(REPO / args[1], args[2:])
         assert cfg["trainer"]["default_root_dir"] == run and cfg["data"]["init_args"]["pred_len"] == 720
         callbacks = cfg["trainer"]["callbacks"]
         assert [c["class_path"] for c in callbacks[:len(shared)]] == shared

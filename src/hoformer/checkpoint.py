@@ -1,5 +1,5 @@
-"""Reading checkpoints: the one place that opens Lightning checkpoints (``torch.load``) and ``save_pretrained``
-folders, used by the tasks' resumes, the CLI, ``hoformer analyze`` / ``forecast`` / ``export`` and the Python API.
+"""Reading checkpoints: the one place that opens Lightning checkpoints and ``save_pretrained`` folders (its
+:func:`read_checkpoint` is :func:`hoformer._io.read_checkpoint`, the package's one ``torch.load``), used by the tasks' resumes, the CLI, ``hoformer analyze`` / ``forecast`` / ``export`` and the Python API.
 
 * :func:`read_checkpoint` - ``torch.load(..., weights_only=True)`` always (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` cannot
   turn it off: an explicit ``weights_only=True`` wins over it); a missing, truncated or unreadable file, a device
@@ -12,83 +12,26 @@ folders, used by the tasks' resumes, the CLI, ``hoformer analyze`` / ``forecast`
 * :func:`model_spec` - the registered model name and constructor arguments a checkpoint's hyper-parameters record.
   Every layout hoformer has written is read: ``model_name`` / ``model_kwargs`` (tasks configured by registry name)
   and ``model_config`` (tasks given a model instance: its ``config``, ``{"name", "kwargs"}``).
-* :func:`build_datamodule`, :func:`checkpoint_datamodule` - the datamodule a checkpoint was trained on (from a
-  config, resolved as ``hoformer fit`` resolves it, a class path, or what the checkpoint / its run folder stored).
-* :func:`check_checkpoint_data` - refuse data other than the checkpoint's (its ``data_signature``).
+* :func:`check_model_state`, :func:`check_checkpoint_data` - refuse a restore into another model configuration, or
+  onto data other than the checkpoint's (its ``data_signature``).
+
+The datamodule a checkpoint was trained on is built by :mod:`hoformer.config` (``checkpoint_datamodule``).
 """
 from __future__ import annotations
 
-import importlib
-import os
-import pickle
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["CheckpointError", "MissingCheckpointError", "read_checkpoint", "read_lightning_checkpoint", "model_state", "load_checkpoint", "model_spec",
-           "build_datamodule", "checkpoint_datamodule", "check_checkpoint_data", "find_run_file"]
+from hoformer._io import CheckpointError, MissingCheckpointError, check_device, read_checkpoint
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot serve the request: unreadable, not a Lightning checkpoint, of another model
-    configuration, trained on other data, or not there (``--ckpt_path best`` of a run that saved none)."""
-
-
-class MissingCheckpointError(CheckpointError, FileNotFoundError):
-    """No checkpoint where one was asked for."""
-
+__all__ = ["CheckpointError", "MissingCheckpointError", "check_device", "read_checkpoint", "read_lightning_checkpoint",
+           "model_state", "load_checkpoint", "model_spec", "check_model_state", "data_signature",
+           "check_checkpoint_data"]
 
 #: the key under which a task stores its datamodule's ``data_signature()`` in a checkpoint
 DATA_SIGNATURE_KEY = "hoformer_data_signature"
-
-
-def check_device(map_location: Any, fn: str) -> None:
-    """A ``map_location`` / ``--device`` that names a device this machine lacks (``"cuda:7"`` on a one-GPU or CPU-only
-    machine) raises a ``ValueError`` naming the argument, before any file is read (torch would blame the file)."""
-    if not isinstance(map_location, (str, torch.device)):
-        return  # a dict / function / None: torch's own semantics
-    try:
-        dev = torch.device(map_location)
-    except (RuntimeError, ValueError) as e:
-        raise ValueError(f"{fn}: device {str(map_location)!r} is not a device name (expected 'cpu', 'cuda', "
-                         f"'cuda:0', 'mps', ...): {e}") from e
-    if dev.type == "cuda":
-        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if n == 0 or (dev.index is not None and dev.index >= n):
-            have = "no CUDA device" if n == 0 else f"{n} CUDA device(s) (cuda:0..cuda:{n - 1})"
-            raise ValueError(f"{fn}: device {str(map_location)!r} does not exist on this machine, which has {have}; "
-                             "pass 'cpu' or an existing device")
-    elif dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ValueError(f"{fn}: device {str(map_location)!r} is not available on this machine; pass 'cpu'")
-
-
-def read_checkpoint(path, map_location: Any = "cpu", *, fn: str = "read_checkpoint", what: str = "checkpoint",
-                    mmap: bool = False) -> Any:
-    """``torch.load(path, map_location, weights_only=True)`` with errors that name the file: ``FileNotFoundError``
-    (missing), ``IsADirectoryError`` (a directory), ``ValueError`` (empty, truncated or not a PyTorch file; a device
-    that does not exist) and ``pickle.UnpicklingError`` (a pickle that needs more than tensors and plain containers:
-    refused, never run). ``what`` names the kind of file in the messages."""
-    p = Path(os.fspath(path))
-    if not p.exists():
-        raise MissingCheckpointError(f"{fn}: {what} file {str(p)!r} not found")
-    if p.is_dir():
-        raise IsADirectoryError(f"{fn}: {what} {str(p)!r} is a directory; expected a .ckpt file (a "
-                                "save_pretrained folder loads with hoformer.models.from_pretrained)")
-    check_device(map_location, fn)
-    size = p.stat().st_size
-    try:
-        return torch.load(p, map_location=map_location, weights_only=True, mmap=mmap)
-    except pickle.UnpicklingError as e:
-        if "global" not in str(e).lower():  # refusals name the global; bad bytes ("Unsupported operand"): wrong file
-            raise CheckpointError(f"{fn}: cannot read {what} {str(p)!r} ({size} bytes): it is not a PyTorch file "
-                             f"(UnpicklingError: {str(e).splitlines()[0][:200]})") from e
-        raise pickle.UnpicklingError(
-            f"{fn}: {what} {str(p)!r} holds objects other than tensors and plain containers; it is refused "
-            f"(weights_only=True; only load files you trust with a plain torch.load): {e}") from e
-    except Exception as e:  # noqa: BLE001 - torch raises many types (RuntimeError, EOFError, KeyError...) on bad bytes
-        detail = str(e).split(". ")[0]  # torch's miniz errors run on for several sentences
-        raise CheckpointError(f"{fn}: cannot read {what} {str(p)!r} ({size} bytes): the file is empty, truncated or "
-                         f"not a PyTorch file ({type(e).__name__}: {detail})") from e
 
 
 def read_lightning_checkpoint(path, map_location: Any = "cpu", *, fn: str = "read_checkpoint",
@@ -255,66 +198,3 @@ def check_checkpoint_data(saved: dict | None, datamodule, *, where: str = "check
         raise CheckpointError(f"{where} was trained on other data than this run's {type(datamodule).__name__}: {e}. "
                          f"Use the data the checkpoint was trained on, or, to evaluate it on these data anyway, "
                          f"{override}") from e
-
-
-def _instantiate(class_path: str, init_args: dict):
-    mod, _, name = class_path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(mod), name)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise ValueError(f"build_datamodule: cannot import datamodule class {class_path!r} ({e})") from e
-    return cls(**{k: v for k, v in init_args.items() if not k.startswith("_")})
-
-
-def build_datamodule(*, config=None, data: str | None = None, data_args: dict | None = None,
-                     stored: dict | None = None):
-    """A datamodule from a LightningCLI YAML ``config`` (its ``data`` section, resolved by
-    :func:`hoformer.cli.resolve_config` as ``hoformer fit`` resolves it), a class path ``data`` with ``data_args``, or
-    the ``datamodule_hyper_parameters`` stored in a checkpoint (with ``_class_path``)."""
-    overrides = dict(data_args or {})
-    if config is not None:
-        from hoformer.cli import resolve_config
-
-        sec = resolve_config(config, partial=True).get("data")  # the bases it extends included, as `hoformer fit` reads it
-        if not isinstance(sec, dict) or not sec.get("class_path"):
-            raise ValueError(f"build_datamodule: config {str(config)!r} has no `data: {{class_path: ..., init_args: "
-                             "...}` section (nor do the configs it extends)")
-        return _instantiate(sec["class_path"], {**(sec.get("init_args") or {}), **overrides})
-    if data is not None:
-        return _instantiate(data, overrides)
-    if stored and stored.get("_class_path"):
-        return _instantiate(stored["_class_path"], {**stored, **overrides})
-    raise ValueError("build_datamodule: no data given: pass --config CONFIG.yaml (LightningCLI config with a `data` "
-                     "section) or --data CLASS_PATH [--data-args JSON]; the checkpoint stores no datamodule class")
-
-
-def checkpoint_datamodule(info: dict, *, config=None, data: str | None = None, data_args: dict | None = None,
-                          allow_data_mismatch: bool = False, override: str = "pass allow_data_mismatch=True"):
-    """The datamodule of a checkpoint loaded by :func:`load_checkpoint`: from ``config`` / ``data`` when given, else
-    the hyper-parameters stored in a Lightning checkpoint, else the ``config.yaml`` LightningCLI saved in its run
-    folder; with the state the checkpoint stored for it (e.g. the tokenizer the model was trained with). Data other
-    than the checkpoint's (its ``data_signature``) are refused unless ``allow_data_mismatch`` (then a warning);
-    ``override`` names how the caller's user sets it (:func:`check_checkpoint_data`)."""
-    stored = info["datamodule"]
-    if config is None and data is None and not (stored or {}).get("_class_path"):
-        config = find_run_file(info["run_dir"], "config.yaml") if info["kind"] == "ckpt" else None
-    dm = build_datamodule(config=config, data=data, data_args=data_args, stored=stored)
-    state = info["states"].get(type(dm).__qualname__)
-    if state and hasattr(dm, "load_state_dict"):  # before setup
-        dm.load_state_dict(state)
-    check_checkpoint_data(info.get("data_signature"), dm, where=f"checkpoint {str(info['path'])!r}",
-                          allow_mismatch=allow_data_mismatch, override=override)
-    return dm
-
-
-def find_run_file(run_dir: Path | None, name: str, accept=None) -> Path | None:
-    """Newest ``name`` under a run folder (LightningCLI writes ``config.yaml`` and CSVLogger ``metrics.csv`` into
-    ``<run>/logs/version_*``) for which ``accept(path)`` holds."""
-    if run_dir is None or not Path(run_dir).is_dir():
-        return None
-    found = [f for depth in range(4) for f in Path(run_dir).glob("/".join(["*"] * depth + [name]))]
-    found = [f for f in found if accept is None or accept(f)]
-    found.sort(key=lambda p: p.stat().st_mtime)
-    return found[-1] if found else None
-
-

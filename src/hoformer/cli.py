@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-__all__ = ["main", "register_command", "resolve_config", "COMMANDS", "HoformerCLI", "demo"]
+__all__ = ["main", "register_command", "COMMANDS", "HoformerCLI", "demo"]
 
 #: name -> (function(argv) -> exit code, one-line help)
 COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {}
@@ -57,95 +57,6 @@ def register_command(name: str, help: str = ""):
         return fn
 
     return deco
-
-
-#: model constructor arguments the data determines -> the datamodule attribute that gives them; linked by the CLI
-#: (LightningCLI ``link_arguments``, at instantiation), so a config writes them nowhere: a model that takes the
-#: argument gets the datamodule's value (a datamodule without the attribute gives ``None``)
-DATA_LINKS = {
-    "seq_len": "seq_len", "pred_len": "pred_len", "num_variates": "num_variates",  # forecasting
-    "num_nodes": "num_nodes", "window": "window", "horizon": "horizon",  # traffic
-    "in_channels": "in_channels", "input_size": "input_size", "num_classes": "num_classes",  # images, volumes
-    "vocab_size": "vocab_size", "pad_id": "pad_id", "max_len": "max_len",  # text
-}
-
-
-def _data_attr(attr: str):
-    def value(dm):
-        return getattr(dm, attr, None)
-
-    value.__name__ = f"data.{attr}"
-    return value
-
-
-def _class_parameters(path: str):
-    """The constructor parameters (``inspect.Parameter`` by name) of the class at the dotted ``class_path``, or None
-    when it cannot be imported or inspected (jsonargparse reports that itself)."""
-    import inspect
-
-    mod, _, name = path.rpartition(".")
-    try:
-        return inspect.signature(getattr(importlib.import_module(mod), name)).parameters
-    except (ImportError, AttributeError, ValueError, TypeError):
-        return None
-
-
-def _explain_unknown_option(message: str) -> str:
-    """Append the accepted arguments (and the closest one) to jsonargparse's "Option 'x' is not accepted" error of a
-    ``class_path`` (a misspelled model or task argument)."""
-    import difflib
-    import re
-
-    bad = re.search(r"Option '([^']+)' is not accepted", message)
-    paths = re.findall(r"class_path '([\w.]+)'", message[:bad.start()] if bad else "")
-    if not bad or not paths:
-        return message
-    signature = _class_parameters(paths[-1])
-    if signature is None:
-        return message
-    params = [p for p in signature if p not in ("self", "args", "kwargs")]
-    option = bad.group(1).split(".")[-1]
-    close = difflib.get_close_matches(option, params, n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    return (f"{message}\n{paths[-1]} has no argument {option!r}: {hint}its arguments are {', '.join(params)}")
-
-
-def _recorded_best(last: Path, state_key: str) -> str | None:
-    """The ``best_model_path`` that the ModelCheckpoint ``state_key`` had when ``last`` was written, if that file
-    still exists (robust to other runs' ``best-*.ckpt`` in the same directory); ``None`` otherwise."""
-    from hoformer.checkpoint import read_checkpoint
-
-    if not last.is_file():
-        return None
-    try:
-        ckpt = read_checkpoint(last, mmap=True)
-    except Exception:  # noqa: BLE001 - an unreadable last.ckpt: fall back to the glob
-        return None
-    if not isinstance(ckpt, dict):
-        return None
-    best = (ckpt.get("callbacks") or {}).get(state_key, {}).get("best_model_path")
-    return best if best and Path(best).is_file() else None
-
-
-def _explain_help_of_a_model(message: str) -> str:
-    """``--model.help hoformer.models.X`` asks for the help of a model where the task is expected: point at
-    ``--model.model.help`` (the task's ``model`` argument)."""
-    import re
-
-    m = re.search(r"--([\w.]+)\.help: \"([\w.]+)\" is not a subclass of TaskModule", message)
-    if m is None:
-        return message
-    mod, _, name = m.group(2).rpartition(".")
-    try:
-        from hoformer.models import HoformerModel
-
-        is_model = issubclass(getattr(importlib.import_module(mod), name), HoformerModel)
-    except (ImportError, AttributeError, ValueError, TypeError):
-        return message
-    if not is_model:
-        return message
-    return (f"{message}. {m.group(2)} is a model: `--{m.group(1)}` is the task (hoformer.train.ForecastingTask, ...) "
-            f"and the model is the task's `model` argument, whose help is `--{m.group(1)}.model.help {m.group(2)}`")
 
 
 def _fix_class_help(text: str, key: str) -> str:
@@ -176,46 +87,6 @@ def __getattr__(name: str):  # lazy: importing hoformer.cli must not import ligh
 
         return HoformerCLI
     raise AttributeError(name)
-
-
-_PARSER = None
-
-
-def resolve_config(config, overrides: Sequence[str] = (), *, partial: bool = False) -> dict:
-    """The effective configuration of ``hoformer fit --config CONFIG [OVERRIDES...]`` as a plain dict (``trainer``,
-    ``model``, ``data``, ``seed_everything``, ... with every default filled in), resolved by the very parser of the
-    ``fit`` / ``test`` / ... commands: the configs ``CONFIG`` extends come first, a list key written ``key+:`` extends
-    the list of the configs before it, ``--section.key=value`` overrides apply last. Nothing is instantiated.
-    Every command that takes a config (``analyze``, ``export``, ``forecast``, the benchmark launchers) reads it here.
-    A missing file, a file that is not YAML, or an invalid value raise a ``ValueError`` naming the file.
-    ``partial``: a config of some sections only (e.g. a ``data`` section for ``hoformer forecast``) is not refused for
-    the sections it lacks (their values are then not validated either)."""
-    global _PARSER
-    path = Path(config)
-    if not path.is_file():
-        raise FileNotFoundError(f"config {str(path)!r} does not exist" if not path.exists() else
-                                f"config {str(path)!r} is not a file")
-    argv = expand_configs(["fit", "--config", str(path), *overrides])
-    if _PARSER is None:
-        from hoformer.lightning_cli import HoformerCLI
-
-        _PARSER = HoformerCLI(parse_only=True).parser
-    import io
-    from contextlib import redirect_stderr
-
-    err = io.StringIO()
-    try:
-        with redirect_stderr(err):
-            ns = _PARSER.parse_args(argv, _skip_validation=partial)
-    except SystemExit:
-        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
-        msg = next((ln for ln in lines if "error:" in ln), lines[-1] if lines else "invalid config")
-        raise ValueError(f"config {str(path)!r}: {msg.split('error:', 1)[-1].strip()}") from None
-    out = ns["fit"].as_dict()
-    # the arguments of Trainer.fit and of the command, not of the configuration
-    for key in ("config", "ckpt_path", "weights_only", "overwrite", "allow_data_mismatch"):
-        out.pop(key, None)
-    return out
 
 
 def _usage() -> str:
@@ -259,67 +130,6 @@ def _misplaced_config(argv: list[str]) -> str | None:
     return None
 
 
-def _check_yaml(path: Path, data: bytes) -> None:
-    """A config that is not UTF-8 text or not YAML raises a ``ValueError`` naming the file (and the line)."""
-    import yaml
-
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"hoformer: config {str(path)!r} is not a text file (byte {e.start} is not UTF-8); expected "
-                         "a YAML config") from None
-    try:
-        yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ValueError(f"hoformer: config {str(path)!r} is not valid YAML{where}: {problem}") from None
-
-
-def _bases(path: Path, seen: tuple[Path, ...] = ()) -> list[str]:
-    """The configs ``path`` extends (its leading ``# extends: <relative path>`` comment lines), bases first,
-    recursively; ``path`` itself last."""
-    path = Path(path)
-    if path in seen:
-        raise ValueError(f"hoformer: config {path} extends itself ({' -> '.join(map(str, seen + (path,)))})")
-    out: list[str] = []
-    try:
-        text = path.read_bytes()
-    except OSError:  # LightningCLI reports a missing / unreadable config
-        return [str(path)]
-    _check_yaml(path, text)
-    lines = text.decode().splitlines()
-    for line in lines:
-        if not line.startswith("#"):
-            break
-        if line.startswith("# extends:"):
-            base = Path(os.path.normpath(path.parent / line.split(":", 1)[1].strip()))
-            if not base.is_file():
-                raise FileNotFoundError(f"hoformer: config {path} extends {base}, which does not exist")
-            out += _bases(base, seen + (path,))
-    return out + [str(path)]
-
-
-def expand_configs(argv: list[str]) -> list[str]:
-    """``--config X`` -> ``--config BASE ... --config X`` for each base config ``X`` extends (a shared trainer, a
-    family's protocol), so an experiment file holds only what differs."""
-    out, i = [], 0
-    while i < len(argv):
-        a = argv[i]
-        if a in ("--config", "-c") and i + 1 < len(argv):
-            for p in _bases(Path(argv[i + 1])):
-                out += [a, p]
-            i += 2
-            continue
-        if a.startswith("--config="):
-            out += [f"--config={p}" for p in _bases(Path(a.split("=", 1)[1]))]
-        else:
-            out.append(a)
-        i += 1
-    return out
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hoformer`` console script."""
     from_command_line = argv is None
@@ -344,6 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if err:
             print(err, file=sys.stderr)
             return 2
+        from hoformer.config import expand_configs
+
         try:
             expanded = expand_configs(argv)
         except (FileNotFoundError, ValueError) as e:

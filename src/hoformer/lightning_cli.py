@@ -1,8 +1,9 @@
 """The LightningCLI of ``hoformer fit|validate|test|predict`` (:class:`HoformerCLI`) and its argument parser
 (:class:`HoformerArgumentParser`). Imported only when one of these commands runs, or a config is resolved
-(:func:`hoformer.cli.resolve_config`): ``import hoformer.cli`` does not import Lightning."""
+(:func:`hoformer.config.resolve_config`): ``import hoformer.cli`` does not import Lightning."""
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -12,10 +13,97 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from hoformer.checkpoint import MissingCheckpointError
 
-from hoformer.cli import (DATA_LINKS, _class_parameters, _data_attr, _explain_help_of_a_model,
-                          _explain_unknown_option, _recorded_best)
 
-__all__ = ["HoformerCLI", "HoformerArgumentParser"]
+__all__ = ["HoformerCLI", "HoformerArgumentParser", "DATA_LINKS"]
+
+
+#: model constructor arguments the data determines -> the datamodule attribute that gives them; linked by the CLI
+#: (LightningCLI ``link_arguments``, at instantiation), so a config writes them nowhere: a model that takes the
+#: argument gets the datamodule's value (a datamodule without the attribute gives ``None``)
+DATA_LINKS = {
+    "seq_len": "seq_len", "pred_len": "pred_len", "num_variates": "num_variates",  # forecasting
+    "num_nodes": "num_nodes", "window": "window", "horizon": "horizon",  # traffic
+    "in_channels": "in_channels", "input_size": "input_size", "num_classes": "num_classes",  # images, volumes
+    "vocab_size": "vocab_size", "pad_id": "pad_id", "max_len": "max_len",  # text
+}
+
+
+def _data_attr(attr: str):
+    def value(dm):
+        return getattr(dm, attr, None)
+
+    value.__name__ = f"data.{attr}"
+    return value
+
+
+def _class_parameters(path: str):
+    """The constructor parameters (``inspect.Parameter`` by name) of the class at the dotted ``class_path``, or None
+    when it cannot be imported or inspected (jsonargparse reports that itself)."""
+    import inspect
+
+    mod, _, name = path.rpartition(".")
+    try:
+        return inspect.signature(getattr(importlib.import_module(mod), name)).parameters
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return None
+
+
+def _explain_unknown_option(message: str) -> str:
+    """Append the accepted arguments (and the closest one) to jsonargparse's "Option 'x' is not accepted" error of a
+    ``class_path`` (a misspelled model or task argument)."""
+    import difflib
+    import re
+
+    bad = re.search(r"Option '([^']+)' is not accepted", message)
+    paths = re.findall(r"class_path '([\w.]+)'", message[:bad.start()] if bad else "")
+    if not bad or not paths:
+        return message
+    signature = _class_parameters(paths[-1])
+    if signature is None:
+        return message
+    params = [p for p in signature if p not in ("self", "args", "kwargs")]
+    option = bad.group(1).split(".")[-1]
+    close = difflib.get_close_matches(option, params, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return (f"{message}\n{paths[-1]} has no argument {option!r}: {hint}its arguments are {', '.join(params)}")
+
+
+def _recorded_best(last: Path, state_key: str) -> str | None:
+    """The ``best_model_path`` that the ModelCheckpoint ``state_key`` had when ``last`` was written, if that file
+    still exists (robust to other runs' ``best-*.ckpt`` in the same directory); ``None`` otherwise."""
+    from hoformer.checkpoint import read_checkpoint
+
+    if not last.is_file():
+        return None
+    try:
+        ckpt = read_checkpoint(last, mmap=True)
+    except Exception:  # noqa: BLE001 - an unreadable last.ckpt: fall back to the glob
+        return None
+    if not isinstance(ckpt, dict):
+        return None
+    best = (ckpt.get("callbacks") or {}).get(state_key, {}).get("best_model_path")
+    return best if best and Path(best).is_file() else None
+
+
+def _explain_help_of_a_model(message: str) -> str:
+    """``--model.help hoformer.models.X`` asks for the help of a model where the task is expected: point at
+    ``--model.model.help`` (the task's ``model`` argument)."""
+    import re
+
+    m = re.search(r"--([\w.]+)\.help: \"([\w.]+)\" is not a subclass of TaskModule", message)
+    if m is None:
+        return message
+    mod, _, name = m.group(2).rpartition(".")
+    try:
+        from hoformer.models import HoformerModel
+
+        is_model = issubclass(getattr(importlib.import_module(mod), name), HoformerModel)
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return message
+    if not is_model:
+        return message
+    return (f"{message}. {m.group(2)} is a model: `--{m.group(1)}` is the task (hoformer.train.ForecastingTask, ...) "
+            f"and the model is the task's `model` argument, whose help is `--{m.group(1)}.model.help {m.group(2)}`")
 
 
 class HoformerArgumentParser(LightningArgumentParser):
@@ -61,11 +149,11 @@ class HoformerArgumentParser(LightningArgumentParser):
 
 class HoformerCLI(LightningCLI):
     """LightningCLI with subclass mode for task and data, the model a typed argument of the task whose
-    data-determined arguments are linked from the datamodule (:data:`hoformer.cli.DATA_LINKS`), and hoformer's
+    data-determined arguments are linked from the datamodule (:data:`DATA_LINKS`), and hoformer's
     defaults (see :mod:`hoformer.cli`).
 
     ``parse_only=True`` builds the parser and nothing else (no parsing, seeding or instantiation): its ``parser``
-    resolves configs exactly as the commands do (:func:`hoformer.cli.resolve_config`)."""
+    resolves configs exactly as the commands do (:func:`hoformer.config.resolve_config`)."""
 
     def __init__(self, args=None, run: bool = True, parse_only: bool = False, **kw):
         from lightning.pytorch import LightningDataModule
@@ -159,7 +247,7 @@ class HoformerCLI(LightningCLI):
               "--threads N or OMP_NUM_THREADS=N, e.g. when several runs share the machine)", file=sys.stderr)
 
     def _refuse_given_links(self, cfg) -> None:
-        """A data-determined model argument (:data:`hoformer.cli.DATA_LINKS`) given in a config or on the command line
+        """A data-determined model argument (:data:`DATA_LINKS`) given in a config or on the command line
         would be replaced by the datamodule's value without a word: refuse it (a value other than the model's default;
         the parsed config cannot tell a default from a given value) before anything is built."""
         import inspect

@@ -48,7 +48,7 @@ def hf_as_student(directory: Path, cfg: dict, head: bool) -> dict[str, torch.Ten
     :class:`~hoformer.models.HOBAClassifier`'s names."""
     from safetensors.torch import load_file
 
-    from hoformer.checkpoint import read_checkpoint
+    from hoformer._io import read_checkpoint
 
     state: dict[str, torch.Tensor] = {}
     for f in sorted(directory.glob("*.safetensors")) or sorted(directory.glob("pytorch_model*.bin")):  # shards too

@@ -158,7 +158,7 @@ class TaskModule(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         """Install the weights-only checkpoint IO before Lightning restores any ``ckpt_path``."""
-        from .tasks import install_checkpoint_io
+        from .checkpoint_io import install_checkpoint_io
 
         if self._trainer is not None:
             install_checkpoint_io(self._trainer)

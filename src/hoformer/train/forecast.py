@@ -244,7 +244,8 @@ def forecast_checkpoint(checkpoint, *, config=None, data: str | None = None, dat
     path ``data`` with ``data_args`` on top of the datamodule hyper-parameters the checkpoint stored (a checkpoint
     of a plain ``Trainer.fit``, e.g. ``hoformer demo``'s, stores them without their class), or the checkpoint /
     its run folder alone."""
-    from hoformer.checkpoint import checkpoint_datamodule, load_checkpoint
+    from hoformer.checkpoint import load_checkpoint
+    from hoformer.config import checkpoint_datamodule
 
     model, info = load_checkpoint(checkpoint, map_location=device)
     stored = info["datamodule"] or {}
