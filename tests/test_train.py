@@ -316,7 +316,8 @@ def test_config_checkpoints_keep_last_ckpt_at_the_last_epoch(rel, tmp_path, monk
     stops improving: Lightning >= 2.6 writes ``save_last`` only together with a new top-k checkpoint, which left
     ``last.ckpt`` at the best epoch (a resume lost every epoch after it). The best-validation checkpoint is still the
     first checkpoint callback (what ``--ckpt_path best`` and the export read)."""
-    from hoformer.cli import HoformerCLI, expand_configs
+    from hoformer.cli import HoformerCLI
+    from hoformer.config import expand_configs
     from lightning.pytorch.callbacks import EarlyStopping
 
     monkeypatch.chdir(tmp_path)  # the configs' runs/... paths are relative
