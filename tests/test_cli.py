@@ -639,3 +639,11 @@ def test_a_run_folder_holds_one_fit(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     with pytest.raises(RunFolderError, match="is a file"):
         hold_run_folder(tmp_path / "file")
+
+
+def test_allow_data_mismatch_reaches_the_task(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = [*expand_configs(["--config", str(REPO / "configs/hot/ltsf_cpu/etth1_96_96_hot_product.yaml")]),
+            "--data.init_args.synthetic=true", "--trainer.logger=false"]
+    assert cli.HoformerCLI(args=args, run=False).model.allow_data_mismatch is False
+    assert cli.HoformerCLI(args=[*args, "--allow_data_mismatch=true"], run=False).model.allow_data_mismatch is True
