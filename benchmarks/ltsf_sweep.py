@@ -24,8 +24,6 @@ from pathlib import Path
 import fnmatch
 import importlib.util
 
-import yaml
-
 _spec = importlib.util.spec_from_file_location("paper_configs", Path(__file__).with_name("paper_configs.py"))
 paper_configs = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(paper_configs)
@@ -65,14 +63,20 @@ def _best_val(root: Path) -> dict:
     return {k: float(v) for k, v in best.items() if k.startswith("val/") and v}
 
 
-def run_one(name: str, args) -> dict:
-    """``name``: an experiment of paper_configs.py, or a config file (its ``# extends:`` bases are read too)."""
-    if name.endswith(".yaml"):
-        cfg = yaml.safe_load(Path(name).read_text()) or {}
+def run_one(name: str, args, exp: list[str] | None = None, root: Path | None = None) -> dict:
+    """``name``: an experiment of paper_configs.py, or a config file (resolved as ``hoformer fit`` resolves it, the
+    configs it extends included); or, with ``exp`` (``hoformer fit`` arguments) and ``root`` (its run directory), any
+    run recorded under ``name``."""
+    if exp is not None:
+        root = Path(root)
+    elif name.endswith(".yaml"):
+        from hoformer.config import resolve_config
+
+        cfg = resolve_config(name)
         root = Path(cfg["trainer"]["default_root_dir"])
-        data = (cfg.get("data") or {}).get("init_args", {})
-        model = ((cfg.get("model") or {}).get("init_args", {}).get("model") or {}).get("init_args", {})
-        exp = ["--config", name] + [f"--data.init_args.{k}={v}" for k, v in data.items() if k in ("name", "pred_len")]
+        data = cfg["data"]["init_args"]
+        model = cfg["model"]["init_args"]["model"]["init_args"]
+        exp = ["--config", name, f"--data.init_args.name={data['name']}", f"--data.init_args.pred_len={data['pred_len']}"]
         exp += [f"--model.model.init_args.attention={model['attention']}"] if "attention" in model else []
     else:
         exp = paper_configs.experiments()[name]

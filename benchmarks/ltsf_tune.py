@@ -21,113 +21,85 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 HORIZONS = (96, 192, 336, 720)
 # seed -> variant suffix ("grid" runs seed 2024); 2027 / 2028 complete the HOT paper's five seeds (Tables 9 / 10)
 SEEDS = {2024: "", 2025: "_seed2025", 2026: "_seed2026", 2027: "_seed2027", 2028: "_seed2028"}
-EMA = {"callback.lightning.pytorch.callbacks.EMAWeightAveraging": {"decay": 0.99}}
+MODEL, TASK = "--model.model.init_args", "--model.init_args"
 
 
-def _official() -> dict:
-    """The model arguments of the ``hot_forecaster_official`` preset, as ``model.<k>`` overrides."""
+def _set(key: str, value) -> str:
+    """A ``--key=value`` override (non-strings as JSON, which the CLI reads as YAML)."""
+    return f"{key}={value if isinstance(value, str) else json.dumps(value)}"
+
+
+def _seed(seed: int | None) -> list[str]:
+    return [_set("--seed_everything", seed)] if seed else []
+
+
+def _ema(decay: float) -> list[str]:
+    """Lightning's EMAWeightAveraging added to the config's callbacks."""
+    return ["--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging", _set("--trainer.callbacks.decay", decay)]
+
+
+def _official() -> list[str]:
+    """The model arguments of the ``hot_forecaster_official`` preset, as model overrides."""
     from hoformer.models.registry import model_entry
 
-    return {f"model.{k}": v for k, v in model_entry("hot_forecaster_official").preset.items()}
+    return [_set(f"{MODEL}.{k}", v) for k, v in model_entry("hot_forecaster_official").preset.items()]
 
 
-# variant -> overrides: "model.<k>" for the model's init args, "task.<k>" for the task's optim, "fc.<k>" for the
-# ForecastingTask's own arguments, "data.<k>" for the data, "run.<k>" for a top-level key (seed_everything),
-# "callback.<class path>" for a trainer callback added with these init_args
+REG = [_set(f"{MODEL}.dropout", 0.3), _set(f"{TASK}.optim.weight_decay", 0.5)]
+JOINT = [_set(f"{TASK}.horizons", list(HORIZONS))]
+# variant -> hoformer fit overrides applied on top of the committed experiment (its own overrides first)
 VARIANTS = {
-    "grid": {},  # the committed CPU-budget config (dropout 0.2, weight decay 0.1, width 64, patch 8, lr 1e-3)
-    "reg": {"model.dropout": 0.3, "task.weight_decay": 0.5},  # the paper grid's strongest regularisation
-    "patch16": {"model.dropout": 0.3, "task.weight_decay": 0.5, "model.patch_size": 16},
-    "small": {"model.dropout": 0.3, "task.weight_decay": 0.5, "model.dim": 32},
-    "lr3e-4": {"model.dropout": 0.3, "task.weight_decay": 0.5, "task.lr": 3e-4},
-    "depth1": {"model.dropout": 0.3, "task.weight_decay": 0.5, "model.depth": 1},
-    "rerun": {},  # the committed config run again (same seed), in its own directory
+    "grid": [],  # the committed CPU-budget config (dropout 0.2, weight decay 0.1, width 64, patch 8, lr 1e-3)
+    "reg": REG,  # the paper grid's strongest regularisation
+    "patch16": [*REG, _set(f"{MODEL}.patch_size", 16)],
+    "small": [*REG, _set(f"{MODEL}.dim", 32)],
+    "lr3e-4": [*REG, _set(f"{TASK}.optim.lr", 3e-4)],
+    "depth1": [*REG, _set(f"{MODEL}.depth", 1)],
+    "rerun": [],  # the committed config run again (same seed), in its own directory
     # the committed config run to its own end (10 epochs or early stopping) instead of a wall-time cap: pass a
     # --max-time the run cannot reach; the cosine schedule then decays fully (Weather, docs/results_hot.md)
-    "uncapped": {},
+    "uncapped": [],
     # seed-to-seed spread of the committed config (seed 2024 = "grid")
-    "seed2025": {"run.seed_everything": 2025},
-    "seed2026": {"run.seed_everything": 2026},
+    "seed2025": _seed(2025),
+    "seed2026": _seed(2026),
     # exponential moving average of the weights (Lightning's EMAWeightAveraging: validation, the best checkpoint and
     # the test use the averaged weights); decay 0.99 = a horizon of ~100 steps, under half an ETTh1 epoch (267 steps)
     # since the best epoch there is 0-2
-    **{f"ema{dtag}{sfx}": {"callback.lightning.pytorch.callbacks.EMAWeightAveraging": {"decay": decay},
-                     **({"run.seed_everything": seed} if sfx else {})}
+    **{f"ema{dtag}{sfx}": [*_ema(decay), *_seed(seed if sfx else None)]
        for decay, dtag in ((0.99, ""), (0.998, "998"))
        for seed, sfx in SEEDS.items()},
     # q/k biases added before the sum-pooling, as the reference HOT implementation does (ETTh1 96 -> 96: --horizons 96)
-    **{f"ema_qkbias{sfx}": {**EMA, "model.qk_bias": True, **({"run.seed_everything": seed} if sfx else {})}
+    **{f"ema_qkbias{sfx}": [*_ema(0.99), _set(f"{MODEL}.qk_bias", True), *_seed(seed if sfx else None)]
        for seed, sfx in SEEDS.items()},
     # joint-horizon training (the reference HOT protocol): one 720-step model on the average of the 96 / 192 / 336 /
     # 720 prefix losses, tested on each prefix (test/mse@96, ...); run with --horizons 720
-    "ema_joint": {**EMA, "fc.horizons": list(HORIZONS)},
+    "ema_joint": [*_ema(0.99), *JOINT],
     # the same with the reference implementation's forecaster (the hot_forecaster_official preset)
-    "ema_official": {**EMA, "fc.horizons": list(HORIZONS), **_official()},
+    "ema_official": [*_ema(0.99), *JOINT, *_official()],
 }
 
 
-def _nest(args: list[str]) -> dict:
-    """``--a.b.c=v`` overrides -> ``{"a": {"b": {"c": v}}}`` (values parsed as YAML)."""
-    out: dict = {}
-    for a in args:
-        key, value = a[2:].split("=", 1)
-        *path, last = key.split(".")
-        node = out
-        for k in path:
-            node = node.setdefault(k, {})
-        node[last] = yaml.safe_load(value)
-    return out
-
-
-def _merge(a: dict, b: dict) -> dict:
-    return {**a, **{k: _merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
-                    for k, v in b.items()}}
-
-
-def write_configs(dataset: str, model: str, variant: str) -> list[Path]:
-    """One config per horizon: the paper_configs.py experiment ``hot/ltsf_cpu/<dataset>_96_<h>_<model>`` (its protocol
-    file, extended) with the variant's keys changed and the run directory under ``runs/tune/``."""
+def variant_runs(dataset: str, model: str, variant: str) -> list[tuple[str, list[str]]]:
+    """``(run directory, hoformer fit arguments)`` per horizon: the paper_configs.py experiment
+    ``hot/ltsf_cpu/<dataset>_96_<h>_<model>`` with the variant's overrides on top and its run directory under
+    ``runs/tune/``."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from paper_configs import experiments
 
-    base = yaml.safe_load((ROOT / "configs/hot/ltsf_cpu.yaml").read_text())
     out = []
     for h in HORIZONS:
-        name = f"hot/ltsf_cpu/{dataset}_96_{h}_{model}"
-        _, protocol, *args = experiments()[name]
         run = f"runs/tune/{dataset}_{model}/{variant}/{dataset}_96_{h}"
-        # the task's and the model's arguments spelled out under init_args (a config may not mix `model.model.x` and
-        # `model.init_args.y`)
-        cfg = _nest([a.replace("--model.model.", "--model.init_args.model.", 1) for a in args
-                     if not a.startswith("--trainer.default_root_dir")])
-        cfg = _merge(cfg, {"trainer": {"default_root_dir": run}})
-        for key, value in VARIANTS[variant].items():
-            where, k = key.split(".", 1)
-            if where == "callback":  # a list replaces the protocol's: keep its callbacks
-                callbacks = cfg["trainer"].setdefault("callbacks", list(base["trainer"]["callbacks"]))
-                callbacks.append({"class_path": k, "init_args": value})
-                continue
-            path = {"model": ["model", "init_args", "model", "init_args"], "task": ["model", "init_args", "optim"],
-                    "fc": ["model", "init_args"], "data": ["data", "init_args"], "run": []}[where]
-            update: dict = {k: value}
-            for p in reversed(path):
-                update = {p: update}
-            cfg = _merge(cfg, update)
-        path = ROOT / run / "config.yaml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"# extends: {(ROOT / protocol).resolve()}\n# {name} with variant {variant!r}: "
-                        f"{VARIANTS[variant]}\n" + yaml.safe_dump(cfg, sort_keys=False))
-        out.append(path.relative_to(ROOT))
+        args = [a for a in experiments()[f"hot/ltsf_cpu/{dataset}_96_{h}_{model}"]
+                if not a.startswith("--trainer.default_root_dir")]
+        out.append((run, [*args, *VARIANTS[variant], f"--trainer.default_root_dir={run}"]))
     return out
 
 
@@ -169,10 +141,10 @@ def summary(dataset: str, model: str) -> str:
         avg, rows = _averages(dataset, model, variant)
         if avg is None:
             if rows:
-                lines.append(f"| {variant} | {VARIANTS[variant]} | (horizons done: {sorted(rows)}) | | |")
+                lines.append(f"| {variant} | {' '.join(VARIANTS[variant])} | (horizons done: {sorted(rows)}) | | |")
             continue
         per = " ".join(f"{rows[h]['test/mse']:.3f}" for h in HORIZONS)
-        lines.append(f"| {variant} | {VARIANTS[variant] or '(committed config)'} | {avg['val/mse']:.4f} / "
+        lines.append(f"| {variant} | {' '.join(VARIANTS[variant]) or '(committed config)'} | {avg['val/mse']:.4f} / "
                      f"{avg['val/mae']:.4f} | {avg['test/mse']:.3f} / {avg['test/mae']:.3f} | {per} |")
     # variants run with several seeds: mean +- std over seeds of the four-horizon averages, over the first three
     # seeds (2024-2026, the earlier tables) and over all five where they ran
@@ -212,7 +184,8 @@ def same_windows(dataset: str, model: str, variants: list[str]) -> str:
     for variant in variants:
         path = ROOT / f"runs/tune/{dataset}_{model}/{variant}.jsonl"
         for r in map(json.loads, filter(str.strip, path.read_text().splitlines())):
-            net = from_pretrained(ROOT / Path(r["config"]).parent / "pretrained").eval()
+            run = Path(r["config"])  # the run directory (earlier records: its config.yaml)
+            net = from_pretrained(ROOT / (run.parent if run.suffix == ".yaml" else run) / "pretrained").eval()
             ds = LTSFDataModule(name=name, seq_len=lookback, pred_len=r["pred_len"]).dataset("test")
             with torch.no_grad():
                 err = torch.cat([net(torch.stack([ds[i]["x"] for i in range(a, min(a + 256, windows))]))
@@ -245,14 +218,22 @@ def main():
     if args.summary:
         print(summary(args.dataset, args.model))
         return
-    for variant in args.variants:  # ltsf_sweep skips configs already in the variant's JSONL: delete it to re-run
-        configs = [c for c, h in zip(write_configs(args.dataset, args.model, variant), HORIZONS)
-                   if h in args.horizons]
-        out = f"runs/tune/{args.dataset}_{args.model}/{variant}.jsonl"
-        cmd = [sys.executable, str(ROOT / "benchmarks/ltsf_sweep.py"), "--out", out, "--threads", "1",
-               "--max-time", args.max_time, *map(str, configs)]
-        print("$", " ".join(cmd), flush=True)
-        subprocess.run(cmd, cwd=ROOT, check=True)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from ltsf_sweep import run_one
+
+    sweep = argparse.Namespace(threads=1, max_time=args.max_time, max_epochs=0)
+    for variant in args.variants:  # runs already in the variant's JSONL are skipped: delete it to re-run
+        out = ROOT / f"runs/tune/{args.dataset}_{args.model}/{variant}.jsonl"
+        done = {json.loads(line)["config"] for line in out.read_text().splitlines() if line.strip()} \
+            if out.exists() else set()
+        for (run, exp), h in zip(variant_runs(args.dataset, args.model, variant), HORIZONS):
+            if h not in args.horizons or run in done or f"{run}/config.yaml" in done:
+                continue
+            print("$ hoformer fit", " ".join(exp), flush=True)
+            r = run_one(run, sweep, exp=exp, root=ROOT / run)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with out.open("a") as f:
+                f.write(json.dumps(r) + "\n")
 
 
 if __name__ == "__main__":

@@ -110,8 +110,7 @@ TEXT_VARIANTS = {"hoba": ("hoba", True), "hoba_nocb": ("hoba", False), "block2d"
 CPU_TEXT = {"sst2": dict(train_limit=5000, n=5000), "trec": dict(train_limit=None, n=4907)}
 
 
-def _warmup(epochs: int, n: int, batch: int) -> int:
-    return max(1, epochs * math.ceil(n / batch) // 10)  # 10% of the optimiser steps
+WARMUP = "--model.init_args.optim.warmup_ratio=0.1"  # 10 % of the run's optimiser steps, whatever the data size
 
 
 def _teacher_args(teacher: str) -> list[str]:
@@ -123,7 +122,7 @@ def _hoba():
     for ds, (length, block, n) in TEXT.items():
         yield (f"hoba/{ds}_teacher", "configs/hoba/paper_teacher.yaml",
                [f"{DATA}.dataset={ds}", f"{DATA}.max_len={max(length, 128)}",
-                f"--model.init_args.optim.warmup_steps={_warmup(5, n, 8)}"])
+                WARMUP])
         teacher = f"runs/hoba/{ds}_teacher/pretrained"
         for depth in (3, 6):
             for v, (attention, cross_block) in TEXT_VARIANTS.items():
@@ -137,7 +136,7 @@ def _hoba():
                         f"{DATA}.dataset={ds}", f"{DATA}.max_len={tokens}",
                         f"{MODEL}.depth={depth}", f"{MODEL}.attention={attention}", f"{MODEL}.block_size={bs}",
                         f"{MODEL}.cross_block={str(cross_block).lower()}",
-                        f"--model.init_args.optim.warmup_steps={_warmup(5, n, 8)}", *_teacher_args(teacher)]
+                        WARMUP, *_teacher_args(teacher)]
     for ds, c in CPU_TEXT.items():
         teacher_cfg = f"configs/hoba/cpu_{ds}_teacher.yaml"
         yield f"hoba/cpu_{ds}_teacher", teacher_cfg, []
@@ -147,7 +146,7 @@ def _hoba():
             yield f"hoba/cpu_{ds}_{v}", "configs/hoba/cpu_student.yaml", [
                 f"{DATA}.dataset={ds}", f"{DATA}.train_limit={c['train_limit']}".replace("None", "null"),
                 f"{MODEL}.attention={attention}", f"{MODEL}.cross_block={str(cross_block).lower()}",
-                f"--model.init_args.optim.warmup_steps={_warmup(4, c['n'], 32)}", *_teacher_args(teacher)]
+                WARMUP, *_teacher_args(teacher)]
 
 
 def experiments() -> dict[str, list[str]]:

@@ -676,7 +676,7 @@ def test_weaver_maps_are_recorded_as_a_kronecker_product():
 def test_task_forecast_png_labels_panels_with_column_names(tmp_path, monkeypatch):
     """The forecasting task's test PNG labels each panel with the column name it was given, not ``variate <j>``."""
     pytest.importorskip("matplotlib")
-    import hoformer.analysis.plots as plots
+    import hoformer._plot as plots
     from hoformer.train.tasks import plot_forecast
 
     seen = {}

@@ -452,7 +452,7 @@ DATA = [
 
 
 def _read_ckpt(path):
-    from hoformer.train.guards import read_checkpoint
+    from hoformer.checkpoint import read_checkpoint
 
     return read_checkpoint(path)
 
@@ -647,3 +647,114 @@ def test_text_csv_with_a_repeated_text_or_label_column_is_refused(tmp_path, cont
         with pytest.raises(ValueError, match="appears 2 times"):
             _table(tmp_path, content, label_column=name)
         assert _table(tmp_path, content, label_column=2).labels == [0]
+def test_a_misspelled_top_level_config_key_gets_a_suggestion(tmp_path, capsys):
+    from hoformer import cli as hcli
+
+    typo = write(tmp_path / "typo.yaml", "trainr:\n  max_epochs: 1\n")
+    cfg = str(Path(__file__).resolve().parents[1] / "configs/hot/ltsf/etth1_96_96_hot_product.yaml")
+    with pytest.raises(SystemExit):
+        hcli.main(["fit", "--config", cfg, "--config", str(typo)])
+    err = capsys.readouterr().err
+    assert "'trainr.max_epochs'" in err and "did you mean 'trainer.max_epochs'" in err
+
+
+# --------------------------------------------------------------- configs, checkpoints and outputs at the CLI
+def _cli_err(argv) -> str:
+    with pytest.raises(CLIError) as e:
+        cli(argv)
+    return str(e.value)
+
+
+def test_a_config_that_is_not_yaml_is_named(tmp_path):
+    noise = write(tmp_path / "noise.yaml", bytes(range(128, 256)) * 3)
+    broken = write(tmp_path / "broken.yaml", "trainer:\n  max_epochs: [1\n")
+    assert all(s in _cli_err(["fit", "--config", str(noise)]) for s in ("noise.yaml", "not a text file"))
+    err = _cli_err(["fit", "--config", str(broken)])
+    assert all(s in err for s in ("broken.yaml", "not valid YAML", "line 3"))
+
+
+def test_ckpt_path_of_random_bytes_or_of_a_torch_file_without_lightning_keys(tmp_path):
+    from hoformer.checkpoint import CheckpointError
+
+    rand = write(tmp_path / "rand.ckpt", bytes(range(256)) * 8)
+    with pytest.raises(CheckpointError, match=r"rand.ckpt.*not a PyTorch file") as e:
+        lightning_cli(tmp_path, "test", f"--ckpt_path={rand}")
+    assert "refused" not in str(e.value)  # random bytes are not a refused pickle payload
+    bare = tmp_path / "weights.ckpt"
+    torch.save(_tiny_forecaster().state_dict(), bare)
+    with pytest.raises(CheckpointError, match=r"weights.ckpt.*not a Lightning checkpoint.*pytorch-lightning_version"
+                                              r".*bare state_dict"):
+        lightning_cli(tmp_path, "fit", f"--ckpt_path={bare}")
+
+
+def test_a_run_folder_that_is_a_file_and_outputs_that_are_directories(tmp_path):
+    from hoformer.train.guards import RunFolderError
+
+    with pytest.raises(RunFolderError, match=r"default_root_dir.*root.*is a file"):
+        lightning_cli(tmp_path, "test", f"--trainer.default_root_dir={write(tmp_path / 'root', 'x')}")
+    from hoformer._io import atomic_write
+
+    with pytest.raises(IsADirectoryError, match=r"cannot write .*: it is a directory; expected a file path"):
+        atomic_write(tmp_path, lambda tmp: None)
+    pre = pretrained_dir(tmp_path)
+    err = _cli_err(["forecast", "--checkpoint", str(pre), "--data", "hoformer.data.LTSFDataModule", "--data-args",
+                    '{"synthetic": true, "seq_len": 16, "pred_len": 8, "num_variates": 3}', "--output", str(tmp_path)])
+    assert "--output" in err and "is a directory" in err
+
+
+def test_a_device_this_machine_lacks_is_blamed_not_the_file(tmp_path):
+    from hoformer.checkpoint import load_checkpoint
+
+    if torch.cuda.device_count() > 7:
+        pytest.skip("this machine has a cuda:7")
+    pre = pretrained_dir(tmp_path)
+    with pytest.raises(ValueError, match=r"device 'cuda:7' does not exist on this machine"):
+        load_checkpoint(pre, map_location="cuda:7")
+    err = _cli_err(["forecast", "--checkpoint", str(pre), "--device", "cuda:7", "--output", str(tmp_path / "f.csv")])
+    assert "cuda:7" in err and "does not exist" in err
+
+
+def test_a_write_that_runs_out_of_space_names_the_file_and_the_cause(tmp_path, monkeypatch):
+    import errno
+    import shutil
+    from collections import namedtuple
+
+    from hoformer._io import atomic_write
+
+    def full(tmp):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match=r"cannot write .*a.ckpt.*no space left.*intact"):
+        atomic_write(tmp_path / "a.ckpt", full)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10, 10, 0))
+
+    def short(tmp):  # what torch.save reports when its writer runs out of space
+        raise RuntimeError("[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing file "
+                           "data/0: file write failed; unexpected pos 1152 vs 1088")
+
+    with pytest.raises(OSError, match=r"cannot write .*b.ckpt.*no space left.*0.0 MiB free"):
+        atomic_write(tmp_path / "b.ckpt", short)
+    assert not list(tmp_path.iterdir())  # no torn file, no temporary left
+
+
+def test_a_generated_forecast_far_beyond_the_trained_horizon_is_warned_about():
+    from types import SimpleNamespace
+
+    from hoformer.train.forecast import HORIZON_WARN_FACTOR, _horizon
+
+    model = create_model("hot_causal_forecaster", seq_len=32, num_variates=3, dim=16, num_heads=2, depth=1,
+                         patch_size=8)
+    data = SimpleNamespace(pred_len=8)
+    with pytest.warns(UserWarning, match=r"`horizon`=100000 is 12500x the horizon the model was trained for"):
+        assert _horizon(model, data, 100000)[0] == 100000
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _horizon(model, data, HORIZON_WARN_FACTOR * 8)  # up to the documented multiple: no warning
+
+
+def test_export_output_that_is_a_directory_is_one_line(tmp_path):
+    err = _cli_err(["export", "--checkpoint", str(pretrained_dir(tmp_path)), "--output", str(tmp_path)])
+    assert "--output" in err and "is a directory" in err

@@ -16,6 +16,8 @@ import torch
 import yaml
 
 from hoformer import cli
+from hoformer.config import _bases, expand_configs, resolve_config
+from hoformer.lightning_cli import _recorded_best
 from hoformer.data import LTSF_DATASETS, MEDMNIST3D_INFO, NLCD_CLASSES, CDL_CLASSES
 from hoformer.models import create_model, from_pretrained
 
@@ -144,11 +146,11 @@ def test_configs_compose_from_a_shared_trainer():
     no output path appears in a config except the one ``trainer.default_root_dir``."""
     assert len(CONFIGS) <= 40 and sum(len(p.read_text().splitlines()) for p in CONFIGS) <= 1200
     for path in CONFIGS:
-        chain = cli._bases(path)
+        chain = _bases(path)
         assert chain[-1] == str(path) and (path.name == "trainer.yaml" or chain[0].endswith("configs/trainer.yaml"))
         text = path.read_text()
         assert text.count("runs/") <= 1 + text.count("/pretrained"), path  # teacher inputs are the only other paths
-        is_protocol = any(cli._bases(other)[-2:-1] == [str(path)] for other in CONFIGS if other != path)
+        is_protocol = any(_bases(other)[-2:-1] == [str(path)] for other in CONFIGS if other != path)
         if not is_protocol and path.name != "trainer.yaml":
             assert len(text.splitlines()) <= SMALL, f"{path}: an experiment file holds only what differs"
 
@@ -219,13 +221,35 @@ def test_paper_experiments_parse(name, capsys):
         assert cfg["data"]["init_args"]["max_len"] == 512
 
 
-def test_fit_help_shows_typed_model_arguments(capsys):
-    """The model is a typed argument of the task: its class's help lists every argument with type and default."""
+def test_fit_help_shows_typed_model_arguments_under_names_that_work(capsys):
+    """The model is a typed argument of the task: its class's help lists every argument with type and default, each
+    under the option name that sets it (`--model.model.dim`, not `--model.dim`)."""
+    import re
+
     with pytest.raises(SystemExit):
         cli.main(["fit", "--model.model.help", "hoformer.models.HOTForecaster"])
     out = capsys.readouterr().out
-    assert "--model.attention" in out and "type: Literal['kronecker_product'" in out
-    assert "--model.dim DIM" in out and "(type: int, default: 128)" in out
+    assert "--model.model.attention" in out and "type: Literal['kronecker_product'" in out
+    assert "--model.model.dim DIM" in out and "(type: int, default: 128)" in out
+    assert not re.search(r"--model\.(?!model\.)\w", out), "an option printed without its `model.model.` path"
+    printed = sorted(set(re.findall(r"--model\.model\.(\w+) \{true,false\}", out)))
+    assert len(printed) >= 5
+    cfg = resolve_config(REPO / "configs/hot/ltsf/etth1_96_96_hot_product.yaml",
+                             [f"--model.model.{k}=true" for k in printed] + ["--model.model.dim=32"])
+    model = cfg["model"]["init_args"]["model"]["init_args"]
+    assert model["dim"] == 32 and all(model[k] is True for k in printed)
+
+
+def test_help_and_errors_say_what_to_do(capsys):
+    cfg = str(REPO / "configs/hot/ltsf/etth1_96_96_hot_product.yaml")
+    with pytest.raises(SystemExit):  # the help of a model asked of the task's argument
+        cli.main(["fit", "--config", cfg, "--model.help", "hoformer.models.HOTForecaster"])
+    assert "--model.model.help hoformer.models.HOTForecaster" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a wrong type: the error line first and last, the usage between
+        cli.main(["fit", "--config", cfg, "--trainer.max_epochs=abc"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("error: ") and "trainer.max_epochs" in err[0] and "usage:" in "\n".join(err)
+    assert "Given value: abc" in err[-1] and sum(line.startswith("error: ") for line in err) == 2
 
 
 @pytest.mark.parametrize("config,model,first", [
@@ -237,7 +261,7 @@ def test_fit_help_shows_typed_model_arguments(capsys):
 def test_misspelled_model_argument_fails_at_parse_time_naming_the_valid_ones(config, model, first, capsys):
     cfg = str(REPO / "configs" / config)
     with pytest.raises(SystemExit) as e:
-        cli.main(["fit", *cli.expand_configs(["--config", cfg]), "--model.model.init_args.dimm=3"])
+        cli.main(["fit", *expand_configs(["--config", cfg]), "--model.model.init_args.dimm=3"])
     assert e.value.code not in (0, None)
     err = capsys.readouterr().err
     assert f"hoformer.models.{model} has no argument 'dimm': did you mean 'dim'?" in err
@@ -257,13 +281,13 @@ def test_one_data_override_switches_to_another_csv(tmp_path, monkeypatch, capsys
     cfg = str(REPO / "configs" / "hot" / "ltsf_cpu" / "etth1_96_96_hot_product.yaml")
     quick = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
              "--trainer.limit_test_batches=1", "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}/r"]
-    obj = cli.HoformerCLI(args=[*cli.expand_configs(["--config", cfg]), f"--data.name={csv}", *quick], run=False)
+    obj = cli.HoformerCLI(args=[*expand_configs(["--config", cfg]), f"--data.name={csv}", *quick], run=False)
     assert obj.model.model.config["kwargs"]["num_variates"] == 5 == obj.datamodule.num_variates
     import pandas as pd
 
     columns = [c for c in pd.read_csv(csv, nrows=0).columns if c != "date"]  # the forecast plots' panel labels
     assert obj.model.hparams.variate_names == columns == obj.datamodule.variate_names and len(columns) == 5
-    assert cli.main(["fit", *cli.expand_configs(["--config", cfg]), f"--data.name={csv}", *quick]) == 0
+    assert cli.main(["fit", *expand_configs(["--config", cfg]), f"--data.name={csv}", *quick]) == 0
     assert (tmp_path / "r" / "checkpoints" / "last.ckpt").is_file()
     assert cli.main(["test", "--config", cfg, f"--data.name={csv}", *quick, "--ckpt_path", "best"]) == 0
 
@@ -280,13 +304,13 @@ def test_text_max_len_vocab_and_pad_come_from_the_datamodule(tmp_path, capsys):
     data = [f"--data.init_args.root={tmp_path}", "--data.init_args.verify=false", "--data.init_args.vocab_size=120",
             f"--trainer.default_root_dir={tmp_path}/r"]
     for max_len in (64, 40):
-        obj = cli.HoformerCLI(args=[*cli.expand_configs(["--config", cfg]), *data, f"--data.init_args.max_len={max_len}"],
+        obj = cli.HoformerCLI(args=[*expand_configs(["--config", cfg]), *data, f"--data.init_args.max_len={max_len}"],
                               run=False)
         kw = obj.model.model.config["kwargs"]
         assert kw["max_len"] == obj.datamodule.max_len == max_len
         assert (kw["vocab_size"], kw["pad_id"], kw["num_classes"]) == (120, obj.datamodule.tokenizer.pad_id, 6)
     with pytest.raises(SystemExit) as e:
-        cli.main(["fit", *cli.expand_configs(["--config", cfg]), *data, "--model.model.init_args.max_len=128"])
+        cli.main(["fit", *expand_configs(["--config", cfg]), *data, "--model.model.init_args.max_len=128"])
     assert e.value.code not in (0, None)
     err = capsys.readouterr().err
     assert "max_len=128 (the datamodule's `max_len`) is determined by the data" in err
@@ -311,7 +335,7 @@ def test_test_command_loads_a_checkpoint_of_the_earlier_layout(tmp_path, monkeyp
                                 **{k: optim[k] for k in ("lr", "weight_decay", "betas", "warmup_steps")}}
     ckpt["state_dict"] = {k: 2 * v if v.is_floating_point() else v for k, v in ckpt["state_dict"].items()}
     torch.save(ckpt, tmp_path / "old.ckpt")
-    obj = cli.HoformerCLI(args=[*cli.expand_configs(["--config", cfg]), *over], run=False)
+    obj = cli.HoformerCLI(args=[*expand_configs(["--config", cfg]), *over], run=False)
     obj.trainer.test(obj.model, obj.datamodule, ckpt_path=str(tmp_path / "old.ckpt"), verbose=False)
     for k, v in obj.model.state_dict().items():
         if k.startswith("model."):
@@ -332,6 +356,11 @@ def test_fit_then_test_through_cli(tmp_path, monkeypatch):
             "--trainer.enable_progress_bar=false"]
     assert cli.main(["fit", "--config", cfg, *over]) == 0
     run = tmp_path / "runs" / "hot" / "ltsf" / "etth1_96_96_hot_sum"
+    from hoformer.train.guards import RunFolderError
+
+    with pytest.raises(RunFolderError, match="holds a finished run.*--overwrite true"):  # a second fit into the folder
+        cli.main(["fit", "--config", cfg, *over])
+    assert not (run / ".hoformer.lock").exists()  # released after the fit, and after the refusal
     best = sorted((run / "checkpoints").glob("best-*.ckpt"))
     assert best and (run / "checkpoints" / "last.ckpt").is_file()
     last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
@@ -350,6 +379,11 @@ def test_fit_then_test_through_cli(tmp_path, monkeypatch):
     (pred,) = run.glob("logs/version_*/predictions.pt")
     n_test = (int(0.2 * 1200) + 96) - 96 - 96 + 1  # 20 % test rows + lookback, minus the window span
     assert torch.load(pred, weights_only=True).shape == (n_test, 96, 7)  # every test window predicted
+    # `hoformer forecast --config` reads the config as `fit` does (its `# extends:` bases included)
+    out = tmp_path / "forecast.csv"
+    assert cli.main(["forecast", "--config", cfg, "--checkpoint", str(best[-1]), "--output", str(out), "--data-args",
+                     '{"synthetic": true, "synthetic_length": 1200}']) == 0
+    assert len(out.read_text().splitlines()) == 96 + 1
 
 
 def test_cli_writes_checkpoints_atomically_without_a_config_plugin(tmp_path):
@@ -373,13 +407,13 @@ def test_cli_writes_checkpoints_atomically_without_a_config_plugin(tmp_path):
 
 
 def test_recorded_best_falls_back_when_last_ckpt_is_missing_or_stale(tmp_path):
-    assert cli._recorded_best(tmp_path / "last.ckpt", "ModelCheckpoint{}") is None
+    assert _recorded_best(tmp_path / "last.ckpt", "ModelCheckpoint{}") is None
     torch.save({"callbacks": {"K": {"best_model_path": str(tmp_path / "gone.ckpt")}}}, tmp_path / "last.ckpt")
-    assert cli._recorded_best(tmp_path / "last.ckpt", "K") is None  # the recorded file was deleted: fall back
+    assert _recorded_best(tmp_path / "last.ckpt", "K") is None  # the recorded file was deleted: fall back
     (tmp_path / "b.ckpt").write_bytes(b"x")
     torch.save({"callbacks": {"K": {"best_model_path": str(tmp_path / "b.ckpt")}}}, tmp_path / "last.ckpt")
-    assert cli._recorded_best(tmp_path / "last.ckpt", "K") == str(tmp_path / "b.ckpt")
-    assert cli._recorded_best(tmp_path / "last.ckpt", "other") is None
+    assert _recorded_best(tmp_path / "last.ckpt", "K") == str(tmp_path / "b.ckpt")
+    assert _recorded_best(tmp_path / "last.ckpt", "other") is None
 
 
 def test_test_best_without_checkpoint_is_clear(tmp_path, monkeypatch):
@@ -468,5 +502,148 @@ def test_ckpt_path_best_falls_back_to_the_newest_best_checkpoint(tmp_path):
     cb = ModelCheckpoint(dirpath=tmp_path, monitor="val/mae")
     ns = SimpleNamespace(subcommand="test", config_init={"test": {"ckpt_path": "best"}},
                          trainer=SimpleNamespace(checkpoint_callback=cb))
-    cli._lightning_cli()._resolve_best(ns)
+    cli.HoformerCLI._resolve_best(ns)
     assert ns.config_init["test"]["ckpt_path"] == str(paths[-1])
+
+
+# ------------------------------------------------------------------------------------------- config resolution
+#: sha256[:16] of each committed config's effective configuration (trainer.callbacks as a multiset). Checked against
+#: the resolution of the configs when the shared callbacks were still repeated in ltsf_cpu.yaml / weaver/paper.yaml:
+#: the same configuration except the arguments added since at their neutral defaults (optim.warmup_ratio 0,
+#: select_on val/auc) and the HOBA configs' warm-up given as warmup_ratio 0.1 instead of the step count it was
+#: computed from (10 % of the run's optimiser steps). A changed digest means a committed run changes.
+RESOLVED_DIGESTS = {
+    "configs/hoba/cpu_sst2_hoba.yaml": "c3ad905848af0e9d",
+    "configs/hoba/cpu_sst2_teacher.yaml": "81c5c550cb41e77d",
+    "configs/hoba/cpu_student.yaml": "52d6d7124f74c94a",
+    "configs/hoba/cpu_teacher.yaml": "513585e9f4bc675a",
+    "configs/hoba/cpu_trec_hoba.yaml": "52d6d7124f74c94a",
+    "configs/hoba/cpu_trec_teacher.yaml": "513585e9f4bc675a",
+    "configs/hoba/paper_student.yaml": "20163c12e6c7bf5e",
+    "configs/hoba/paper_teacher.yaml": "faaa228a5d02eb6a",
+    "configs/hoba/sst2_hoba_3l_b16.yaml": "20163c12e6c7bf5e",
+    "configs/hot/ltsf.yaml": "cf180101a12d2642",
+    "configs/hot/ltsf/etth1_96_96_full.yaml": "464f4523a0fc09ce",
+    "configs/hot/ltsf/etth1_96_96_hot_product.yaml": "cf180101a12d2642",
+    "configs/hot/ltsf/etth1_96_96_hot_sum.yaml": "ce4ae69aab682f59",
+    "configs/hot/ltsf/weather_96_336_hot_sum.yaml": "e26b60854607acc4",
+    "configs/hot/ltsf/weather_96_96_hot_sum.yaml": "06ee475a16db57c5",
+    "configs/hot/ltsf_cpu.yaml": "741731e10cf52ce8",
+    "configs/hot/ltsf_cpu/etth1_96_720_joint.yaml": "d2025bb6de7d1c0f",
+    "configs/hot/ltsf_cpu/etth1_96_720_official.yaml": "cae43fc9ca541ec2",
+    "configs/hot/ltsf_cpu/etth1_96_96_hot_product.yaml": "741731e10cf52ce8",
+    "configs/hot/ltsf_cpu/etth1_96_causal.yaml": "b70c02f0d259e34a",
+    "configs/hot/medmnist3d.yaml": "742bd82dfbbb0231",
+    "configs/hot/medmnist3d/adrenal_cnn3d.yaml": "c66265037d373cbd",
+    "configs/hot/medmnist3d/adrenal_hot_product.yaml": "742bd82dfbbb0231",
+    "configs/hot/medmnist3d/adrenal_hot_sum.yaml": "6dbb587a0110a4b3",
+    "configs/hot/ssl4eo_l.yaml": "9e486b00ef3fe3ce",
+    "configs/weaver/los_loop_cpu.yaml": "98e8a46d4dc7ca1d",
+    "configs/weaver/los_loop_cpu_weaver_nt.yaml": "a09df989c49c9df1",
+    "configs/weaver/los_loop_t.yaml": "9b7896067ea2b506",
+    "configs/weaver/metr_la_nt.yaml": "eac19e88c62aae84",
+    "configs/weaver/paper.yaml": "f7dd65a1af743780",
+}
+
+
+def _digest(cfg: dict) -> str:
+    import hashlib
+    import json
+
+    cfg = json.loads(json.dumps(cfg, default=str))
+    callbacks = (cfg.get("trainer") or {}).get("callbacks")
+    if callbacks:
+        cfg["trainer"]["callbacks"] = sorted(callbacks, key=lambda c: json.dumps(c, sort_keys=True))
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def test_every_committed_config_resolves_to_its_earlier_effective_configuration(monkeypatch):
+    monkeypatch.chdir(REPO)
+    found = sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").rglob("*.yaml") if p.name != "trainer.yaml")
+    assert found == sorted(RESOLVED_DIGESTS)
+    changed = [name for name in found if _digest(resolve_config(name)) != RESOLVED_DIGESTS[name]]
+    assert not changed, changed
+
+
+def test_composed_configs_add_to_the_shared_callbacks_instead_of_repeating_them():
+    shared = [c["class_path"] for c in yaml.safe_load((REPO / "configs/trainer.yaml").read_text())["trainer"]["callbacks"]]
+    for name, added in [("configs/hot/ltsf_cpu.yaml", "EarlyStopping"), ("configs/weaver/paper.yaml", "EarlyStopping")]:
+        own = yaml.safe_load((REPO / name).read_text())["trainer"]
+        assert "callbacks" not in own and [c["class_path"].rsplit(".", 1)[-1] for c in own["callbacks+"]] == [added]
+        resolved = [c["class_path"] for c in resolve_config(REPO / name)["trainer"]["callbacks"]]
+        assert resolved == shared + [f"lightning.pytorch.callbacks.{added}"]
+    # an experiment two levels down inherits both lists; an override on top applies last
+    cfg = resolve_config(REPO / "configs/hot/ltsf_cpu/etth1_96_720_joint.yaml", ["--trainer.max_epochs=2"])
+    assert [c["class_path"].rsplit(".", 1)[-1] for c in cfg["trainer"]["callbacks"]][-1] == "EarlyStopping"
+    assert cfg["trainer"]["max_epochs"] == 2 and cfg["data"]["init_args"]["pred_len"] == 720
+
+
+def test_build_datamodule_reads_a_config_with_its_bases():
+    from hoformer.config import build_datamodule
+
+    dm = build_datamodule(config=REPO / "configs/hot/ltsf/etth1_96_96_hot_product.yaml", data_args={"synthetic": True})
+    assert (type(dm).__name__, dm.seq_len, dm.pred_len) == ("LTSFDataModule", 96, 96)
+
+
+def test_tuning_variants_are_override_lists_that_resolve():
+    """benchmarks/ltsf_tune.py: each variant is a list of `hoformer fit` overrides on the committed experiment, read
+    by the same resolver as the CLI (an EMA callback is added to the config's callbacks, not put in their place)."""
+    tune = _import_file(REPO / "benchmarks" / "ltsf_tune.py")
+    shared = [c["class_path"] for c in resolve_config(REPO / "configs/hot/ltsf_cpu.yaml")["trainer"]["callbacks"]]
+    for variant in ("grid", "reg", "ema_seed2025", "ema_official"):
+        run, args = tune.variant_runs("etth1", "hot_product", variant)[-1]
+        assert args[0] == "--config" and args[-1] == f"--trainer.default_root_dir={run}"
+        cfg = resolve_config(REPO / args[1], args[2:])
+        assert cfg["trainer"]["default_root_dir"] == run and cfg["data"]["init_args"]["pred_len"] == 720
+        callbacks = cfg["trainer"]["callbacks"]
+        assert [c["class_path"] for c in callbacks[:len(shared)]] == shared
+        if variant.startswith("ema"):
+            assert callbacks[-1]["class_path"].endswith("EMAWeightAveraging")
+            assert callbacks[-1]["init_args"]["decay"] == 0.99
+            assert cfg["seed_everything"] == (2025 if variant == "ema_seed2025" else 2024)
+        if variant == "ema_official":
+            assert cfg["model"]["init_args"]["horizons"] == [96, 192, 336, 720]
+        if variant == "reg":
+            assert cfg["model"]["init_args"]["model"]["init_args"]["dropout"] == 0.3
+            assert cfg["model"]["init_args"]["optim"]["weight_decay"] == 0.5
+
+
+def test_a_run_folder_holds_one_fit(tmp_path, capsys):
+    """A live run's lock refuses a second fit into its folder; a lock left by a process that is gone is taken over;
+    a finished run is replaced only when resuming or told to overwrite."""
+    import json
+    import socket
+
+    from hoformer.train.guards import RunFolderError, hold_run_folder
+
+    root, host = tmp_path / "run", socket.gethostname()
+    release = hold_run_folder(root)
+    with pytest.raises(RunFolderError, match=f"in use by another run \\(pid {os.getpid()}"):
+        hold_run_folder(root)
+    release()
+    assert not (root / ".hoformer.lock").exists()
+    (root / ".hoformer.lock").write_text(json.dumps({"host": host, "pid": os.getppid(), "started": "t"}))
+    with pytest.raises(RunFolderError, match=f"pid {os.getppid()} on {host}"):  # a live process holds it
+        hold_run_folder(root)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (root / ".hoformer.lock").write_text(json.dumps({"host": host, "pid": gone.pid, "started": "t"}))
+    hold_run_folder(root)()  # stale: taken over
+    assert "stale lock" in capsys.readouterr().err
+    (root / "checkpoints").mkdir()
+    (root / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    with pytest.raises(RunFolderError, match="finished run \\(checkpoints/last.ckpt\\).*--ckpt_path"):
+        hold_run_folder(root)
+    hold_run_folder(root, resume=True)()
+    hold_run_folder(root, overwrite=True)()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RunFolderError, match="is a file"):
+        hold_run_folder(tmp_path / "file")
+
+
+def test_allow_data_mismatch_reaches_the_task(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = [*expand_configs(["--config", str(REPO / "configs/hot/ltsf_cpu/etth1_96_96_hot_product.yaml")]),
+            "--data.init_args.synthetic=true", "--trainer.logger=false"]
+    assert cli.HoformerCLI(args=args, run=False).model.allow_data_mismatch is False
+    assert cli.HoformerCLI(args=[*args, "--allow_data_mismatch=true"], run=False).model.allow_data_mismatch is True

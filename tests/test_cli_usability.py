@@ -49,7 +49,7 @@ def test_demo_downloads_etth1_when_the_data_folder_lacks_it(tmp_path, monkeypatc
     monkeypatch.setattr(data_utils, "download_url", fake_download)
     _stop_at_datamodule(monkeypatch, seen)
     with pytest.raises(_Stop):
-        cli.main(["demo", "--output", str(tmp_path / "demo"), "--threads", "1", "--download-timeout", "3"])
+        cli.main(["demo", "--output", str(tmp_path / "demo"), "--threads", "1", "--download", "--download-timeout", "3"])
     (url, dest, sha, timeout), = calls
     assert "ETTh1.csv" in url and dest == tmp_path / "cache" / "ltsf" / "ETT-small" / "ETTh1.csv"
     assert sha == "f18de3ad269cef59bb07b5438d79bb3042d3be49bdeecf01c1cd6d29695ee066" and timeout == 3
@@ -68,17 +68,18 @@ def test_demo_falls_back_to_synthetic_with_a_one_line_reason(tmp_path, monkeypat
     monkeypatch.setattr(data_utils, "download_url", offline)
     _stop_at_datamodule(monkeypatch, seen)
     with pytest.raises(_Stop):
-        cli.main(["demo", "--output", str(tmp_path / "demo"), "--threads", "1"])
+        cli.main(["demo", "--output", str(tmp_path / "demo"), "--threads", "1", "--download"])
     assert (seen[-1]["name"], seen[-1]["synthetic"]) == ("synthetic", True)
     lines = [x for x in capsys.readouterr().out.splitlines() if "synthetic" in x]
     assert len(lines) == 1 and "the download of ETTh1 failed: could not download" in lines[0]
-    # --no-download: no attempt at all
+    # by default nothing is downloaded (the README: nothing is downloaded unless you ask)
     monkeypatch.setattr(data_utils, "download_url", lambda *a, **k: pytest.fail("downloaded"))
     with pytest.raises(_Stop):
-        cli.main(["demo", "--output", str(tmp_path / "demo"), "--threads", "1", "--no-download"])
+        cli.main(["demo", "--output", str(tmp_path / "demo"), "--threads", "1"])
+    assert "--download fetches the ETT files" in capsys.readouterr().out
     # a named dataset is never replaced by synthetic data
     monkeypatch.setattr(data_utils, "download_url", offline)
-    assert cli.main(["demo", "--dataset", "ETTm1", "--output", str(tmp_path / "demo")]) == 2
+    assert cli.main(["demo", "--dataset", "ETTm1", "--output", str(tmp_path / "demo"), "--download"]) == 2
     assert "the download of ETTm1 failed" in capsys.readouterr().err
 
 
@@ -100,3 +101,18 @@ def test_lightning_commands_report_and_set_threads(tmp_path):
         torch.set_num_threads(before)
     assert "hoformer validate: PyTorch uses 1 CPU thread(s) (set by --threads" in err2.getvalue()
     assert "OMP_NUM_THREADS=N" in err2.getvalue()
+
+
+def test_demo_honours_omp_num_threads(tmp_path, monkeypatch):
+    seen = []
+    _no_shared_data(monkeypatch, tmp_path)
+    _stop_at_datamodule(monkeypatch, seen)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with pytest.raises(_Stop):
+            cli.main(["demo", "--output", str(tmp_path / "demo")])
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

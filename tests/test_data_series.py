@@ -177,7 +177,8 @@ def _earlier_layout_checkpoint(path, model, kwargs, data):
 def test_checkpoints_of_the_earlier_task_layout_load(tmp_path):
     """``load_checkpoint`` (used by analyze, forecast and the Python API) rebuilds the model and its data from a
     checkpoint whose task recorded ``model_name`` / ``model_kwargs``; the forecast command reads it too."""
-    from hoformer.checkpoint import checkpoint_datamodule, load_checkpoint
+    from hoformer.checkpoint import load_checkpoint
+    from hoformer.config import checkpoint_datamodule
     from hoformer.models import create_model
     from hoformer.train.forecast import forecast_checkpoint, forecast_series
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import pickle
 import subprocess
 import sys
@@ -17,7 +18,8 @@ import lightning.pytorch as pl
 
 from hoformer.models import create_model
 from hoformer.train import ForecastingTask
-from hoformer.train.guards import CleanStaleTempFiles, NonFiniteError, NonFiniteGuard, read_checkpoint
+from hoformer.checkpoint import read_checkpoint
+from hoformer.train.guards import CleanStaleTempFiles, NonFiniteError, NonFiniteGuard
 from hoformer.train.tasks import AtomicCheckpointIO
 
 from _trainer import quiet_trainer
@@ -85,6 +87,52 @@ def test_fit_refuses_a_pickle_payload_even_with_weights_only_forced_off(tmp_path
     assert marker.exists()
 
 
+def test_a_plain_trainer_restores_a_task_weights_only(tmp_path):
+    """A hoformer task given to a plain ``lightning.Trainer`` (default checkpoint IO, or a user's own IO) with
+    ``fit / test(ckpt_path=evil.ckpt)`` under TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1: the payload must not run (the task
+    installs the weights-only IO in ``setup``, before Lightning's restore)."""
+    marker, evil = tmp_path / "marker.txt", tmp_path / "evil.ckpt"
+    torch.save({"state_dict": {}, "pytorch-lightning_version": "2.6.0", "payload": _Evil(str(marker))}, evil)
+    script = textwrap.dedent(f"""
+        import sys, torch, lightning.pytorch as pl
+        from lightning.pytorch.plugins.io import TorchCheckpointIO, AsyncCheckpointIO
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_guards import _Data, _data, TINY
+        from hoformer.models import create_model
+        from hoformer.train import ForecastingTask
+
+        class MyIO(TorchCheckpointIO):
+            pass
+
+        for name, plugins, run in [("default-fit", [], "fit"), ("default-test", [], "test"),
+                                   ("own-io", [MyIO()], "fit"), ("async-io", [AsyncCheckpointIO()], "fit")]:
+            trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+                                 enable_progress_bar=False, enable_model_summary=False, plugins=plugins,
+                                 default_root_dir={str(tmp_path)!r})
+            try:
+                getattr(trainer, run)(ForecastingTask(create_model("hot_forecaster", **TINY)), _Data(*_data()),
+                                      ckpt_path={str(evil)!r})
+            except Exception as e:
+                print("ERROR", name, type(e).__name__, e)
+    """)
+    env = {**os.environ, "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", "PYTHONPATH": SRC}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert not marker.exists(), "the checkpoint's pickle payload ran"
+    for name in ("default-fit", "default-test", "own-io", "async-io"):
+        assert f"ERROR {name} UnpicklingError" in out.stdout, out.stdout + out.stderr
+    # the control: torch's own default in this environment would have run it
+    subprocess.run([sys.executable, "-c", "import torch,sys; torch.load(sys.argv[1])", str(evil)], env=env,
+                   capture_output=True, timeout=120)
+    assert marker.exists()
+
+
+def test_torch_load_is_called_only_by_the_checkpoint_reader():
+    root = Path(SRC) / "hoformer"
+    call = re.compile(r"(?<!`)torch\.load\(")  # a call, not a ``torch.load(...)`` in a docstring
+    users = sorted(str(p.relative_to(root)) for p in root.rglob("*.py") if call.search(p.read_text()))
+    assert users == ["_io.py"], users  # hoformer._io.read_checkpoint, which hoformer.checkpoint exports
+
+
 def test_every_torch_load_in_the_package_passes_weights_only_true():
     root = Path(SRC) / "hoformer"
     calls = []
@@ -107,7 +155,7 @@ def test_every_torch_load_in_the_package_passes_weights_only_true():
 
 def test_atomic_checkpoint_io_loads_weights_only_and_refuses_weights_only_false(tmp_path):
     io, path = AtomicCheckpointIO(), tmp_path / "a.ckpt"
-    io.save_checkpoint({"w": torch.ones(2), "epoch": 3}, path)
+    io.save_checkpoint({"state_dict": {"w": torch.ones(2)}, "pytorch-lightning_version": "2.6", "epoch": 3}, path)
     assert io.load_checkpoint(path)["epoch"] == 3
     assert io.load_checkpoint(path, weights_only=True)["epoch"] == 3
     with pytest.raises(ValueError, match="weights_only"):

@@ -441,7 +441,7 @@ def test_hoba_configs_follow_the_protocol(cfg, capsys):
     init = c["model"]["init_args"]
     assert c["model"]["class_path"] == "hoformer.train.TextClassificationTask"
     assert init["model"]["class_path"] == "hoformer.models.HOBAClassifier"
-    assert init["optim"]["weight_decay"] == 0.01 and init["optim"]["warmup_steps"] > 0
+    assert init["optim"]["weight_decay"] == 0.01 and init["optim"]["warmup_ratio"] == 0.1  # 10 % of the run
     assert (init["kd_alpha"], init["kd_temperature"]) == (0.3, 2.0)
     cpu = cfg.stem.startswith("cpu")
     assert c["data"]["init_args"]["batch_size"] == (32 if cpu else 8)
@@ -702,7 +702,7 @@ def test_shared_step_uses_teacher_rows_of_the_batch_indices(tmp_path):
 
     ds = dm.datasets["train"]
     batch = collate_text([ds[i] for i in (7, 2, 30, 11)], pad_id=dm.tokenizer.pad_id)
-    assert t.configure_callbacks() == [t.distillation]
+    assert t.configure_callbacks()[-1] is t.distillation  # after the guards every task adds
     t.distillation.on_train_batch_start(None, t, batch, 0)
     t._trainer = None  # self.log is a no-op without a trainer
     t.model.eval()

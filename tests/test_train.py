@@ -316,7 +316,8 @@ def test_config_checkpoints_keep_last_ckpt_at_the_last_epoch(rel, tmp_path, monk
     stops improving: Lightning >= 2.6 writes ``save_last`` only together with a new top-k checkpoint, which left
     ``last.ckpt`` at the best epoch (a resume lost every epoch after it). The best-validation checkpoint is still the
     first checkpoint callback (what ``--ckpt_path best`` and the export read)."""
-    from hoformer.cli import HoformerCLI, expand_configs
+    from hoformer.cli import HoformerCLI
+    from hoformer.config import expand_configs
     from lightning.pytorch.callbacks import EarlyStopping
 
     monkeypatch.chdir(tmp_path)  # the configs' runs/... paths are relative
@@ -1124,3 +1125,158 @@ def test_tasks_train_and_test_on_plain_dataloaders(kind, tmp_path, data_root):
             assert got[k] == pytest.approx(v, rel=1e-6, abs=1e-7), k
     if kind in ("forecasting", "traffic"):  # original-scale metrics are among them
         assert any(k.endswith("_orig") or k.startswith("test/mae") for k in via_dm[1])
+
+
+def test_train_imports_no_analysis_module():
+    """Layering: the training tasks draw their forecast PNG with the shared figure primitives (hoformer._plot), not
+    through hoformer.analysis."""
+    import re
+
+    root = Path(__file__).resolve().parents[1] / "src" / "hoformer" / "train"
+    pattern = re.compile(r"^\s*(from|import)\s+(hoformer\.analysis|\.\.analysis)", re.M)
+    offenders = [p.name for p in root.rglob("*.py") if pattern.search(p.read_text())]
+    assert not offenders, offenders
+
+
+# ------------------------------------------------------------------------------ restoring onto other data / models
+class _SignedData(pl.LightningDataModule):
+    """Tiny windowed series (lookback 16, horizon 8, 3 variates) whose ``data_signature()`` is ``signature``."""
+
+    def __init__(self, signature: dict, seed: int = 0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.ds = TensorDataset(torch.randn(8, 16, 3, generator=g), torch.randn(8, 8, 3, generator=g))
+        self.signature = signature
+
+    def data_signature(self) -> dict:
+        return dict(self.signature)
+
+    def train_dataloader(self):
+        return DataLoader(self.ds, batch_size=4)
+
+    def val_dataloader(self):
+        return DataLoader(self.ds, batch_size=4)
+
+    test_dataloader = val_dataloader
+
+
+def _tiny_task(**kw):
+    return ForecastingTask(create_model("hot_forecaster", seq_len=16, pred_len=8, num_variates=3,
+                                        **{**TINY_FC, **kw}))
+
+
+@pytest.fixture(scope="module")
+def signed_ckpt(tmp_path_factory):
+    """A one-step fit on data signed {"file": "a.csv", "num_variates": 3}: its last checkpoint."""
+    root = tmp_path_factory.mktemp("signed")
+    trainer = quiet_trainer(root, max_steps=1, enable_checkpointing=True, num_sanity_val_steps=0,
+                            callbacks=[ModelCheckpoint(dirpath=root, filename="last")])
+    trainer.fit(_tiny_task(), _SignedData({"file": "a.csv", "num_variates": 3}))
+    return root / "last.ckpt"
+
+
+def test_a_checkpoint_records_its_data_and_refuses_other_data(signed_ckpt, tmp_path):
+    from hoformer.checkpoint import DATA_SIGNATURE_KEY, load_checkpoint
+
+    assert torch.load(signed_ckpt, weights_only=True)[DATA_SIGNATURE_KEY] == {"file": "a.csv", "num_variates": 3}
+    assert load_checkpoint(signed_ckpt)[1]["data_signature"] == {"file": "a.csv", "num_variates": 3}
+    other = _SignedData({"file": "b.csv", "num_variates": 3})
+    with pytest.raises(ValueError, match=r"trained on other data.*file.*'a.csv'.*'b.csv'.*allow_data_mismatch"):
+        quiet_trainer(tmp_path).test(_tiny_task(), other, ckpt_path=signed_ckpt, verbose=False)
+    task = _tiny_task()
+    task.allow_data_mismatch = True  # told to: a warning, and the test runs
+    with pytest.warns(UserWarning, match="differ"):
+        (m,) = quiet_trainer(tmp_path).test(task, other, ckpt_path=signed_ckpt, verbose=False)
+    assert "test/mse" in m
+    # the same data: no word
+    (m,) = quiet_trainer(tmp_path).test(_tiny_task(), _SignedData({"file": "a.csv", "num_variates": 3}),
+                                        ckpt_path=signed_ckpt, verbose=False)
+    assert "test/mse" in m
+
+
+def test_restoring_a_checkpoint_of_another_model_configuration_names_the_difference(signed_ckpt, tmp_path):
+    data = _SignedData({"file": "a.csv", "num_variates": 3})
+    with pytest.raises(ValueError, match=r"does not fit this run's model.*dim=16 vs 32"):
+        quiet_trainer(tmp_path, max_steps=2).fit(_tiny_task(dim=32), data, ckpt_path=signed_ckpt)
+
+
+def test_forecast_and_analyze_refuse_a_checkpoint_on_other_data(signed_ckpt):
+    """hoformer forecast / analyze build the checkpoint's datamodule through checkpoint_datamodule, which refuses
+    data whose signature differs (--allow-data-mismatch: a warning)."""
+    from hoformer.checkpoint import load_checkpoint
+    from hoformer.config import checkpoint_datamodule
+
+    _, info = load_checkpoint(signed_ckpt)
+    other = {"signature": {"file": "b.csv", "num_variates": 4}}
+    with pytest.raises(ValueError, match=r"last.ckpt.*trained on other data.*num_variates.*3.*4.*--allow-data-mis"):
+        checkpoint_datamodule(info, data="test_train._SignedData", data_args=other,
+                              override="pass --allow-data-mismatch")
+    with pytest.warns(UserWarning, match="num_variates"):
+        checkpoint_datamodule(info, data="test_train._SignedData", data_args=other, allow_data_mismatch=True)
+    same = {"signature": {"file": "a.csv", "num_variates": 3}}
+    assert checkpoint_datamodule(info, data="test_train._SignedData", data_args=same).signature == same["signature"]
+
+
+def test_warmup_ratio_is_a_fraction_of_the_run_and_a_warmup_longer_than_the_run_is_warned_about():
+    """A fixed warm-up longer than a small run (123 steps of a 114-step run) never lets the learning rate peak; a
+    warmup_ratio scales with the run."""
+    from hoformer.train.optim import configure_optimization
+
+    def lrs(opt, total):
+        out = configure_optimization(opt, torch.nn.Linear(2, 2), total)
+        sched, rates = out["lr_scheduler"]["scheduler"], []
+        for _ in range(total):
+            rates.append(sched.get_last_lr()[0])
+            out["optimizer"].step()
+            sched.step()
+        return rates
+
+    rates = lrs(Optimization(lr=1.0, warmup_ratio=0.1), 114)
+    assert max(rates) == pytest.approx(1.0) and rates.index(max(rates)) == 10  # 11 warm-up steps = 10 % of 114
+    with pytest.warns(UserWarning, match=r"warmup_steps=123 is not shorter than the run \(114 optimiser steps\)"):
+        assert max(lrs(Optimization(lr=1.0, warmup_steps=123), 114)) < 1.0
+    with pytest.raises(ValueError, match="not both"):
+        Optimization(warmup_steps=10, warmup_ratio=0.1)
+    with pytest.raises(ValueError, match=r"`warmup_ratio` must be a fraction in \[0, 1\)"):
+        Optimization(warmup_ratio=1.5)
+
+
+def test_balanced_class_weights_are_printed(capsys):
+    task = ClassificationTask(create_model("hot_volume_classifier", num_classes=2, input_size=8, patch_size=4, dim=16,
+                                           depth=1, num_heads=2), class_weight="balanced")
+    x = torch.zeros(8, 1, 8, 8, 8)
+    y = torch.tensor([0, 0, 0, 0, 0, 0, 1, 1])
+    w = task._count_balanced(DataLoader(TensorDataset(x, y), batch_size=4))
+    assert w.tolist() == pytest.approx([8 / 12, 8 / 4])
+    assert "class_weight='balanced': training label counts [6, 2] -> cross-entropy weights [0.6667, 2.0]" \
+        in capsys.readouterr().err
+
+
+def test_classification_can_select_its_best_checkpoint_on_balanced_accuracy():
+    model = lambda: create_model("hot_volume_classifier", num_classes=2, input_size=8, patch_size=4, dim=16,  # noqa
+                                 depth=1, num_heads=2)
+    assert ClassificationTask(model()).selection == ("val/auc", "max")
+    assert ClassificationTask(model(), select_on="val/bacc").selection == ("val/bacc", "max")
+    with pytest.raises(ValueError, match="`select_on` must be"):
+        ClassificationTask(model(), select_on="val/loss")
+
+
+def test_a_run_off_a_terminal_prints_one_line_per_epoch_and_no_advertisement(tmp_path):
+    """Without a progress bar on a terminal (a log file, CI), each training epoch prints one line; Lightning's
+    advertising tip and its LeafSpec deprecation warning are not shown (a fresh process: pytest resets warnings)."""
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import lightning.pytorch as pl
+        from lightning.pytorch.loggers import CSVLogger
+        from test_train import _SignedData, _tiny_task
+        pl.Trainer(default_root_dir={str(tmp_path)!r}, accelerator="cpu", devices=1, max_epochs=2,
+                   logger=CSVLogger({str(tmp_path)!r}), num_sanity_val_steps=0).fit(_tiny_task(), _SignedData({{}}))
+    """)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-W", "default", "-c", script], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("epoch ")]
+    assert len(lines) == 2 and lines[0].startswith("epoch 1/2: ") and "train/loss" in lines[0] and "val/mae" in lines[0]
+    assert "Tip" not in out.stderr + out.stdout and "LeafSpec" not in out.stderr, out.stderr[-2000:]

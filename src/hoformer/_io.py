@@ -1,14 +1,19 @@
-"""Crash-safe file writes (weights, checkpoints, predictions, tokenizers, caches, figures, CSVs): :func:`atomic_write`
-for one file; :func:`stage` plus ``os.replace`` for files renamed together (``save_pretrained``)."""
+"""File input / output at the lowest level: crash-safe writes (weights, checkpoints, predictions, tokenizers, caches,
+figures, CSVs): :func:`atomic_write` for one file, :func:`stage` plus ``os.replace`` for files renamed together
+(``save_pretrained``); and :func:`read_checkpoint`, the one ``torch.load`` (weights-only) of the package
+(:mod:`hoformer.checkpoint` builds on it)."""
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["atomic_write"]
+import torch
+
+__all__ = ["atomic_write", "read_checkpoint", "check_device", "CheckpointError", "MissingCheckpointError"]
 
 
 def _fsync_file(path: str | os.PathLike) -> None:
@@ -63,6 +68,29 @@ def stage(path: Path, write_fn: Callable[[str], Any]) -> str:
     return tmp
 
 
+def _explain_write_error(path: Path, e: Exception) -> Exception:
+    """The error of a failed write of ``path`` naming the file and, when the disk is full (``ENOSPC`` / ``EDQUOT``, or
+    a writer such as ``torch.save`` that reports only a short write), the cause; ``e`` itself otherwise."""
+    import errno
+    import shutil
+
+    full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1))
+    if not full and (isinstance(e, OSError) or "unexpected pos" in str(e) or "write" in str(e).lower()):
+        try:
+            full = shutil.disk_usage(path.parent).free < 64 * 2**20  # under 64 MiB left: the likely cause
+        except OSError:
+            pass
+    if not full:
+        return e
+    try:
+        free = f"{shutil.disk_usage(path.parent).free / 2**20:.1f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    return OSError(errno.ENOSPC, f"cannot write {str(path)!r}: no space left on the device holding "
+                                 f"{str(path.parent)!r} ({free}); nothing was written and the previous file, if any, "
+                                 f"is intact ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})")
+
+
 def mkdir(directory: Path) -> None:
     created = not directory.is_dir()
     directory.mkdir(parents=True, exist_ok=True)
@@ -77,8 +105,14 @@ def atomic_write(path: str | os.PathLike, write_fn) -> None:
     ``path`` holds either its previous content or the complete new one.
     """
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"cannot write {str(path)!r}: it is a directory; expected a file path (e.g. "
+                                f"{str(path / 'out')!r} with the file's suffix)")
     mkdir(path.parent)
-    tmp = stage(path, write_fn)
+    try:
+        tmp = stage(path, write_fn)
+    except Exception as e:  # noqa: BLE001 - a full disk surfaces as OSError(ENOSPC) or as torch's "unexpected pos"
+        raise _explain_write_error(path, e) from e
     try:
         os.replace(tmp, path)
     finally:
@@ -104,3 +138,64 @@ def stale_temp_files(directory: str | os.PathLike, suffix: str = "") -> list[Pat
         if m and m["target"].endswith(suffix) and p.is_file() and not p.is_symlink():
             out.append(p)
     return out
+
+
+# ------------------------------------------------------------------------------------------------ reads
+class CheckpointError(ValueError):
+    """A checkpoint that cannot serve the request: unreadable, not a Lightning checkpoint, of another model
+    configuration, trained on other data, or not there (``--ckpt_path best`` of a run that saved none)."""
+
+
+class MissingCheckpointError(CheckpointError, FileNotFoundError):
+    """No checkpoint where one was asked for."""
+
+
+def check_device(map_location: Any, fn: str) -> None:
+    """A ``map_location`` / ``--device`` that names a device this machine lacks (``"cuda:7"`` on a one-GPU or CPU-only
+    machine) raises a ``ValueError`` naming the argument, before any file is read (torch would blame the file)."""
+    if not isinstance(map_location, (str, torch.device)):
+        return  # a dict / function / None: torch's own semantics
+    try:
+        dev = torch.device(map_location)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"{fn}: device {str(map_location)!r} is not a device name (expected 'cpu', 'cuda', "
+                         f"'cuda:0', 'mps', ...): {e}") from e
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0 or (dev.index is not None and dev.index >= n):
+            have = "no CUDA device" if n == 0 else f"{n} CUDA device(s) (cuda:0..cuda:{n - 1})"
+            raise ValueError(f"{fn}: device {str(map_location)!r} does not exist on this machine, which has {have}; "
+                             "pass 'cpu' or an existing device")
+    elif dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ValueError(f"{fn}: device {str(map_location)!r} is not available on this machine; pass 'cpu'")
+
+
+def read_checkpoint(path, map_location: Any = "cpu", *, fn: str = "read_checkpoint", what: str = "checkpoint",
+                    mmap: bool = False) -> Any:
+    """``torch.load(path, map_location, weights_only=True)`` with errors that name the file: ``FileNotFoundError``
+    (missing), ``IsADirectoryError`` (a directory), ``ValueError`` (empty, truncated or not a PyTorch file; a device
+    that does not exist) and ``pickle.UnpicklingError`` (a pickle that needs more than tensors and plain containers:
+    refused, never run). ``what`` names the kind of file in the messages."""
+    p = Path(os.fspath(path))
+    if not p.exists():
+        raise MissingCheckpointError(f"{fn}: {what} file {str(p)!r} not found")
+    if p.is_dir():
+        raise IsADirectoryError(f"{fn}: {what} {str(p)!r} is a directory; expected a .ckpt file (a "
+                                "save_pretrained folder loads with hoformer.models.from_pretrained)")
+    check_device(map_location, fn)
+    size = p.stat().st_size
+    try:
+        return torch.load(p, map_location=map_location, weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as e:
+        if "global" not in str(e).lower():  # refusals name the global; bad bytes ("Unsupported operand"): wrong file
+            raise CheckpointError(f"{fn}: cannot read {what} {str(p)!r} ({size} bytes): it is not a PyTorch file "
+                             f"(UnpicklingError: {str(e).splitlines()[0][:200]})") from e
+        raise pickle.UnpicklingError(
+            f"{fn}: {what} {str(p)!r} holds objects other than tensors and plain containers; it is refused "
+            f"(weights_only=True; only load files you trust with a plain torch.load): {e}") from e
+    except Exception as e:  # noqa: BLE001 - torch raises many types (RuntimeError, EOFError, KeyError...) on bad bytes
+        detail = str(e).split(". ")[0]  # torch's miniz errors run on for several sentences
+        raise CheckpointError(f"{fn}: cannot read {what} {str(p)!r} ({size} bytes): the file is empty, truncated or "
+                         f"not a PyTorch file ({type(e).__name__}: {detail})") from e
+
+

@@ -1,23 +1,59 @@
-"""Loading trained models and their data: the one place that reads Lightning checkpoints and ``save_pretrained``
-folders (used by ``hoformer analyze``, ``hoformer forecast``, ``hoformer test`` and the Python API).
+"""Reading checkpoints: the one place that opens Lightning checkpoints and ``save_pretrained`` folders (its
+:func:`read_checkpoint` is :func:`hoformer._io.read_checkpoint`, the package's one ``torch.load``), used by the tasks' resumes, the CLI, ``hoformer analyze`` / ``forecast`` / ``export`` and the Python API.
 
-* :func:`load_checkpoint` - ``(model, info)`` from a Lightning ``.ckpt`` of a :class:`~hoformer.train.TaskModule` or a
-  ``save_pretrained`` folder; Lightning checkpoints load with ``weights_only=True`` (nothing is unpickled).
+* :func:`read_checkpoint` - ``torch.load(..., weights_only=True)`` always (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` cannot
+  turn it off: an explicit ``weights_only=True`` wins over it); a missing, truncated or unreadable file, a device
+  that does not exist (``map_location``) and a pickle payload raise errors naming the file or the argument.
+* :func:`read_lightning_checkpoint` - :func:`read_checkpoint` of a file that must be a Lightning checkpoint
+  (``state_dict`` and ``pytorch-lightning_version``).
+* :func:`model_state` - a task's model weights (the ``model.`` entries of its ``state_dict``).
+* :func:`load_checkpoint` - ``(model, info)`` from a Lightning ``.ckpt`` of a :class:`~hoformer.train.TaskModule` or
+  a ``save_pretrained`` folder.
 * :func:`model_spec` - the registered model name and constructor arguments a checkpoint's hyper-parameters record.
   Every layout hoformer has written is read: ``model_name`` / ``model_kwargs`` (tasks configured by registry name)
   and ``model_config`` (tasks given a model instance: its ``config``, ``{"name", "kwargs"}``).
-* :func:`build_datamodule`, :func:`checkpoint_datamodule` - the datamodule a checkpoint was trained on (from a
-  config, a class path, or what the checkpoint / its run folder stored).
+* :func:`check_model_state`, :func:`check_checkpoint_data` - refuse a restore into another model configuration, or
+  onto data other than the checkpoint's (its ``data_signature``).
+
+The datamodule a checkpoint was trained on is built by :mod:`hoformer.config` (``checkpoint_datamodule``).
 """
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["load_checkpoint", "model_spec", "build_datamodule", "checkpoint_datamodule", "find_run_file"]
+from hoformer._io import CheckpointError, MissingCheckpointError, check_device, read_checkpoint
+
+__all__ = ["CheckpointError", "MissingCheckpointError", "check_device", "read_checkpoint", "read_lightning_checkpoint",
+           "model_state", "load_checkpoint", "model_spec", "check_model_state", "data_signature",
+           "check_checkpoint_data"]
+
+#: the key under which a task stores its datamodule's ``data_signature()`` in a checkpoint
+DATA_SIGNATURE_KEY = "hoformer_data_signature"
+
+
+def read_lightning_checkpoint(path, map_location: Any = "cpu", *, fn: str = "read_checkpoint",
+                              restore: bool = False) -> dict:
+    """:func:`read_checkpoint` of a file that must be a Lightning checkpoint: a dict with a ``state_dict`` (and, to
+    ``restore`` a Trainer from it, ``pytorch-lightning_version``); a ``ValueError`` naming the file and the keys found
+    otherwise, e.g. for a bare ``torch.save(model.state_dict())``."""
+    ckpt = read_checkpoint(path, map_location, fn=fn)
+    need = ("state_dict", "pytorch-lightning_version") if restore else ("state_dict",)
+    if not isinstance(ckpt, dict) or any(k not in ckpt for k in need):
+        found = sorted(map(str, ckpt))[:8] if isinstance(ckpt, dict) else type(ckpt).__name__
+        hint = (" (it looks like a bare state_dict: load it with model.load_state_dict, or save_pretrained it)"
+                if isinstance(ckpt, dict) and ckpt and all(isinstance(v, torch.Tensor) for v in ckpt.values()) else "")
+        raise CheckpointError(f"{fn}: {str(path)!r} is a PyTorch file but not a Lightning checkpoint: expected the keys "
+                         f"{list(need)}, found {found}{hint}")
+    return ckpt
+
+
+def model_state(ckpt: dict, prefix: str = "model.") -> dict[str, torch.Tensor]:
+    """The weights of a task's model from a Lightning checkpoint dict (its ``state_dict`` entries under ``prefix``,
+    the prefix removed)."""
+    return {k[len(prefix):]: v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}
 
 
 def model_spec(hparams: dict, where: str = "checkpoint") -> tuple[str, dict]:
@@ -36,7 +72,9 @@ def load_checkpoint(path, map_location: str = "cpu", model_args: dict | None = N
     """``(model, info)`` from a Lightning ``.ckpt`` (``hyper_parameters`` with ``model_name`` / ``model_kwargs``) or a
     ``save_pretrained`` folder. ``model_args`` override the checkpoint's ``model_kwargs`` (e.g. a constructor default
     that changed since training; ``.ckpt`` only). ``info``: ``{"kind", "path", "datamodule": dict | None, "run_dir":
-    Path | None, "states": {datamodule class name: state_dict}}`` (the states restore e.g. a text datamodule's tokenizer)."""
+    Path | None, "states": {datamodule class name: state_dict}, "data_signature": dict | None}`` (the states restore
+    e.g. a text datamodule's tokenizer; the signature is what the data determined at training,
+    :func:`check_checkpoint_data`)."""
     from hoformer.models import from_pretrained, model_from_config
 
     p = Path(path)
@@ -51,22 +89,18 @@ def load_checkpoint(path, map_location: str = "cpu", model_args: dict | None = N
             raise ValueError(f"load_checkpoint: --model-args {model_args} cannot apply to the save_pretrained folder "
                              f"{str(p)!r}: its config.json fixes the model (edit it, or pass the Lightning .ckpt "
                              "instead)")
+        check_device(map_location, "load_checkpoint")
         model = from_pretrained(p, map_location=map_location)
         tok = p / "tokenizer.json"  # TextClassificationTask.save_pretrained: the vocabulary the model was trained with
         states = {"TextDataModule": {"tokenizer": tok.read_text()}} if tok.is_file() else {}
-        return model, {"kind": "pretrained", "path": p, "datamodule": None, "run_dir": p.parent, "states": states}
-    try:
-        ckpt = torch.load(p, map_location=map_location, weights_only=True)
-    except Exception as e:  # noqa: BLE001 - torch raises many types for non-checkpoints
-        raise ValueError(f"load_checkpoint: cannot read {str(p)!r} as a Lightning checkpoint "
-                         f"({type(e).__name__}: {e})") from e
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-        raise ValueError(f"load_checkpoint: {str(p)!r} is not a Lightning checkpoint (no 'state_dict')")
+        return model, {"kind": "pretrained", "path": p, "datamodule": None, "run_dir": p.parent, "states": states,
+                       "data_signature": None}
+    ckpt = read_lightning_checkpoint(p, map_location, fn="load_checkpoint")
     hp = dict(ckpt.get("hyper_parameters") or {})
     name, kwargs = model_spec(hp, str(p))
     kwargs = {**kwargs, **dict(model_args or {})}
     model = model_from_config({"name": name, "kwargs": kwargs})
-    state = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    state = model_state(ckpt)
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
         problem = f"missing={missing[:5]} unexpected={unexpected[:5]}" if missing or unexpected else ""
@@ -82,65 +116,85 @@ def load_checkpoint(path, map_location: str = "cpu", model_args: dict | None = N
     # Lightning stores a datamodule's state_dict under its class name (TextDataModule: the trained tokenizer)
     states = {k: v for k, v in ckpt.items() if isinstance(v, dict) and k[:1].isupper()}
     return model, {"kind": "ckpt", "path": p, "datamodule": ckpt.get("datamodule_hyper_parameters"),
-                   "run_dir": run_dir, "states": states}
+                   "run_dir": run_dir, "states": states, "data_signature": ckpt.get(DATA_SIGNATURE_KEY)}
 
 
-def _instantiate(class_path: str, init_args: dict):
-    mod, _, name = class_path.rpartition(".")
+def check_model_state(checkpoint: dict, task, where: str) -> None:
+    """Refuse to restore ``checkpoint`` into ``task`` when the weights of its model do not fit (another model
+    configuration: a resume with a changed config), naming the first differing tensors and the model arguments that
+    differ, instead of torch's list of size mismatches."""
+    saved = checkpoint.get("state_dict") or {}
+    own = task.state_dict()
+    keys = lambda d: {k for k in d if k.startswith("model.")}  # noqa: E731
+    shapes = [f"{k}: {tuple(saved[k].shape)} in the checkpoint, {tuple(own[k].shape)} here"
+              for k in sorted(keys(saved) & keys(own))
+              if hasattr(saved[k], "shape") and tuple(saved[k].shape) != tuple(own[k].shape)]
+    missing, unexpected = sorted(keys(own) - keys(saved)), sorted(keys(saved) - keys(own))
+    if not (shapes or missing or unexpected):
+        return
     try:
-        cls = getattr(importlib.import_module(mod), name)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise ValueError(f"build_datamodule: cannot import datamodule class {class_path!r} ({e})") from e
-    return cls(**{k: v for k, v in init_args.items() if not k.startswith("_")})
+        old = model_spec(dict(checkpoint.get("hyper_parameters") or {}))
+    except ValueError:
+        old = None
+    new = (task.model.config.get("name"), dict(task.model.config.get("kwargs") or {})) \
+        if isinstance(getattr(getattr(task, "model", None), "config", None), dict) else None
+    diff = ""
+    if old is not None and new is not None:
+        if old[0] != new[0]:
+            diff = f"; the checkpoint holds model {old[0]!r}, this run builds {new[0]!r}"
+        else:
+            d = {k: (old[1].get(k), new[1].get(k)) for k in sorted(old[1].keys() | new[1].keys())
+                 if old[1].get(k) != new[1].get(k)}
+            if d:
+                diff = "; model arguments that differ (checkpoint vs this run): " + ", ".join(
+                    f"{k}={a!r} vs {b!r}" for k, (a, b) in list(d.items())[:8])
+    what = "; ".join(filter(None, [", ".join(shapes[:3]) + (f" (+{len(shapes) - 3} more)" if len(shapes) > 3 else ""),
+                                   f"missing here: {missing[:3]}" if missing and not shapes else "",
+                                   f"not in this model: {unexpected[:3]}" if unexpected and not shapes else ""]))
+    raise CheckpointError(f"{where} does not fit this run's model: {what}{diff}. Resume / test with the config the "
+                     "checkpoint was trained with (its run folder's config.yaml), or start a new run")
 
 
-def build_datamodule(*, config=None, data: str | None = None, data_args: dict | None = None,
-                     stored: dict | None = None):
-    """A datamodule from a LightningCLI YAML ``config`` (its ``data`` section), a class path ``data`` with
-    ``data_args``, or the ``datamodule_hyper_parameters`` stored in a checkpoint (with ``_class_path``)."""
-    overrides = dict(data_args or {})
-    if config is not None:
-        import yaml
-
-        cp = Path(config)
-        if not cp.is_file():
-            raise FileNotFoundError(f"build_datamodule: config {str(cp)!r} does not exist")
-        cfg = yaml.safe_load(cp.read_text()) or {}
-        sec = cfg.get("data")
-        if not isinstance(sec, dict) or "class_path" not in sec:
-            raise ValueError(f"build_datamodule: config {str(cp)!r} has no `data: {{class_path: ..., init_args: ...}}` "
-                             "section")
-        return _instantiate(sec["class_path"], {**(sec.get("init_args") or {}), **overrides})
-    if data is not None:
-        return _instantiate(data, overrides)
-    if stored and stored.get("_class_path"):
-        return _instantiate(stored["_class_path"], {**stored, **overrides})
-    raise ValueError("build_datamodule: no data given: pass --config CONFIG.yaml (LightningCLI config with a `data` "
-                     "section) or --data CLASS_PATH [--data-args JSON]; the checkpoint stores no datamodule class")
+def data_signature(datamodule) -> dict | None:
+    """``datamodule.data_signature()`` (what the data determine: file, columns, number of series, lookback, horizon,
+    scaler statistics digest), or ``None`` for a datamodule without one."""
+    fn = getattr(datamodule, "data_signature", None)
+    return fn() if callable(fn) else None
 
 
-def checkpoint_datamodule(info: dict, *, config=None, data: str | None = None, data_args: dict | None = None):
-    """The datamodule of a checkpoint loaded by :func:`load_checkpoint`: from ``config`` / ``data`` when given, else
-    the hyper-parameters stored in a Lightning checkpoint, else the ``config.yaml`` LightningCLI saved in its run
-    folder; with the state the checkpoint stored for it (e.g. the tokenizer the model was trained with)."""
-    stored = info["datamodule"]
-    if config is None and data is None and not (stored or {}).get("_class_path"):
-        config = find_run_file(info["run_dir"], "config.yaml") if info["kind"] == "ckpt" else None
-    dm = build_datamodule(config=config, data=data, data_args=data_args, stored=stored)
-    state = info["states"].get(type(dm).__qualname__)
-    if state and hasattr(dm, "load_state_dict"):  # before setup
-        dm.load_state_dict(state)
-    return dm
+def _compare_signatures(saved: dict, current: dict, *, allow_mismatch: bool = False) -> None:
+    """Fallback of ``hoformer.data.check_data_signature`` (same contract: ``ValueError`` naming the differing
+    entries, a warning instead with ``allow_mismatch``), used only while ``hoformer.data`` does not provide it.
+    TODO(data): delete once ``hoformer.data.check_data_signature`` exists."""
+    import warnings
+
+    diff = {k: (saved.get(k), current.get(k)) for k in sorted(saved.keys() | current.keys())
+            if saved.get(k) != current.get(k)}
+    if not diff:
+        return
+    msg = "the data differ from the checkpoint's: " + "; ".join(f"{k}: {a!r} at training, {b!r} now"
+                                                                 for k, (a, b) in list(diff.items())[:6])
+    if allow_mismatch:
+        warnings.warn(msg, stacklevel=3)
+        return
+    raise ValueError(msg)
 
 
-def find_run_file(run_dir: Path | None, name: str, accept=None) -> Path | None:
-    """Newest ``name`` under a run folder (LightningCLI writes ``config.yaml`` and CSVLogger ``metrics.csv`` into
-    ``<run>/logs/version_*``) for which ``accept(path)`` holds."""
-    if run_dir is None or not Path(run_dir).is_dir():
-        return None
-    found = [f for depth in range(4) for f in Path(run_dir).glob("/".join(["*"] * depth + [name]))]
-    found = [f for f in found if accept is None or accept(f)]
-    found.sort(key=lambda p: p.stat().st_mtime)
-    return found[-1] if found else None
-
-
+def check_checkpoint_data(saved: dict | None, datamodule, *, where: str = "checkpoint", allow_mismatch: bool = False,
+                          override: str = "pass allow_mismatch=True") -> None:
+    """Refuse ``datamodule`` when its ``data_signature()`` differs from the signature ``saved`` in a checkpoint
+    (``hoformer.data.check_data_signature``); nothing to compare (an older checkpoint, a datamodule without a
+    signature): no check. ``allow_mismatch`` warns instead; ``override`` names how the caller's user sets it."""
+    current = data_signature(datamodule) if saved is not None else None
+    if saved is None or current is None:
+        return
+    try:
+        from hoformer.data import check_data_signature
+    except ImportError:
+        check_data_signature = _compare_signatures
+    try:
+        check_data_signature(saved, current, allow_mismatch=allow_mismatch)
+    except ValueError as e:
+        raise CheckpointError(f"{where} was trained on other data than this run's {type(datamodule).__name__}: {e}. "
+                         f"Use the data the checkpoint was trained on, or, to evaluate it on these data anyway, "
+                         f"{override}") from e

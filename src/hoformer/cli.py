@@ -59,227 +59,33 @@ def register_command(name: str, help: str = ""):
     return deco
 
 
-#: model constructor arguments the data determines -> the datamodule attribute that gives them; linked by the CLI
-#: (LightningCLI ``link_arguments``, at instantiation), so a config writes them nowhere: a model that takes the
-#: argument gets the datamodule's value (a datamodule without the attribute gives ``None``)
-DATA_LINKS = {
-    "seq_len": "seq_len", "pred_len": "pred_len", "num_variates": "num_variates",  # forecasting
-    "num_nodes": "num_nodes", "window": "window", "horizon": "horizon",  # traffic
-    "in_channels": "in_channels", "input_size": "input_size", "num_classes": "num_classes",  # images, volumes
-    "vocab_size": "vocab_size", "pad_id": "pad_id", "max_len": "max_len",  # text
-}
-
-
-def _data_attr(attr: str):
-    def value(dm):
-        return getattr(dm, attr, None)
-
-    value.__name__ = f"data.{attr}"
-    return value
-
-
-def _class_parameters(path: str):
-    """The constructor parameters (``inspect.Parameter`` by name) of the class at the dotted ``class_path``, or None
-    when it cannot be imported or inspected (jsonargparse reports that itself)."""
-    import inspect
-
-    mod, _, name = path.rpartition(".")
-    try:
-        return inspect.signature(getattr(importlib.import_module(mod), name)).parameters
-    except (ImportError, AttributeError, ValueError, TypeError):
-        return None
-
-
-def _explain_unknown_option(message: str) -> str:
-    """Append the accepted arguments (and the closest one) to jsonargparse's "Option 'x' is not accepted" error of a
-    ``class_path`` (a misspelled model or task argument)."""
-    import difflib
+def _fix_class_help(text: str, key: str) -> str:
+    """jsonargparse prints the help of a nested ``--a.b.help CLASS`` with the options as ``--b.x`` (and the header
+    as ``--b.help``): spell them as they are given, ``--a.b.x``."""
     import re
 
-    bad = re.search(r"Option '([^']+)' is not accepted", message)
-    paths = re.findall(r"class_path '([\w.]+)'", message[:bad.start()] if bad else "")
-    if not bad or not paths:
-        return message
-    signature = _class_parameters(paths[-1])
-    if signature is None:
-        return message
-    params = [p for p in signature if p not in ("self", "args", "kwargs")]
-    option = bad.group(1).split(".")[-1]
-    close = difflib.get_close_matches(option, params, n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    return (f"{message}\n{paths[-1]} has no argument {option!r}: {hint}its arguments are {', '.join(params)}")
+    m = re.search(r"Help for --([\w.]+)\.help=", text)
+    if m is None or m.group(1) == key:
+        return text
+    return re.sub(rf"--{re.escape(m.group(1))}\.(?=\w)", f"--{key}.", text)
 
 
-def _lightning_cli():
-    from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+def _class_help_key(argv: list[str]) -> str | None:
+    """``K`` of a ``--K.help CLASS`` argument (the help of a class argument), if any."""
+    import re
 
-    class HoformerArgumentParser(LightningArgumentParser):
-        def error(self, message, *args, **kwargs):
-            return super().error(_explain_unknown_option(str(message)), *args, **kwargs)
-
-    class HoformerCLI(LightningCLI):
-        """LightningCLI with subclass mode for task and data, the model a typed argument of the task whose
-        data-determined arguments are linked from the datamodule (:data:`DATA_LINKS`), and hoformer's defaults (see
-        module doc)."""
-
-        def __init__(self, args=None, run: bool = True, **kw):
-            from lightning.pytorch import LightningDataModule
-
-            from hoformer.train import TaskModule
-
-            kw.setdefault("save_config_kwargs", {"overwrite": True})
-            kw.setdefault("parser_class", HoformerArgumentParser)
-            super().__init__(
-                TaskModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-                seed_everything_default=0, args=args, run=run, auto_configure_optimizers=False, **kw,
-            )
-
-        def _parse_ckpt_path(self) -> None:
-            """LightningCLI (lightning 2.3-2.6, ``LightningCLI._parse_ckpt_path``) re-parses the hyper-parameters
-            stored in a ``--ckpt_path`` checkpoint as init args of the task; a hoformer task records its model's
-            ``config`` and its ``optim`` there (and checkpoints of earlier tasks their ``model_name`` /
-            ``model_kwargs``), which are not init args. The config defines the task; the checkpoint gives the
-            weights (:mod:`hoformer.checkpoint` rebuilds a model from the hyper-parameters alone). The file is
-            still read here, so a truncated or refused checkpoint is reported naming it
-            (:func:`hoformer.train.guards.read_checkpoint`)."""
-            sub = self.config.get("subcommand")
-            path = self.config[sub].get("ckpt_path") if sub else None
-            if path and Path(path).is_file():
-                from hoformer.train.guards import read_checkpoint
-
-                read_checkpoint(path, fn=f"hoformer {sub} --ckpt_path")
-
-        def add_arguments_to_parser(self, parser) -> None:
-            parser.add_argument("--threads", type=Optional[int], default=None,
-                                help="CPU threads of PyTorch (default: PyTorch's own, one per core; OMP_NUM_THREADS=N "
-                                     "sets it too). Runs sharing a machine should split its cores between them.")
-            for arg, attr in DATA_LINKS.items():
-                parser.link_arguments("data", f"model.init_args.model.init_args.{arg}", compute_fn=_data_attr(attr),
-                                      apply_on="instantiate")
-            # the forecast plots' panel labels: the data's column names (a task without the argument ignores it)
-            parser.link_arguments("data", "model.init_args.variate_names", compute_fn=_data_attr("variate_names"),
-                                  apply_on="instantiate")
-
-        def before_instantiate_classes(self) -> None:
-            import torch
-
-            sub = self.subcommand
-            self._refuse_given_links(self.config[sub] if sub else self.config)
-            n = (self.config[sub] if sub else self.config).get("threads")
-            if n is not None:
-                if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                    raise ValueError(f"hoformer {sub or 'cli'}: `--threads` must be an int >= 1, got {n!r}")
-                torch.set_num_threads(n)
-            how = "set by --threads" if n is not None else (
-                "from OMP_NUM_THREADS" if os.environ.get("OMP_NUM_THREADS") else "PyTorch's default, one per core")
-            print(f"hoformer {sub or 'cli'}: PyTorch uses {torch.get_num_threads()} CPU thread(s) ({how}; change with "
-                  "--threads N or OMP_NUM_THREADS=N, e.g. when several runs share the machine)", file=sys.stderr)
-
-        def _refuse_given_links(self, cfg) -> None:
-            """A data-determined model argument (:data:`DATA_LINKS`) given in a config or on the command line would
-            be replaced by the datamodule's value without a word: refuse it (a value other than the model's
-            default; the parsed config cannot tell a default from a given value) before anything is built."""
-            import inspect
-
-            model = cfg.get("model.init_args.model") if cfg.get("model.init_args") is not None else None
-            path = model.get("class_path") if model is not None else None
-            if not path or model.get("init_args") is None:
-                return
-            params = _class_parameters(path)
-            if params is None:
-                return
-            args = model["init_args"]
-            given = {a: args.get(a) for a in DATA_LINKS if a in params and a in args
-                     and params[a].default is not inspect.Parameter.empty and args.get(a) != params[a].default}
-            if given:
-                where = ", ".join(f"{a}={v!r} (the datamodule's `{DATA_LINKS[a]}`)" for a, v in given.items())
-                self.parser.error(f"{path}: {where} is determined by the data and linked from it; set it on the data "
-                                  "(--data.init_args...) and leave it out of the model's arguments")
-
-        def instantiate_trainer(self, **kwargs):
-            """Everything a run writes lives under ``trainer.default_root_dir`` (the one output setting): without a
-            ``logger`` in the config, a CSV logger (``<root>/logs``) and, when TensorBoard is installed, a TensorBoard
-            logger (``<root>/tb``); without a ``ModelCheckpoint``, the best checkpoint by the task's model-selection
-            metric (``selection``) and ``last.ckpt`` after every epoch (:func:`~hoformer.train.tasks.checkpoint_callbacks`);
-            a ``ModelCheckpoint`` without ``dirpath`` writes to ``<root>/checkpoints``.
-            Checkpoints are written atomically whatever the config says: a plain ``TorchCheckpointIO`` is replaced by
-            :class:`~hoformer.train.tasks.AtomicCheckpointIO`; a custom checkpoint IO of the user's is kept."""
-            import importlib.util
-
-            from lightning.fabric.plugins import TorchCheckpointIO
-            from lightning.pytorch.callbacks import ModelCheckpoint
-            from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
-
-            from hoformer.train.tasks import AtomicCheckpointIO
-
-            from hoformer.train.tasks import checkpoint_callbacks
-
-            cfg = self._get(self.config_init, "trainer", default={})
-            root = cfg.get("default_root_dir") or os.getcwd()
-            callbacks = list(cfg.get("callbacks") or [])
-            if cfg.get("enable_checkpointing") is not False and "callbacks" not in kwargs \
-                    and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
-                monitor, mode = getattr(self.model, "selection", (None, "min"))
-                kwargs["callbacks"] = callbacks + [
-                    ModelCheckpoint(**c["init_args"])
-                    for c in checkpoint_callbacks(os.path.join(root, "checkpoints"), monitor, mode)]
-            if cfg.get("logger") in (None, True) and "logger" not in kwargs:
-                kwargs["logger"] = [CSVLogger(root, name="logs")]
-                if importlib.util.find_spec("tensorboard") is not None:
-                    kwargs["logger"].append(TensorBoardLogger(root, name="tb"))
-            trainer = super().instantiate_trainer(**kwargs)
-            for cb in trainer.callbacks:
-                if isinstance(cb, ModelCheckpoint) and cb.dirpath is None:
-                    cb.dirpath = os.path.join(root, "checkpoints")
-            if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
-                trainer.strategy.checkpoint_io = AtomicCheckpointIO()
-            return trainer
-
-        def _resolve_best(self) -> None:
-            """``--ckpt_path best`` in a fresh process: the best checkpoint that the run's ``last.ckpt`` (written after
-            every epoch) records for this ModelCheckpoint, else the newest ``best-*.ckpt`` in its dirpath."""
-            cfg = self.config_init[self.subcommand]
-            cb = self.trainer.checkpoint_callback
-            if cfg.get("ckpt_path") != "best" or cb is None or cb.best_model_path:
-                return
-            if cb.monitor is None:
-                raise ValueError("--ckpt_path best: this config's ModelCheckpoint monitors no metric, so there is no "
-                                 "best checkpoint (the CPU-budget HOBA configs evaluate the last epoch); pass the "
-                                 "path of a checkpoint, e.g. <default_root_dir>/checkpoints/last.ckpt")
-            d = Path(cb.dirpath) if cb.dirpath else None
-            recorded = _recorded_best(d / "last.ckpt", cb.state_key) if d is not None else None
-            if recorded is not None:
-                cfg["ckpt_path"] = recorded
-                return
-            found = sorted(d.glob("best-*.ckpt"), key=os.path.getmtime) if d is not None and d.is_dir() else []
-            if not found:
-                raise FileNotFoundError(f"--ckpt_path best: no best-*.ckpt in the ModelCheckpoint dirpath {d}; "
-                                        "run `hoformer fit` with this config first or pass a checkpoint path")
-            cfg["ckpt_path"] = str(found[-1])
-
-        before_validate = before_test = before_predict = _resolve_best
-
-    return HoformerCLI
-
-
-def _recorded_best(last: Path, state_key: str) -> str | None:
-    """The ``best_model_path`` that the ModelCheckpoint ``state_key`` had when ``last`` was written, if that file
-    still exists (robust to other runs' ``best-*.ckpt`` in the same directory); ``None`` otherwise."""
-    import torch
-
-    if not last.is_file():
-        return None
-    try:  # Lightning checkpoints load with weights_only=True (no unpickling of arbitrary objects)
-        ckpt = torch.load(last, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # noqa: BLE001 - torch raises many types for unreadable files: fall back to the glob
-        return None
-    best = (ckpt.get("callbacks") or {}).get(state_key, {}).get("best_model_path")
-    return best if best and Path(best).is_file() else None
+    for a in argv:
+        m = re.fullmatch(r"--([\w.]+)\.help(=.*)?", a)
+        if m:
+            return m.group(1)
+    return None
 
 
 def __getattr__(name: str):  # lazy: importing hoformer.cli must not import lightning
     if name == "HoformerCLI":
-        return _lightning_cli()
+        from hoformer.lightning_cli import HoformerCLI
+
+        return HoformerCLI
     raise AttributeError(name)
 
 
@@ -324,47 +130,6 @@ def _misplaced_config(argv: list[str]) -> str | None:
     return None
 
 
-def _bases(path: Path, seen: tuple[Path, ...] = ()) -> list[str]:
-    """The configs ``path`` extends (its leading ``# extends: <relative path>`` comment lines), bases first,
-    recursively; ``path`` itself last."""
-    path = Path(path)
-    if path in seen:
-        raise ValueError(f"hoformer: config {path} extends itself ({' -> '.join(map(str, seen + (path,)))})")
-    out: list[str] = []
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:  # LightningCLI reports a missing / unreadable config
-        return [str(path)]
-    for line in lines:
-        if not line.startswith("#"):
-            break
-        if line.startswith("# extends:"):
-            base = Path(os.path.normpath(path.parent / line.split(":", 1)[1].strip()))
-            if not base.is_file():
-                raise FileNotFoundError(f"hoformer: config {path} extends {base}, which does not exist")
-            out += _bases(base, seen + (path,))
-    return out + [str(path)]
-
-
-def expand_configs(argv: list[str]) -> list[str]:
-    """``--config X`` -> ``--config BASE ... --config X`` for each base config ``X`` extends (a shared trainer, a
-    family's protocol), so an experiment file holds only what differs."""
-    out, i = [], 0
-    while i < len(argv):
-        a = argv[i]
-        if a in ("--config", "-c") and i + 1 < len(argv):
-            for p in _bases(Path(argv[i + 1])):
-                out += [a, p]
-            i += 2
-            continue
-        if a.startswith("--config="):
-            out += [f"--config={p}" for p in _bases(Path(a.split("=", 1)[1]))]
-        else:
-            out.append(a)
-        i += 1
-    return out
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hoformer`` console script."""
     from_command_line = argv is None
@@ -389,6 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if err:
             print(err, file=sys.stderr)
             return 2
+        from hoformer.config import expand_configs
+
         try:
             expanded = expand_configs(argv)
         except (FileNotFoundError, ValueError) as e:
@@ -396,8 +163,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         if from_command_line and expanded != argv:
             sys.argv[1:] = expanded
-        # from the command line LightningCLI reads sys.argv itself (given both, it warns on every run)
-        _lightning_cli()(args=None if from_command_line else expanded)
+        from hoformer.checkpoint import CheckpointError
+        from hoformer.lightning_cli import HoformerCLI
+        from hoformer.train.guards import RunFolderError
+
+        key = _class_help_key(expanded)
+        try:  # from the command line LightningCLI reads sys.argv itself (given both, it warns on every run)
+            if key is None:
+                HoformerCLI(args=None if from_command_line else expanded)
+            else:  # the help of a class argument: printed with the option names as they are given
+                import io
+                from contextlib import redirect_stdout
+
+                out = io.StringIO()
+                try:
+                    with redirect_stdout(out):
+                        HoformerCLI(args=None if from_command_line else expanded)
+                finally:
+                    sys.stdout.write(_fix_class_help(out.getvalue(), key))
+        except (RunFolderError, CheckpointError) as e:  # the input, not the library: one line, no traceback
+            if not from_command_line:
+                raise
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         return 0
     print(f"hoformer: unknown command {cmd!r}\n\n{_usage()}", file=sys.stderr)
     return 2
@@ -452,10 +240,12 @@ def demo(argv: list[str]) -> int:
     p.add_argument("--max-minutes", type=float, default=2.5, help="wall-clock budget of the training loop")
     p.add_argument("--limit-train-batches", type=float, default=1.0)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    p.add_argument("--threads", type=int, default=int(omp) if omp.isdigit() and int(omp) > 0 else min(2, os.cpu_count() or 1),
+                   help="CPU threads (default: OMP_NUM_THREADS when set, else 2)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-download", action="store_true", help="do not try the checksummed ETT download when the data "
-                   "folder lacks the dataset")
+    p.add_argument("--download", action="store_true", help="when the data folder lacks the dataset, try the "
+                   "checksummed ETT download into $HOFORMER_CACHE (default: nothing is downloaded)")
     p.add_argument("--download-timeout", type=float, default=15.0, help="seconds (default 15)")
     a = p.parse_args(argv)
 
@@ -475,8 +265,8 @@ def demo(argv: list[str]) -> int:
     target = "ETTh1" if name == "auto" else name
     root = None if name == "synthetic" else _demo_data_root(target)
     where = os.environ.get("HOFORMER_DATA") or "../shared/data"
-    why = f"{target} is not under {where}/ltsf"
-    if root is None and name != "synthetic" and not a.no_download:
+    why = f"{target} is not under {where}/ltsf" + ("" if a.download else "; --download fetches the ETT files")
+    if root is None and name != "synthetic" and a.download:
         print(f"hoformer demo: {why}; trying the checksummed download (timeout {a.download_timeout:g} s)")
         root, failed = _download_demo_data(target, a.download_timeout)
         why = failed or why
@@ -510,8 +300,18 @@ def demo(argv: list[str]) -> int:
         plugins=[AtomicCheckpointIO()], enable_progress_bar=sys.stderr.isatty(), enable_model_summary=False,
         log_every_n_steps=20,
     )
+    from hoformer.train.guards import RunFolderError, hold_run_folder
+
+    try:  # a demo replaces the previous demo's files, but not those of a demo still running
+        release = hold_run_folder(out, overwrite=True, fn="hoformer demo")
+    except RunFolderError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     t0 = time.time()
-    trainer.fit(task, datamodule=data)
+    try:
+        trainer.fit(task, datamodule=data)
+    finally:
+        release()
     fit_s = time.time() - t0
     (metrics,) = trainer.test(task, datamodule=data, ckpt_path=ckpt.best_model_path or None, verbose=False)
     print(f"\nhoformer demo: trained {trainer.current_epoch} epoch(s) in {fit_s:.0f} s on {torch.get_num_threads()} "

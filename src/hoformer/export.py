@@ -211,6 +211,9 @@ def export_model(checkpoint, output: str | os.PathLike, *, format: str | None = 
     above :data:`TOLERANCE` raises :class:`ExportError`. ``opset_version``: ONNX opset (default: the exporter's).
     """
     output = Path(output)
+    if output.is_dir():
+        raise ExportError(f"export: --output {str(output)!r} is a directory; expected a file path such as "
+                          f"{str(output / 'model.onnx')!r} or {str(output / 'model.pt2')!r}")
     fmt = _format(output, format)
     if fmt == "onnx":
         _require_onnx()

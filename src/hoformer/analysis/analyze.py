@@ -30,7 +30,8 @@ import torch
 
 from hoformer.functional.triplet import triplet_windows
 
-from hoformer.checkpoint import build_datamodule, checkpoint_datamodule, find_run_file, load_checkpoint
+from hoformer.checkpoint import load_checkpoint
+from hoformer.config import build_datamodule, checkpoint_datamodule, find_run_file
 
 from .maps import AttentionRecord, batch_mean_maps, recording, split_batch
 from .plots import (

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from hoformer._io import atomic_write
+from hoformer._plot import as_numpy, plot_forecast_vs_truth, pyplot, save_figure
 
 __all__ = [
     "plot_mode_maps",
@@ -26,15 +26,6 @@ __all__ = [
 ]
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def require_matplotlib(parser) -> None:
     """``parser.error`` naming the extra to install when matplotlib is missing: for the figure-writing commands,
     before they do any work (``bench`` would otherwise run its whole sweep first)."""
@@ -42,22 +33,6 @@ def require_matplotlib(parser) -> None:
 
     if importlib.util.find_spec("matplotlib") is None:
         parser.error("needs matplotlib for its figures: pip install 'hoformer[plots]' (or `make install`)")
-
-
-def _np(a) -> np.ndarray:
-    if hasattr(a, "detach"):
-        a = a.detach().float().cpu().numpy()
-    return np.asarray(a, dtype=np.float64)
-
-
-def _save(fig, path) -> Path:
-    """Atomic PNG write (a crash never leaves a truncated figure), then the figure is closed."""
-    path = Path(path)
-    try:
-        atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format=path.suffix.lstrip(".") or "png"))
-    finally:
-        _plt().close(fig)
-    return path
 
 
 def _heat(ax, fig, a: np.ndarray, title: str, xlabel: str, ylabel: str, signed: bool = False):
@@ -77,7 +52,7 @@ def _head_panels(heads: int, panel: tuple[float, float], draw, title: str, path)
     """Up to 4 panels per row, one per head; ``draw(ax, fig, i)`` fills panel ``i``; spare axes are hidden."""
     cols = min(heads, 4)
     rows = math.ceil(heads / cols)
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(rows, cols, figsize=(panel[0] * cols, panel[1] * rows), squeeze=False)
     for i, ax in enumerate(axes.flat):
         if i >= heads:
@@ -87,7 +62,7 @@ def _head_panels(heads: int, panel: tuple[float, float], draw, title: str, path)
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_mode_maps(maps: Sequence, path, *, mode_names: Sequence[str] | None = None, title: str = "",
@@ -97,13 +72,13 @@ def plot_mode_maps(maps: Sequence, path, *, mode_names: Sequence[str] | None = N
     ``maps``: per mode ``(H, Ni, Ni)`` (already averaged over the batch) or ``(Ni, Ni)``. ``signed=None`` picks the
     diverging colormap when a map has negative entries.
     """
-    maps = [_np(m) for m in maps]
+    maps = [as_numpy(m) for m in maps]
     maps = [m[None] if m.ndim == 2 else m for m in maps]
     if any(m.ndim != 3 for m in maps):
         raise ValueError(f"plot_mode_maps: maps must be (H, Ni, Ni) or (Ni, Ni), got {[m.shape for m in maps]}")
     heads = min(max(m.shape[0] for m in maps), max_heads)
     names = list(mode_names or [f"mode {i}" for i in range(len(maps))])
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(len(maps), heads, figsize=(max(2.3 * heads, 6.5), 2.1 * len(maps)), squeeze=False)
     for r, m in enumerate(maps):
         sg = bool((m < 0).any()) if signed is None else signed
@@ -116,7 +91,7 @@ def plot_mode_maps(maps: Sequence, path, *, mode_names: Sequence[str] | None = N
     if title:
         fig.suptitle(title, fontsize=8)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_stable_rank_curves(metrics_csv, path, *, prefix: str = "sr/", keys: Sequence[str] | None = None) -> Path:
@@ -144,7 +119,7 @@ def plot_stable_rank_curves(metrics_csv, path, *, prefix: str = "sr/", keys: Seq
     if not frames:
         raise ValueError(f"plot_stable_rank_curves: none of {list(runs.values())} has '{prefix}' columns for {keys}")
     stages = sorted({c.split("/")[0] for _, cols in frames.values() for c in cols})
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(stages), figsize=(5 * len(stages), 3.4), squeeze=False)
     for ax, st in zip(axes[0], stages):
         lo, hi = np.inf, 0.0
@@ -165,40 +140,13 @@ def plot_stable_rank_curves(metrics_csv, path, *, prefix: str = "sr/", keys: Seq
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    return _save(fig, path)
-
-
-def plot_forecast_vs_truth(x, y, pred, path, *, channels: Sequence[int] | None = None, names=None,
-                           title: str = "") -> Path:
-    """Lookback ``x (L, C)``, truth ``y (S, C)`` and forecast ``pred (S, C)`` of selected channels (default: the
-    last three, ``OT`` first in LTSF files)."""
-    x, y, pred = _np(x), _np(y), _np(pred)
-    if y.shape != pred.shape or x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
-        raise ValueError(f"plot_forecast_vs_truth: need x (L, C), y and pred (S, C), got {x.shape}, {y.shape}, "
-                         f"{pred.shape}")
-    c = x.shape[1]
-    channels = list(channels) if channels is not None else [c - 1 - i for i in range(min(3, c))]
-    plt = _plt()
-    fig, axes = plt.subplots(len(channels), 1, figsize=(8, 2.2 * len(channels)), squeeze=False)
-    tl, tf = np.arange(len(x)), np.arange(len(x), len(x) + len(y))
-    for ax, j in zip(axes[:, 0], channels):
-        ax.plot(tl, x[:, j], color="0.45", lw=1, label="lookback")
-        ax.plot(tf, y[:, j], color="C0", lw=1.2, label="truth")
-        ax.plot(tf, pred[:, j], color="C3", lw=1.2, label="forecast")
-        ax.set_ylabel(names[j] if names is not None else f"channel {j}", fontsize=8)
-        ax.grid(alpha=0.3)
-    axes[0, 0].legend(loc="upper left", fontsize=7)
-    axes[-1, 0].set_xlabel("time step")
-    if title:
-        axes[0, 0].set_title(title, fontsize=9)
-    fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_triplet_slice(cube, path, *, token: int = 0, title: str = "", max_heads: int = 8) -> Path:
     """HOBA key1 x key2 attention slice ``A[token, :, :]`` of triplet cubes ``(H, s, s, s)`` (or ``(s, s, s)``),
     one panel per head (HOBA Figs 2-4)."""
-    a = _np(cube)
+    a = as_numpy(cube)
     a = a[None] if a.ndim == 3 else a
     if a.ndim != 4 or not (a.shape[1] == a.shape[2] == a.shape[3]):
         raise ValueError(f"plot_triplet_slice: `cube` must be (H, s, s, s) or (s, s, s), got {a.shape}")
@@ -212,7 +160,7 @@ def plot_signed_maps(maps, path, *, xlabel: str = "key node", ylabel: str = "que
                      max_heads: int = 8) -> Path:
     """Signed attention maps ``(H, N, N)`` (Weaver's Tanimoto ``Theta_S``: negative = inhibitory messages) with a
     diverging colormap symmetric around 0, one panel per head."""
-    a = _np(maps)
+    a = as_numpy(maps)
     a = a[None] if a.ndim == 2 else a
     if a.ndim != 3:
         raise ValueError(f"plot_signed_maps: `maps` must be (H, N, N) or (N, N), got {a.shape}")
@@ -239,7 +187,7 @@ def plot_scaling(df, path, *, x: str = "tokens", y: str = "time_fwd_ms", group: 
                  ylabel: str | None = None, title: str = "", tail: float | None = None) -> Path:
     """Log-log plot of ``y`` against ``x`` for every ``group`` of a benchmark table, with the fitted growth exponent
     (:func:`fit_exponent` with ``tail``) in the legend (HOT Figs 6-7)."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4.2))
     for name, d in df.groupby(group, sort=True):
         d = d[[x, y]].dropna().sort_values(x)
@@ -257,14 +205,14 @@ def plot_scaling(df, path, *, x: str = "tokens", y: str = "time_fwd_ms", group: 
     if title:
         ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_sweep(df, path, *, x: str, y: str, group: str, ylabel: str | None = None, title: str = "",
                logx: bool = True) -> Path:
     """A metric against a hyper-parameter for every ``group`` (HOT Fig 5: error vs number of heads for Kronecker
     product / sum / full attention), from a table with columns ``x``, ``y``, ``group``."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for name, d in df.groupby(group, sort=True):
         d = d[[x, y]].dropna().sort_values(x)
@@ -282,4 +230,4 @@ def plot_sweep(df, path, *, x: str, y: str, group: str, ylabel: str | None = Non
     if title:
         ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)

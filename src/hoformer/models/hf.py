@@ -48,10 +48,12 @@ def hf_as_student(directory: Path, cfg: dict, head: bool) -> dict[str, torch.Ten
     :class:`~hoformer.models.HOBAClassifier`'s names."""
     from safetensors.torch import load_file
 
+    from hoformer._io import read_checkpoint
+
     state: dict[str, torch.Tensor] = {}
     for f in sorted(directory.glob("*.safetensors")) or sorted(directory.glob("pytorch_model*.bin")):  # shards too
         state.update(load_file(str(f)) if f.suffix == ".safetensors" else
-                     torch.load(f, map_location="cpu", weights_only=True))
+                     read_checkpoint(f, fn="load_embeddings_from", what="Hugging Face weights"))
     if not state:
         raise FileNotFoundError(f"load_embeddings_from: no *.safetensors or pytorch_model*.bin in {str(directory)!r}")
     word = [k for k in state if k.endswith("embeddings.word_embeddings.weight")]

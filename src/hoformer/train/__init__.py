@@ -1,4 +1,7 @@
 """Lightning tasks, losses and metrics. Requires the ``train`` extra (lightning, torchmetrics)."""
+from hoformer.compat import quiet_lightning
+
+quiet_lightning()  # Lightning's advertising tips and a deprecation warning of its own, on every run
 from .base import TaskModule  # noqa: F401
 from .optim import Optimization  # noqa: F401
 from .metrics import *  # noqa: F401,F403

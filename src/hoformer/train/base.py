@@ -72,12 +72,22 @@ class TaskModule(L.LightningModule):
 
     The checkpoint's hyper-parameters record the model's ``config`` (``model_config``: registered name and
     constructor arguments) and ``optim`` as a dict, so :mod:`hoformer.checkpoint` rebuilds the model without the task.
+    The checkpoint also records the datamodule's ``data_signature()`` (file, columns, lookback, horizon, scaler
+    statistics, ...) when it has one: a restore (``ckpt_path=``) onto other data is refused
+    (:func:`hoformer.checkpoint.check_checkpoint_data`) unless :attr:`allow_data_mismatch` is set.
+
+    Checkpoints load weights-only whoever builds the ``Trainer``: :meth:`setup` (which Lightning runs before any
+    restore) installs :class:`~hoformer.train.tasks.AtomicCheckpointIO` (:func:`~hoformer.train.tasks.install_checkpoint_io`);
+    a subclass that overrides ``setup`` calls ``super().setup(stage)``.
     """
 
     #: the task's defaults for ``optim`` (the subclasses' constructors use their own)
     default_optim = Optimization()
     #: ``(metric, mode)`` the task's model selection uses (the CLI's best checkpoint); ``None``: the last epoch
     selection: tuple[str | None, str] = (None, "min")
+    #: restore a checkpoint onto data other than its own (``hoformer test --allow_data_mismatch true``): warn instead
+    #: of refusing
+    allow_data_mismatch: bool = False
 
     def __init__(self, model: HoformerModel, optim: Optimization | None = None) -> None:
         super().__init__()
@@ -145,6 +155,35 @@ class TaskModule(L.LightningModule):
         """``LightningModule.log``; a ``sync_dist`` value with a ``batch_size`` counts each sample ``world_size`` times
         (:func:`hoformer.compat.sync_dist_batch_size`: exact DDP epoch means of uneven per-rank shares)."""
         super().log(name, value, *args, **sync_dist_batch_size(kwargs))
+
+    def setup(self, stage: str) -> None:
+        """Install the weights-only checkpoint IO before Lightning restores any ``ckpt_path``."""
+        from .checkpoint_io import install_checkpoint_io
+
+        if self._trainer is not None:
+            install_checkpoint_io(self._trainer)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        from hoformer.checkpoint import DATA_SIGNATURE_KEY, data_signature
+
+        signature = data_signature(getattr(self._trainer, "datamodule", None) if self._trainer is not None else None)
+        if signature is not None:
+            checkpoint[DATA_SIGNATURE_KEY] = signature
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Before Lightning loads the weights: a checkpoint of another model configuration, or trained on other data,
+        is refused with an error naming what differs."""
+        from hoformer.checkpoint import DATA_SIGNATURE_KEY, check_checkpoint_data, check_model_state
+
+        trainer = self._trainer
+        path = getattr(trainer, "ckpt_path", None) if trainer is not None else None
+        where = f"{type(self).__name__}: checkpoint {str(path)!r}" if path else f"{type(self).__name__}: checkpoint"
+        check_model_state(checkpoint, self, where)
+        if trainer is not None and checkpoint.get(DATA_SIGNATURE_KEY) is not None:
+            check_checkpoint_data(checkpoint[DATA_SIGNATURE_KEY], getattr(trainer, "datamodule", None), where=where,
+                                  allow_mismatch=self.allow_data_mismatch,
+                                  override="set `allow_data_mismatch = True` on the task (hoformer: "
+                                           "--allow_data_mismatch true)")
 
     def configure_callbacks(self):
         """A :class:`~hoformer.train.guards.NonFiniteGuard` and a :class:`~hoformer.train.guards.CleanStaleTempFiles`

@@ -20,6 +20,8 @@ from typing import Any, Callable, Iterable
 import torch
 from torchmetrics import Metric
 
+from hoformer.compat import load_train_data_early
+
 __all__ = ["BalancedAccuracy", "check_class_weight", "balanced_class_weights", "count_labels", "ClassWeighting"]
 
 
@@ -114,17 +116,20 @@ class ClassWeighting:
         ``fit`` was given it: loaders or a datamodule)."""
         trainer = self._trainer
         if loader is None and trainer is not None:
-            if trainer.train_dataloader is None and trainer.state.fn == "fit":
-                # not loaded yet (a sanity check before the first epoch): load it as Lightning's own
-                # Trainer.estimated_stepping_batches does
-                trainer.fit_loop.setup_data()
+            load_train_data_early(trainer)  # not loaded yet during the sanity check before the first epoch
             loader = trainer.train_dataloader
         if loader is None:
             raise ValueError(f"{type(self).__name__}: class_weight='balanced' counts the training labels, but "
                              "no training data is attached (fit first, or pass explicit weights)")
         with torch.random.fork_rng(devices=[]):  # counting must not move the RNG of the run
             counts = count_labels(loader, self._train_labels, int(self.num_classes))
-        return balanced_class_weights(counts)
+        weights = balanced_class_weights(counts)
+        if trainer is None or trainer.is_global_zero:
+            import sys
+
+            print(f"{type(self).__name__}: class_weight='balanced': training label counts {counts.tolist()} -> "
+                  f"cross-entropy weights {[round(w, 4) for w in weights.tolist()]}", file=sys.stderr)
+        return weights
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)

@@ -7,7 +7,9 @@ last ``seq_len`` rows of the data file (or of ``--history``, e.g. the same serie
 with the training slice's scaler, and writes the ``pred_len`` forecast steps on the original scale, with their
 timestamps, to a CSV (atomically). ``--end ROW`` forecasts from an earlier row instead (a backtest).
 ``--horizon H`` asks for ``H`` steps instead: a model that generates any horizon (its ``forward`` takes ``pred_len``,
-e.g. ``hot_causal_forecaster``) forecasts them; a direct model (fixed head) only its trained ``pred_len``::
+e.g. ``hot_causal_forecaster``) forecasts them (with a warning beyond ``HORIZON_WARN_FACTOR`` = 4 times the
+trained ``pred_len``: the errors of a generated forecast compound); a direct model (fixed head) only its trained
+``pred_len``::
 
     hoformer forecast --checkpoint runs/hot/ltsf/etth1_96_96_hot_product/checkpoints/last.ckpt --output forecast.csv
     hoformer forecast --checkpoint runs/.../pretrained --config configs/hot/ltsf/etth1_96_96_hot_product.yaml \\
@@ -34,7 +36,10 @@ from hoformer._checks import is_int
 from hoformer._io import atomic_write
 from hoformer.data import LTSFDataModule, read_series_table
 
-__all__ = ["forecast_series", "forecast_checkpoint", "forecast_main"]
+__all__ = ["forecast_series", "forecast_checkpoint", "forecast_main", "HORIZON_WARN_FACTOR"]
+
+#: a generated forecast longer than this multiple of the trained horizon (``pred_len``) is warned about
+HORIZON_WARN_FACTOR = 4
 
 
 def forecast_series(model, scaler, columns, history, *, seq_len: int | None = None, pred_len: int | None = None,
@@ -140,6 +145,11 @@ def _horizon(model, pred_len: int, horizon) -> tuple[int, dict]:
     except (TypeError, ValueError):
         any_horizon = False
     if any_horizon:
+        if horizon > HORIZON_WARN_FACTOR * pred_len:
+            warnings.warn(f"forecast: `horizon`={horizon} is {horizon / pred_len:.0f}x the horizon the model "
+                          f"was trained for (pred_len={pred_len}); a generated forecast compounds its errors "
+                          f"step by step, so beyond {HORIZON_WARN_FACTOR}x it is mostly the model's own drift",
+                          stacklevel=3)
         return int(horizon), {"pred_len": int(horizon)}
     if horizon != pred_len:
         name = getattr(model, "config", {}).get("name", type(model).__name__)
@@ -252,19 +262,23 @@ def _future_dates(dates, end: int, n: int, tz=None):
 
 
 def forecast_checkpoint(checkpoint, *, config=None, data: str | None = None, data_args: dict | None = None,
-                        history=None, end: int | None = None, horizon: int | None = None, device: str = "cpu"):
+                        history=None, end: int | None = None, horizon: int | None = None, device: str = "cpu",
+                        allow_data_mismatch: bool = False):
     """``pandas.DataFrame`` of the forecast of ``checkpoint`` after row ``end`` of ``history`` (a CSV path read as
     the training file is, or a DataFrame; default: the training file itself); see :func:`forecast_series`. The data
     come from ``config``, or the class path ``data`` with ``data_args`` on top of the datamodule hyper-parameters
     the checkpoint stored (a checkpoint of a plain ``Trainer.fit``, e.g. ``hoformer demo``'s, stores them without
-    their class), or the checkpoint / its run folder alone."""
-    from hoformer.checkpoint import checkpoint_datamodule, load_checkpoint
+    their class), or the checkpoint / its run folder alone; a checkpoint trained on other data is refused unless
+    ``allow_data_mismatch``."""
+    from hoformer.checkpoint import load_checkpoint
+    from hoformer.config import checkpoint_datamodule
 
     model, info = load_checkpoint(checkpoint, map_location=device)
     stored = info["datamodule"] or {}
     if data is not None and not stored.get("_class_path"):
         data_args = {**{k: v for k, v in stored.items() if not k.startswith("_")}, **(data_args or {})}
-    dm = checkpoint_datamodule(info, config=config, data=data, data_args=data_args)
+    dm = checkpoint_datamodule(info, config=config, data=data, data_args=data_args,
+                               allow_data_mismatch=allow_data_mismatch, override="pass --allow-data-mismatch")
     if not isinstance(dm, LTSFDataModule):
         raise ValueError(f"forecast: the checkpoint's data ({type(dm).__name__}) is not an LTSF datamodule; pass "
                          "--config with an LTSFDataModule `data` section")
@@ -276,7 +290,11 @@ def forecast_checkpoint(checkpoint, *, config=None, data: str | None = None, dat
 
 def forecast_main(argv: Sequence[str] | None = None) -> int:
     """``hoformer forecast``: forecast the steps after the end of a series with a trained forecaster (CSV out)."""
-    p = argparse.ArgumentParser(prog="hoformer forecast", description=__doc__.split("\n\n")[1],
+    import re
+
+    text = __doc__.split("\n\n")[1].replace("::", ":")
+    text = re.sub(r":\w+:`~?([^`]+)`", r"\1", text).replace("``", "")  # reST roles and literals as plain text
+    p = argparse.ArgumentParser(prog="hoformer forecast", description=text,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", "--ckpt", required=True, help="Lightning .ckpt or save_pretrained folder")
     p.add_argument("--config", help="LightningCLI YAML whose `data` section gives the LTSF data (default: the "
@@ -290,6 +308,8 @@ def forecast_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--horizon", type=int, help="forecast steps (default: the data's pred_len); another horizon "
                                                 "needs a model that generates any horizon (hot_causal_forecaster)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--allow-data-mismatch", action="store_true",
+                   help="forecast with data other than the checkpoint's own (default: refused)")
     p.add_argument("--output", default="forecast.csv", help="CSV to write (default forecast.csv)")
     a = p.parse_args(argv)
     try:
@@ -300,13 +320,17 @@ def forecast_main(argv: Sequence[str] | None = None) -> int:
         p.error("--data-args must be a JSON object")
     try:
         df = forecast_checkpoint(a.checkpoint, config=a.config, data=a.data, data_args=data_args, history=a.history,
-                                 end=a.end, horizon=a.horizon, device=a.device)
+                                 end=a.end, horizon=a.horizon, device=a.device,
+                                 allow_data_mismatch=a.allow_data_mismatch)
     except (FileNotFoundError, ValueError, TypeError) as e:  # input errors (incl. wrong data args): one line
         print(f"hoformer forecast: error: {e}", file=sys.stderr)
         return 2
     out = Path(a.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(out, lambda tmp: df.to_csv(tmp, index=False))
+    try:
+        atomic_write(out, lambda tmp: df.to_csv(tmp, index=False))
+    except OSError as e:  # a directory, a full disk, no permission: one line naming the file
+        print(f"hoformer forecast: error: --output: {e}", file=sys.stderr)
+        return 2
     first, last = df.iloc[0, 0], df.iloc[-1, 0]
     print(f"hoformer forecast: {len(df)} steps ({first} .. {last}) x {df.shape[1] - 1} column(s) -> {out}")
     return 0

@@ -1,52 +1,33 @@
-"""Guards of a training run: checkpoints read without unpickling, a stop at the first non-finite loss, and the
-removal of temporary files that a killed checkpoint save left behind.
+"""Guards of a training run: a stop at the first non-finite loss, and the removal of temporary files that a killed
+checkpoint save left behind (checkpoints are read by :mod:`hoformer.checkpoint`, without unpickling).
 
-* :func:`read_checkpoint` - the one reader of Lightning checkpoint files: ``torch.load(..., weights_only=True)``
-  always (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` cannot turn it off: an explicit ``weights_only=True`` wins over it), and
-  a missing, truncated or unreadable file raises an error naming the file.
 * :class:`NonFiniteGuard` - raises :class:`NonFiniteError` at the first non-finite training loss, naming the step, the
   batch index, whether the inputs, the outputs or only the loss went non-finite, and the first module whose output
   did. Every :class:`~hoformer.train.TaskModule` adds one (``configure_callbacks``) unless the trainer has one.
 * :class:`CleanStaleTempFiles` - at the start of ``fit``, removes the hidden temporary files of interrupted
   checkpoint writes (:func:`hoformer._io.stale_temp_files`: only ``.<name>.ckpt.<8 chars>.tmp``) from the
   checkpoint directories. Every :class:`~hoformer.train.TaskModule` adds one too.
+* :class:`EpochSummary` - one line per training epoch on stderr (losses and validation metrics, time) when no
+  progress bar is drawn on a terminal (logs, CI, ``nohup``). Every :class:`~hoformer.train.TaskModule` adds one too.
+* :func:`hold_run_folder` - one ``fit`` per run folder: refuses a folder another live run holds (``.hoformer.lock``
+  with its host and pid; a lock whose process is gone is stale and taken over) and a finished run's folder unless
+  resuming or told to overwrite (``hoformer fit --overwrite true``).
 """
 from __future__ import annotations
 
+import atexit
+import json
 import os
-import pickle
+import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 
-__all__ = ["read_checkpoint", "NonFiniteError", "NonFiniteGuard", "CleanStaleTempFiles", "default_callbacks"]
-
-
-# ----------------------------------------------------------------------------------------- checkpoint reads
-def read_checkpoint(path, map_location: Any = "cpu", *, fn: str = "read_checkpoint") -> Any:
-    """``torch.load(path, map_location, weights_only=True)`` with errors that name the file: ``FileNotFoundError``
-    (missing), ``IsADirectoryError`` (a directory), ``ValueError`` (empty, truncated or not a PyTorch file) and
-    ``pickle.UnpicklingError`` (a pickle that needs more than tensors and plain containers: refused, never run)."""
-    p = Path(os.fspath(path))
-    if not p.exists():
-        raise FileNotFoundError(f"{fn}: checkpoint file {str(p)!r} not found")
-    if p.is_dir():
-        raise IsADirectoryError(f"{fn}: checkpoint {str(p)!r} is a directory; expected a .ckpt file (a "
-                                "save_pretrained folder loads with hoformer.models.from_pretrained)")
-    size = p.stat().st_size
-    try:
-        return torch.load(p, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
-        raise pickle.UnpicklingError(
-            f"{fn}: checkpoint {str(p)!r} holds objects other than tensors and plain containers; it is refused "
-            f"(weights_only=True; only load checkpoints you trust with a plain torch.load): {e}") from e
-    except Exception as e:  # noqa: BLE001 - torch raises many types (RuntimeError, EOFError, KeyError...) on bad bytes
-        detail = str(e).split(". ")[0]  # torch's miniz errors run on for several sentences
-        raise ValueError(f"{fn}: cannot read checkpoint {str(p)!r} ({size} bytes): the file is empty, truncated or "
-                         f"not a PyTorch checkpoint ({type(e).__name__}: {detail})") from e
+__all__ = ["EpochSummary", "hold_run_folder", "RunFolderError", "NonFiniteError", "NonFiniteGuard", "CleanStaleTempFiles", "default_callbacks"]
 
 
 # --------------------------------------------------------------------------------------------- non-finite
@@ -211,8 +192,125 @@ class CleanStaleTempFiles(pl.Callback):
                 print(f"hoformer: removed {p}, left by an interrupted checkpoint save", file=sys.stderr)
 
 
+class EpochSummary(pl.Callback):
+    """One line per training epoch on stderr (global rank 0): the epoch, the epoch means of the logged losses and
+    validation metrics, and the epoch's wall time; printed when no progress bar is drawn on a terminal (stderr not a
+    terminal, or ``enable_progress_bar=False``), where a run would otherwise print nothing for minutes."""
+
+    def __init__(self, always: bool = False) -> None:
+        self.always = always
+        self._t0 = 0.0
+
+    def _quiet(self, trainer) -> bool:
+        return not self.always and trainer.progress_bar_callback is not None and sys.stderr.isatty()
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._t0 = time.time()
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if not trainer.is_global_zero or trainer.sanity_checking or self._quiet(trainer):
+            return
+        metrics = {k: v for k, v in trainer.callback_metrics.items()
+                   if not k.endswith("_step") and (k.startswith("val/") or k.endswith("loss") or k.endswith("_epoch"))}
+        shown = " ".join(f"{k.removesuffix('_epoch')} {float(v):.4g}" for k, v in sorted(metrics.items())
+                         if getattr(v, "numel", lambda: 1)() == 1)
+        total = f"/{trainer.max_epochs}" if trainer.max_epochs and trainer.max_epochs > 0 else ""
+        print(f"epoch {trainer.current_epoch + 1}{total}: {shown} ({time.time() - self._t0:.0f} s)",
+              file=sys.stderr, flush=True)
+
+
 def default_callbacks(trainer: pl.Trainer | None) -> list[pl.Callback]:
-    """The callbacks every :class:`~hoformer.train.TaskModule` adds to its trainer: a :class:`NonFiniteGuard` and a
-    :class:`CleanStaleTempFiles`, each unless the trainer already has one (the user's then applies)."""
+    """The callbacks every :class:`~hoformer.train.TaskModule` adds to its trainer: a :class:`NonFiniteGuard`, a
+    :class:`CleanStaleTempFiles` and an :class:`EpochSummary`, each unless the trainer already has one (the user's
+    then applies)."""
     have = list(getattr(trainer, "callbacks", None) or [])
-    return [cls() for cls in (NonFiniteGuard, CleanStaleTempFiles) if not any(isinstance(c, cls) for c in have)]
+    return [cls() for cls in (NonFiniteGuard, CleanStaleTempFiles, EpochSummary)
+            if not any(isinstance(c, cls) for c in have)]
+
+
+# ---------------------------------------------------------------------------------------------- run folders
+LOCK_NAME = ".hoformer.lock"
+_HELD: set[str] = set()  # the lock files this process holds
+
+
+class RunFolderError(RuntimeError):
+    """A run folder that another live run holds, or that holds a finished run."""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def _finished_run(root: Path) -> list[str]:
+    """What an earlier run left in ``root``: its checkpoints and ``save_pretrained`` export."""
+    found = sorted(str(p.relative_to(root)) for p in (root / "checkpoints").glob("*.ckpt")) \
+        if (root / "checkpoints").is_dir() else []
+    if (root / "pretrained" / "config.json").is_file():
+        found.append("pretrained/")
+    return found
+
+
+def hold_run_folder(root, *, resume: bool = False, overwrite: bool = False, fn: str = "hoformer fit"):
+    """Take the run folder ``root`` for one ``fit``; returns the function that releases it (also called at exit).
+
+    Refused (:class:`RunFolderError`, naming the folder and what to do): a folder another live run holds (its
+    ``.hoformer.lock`` names the host and pid; a lock of a process that no longer exists on this host is stale and
+    taken over, with a note), a path that is a file, and a folder that holds a finished run (checkpoints,
+    ``pretrained/``) unless ``resume`` (a ``ckpt_path`` continues it) or ``overwrite`` (its files are replaced as the
+    new run writes them)."""
+    root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise RunFolderError(f"{fn}: the run folder {str(root)!r} (trainer.default_root_dir) is a file; expected a "
+                             "directory (or a path that does not exist yet)")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunFolderError(f"{fn}: cannot create the run folder {str(root)!r} (trainer.default_root_dir): "
+                             f"{e.strerror or e}") from e
+    lock = root / LOCK_NAME
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                other = json.loads(lock.read_text() or "{}")
+            except (OSError, ValueError):
+                other = {}
+            pid, host = other.get("pid"), other.get("host")
+            mine = pid == os.getpid() and host == me["host"] and str(lock) not in _HELD  # an earlier call that died
+            stale = host == me["host"] and isinstance(pid, int) and (mine or not _pid_alive(pid))
+            if not stale:
+                raise RunFolderError(
+                    f"{fn}: the run folder {str(root)!r} is in use by another run (pid {pid} on {host}, started "
+                    f"{other.get('started')}; lock file {str(lock)!r}); two runs in one folder overwrite each "
+                    "other's checkpoints and exports. Give this run its own --trainer.default_root_dir, or wait for "
+                    "that run to end (delete the lock file only if that run is gone)") from None
+            print(f"{fn}: taking over the stale lock {lock} (pid {pid} is no longer running)", file=sys.stderr)
+            lock.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            json.dump(me, f)
+        break
+    _HELD.add(str(lock))
+
+    def release() -> None:
+        if str(lock) in _HELD:
+            _HELD.discard(str(lock))
+            lock.unlink(missing_ok=True)
+
+    atexit.register(release)
+    done = _finished_run(root)
+    if done and not (resume or overwrite):
+        release()
+        raise RunFolderError(
+            f"{fn}: the run folder {str(root)!r} holds a finished run ({', '.join(done[:4])}); a new fit would "
+            "overwrite it. Resume it (--ckpt_path <folder>/checkpoints/last.ckpt), give this run its own "
+            "--trainer.default_root_dir, or replace it with --overwrite true")
+    return release

@@ -32,6 +32,8 @@ class Optimization:
         weight_decay: weight decay (AdamW) or L2 coefficient (Adam).
         betas: Adam betas.
         warmup_steps: linear warm-up steps (per optimiser step).
+        warmup_ratio: linear warm-up over this fraction of the run's optimiser steps (``0.1``: the first 10 %), the
+            same whatever the data size; give it or ``warmup_steps``, not both.
         schedule: ``"cosine"`` decay to ``min_lr_ratio * lr`` over the run (per step; needs a bounded run),
             ``"constant"``, or ``"exponential"``: ``lr * gamma ** epoch`` (per epoch, Weaver: gamma 0.9).
         min_lr_ratio: floor of the cosine schedule, relative to ``lr``.
@@ -46,6 +48,7 @@ class Optimization:
     weight_decay: float = 0.05
     betas: tuple[float, float] = (0.9, 0.999)
     warmup_steps: int = 0
+    warmup_ratio: float = 0.0
     schedule: Literal["cosine", "constant", "exponential"] = "cosine"
     min_lr_ratio: float = 0.01
     gamma: float = 0.9
@@ -63,6 +66,13 @@ class Optimization:
             raise ValueError(f"Optimization: `warmup_steps` must be an int >= 0, got {self.warmup_steps!r}")
         if self.fused is not None and not isinstance(self.fused, bool):
             raise TypeError(f"Optimization: `fused` must be True, False or None (on CUDA), got {self.fused!r}")
+        if isinstance(self.warmup_ratio, bool) or not isinstance(self.warmup_ratio, (int, float)) \
+                or not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"Optimization: `warmup_ratio` must be a fraction in [0, 1) of the run's steps, got "
+                             f"{self.warmup_ratio!r}")
+        if self.warmup_ratio and self.warmup_steps:
+            raise ValueError(f"Optimization: give `warmup_steps` ({self.warmup_steps}) or `warmup_ratio` "
+                             f"({self.warmup_ratio}), not both")
         self.betas = tuple(self.betas)
 
 
@@ -85,14 +95,24 @@ def configure_optimization(opt: Optimization, model: torch.nn.Module, total_step
     if opt.schedule == "exponential":
         sched = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=opt.gamma)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}
-    if opt.schedule == "constant" and opt.warmup_steps == 0:
+    if opt.schedule == "constant" and opt.warmup_steps == 0 and opt.warmup_ratio == 0:
         return optimizer
     if opt.schedule == "cosine" and not math.isfinite(total_steps):
         raise ValueError(f"{owner}: schedule='cosine' decays over the whole run, which needs a finite trainer "
                          "`max_epochs` or `max_steps` (got an unbounded run); use schedule='constant' for open-ended "
                          "training")
+    if opt.warmup_ratio and not math.isfinite(total_steps):
+        raise ValueError(f"{owner}: warmup_ratio={opt.warmup_ratio} is a fraction of the run's steps, which needs a "
+                         "finite trainer `max_epochs` or `max_steps`; give warmup_steps instead")
     total = max(1, int(total_steps)) if math.isfinite(total_steps) else 1
-    warm, floor, cosine = opt.warmup_steps, opt.min_lr_ratio, opt.schedule == "cosine"
+    warm = int(round(opt.warmup_ratio * total, 6)) if opt.warmup_ratio else opt.warmup_steps
+    if math.isfinite(total_steps) and warm >= total:
+        import warnings
+
+        warnings.warn(f"{owner}: warmup_steps={warm} is not shorter than the run ({total} optimiser steps): the "
+                      "learning rate never reaches its peak `lr`; give warmup_ratio (a fraction of the run) instead",
+                      stacklevel=2)
+    floor, cosine = opt.min_lr_ratio, opt.schedule == "cosine"
 
     def factor(step: int) -> float:
         if step < warm:

@@ -25,14 +25,13 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import BasePredictionWriter
-from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection, SymmetricMeanAbsolutePercentageError
 from torchmetrics.classification import AUROC, Accuracy, MulticlassAccuracy, MulticlassJaccardIndex
@@ -43,6 +42,7 @@ from hoformer._io import atomic_write
 from hoformer.models import HoformerModel
 
 from .base import TaskModule, check_labels, integer_labels
+from .checkpoint_io import AtomicCheckpointIO, install_checkpoint_io
 from .optim import Optimization
 from .class_balance import BalancedAccuracy, ClassWeighting
 from .metrics import MaskedMAE, MaskedMSE
@@ -52,6 +52,7 @@ __all__ = [
     "ClassificationTask",
     "SegmentationTask",
     "AtomicCheckpointIO",
+    "install_checkpoint_io",
     "checkpoint_callbacks",
     "ExportPretrained",
     "SavePredictions",
@@ -254,7 +255,7 @@ def plot_forecast(x, y, pred, path, num_variates: int = 3, names=None) -> str | 
     ``names`` (``C`` names; default ``variate <j>``). Returns the path, or None without matplotlib."""
     if importlib.util.find_spec("matplotlib") is None:  # plots are an optional extra
         return None
-    from hoformer.analysis.plots import plot_forecast_vs_truth
+    from hoformer._plot import plot_forecast_vs_truth
 
     c = np.shape(x)[-1]
     channels = [c - 1 - i for i in range(min(num_variates, c))]
@@ -267,7 +268,8 @@ class ClassificationTask(ClassWeighting, _HotTask):
     """3D image classification (MedMNIST3D): ``x (B, 1, D, H, W) -> logits (B, num_classes)``; labels ``(B,)`` or
     ``(B, 1)``. Logs ``{stage}/auc`` (macro one-vs-rest; binary: AUC of class 1), ``{stage}/acc`` and
     ``{stage}/bacc`` (balanced accuracy). ``class_weight``: None, ``"balanced"`` or one weight per class for the
-    cross-entropy (:mod:`hoformer.train.class_balance`)."""
+    cross-entropy (:mod:`hoformer.train.class_balance`). ``select_on``: the validation metric the best checkpoint is
+    selected on (the MedMNIST protocol: ``val/auc``; ``val/bacc`` for imbalanced classes)."""
 
     selection = ("val/auc", "max")
     default_optim = Optimization(lr=2e-4, weight_decay=0.1)  # when `optim` is None
@@ -278,8 +280,13 @@ class ClassificationTask(ClassWeighting, _HotTask):
         optim: Optimization | None = Optimization(lr=2e-4, weight_decay=0.1),
         label_smoothing: float = 0.0,
         class_weight: str | list[float] | None = None,
+        select_on: Literal["val/auc", "val/acc", "val/bacc"] = "val/auc",
     ) -> None:
+        if select_on not in ("val/auc", "val/acc", "val/bacc"):
+            raise ValueError(f"ClassificationTask: `select_on` must be 'val/auc', 'val/acc' or 'val/bacc', got "
+                             f"{select_on!r}")
         super().__init__(model, optim)
+        self.selection = (select_on, "max")
         self.num_classes = n = self._model_classes()
         self._init_class_weight(class_weight, n)
         # validate_args=False: check_labels has validated the labels, and torchmetrics' own check (torch.unique +
@@ -362,41 +369,20 @@ class SegmentationTask(_HotTask):
 
 
 # ----------------------------------------------------------------------------------------------- run plumbing
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """``TorchCheckpointIO`` whose saves go to a temporary file renamed onto the target (POSIX-atomic), so a crash
-    or kill during a save leaves the previous checkpoint intact and never a truncated one. Loads are
-    ``weights_only=True`` whatever the environment says."""
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
-        if storage_options is not None:
-            raise TypeError(f"AtomicCheckpointIO.save_checkpoint: `storage_options` unsupported, got {storage_options!r}")
-        atomic_write(path, lambda tmp: torch.save(checkpoint, tmp))
-
-    def load_checkpoint(self, path, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
-        """Always ``weights_only=True`` (no environment setting turns it off); a missing, truncated or unreadable
-        file raises an error naming it (:func:`hoformer.train.guards.read_checkpoint`)."""
-        if weights_only is False:
-            raise ValueError("AtomicCheckpointIO.load_checkpoint: `weights_only` must be True or None (hoformer "
-                             "checkpoints hold only tensors and plain containers), got False; load a trusted "
-                             "pickled checkpoint with a plain TorchCheckpointIO")
-        from .guards import read_checkpoint
-
-        return read_checkpoint(path, map_location, fn="load_checkpoint")
-
-
 def checkpoint_callbacks(dirpath, monitor: str | None = None, mode: str = "min", filename: str = "best-{epoch:03d}",
                          **best_kwargs) -> list[dict]:
     """The checkpoint callbacks every hoformer run uses, as LightningCLI ``class_path`` dicts (the config
     generators write them into YAML; ``[ModelCheckpoint(**c["init_args"]) for c in ...]`` builds them in Python):
     the best checkpoint by ``monitor`` (``filename``, extra ``best_kwargs`` such as ``save_top_k``; left out when
-    ``monitor`` is None) and ``last.ckpt`` rewritten every epoch for resuming. The second one is separate because
-    Lightning >= 2.6 writes ``save_last`` only together with a new top-k checkpoint (and with ``save_top_k=0`` only
-    when training ends), and ``hoformer ... --ckpt_path best`` reads the best path recorded in ``last.ckpt``."""
+    ``monitor`` is None) and ``last.ckpt`` rewritten every epoch for resuming
+    (:func:`hoformer.compat.separate_last_checkpoint`); ``hoformer ... --ckpt_path best`` reads the best path
+    recorded in ``last.ckpt``."""
+    from hoformer.compat import separate_last_checkpoint
+
     mc = "lightning.pytorch.callbacks.ModelCheckpoint"
     best = [{"class_path": mc, "init_args": {"dirpath": dirpath, "monitor": monitor, "mode": mode,
                                              **best_kwargs, "filename": filename}}] if monitor else []
-    return best + [{"class_path": mc, "init_args": {"dirpath": dirpath, "filename": "last",
-                                                    "enable_version_counter": False}}]
+    return separate_last_checkpoint(dirpath, best)
 
 
 class ExportPretrained(pl.Callback):
@@ -416,10 +402,10 @@ class ExportPretrained(pl.Callback):
         model = pl_module.model
         best = getattr(trainer.checkpoint_callback, "best_model_path", "") if trainer.checkpoint_callback else ""
         if best and os.path.isfile(best):
-            ckpt = torch.load(best, map_location="cpu", weights_only=True)
-            state = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+            from hoformer.checkpoint import model_state, read_lightning_checkpoint
+
             model = model_from_config(model.config)
-            model.load_state_dict(state)
+            model.load_state_dict(model_state(read_lightning_checkpoint(best, fn="ExportPretrained")))
         root = self.dirpath or os.path.join(trainer.default_root_dir, "pretrained")
         self.path = str(model.save_pretrained(root))
         tokenizer = getattr(getattr(trainer, "datamodule", None), "tokenizer", None)

@@ -195,7 +195,9 @@ class TeacherLogits(pl.Callback):
             fp = {**_teacher_fingerprint(Path(self.teacher), hf), **data_fp}
         cached = {}
         if cache_path is not None and cache_path.is_file():
-            cached = torch.load(cache_path, map_location="cpu", weights_only=True)
+            from hoformer.checkpoint import read_checkpoint
+
+            cached = read_checkpoint(cache_path, fn="TextClassificationTask", what="teacher_logits cache")
             stored = cached.get("fingerprint")
             if fp is not None and stored != fp:
                 cached = {}  # stale: other teacher weights / config or other data / tokenizer: recomputed below
@@ -374,9 +376,10 @@ class TextClassificationTask(ClassWeighting, TaskModule):
         self._batch_checked = False
 
     def configure_callbacks(self):
-        return [self.distillation] if self.distillation is not None else []
+        return super().configure_callbacks() + ([self.distillation] if self.distillation is not None else [])
 
     def setup(self, stage: str) -> None:
+        super().setup(stage)
         self._batch_checked = False  # the first batch of every run is checked against the model
         if stage == "fit" and self.hparams.init_embeddings_from and not self._embeddings_loaded:
             self.model.load_embeddings_from(self.hparams.init_embeddings_from, head=self.hparams.init_head_from_teacher)

@@ -1,0 +1,182 @@
+"""Configs: the one reader of ``hoformer`` configs (:func:`resolve_config`, composition included) and the datamodules
+they describe.
+
+* :func:`expand_configs` - ``--config X`` -> ``--config BASE ... --config X`` for the configs ``X`` extends (its
+  leading ``# extends: <relative path>`` lines), as LightningCLI reads several ``--config`` files: later values
+  override earlier ones, a list written ``key+:`` extends the earlier list, a list written ``key:`` replaces it.
+* :func:`resolve_config` - the effective configuration of ``hoformer fit --config X [overrides]``, resolved by the
+  very parser of the commands; every command that takes a config reads it here.
+* :func:`build_datamodule`, :func:`checkpoint_datamodule` - the datamodule of a config, a class path, or a checkpoint
+  (what it stored, or its run folder's ``config.yaml``), refused when it is not the data the checkpoint was trained
+  on (:func:`hoformer.checkpoint.check_checkpoint_data`).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from typing import Sequence
+
+from hoformer.checkpoint import check_checkpoint_data
+
+__all__ = ["expand_configs", "resolve_config", "build_datamodule", "checkpoint_datamodule", "find_run_file"]
+
+
+def _check_yaml(path: Path, data: bytes) -> None:
+    """A config that is not UTF-8 text or not YAML raises a ``ValueError`` naming the file (and the line)."""
+    import yaml
+
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"hoformer: config {str(path)!r} is not a text file (byte {e.start} is not UTF-8); expected "
+                         "a YAML config") from None
+    try:
+        yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValueError(f"hoformer: config {str(path)!r} is not valid YAML{where}: {problem}") from None
+
+
+def _bases(path: Path, seen: tuple[Path, ...] = ()) -> list[str]:
+    """The configs ``path`` extends (its leading ``# extends: <relative path>`` comment lines), bases first,
+    recursively; ``path`` itself last."""
+    path = Path(path)
+    if path in seen:
+        raise ValueError(f"hoformer: config {path} extends itself ({' -> '.join(map(str, seen + (path,)))})")
+    out: list[str] = []
+    try:
+        text = path.read_bytes()
+    except OSError:  # LightningCLI reports a missing / unreadable config
+        return [str(path)]
+    _check_yaml(path, text)
+    lines = text.decode().splitlines()
+    for line in lines:
+        if not line.startswith("#"):
+            break
+        if line.startswith("# extends:"):
+            base = Path(os.path.normpath(path.parent / line.split(":", 1)[1].strip()))
+            if not base.is_file():
+                raise FileNotFoundError(f"hoformer: config {path} extends {base}, which does not exist")
+            out += _bases(base, seen + (path,))
+    return out + [str(path)]
+
+
+def expand_configs(argv: list[str]) -> list[str]:
+    """``--config X`` -> ``--config BASE ... --config X`` for each base config ``X`` extends (a shared trainer, a
+    family's protocol), so an experiment file holds only what differs."""
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a in ("--config", "-c") and i + 1 < len(argv):
+            for p in _bases(Path(argv[i + 1])):
+                out += [a, p]
+            i += 2
+            continue
+        if a.startswith("--config="):
+            out += [f"--config={p}" for p in _bases(Path(a.split("=", 1)[1]))]
+        else:
+            out.append(a)
+        i += 1
+    return out
+
+
+_PARSER = None  # the parser of `hoformer fit`, built at the first resolve
+
+
+def resolve_config(config, overrides: Sequence[str] = (), *, partial: bool = False) -> dict:
+    """The effective configuration of ``hoformer fit --config CONFIG [OVERRIDES...]`` as a plain dict (``trainer``,
+    ``model``, ``data``, ``seed_everything``, ... with every default filled in), resolved by the very parser of the
+    ``fit`` / ``test`` / ... commands: the configs ``CONFIG`` extends come first, a list key written ``key+:`` extends
+    the list of the configs before it, ``--section.key=value`` overrides apply last. Nothing is instantiated.
+    Every command that takes a config (``analyze``, ``export``, ``forecast``, the benchmark launchers) reads it here.
+    A missing file, a file that is not YAML, or an invalid value raise a ``ValueError`` naming the file.
+    ``partial``: a config of some sections only (e.g. a ``data`` section for ``hoformer forecast``) is not refused for
+    the sections it lacks (their values are then not validated either)."""
+    global _PARSER
+    path = Path(config)
+    if not path.is_file():
+        raise FileNotFoundError(f"config {str(path)!r} does not exist" if not path.exists() else
+                                f"config {str(path)!r} is not a file")
+    argv = expand_configs(["fit", "--config", str(path), *overrides])
+    if _PARSER is None:
+        from hoformer.lightning_cli import HoformerCLI
+
+        _PARSER = HoformerCLI(parse_only=True).parser
+    import io
+    from contextlib import redirect_stderr
+
+    err = io.StringIO()
+    try:
+        with redirect_stderr(err):
+            ns = _PARSER.parse_args(argv, _skip_validation=partial)
+    except SystemExit:
+        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+        msg = next((ln for ln in lines if "error:" in ln), lines[-1] if lines else "invalid config")
+        raise ValueError(f"config {str(path)!r}: {msg.split('error:', 1)[-1].strip()}") from None
+    out = ns["fit"].as_dict()
+    # the arguments of Trainer.fit and of the command, not of the configuration
+    for key in ("config", "ckpt_path", "weights_only", "overwrite", "allow_data_mismatch"):
+        out.pop(key, None)
+    return out
+
+
+def _instantiate(class_path: str, init_args: dict):
+    mod, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(mod), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ValueError(f"build_datamodule: cannot import datamodule class {class_path!r} ({e})") from e
+    return cls(**{k: v for k, v in init_args.items() if not k.startswith("_")})
+
+
+def build_datamodule(*, config=None, data: str | None = None, data_args: dict | None = None,
+                     stored: dict | None = None):
+    """A datamodule from a LightningCLI YAML ``config`` (its ``data`` section, resolved by
+    :func:`resolve_config` as ``hoformer fit`` resolves it), a class path ``data`` with ``data_args``, or
+    the ``datamodule_hyper_parameters`` stored in a checkpoint (with ``_class_path``)."""
+    overrides = dict(data_args or {})
+    if config is not None:
+        sec = resolve_config(config, partial=True).get("data")  # the bases it extends included, as `hoformer fit` reads it
+        if not isinstance(sec, dict) or not sec.get("class_path"):
+            raise ValueError(f"build_datamodule: config {str(config)!r} has no `data: {{class_path: ..., init_args: "
+                             "...}` section (nor do the configs it extends)")
+        return _instantiate(sec["class_path"], {**(sec.get("init_args") or {}), **overrides})
+    if data is not None:
+        return _instantiate(data, overrides)
+    if stored and stored.get("_class_path"):
+        return _instantiate(stored["_class_path"], {**stored, **overrides})
+    raise ValueError("build_datamodule: no data given: pass --config CONFIG.yaml (LightningCLI config with a `data` "
+                     "section) or --data CLASS_PATH [--data-args JSON]; the checkpoint stores no datamodule class")
+
+
+def checkpoint_datamodule(info: dict, *, config=None, data: str | None = None, data_args: dict | None = None,
+                          allow_data_mismatch: bool = False, override: str = "pass allow_data_mismatch=True"):
+    """The datamodule of a checkpoint loaded by :func:`load_checkpoint`: from ``config`` / ``data`` when given, else
+    the hyper-parameters stored in a Lightning checkpoint, else the ``config.yaml`` LightningCLI saved in its run
+    folder; with the state the checkpoint stored for it (e.g. the tokenizer the model was trained with). Data other
+    than the checkpoint's (its ``data_signature``) are refused unless ``allow_data_mismatch`` (then a warning);
+    ``override`` names how the caller's user sets it (:func:`check_checkpoint_data`)."""
+    stored = info["datamodule"]
+    if config is None and data is None and not (stored or {}).get("_class_path"):
+        config = find_run_file(info["run_dir"], "config.yaml") if info["kind"] == "ckpt" else None
+    dm = build_datamodule(config=config, data=data, data_args=data_args, stored=stored)
+    state = info["states"].get(type(dm).__qualname__)
+    if state and hasattr(dm, "load_state_dict"):  # before setup
+        dm.load_state_dict(state)
+    check_checkpoint_data(info.get("data_signature"), dm, where=f"checkpoint {str(info['path'])!r}",
+                          allow_mismatch=allow_data_mismatch, override=override)
+    return dm
+
+
+def find_run_file(run_dir: Path | None, name: str, accept=None) -> Path | None:
+    """Newest ``name`` under a run folder (LightningCLI writes ``config.yaml`` and CSVLogger ``metrics.csv`` into
+    ``<run>/logs/version_*``) for which ``accept(path)`` holds."""
+    if run_dir is None or not Path(run_dir).is_dir():
+        return None
+    found = [f for depth in range(4) for f in Path(run_dir).glob("/".join(["*"] * depth + [name]))]
+    found = [f for f in found if accept is None or accept(f)]
+    found.sort(key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
