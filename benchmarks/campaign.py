@@ -42,6 +42,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -245,7 +246,7 @@ def _ckpt_epochs(root: Path) -> int:
     last = root / "checkpoints" / "last.ckpt"
     if not last.exists():
         return 0
-    from hoformer.train.guards import read_checkpoint
+    from hoformer.checkpoint import read_checkpoint
 
     return int(read_checkpoint(last, fn="campaign")["epoch"]) + 1
 
@@ -486,8 +487,8 @@ def smoke_test(exp: Experiment, out: Path, threads: int, runner=run_cli) -> dict
     time a step): returns
     ``{"ok", "step_s", "train_batches", "seconds"}``."""
     root = out / "_smoke" / exp.name
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "deadline.json").unlink(missing_ok=True)
+    shutil.rmtree(root, ignore_errors=True)  # a fresh run folder (hoformer fit refuses a finished run's folder)
+    root.mkdir(parents=True)
     t0 = time.time()
     argv = ["fit", *exp.args(), f"--trainer.default_root_dir={root}", "--trainer.accelerator=cpu",
             "--trainer.limit_train_batches=3", "--trainer.limit_val_batches=2", "--trainer.max_epochs=1",
