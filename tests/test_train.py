@@ -903,7 +903,7 @@ def test_compile_model_resolves_fallback_random_per_device(monkeypatch):
         assert seen["options"] == want, device
 
 
-@pytest.mark.slow  # an Inductor C++ build (~40 s of CPU); the CPU arguments it relies on: the test above
+@pytest.mark.slow  # an Inductor C++ build (tens of seconds); the CPU arguments it relies on: the test above
 @pytest.mark.skipif(not any(map(shutil.which, ("c++", "g++", "clang++"))), reason="Inductor needs a C++ compiler")
 def test_compile_model_inductor_on_cpu_draws_eager_dropout_masks():
     """What ``fallback_random`` is for: compiled with CompileModel's CPU arguments (Inductor), a dropout model's
