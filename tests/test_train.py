@@ -418,19 +418,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_ddp_two_processes_match_single_process(tmp_path):
+def test_ddp_two_processes_match_single_process(tmp_path, monkeypatch):
     """The stock datamodule and task on 2 gloo DDP processes: the trained weights, the validation metrics of fit,
     validate and test and the saved predictions (one file, dataset order) equal one process's, and every validation /
     test window (odd counts, uneven batches per rank) is scored exactly once across the ranks."""
+    import runpy
+
     script = tmp_path / "ddp_run.py"
     script.write_text(_DDP_SCRIPT)
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1",
-           "PL_DISABLE_FORK": "1"}
     for devices in (1, 2):
         (tmp_path / f"d{devices}").mkdir()
-        r = subprocess.run([sys.executable, str(script), str(tmp_path / f"d{devices}"), str(devices)], env=env,
-                           capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr[-3000:]
+    with monkeypatch.context() as m:  # one process: the script run in this one
+        m.setattr(sys, "argv", [str(script), str(tmp_path / "d1"), "1"])
+        m.setenv("PL_GLOBAL_SEED", "0")  # (seed_everything's; restored afterwards)
+        runpy.run_path(str(script), run_name="__main__")
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1",
+           "PL_DISABLE_FORK": "1"}
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "d2"), "2"], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
     one = json.loads((tmp_path / "d1" / "rank0.json").read_text())
     ranks = [json.loads((tmp_path / "d2" / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert one["split_len"] == {"validate": 19, "test": 43}  # odd: a padded DistributedSampler would repeat a window
