@@ -855,23 +855,24 @@ def test_compile_model_callback_trains_like_eager_and_keeps_checkpoints_plain(tm
     with pytest.raises(ValueError, match="`backend` must be one of"):
         CompileModel(backend="nope")
 
-    states = {}
-    for name, cb in (("compiled", CompileModel(backend="aot_eager")), ("eager", pl.Callback())):
+    saved = {}
+    for name, cb in (("compiled", [CompileModel(backend="aot_eager")]), ("eager", [])):
         torch._dynamo.reset()
         pl.seed_everything(0)
-        task, ckpt, export = _fit_with_export(tmp_path / name, "val/mae", cb, max_epochs=1, limit_train_batches=3)
-        states[name] = torch.load(ckpt.best_model_path, weights_only=True)["state_dict"]
-        assert all(k.startswith("model.") and "_orig_mod" not in k for k in states[name])
+        task, ckpt, export = _fit_with_export(tmp_path / name, "val/mae", [*cb, EMAWeightAveraging(decay=0.5)],
+                                              max_epochs=1, limit_train_batches=3)
+        saved[name] = torch.load(ckpt.best_model_path, weights_only=True)
+        for states in ("state_dict", "current_model_state"):  # the averaged weights, the raw ones
+            assert all(k.startswith("model.") and "_orig_mod" not in k for k in saved[name][states])
         assert from_pretrained(export.path).state_dict().keys() == task.model.state_dict().keys()
         assert (task.model._compiled_call_impl is not None) == (name == "compiled")
         assert (task.example_input_array is None) == (name == "compiled")  # no batch-1 summary graph to compile
-    for k, v in states["eager"].items():
-        torch.testing.assert_close(states["compiled"][k], v, rtol=1e-4, atol=1e-5, msg=k)
+    for states in ("current_model_state", "state_dict"):
+        for k, v in saved["eager"][states].items():
+            torch.testing.assert_close(saved["compiled"][states][k], v, rtol=1e-4, atol=1e-5, msg=f"{states}: {k}")
     torch._dynamo.reset()
-    _, ckpt, _ = _fit_with_export(tmp_path / "ema", "val/mae", [CompileModel(backend="aot_eager"),
-                                                                EMAWeightAveraging(decay=0.5)], 1, 3)
-    saved = torch.load(ckpt.best_model_path, weights_only=True)
-    assert any(not torch.equal(saved["state_dict"][k], saved["current_model_state"][k]) for k in saved["state_dict"])
+    state = saved["compiled"]  # EMA on top of the compiled model: the checkpoint holds the average
+    assert any(not torch.equal(state["state_dict"][k], state["current_model_state"][k]) for k in state["state_dict"])
 
 
 def test_compile_model_resolves_fallback_random_per_device(monkeypatch):
