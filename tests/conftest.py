@@ -35,3 +35,12 @@ def data_root() -> Path:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """A command under test may set the process's thread count (``hoformer demo`` without ``--threads`` sets up to
+    two): put it back after each test, or every later test runs with two threads (see above)."""
+    yield
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)

@@ -10,29 +10,14 @@ import torch
 from hoformer.export import ExportError, export_model, export_program, verify_export
 from hoformer.functional import kron_apply, kron_sum_apply, triplet_attention, triplet_windows
 from hoformer.functional._ops import EXPORT_DECOMPOSITIONS, _window_shape
-from hoformer.models import create_model, list_models
+from hoformer.models import list_models
+
+from _small import SMALL, small_model
 
 D64 = torch.float64
 HAS_ONNX = all(importlib.util.find_spec(m) is not None for m in ("onnx", "onnxscript", "onnxruntime"))
 needs_onnx = pytest.mark.skipif(not HAS_ONNX, reason="needs the export extra (onnx, onnxscript, onnxruntime)")
 
-#: small constructor arguments per registered model (a model missing here is tested at its defaults)
-SMALL = {
-    "cnn3d_classifier": dict(input_size=8, widths=(4, 8)),
-    "historical_average": dict(num_nodes=5, window=4, horizon=3),
-    "last_value": dict(num_nodes=5, window=4, horizon=3),
-    "hoba_classifier": dict(vocab_size=40, num_classes=3, max_len=16, dim=16, num_heads=2, depth=2, block_size=4),
-    "hot_forecaster": dict(seq_len=16, pred_len=8, num_variates=3, dim=16, depth=1, num_heads=2),
-    "hot_causal_forecaster": dict(seq_len=16, pred_len=8, num_variates=3, dim=16, depth=1, num_heads=2),
-    "hot_forecaster_official": dict(seq_len=16, pred_len=8, num_variates=3, dim=16, depth=1, num_heads=2),
-    "hot_volume_classifier": dict(input_size=8, dim=16, depth=1, num_heads=2),
-    "hot_segmenter": dict(in_channels=3, num_classes=4, input_size=16, dim=16, depth=1, num_heads=2, patch_size=4),
-    "weaver": dict(num_nodes=5, window=4, horizon=3, dim=16, num_heads=2, num_landmarks=4, dict_width=4,
-                   kern_dim=8, kern_layers=2),
-    "traffic_alternating": dict(num_nodes=5, window=4, horizon=3, dim=16, num_heads=2),
-    "traffic_full_attention": dict(num_nodes=5, window=4, horizon=3, dim=16, num_heads=2),
-    "traffic_hot": dict(num_nodes=5, window=4, horizon=3, dim=16, num_heads=2),
-}
 ALL_MODELS = list_models()
 #: the custom op each of these models' programs holds before lowering
 KERNEL_OP = {"hot_forecaster": "hoformer.kron_apply", "hot_volume_classifier": "hoformer.kron_apply",
@@ -48,8 +33,7 @@ def _per_family(names):
 
 
 def _small(name, dtype=torch.float32):
-    torch.manual_seed(0)
-    return create_model(name, **SMALL.get(name, {})).to(dtype).eval()
+    return small_model(name, dtype).eval()
 
 
 def _cast(tree, dtype):
@@ -108,14 +92,15 @@ def test_custom_op_gradients_are_the_hand_written_ones(wanted):
            "sum": lambda: torch.ops.hoformer.kron_sum_apply(v, fs, 0.5)}
     eager = {"product": lambda: kron_apply(fs, v), "sum": lambda: kron_sum_apply(fs, v, normalize=True)}
     for combine, op in ops.items():
-        assert torch.autograd.gradcheck(lambda *_: op(), leaves)
+        assert torch.autograd.gradcheck(lambda *_: op(), leaves, fast_mode=True)
         g = torch.randn_like(v)
         got = torch.autograd.grad(op(), leaves, g)
         want = torch.autograd.grad(eager[combine](), leaves, g)
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
     args = _triplet_args()
-    assert torch.autograd.gradcheck(lambda *q: torch.ops.hoformer.triplet_attention(*q, *args[5:])[0], args[:5])
+    assert torch.autograd.gradcheck(lambda *q: torch.ops.hoformer.triplet_attention(*q, *args[5:])[0], args[:5],
+                                   fast_mode=True)
 
 
 @pytest.mark.parametrize("L", [3, 8, 10, 17, 33])

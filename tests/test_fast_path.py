@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from hoformer.models import create_model, list_models
 from hoformer.train import CompileModel, Optimization
 from hoformer.train.optim import configure_optimization
-from test_export import SMALL
+from _small import SMALL
 
 FAST: list[str] = []  # Inductor compiles take 30-120 s per model here: `make test-slow` runs them all
 

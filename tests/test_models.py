@@ -21,6 +21,7 @@ from hoformer.models.hot import FORECAST_ATTENTIONS
 
 from _outputs import float_outputs, tensors
 from _pretrained import restamp_config
+from _small import small_model
 
 ALL_MODELS = list_models()
 D64 = torch.float64
@@ -236,7 +237,7 @@ def test_jsonargparse_builds_models_from_class_path():
 @pytest.mark.parametrize("name", ALL_MODELS)
 def test_forward_backward_every_param_gets_grad(name):
     torch.manual_seed(0)
-    model = create_model(name)
+    model = small_model(name)
     assert isinstance(model, HoformerModel)
     args, kwargs = model.example_inputs(batch_size=2)
     model.train()
@@ -261,7 +262,7 @@ def test_bf16_autocast_and_bf16_weights(name):
     model's forward + backward is finite and close to float32; with bf16 weights and inputs (`precision="bf16-true"`)
     the forward is finite and floating outputs stay bf16 (fp32-only internals such as entmax cast back)."""
     torch.manual_seed(0)
-    model = create_model(name).eval()  # eval: no dropout, so fp32 and bf16 runs see the same function
+    model = small_model(name).eval()  # eval: no dropout, so fp32 and bf16 runs see the same function
     args, kwargs = model.example_inputs(batch_size=2)
     ref = float_outputs(model, args, kwargs)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -288,7 +289,7 @@ def test_bf16_autocast_and_bf16_weights(name):
 @pytest.mark.parametrize("name", ALL_MODELS)
 def test_save_pretrained_round_trip_identical(name, tmp_path):
     torch.manual_seed(0)
-    model = create_model(name).eval()
+    model = small_model(name).eval()
     args, kwargs = model.example_inputs(batch_size=1)
     model.save_pretrained(tmp_path / "m")
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.json", "model.safetensors"]
@@ -776,7 +777,7 @@ def test_samples_in_a_batch_are_independent(name):
     """In eval mode a sample's output does not depend on the other samples of its batch (statistics pooled over the
     batch, e.g. a RevIN mean over (B, T), passed every other generic test)."""
     torch.manual_seed(0)
-    model = create_model(name).eval()
+    model = small_model(name).eval()
     args, kwargs = model.example_inputs(batch_size=3)
     with torch.no_grad():
         full = float_outputs(model, args, kwargs)

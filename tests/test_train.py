@@ -419,19 +419,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_ddp_two_processes_match_single_process(tmp_path):
+def test_ddp_two_processes_match_single_process(tmp_path, monkeypatch):
     """The stock datamodule and task on 2 gloo DDP processes: the trained weights, the validation metrics of fit,
     validate and test and the saved predictions (one file, dataset order) equal one process's, and every validation /
     test window (odd counts, uneven batches per rank) is scored exactly once across the ranks."""
+    import runpy
+
     script = tmp_path / "ddp_run.py"
     script.write_text(_DDP_SCRIPT)
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1",
-           "PL_DISABLE_FORK": "1"}
     for devices in (1, 2):
         (tmp_path / f"d{devices}").mkdir()
-        r = subprocess.run([sys.executable, str(script), str(tmp_path / f"d{devices}"), str(devices)], env=env,
-                           capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr[-3000:]
+    with monkeypatch.context() as m:  # one process: the script run in this one
+        m.setattr(sys, "argv", [str(script), str(tmp_path / "d1"), "1"])
+        m.setenv("PL_GLOBAL_SEED", "0")  # (seed_everything's; restored afterwards)
+        runpy.run_path(str(script), run_name="__main__")
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1",
+           "PL_DISABLE_FORK": "1"}
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "d2"), "2"], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
     one = json.loads((tmp_path / "d1" / "rank0.json").read_text())
     ranks = [json.loads((tmp_path / "d2" / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert one["split_len"] == {"validate": 19, "test": 43}  # odd: a padded DistributedSampler would repeat a window
@@ -850,23 +856,24 @@ def test_compile_model_callback_trains_like_eager_and_keeps_checkpoints_plain(tm
     with pytest.raises(ValueError, match="`backend` must be one of"):
         CompileModel(backend="nope")
 
-    states = {}
-    for name, cb in (("compiled", CompileModel(backend="aot_eager")), ("eager", pl.Callback())):
+    saved = {}
+    for name, cb in (("compiled", [CompileModel(backend="aot_eager")]), ("eager", [])):
         torch._dynamo.reset()
         pl.seed_everything(0)
-        task, ckpt, export = _fit_with_export(tmp_path / name, "val/mae", cb, max_epochs=1, limit_train_batches=3)
-        states[name] = torch.load(ckpt.best_model_path, weights_only=True)["state_dict"]
-        assert all(k.startswith("model.") and "_orig_mod" not in k for k in states[name])
+        task, ckpt, export = _fit_with_export(tmp_path / name, "val/mae", [*cb, EMAWeightAveraging(decay=0.5)],
+                                              max_epochs=1, limit_train_batches=3)
+        saved[name] = torch.load(ckpt.best_model_path, weights_only=True)
+        for states in ("state_dict", "current_model_state"):  # the averaged weights, the raw ones
+            assert all(k.startswith("model.") and "_orig_mod" not in k for k in saved[name][states])
         assert from_pretrained(export.path).state_dict().keys() == task.model.state_dict().keys()
         assert (task.model._compiled_call_impl is not None) == (name == "compiled")
         assert (task.example_input_array is None) == (name == "compiled")  # no batch-1 summary graph to compile
-    for k, v in states["eager"].items():
-        torch.testing.assert_close(states["compiled"][k], v, rtol=1e-4, atol=1e-5, msg=k)
+    for states in ("current_model_state", "state_dict"):
+        for k, v in saved["eager"][states].items():
+            torch.testing.assert_close(saved["compiled"][states][k], v, rtol=1e-4, atol=1e-5, msg=f"{states}: {k}")
     torch._dynamo.reset()
-    _, ckpt, _ = _fit_with_export(tmp_path / "ema", "val/mae", [CompileModel(backend="aot_eager"),
-                                                                EMAWeightAveraging(decay=0.5)], 1, 3)
-    saved = torch.load(ckpt.best_model_path, weights_only=True)
-    assert any(not torch.equal(saved["state_dict"][k], saved["current_model_state"][k]) for k in saved["state_dict"])
+    state = saved["compiled"]  # EMA on top of the compiled model: the checkpoint holds the average
+    assert any(not torch.equal(state["state_dict"][k], state["current_model_state"][k]) for k in state["state_dict"])
 
 
 def test_compile_model_resolves_fallback_random_per_device(monkeypatch):
@@ -904,6 +911,7 @@ def test_compile_model_resolves_fallback_random_per_device(monkeypatch):
         assert seen["options"] == want, device
 
 
+@pytest.mark.slow  # an Inductor C++ build (tens of seconds); the CPU arguments it relies on: the test above
 @pytest.mark.skipif(not any(map(shutil.which, ("c++", "g++", "clang++"))), reason="Inductor needs a C++ compiler")
 def test_compile_model_inductor_on_cpu_draws_eager_dropout_masks():
     """What ``fallback_random`` is for: compiled with CompileModel's CPU arguments (Inductor), a dropout model's
