@@ -739,13 +739,11 @@ def test_a_write_that_runs_out_of_space_names_the_file_and_the_cause(tmp_path, m
 
 
 def test_a_generated_forecast_far_beyond_the_trained_horizon_is_warned_about():
-    from types import SimpleNamespace
-
     from hoformer.train.forecast import HORIZON_WARN_FACTOR, _horizon
 
     model = create_model("hot_causal_forecaster", seq_len=32, num_variates=3, dim=16, num_heads=2, depth=1,
                          patch_size=8)
-    data = SimpleNamespace(pred_len=8)
+    data = 8  # the trained horizon (pred_len)
     with pytest.warns(UserWarning, match=r"`horizon`=100000 is 12500x the horizon the model was trained for"):
         assert _horizon(model, data, 100000)[0] == 100000
     import warnings
