@@ -212,6 +212,14 @@ class _Decoder:
         return DecodingCache(max_steps, fn)
 
 
+def _check_eval(module: nn.Module, fn: str) -> None:
+    """Decoding is eval-mode arithmetic (no dropout, like the forward it reproduces in eval mode): refuse a module in
+    training mode rather than drop out silently or differ from its own training forward."""
+    if module.training:
+        raise RuntimeError(f"{fn}: decoding runs in eval mode (no dropout), got a {type(module).__name__} in training "
+                           "mode; call .eval() first")
+
+
 def _check_step(layer, fn: str, x, cache, masks, heads: int, num_modes: int | None):
     """The checks of every ``step``: ``layer`` decodes (``causal_mode`` set), ``cache`` is a :class:`DecodingCache`
     with room for one more step, ``x`` is one index of the causal mode (size 1 along it) with the batch, other modes
@@ -220,6 +228,7 @@ def _check_step(layer, fn: str, x, cache, masks, heads: int, num_modes: int | No
     c = layer.causal_mode
     if c is None:
         raise ValueError(f"{fn}: decoding needs a layer built with `causal_mode`")
+    _check_eval(layer, fn)
     if not isinstance(cache, DecodingCache):
         raise TypeError(f"{fn}: `cache` must come from init_cache(), got {type(cache).__name__}")
     _check_x(x, layer.dim, fn, num_modes)
@@ -313,10 +322,12 @@ class FavorFeatures(nn.Module):
     :meth:`redraw` (done automatically every ``redraw_interval`` training forwards when > 0).
     ``c`` is a stabiliser against overflow: the per-row max for queries, the max over all keys of a (batch, head) for
     keys. The ``1e-6`` floor of Performer's features is scaled by ``exp(-c)`` as well, so ``c`` is an exact common
-    factor that cancels in the row normalisation: a key feature does not depend on the other keys, and a causal mask
-    holds to rounding (with the floor added after stabilising, future keys moved the past outputs by ~1e-5). The
-    shared key stabiliser still couples keys through underflow: a key whose projection exceeds the others' by ~90
-    (float32) flushes their features to 0.
+    factor that cancels in the row normalisation. The shared key stabiliser couples keys through underflow (a key
+    whose projection exceeds the others' by ~90 in float32 flushes their features to 0), which is harmless when every
+    query sees every key but not along a causal mode, where a future key must not touch the past:
+    :meth:`with_log_scale` stabilises each row by its own maximum and returns ``c`` alongside, so that
+    :func:`~hoformer.functional.causal.causal_linear_factor` rescales the keys per query row, by the largest key
+    scale up to that row only.
     """
 
     def __init__(self, dim: int, num_features: int | None = None, redraw_interval: int = 0) -> None:
@@ -361,15 +372,23 @@ class FavorFeatures(nn.Module):
         self._calls = None
 
     def forward(self, x: torch.Tensor, is_query: bool) -> torch.Tensor:
+        """``phi(x) (.., n, f)`` of ``x (.., n, E)``: stabilised per row for queries, over the last two dims for keys."""
+        return self._features(x, (-1,) if is_query else (-1, -2))[0]
+
+    def with_log_scale(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(phi, c)``: the features of ``x (.., n, E)`` with every row stabilised by its own maximum, and that
+        stabiliser ``c (.., n, 1)`` (detached): ``phi * exp(c)`` is the unstabilised feature. No row depends on
+        another (the causal mode's keys, :func:`~hoformer.functional.causal.causal_linear_factor`)."""
+        return self._features(x, (-1,))
+
+    def _features(self, x: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         xs = x * self.dim ** -0.25
         proj = torch.matmul(xs, self.projection.to(x.dtype).T)  # (.., n, f)
         sq = xs.pow(2).sum(-1, keepdim=True) / 2
-        if is_query:
-            stab = proj.amax(dim=-1, keepdim=True)
-        else:
-            stab = proj.amax(dim=(-1, -2), keepdim=True)
-        stab = stab.detach().clamp_min(0.0)  # guards exp(proj) against overflow; >= 0 so exp(-stab) cannot overflow
-        return (torch.exp(proj - sq - stab) + 1e-6 * torch.exp(-stab)) / math.sqrt(self.num_features)
+        # guards exp(proj) against overflow; >= 0 so exp(-stab) cannot overflow
+        stab = proj.amax(dim=dims, keepdim=True).detach().clamp_min(0.0)
+        phi = (torch.exp(proj - sq - stab) + 1e-6 * torch.exp(-stab)) / math.sqrt(self.num_features)
+        return phi, stab
 
 
 # ----------------------------------------------------------------------------------------- Kronecker
@@ -575,16 +594,19 @@ class KroneckerAttention(_Decoder, RecordableAttention):
             prefix = [p.cumsum(1) for p in pools]
         qs, ks = self._causal_qk(pc, prefix, order, 0, rest)
         v = self.to_v(xp).view(b, T, *rest, self.heads, self.dim_head).movedim(-2, 1)
-        linear = self.kernel == "linear"
+        linear, log_scale = self.kernel == "linear", None
         if linear:
             self.favor.step()
             qs = [self.favor(q, is_query=True) for q in qs]
-            ks = [self.favor(k, is_query=False) for k in ks]
+            # the causal mode's keys stabilised one by one (a shared stabiliser would span future keys); every other
+            # mode's keys at index t come from the pools up to t already
+            k0, log_scale = self.favor.with_log_scale(ks[0])
+            ks = [k0] + [self.favor(k, is_query=False) for k in ks[1:]]
         y, maps = _causal_kronecker(
             qs, ks, v, combine=self.combine, kernel="linear" if linear else "softmax", scale=None,
             masks=None if masks is None else [masks[i] for i in order],
             dropout_p=self.attn_dropout if self.training and not linear else 0.0, want_factors=want_maps,
-            score_fn=self.score_fn)
+            score_fn=self.score_fn, key_log_scale=log_scale)
         y = self.to_out(y.movedim(1, -2).reshape(b, T, *rest, -1)).movedim(1, 1 + c)
         if maps is not None:
             maps = [maps[order.index(i)] for i in range(nm)]
@@ -597,13 +619,12 @@ class KroneckerAttention(_Decoder, RecordableAttention):
         ``layer(x_full)`` at ``t`` for the inputs given so far (eval mode: no dropout here; no gradients).
 
         ``cache`` (from :meth:`init_cache`) keeps the running pools of the other modes, the causal mode's keys
-        ``(B, H, t, E)`` and the values of the past steps ``(B, H, t, P E)`` (buffers that grow by doubling, or
-        preallocated with ``init_cache(max_steps)``). Per-step cost, with ``P = prod(N_i, i != c)``, ``F = E``
-        (softmax) or the number of random features (linear): the projections ``O(P D H E + sum_i Ni D H E)``, the
-        other modes' factors and products ``O(H sum_i Ni^2 E + H P E sum_i Ni)``, the pools ``O(P D)``, none of
-        which depends on ``t``, plus the causal mode's own attention row over the ``t + 1`` steps so far
-        ``O(t H (F + P E))`` (the linear kernel's key features are recomputed for that row: its key stabiliser
-        spans every key so far); all times ``B``.
+        ``(B, H, t, E)`` (the linear kernel: their features and log-scales, ``(B, H, t, F + 1)``) and the values of
+        the past steps ``(B, H, t, P E)`` (buffers that grow by doubling, or preallocated with
+        ``init_cache(max_steps)``). Per-step cost, with ``P = prod(N_i, i != c)``, ``F = E`` (softmax) or the number
+        of random features (linear): the projections ``O(P D H E + sum_i Ni D H E)``, the other modes' factors and
+        products ``O(H sum_i Ni^2 E + H P E sum_i Ni)``, the pools ``O(P D)``, none of which depends on ``t``, plus
+        the causal mode's own attention row over the ``t + 1`` steps so far ``O(t H (F + P E))``; all times ``B``.
         ``masks``: per-mode masks of the other modes (the causal mode's entry must be ``None``)."""
         fn = "KroneckerAttention.step"
         masks = _check_step(self, fn, x, cache, masks, self.heads, self.num_modes)
@@ -619,15 +640,18 @@ class KroneckerAttention(_Decoder, RecordableAttention):
         prefix = [(acc / (t + 1) if self.pool == "mean" else acc).unsqueeze(1) for acc in cache.pools]
         qs, ks = self._causal_qk(pc, prefix, order, t, rest)
         v = self.to_v(xp).view(b, 1, *rest, self.heads, self.dim_head).movedim(-2, 1).reshape(b, self.heads, 1, -1)
-        keys, values = cache.append(ks[0], v)
-        linear = self.kernel == "linear"
-        if linear:
+        linear, log_scale = self.kernel == "linear", None
+        if linear:  # the causal mode's key features do not depend on each other: cached with their log-scales
             qs = [self.favor(q, is_query=True) for q in qs]
-            ks = [self.favor(k, is_query=False) for k in ks]
-            keys = self.favor(keys, is_query=False)
+            k0, ls0 = self.favor.with_log_scale(ks[0])
+            ks = [k0] + [self.favor(k, is_query=False) for k in ks[1:]]
+            keys, values = cache.append(torch.cat([k0, ls0.to(k0.dtype)], -1), v)
+            keys, log_scale = keys[..., :-1], keys[..., -1:]
+        else:
+            keys, values = cache.append(ks[0], v)
         dtype = torch.float32 if linear and x.dtype == torch.float16 else x.dtype
         row = causal_row(qs[0].to(dtype), keys.to(dtype), kernel="linear" if linear else "softmax",
-                         score_fn=self.score_fn)
+                         score_fn=self.score_fn, key_log_scale=log_scale)
         z = torch.matmul(row, values.to(dtype))
         y, _ = _apply_rest(z, v, qs[1:], ks[1:], None if masks is None else [masks[i] for i in order[1:]],
                            (*rest, self.dim_head),

@@ -12,7 +12,7 @@ from torch import nn
 
 from hoformer._checks import check_fraction, check_int
 
-from .attention import build_attention
+from .attention import _check_eval, build_attention
 
 __all__ = ["Mlp", "SwiGLU", "RMSNorm", "DropPath", "PatchEmbed", "Block", "Encoder"]
 
@@ -167,7 +167,9 @@ class Block(nn.Module):
 
     def step(self, x, cache):
         """One decoding step of a block whose attention is causal (see the attention layer's ``step``): ``x`` is one
-        index of the causal mode; the norms and the MLP act per token. Eval-mode arithmetic, no gradients."""
+        index of the causal mode; the norms and the MLP act per token. Eval mode only (a block in training mode is
+        refused: its dropout would make the steps differ from the forward), no gradients."""
+        _check_eval(self, "Block.step")
         with torch.no_grad():
             x = x + self.attn.step(self.norm1(x), cache)
             return x + self.mlp(self.norm2(x))
@@ -197,7 +199,8 @@ class Encoder(nn.Module):
     def step(self, x, cache: list):
         """The encoder's output at the next index of the causal mode from that index's input slice ``x`` (size 1 along
         the causal mode): equal to ``forward`` on every slice so far, read at the last. Per-step cost: the blocks'
-        (see the attention layers' ``step``)."""
+        (see the attention layers' ``step``). Eval mode only, as :meth:`Block.step`."""
+        _check_eval(self, "Encoder.step")
         if not isinstance(cache, list) or len(cache) != len(self.blocks):
             raise TypeError(f"Encoder.step: `cache` must be the list from init_cache() ({len(self.blocks)} entries)")
         for blk, c in zip(self.blocks, cache):
