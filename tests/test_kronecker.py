@@ -419,7 +419,7 @@ def test_cache_blocked_chunks_match_dense_with_strided_values(monkeypatch, pairs
     """The CPU cache blocking (chunks of (batch, head) pairs) is invisible: values and all gradients equal the dense
     Kronecker product / sum for every chunk size, with a head-split (strided) value view and broadcast factors; the
     output keeps the value's memory layout, so merging the heads is a view."""
-    import hoformer.functional.kronecker as kr
+    import hoformer.functional.products as kr
 
     monkeypatch.setattr(kr, "_chunk_pairs", lambda v: pairs)
     b, h, d = 3, 4, 2

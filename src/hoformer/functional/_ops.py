@@ -27,7 +27,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from .kronecker import (
+from .products import (
     _kron_apply_backward,
     _kron_apply_forward,
     _kron_sum_apply_backward,

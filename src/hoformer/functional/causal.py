@@ -19,7 +19,7 @@ where ``v[t]`` is the slice ``(n2..nk, e)`` of the values at index ``t`` of mode
 
 Cost: the causal mode's product is one ``(T, T) x (T, p)`` matmul per (batch, head) pair, as in the non-causal layer;
 the other modes' factors become ``T`` times as many small matrices ``(Ni, Ni)``, applied by the same cache-blocked
-:func:`~hoformer.functional.kronecker.kron_apply` / ``kron_sum_apply`` with ``(head, t)`` pairs as batch entries (no
+:func:`~hoformer.functional.products.kron_apply` / ``kron_sum_apply`` with ``(head, t)`` pairs as batch entries (no
 ``prod(N) x prod(N)`` matrix, no loop over ``t``). The factor sizes grow from ``sum_i Ni^2`` to ``T sum_i Ni^2`` per
 (batch, head) pair, still below the value's ``T prod(Ni)`` entries unless a mode other than ``c`` is longer than the
 product of the remaining ones.
@@ -38,15 +38,8 @@ import torch.nn.functional as F
 
 from hoformer._checks import DETAIL, check_fraction, check_int, check_values
 
-from .kronecker import (
-    _check_mode_masks,
-    _check_tensor,
-    _linear_attention,
-    _safe_denominator,
-    _kron_apply,
-    _kron_sum_apply,
-    elu_feature_map,
-)
+from .kronecker import _check_mode_masks, _linear_attention, _safe_denominator, elu_feature_map
+from .products import _check_tensor, _kron_apply, _kron_sum_apply
 from .scores import _dot, masked_softmax
 
 __all__ = ["causal_kronecker_attention", "causal_mask"]

@@ -32,7 +32,7 @@ import torch
 
 from hoformer._checks import check_fraction, check_int, check_scale
 
-from .kronecker import _autocast_off
+from .products import _autocast_off
 from .scores import masked_softmax
 
 __all__ = [

@@ -12,7 +12,8 @@ from torch import nn
 
 from hoformer._checks import check_fraction, check_int
 
-from .attention import _check_eval, build_attention
+from .attention import build_attention
+from .decoding import _check_eval
 
 __all__ = ["Mlp", "SwiGLU", "RMSNorm", "DropPath", "PatchEmbed", "Block", "Encoder"]
 

@@ -51,7 +51,7 @@ from hoformer.functional.triplet import (
     triplet_windows,
 )
 
-from .attention import RecordableAttention
+from .recording import RecordableAttention
 from .blocks import Mlp
 
 __all__ = [
