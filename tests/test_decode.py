@@ -170,10 +170,11 @@ def test_encoder_cache_errors():
 
 @pytest.mark.parametrize("name", KRONECKER + DENSE)
 def test_steps_refuse_training_mode(name):
-    """Decoding is eval-mode arithmetic: a layer, block or encoder in training mode is refused (its dropout would make
-    the steps differ from the forward) instead of dropping out silently."""
+    """Decoding is eval-mode arithmetic: a layer, block or encoder in training mode with a dropout is refused (it
+    would make the steps differ from the forward) instead of dropping out silently."""
     layer = build_attention(name, 8, 2, num_modes=2, causal_mode=0, dropout=0.5)
-    with pytest.raises(RuntimeError, match=r"step: decoding runs in eval mode .* training mode; call .eval\(\)"):
+    with pytest.raises(RuntimeError, match=r"step: decoding runs in eval mode .* training mode with a "
+                                           r"Dropout\(p=0.5\); call .eval\(\)"):
         layer.step(torch.randn(1, 1, 3, 8), layer.init_cache())
     enc = Encoder(8, depth=2, num_heads=2, attention=name, num_modes=2, causal_mode=0, dropout=0.5)
     with pytest.raises(RuntimeError, match=r"Encoder.step: decoding runs in eval mode"):

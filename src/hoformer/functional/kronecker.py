@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from hoformer._checks import DETAIL, check_fraction, check_scale, check_values
 
 from .products import _check_tensor, _kron_apply, _kron_apply_ops, _kron_sum_apply, _kron_sum_ops
-from .scores import _dot, masked_softmax
+from .scores import _dot, _masked_softmax
 
 __all__ = [
     "kronecker_attention",
@@ -84,7 +84,7 @@ def _mode_factors(q, k, scale, masks, score_fn) -> list[torch.Tensor]:
             if mask is not None:
                 s = s * mask
         else:
-            s = masked_softmax(_dot(qi, ki, scale), mask)  # fully masked rows: 0
+            s = _masked_softmax(_dot(qi, ki, scale), mask)  # fully masked rows: 0
         out.append(s)
     return out
 

@@ -11,7 +11,51 @@ import torch
 from hoformer._checks import check_fraction, check_int, is_int
 from hoformer.functional.causal import causal_mask
 
-__all__: list[str] = []
+__all__ = ["CheckedMasks"]
+
+
+class CheckedMasks:
+    """Masks that the caller has validated, together with the input they go with, at its own entry: a layer given
+    ``masks=CheckedMasks(masks)`` (``mask=`` for the text layers) makes no per-call check. A model checks its input
+    once and an :class:`~hoformer.layers.Encoder` checks its input once with its first layer's checks (every block
+    takes an input of the same shape), then hands the checked masks (``CheckedMasks(None)`` for none) to every
+    block, so that a forward runs as many checks at any depth."""
+
+    __slots__ = ("masks",)
+
+    def __init__(self, masks) -> None:
+        self.masks = masks
+
+
+class _CheckOnce:
+    """The input checks of an attention layer, made once: :meth:`_check_input` (the layer's per-call checks of ``x``
+    and ``masks``, returning the checked masks) runs at the public entry unless the masks come as
+    :class:`CheckedMasks`, and the checks of constant arguments against the number of modes (``rope_modes``,
+    ``causal_mode``, ``modes``, ``first_mode`` in range: :meth:`_check_mode_args`) run once per number of modes: at
+    construction for a layer built with ``num_modes``, else at the first input with that many modes."""
+
+    _modes_ok: frozenset = frozenset()
+
+    def _check_input(self, x, masks, fn: str):  # pragma: no cover - every layer defines it
+        raise NotImplementedError
+
+    def _check_mode_args(self, nm: int, where: str, fn: str) -> None:  # pragma: no cover - every layer defines it
+        raise NotImplementedError
+
+    def _entry(self, x, masks):
+        """The checked masks of a public call: ``masks.masks`` if they come checked, else :meth:`_check_input`."""
+        if isinstance(masks, CheckedMasks):
+            self._check_modes(x.ndim - 2, type(self).__name__, tuple(x.shape))
+            return masks.masks
+        return self._check_input(x, masks, type(self).__name__)
+
+    def _check_modes(self, nm: int, fn: str, shape: tuple | None = None) -> None:
+        """:meth:`_check_mode_args` for ``nm`` modes unless it has passed before (``shape``: the input's, for the
+        message; ``None`` at construction)."""
+        if nm not in self._modes_ok:
+            self._check_mode_args(nm, f"num_modes={nm}" if shape is None else f"x {shape}", fn)
+            if not torch.compiler.is_compiling():  # traced code only checks (no module state changes)
+                self._modes_ok = self._modes_ok | {nm}
 
 
 def _check_x(x, dim: int, name: str, nmodes: int | None = None) -> None:
@@ -38,7 +82,7 @@ def _mode_tuple(modes, fn: str, arg: str = "rope_modes") -> tuple[int, ...]:
 
 
 def _check_rope_modes(rope_modes: tuple[int, ...], nmodes: int, name: str) -> None:
-    """Range check at forward time (the ints were checked at construction by :func:`_mode_tuple`)."""
+    """Range check against the number of modes (the ints were checked at construction by :func:`_mode_tuple`)."""
     bad = [m for m in rope_modes if not 0 <= m < nmodes]
     if bad:
         raise ValueError(f"{name}: `rope_modes` must be 0-based mode indices in [0, {nmodes}) for an input with "
@@ -83,9 +127,9 @@ def _check_causal_mode(causal_mode, num_modes, fn: str) -> int | None:
     return int(causal_mode)
 
 
-def _check_causal_range(causal_mode, nmodes: int, x, fn: str) -> None:
+def _check_causal_range(causal_mode, nmodes: int, where: str, fn: str) -> None:
     if causal_mode is not None and causal_mode >= nmodes:
-        raise ValueError(f"{fn}: causal_mode={causal_mode} but x {tuple(x.shape)} has only {nmodes} modes")
+        raise ValueError(f"{fn}: causal_mode={causal_mode} but {where} has only {nmodes} modes")
 
 
 def _causal_masks(masks, sizes, causal_mode, device):

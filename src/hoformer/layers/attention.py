@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from ._common import CheckedMasks
 from .decoding import DecodingCache
 from .dense import AxialAttention, DividedAttention, FullAttention
 from .kronecker import FavorFeatures, KroneckerAttention
@@ -47,6 +48,7 @@ __all__ = [
     "record_attention",
     "DecodingCache",
     "RecordableAttention",
+    "CheckedMasks",
 ]
 
 

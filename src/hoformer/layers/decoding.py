@@ -10,7 +10,7 @@ from torch import nn
 
 from hoformer._checks import check_int
 
-from ._common import _check_masks, _check_rope_modes, _check_x
+from ._common import CheckedMasks
 
 __all__ = ["DecodingCache"]
 
@@ -25,7 +25,10 @@ class DecodingCache:
     """
 
     def __init__(self, max_steps: int | None = None, fn: str = "DecodingCache") -> None:
-        check_int(fn, "max_steps", max_steps, optional=True, note=" (None: buffers that grow)")
+        _check_max_steps(fn, max_steps)
+        self._reset(max_steps)
+
+    def _reset(self, max_steps: int | None) -> None:
         self.max_steps = None if max_steps is None else int(max_steps)
         self.steps = 0
         self.shape = None
@@ -70,6 +73,10 @@ class DecodingCache:
         return buf
 
 
+def _check_max_steps(fn: str, max_steps) -> None:
+    check_int(fn, "max_steps", max_steps, optional=True, note=" (None: buffers that grow)")
+
+
 class _Decoder:
     """``init_cache`` of the layers that decode along their ``causal_mode`` (each defines ``step``)."""
 
@@ -79,41 +86,69 @@ class _Decoder:
         """An empty decoding state for :meth:`step` (one per layer and sequence batch). ``max_steps``: ``None`` for
         key / value buffers that grow by doubling, or the number of steps to preallocate (stepping past raises)."""
         fn = f"{type(self).__name__}.init_cache"
+        _check_max_steps(fn, max_steps)
+        return self._new_cache(max_steps)
+
+    def _new_cache(self, max_steps: int | None) -> DecodingCache:
+        """:meth:`init_cache` with ``max_steps`` already checked (an :class:`~hoformer.layers.Encoder` checks it once
+        for all its layers)."""
         if self.causal_mode is None:
-            raise ValueError(f"{fn}: decoding needs a layer built with `causal_mode`")
-        return DecodingCache(max_steps, fn)
+            raise ValueError(f"{type(self).__name__}.init_cache: decoding needs a layer built with `causal_mode`")
+        cache = DecodingCache.__new__(DecodingCache)
+        cache._reset(max_steps)
+        return cache
 
 
 def _check_eval(module: nn.Module, fn: str) -> None:
-    """Decoding is eval-mode arithmetic (no dropout, like the forward it reproduces in eval mode): refuse a module in
-    training mode rather than drop out silently or differ from its own training forward."""
-    if module.training:
-        raise RuntimeError(f"{fn}: decoding runs in eval mode (no dropout), got a {type(module).__name__} in training "
-                           "mode; call .eval() first")
+    """Decoding is eval-mode arithmetic (no dropout, like the forward it reproduces in eval mode): refuse a module
+    with a dropout in training mode at a non-zero rate (``nn.Dropout``, ``DropPath``: a float ``p``) rather than
+    drop out silently or differ from its own training forward; at rate 0 the training mode changes nothing here."""
+    for m in module.modules():
+        p = getattr(m, "p", None)
+        if m.training and isinstance(p, float) and p > 0:
+            raise RuntimeError(f"{fn}: decoding runs in eval mode (no dropout), got a {type(module).__name__} in "
+                               f"training mode with a {type(m).__name__}(p={p}); call .eval() first")
 
 
-def _check_step(layer, fn: str, x, cache, masks, heads: int, num_modes: int | None):
-    """The checks of every ``step``: ``layer`` decodes (``causal_mode`` set), ``cache`` is a :class:`DecodingCache`
-    with room for one more step, ``x`` is one index of the causal mode (size 1 along it) with the batch, other modes
-    and dtype of the earlier steps, and ``masks`` are per-mode masks whose causal entry is ``None``. Returns the
-    checked masks."""
-    c = layer.causal_mode
-    if c is None:
-        raise ValueError(f"{fn}: decoding needs a layer built with `causal_mode`")
+def _check_step_input(layer, fn: str, x, masks):
+    """The per-call checks of a ``step`` input: ``layer`` (causal) is in eval mode, ``x`` passes the layer's forward
+    checks and is one index of the causal mode (size 1 along it), and ``masks`` are per-mode masks whose causal entry
+    is ``None``. Returns the checked masks."""
     _check_eval(layer, fn)
-    if not isinstance(cache, DecodingCache):
-        raise TypeError(f"{fn}: `cache` must come from init_cache(), got {type(cache).__name__}")
-    _check_x(x, layer.dim, fn, num_modes)
-    nm = x.ndim - 2
-    _check_rope_modes(layer.rope_modes, nm, fn)
-    if c >= nm:
-        raise ValueError(f"{fn}: causal_mode={c} but x {tuple(x.shape)} has only {nm} modes")
+    c = layer.causal_mode
+    if (isinstance(x, torch.Tensor) and isinstance(masks, (list, tuple)) and len(masks) == x.ndim - 2
+            and c < len(masks) and masks[c] is not None):
+        raise ValueError(f"{fn}: `masks[{c}]` (the causal mode's) must be None while decoding")
+    masks = layer._check_input(x, masks, fn)
     if x.shape[1 + c] != 1:
         raise ValueError(f"{fn}: `x` must be one index of the causal mode {c} (size 1 along it), got shape "
                          f"{tuple(x.shape)}")
-    if masks is not None and not isinstance(masks, torch.Tensor) and len(masks) == nm and masks[c] is not None:
-        raise ValueError(f"{fn}: `masks[{c}]` (the causal mode's) must be None while decoding")
-    sizes = tuple(x.shape[1:-1])
-    masks = _check_masks(masks, sizes, fn, x.shape[0], heads)
-    cache.check(fn, x.shape[0], sizes[:c] + sizes[c + 1 :], x.dtype)
     return masks
+
+
+def _check_step(layer, fn: str, x, cache, masks):
+    """The checks of a ``step`` called directly: ``layer`` decodes (``causal_mode`` set), its input passes
+    :func:`_check_step_input` and ``cache`` passes :func:`_check_cache`. Returns the checked masks."""
+    if layer.causal_mode is None:
+        raise ValueError(f"{fn}: decoding needs a layer built with `causal_mode`")
+    masks = _check_step_input(layer, fn, x, masks)
+    _check_caches(fn, [cache], x, layer.causal_mode)
+    return masks
+
+
+def _check_caches(fn: str, caches, x, c: int) -> None:
+    """Every cache is a :class:`DecodingCache` with room for one more step whose earlier steps had the batch, other
+    modes (all but ``c``) and dtype of ``x``."""
+    sizes = tuple(x.shape[1:-1])
+    for cache in caches:
+        if not isinstance(cache, DecodingCache):
+            raise TypeError(f"{fn}: `cache` must come from init_cache(), got {type(cache).__name__}")
+        cache.check(fn, x.shape[0], sizes[:c] + sizes[c + 1 :], x.dtype)
+
+
+def _step_entry(layer, fn: str, x, cache, masks):
+    """The checked masks of a ``step``: with masks that come as :class:`~hoformer.layers.CheckedMasks` the caller (an
+    :class:`~hoformer.layers.Encoder`) has checked the input and every cache once; else :func:`_check_step`."""
+    if isinstance(masks, CheckedMasks):
+        return masks.masks
+    return _check_step(layer, fn, x, cache, masks)

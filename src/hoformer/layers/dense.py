@@ -14,9 +14,10 @@ from torch import nn
 
 from hoformer._checks import check_int
 from hoformer.functional.kronecker import kron_dense, sdpa
-from hoformer.functional.scores import _dot, masked_softmax
+from hoformer.functional.scores import _dot, _masked_softmax
 
 from ._common import (
+    _CheckOnce,
     _causal_masks,
     _check_causal_mode,
     _check_causal_range,
@@ -26,7 +27,7 @@ from ._common import (
     _check_x,
     _mode_tuple,
 )
-from .decoding import DecodingCache, _check_step, _Decoder
+from .decoding import DecodingCache, _Decoder, _step_entry
 from .pos import RotaryEmbedding, axial_rotary
 from .recording import RecordableAttention
 
@@ -76,12 +77,12 @@ def _attend(q, k, v, mask, dropout_p, want_maps):
     """Attention over the second-to-last dim of ``(b, h, .., n, e)`` (the dims between are batch dims): SDPA, or the
     explicit maps when they are asked for; either way a fully masked row gives zeros."""
     if want_maps:
-        a = masked_softmax(_dot(q, k), mask)
+        a = _masked_softmax(_dot(q, k), mask)
         return torch.matmul(F.dropout(a, dropout_p), v), a
     return sdpa(q, k, v, mask=mask, dropout_p=dropout_p), None
 
 
-class FullAttention(_Decoder, _QKV):
+class FullAttention(_CheckOnce, _Decoder, _QKV):
     """Flattened high-order attention (HOT eqs 1-2) with SDPA; per-mode masks are combined as a Kronecker AND.
     ``causal_mode=c``: a token at index ``t`` of mode ``c`` attends to the tokens at indices ``<= t``, and
     :meth:`step` decodes along ``c``.
@@ -94,15 +95,22 @@ class FullAttention(_Decoder, _QKV):
         super().__init__(dim, num_heads, qk_norm, dropout, dim_head, bias=bias, attn_dropout=attn_dropout)
         self.rope_modes, self.rope_theta, self.num_modes = _mode_tuple(rope_modes, "FullAttention"), rope_theta, num_modes
         self.causal_mode = _check_causal_mode(causal_mode, num_modes, "FullAttention")
+        if num_modes is not None:
+            self._check_modes(num_modes, "FullAttention")
+
+    def _check_input(self, x, masks, fn: str):
+        _check_x(x, self.dim, fn, self.num_modes)
+        self._check_modes(x.ndim - 2, fn, tuple(x.shape))
+        return _check_masks(masks, tuple(x.shape[1:-1]), fn, x.shape[0], self.heads)
+
+    def _check_mode_args(self, nm: int, where: str, fn: str) -> None:
+        _check_rope_modes(self.rope_modes, nm, fn)
+        _check_causal_range(self.causal_mode, nm, where, fn)
 
     def forward(self, x, masks=None):
-        _check_x(x, self.dim, "FullAttention", self.num_modes)
-        b, sizes = x.shape[0], tuple(x.shape[1:-1])
-        _check_rope_modes(self.rope_modes, len(sizes), "FullAttention")
-        _check_causal_range(self.causal_mode, len(sizes), x, "FullAttention")
-        masks = _causal_masks(_check_masks(masks, sizes, "FullAttention", b, self.heads), sizes, self.causal_mode,
-                              x.device)
-        return self._tokens(x, masks)
+        masks = self._entry(x, masks)
+        sizes = tuple(x.shape[1:-1])
+        return self._tokens(x, _causal_masks(masks, sizes, self.causal_mode, x.device))
 
     @torch.no_grad()
     def step(self, x: torch.Tensor, cache: DecodingCache, masks=None) -> torch.Tensor:
@@ -116,7 +124,7 @@ class FullAttention(_Decoder, _QKV):
         Per-step cost: the projections ``O(B P D H E)`` and the ``P`` queries against the ``(t + 1) P`` tokens so far
         ``O(B H (t + 1) P^2 E)``, so ``O(B P H E (D + (t + 1) P))``; memory ``O(B H t P E)``.
         ``masks``: per-mode masks of the other modes (the causal mode's entry must be ``None``)."""
-        masks = _check_step(self, "FullAttention.step", x, cache, masks, self.heads, self.num_modes)
+        masks = _step_entry(self, "FullAttention.step", x, cache, masks)
         y = self._tokens(x, masks, cache, self.causal_mode)
         cache.advance()
         return y
@@ -146,7 +154,7 @@ class FullAttention(_Decoder, _QKV):
         return self.out(y.view(b, self.heads, *sizes, self.dim_head))
 
 
-class AxialAttention(_Decoder, _QKV):
+class AxialAttention(_CheckOnce, _Decoder, _QKV):
     """Attention along each mode separately, for every fiber of the other modes (Ho et al. 2019).
 
     ``combine="sum"``: one shared qkv projection, ``y = (1/k) sum_i attn_i(x)`` (the dense-fiber analogue of the
@@ -176,6 +184,8 @@ class AxialAttention(_Decoder, _QKV):
         self.num_modes = num_modes
         if combine == "sequential" and num_modes:
             self._ensure(num_modes)
+        if num_modes is not None:
+            self._check_modes(num_modes, "AxialAttention")
 
     def _ensure(self, k):
         n_att = k if self.modes is None else len(self.modes)
@@ -203,24 +213,28 @@ class AxialAttention(_Decoder, _QKV):
         y, a = _attend(q, k, v, mask, self.attn_dropout if self.training and cache is None else 0.0, want)
         return y.movedim(-2, 2 + mode), a
 
-    def _modes_for(self, x, fn: str) -> tuple[int, ...]:
-        """The modes attended along for ``x`` (checked against its modes); builds the lazy sequential projections."""
-        nm = x.ndim - 2
-        modes = tuple(range(nm)) if self.modes is None else self.modes
-        if max(modes) >= nm:
-            raise ValueError(f"{fn}: `modes`={modes} but x {tuple(x.shape)} has only {nm} modes")
-        _check_rope_modes(self.rope_modes, nm, fn)
+    def _modes_for(self, nm: int) -> tuple[int, ...]:
+        """The modes attended along for an input of ``nm`` modes (checked by :meth:`_check_mode_args`); builds the
+        lazy sequential projections."""
         self._ensure(nm)
-        _check_causal_range(self.causal_mode, nm, x, fn)
-        return modes
+        return tuple(range(nm)) if self.modes is None else self.modes
+
+    def _check_input(self, x, masks, fn: str):
+        _check_x(x, self.dim, fn, self.num_modes if self.combine == "sequential" else None)
+        self._check_modes(x.ndim - 2, fn, tuple(x.shape))
+        return _check_masks(masks, tuple(x.shape[1:-1]), fn, x.shape[0], self.heads)
+
+    def _check_mode_args(self, nm: int, where: str, fn: str) -> None:
+        if self.modes is not None and max(self.modes) >= nm:
+            raise ValueError(f"{fn}: `modes`={self.modes} but {where} has only {nm} modes")
+        _check_rope_modes(self.rope_modes, nm, fn)
+        _check_causal_range(self.causal_mode, nm, where, fn)
 
     def forward(self, x, masks=None):
-        _check_x(x, self.dim, "AxialAttention", self.num_modes if self.combine == "sequential" else None)
+        masks = self._entry(x, masks)
         sizes = tuple(x.shape[1:-1])
-        modes = self._modes_for(x, "AxialAttention")
-        masks = _causal_masks(_check_masks(masks, sizes, "AxialAttention", x.shape[0], self.heads), sizes,
-                              self.causal_mode, x.device)
-        return self._run(x, masks or [None] * len(sizes), modes)
+        masks = _causal_masks(masks, sizes, self.causal_mode, x.device)
+        return self._run(x, masks or [None] * len(sizes), self._modes_for(len(sizes)))
 
     @torch.no_grad()
     def step(self, x: torch.Tensor, cache: DecodingCache, masks=None) -> torch.Tensor:
@@ -238,9 +252,8 @@ class AxialAttention(_Decoder, _QKV):
         ``O(B H t P E)``.
         ``masks``: per-mode masks of the other modes (the causal mode's entry must be ``None``)."""
         fn = "AxialAttention.step"
-        masks = _check_step(self, fn, x, cache, masks, self.heads,
-                            self.num_modes if self.combine == "sequential" else None)
-        y = self._run(x, masks or [None] * (x.ndim - 2), self._modes_for(x, fn), cache)
+        masks = _step_entry(self, fn, x, cache, masks)
+        y = self._run(x, masks or [None] * (x.ndim - 2), self._modes_for(x.ndim - 2), cache)
         cache.advance()
         return y
 
@@ -272,7 +285,7 @@ class AxialAttention(_Decoder, _QKV):
         return self.out(y)
 
 
-class DividedAttention(_Decoder, nn.Module):
+class DividedAttention(_CheckOnce, _Decoder, nn.Module):
     """TimeSformer divided attention: full attention along ``first_mode``, then jointly over the other modes.
 
     Returns ``T(x) + S(x + T(x))`` so that the block's residual reproduces TimeSformer's
@@ -301,21 +314,25 @@ class DividedAttention(_Decoder, nn.Module):
         self.rest = FullAttention(dim, num_heads, qk_norm, rope_rest, dropout, dim_head, attn_dropout=attn_dropout,
                                   bias=bias, rope_theta=rope_theta)
         self.rope_modes, self.num_modes = rope_modes, num_modes
+        if num_modes is not None:
+            self._check_modes(num_modes, "DividedAttention")
 
-    def _check_first_mode(self, x, fn: str) -> None:
-        if self.first_mode >= x.ndim - 2:
-            raise ValueError(f"{fn}: first_mode={self.first_mode} but x {tuple(x.shape)} has only {x.ndim - 2} modes")
+    def _check_input(self, x, masks, fn: str):
+        _check_x(x, self.dim, fn, self.num_modes)
+        self._check_modes(x.ndim - 2, fn, tuple(x.shape))
+        return _check_masks(masks, tuple(x.shape[1:-1]), fn, x.shape[0], self.first.heads)
+
+    def _check_mode_args(self, nm: int, where: str, fn: str) -> None:
+        _check_rope_modes(self.rope_modes, nm, fn)
+        _check_causal_range(self.causal_mode, nm, where, fn)
+        if self.first_mode >= nm:
+            raise ValueError(f"{fn}: first_mode={self.first_mode} but {where} has only {nm} modes")
 
     def forward(self, x, masks=None):
-        _check_x(x, self.dim, "DividedAttention", self.num_modes)
+        masks = self._entry(x, masks)
         sizes = tuple(x.shape[1:-1])
-        nm = len(sizes)
-        _check_rope_modes(self.rope_modes, nm, "DividedAttention")
-        _check_causal_range(self.causal_mode, nm, x, "DividedAttention")
-        masks = _causal_masks(_check_masks(masks, sizes, "DividedAttention", x.shape[0], self.first.heads), sizes,
-                              self.causal_mode, x.device)
-        self._check_first_mode(x, "DividedAttention")
-        return self._run(x, masks or [None] * nm)
+        masks = _causal_masks(masks, sizes, self.causal_mode, x.device)
+        return self._run(x, masks or [None] * len(sizes))
 
     @torch.no_grad()
     def step(self, x: torch.Tensor, cache: DecodingCache, masks=None) -> torch.Tensor:
@@ -333,8 +350,7 @@ class DividedAttention(_Decoder, nn.Module):
         queries against ``(t + 1) P / F`` tokens ``O(B H (t + 1) P^2 E / F)``; memory ``O(B H t P E)``.
         ``masks``: per-mode masks of the other modes (the causal mode's entry must be ``None``)."""
         fn = "DividedAttention.step"
-        masks = _check_step(self, fn, x, cache, masks, self.first.heads, self.num_modes)
-        self._check_first_mode(x, fn)
+        masks = _step_entry(self, fn, x, cache, masks)
         y = self._run(x, masks or [None] * (x.ndim - 2), cache)
         cache.advance()
         return y

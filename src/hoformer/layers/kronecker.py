@@ -19,6 +19,7 @@ from hoformer.functional.kronecker import _kronecker_attention, _linear_attentio
 from hoformer.functional.scores import _SCORE_KERNELS
 
 from ._common import (
+    _CheckOnce,
     _check_causal_mode,
     _check_causal_range,
     _check_layer_args,
@@ -27,7 +28,7 @@ from ._common import (
     _check_x,
     _mode_tuple,
 )
-from .decoding import DecodingCache, _check_step, _Decoder
+from .decoding import DecodingCache, _Decoder, _step_entry
 from .pos import RotaryEmbedding
 from .recording import RecordableAttention
 
@@ -93,7 +94,7 @@ class FavorFeatures(nn.Module):
         self._calls = None
 
     def forward(self, x: torch.Tensor, is_query: bool) -> torch.Tensor:
-        """``phi(x) (.., n, f)`` of ``x (.., n, E)``: stabilised per row for queries, over the last two dims for keys."""
+        """``phi(x) (.., n, f)`` of ``x (.., n, E)``: stabilised per row (queries) or over the last two dims (keys)."""
         return self._features(x, (-1,) if is_query else (-1, -2))[0]
 
     def with_log_scale(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,7 +156,7 @@ def mode_pools(x: torch.Tensor, mean: bool = False) -> list[torch.Tensor]:
     return list(_ModePools.apply(x, mean))
 
 
-class KroneckerAttention(_Decoder, RecordableAttention):
+class KroneckerAttention(_CheckOnce, _Decoder, RecordableAttention):
     """HOT multi-head Kronecker attention over ``x (B, N1..Nk, D)`` (paper 000 eqs 5-9).
 
     For each head and mode ``i``: pool ``x`` over the other modes (``pool="sum"`` as in the paper, or ``"mean"``),
@@ -225,6 +226,8 @@ class KroneckerAttention(_Decoder, RecordableAttention):
         self.attn_dropout = dropout if attn_dropout is None else attn_dropout
         self.num_modes = num_modes
         self.causal_mode = _check_causal_mode(causal_mode, num_modes, "KroneckerAttention")
+        if num_modes is not None:
+            self._check_modes(num_modes, "KroneckerAttention")
         self.qk_bias = bool(qk_bias)
         # per-mode q/k projections are created lazily for the first k seen unless num_modes is given
         self.to_qk = nn.ModuleList()
@@ -348,7 +351,7 @@ class KroneckerAttention(_Decoder, RecordableAttention):
         the causal mode's own attention row over the ``t + 1`` steps so far ``O(t H (F + P E))``; all times ``B``.
         ``masks``: per-mode masks of the other modes (the causal mode's entry must be ``None``)."""
         fn = "KroneckerAttention.step"
-        masks = _check_step(self, fn, x, cache, masks, self.heads, self.num_modes)
+        masks = _step_entry(self, fn, x, cache, masks)
         c, nm = self.causal_mode, x.ndim - 2
         self._ensure_modes(nm)
         order = [c] + [i for i in range(nm) if i != c]
@@ -381,13 +384,19 @@ class KroneckerAttention(_Decoder, RecordableAttention):
         cache.advance()
         return self.to_out(y.to(x.dtype).movedim(1, -2).reshape(b, 1, *rest, -1)).movedim(1, 1 + c)
 
+    def _check_input(self, x, masks, fn: str):
+        _check_x(x, self.dim, fn, self.num_modes)
+        self._check_modes(x.ndim - 2, fn, tuple(x.shape))
+        return _check_masks(masks, tuple(x.shape[1:-1]), fn, x.shape[0], self.heads)
+
+    def _check_mode_args(self, nm: int, where: str, fn: str) -> None:
+        _check_rope_modes(self.rope_modes, nm, fn)
+        _check_causal_range(self.causal_mode, nm, where, fn)
+
     def forward(self, x: torch.Tensor, masks=None) -> torch.Tensor:
-        _check_x(x, self.dim, "KroneckerAttention", self.num_modes)
+        masks = self._entry(x, masks)
         self._ensure_modes(x.ndim - 2)
         b, sizes = x.shape[0], tuple(x.shape[1:-1])
-        _check_rope_modes(self.rope_modes, len(sizes), "KroneckerAttention")
-        _check_causal_range(self.causal_mode, len(sizes), x, "KroneckerAttention")
-        masks = _check_masks(masks, sizes, "KroneckerAttention", b, self.heads)
         want_maps = self._recording
         if self.causal_mode is not None:
             y, maps = self._causal_forward(x, masks, want_maps)
