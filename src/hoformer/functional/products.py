@@ -134,32 +134,45 @@ def _expand_factors(factors: list[torch.Tensor], v: torch.Tensor) -> list[torch.
 
 
 class _Workspace:
-    """Chunk-sized scratch buffers reused for every chunk of one call: a fresh CPU allocation of a few hundred KiB
-    costs page faults (and cache misses) worth more than the matmul that fills it."""
+    """The scratch buffers of one call, pooled. A buffer is taken for one role (a chunk's contiguous copy of its
+    input, the result of one mode product, an unfolding, a repeated factor, per-fibre grams) and given back as soon
+    as that role ends, so that the next role, in the same chunk or the next one, reuses it (the smallest free buffer
+    that is large enough). The pool holds as many buffers as are live at once, two to four value-sized ones per
+    chunk whatever the number of modes, rather than one per role; on CPU the reuse also spares allocations (a fresh
+    allocation of a few hundred KiB costs page faults and cache misses worth more than the matmul that fills it), on
+    an accelerator it bounds the peak memory of a call. Buffers are reused in stream order (no synchronisation)."""
 
     def __init__(self, like: torch.Tensor):
-        self.like, self.bufs = like, {}
+        self.like, self.free, self.taken = like, [], {}
 
-    def get(self, key, shape) -> torch.Tensor:
+    def take(self, shape) -> torch.Tensor:
         n = math.prod(shape)
-        buf = self.bufs.get(key)
-        if buf is None or buf.numel() < n:
-            buf = self.bufs[key] = self.like.new_empty(n)
-        return buf[:n].view(shape)
-
-    def as_contiguous(self, key, src: torch.Tensor, shape) -> torch.Tensor:
-        """``src`` reshaped to ``shape``: a view when ``src`` is contiguous, else a copy into a reused buffer."""
-        if src.is_contiguous():
-            return src.view(shape)
-        out = self.get(key, shape)
-        out.view(src.shape).copy_(src)
+        fits = [i for i, buf in enumerate(self.free) if buf.numel() >= n]
+        if fits:
+            buf = self.free.pop(min(fits, key=lambda i: self.free[i].numel()))
+        else:
+            buf = self.like.new_empty(n)
+        out = buf[:n].view(shape)
+        self.taken[out.data_ptr()] = buf
         return out
 
+    def give(self, t: torch.Tensor) -> None:
+        self.free.append(self.taken.pop(t.data_ptr()))
 
-def _unfolded(t: torch.Tensor, c: int, a: int, n: int, r: int, key, ws: _Workspace) -> torch.Tensor:
+    def contiguous(self, src: torch.Tensor, shape) -> tuple[torch.Tensor, bool]:
+        """``(src as shape, taken)``: a view when ``src`` is contiguous (``taken`` False), else a copy into a taken
+        buffer (to give back)."""
+        if src.is_contiguous():
+            return src.view(shape), False
+        out = self.take(shape)
+        out.view(src.shape).copy_(src)
+        return out, True
+
+
+def _unfolded(t: torch.Tensor, c: int, a: int, n: int, r: int, ws: _Workspace) -> torch.Tensor:
     """The mode unfolding ``(c, n, a * r)`` of a contiguous chunk tensor ``t`` read as ``(c, a, n, r)`` (``a`` fibres
-    before the mode, ``r`` the trailing size), copied in runs of ``r`` into the reused buffer ``key``."""
-    u = ws.get(key, (c, n, a, r))
+    before the mode, ``r`` the trailing size), copied in runs of ``r`` into a taken buffer (to give back)."""
+    u = ws.take((c, n, a, r))
     u.copy_(t.view(c, a, n, r).transpose(1, 2))
     return u.view(c, n, a * r)
 
@@ -170,29 +183,37 @@ def _mode_mul(s: torch.Tensor, x: torch.Tensor, sizes: Sequence[int], m: int, ou
     view); writes (or adds, if ``accumulate``) ``y[c, .., i_m, .., :] = sum_j s[c, i_m, j] x[c, .., j, .., :]`` into
     ``out`` (same layout). Mode 1 is one bmm. For the others, with ``a`` fibres before mode ``m`` and ``r`` the
     trailing size: while ``n <= 2 r`` the fibres become batch entries and only ``s`` is repeated ``a`` times (``n / r``
-    times the size of ``x``; a cheap contiguous write into a reused buffer, no transposed copy of ``x``); for a long
+    times the size of ``x``; a cheap contiguous write into a pooled buffer, no transposed copy of ``x``); for a long
     mode with a short tail (``n > 2 r``, e.g. Weaver's sensor mode: n = 325, r = d = 16, where the repeat would be
     20x the value) ``x`` is unfolded to ``(c, n, a r)`` instead, one bmm, and folded back (two value-sized copies)."""
     c, n = x.shape[0], sizes[m]
     a = math.prod(sizes[:m])
     r = x[0].numel() // (a * n)
     if a > 1 and n > 2 * r:
-        yu = ws.get("unfold_b", (c, n, a, r))
-        torch.bmm(s, _unfolded(x, c, a, n, r, "unfold_a", ws), out=yu.view(c, n, a * r))
+        xu = _unfolded(x, c, a, n, r, ws)
+        yu = ws.take((c, n, a, r))
+        torch.bmm(s, xu, out=yu.view(c, n, a * r))
+        ws.give(xu)
         ov = out.view(c, a, n, r)
         if accumulate:
             ov.add_(yu.transpose(1, 2))
         else:
             ov.copy_(yu.transpose(1, 2))
+        ws.give(yu)
         return out
+    se = None
     if a > 1:
-        se = ws.get("s", (c, a, n, n))
+        se = ws.take((c, a, n, n))
         se.copy_(s.unsqueeze(1).expand(c, a, n, n))
         s = se.view(c * a, n, n)
     xv, ov = x.view(c * a, n, -1), out.view(c * a, n, -1)
     if accumulate:
-        return torch.baddbmm(ov, s, xv, out=ov).view(out.shape)
-    return torch.bmm(s, xv, out=ov).view(out.shape)
+        torch.baddbmm(ov, s, xv, out=ov)
+    else:
+        torch.bmm(s, xv, out=ov)
+    if se is not None:
+        ws.give(se)
+    return out
 
 
 def _mode_gram(g: torch.Tensor, x: torch.Tensor, sizes: Sequence[int], m: int, out: torch.Tensor,
@@ -205,16 +226,22 @@ def _mode_gram(g: torch.Tensor, x: torch.Tensor, sizes: Sequence[int], m: int, o
     if a == 1:
         return torch.bmm(g.view(c, n, r), x.view(c, n, r).transpose(1, 2), out=out)
     if r >= n:  # per-fibre grams, then a reduction: no copies of g or x
-        t = ws.get("gram", (c, a, n, n))
+        t = ws.take((c, a, n, n))
         torch.bmm(g.view(c * a, n, r), x.view(c * a, n, r).transpose(1, 2), out=t.view(c * a, n, n))
-        return torch.sum(t, 1, out=out)
-    gu, xu = _unfolded(g, c, a, n, r, "unfold_a", ws), _unfolded(x, c, a, n, r, "unfold_b", ws)
-    return torch.bmm(gu, xu.transpose(1, 2), out=out)
+        torch.sum(t, 1, out=out)
+        ws.give(t)
+        return out
+    gu, xu = _unfolded(g, c, a, n, r, ws), _unfolded(x, c, a, n, r, ws)
+    torch.bmm(gu, xu.transpose(1, 2), out=out)
+    ws.give(gu)
+    ws.give(xu)
+    return out
 
 
-def _dst_buffer(dst: torch.Tensor, key, ws: _Workspace, shape) -> torch.Tensor:
-    """Where a chunk result goes: straight into ``dst`` when it is contiguous, else into a buffer (then copied)."""
-    return dst.view(shape) if dst.is_contiguous() else ws.get(key, shape)
+def _result_buffer(dst: torch.Tensor, ws: _Workspace, shape) -> tuple[torch.Tensor, bool]:
+    """Where a chunk result goes: ``(dst as shape, False)`` when it is contiguous, else ``(a taken buffer, True)``
+    (copied into ``dst`` and given back afterwards)."""
+    return (dst.view(shape), False) if dst.is_contiguous() else (ws.take(shape), True)
 
 
 def _autocast_off(fn):
@@ -237,7 +264,8 @@ def _kron_apply_forward(v: torch.Tensor, factors: Sequence[torch.Tensor]) -> tor
     """``S_1 (x) .. (x) S_k`` applied to ``v (b, h, n1..nk, d)``, factors expanded to ``(b, h, n_m, n_m)``.
 
     Per chunk of (batch, head) pairs the value is read as ``(c, n1..nk, d)`` and the ``k`` mode products are applied
-    in place of layout (:func:`_mode_mul`) between two reused chunk buffers, so no transposed copy and no fresh
+    in place of layout (:func:`_mode_mul`), each from the previous one's pooled buffer into another (given back as
+    soon as it has been read: two value-sized chunk buffers for any ``k``), so no transposed copy and no fresh
     allocation is made per chunk; the last product writes straight into the output when it can. The output is
     allocated like ``v`` (same strides): when ``v`` is the head-split view of a ``(b, n.., h*d)`` projection, merging
     the heads afterwards is free.
@@ -247,12 +275,16 @@ def _kron_apply_forward(v: torch.Tensor, factors: Sequence[torch.Tensor]) -> tor
     for bs, hs in _chunks(b, h, _chunk_pairs(v)):
         fs = _pair_factors(factors, bs, hs)
         shape = (fs[0].shape[0], *sizes, v.shape[-1])
-        x = ws.as_contiguous("x", v[bs, hs], shape)
+        x, taken = ws.contiguous(v[bs, hs], shape)
         for m, s in enumerate(fs):
-            dst = _dst_buffer(out[bs, hs], "y", ws, shape) if m == k - 1 else ws.get(("t", m % 2), shape)
-            x = _mode_mul(s, x, sizes, m, dst, ws)
-        if x.data_ptr() != out[bs, hs].data_ptr():
+            dst, dst_taken = _result_buffer(out[bs, hs], ws, shape) if m == k - 1 else (ws.take(shape), True)
+            _mode_mul(s, x, sizes, m, dst, ws)
+            if taken:
+                ws.give(x)
+            x, taken = dst, dst_taken
+        if taken:
             out[bs, hs] = x.view(out[bs, hs].shape)
+            ws.give(x)
     return out
 
 
@@ -260,8 +292,10 @@ def _kron_apply_forward(v: torch.Tensor, factors: Sequence[torch.Tensor]) -> tor
 def _kron_apply_backward(gy: torch.Tensor, v: torch.Tensor, factors: Sequence[torch.Tensor], need_v: bool,
                          need_s: Sequence[bool]) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
     """Gradients ``(dv, [dS_m])`` of :func:`_kron_apply_forward` (``None`` where not needed): per chunk, recompute the
-    step inputs ``X_m``, then walk back with ``dS_m = G_(m) X_(m)^T`` and ``G <- G x_m S_m^T``. Only ``v`` (usually a
-    view of a tensor autograd keeps anyway) and the factors are needed."""
+    step inputs ``X_m``, then walk back with ``dS_m = G_(m) X_(m)^T`` and ``G <- G x_m S_m^T``, giving each ``X_m``
+    back to the pool once its gram is formed, so that the next ``G`` reuses its buffer (``k + 1`` value-sized chunk
+    buffers at most, including the contiguous copies of ``v`` and ``gy``). Only ``v`` (usually a view of a tensor
+    autograd keeps anyway) and the factors are needed."""
     b, h, sizes, k = v.shape[0], v.shape[1], v.shape[2:-1], len(factors)
     gv = torch.empty_like(v) if need_v else None
     gs = [v.new_empty(b, h, *f.shape[-2:]) if need_s[m] else None for m, f in enumerate(factors)]
@@ -272,18 +306,25 @@ def _kron_apply_backward(gy: torch.Tensor, v: torch.Tensor, factors: Sequence[to
         fs = _pair_factors(factors, bs, hs)
         c = fs[0].shape[0]
         shape = (c, *sizes, v.shape[-1])
-        inputs = [ws.as_contiguous("x", v[bs, hs], shape)]
+        inputs = [ws.contiguous(v[bs, hs], shape)]  # (X_m, taken from the pool)
         for m in range(last):  # the input of every step whose factor needs a gradient
-            inputs.append(_mode_mul(fs[m], inputs[m], sizes, m, ws.get(("in", m), shape), ws))
-        g = ws.as_contiguous("g", gy[bs, hs], shape)
+            inputs.append((_mode_mul(fs[m], inputs[m][0], sizes, m, ws.take(shape), ws), True))
+        g, g_taken = ws.contiguous(gy[bs, hs], shape)
         for m in reversed(range(k)):
             if gs[m] is not None:
-                _mode_gram(g, inputs[m], sizes, m, gs[m][bs, hs].view(c, sizes[m], sizes[m]), ws)
+                _mode_gram(g, inputs[m][0], sizes, m, gs[m][bs, hs].view(c, sizes[m], sizes[m]), ws)
+            if m < len(inputs) and inputs[m][1]:
+                ws.give(inputs[m][0])
             if m or need_v:
-                dst = _dst_buffer(gv[bs, hs], "gv", ws, shape) if m == 0 else ws.get(("t", m % 2), shape)
-                g = _mode_mul(fs[m].transpose(1, 2), g, sizes, m, dst, ws)
-        if need_v and g.data_ptr() != gv[bs, hs].data_ptr():
+                dst, dst_taken = _result_buffer(gv[bs, hs], ws, shape) if m == 0 else (ws.take(shape), True)
+                _mode_mul(fs[m].transpose(1, 2), g, sizes, m, dst, ws)
+                if g_taken:
+                    ws.give(g)
+                g, g_taken = dst, dst_taken
+        if need_v and g_taken:
             gv[bs, hs] = g.view(gv[bs, hs].shape)
+        if g_taken:
+            ws.give(g)
     return gv, gs
 
 
@@ -358,18 +399,18 @@ def _fold_add(out: torch.Tensor | None, y: torch.Tensor, m: int, like: torch.Ten
     return y.contiguous() if out is None else out.add_(y)
 
 
-def _kron_sum_chunk(src, dst, fs, alpha: float, transpose: bool, ws: _Workspace) -> None:
-    """``dst = alpha * sum_m src x_m S_m`` (``S_m^T`` if ``transpose``) for one chunk ``(cb, ch, n1..nk, d)``."""
-    sizes = src.shape[2:-1]
-    shape = (fs[0].shape[0], *sizes, src.shape[-1])
-    x = ws.as_contiguous("x", src, shape)
-    y = _dst_buffer(dst, "y", ws, shape)
+def _kron_sum_chunk(x, dst, fs, alpha: float, transpose: bool, ws: _Workspace) -> None:
+    """``dst = alpha * sum_m x x_m S_m`` (``S_m^T`` if ``transpose``) for one chunk: ``x (c, n1..nk, d)``
+    contiguous, ``dst (cb, ch, n1..nk, d)``."""
+    sizes, shape = x.shape[1:-1], x.shape
+    y, taken = _result_buffer(dst, ws, shape)
     for m, s in enumerate(fs):
         _mode_mul(s.transpose(1, 2) if transpose else s, x, sizes, m, y, ws, accumulate=m > 0)
     if alpha != 1.0:
         y.mul_(alpha)
-    if y.data_ptr() != dst.data_ptr():
+    if taken:
         dst.copy_(y.view(dst.shape))
+        ws.give(y)
 
 
 @_autocast_off
@@ -379,7 +420,11 @@ def _kron_sum_apply_forward(v: torch.Tensor, factors: Sequence[torch.Tensor], al
     b, h = v.shape[:2]
     out, ws = torch.empty_like(v), _Workspace(v)
     for bs, hs in _chunks(b, h, _chunk_pairs(v)):
-        _kron_sum_chunk(v[bs, hs], out[bs, hs], _pair_factors(factors, bs, hs), alpha, False, ws)
+        fs = _pair_factors(factors, bs, hs)
+        x, taken = ws.contiguous(v[bs, hs], (fs[0].shape[0], *v.shape[2:]))
+        _kron_sum_chunk(x, out[bs, hs], fs, alpha, False, ws)
+        if taken:
+            ws.give(x)
     return out
 
 
@@ -396,18 +441,22 @@ def _kron_sum_apply_backward(g: torch.Tensor, v: torch.Tensor, factors: Sequence
     g = g.to(v.dtype)
     for bs, hs in _chunks(b, h, _chunk_pairs(v)):
         fs = _pair_factors(factors, bs, hs)
-        if need_v:
-            _kron_sum_chunk(g[bs, hs], gv[bs, hs], fs, alpha, True, ws)
-        if not any(need_s):
-            continue
         c = fs[0].shape[0]
         shape = (c, *sizes, v.shape[-1])
-        gc, vc = ws.as_contiguous("g", g[bs, hs], shape), ws.as_contiguous("x", v[bs, hs], shape)
-        for m in range(len(fs)):
-            if gs[m] is not None:
-                d = _mode_gram(gc, vc, sizes, m, gs[m][bs, hs].view(c, sizes[m], sizes[m]), ws)
-                if alpha != 1.0:
-                    d.mul_(alpha)
+        gc, g_taken = ws.contiguous(g[bs, hs], shape)
+        if need_v:
+            _kron_sum_chunk(gc, gv[bs, hs], fs, alpha, True, ws)
+        if any(need_s):
+            vc, v_taken = ws.contiguous(v[bs, hs], shape)
+            for m in range(len(fs)):
+                if gs[m] is not None:
+                    d = _mode_gram(gc, vc, sizes, m, gs[m][bs, hs].view(c, sizes[m], sizes[m]), ws)
+                    if alpha != 1.0:
+                        d.mul_(alpha)
+            if v_taken:
+                ws.give(vc)
+        if g_taken:
+            ws.give(gc)
     return gv, gs
 
 
