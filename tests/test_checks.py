@@ -151,8 +151,8 @@ def test_a_model_forward_runs_as_many_checks_at_any_depth(name, depth_arg, kw, m
 
 
 def test_masks_are_checked_once_per_layer_call(monkeypatch):
-    """A Kronecker layer with a mask per mode checks ``x`` and the masks once (the softmax of each factor does not
-    check its mask again), and an encoder of six such layers checks them once for all."""
+    """A Kronecker layer with a mask per mode checks ``x``, the masks and its output once (the softmax of each factor
+    does not check its mask again), and an encoder of six such layers checks them once for all."""
     from hoformer.layers import Encoder, KroneckerAttention
 
     x = torch.randn(2, 3, 4, 16)
@@ -163,4 +163,5 @@ def test_masks_are_checked_once_per_layer_call(monkeypatch):
     for module in (layer, enc):
         counts.clear()
         module(x, masks=masks)
-        assert dict(counts) == {"hoformer.layers._common._check_x": 1, "hoformer.layers._common._check_masks": 1}
+        assert dict(counts) == {"hoformer.layers._common._check_x": 1, "hoformer.layers._common._check_dtype": 1,
+                                "hoformer.layers._common._check_masks": 1, "hoformer._checks.check_finite_output": 1}

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import torch
 
-from hoformer._checks import check_fraction, check_int, is_int
+from hoformer._checks import check_finite_output, check_fraction, check_int, is_int
 from hoformer.functional.causal import causal_mask
 
 __all__ = ["CheckedMasks"]
@@ -49,6 +49,13 @@ class _CheckOnce:
             return masks.masks
         return self._check_input(x, masks, type(self).__name__)
 
+    def _exit(self, y, x, masks):
+        """``y``, checked to be finite where ``x`` is (:func:`~hoformer._checks.check_finite_output`) when this call
+        was the public entry (a caller that handed :class:`CheckedMasks` checks its own output)."""
+        if not isinstance(masks, CheckedMasks):
+            check_finite_output(y, x, type(self).__name__)
+        return y
+
     def _check_modes(self, nm: int, fn: str, shape: tuple | None = None) -> None:
         """:meth:`_check_mode_args` for ``nm`` modes unless it has passed before (``shape``: the input's, for the
         message; ``None`` at construction)."""
@@ -58,11 +65,12 @@ class _CheckOnce:
                 self._modes_ok = self._modes_ok | {nm}
 
 
-def _check_x(x, dim: int, name: str, nmodes: int | None = None) -> None:
+def _check_x(x, dim: int, name: str, nmodes: int | None = None, dtype: torch.dtype | None = None) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: `x` must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
         raise TypeError(f"{name}: `x` must be floating point, got dtype {x.dtype}")
+    _check_dtype(x, dtype, name)
     if x.ndim < 3:
         raise ValueError(f"{name}: `x` must have shape (B, N1, ..., Nk, {dim}) with k >= 1, got {tuple(x.shape)}")
     if x.shape[-1] != dim:
@@ -72,6 +80,14 @@ def _check_x(x, dim: int, name: str, nmodes: int | None = None) -> None:
     if x.numel() == 0:
         what = "an empty batch (B = 0)" if x.shape[0] == 0 else "an empty mode"
         raise ValueError(f"{name}: `x` has {what}, got shape {tuple(x.shape)}")
+
+
+def _check_dtype(x: torch.Tensor, dtype: torch.dtype | None, name: str, arg: str = "x") -> None:
+    """``x`` has the dtype of the layer's weights (as ``nn.Linear`` requires; not checked under autocast, which
+    casts per operation)."""
+    if dtype is not None and x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(f"{name}: `{arg}` must have the dtype of the layer's weights, {dtype}, got {x.dtype}; convert "
+                        f"one to the other: {arg}.to({dtype}) or layer.to({x.dtype})")
 
 
 def _mode_tuple(modes, fn: str, arg: str = "rope_modes") -> tuple[int, ...]:

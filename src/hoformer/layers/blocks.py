@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hoformer._checks import check_fraction, check_int
+from hoformer._checks import check_finite_output, check_fraction, check_int
 
 from .attention import build_attention
 from ._common import CheckedMasks
@@ -191,11 +191,16 @@ class Encoder(nn.Module):
         self.norm = _norm(norm, dim)
 
     def forward(self, x: torch.Tensor, masks=None) -> torch.Tensor:
+        entry = not isinstance(masks, CheckedMasks)
         if self.blocks:  # every block takes an input of x's shape: checked once, by the first attention layer
             masks = CheckedMasks(self.blocks[0].attn._entry(x, masks))
+        y = x
         for blk in self.blocks:
-            x = blk(x, masks=masks)
-        return self.norm(x)
+            y = blk(y, masks=masks)
+        y = self.norm(y)
+        if entry:
+            check_finite_output(y, x, "Encoder")
+        return y
 
     def init_cache(self, max_steps: int | None = None) -> list:
         """Decoding state for :meth:`step`: one cache per block (every attention type decodes when built with

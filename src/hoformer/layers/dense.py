@@ -99,7 +99,7 @@ class FullAttention(_CheckOnce, _Decoder, _QKV):
             self._check_modes(num_modes, "FullAttention")
 
     def _check_input(self, x, masks, fn: str):
-        _check_x(x, self.dim, fn, self.num_modes)
+        _check_x(x, self.dim, fn, self.num_modes, self.to_qkv.weight.dtype)
         self._check_modes(x.ndim - 2, fn, tuple(x.shape))
         return _check_masks(masks, tuple(x.shape[1:-1]), fn, x.shape[0], self.heads)
 
@@ -108,9 +108,9 @@ class FullAttention(_CheckOnce, _Decoder, _QKV):
         _check_causal_range(self.causal_mode, nm, where, fn)
 
     def forward(self, x, masks=None):
-        masks = self._entry(x, masks)
+        given, masks = masks, self._entry(x, masks)
         sizes = tuple(x.shape[1:-1])
-        return self._tokens(x, _causal_masks(masks, sizes, self.causal_mode, x.device))
+        return self._exit(self._tokens(x, _causal_masks(masks, sizes, self.causal_mode, x.device)), x, given)
 
     @torch.no_grad()
     def step(self, x: torch.Tensor, cache: DecodingCache, masks=None) -> torch.Tensor:
@@ -220,7 +220,7 @@ class AxialAttention(_CheckOnce, _Decoder, _QKV):
         return tuple(range(nm)) if self.modes is None else self.modes
 
     def _check_input(self, x, masks, fn: str):
-        _check_x(x, self.dim, fn, self.num_modes if self.combine == "sequential" else None)
+        _check_x(x, self.dim, fn, self.num_modes if self.combine == "sequential" else None, self.to_qkv.weight.dtype)
         self._check_modes(x.ndim - 2, fn, tuple(x.shape))
         return _check_masks(masks, tuple(x.shape[1:-1]), fn, x.shape[0], self.heads)
 
@@ -231,10 +231,10 @@ class AxialAttention(_CheckOnce, _Decoder, _QKV):
         _check_causal_range(self.causal_mode, nm, where, fn)
 
     def forward(self, x, masks=None):
-        masks = self._entry(x, masks)
+        given, masks = masks, self._entry(x, masks)
         sizes = tuple(x.shape[1:-1])
         masks = _causal_masks(masks, sizes, self.causal_mode, x.device)
-        return self._run(x, masks or [None] * len(sizes), self._modes_for(len(sizes)))
+        return self._exit(self._run(x, masks or [None] * len(sizes), self._modes_for(len(sizes))), x, given)
 
     @torch.no_grad()
     def step(self, x: torch.Tensor, cache: DecodingCache, masks=None) -> torch.Tensor:
@@ -318,7 +318,7 @@ class DividedAttention(_CheckOnce, _Decoder, nn.Module):
             self._check_modes(num_modes, "DividedAttention")
 
     def _check_input(self, x, masks, fn: str):
-        _check_x(x, self.dim, fn, self.num_modes)
+        _check_x(x, self.dim, fn, self.num_modes, self.first.to_qkv.weight.dtype)
         self._check_modes(x.ndim - 2, fn, tuple(x.shape))
         return _check_masks(masks, tuple(x.shape[1:-1]), fn, x.shape[0], self.first.heads)
 
@@ -329,10 +329,10 @@ class DividedAttention(_CheckOnce, _Decoder, nn.Module):
             raise ValueError(f"{fn}: first_mode={self.first_mode} but {where} has only {nm} modes")
 
     def forward(self, x, masks=None):
-        masks = self._entry(x, masks)
+        given, masks = masks, self._entry(x, masks)
         sizes = tuple(x.shape[1:-1])
         masks = _causal_masks(masks, sizes, self.causal_mode, x.device)
-        return self._run(x, masks or [None] * len(sizes))
+        return self._exit(self._run(x, masks or [None] * len(sizes)), x, given)
 
     @torch.no_grad()
     def step(self, x: torch.Tensor, cache: DecodingCache, masks=None) -> torch.Tensor:

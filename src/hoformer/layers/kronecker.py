@@ -385,7 +385,7 @@ class KroneckerAttention(_CheckOnce, _Decoder, RecordableAttention):
         return self.to_out(y.to(x.dtype).movedim(1, -2).reshape(b, 1, *rest, -1)).movedim(1, 1 + c)
 
     def _check_input(self, x, masks, fn: str):
-        _check_x(x, self.dim, fn, self.num_modes)
+        _check_x(x, self.dim, fn, self.num_modes, self.to_v.weight.dtype)
         self._check_modes(x.ndim - 2, fn, tuple(x.shape))
         return _check_masks(masks, tuple(x.shape[1:-1]), fn, x.shape[0], self.heads)
 
@@ -394,7 +394,7 @@ class KroneckerAttention(_CheckOnce, _Decoder, RecordableAttention):
         _check_causal_range(self.causal_mode, nm, where, fn)
 
     def forward(self, x: torch.Tensor, masks=None) -> torch.Tensor:
-        masks = self._entry(x, masks)
+        given, masks = masks, self._entry(x, masks)
         self._ensure_modes(x.ndim - 2)
         b, sizes = x.shape[0], tuple(x.shape[1:-1])
         want_maps = self._recording
@@ -402,7 +402,7 @@ class KroneckerAttention(_CheckOnce, _Decoder, RecordableAttention):
             y, maps = self._causal_forward(x, masks, want_maps)
             if maps is not None:
                 self._maybe_record(maps)
-            return y
+            return self._exit(y, x, given)
         qs, ks = self.mode_qk(x)
         # values as a (b, h, n1..nk, e) *view* of the (b, n.., h*e) projection; kron_apply / kron_sum_apply keep that
         # memory layout, so merging the heads before to_out is a view too
@@ -418,4 +418,4 @@ class KroneckerAttention(_CheckOnce, _Decoder, RecordableAttention):
                                            self.attn_dropout if self.training else 0.0, True, self.score_fn)
         if want_maps:
             self._maybe_record(maps)
-        return self.to_out(y.movedim(1, -2).reshape(b, *sizes, -1))
+        return self._exit(self.to_out(y.movedim(1, -2).reshape(b, *sizes, -1)), x, given)

@@ -52,7 +52,7 @@ from hoformer.functional.triplet import (
     triplet_attention_weights,
 )
 
-from ._common import CheckedMasks
+from ._common import CheckedMasks, _check_dtype
 from .recording import RecordableAttention
 from .blocks import Mlp
 
@@ -69,10 +69,11 @@ __all__ = [
 TEXT_ATTENTIONS = ("hoba", "triplet_full", "block2d", "full2d")
 
 
-def _check_seq(x, mask, dim: int, name: str):
+def _check_seq(x, mask, dim: int, name: str, dtype: torch.dtype | None = None):
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         got = getattr(x, "dtype", type(x).__name__)
         raise TypeError(f"{name}: `x` must be a floating-point tensor (B, L, {dim}), got {got}")
+    _check_dtype(x, dtype, name)
     if x.ndim != 3 or x.shape[-1] != dim:
         raise ValueError(f"{name}: `x` must have shape (B, L, {dim}), got {tuple(x.shape)}")
     if mask is not None:
@@ -145,7 +146,7 @@ class _HeadsAttention(RecordableAttention):
         if isinstance(mask, CheckedMasks):
             mask = mask.masks
         else:
-            _check_seq(x, mask, self.dim, type(self).__name__)
+            _check_seq(x, mask, self.dim, type(self).__name__, self.to_in.weight.dtype)
         b, n, _ = x.shape
         xs = self.to_in(x).view(b, n, self.n_proj, self.heads, self.dim_head).permute(2, 0, 3, 1, 4).unbind(0)
         want = self._recording  # maps only while record_attention is active
