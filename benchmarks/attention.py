@@ -9,9 +9,9 @@ Run:  .venv/bin/python benchmarks/attention.py [--device cuda] [--batch 32] [--r
 alternation (the order flipping every round), so a shared machine's load hits both alike. Reported: the ratio of the
 minima, of the medians, and the median of the per-round ratios ("paired"); then the peak memory of one fwd+bwd of
 each side and its ratio to the paper-equation layer's (same shape, measured in the "after" worker).
-``--accelerator-chunks``: both workers cut the Kronecker products into the chunks they use on an accelerator (one
-chunk per call at these shapes) instead of the CPU's cache-sized ones, so that the CPU measures the memory an
-accelerator would need.
+``--accelerator-chunks``: both workers run the Kronecker products as they run on an accelerator (its chunks, one per
+call at these shapes, instead of the CPU's cache-sized ones, and its product kernel), so that the CPU measures the
+memory an accelerator would need.
 
 Everything is measured side by side in one run and reported as ratios (machines are noisy). Peak memory is the
 CUDA allocator's peak on GPU; on CPU it is the peak of live tensor bytes reconstructed from the profiler's
@@ -131,8 +131,8 @@ AB_KWARGS = {"kron_product": {}, "kron_sum": {"combine": "sum"}, "kron_linear": 
 
 
 def _accelerator_chunks() -> None:
-    """Make the Kronecker products of this process cut their work into the chunks of an accelerator (bounded by
-    ``_ACCELERATOR_CHUNK_BYTES``, one chunk at the benchmark shapes) on the CPU too."""
+    """Make the Kronecker products of this process run as on an accelerator, on the CPU: its chunks (bounded by
+    ``_ACCELERATOR_CHUNK_BYTES``, one chunk at the benchmark shapes) and its product kernel."""
     try:
         from hoformer.functional import products as kernels
     except ImportError:  # a tree whose kernels live in functional/kronecker.py
@@ -143,6 +143,8 @@ def _accelerator_chunks() -> None:
         return max(1, min(v.shape[0] * v.shape[1], kernels._ACCELERATOR_CHUNK_BYTES // per_pair))
 
     kernels._chunk_pairs = accelerator_pairs
+    if hasattr(kernels, "_rotates"):  # the accelerators' product kernel
+        kernels._rotates = lambda v: True
 
 
 def _cpu_peak_bytes(fn) -> int:

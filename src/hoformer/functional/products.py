@@ -94,10 +94,9 @@ def _kron_apply_ops(factors: list[Callable], vt: torch.Tensor, mode_sizes: Seque
 # Functions therefore run their whole chain on chunks of (batch, head) pairs small enough to stay in L2 (about
 # 1 MiB of value per thread), writing each finished chunk once into the output. On accelerators kernel launches, not
 # caches, are the cost: one chunk holds up to 256 MiB of value, so an ordinary batch is one chunk (one launch per
-# mode product), while the value-sized workspace buffers of a very large input stay bounded (about 4 x 256 MiB)
-# instead of growing with it. Smaller accelerator chunks trade time for memory: on an H200 at batch 32 (values of
-# 4-64 MiB, benchmarks/attention.py shapes), 2 MiB chunks cut the layer's peak memory by 10-45% and cost 1.2-3.7x the
-# time.
+# mode product), while the value-sized workspace buffers of a very large input stay bounded (a few x 256 MiB, pooled
+# by _Workspace) instead of growing with it; there the product kernel rotates the layout (_rotate) so that its only
+# value-sized buffers are the contiguous copies and two step results.
 _CPU_CHUNK_BYTES = 1 << 20
 _ACCELERATOR_CHUNK_BYTES = 256 << 20
 
@@ -259,6 +258,75 @@ def _autocast_off(fn):
     return wrapped
 
 
+# On an accelerator the mode products rotate the layout instead (:func:`_rotate`): each is one batched matmul that
+# reads its input through a transposed view and writes mode m last, so no factor is repeated and no mode is unfolded
+# (on the CPU's cache-sized chunks those copies are cheap and the in-place layout is faster; on an accelerator's
+# whole-batch chunk they are value-sized buffers, one to two times the value each, and the peak memory).
+def _rotates(v: torch.Tensor) -> bool:
+    """Whether the product kernels rotate the layout (:func:`_rotate`) for ``v``: on accelerators."""
+    return v.device.type != "cpu"
+
+
+def _rotate(s: torch.Tensor, x: torch.Tensor, n: int, ws: _Workspace) -> torch.Tensor:
+    """One mode product that rotates the layout: ``x`` contiguous with the mode (size ``n``) first, read as
+    ``(c, n, P)``; returns ``(S x)^T`` as ``(c, P, n)`` in a taken buffer (the mode last)."""
+    c = x.shape[0]
+    y = ws.take((c, x[0].numel() // n, n))
+    return torch.bmm(x.view(c, n, -1).transpose(1, 2), s.transpose(1, 2), out=y)
+
+
+def _rotating_chunk_forward(x: torch.Tensor, taken: bool, fs, sizes, dst: torch.Tensor, ws: _Workspace) -> None:
+    """``dst (cb, ch, n1..nk, d) = S_1 (x) .. (x) S_k`` of the contiguous chunk ``x (c, n1..nk, d)``: after the ``k``
+    rotations the layout is ``(d, n1..nk)``, copied into ``dst``."""
+    for m, s in enumerate(fs):
+        y = _rotate(s, x, sizes[m], ws)
+        if taken:
+            ws.give(x)
+        x, taken = y, True
+    dst.copy_(x.view(*dst.shape[:2], dst.shape[-1], *sizes).movedim(2, -1))
+    ws.give(x)
+
+
+def _rotating_chunk_backward(gy, load_x, fs, sizes, gv, gs, need_s, last: int, ws: _Workspace) -> None:
+    """The gradients of :func:`_rotating_chunk_forward` for one chunk: ``gy`` and ``gv`` ``(cb, ch, n1..nk, d)``
+    (``gv`` None if not needed), ``gs[m]`` ``(cb, ch, n_m, n_m)`` or None; ``load_x()`` gives ``(x, taken)``, the
+    chunk's contiguous value (loaded twice, to hold no copy of it between its two uses). With ``X_m`` the input of
+    step ``m`` (mode ``m`` first) and ``G`` the gradient of its output ``(c, P, n_m)``: ``dS_m = G^T X_m^T`` and the
+    gradient of ``X_m`` is ``S_m^T G^T``, each one batched matmul on transposed views, no copies."""
+    x, x_taken = load_x()
+    c, d = x.shape[0], x.shape[-1]
+    inputs = [(x, x_taken)]
+    for m in range(last):  # the input of every step whose factor needs a gradient
+        inputs.append((_rotate(fs[m], inputs[m][0], sizes[m], ws), True))
+    if x_taken and last > 0:  # reloaded for step 0's gram
+        ws.give(x)
+        inputs[0] = None
+    g = ws.take((c, d, *sizes))  # the gradient of the last step's output, layout (d, n1..nk)
+    g.view(*gy.shape[:2], d, *sizes).copy_(gy.movedim(-1, 2))
+    for m in reversed(range(len(fs))):
+        n = sizes[m]
+        gt = g.view(c, -1, n).transpose(1, 2)  # (c, n, P)
+        if need_s[m]:
+            if inputs[m] is None:
+                inputs[m] = load_x()
+            torch.bmm(gt, inputs[m][0].view(c, n, -1).transpose(1, 2), out=gs[m].view(c, n, n))
+        if m < len(inputs) and inputs[m] is not None and inputs[m][1]:
+            ws.give(inputs[m][0])
+        if m == 0 and gv is None:
+            break
+        direct = m == 0 and gv.is_contiguous()
+        dst = gv.view(c, n, -1) if direct else ws.take((c, n, g[0].numel() // n))
+        torch.bmm(fs[m].transpose(1, 2), gt, out=dst)
+        ws.give(g)
+        g = dst
+        if m == 0 and not direct:
+            gv.copy_(g.view(gv.shape))
+            ws.give(g)
+        if m == 0:
+            return
+    ws.give(g)
+
+
 @_autocast_off  # everything runs in v's dtype, fwd and bwd alike
 def _kron_apply_forward(v: torch.Tensor, factors: Sequence[torch.Tensor]) -> torch.Tensor:
     """``S_1 (x) .. (x) S_k`` applied to ``v (b, h, n1..nk, d)``, factors expanded to ``(b, h, n_m, n_m)``.
@@ -276,6 +344,9 @@ def _kron_apply_forward(v: torch.Tensor, factors: Sequence[torch.Tensor]) -> tor
         fs = _pair_factors(factors, bs, hs)
         shape = (fs[0].shape[0], *sizes, v.shape[-1])
         x, taken = ws.contiguous(v[bs, hs], shape)
+        if _rotates(v):
+            _rotating_chunk_forward(x, taken, fs, sizes, out[bs, hs], ws)
+            continue
         for m, s in enumerate(fs):
             dst, dst_taken = _result_buffer(out[bs, hs], ws, shape) if m == k - 1 else (ws.take(shape), True)
             _mode_mul(s, x, sizes, m, dst, ws)
@@ -306,6 +377,11 @@ def _kron_apply_backward(gy: torch.Tensor, v: torch.Tensor, factors: Sequence[to
         fs = _pair_factors(factors, bs, hs)
         c = fs[0].shape[0]
         shape = (c, *sizes, v.shape[-1])
+        if _rotates(v):
+            _rotating_chunk_backward(gy[bs, hs], lambda bs=bs, hs=hs: ws.contiguous(v[bs, hs], shape), fs, sizes,
+                                     None if gv is None else gv[bs, hs], [None if g is None else g[bs, hs] for g in gs],
+                                     need_s, last, ws)
+            continue
         inputs = [ws.contiguous(v[bs, hs], shape)]  # (X_m, taken from the pool)
         for m in range(last):  # the input of every step whose factor needs a gradient
             inputs.append((_mode_mul(fs[m], inputs[m][0], sizes, m, ws.take(shape), ws), True))
