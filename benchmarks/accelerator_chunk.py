@@ -16,7 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attention import PaperKronecker  # noqa: E402
 
-from hoformer.functional import kronecker as kronecker_module  # noqa: E402
+from hoformer.functional import products as products_module  # noqa: E402
 from hoformer.layers import KroneckerAttention  # noqa: E402
 
 MiB = 2**20
@@ -51,7 +51,7 @@ def main() -> None:
     device = torch.device(a.device)
     if device.type != "cuda" or not torch.cuda.is_available():
         sys.exit("accelerator_chunk.py: needs a CUDA device (the CPU path chunks by cache size instead)")
-    cap = kronecker_module._ACCELERATOR_CHUNK_BYTES
+    cap = products_module._ACCELERATOR_CHUNK_BYTES
     print(f"accelerator chunk: {cap // MiB} MiB of value; {torch.cuda.get_device_name(device)}")
     for shape, b in SHAPES:
         for combine in ("product", "sum"):
@@ -62,10 +62,10 @@ def main() -> None:
             paper = PaperKronecker(128, 8, len(shape), combine).to(device)
             res = {"paper": measure(lambda: paper(x).backward(g), device, a.reps)}
             try:
-                kronecker_module._ACCELERATOR_CHUNK_BYTES = 1 << 62
+                products_module._ACCELERATOR_CHUNK_BYTES = 1 << 62
                 res["one chunk"] = measure(lambda: kron(x).backward(g), device, a.reps)
             finally:
-                kronecker_module._ACCELERATOR_CHUNK_BYTES = cap
+                products_module._ACCELERATOR_CHUNK_BYTES = cap
             res[f"{cap // MiB} MiB chunks"] = measure(lambda: kron(x).backward(g), device, a.reps)
             print(f"{shape} batch {b}, value {x.numel() * x.element_size() / MiB:.0f} MiB, {combine}: "
                   + "; ".join(f"{k} {t:.1f} ms {m:.0f} MiB" for k, (t, m) in res.items()), flush=True)

@@ -2,12 +2,16 @@
 
 Run:  .venv/bin/python benchmarks/attention.py [--device cuda] [--batch 32] [--reps 3] [--quick]
                                                [--variants paper_product kron_linear kron_linear_sum ...]
-      .venv/bin/python benchmarks/attention.py --against OTHER/src [--batch 32] [--reps 7]
+      .venv/bin/python benchmarks/attention.py --against OTHER/src [--batch 32] [--reps 7] [--accelerator-chunks]
 
 ``--against``: before / after of the Kronecker layers' fwd+bwd time at the four shapes, hoformer from ``OTHER/src``
 ("before") against the importable one ("after"), each in its own worker process; the two are timed call by call in
 alternation (the order flipping every round), so a shared machine's load hits both alike. Reported: the ratio of the
-minima, of the medians, and the median of the per-round ratios ("paired").
+minima, of the medians, and the median of the per-round ratios ("paired"); then the peak memory of one fwd+bwd of
+each side and its ratio to the paper-equation layer's (same shape, measured in the "after" worker).
+``--accelerator-chunks``: both workers run the Kronecker products as they run on an accelerator (its chunks, one per
+call at these shapes, instead of the CPU's cache-sized ones, and its product kernel), so that the CPU measures the
+memory an accelerator would need.
 
 Everything is measured side by side in one run and reported as ratios (machines are noisy). Peak memory is the
 CUDA allocator's peak on GPU; on CPU it is the peak of live tensor bytes reconstructed from the profiler's
@@ -126,45 +130,93 @@ AB_KWARGS = {"kron_product": {}, "kron_sum": {"combine": "sum"}, "kron_linear": 
              "kron_linear_sum": {"combine": "sum", "kernel": "linear"}}
 
 
+def _accelerator_chunks() -> None:
+    """Make the Kronecker products of this process run as on an accelerator, on the CPU: its chunks (bounded by
+    ``_ACCELERATOR_CHUNK_BYTES``, one chunk at the benchmark shapes) and its product kernel."""
+    try:
+        from hoformer.functional import products as kernels
+    except ImportError:  # a tree whose kernels live in functional/kronecker.py
+        kernels = kronecker_module
+
+    def accelerator_pairs(v):
+        per_pair = max(1, v[0, 0].numel() * v.element_size())
+        return max(1, min(v.shape[0] * v.shape[1], kernels._ACCELERATOR_CHUNK_BYTES // per_pair))
+
+    kernels._chunk_pairs = accelerator_pairs
+    if hasattr(kernels, "_rotates"):  # the accelerators' product kernel
+        kernels._rotates = lambda v: True
+
+
+def _cpu_peak_bytes(fn) -> int:
+    """Peak bytes of ``fn()`` from the profiler's memory timeline, as :func:`hoformer.analysis.bench.cpu_peak_memory`
+    measures it, written here so that both trees of ``--against`` measure with the same code."""
+    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler._memory_profiler import Action
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        fn()
+    peak = run = 0
+    for _, action, _, nbytes in prof._memory_profile().timeline:
+        run += nbytes if action == Action.CREATE else -nbytes if action == Action.DESTROY else 0
+        peak = max(peak, run)
+    return peak
+
+
 def ab_worker(batch: int) -> None:
-    """``--worker``: build the Kronecker layers at every shape (fixed seeds), then answer each stdin line
-    ``shape_index variant`` with the seconds of one ``module(x).backward(gy)`` (CPU)."""
+    """``--worker``: build the Kronecker layers (and the paper-equation ones) at every shape (fixed seeds), then
+    answer each stdin line ``time|mem shape_index variant`` with the seconds, or the peak bytes, of one
+    ``module(x).backward(gy)`` (CPU)."""
+    if "--accelerator-chunks" in sys.argv:
+        _accelerator_chunks()
     steps = {}
     for i, (sizes, dim, heads) in enumerate(SHAPES):
         torch.manual_seed(i)
         x = torch.randn(batch, *sizes, dim, requires_grad=True)
         gy = torch.randn(batch, *sizes, dim)
-        for name in AB_VARIANTS:
+        for name in AB_VARIANTS + ("paper_product", "paper_sum"):
             torch.manual_seed(100 + i)
-            mod = KroneckerAttention(dim, heads, num_modes=len(sizes), **AB_KWARGS[name])
+            if name.startswith("paper"):
+                mod = PaperKronecker(dim, heads, len(sizes), name.split("_")[1])
+            else:
+                mod = KroneckerAttention(dim, heads, num_modes=len(sizes), **AB_KWARGS[name])
 
-            def step(mod=mod, x=x, gy=gy):
+            def clear(mod=mod, x=x):
                 x.grad = None
                 mod.zero_grad(set_to_none=True)
+
+            def step(mod=mod, x=x, gy=gy, clear=clear):
+                clear()
                 mod(x).backward(gy)
 
-            steps[(i, name)] = step
+            steps[(i, name)] = step, clear
     print("ready", flush=True)
     for line in sys.stdin:
-        i, name = line.split()
-        print(_time_once(steps[(int(i), name)], torch.device("cpu")), flush=True)
+        what, i, name = line.split()
+        step, clear = steps[(int(i), name)]
+        if what == "mem":
+            step()
+            clear()  # else the last call's gradients are freed inside the measured call
+            print(_cpu_peak_bytes(step), flush=True)
+        else:
+            print(_time_once(step, torch.device("cpu")), flush=True)
 
 
-def ab_compare(against: str, batch: int, reps: int, variants=None) -> None:
+def ab_compare(against: str, batch: int, reps: int, variants=None, accelerator_chunks: bool = False) -> None:
     import hoformer
 
     here = os.path.dirname(os.path.dirname(hoformer.__file__))
     workers = {}
+    extra = ["--accelerator-chunks"] if accelerator_chunks else []
     for side, src in (("before", against), ("after", here)):
         env = {**os.environ, "PYTHONPATH": src}
-        workers[side] = subprocess.Popen([sys.executable, __file__, "--worker", "--batch", str(batch)], env=env,
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        workers[side] = subprocess.Popen([sys.executable, __file__, "--worker", "--batch", str(batch), *extra],
+                                         env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     for w in workers.values():
         assert w.stdout.readline().strip() == "ready"
 
-    def call(side, key):
+    def call(side, key, what="time"):
         w = workers[side]
-        w.stdin.write(f"{key[0]} {key[1]}\n")
+        w.stdin.write(f"{what} {key[0]} {key[1]}\n")
         w.stdin.flush()
         return float(w.stdout.readline())
 
@@ -176,6 +228,9 @@ def ab_compare(against: str, batch: int, reps: int, variants=None) -> None:
                 t = call(side, key)
                 if r:
                     times[(side, key)].append(t)
+    mem = {(side, key): call(side, key, "mem") for side in workers for key in keys}
+    paper = {(i, comb): call("after", (i, f"paper_{comb}"), "mem") for i in range(len(SHAPES))
+             for comb in ("product", "sum")}
     for w in workers.values():
         w.stdin.close()
         w.wait()
@@ -188,6 +243,15 @@ def ab_compare(against: str, batch: int, reps: int, variants=None) -> None:
         paired = statistics.median(x / y for x, y in zip(a, b))  # the two calls of one round ran back to back
         print(f"{str(SHAPES[i][0]):>14} {name:>16} {min(b) * 1e3:10.1f} {min(a) * 1e3:9.1f} {min(a) / min(b):18.3f} "
               f"{statistics.median(a) / statistics.median(b):7.3f} {paired:7.3f}")
+    chunks = "accelerator chunks" if accelerator_chunks else "CPU chunks"
+    print(f"\npeak memory of one fwd+bwd above the inputs (CPU profiler, {chunks}); paper = the paper-equation layer")
+    print(f"{'shape':>14} {'attention':>16} {'before MiB':>11} {'after MiB':>10} {'paper MiB':>10} "
+          f"{'before/paper':>13} {'after/paper':>12}")
+    for i, name in keys:
+        b, a = mem[("before", (i, name))], mem[("after", (i, name))]
+        p = paper[(i, "sum" if name.endswith("_sum") else "product")]
+        print(f"{str(SHAPES[i][0]):>14} {name:>16} {b / 2**20:11.1f} {a / 2**20:10.1f} {p / 2**20:10.1f} "
+              f"{b / p:13.2f} {a / p:12.2f}")
 
 
 def main():
@@ -205,12 +269,14 @@ def main():
     ap.add_argument("--no-core", action="store_true", help="skip the functional-core throughput at the largest shape")
     ap.add_argument("--against", default=None, metavar="SRC",
                     help="before/after of the Kronecker layers against the hoformer in SRC (e.g. OTHER/src), CPU")
+    ap.add_argument("--accelerator-chunks", action="store_true",
+                    help="with --against: the Kronecker products in an accelerator's chunks (its memory, on the CPU)")
     args = ap.parse_args()
     if args.against:
         unknown = set(args.variants or ()) - set(AB_VARIANTS)
         if unknown:
             ap.error(f"--variants with --against: unknown {sorted(unknown)}; choose from {list(AB_VARIANTS)}")
-        ab_compare(args.against, args.batch, args.reps, args.variants)
+        ab_compare(args.against, args.batch, args.reps, args.variants, args.accelerator_chunks)
         return
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     if args.quick:

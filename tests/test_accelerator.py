@@ -99,9 +99,9 @@ def test_kron_apply_and_sum_on_device(sizes):
 def test_kron_apply_in_chunks_on_device(monkeypatch):
     """A value larger than one accelerator chunk (here: a 1 KiB chunk, so every (batch, head) pair is its own chunk)
     gives the same values and gradients as the CPU float64 reference."""
-    from hoformer.functional import kronecker as kronecker_module
+    from hoformer.functional import products as products_module
 
-    monkeypatch.setattr(kronecker_module, "_ACCELERATOR_CHUNK_BYTES", 1 << 10)
+    monkeypatch.setattr(products_module, "_ACCELERATOR_CHUNK_BYTES", 1 << 10)
     g = torch.Generator().manual_seed(0)
     for sizes in [(4, 6), (2, 3, 13)]:
         v = torch.randn(3, 2, *sizes, 8, generator=g)

@@ -756,3 +756,37 @@ def test_a_generated_forecast_far_beyond_the_trained_horizon_is_warned_about():
 def test_export_output_that_is_a_directory_is_one_line(tmp_path):
     err = _cli_err(["export", "--checkpoint", str(pretrained_dir(tmp_path)), "--output", str(tmp_path)])
     assert "--output" in err and "is a directory" in err
+# ---------------------------------------------------------------------- overflow inside a layer, dtype mismatch
+@pytest.mark.parametrize("where", ["kronecker_product", "kronecker_linear", "hot_forecaster",
+                                   "hot_causal_forecaster"])
+def test_finite_input_too_large_for_float32_is_named(where):
+    """``x * 1e30`` is finite but overflows float32 inside (norms, softmax): the layer or forecaster raises naming its
+    input instead of returning NaN; the same input at a sane scale passes."""
+    torch.manual_seed(0)
+    if where.startswith("hot"):
+        module = create_model(where, seq_len=16, pred_len=8, num_variates=3, dim=16, num_heads=2, depth=1,
+                              patch_size=8).eval()
+        x = torch.randn(2, 16, 3)
+    else:
+        module = HL.build_attention(where, 16, 2, num_modes=2)
+        x = torch.randn(2, 3, 4, 16)
+    with torch.no_grad():
+        assert torch.isfinite(module(x)).all()
+        with pytest.raises(FloatingPointError, match=r"the output is not finite .* the input `x` is finite: its "
+                                                     r"largest magnitude .*e\+30 overflows torch.float32"):
+            module(x * 1e30)
+
+
+def test_a_float16_input_into_a_float32_layer_names_both_dtypes():
+    """As ``nn.Linear`` does, a layer refuses an input of another dtype than its weights (outside autocast), with an
+    error naming the argument and both dtypes instead of torch's matmul dtype error."""
+    x = torch.randn(2, 3, 4, 16, dtype=torch.float16)
+    for name in ("kronecker_product", "kronecker_linear", "full", "axial", "divided"):
+        with pytest.raises(TypeError, match=rf"{name.split('_')[0].capitalize()}\w*Attention: `x` must have the "
+                                            r"dtype of the layer's weights, torch.float32, got torch.float16"):
+            HL.build_attention(name, 16, 2)(x)
+    with pytest.raises(TypeError, match=r"TripletAttention: `x` must have the dtype of the layer's weights, "
+                                        r"torch.float32, got torch.float16"):
+        HL.TripletAttention(16, 2, block_size=4)(torch.randn(2, 8, 16, dtype=torch.float16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts per operation: accepted
+        HL.build_attention("full", 16, 2)(x.float())

@@ -113,6 +113,33 @@ def test_reproduction_changes_only_the_last_step():
         torch.testing.assert_close(change[:-1], torch.zeros(T - 1), rtol=0, atol=1e-6)  # FAVOR+: rounding only
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("qk_norm", [False, True])
+@pytest.mark.parametrize("combine", ["product", "sum"])
+@pytest.mark.parametrize("sizes,causal_mode", [((8,), 0), ((8, 3), 0), ((3, 8), 1), ((3, 8, 2), 1)])
+def test_a_large_future_input_leaves_the_past_unchanged(sizes, causal_mode, combine, qk_norm, dtype):
+    """FAVOR+ along the causal mode: one future index scaled x1000 (its keys far above the past ones) changes no
+    earlier output, and decoding step by step gives the full forward on that input. A key stabiliser shared by every
+    key of the causal mode would flush the past keys' features to 0 (0.4-0.7 off in either dtype)."""
+    torch.manual_seed(0)
+    layer = KroneckerAttention(16, 2, combine=combine, kernel="linear", qk_norm=qk_norm, num_modes=len(sizes),
+                               causal_mode=causal_mode).to(dtype).eval()
+    x = torch.randn(2, *sizes, 16, dtype=dtype)
+    t0 = 5
+    x2 = x.clone()
+    x2.select(1 + causal_mode, t0).mul_(1000.0)
+    y, y2 = layer(x), layer(x2)
+    tol = 1e-6 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(y2.narrow(1 + causal_mode, 0, t0), y.narrow(1 + causal_mode, 0, t0), rtol=0, atol=tol)
+    assert torch.isfinite(y2).all()
+    assert (y2 - y).narrow(1 + causal_mode, t0, 1).abs().amax() > 1e-2  # the scaled index itself does change
+    cache = layer.init_cache()
+    steps = torch.cat([layer.step(x2.narrow(1 + causal_mode, t, 1), cache) for t in range(sizes[causal_mode])],
+                      dim=1 + causal_mode)
+    tol = 1e-5 if dtype == torch.float32 else 1e-10  # rounding relative to the scaled index's outputs (~100)
+    torch.testing.assert_close(steps, y2, rtol=tol, atol=tol * float(y2.detach().abs().amax()))
+
+
 def test_per_mode_mask_alone_is_not_causal():
     """What the causal mode fixes: a lower-triangular mask on mode 0 leaves the other factors pooled over the future."""
     torch.manual_seed(0)

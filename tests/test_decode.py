@@ -166,3 +166,21 @@ def test_encoder_cache_errors():
     enc.step(torch.randn(1, 3, 1, 16), cache)
     with pytest.raises(ValueError, match="DividedAttention.step: the cache is full"):
         enc.step(torch.randn(1, 3, 1, 16), cache)
+
+
+@pytest.mark.parametrize("name", KRONECKER + DENSE)
+def test_steps_refuse_training_mode(name):
+    """Decoding is eval-mode arithmetic: a layer, block or encoder in training mode with a dropout is refused (it
+    would make the steps differ from the forward) instead of dropping out silently."""
+    layer = build_attention(name, 8, 2, num_modes=2, causal_mode=0, dropout=0.5)
+    with pytest.raises(RuntimeError, match=r"step: decoding runs in eval mode .* training mode with a "
+                                           r"Dropout\(p=0.5\); call .eval\(\)"):
+        layer.step(torch.randn(1, 1, 3, 8), layer.init_cache())
+    enc = Encoder(8, depth=2, num_heads=2, attention=name, num_modes=2, causal_mode=0, dropout=0.5)
+    with pytest.raises(RuntimeError, match=r"Encoder.step: decoding runs in eval mode"):
+        enc.step(torch.randn(1, 1, 3, 8), enc.init_cache())
+    with pytest.raises(RuntimeError, match=r"Block.step: decoding runs in eval mode"):
+        enc.blocks[0].step(torch.randn(1, 1, 3, 8), enc.blocks[0].attn.init_cache())
+    enc.eval()
+    x = torch.randn(1, 4, 3, 8)
+    torch.testing.assert_close(_decode(enc, x, 0), enc(x), rtol=1e-5, atol=1e-5)

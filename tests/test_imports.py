@@ -113,7 +113,7 @@ def test_graph_sees_the_package():
     # a few edges every version of the package has: the walker resolves relative and absolute imports
     assert "hoformer.layers.attention" in graph["hoformer.layers.blocks"]
     assert "hoformer.layers" in graph["hoformer.models.hot"]
-    assert "hoformer.functional.kronecker" in graph["hoformer.layers.attention"]
+    assert "hoformer.functional.kronecker" in graph["hoformer.layers.kronecker"]
 
 
 def test_cycle_finder_reports_a_cycle():

@@ -413,15 +413,18 @@ def test_kron_apply_custom_backward_partial_grads_and_autocast():
 
 # (batch, head) pairs per chunk with b=3, h=4: 1 pair / 3 heads (partial head groups) / all heads of 2 batch entries
 # (a short last chunk) / everything in one chunk
+@pytest.mark.parametrize("rotates", [False, True], ids=["in-place-layout", "rotating-layout"])
 @pytest.mark.parametrize("pairs", [1, 3, 8, 1 << 20])
 @pytest.mark.parametrize("sizes", [(3, 5), (2, 3, 4), (2, 7), (2, 3, 7)])  # 7 > 2 d: the unfolded mode product
-def test_cache_blocked_chunks_match_dense_with_strided_values(monkeypatch, pairs, sizes):
-    """The CPU cache blocking (chunks of (batch, head) pairs) is invisible: values and all gradients equal the dense
+def test_cache_blocked_chunks_match_dense_with_strided_values(monkeypatch, pairs, sizes, rotates):
+    """The cache blocking (chunks of (batch, head) pairs) is invisible: values and all gradients equal the dense
     Kronecker product / sum for every chunk size, with a head-split (strided) value view and broadcast factors; the
-    output keeps the value's memory layout, so merging the heads is a view."""
-    import hoformer.functional.kronecker as kr
+    output keeps the value's memory layout, so merging the heads is a view. Both product kernels: the CPU's (in
+    place of layout) and the accelerators' (rotating the layout), run here on the CPU."""
+    import hoformer.functional.products as kr
 
     monkeypatch.setattr(kr, "_chunk_pairs", lambda v: pairs)
+    monkeypatch.setattr(kr, "_rotates", lambda v: rotates)
     b, h, d = 3, 4, 2
     base = torch.randn(b, *sizes, h, d, dtype=f64, requires_grad=True)  # (b, n.., h, d) memory, like a projection
     v = base.movedim(-2, 1)
@@ -438,6 +441,29 @@ def test_cache_blocked_chunks_match_dense_with_strided_values(monkeypatch, pairs
         want = torch.autograd.grad((ref * w).sum(), [base, *fs])
         for a, c in zip(got, want):
             torch.testing.assert_close(a, c, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("sizes", [(4,), (3, 5), (2, 3, 4)])
+def test_rotating_kernel_gradients_of_only_the_value_or_only_the_factors(monkeypatch, sizes):
+    """The accelerators' product kernel (run on the CPU here) when only ``v`` or only the factors need a gradient
+    (its backward then skips the recomputation or the last product)."""
+    import hoformer.functional.products as kr
+
+    monkeypatch.setattr(kr, "_rotates", lambda v: True)
+    b, h, d = 2, 3, 4
+    v = torch.randn(b, *sizes, h, d, dtype=f64).movedim(-2, 1)
+    fs = [torch.randn(b, h, n, n, dtype=f64) for n in sizes]
+    ref = _dense_apply(kron_dense(fs), v)
+    w = torch.randn_like(ref)
+    vr = v.detach().requires_grad_()
+    (gv,) = torch.autograd.grad((kron_apply(fs, vr) * w).sum(), [vr])
+    (want,) = torch.autograd.grad((_dense_apply(kron_dense(fs), vr) * w).sum(), [vr])
+    torch.testing.assert_close(gv, want, rtol=1e-10, atol=1e-12)
+    fr = [f.requires_grad_() for f in fs]
+    got = torch.autograd.grad((kron_apply(fr, v) * w).sum(), fr)
+    want = torch.autograd.grad((_dense_apply(kron_dense(fr), v) * w).sum(), fr)
+    for a, c in zip(got, want):
+        torch.testing.assert_close(a, c, rtol=1e-10, atol=1e-12)
 
 
 def test_kronecker_attention_rejects_arguments_it_would_ignore():

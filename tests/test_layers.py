@@ -312,7 +312,7 @@ def test_axial_rotary_rotates_each_chunk_by_its_modes_coordinate():
 @pytest.mark.parametrize("sizes", [(5,), (3, 4), (2, 3, 4)])
 @pytest.mark.parametrize("mean", [False, True])
 def test_mode_pools_values_and_fused_backward(sizes, mean):
-    from hoformer.layers.attention import mode_pools
+    from hoformer.layers.kronecker import mode_pools
 
     x = torch.randn(2, *sizes, 3, dtype=torch.float64, requires_grad=True)
     k = len(sizes)
@@ -569,12 +569,13 @@ def test_layers_validate_their_inputs_once(name, causal, monkeypatch):
     """A layer checks ``x`` and ``masks`` at its entry and then calls the unchecked functional internals: the public
     functional checks are never reached from a layer's forward, backward or recorded forward."""
     from hoformer.functional import kronecker as kron_mod
+    from hoformer.functional import products as products_mod
     from hoformer.functional import scores as scores_mod
 
     def checked_again(*args, **kwargs):
         raise AssertionError("a layer's input was validated a second time")
 
-    for mod, fname in [(kron_mod, "_check_qkv"), (kron_mod, "_check_factors"), (kron_mod, "_check_qk_masks"),
+    for mod, fname in [(kron_mod, "_check_qkv"), (products_mod, "_check_factors"), (kron_mod, "_check_qk_masks"),
                        (scores_mod, "_check_qk")]:
         monkeypatch.setattr(mod, fname, checked_again)
     layer = build_attention(name, 16, 2, num_modes=2, causal_mode=1 if causal else None)

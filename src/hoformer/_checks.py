@@ -67,3 +67,26 @@ def check_scale(fn: str, scale: Any) -> None:
                         f"{type(scale).__name__} {scale!r}")
     if not math.isfinite(scale):
         raise ValueError(f"{fn}: `scale` must be a finite float or None (default D ** -0.5), got {scale!r}")
+
+
+def check_finite_output(y: torch.Tensor, x: torch.Tensor, fn: str, arg: str = "x") -> None:
+    """Raise ``FloatingPointError`` naming the input ``arg`` when the output ``y`` of a module is not finite although
+    its input ``x`` is: finite values too large for the dtype's arithmetic (e.g. ``x * 1e30`` in float32, whose
+    squares overflow in a norm or a softmax) otherwise give an all-NaN output without a word.
+
+    Made on the CPU only, where reading the answer costs no device synchronisation (one pass over ``y``, its minimum
+    and maximum, and over ``x`` only when ``y`` is not finite); skipped on accelerators, where it would stall every call (or, as an
+    asynchronous assert, end the process), and while ``torch.compile`` traces. Training runs are covered on any device
+    by the trainer's non-finite guard, which names the first module whose output went non-finite."""
+    if y.device.type != "cpu" or torch.compiler.is_compiling():
+        return
+    if y.numel() == 0 or bool(torch.isfinite(torch.stack(torch.aminmax(y.detach()))).all()):
+        return  # min and max propagate NaN / inf: one pass over y, no y-sized temporary
+    if not bool(torch.isfinite(x).all()):
+        return
+    big = x.detach().abs().amax().item()
+    raise FloatingPointError(
+        f"{fn}: the output is not finite (NaN / inf) although the input `{arg}` is finite: its largest magnitude "
+        f"{big:.3g} overflows {x.dtype} arithmetic inside (squares and exponentials of values this large exceed "
+        f"{torch.finfo(x.dtype).max:.3g}); scale or standardise `{arg}` (e.g. to unit variance), or compute in "
+        f"float64")

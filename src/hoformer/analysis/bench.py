@@ -60,11 +60,14 @@ def _quiet_stderr():
 
 
 def cpu_peak_memory(fn: Callable[[], object]) -> int:
-    """Peak bytes allocated by ``fn()`` on the CPU: profile with ``profile_memory=True``, sort the events with a
-    nonzero ``self_cpu_memory_usage`` by start time and take the maximum of the running sum."""
+    """Peak bytes allocated by ``fn()`` on the CPU: profile with ``profile_memory=True`` and take the maximum of the
+    running sum of the allocations and frees of the profiler's memory timeline (every tensor's creation and
+    destruction in time order, including scratch buffers that an operator or an autograd ``Function`` allocates and
+    frees inside one call, which a sum of the per-operator ``self_cpu_memory_usage`` misses)."""
     from torch.profiler import ProfilerActivity, profile
+    from torch.profiler._memory_profiler import Action
 
-    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True)
     with _quiet_stderr():  # the profiler's C++ start/stop banners
         prof.__enter__()
     try:
@@ -72,10 +75,12 @@ def cpu_peak_memory(fn: Callable[[], object]) -> int:
     finally:
         with _quiet_stderr():
             prof.__exit__(None, None, None)
-    events = sorted((e for e in prof.events() if e.self_cpu_memory_usage), key=lambda e: e.time_range.start)
     peak = run = 0
-    for e in events:
-        run += e.self_cpu_memory_usage
+    for _, action, _, nbytes in prof._memory_profile().timeline:
+        if action == Action.CREATE:
+            run += nbytes
+        elif action == Action.DESTROY:
+            run -= nbytes
         peak = max(peak, run)
     return peak
 

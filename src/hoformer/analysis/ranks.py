@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from hoformer.functional.kronecker import kron_sum_apply
+from hoformer.functional import kron_sum_apply
 
 __all__ = ["stable_rank", "kron_product_stable_rank", "kron_sum_stable_rank", "kron_sum_fro_sq", "kron_sum_spectral_norm"]
 

@@ -27,13 +27,13 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from .kronecker import (
+from .products import (
     _kron_apply_backward,
     _kron_apply_forward,
     _kron_sum_apply_backward,
     _kron_sum_apply_forward,
 )
-from .scores import masked_softmax
+from .scores import _masked_softmax
 from .triplet import _compute_dtype, _triplet_backward, _triplet_forward
 
 __all__ = ["EXPORT_DECOMPOSITIONS"]
@@ -282,7 +282,7 @@ def _triplet_attention_lowered(q, k1, k2, v1, v2, mask, block_size, overlap, sca
     if mask is not None:
         km = mask.index_select(1, idx).unflatten(1, (W, S))[:, None, :, None, :]  # b 1 w 1 s
         pair = (km[..., :, None] & km[..., None, :]).flatten(-2)  # b 1 w 1 (j l)
-    a = masked_softmax(t.flatten(-2), pair).unflatten(-1, (S, S))
+    a = _masked_softmax(t.flatten(-2), pair).unflatten(-1, (S, S))
     c = (torch.matmul(a, v2w[..., None, :, :]) * v1w[..., None, :, :]).sum(-2)  # b h w i d
     out = torch.matmul(avg, c.flatten(2, 3))  # b h L d
     if mask is not None:

@@ -19,7 +19,7 @@ where ``v[t]`` is the slice ``(n2..nk, e)`` of the values at index ``t`` of mode
 
 Cost: the causal mode's product is one ``(T, T) x (T, p)`` matmul per (batch, head) pair, as in the non-causal layer;
 the other modes' factors become ``T`` times as many small matrices ``(Ni, Ni)``, applied by the same cache-blocked
-:func:`~hoformer.functional.kronecker.kron_apply` / ``kron_sum_apply`` with ``(head, t)`` pairs as batch entries (no
+:func:`~hoformer.functional.products.kron_apply` / ``kron_sum_apply`` with ``(head, t)`` pairs as batch entries (no
 ``prod(N) x prod(N)`` matrix, no loop over ``t``). The factor sizes grow from ``sum_i Ni^2`` to ``T sum_i Ni^2`` per
 (batch, head) pair, still below the value's ``T prod(Ni)`` entries unless a mode other than ``c`` is longer than the
 product of the remaining ones.
@@ -30,6 +30,7 @@ The functions here take per-mode queries / keys already pooled: ``q[c], k[c] (B,
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 import torch
@@ -37,18 +38,9 @@ import torch.nn.functional as F
 
 from hoformer._checks import DETAIL, check_fraction, check_int, check_values
 
-from .kronecker import (
-    _check_mode_masks,
-    _check_tensor,
-    _linear_attention,
-    _rescaled,
-    _safe_denominator,
-    _kron_apply,
-    _kron_sum_apply,
-    elu_feature_map,
-    linear_factor,
-)
-from .scores import _dot, masked_softmax
+from .kronecker import _check_mode_masks, _linear_attention, _safe_denominator, elu_feature_map
+from .products import _check_tensor, _kron_apply, _kron_sum_apply
+from .scores import _dot, _masked_softmax
 
 __all__ = ["causal_kronecker_attention", "causal_mask"]
 
@@ -157,10 +149,12 @@ def _mask4(m: torch.Tensor | None) -> torch.Tensor | None:
     return None if m is None else m.view((1,) * (4 - m.ndim) + tuple(m.shape))
 
 
-def _causal_kronecker(q, k, v, *, combine, kernel, scale, masks, dropout_p, want_factors, score_fn):
+def _causal_kronecker(q, k, v, *, combine, kernel, scale, masks, dropout_p, want_factors, score_fn,
+                      key_log_scale=None):
     """:func:`causal_kronecker_attention` without checks, the causal mode first: ``q[0], k[0] (B|1, H|1, T, E)``,
-    ``q[i], k[i] (B|1, H|1, T, Ni, E)`` (``i >= 1``; for ``kernel="linear"`` already the features), ``v (B, H, T,
-    N2..Nk, E)``. Returns ``(y, factors or None)``."""
+    ``q[i], k[i] (B|1, H|1, T, Ni, E)`` (``i >= 1``; for ``kernel="linear"`` already the features, the causal mode's
+    keys ``k[0] * exp(key_log_scale)`` when that ``(B|1, H|1, T, 1)`` is given, see :func:`causal_linear_factor`),
+    ``v (B, H, T, N2..Nk, E)``. Returns ``(y, factors or None)``."""
     b, h, T = v.shape[:3]
     dtype = torch.float32 if kernel == "linear" and v.dtype == torch.float16 else v.dtype
     m0 = causal_mask(T, v.device)
@@ -168,11 +162,11 @@ def _causal_kronecker(q, k, v, *, combine, kernel, scale, masks, dropout_p, want
         m0 = m0 & masks[0]
     if kernel == "linear":
         with torch.autocast(v.device.type, enabled=False):
-            s0 = linear_factor(q[0].to(dtype), k[0].to(dtype), m0)
+            s0 = causal_linear_factor(q[0].to(dtype), k[0].to(dtype), m0, key_log_scale)
     elif score_fn is not None:
         s0 = score_fn(q[0], k[0]) * m0
     else:
-        s0 = masked_softmax(_dot(q[0], k[0], scale), m0)
+        s0 = _masked_softmax(_dot(q[0], k[0], scale), m0)
     s0 = s0.to(dtype)
     used0 = F.dropout(s0, p=dropout_p) if dropout_p > 0 else s0
     vf = v.reshape(b, h, T, -1)
@@ -213,7 +207,7 @@ def _apply_rest(z, v, q, k, masks, rest_shape, *, combine, kernel, scale, dropou
             s = score_fn(qi, ki)
             s = s if m5 is None else s * m5
         else:
-            s = masked_softmax(_dot(qi, ki, scale), m5)
+            s = _masked_softmax(_dot(qi, ki, scale), m5)
         factors.append(s.to(z.dtype).expand(b, h, T, *s.shape[-2:]))
     used = [F.dropout(s, p=dropout_p) for s in factors] if dropout_p > 0 else factors
     flat = [s.reshape(b, h * T, *s.shape[-2:]) for s in used]
@@ -229,14 +223,56 @@ def _bt(t: torch.Tensor, b: int, h: int) -> torch.Tensor:
     return t.expand(b, h, *t.shape[-3:]).reshape(b, h * t.shape[-3], *t.shape[-2:])
 
 
+def _key_scales(fq: torch.Tensor, fk: torch.Tensor, log_scale: torch.Tensor | None):
+    """``(fq / max_f fq, fk / max_f fk, l)``: both rescaled to a maximum of 1 per row (detached factors; a query's
+    cancels in its row's normalisation) and ``l (.., T, 1)`` the log of each key's scale, ``log(max_f fk) +
+    log_scale`` (``-inf`` for an all-zero key)."""
+    sq = fq.detach().amax(-1, keepdim=True)
+    sk = fk.detach().amax(-1, keepdim=True)
+    log = torch.where(sk > 0, sk.log(), torch.full_like(sk, -math.inf))
+    if log_scale is not None:
+        log = log + log_scale.detach().to(log.dtype)
+    return fq / _safe_denominator(sq), fk / _safe_denominator(sk), log
+
+
+def _weigh(a: torch.Tensor, log: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+    """``a[.., t, t'] * exp(log[t'] - top[t])``: the key scales relative to the largest one a query row sees (``<= 1``
+    for the keys it may attend to; the exponent is clipped at 0 for the others, which are masked afterwards)."""
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    return a * torch.exp((log.transpose(-1, -2) - top).clamp_max(0.0))
+
+
+def causal_linear_factor(fq: torch.Tensor, fk: torch.Tensor, mask: torch.Tensor | None = None,
+                         log_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """The linear kernel's factor along the causal mode, ``S = diag(A 1)^-1 A`` with ``A = fq fk^T`` lower-triangular
+    (and zero where the bool ``mask`` is False), for features ``fq, fk (.., T, F)``; the key features are
+    ``fk * exp(log_scale)`` when ``log_scale (.., T, 1)`` is given (FAVOR+ keys stabilised per row,
+    :meth:`~hoformer.layers.FavorFeatures.with_log_scale`).
+
+    Stabilised causally, so that row ``t`` depends on keys ``<= t`` only for any input: each key is rescaled to a
+    maximum of 1, and row ``t`` weighs key ``t'`` by ``exp(l[t'] - max_{t'' <= t} l[t''])`` with ``l`` the log of the
+    key scales (the running maximum of an online softmax). One scale shared by all keys, as in the non-causal
+    :func:`~hoformer.functional.kronecker.linear_factor`, would let a large future key flush the past keys' features
+    to 0. All scales are detached common factors of a row, so the gradients are those of the unscaled ``S``.
+    """
+    fq, fk, log = _key_scales(fq, fk, log_scale)
+    a = _weigh(torch.matmul(fq, fk.transpose(-1, -2)), log, log.cummax(-2).values)
+    T = a.shape[-1]
+    allowed = causal_mask(T, a.device) if mask is None else mask & causal_mask(T, a.device)
+    a = a.masked_fill(~allowed, 0.0)
+    return a / _safe_denominator(a.sum(-1, keepdim=True))
+
+
 def causal_row(q: torch.Tensor, k: torch.Tensor, *, kernel: str = "softmax", scale: float | None = None,
-               score_fn: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
+               score_fn: Callable[..., torch.Tensor] | None = None,
+               key_log_scale: torch.Tensor | None = None) -> torch.Tensor:
     """One decoding step's causal-mode attention row: the query ``q (B, H, 1, E)`` (for ``kernel="linear"`` its
-    features) against every key so far ``k (B, H, t + 1, E)`` (features), ``(B, H, 1, t + 1)``; unchecked (the
-    layer's ``step`` has checked its input). Every key is in the past, so nothing is masked."""
+    features) against every key so far ``k (B, H, t + 1, E)`` (features, scaled by ``exp(key_log_scale)`` as in
+    :func:`causal_linear_factor`), ``(B, H, 1, t + 1)``; unchecked (the layer's ``step`` has checked its input).
+    Every key is in the past, so nothing is masked."""
     if kernel == "linear":
-        fq, fk = _rescaled(q, k)
-        a = torch.matmul(fq, fk.transpose(-1, -2))
+        fq, fk, log = _key_scales(q, k, key_log_scale)
+        a = _weigh(torch.matmul(fq, fk.transpose(-1, -2)), log, log.amax(-2, keepdim=True))
         return a / _safe_denominator(a.sum(-1, keepdim=True))
     if score_fn is not None:
         return score_fn(q, k)

@@ -75,13 +75,23 @@ def masked_softmax(logits: torch.Tensor, mask: torch.Tensor | None = None, dim: 
     """``softmax(logits)`` over ``dim`` where only entries with ``mask`` True (broadcastable bool, SDPA convention)
     may receive weight: masked entries are exactly 0 and a row with no allowed entry is all zeros (never NaN, never
     uniform). The one masking rule of every explicit attention map in hoformer (Kronecker factors, dense and axial
-    maps, triplet cubes, block-local and cross-block maps)."""
-    if mask is None:
-        return logits.softmax(dim)
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+    maps, triplet cubes, block-local and cross-block maps). The library's own callers, whose masks were checked at
+    their entry, use the unchecked :func:`_masked_softmax`."""
+    _check_mask(mask, logits)
+    return _masked_softmax(logits, mask, dim)
+
+
+def _check_mask(mask, logits: torch.Tensor) -> None:
+    if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool):
         raise TypeError(f"masked_softmax: `mask` must be a bool tensor broadcastable to `logits` "
                         f"{tuple(logits.shape)} (True = may attend), got "
                         f"{mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__}")
+
+
+def _masked_softmax(logits: torch.Tensor, mask: torch.Tensor | None = None, dim: int = -1) -> torch.Tensor:
+    """:func:`masked_softmax` without the mask check."""
+    if mask is None:
+        return logits.softmax(dim)
     return logits.masked_fill(~mask, torch.finfo(logits.dtype).min).softmax(dim) * mask
 
 

@@ -32,8 +32,8 @@ import torch
 
 from hoformer._checks import check_fraction, check_int, check_scale
 
-from .kronecker import _autocast_off
-from .scores import masked_softmax
+from .products import _autocast_off
+from .scores import _masked_softmax
 
 __all__ = [
     "triplet_windows",
@@ -57,6 +57,11 @@ def triplet_windows(seq_len: int, block_size: int, overlap: float = 0.0) -> list
     shorter than ``block_size`` is one window ``[0, seq_len)`` (start 0, effective size ``seq_len``).
     """
     _check_window_args(seq_len, block_size, overlap, "triplet_windows")
+    return _windows(seq_len, block_size, overlap)
+
+
+def _windows(seq_len: int, block_size: int, overlap: float) -> list[int]:
+    """:func:`triplet_windows` without the argument checks."""
     if seq_len <= block_size:
         return [0]
     stride = max(1, round(block_size * (1 - overlap)))
@@ -77,6 +82,11 @@ def triplet_grid_length(seq_len: int, block_size: int, overlap: float = 0.0) -> 
     ``seq_len <= stride`` is returned as is: its one window ``[0, seq_len)`` already equals the first grid window.
     """
     _check_window_args(seq_len, block_size, overlap, "triplet_grid_length")
+    return _grid_length(seq_len, block_size, overlap)
+
+
+def _grid_length(seq_len: int, block_size: int, overlap: float) -> int:
+    """:func:`triplet_grid_length` without the argument checks."""
     stride = max(1, round(block_size * (1 - overlap)))
     return seq_len if seq_len <= stride else ((seq_len - 1) // stride) * stride + block_size
 
@@ -170,7 +180,7 @@ def triplet_attention_naive(q, k1, k2, v1, v2, *, block_size: int, overlap: floa
         t = torch.einsum("bhid,bhjd,bhld->bhijl", q[:, :, sl], k1[:, :, sl], k2[:, :, sl]) * scale
         km = None if mask is None else mask[:, None, None, sl]  # b 1 1 j
         pair = None if km is None else (km[..., :, None] & km[..., None, :]).flatten(-2)  # b 1 1 (j l)
-        a = masked_softmax(t.flatten(-2), pair).view_as(t)  # joint softmax over (j, l)
+        a = _masked_softmax(t.flatten(-2), pair).view_as(t)  # joint softmax over (j, l)
         u = torch.einsum("bhjd,bhld->bhjld", v1[:, :, sl], v2[:, :, sl])  # value-pair tensor
         out[:, :, sl] = out[:, :, sl] + torch.einsum("bhijl,bhjld->bhid", a, u)
         count[sl] += 1
@@ -196,7 +206,7 @@ def triplet_attention_weights(q, k1, k2, *, block_size: int, overlap: float = 0.
         mw = mask[:, idx]  # b w s
         km = mw[:, None, :, None]
         pair = (km[..., :, None] & km[..., None, :]).flatten(-2)
-    a = masked_softmax(t.flatten(-2), pair).view_as(t)
+    a = _masked_softmax(t.flatten(-2), pair).view_as(t)
     if mask is not None:
         a = a * mw[:, None, :, :, None, None]
     return a.to(q.dtype)
@@ -399,10 +409,16 @@ def triplet_attention(
     """
     mask = _check_inputs(q, k1, k2, v1, v2, mask, block_size, overlap, "triplet_attention")
     check_scale("triplet_attention", scale)
+    check_int("triplet_attention", "chunk_elements", chunk_elements, optional=True)
+    return _triplet_attention(q, k1, k2, v1, v2, block_size, overlap, scale, mask, chunk_elements)
+
+
+def _triplet_attention(q, k1, k2, v1, v2, block_size: int, overlap: float, scale, mask,
+                       chunk_elements: int | None = None) -> torch.Tensor:
+    """:func:`triplet_attention` without the argument checks (``mask`` on ``q``'s device)."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if chunk_elements is None:
         chunk_elements = _DEFAULT_CHUNK.get(q.device.type, 1 << 24)
-    check_int("triplet_attention", "chunk_elements", chunk_elements)
     if torch.compiler.is_compiling():  # torch.compile / torch.export: the same kernels as one opaque custom op
         return torch.ops.hoformer.triplet_attention(q, k1, k2, v1, v2, mask, block_size, float(overlap), scale,
                                                     chunk_elements)[0]
@@ -419,7 +435,7 @@ def _block_weights(q, k, block_size: int, overlap: float, scale, mask):
     qw, kw = q[:, :, idx], k[:, :, idx]  # b h w s d
     t = torch.matmul(qw, kw.transpose(-1, -2)).to(_compute_dtype(q.dtype)) * scale  # b h w i j
     mw = None if mask is None else mask[:, idx]  # b w s
-    a = masked_softmax(t, None if mw is None else mw[:, None, :, None, :]).to(q.dtype)  # all-padding windows: 0
+    a = _masked_softmax(t, None if mw is None else mw[:, None, :, None, :]).to(q.dtype)  # all-padding windows: 0
     return a, idx, mw
 
 
@@ -432,6 +448,11 @@ def block_attention(q, k, v, *, block_size: int, overlap: float = 0.0, scale=Non
     """
     mask = _check_inputs(q, k, k, v, v, mask, block_size, overlap, "block_attention", ("q", "k", "k", "v", "v"))
     check_scale("block_attention", scale)
+    return _block_attention(q, k, v, block_size, overlap, scale, mask)
+
+
+def _block_attention(q, k, v, block_size: int, overlap: float, scale, mask) -> torch.Tensor:
+    """:func:`block_attention` without the argument checks."""
     B, H, L, D = q.shape
     a, idx, _ = _block_weights(q, k, block_size, overlap, scale, mask)
     cw = torch.matmul(a, v[:, :, idx])  # b h w s d
@@ -482,7 +503,7 @@ def _cross_weights(o, block_size: int, mask, scale):
     cnt = w.sum(3)  # b 1 m 1
     r = (xs * w).sum(3) / cnt.clamp_min(1)  # b h m d  (eq 5)
     t = torch.matmul(r, r.transpose(-1, -2)).to(_compute_dtype(o.dtype)) * scale  # b h m m'
-    a = masked_softmax(t, cnt[..., 0][:, :, None, :] > 0).to(o.dtype)  # eq 6; empty blocks get no weight
+    a = _masked_softmax(t, cnt[..., 0][:, :, None, :] > 0).to(o.dtype)  # eq 6; empty blocks get no weight
     return a, r
 
 
@@ -502,6 +523,11 @@ def cross_block_attention(o, *, block_size: int, mask=None, scale=None):
     """
     mask = _check_cross(o, block_size, mask, "cross_block_attention")
     check_scale("cross_block_attention", scale)
+    return _cross_block_attention(o, block_size, mask, scale)
+
+
+def _cross_block_attention(o, block_size: int, mask, scale=None) -> torch.Tensor:
+    """:func:`cross_block_attention` without the argument checks."""
     L = o.shape[2]
     a, r = _cross_weights(o, block_size, mask, scale)
     g = torch.matmul(a, r)  # b h m d

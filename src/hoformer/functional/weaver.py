@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .._checks import check_scale, check_values
-from .kronecker import kron_apply
+from .products import kron_apply
 from .scores import SCORE_FNS, dot_scores
 
 __all__ = [

@@ -10,9 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hoformer._checks import check_fraction, check_int
+from hoformer._checks import check_finite_output, check_fraction, check_int
 
 from .attention import build_attention
+from ._common import CheckedMasks
+from .decoding import _check_caches, _check_eval, _check_step_input, _check_max_steps
 
 __all__ = ["Mlp", "SwiGLU", "RMSNorm", "DropPath", "PatchEmbed", "Block", "Encoder"]
 
@@ -165,11 +167,15 @@ class Block(nn.Module):
         x = x + self.drop_path(self.attn(self.norm1(x), masks=masks))
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
-    def step(self, x, cache):
+    def step(self, x, cache, masks=None):
         """One decoding step of a block whose attention is causal (see the attention layer's ``step``): ``x`` is one
-        index of the causal mode; the norms and the MLP act per token. Eval-mode arithmetic, no gradients."""
+        index of the causal mode; the norms and the MLP act per token; ``masks``: per-mode masks of the other modes.
+        Eval mode only (a block in training mode with a non-zero dropout is refused: it would make the steps differ
+        from the forward), no gradients."""
+        if not isinstance(masks, CheckedMasks):
+            _check_eval(self, "Block.step")
         with torch.no_grad():
-            x = x + self.attn.step(self.norm1(x), cache)
+            x = x + self.attn.step(self.norm1(x), cache, masks)
             return x + self.mlp(self.norm2(x))
 
 
@@ -185,22 +191,40 @@ class Encoder(nn.Module):
         self.norm = _norm(norm, dim)
 
     def forward(self, x: torch.Tensor, masks=None) -> torch.Tensor:
+        entry = not isinstance(masks, CheckedMasks)
+        if self.blocks:  # every block takes an input of x's shape: checked once, by the first attention layer
+            masks = CheckedMasks(self.blocks[0].attn._entry(x, masks))
+        y = x
         for blk in self.blocks:
-            x = blk(x, masks=masks)
-        return self.norm(x)
+            y = blk(y, masks=masks)
+        y = self.norm(y)
+        if entry:
+            check_finite_output(y, x, "Encoder")
+        return y
 
     def init_cache(self, max_steps: int | None = None) -> list:
         """Decoding state for :meth:`step`: one cache per block (every attention type decodes when built with
         ``causal_mode``). ``max_steps``: ``None`` for key / value buffers that grow, or the steps to preallocate."""
-        return [blk.attn.init_cache(max_steps) for blk in self.blocks]
+        _check_max_steps("Encoder.init_cache", max_steps)
+        return [blk.attn._new_cache(max_steps) for blk in self.blocks]
 
-    def step(self, x, cache: list):
+    def step(self, x, cache: list, masks=None):
         """The encoder's output at the next index of the causal mode from that index's input slice ``x`` (size 1 along
-        the causal mode): equal to ``forward`` on every slice so far, read at the last. Per-step cost: the blocks'
-        (see the attention layers' ``step``)."""
+        the causal mode): equal to ``forward`` on every slice so far, read at the last. ``masks``: per-mode masks of
+        the other modes. Per-step cost: the blocks' (see the attention layers' ``step``). Eval mode only, as
+        :meth:`Block.step`; the input is checked once for all blocks."""
+        _check_eval(self, "Encoder.step")
         if not isinstance(cache, list) or len(cache) != len(self.blocks):
             raise TypeError(f"Encoder.step: `cache` must be the list from init_cache() ({len(self.blocks)} entries)")
+        if self.blocks:  # every block's input has x's shape: checked once, and every cache in one pass
+            attn = self.blocks[0].attn
+            fn = f"{type(attn).__name__}.step"
+            if attn.causal_mode is None:
+                raise ValueError(f"{fn}: decoding needs a layer built with `causal_mode`")
+            if not isinstance(masks, CheckedMasks):
+                masks = CheckedMasks(_check_step_input(attn, fn, x, masks))
+            _check_caches(fn, cache, x, attn.causal_mode)
         for blk, c in zip(self.blocks, cache):
-            x = blk.step(x, c)
+            x = blk.step(x, c, masks)
         with torch.no_grad():
             return self.norm(x)

@@ -38,20 +38,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from hoformer._checks import check_int
-from hoformer.functional.scores import masked_softmax
+from hoformer.functional.scores import _masked_softmax
 
 from hoformer.functional.triplet import (
-    block_attention,
+    _block_attention,
+    _cross_block_attention,
+    _grid_length,
+    _triplet_attention,
+    _windows,
     block_attention_weights,
     cross_block_attention,
     cross_block_attention_weights,
-    triplet_attention,
     triplet_attention_weights,
-    triplet_grid_length,
-    triplet_windows,
 )
 
-from .attention import RecordableAttention
+from ._common import CheckedMasks, _check_dtype
+from .recording import RecordableAttention
 from .blocks import Mlp
 
 __all__ = [
@@ -67,10 +69,11 @@ __all__ = [
 TEXT_ATTENTIONS = ("hoba", "triplet_full", "block2d", "full2d")
 
 
-def _check_seq(x, mask, dim: int, name: str):
+def _check_seq(x, mask, dim: int, name: str, dtype: torch.dtype | None = None):
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         got = getattr(x, "dtype", type(x).__name__)
         raise TypeError(f"{name}: `x` must be a floating-point tensor (B, L, {dim}), got {got}")
+    _check_dtype(x, dtype, name)
     if x.ndim != 3 or x.shape[-1] != dim:
         raise ValueError(f"{name}: `x` must have shape (B, L, {dim}), got {tuple(x.shape)}")
     if mask is not None:
@@ -89,6 +92,8 @@ class CrossBlockAttention(nn.Module):
         self.block_size = block_size
 
     def forward(self, o, mask=None):
+        if isinstance(mask, CheckedMasks):  # checked by the caller's entry
+            return _cross_block_attention(o, self.block_size, mask.masks)
         return cross_block_attention(o, block_size=self.block_size, mask=mask)
 
     def weights(self, o, mask=None) -> torch.Tensor:
@@ -130,17 +135,22 @@ class _HeadsAttention(RecordableAttention):
     def window_starts(self, seq_len: int) -> list[int]:
         """Start positions of the local windows this layer uses on a ``seq_len`` input (the fixed grid of eq 3 up
         to the last start below ``seq_len``; ``[0]`` for the unblocked variants)."""
+        check_int(f"{type(self).__name__}.window_starts", "seq_len", seq_len)
         if self.block_size is None:
             return [0]
-        return triplet_windows(triplet_grid_length(seq_len, self.block_size, self.overlap), self.block_size,
-                               self.overlap)
+        return _windows(_grid_length(seq_len, self.block_size, self.overlap), self.block_size, self.overlap)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        _check_seq(x, mask, self.dim, type(self).__name__)
+        """``x (B, L, D)``, ``mask (B, L)`` bool (True = real token) or None, or the caller's
+        :class:`~hoformer.layers.CheckedMasks` of it (no per-call check) -> ``(B, L, D)``."""
+        if isinstance(mask, CheckedMasks):
+            mask = mask.masks
+        else:
+            _check_seq(x, mask, self.dim, type(self).__name__, self.to_in.weight.dtype)
         b, n, _ = x.shape
         xs = self.to_in(x).view(b, n, self.n_proj, self.heads, self.dim_head).permute(2, 0, 3, 1, 4).unbind(0)
         want = self._recording  # maps only while record_attention is active
-        grid = n if self.block_size is None else triplet_grid_length(n, self.block_size, self.overlap)
+        grid = n if self.block_size is None else _grid_length(n, self.block_size, self.overlap)
         if grid > n:  # fixed windows (eq 3) whatever the batch's padding: pad with masked positions, crop after
             real = mask if mask is not None else x.new_ones(b, n, dtype=torch.bool)
             o, maps = self._local([F.pad(t, (0, 0, 0, grid - n)) for t in xs], F.pad(real, (0, grid - n)), want)
@@ -150,7 +160,7 @@ class _HeadsAttention(RecordableAttention):
         if self.cross is not None:
             if want:
                 maps.append(self.cross.weights(o.detach(), mask=mask))
-            o = self.cross(o, mask=mask)
+            o = self.cross(o, mask=CheckedMasks(mask))
         if want:
             self._maybe_record(maps)
         return self.to_out(o.transpose(1, 2).reshape(b, n, self.dim))
@@ -169,7 +179,7 @@ class TripletAttention(_HeadsAttention):
     def _local(self, xs, mask, want):
         q, k1, k2, v1, v2 = xs
         bs = self.block_size or q.shape[2]
-        o = triplet_attention(q, k1, k2, v1, v2, block_size=bs, overlap=self.overlap, mask=mask)
+        o = _triplet_attention(q, k1, k2, v1, v2, bs, self.overlap, None, mask)
         maps = []
         if want:
             maps.append(triplet_attention_weights(q.detach(), k1.detach(), k2.detach(), block_size=bs,
@@ -195,7 +205,7 @@ class BlockAttention2D(_HeadsAttention):
             if want:
                 t = torch.matmul(q, k.transpose(-1, -2)) * self.dim_head**-0.5
                 t = t.to(torch.promote_types(t.dtype, torch.float32))  # fp16/bf16 softmax in fp32, fp64 kept
-                a = masked_softmax(t, None if mask is None else mask[:, None, None, :]).to(q.dtype)
+                a = _masked_softmax(t, None if mask is None else mask[:, None, None, :]).to(q.dtype)
                 o = torch.matmul(a, v)
             else:
                 o = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask[:, None, None, :])
@@ -204,7 +214,7 @@ class BlockAttention2D(_HeadsAttention):
                 if want:
                     a = a * mask[:, None, :, None]
             return o, ([a] if want else [])
-        o = block_attention(q, k, v, block_size=self.block_size, overlap=self.overlap, mask=mask)
+        o = _block_attention(q, k, v, self.block_size, self.overlap, None, mask)
         if not want:
             return o, []
         return o, [block_attention_weights(q.detach(), k.detach(), block_size=self.block_size, overlap=self.overlap,
@@ -241,6 +251,7 @@ class HOBABlock(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio), dropout=dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``x (B, L, D)``, ``mask (B, L)`` or the caller's :class:`~hoformer.layers.CheckedMasks` of it."""
         h = self.norm1(x) if self.norm_first else x
         a = self.attn(h, mask=mask)
         if self.norm_first:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from .attention import RecordableAttention
+from .recording import RecordableAttention
 from .blocks import RMSNorm
 from hoformer.functional.weaver import (
     VALENCE_KERNELS,

@@ -16,7 +16,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from hoformer._checks import check_int
+from hoformer._checks import check_finite_output, check_int
 from hoformer.layers import PatchEmbed
 
 from .base import HoformerModel
@@ -179,5 +179,6 @@ class HOTCausalForecaster(HoformerModel):
         check_int(fn, "pred_len", h)
         mu, sd = _window_stats(x)
         cache = not self.training and not torch.is_grad_enabled()
-        y = self._generate(self._tokens((x - mu) / sd), math.ceil(h / self.patch_size), cache)
-        return y[:, :h] * sd + mu
+        y = self._generate(self._tokens((x - mu) / sd), math.ceil(h / self.patch_size), cache)[:, :h] * sd + mu
+        check_finite_output(y, x, fn)
+        return y

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from hoformer._checks import check_values, check_int
+from hoformer.layers import CheckedMasks
 from hoformer.layers.triplet import TEXT_ATTENTIONS, HOBABlock
 
 from .base import WEIGHTS_NAME, HoformerModel
@@ -136,8 +137,9 @@ class HOBAClassifier(HoformerModel):
         x = self.embed(ids.long())
         if mask is not None:
             x = x * mask[..., None]
+        checked = CheckedMasks(mask)  # checked above, once for every layer
         for layer in self.layers:
-            x = layer(x, mask=mask)
+            x = layer(x, mask=checked)
         return self.norm(x)
 
     def pool(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

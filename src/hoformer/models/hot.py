@@ -22,7 +22,7 @@ from typing import Any, Literal, Sequence
 import torch
 from torch import nn
 
-from hoformer._checks import check_int, is_int
+from hoformer._checks import check_finite_output, check_int, is_int
 from hoformer.layers import ATTENTION_TYPES, AbsolutePositionalEncoding, Encoder, PatchEmbed
 
 from .base import HoformerModel, check_batch_input
@@ -304,7 +304,7 @@ class HOTForecaster(HoformerModel):
 
     def forward(self, x: torch.Tensor, masks=None) -> torch.Tensor:
         _check_input(self, x, (self.seq_len, self.num_variates), "hot_forecaster", "(B, seq_len, num_variates)")
-        b, _, c = x.shape
+        x_in, (b, _, c) = x, x.shape
         if self.revin:
             mu, sd = _window_stats(x, self.revin_detach)
             x = (x - mu) / sd
@@ -318,6 +318,7 @@ class HOTForecaster(HoformerModel):
         y = self.head(z).transpose(1, 2)  # (b, pred_len, c)
         if self.revin:
             y = y * sd + mu
+        check_finite_output(y, x_in, "hot_forecaster")
         return y
 
 

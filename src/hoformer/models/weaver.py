@@ -15,6 +15,7 @@ from torch import nn
 
 from hoformer._checks import check_int
 from hoformer.functional.weaver import check_time_features
+from hoformer.layers import CheckedMasks
 from hoformer.layers.blocks import Block
 from hoformer.layers.weaver import (
     KroneckerValenceAttention,
@@ -210,7 +211,7 @@ class TrafficTransformer(TrafficModel):
         x, time, _ = self._prepare(x, time, mask)
         h = self.embed(x, time, check_time=False)  # validated once, in _prepare
         for blk in self.blocks:
-            h = blk(h)
+            h = blk(h, masks=CheckedMasks(None))  # h is the embedding of the checked input: no per-block check
         b, p, n, e = h.shape
         y = self.head(self.norm(h).permute(0, 2, 1, 3).reshape(b, n, p * e))  # (b, n, q*c)
         return y.view(b, n, self.horizon, self.out_channels).transpose(1, 2)
