@@ -467,7 +467,7 @@ def test_demo_dataset_choice(tmp_path, monkeypatch, capsys):
         raise Stop
 
     monkeypatch.setattr(hoformer.data, "LTSFDataModule", fake_dm)
-    monkeypatch.setattr(hoformer.data._utils, "download_url", lambda *a, **k: (_ for _ in ()).throw(OSError("offline")))
+    monkeypatch.setattr(hoformer.data, "download_url", lambda *a, **k: (_ for _ in ()).throw(OSError("offline")))
     (tmp_path / "d" / "ltsf" / "ETT-small").mkdir(parents=True)
     (tmp_path / "d" / "ltsf" / "ETT-small" / "ETTh1.csv").write_text("date,OT\n")
     monkeypatch.setenv("HOFORMER_DATA", str(tmp_path / "d"))

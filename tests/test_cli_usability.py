@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import hoformer.data._utils as data_utils
+import hoformer.data as data_utils  # the names the CLI calls (hoformer.data.download_url, ...)
 from hoformer import cli
 
 REPO = Path(__file__).resolve().parents[1]

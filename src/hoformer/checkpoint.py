@@ -162,24 +162,6 @@ def data_signature(datamodule) -> dict | None:
     return fn() if callable(fn) else None
 
 
-def _compare_signatures(saved: dict, current: dict, *, allow_mismatch: bool = False) -> None:
-    """Fallback of ``hoformer.data.check_data_signature`` (same contract: ``ValueError`` naming the differing
-    entries, a warning instead with ``allow_mismatch``), used only while ``hoformer.data`` does not provide it.
-    TODO(data): delete once ``hoformer.data.check_data_signature`` exists."""
-    import warnings
-
-    diff = {k: (saved.get(k), current.get(k)) for k in sorted(saved.keys() | current.keys())
-            if saved.get(k) != current.get(k)}
-    if not diff:
-        return
-    msg = "the data differ from the checkpoint's: " + "; ".join(f"{k}: {a!r} at training, {b!r} now"
-                                                                 for k, (a, b) in list(diff.items())[:6])
-    if allow_mismatch:
-        warnings.warn(msg, stacklevel=3)
-        return
-    raise ValueError(msg)
-
-
 def check_checkpoint_data(saved: dict | None, datamodule, *, where: str = "checkpoint", allow_mismatch: bool = False,
                           override: str = "pass allow_mismatch=True") -> None:
     """Refuse ``datamodule`` when its ``data_signature()`` differs from the signature ``saved`` in a checkpoint
@@ -188,12 +170,10 @@ def check_checkpoint_data(saved: dict | None, datamodule, *, where: str = "check
     current = data_signature(datamodule) if saved is not None else None
     if saved is None or current is None:
         return
+    from hoformer.data import check_data_signature
+
     try:
-        from hoformer.data import check_data_signature
-    except ImportError:
-        check_data_signature = _compare_signatures
-    try:
-        check_data_signature(saved, current, allow_mismatch=allow_mismatch)
+        check_data_signature(saved, current, allow_mismatch=allow_mismatch, override=override)
     except ValueError as e:
         raise CheckpointError(f"{where} was trained on other data than this run's {type(datamodule).__name__}: {e}. "
                          f"Use the data the checkpoint was trained on, or, to evaluate it on these data anyway, "

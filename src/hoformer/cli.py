@@ -196,10 +196,9 @@ def _demo_data_root(name: str = "ETTh1") -> Path | None:
     """The data folder holding ``ltsf/<name's file>``: the library's data root (``$HOFORMER_DATA`` when set, and
     only it: never another folder than the one named; else ``../shared/data`` next to the working directory), or,
     without ``$HOFORMER_DATA``, ``shared/data`` next to the repository."""
-    from hoformer.data._utils import default_data_root
-    from hoformer.data.ltsf import _LOOKUP, LTSF_DATASETS
+    from hoformer.data import LTSF_DATASETS, default_data_root, ltsf_key
 
-    key = _LOOKUP.get(name.lower())
+    key = ltsf_key(name)
     rel = LTSF_DATASETS[key].path if key else name
     cands = [default_data_root()]
     if not os.environ.get("HOFORMER_DATA"):
@@ -209,18 +208,17 @@ def _demo_data_root(name: str = "ETTh1") -> Path | None:
 
 def _download_demo_data(name: str, timeout: float) -> tuple[Path | None, str]:
     """Fetch the LTSF file ``name`` from its canonical URL into the cache (``$HOFORMER_CACHE/ltsf``; checked against
-    the pinned SHA-256 where one is known, as ``LTSFDataset(download=True)`` does): ``(data root, "")`` holding
+    the pinned SHA-256 where one is known, as ``LTSFDataModule(download=True)`` does): ``(data root, "")`` holding
     ``ltsf/<file>``, or ``(None, one-line reason)``."""
-    from hoformer.data import _utils
-    from hoformer.data.ltsf import _LOOKUP, LTSF_DATASETS
+    import hoformer.data as data
 
-    key = _LOOKUP.get(name.lower())
-    spec = LTSF_DATASETS[key] if key else None
+    key = data.ltsf_key(name)
+    spec = data.LTSF_DATASETS[key] if key else None
     if spec is None or spec.url is None:
         return None, f"{name} has no download URL (only ETT files are downloadable)"
-    folder = _utils.cache_dir("ltsf")
+    folder = data.cache_dir("ltsf")
     try:
-        _utils.download_url(spec.url, folder / spec.path, sha256=spec.sha256, timeout=timeout)
+        data.download_url(spec.url, folder / spec.path, sha256=spec.sha256, timeout=timeout)
     except (OSError, ValueError) as e:  # no network, a timeout, a checksum mismatch
         return None, f"the download of {name} failed: {str(e).splitlines()[0][:300]}"
     return folder.parent, ""
