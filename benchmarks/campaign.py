@@ -53,6 +53,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 2024  # configs/trainer.yaml
+sys.path.insert(0, str(ROOT / "src"))  # the hoformer next to this script, as its runs use (_env), whatever is installed
 
 
 def _sibling(name: str):
@@ -459,6 +460,8 @@ def estimate_s(exp: Experiment, out: Path, history: list[dict], step_s: dict[str
         epoch, source = s["step_s"] * s["train_batches"] * 1.15, "one-step smoke test (+15% validation)"
     if epoch is None:
         return math.inf, math.inf, "unknown (run --dry-run)"
+    if state.fitted:  # only the test is left
+        return epoch / 2, epoch, source
     return max(epochs - done_epochs, 0) * epoch + epoch / 2, epoch, source  # + the test, about half an epoch
 
 
