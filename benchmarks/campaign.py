@@ -14,7 +14,8 @@ unfinished ones exactly, and record every finished run as one line of the result
   Each experiment is a ``paper_configs.py`` experiment: the paper's model, optimiser and 100 epochs, the
   best-validation checkpoint tested. On a CPU (:func:`cpu_plan`) the same paper-size ETTh1 models (96->96 and
   96->720, HOT product and the spatial baseline) stop early on the validation MAE (patience 10, recorded in the
-  ledger line): the paper's 100 epochs take about five hours each there.
+  ledger line): the paper's 100 epochs take about five hours each there. ``--plan precision`` runs one experiment
+  in bf16-mixed and in float32 (:func:`precision_plan`).
 * **Packing**: ``--parallel K`` runs (default 2 on a CPU, one thread each; 4 on a GPU, sharing it) take the next
   pending experiment whenever one ends, as long as the budget leaves time for at least one more epoch and the test.
 * **Deadline**: each fit gets a :class:`hoformer.train.Deadline` callback that stops at the last epoch boundary before
@@ -197,7 +198,15 @@ def cpu_plan() -> list[Experiment]:
             for h in (96, 720) for v in ("hot_product", "spatial")]
 
 
-PLANS = {"paper": paper_plan, "cpu": cpu_plan}
+def precision_plan() -> list[Experiment]:
+    """bf16-mixed against float32 on one experiment (the CPU-budget ETTh1 96->96 HOT product run, early-stopped as
+    its config says): whether the metrics hold in bf16, on whatever device runs it."""
+    base = "hot/ltsf_cpu/etth1_96_96_hot_product"
+    return [Experiment(f"{base}+fp32", base, ("--trainer.precision=32-true",), scale="cpu"),
+            Experiment(f"{base}+bf16", base, ("--trainer.precision=bf16-mixed",), scale="cpu")]
+
+
+PLANS = {"paper": paper_plan, "cpu": cpu_plan, "precision": precision_plan}
 
 
 # ------------------------------------------------------------------------------------------------ provenance
