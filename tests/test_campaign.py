@@ -2,28 +2,19 @@
 run, planning and packing, the dry run, and the documentation tables generated from ``results/ledger.jsonl``."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from _bench import load_benchmark
+
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _load_campaign():
-    if "campaign" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("campaign", REPO / "benchmarks" / "campaign.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["campaign"] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules["campaign"]
-
-
-campaign = _load_campaign()
+campaign = load_benchmark("campaign")
 
 TINY = ["--config", str(REPO / "configs" / "hot" / "ltsf" / "etth1_96_96_hot_product.yaml"),
         "--data.init_args.synthetic=true", "--data.init_args.synthetic_length=600", "--data.init_args.num_workers=0",

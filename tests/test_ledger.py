@@ -3,24 +3,15 @@ is rendered from the committed ledger, and an empty selection says so."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import re
-import sys
 from pathlib import Path
+
+from _bench import load_benchmark
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _load_ledger():
-    if "ledger" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("ledger", REPO / "benchmarks" / "ledger.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["ledger"] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules["ledger"]
-
-
-ledger = _load_ledger()
+ledger = load_benchmark("ledger")
 
 
 def _line(model: str, seed: int, horizon, mse: float, **more) -> dict:
@@ -80,11 +71,7 @@ def test_transcribed_lines_name_their_source_and_paper_numbers_are_no_lines():
 def test_no_transcribed_line_stands_for_a_pending_campaign_experiment(monkeypatch):
     """The campaign counts an experiment whose name is in the ledger as done, so a line of an earlier, differently
     budgeted run must not carry the name of an experiment the campaign is still to run."""
-    if "campaign" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("campaign", REPO / "benchmarks" / "campaign.py")
-        sys.modules["campaign"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules["campaign"])
-    campaign = sys.modules["campaign"]
+    campaign = load_benchmark("campaign")
     monkeypatch.setattr(campaign, "data_present", lambda exp: True)
     planned = {e.name for plan in campaign.PLANS.values() for e in plan()}
     transcribed = {r["experiment"] for r in ledger.read_ledger() if r.get("record", "campaign") != "campaign"}
