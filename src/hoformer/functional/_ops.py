@@ -36,7 +36,7 @@ from .kronecker import (
 from .scores import masked_softmax
 from .triplet import _compute_dtype, _triplet_backward, _triplet_forward
 
-__all__ = ["EXPORT_DECOMPOSITIONS"]
+__all__ = ["EXPORT_DECOMPOSITIONS", "traced_call"]
 
 
 def _grads_or_empty(v: Tensor, gv: Tensor | None, gs: Sequence[Tensor | None]) -> list[Tensor]:
@@ -232,10 +232,18 @@ entmax15_op.register_autograd(_entmax15_autograd, setup_context=_entmax15_setup)
 
 
 def _entmax15_lowered(x: Tensor, dim: int) -> Tensor:
-    """The ``entmax`` package's own forward (sort, cumulative sums, threshold): plain tensor ops once traced."""
-    from entmax import entmax15
-
-    return entmax15(x, dim=dim)
+    """The ``entmax`` package's entmax-1.5 forward transcribed op by op (sort, cumulative sums, threshold; Peters et
+    al. 2019, Algorithm 2), without its autograd ``Function``, which strict ``torch.export`` cannot trace."""
+    x = x.movedim(dim, -1)
+    x = (x - x.amax(-1, keepdim=True)) / 2
+    xs = x.sort(-1, descending=True).values
+    rho = torch.arange(1, x.shape[-1] + 1, device=x.device, dtype=x.dtype)
+    mean = xs.cumsum(-1) / rho
+    mean_sq = (xs * xs).cumsum(-1) / rho
+    tau = mean - ((1 - rho * (mean_sq - mean * mean)) / rho).clamp_min(0).sqrt()
+    support = (tau <= xs).sum(-1, keepdim=True)
+    tau_star = tau.gather(-1, support - 1)
+    return ((x - tau_star).clamp_min(0) ** 2).movedim(-1, dim)
 
 
 # ----------------------------------------------------------------------------------- export lowerings
@@ -291,10 +299,21 @@ def _triplet_attention_lowered(q, k1, k2, v1, v2, mask, block_size, overlap, sca
     return out.to(q.dtype), q.new_zeros(n, S, D, dtype=cdt), q.new_zeros(n, S, dtype=cdt)
 
 
-#: ``{op overload: pure-tensor lowering}`` for ``ExportedProgram.run_decompositions``
+#: ``{op overload: its pure-tensor transcription}``: what traced code runs under ``torch.export`` (:func:`traced_call`)
 EXPORT_DECOMPOSITIONS = {
     torch.ops.hoformer.kron_apply.default: _kron_apply_lowered,
     torch.ops.hoformer.kron_sum_apply.default: _kron_sum_apply_lowered,
     torch.ops.hoformer.triplet_attention.default: _triplet_attention_lowered,
     torch.ops.hoformer.entmax15.default: _entmax15_lowered,
 }
+
+
+def traced_call(op, *args):
+    """``op(*args)`` in traced code. Under ``torch.export`` (``torch.compiler.is_exporting()``) the op's pure-tensor
+    transcription (:data:`EXPORT_DECOMPOSITIONS`) runs instead, so that a program exported by plain
+    ``torch.export.export`` or ``torch.onnx.export(..., dynamo=True)`` holds core ATen ops only: it loads without
+    hoformer imported and converts to standard ONNX. Under ``torch.compile`` the opaque op runs (its hand-written
+    kernels keep their speed and memory in a compiled training step)."""
+    if torch.compiler.is_exporting():
+        return EXPORT_DECOMPOSITIONS[op](*args)
+    return op(*args)

@@ -403,9 +403,11 @@ def triplet_attention(
     if chunk_elements is None:
         chunk_elements = _DEFAULT_CHUNK.get(q.device.type, 1 << 24)
     check_int("triplet_attention", "chunk_elements", chunk_elements)
-    if torch.compiler.is_compiling():  # torch.compile / torch.export: the same kernels as one opaque custom op
-        return torch.ops.hoformer.triplet_attention(q, k1, k2, v1, v2, mask, block_size, float(overlap), scale,
-                                                    chunk_elements)[0]
+    if torch.compiler.is_compiling():  # torch.compile: the same kernels as one opaque custom op (export: core ops)
+        from ._ops import traced_call
+
+        return traced_call(torch.ops.hoformer.triplet_attention.default, q, k1, k2, v1, v2, mask, block_size,
+                           float(overlap), scale, chunk_elements)[0]
     return _TripletFn.apply(q, k1, k2, v1, v2, mask, block_size, float(overlap), scale, chunk_elements)
 
 

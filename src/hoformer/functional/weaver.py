@@ -143,8 +143,12 @@ def dictionary_retrieval(logits: torch.Tensor, temperature: torch.Tensor, dictio
     dtype = torch.promote_types(logits.dtype, torch.float32)
     with torch.autocast(device_type=logits.device.type, enabled=False):
         z = logits.to(dtype) / F.softplus(temperature.to(dtype))
-        # traced code (torch.compile / torch.export): the same function as an opaque custom op (functional/_ops.py)
-        w = torch.ops.hoformer.entmax15(z, -1) if torch.compiler.is_compiling() else entmax15(z, dim=-1)
+        if torch.compiler.is_compiling():  # torch.compile: the same function as an opaque custom op (export: core ops)
+            from ._ops import traced_call
+
+            w = traced_call(torch.ops.hoformer.entmax15.default, z, -1)
+        else:
+            w = entmax15(z, dim=-1)
         return w, torch.matmul(w, dictionary.to(dtype)).to(logits.dtype)
 
 

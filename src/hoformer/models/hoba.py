@@ -119,7 +119,7 @@ class HOBAClassifier(HoformerModel):
         if ids.shape[1] > self.max_len:
             raise ValueError(f"hoba_classifier: sequence length {ids.shape[1]} exceeds max_len={self.max_len}")
         if ids.numel():
-            lo, hi = torch.aminmax(ids)
+            lo, hi = ids.min(), ids.max()  # (aminmax has no ONNX translation without a dim)
             check_values((lo >= 0) & (hi < self.vocab_size), f"hoba_classifier: token ids must lie in [0, vocab_size="
                          f"{self.vocab_size}){{detail}} (tokenizer and model vocabularies differ?)",
                          lambda: f", got ids in [{int(lo)}, {int(hi)}]")
