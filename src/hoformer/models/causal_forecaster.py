@@ -92,6 +92,7 @@ class HOTCausalForecaster(HoformerModel):
         train_positions: Literal["horizon", "all"] = "horizon",
     ) -> None:
         super().__init__()
+        self.record_config(locals())
         fn = "hot_causal_forecaster"
         _check_attention(attention, fn)
         for name, v in (("seq_len", seq_len), ("pred_len", pred_len), ("num_variates", num_variates)):
