@@ -20,13 +20,13 @@ texts to it and pass the mask). The causal forecaster's program holds its genera
 forward per generated patch), for the ``pred_len`` it was built with.
 
 The plain PyTorch paths work as well: ``torch.export.export(model, args)`` and ``torch.onnx.export(model, args,
-dynamo=True)`` trace hoformer's hand-written kernels (custom ops under ``torch.compile``) as their pure-tensor transcriptions
-(core ATen ops), so a saved program loads with ``torch.export.load`` and an ONNX file runs
-in ONNX Runtime without hoformer installed. What this module adds: the checks below, a dynamic batch, progress with
-times, ONNX without the value checks ONNX cannot express (e.g. Weaver's time features in range; a ``.pt2`` keeps
-them), no ONNX graph optimiser (it runs for tens of minutes on the unrolled generation loop of the causal
-forecaster; ONNX Runtime optimises a graph when it loads it) and a check of the written file against the eager
-model. ONNX needs the ``export`` extra (``pip install hoformer[export]``: onnx, onnxscript, onnxruntime).
+dynamo=True)`` trace hoformer's hand-written kernels (custom ops under ``torch.compile``) as their pure-tensor
+transcriptions (core ATen ops), so a saved program loads with ``torch.export.load`` and an ONNX file runs in ONNX
+Runtime without hoformer installed. What this module adds: a dynamic batch, progress with times, ONNX without the
+value checks ONNX cannot express (e.g. Weaver's time features in range; a ``.pt2`` keeps them), no ONNX graph
+optimiser (it runs for tens of minutes on the unrolled generation loop of the causal forecaster; ONNX Runtime
+optimises a graph when it loads it), a check of the written file against the eager model and clear refusals (below).
+ONNX needs the ``export`` extra (``pip install hoformer[export]``: onnx, onnxscript, onnxruntime).
 
 Anything that cannot be exported is refused up front with an :class:`ExportError` naming the model and the reason
 (and a tracer failure is reported the same way, its traceback kept as the cause).
