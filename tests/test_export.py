@@ -198,7 +198,7 @@ def test_custom_ops_run_under_torch_compile_and_core_ops_under_torch_export():
     ``torch.export`` the op's pure-tensor transcription; both equal eager (float64)."""
     import torch._dynamo as dynamo
 
-    from hoformer.functional._ops import traced_call
+    from hoformer.functional._traced import traced_call
 
     torch.manual_seed(0)
     v = torch.randn(2, 3, 4, 5, 2, dtype=D64)

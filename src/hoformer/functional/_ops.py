@@ -17,8 +17,9 @@ the public functions call the ops registered here instead:
 
 :data:`EXPORT_DECOMPOSITIONS` maps each forward op to a pure-tensor transcription of its equation (mode products by
 broadcast matmuls; the triplet windows gathered with a constant index, the score cube of eq 2 and the window mean of
-eq 4 as a constant averaging matrix). ``ExportedProgram.run_decompositions`` with it gives a program of core ATen
-ops only, which ONNX and any PyTorch runtime can run without hoformer installed (see :mod:`hoformer.export`).
+eq 4 as a constant averaging matrix; entmax-1.5 op by op). Traced code runs them under ``torch.export``
+(:func:`hoformer.functional._traced.traced_call`), so an exported program holds core ATen ops only, which ONNX and
+any PyTorch runtime can run without hoformer installed (see :mod:`hoformer.export`).
 """
 from __future__ import annotations
 
@@ -33,10 +34,11 @@ from .kronecker import (
     _kron_sum_apply_backward,
     _kron_sum_apply_forward,
 )
+from ._traced import LOWERINGS
 from .scores import masked_softmax
 from .triplet import _compute_dtype, _triplet_backward, _triplet_forward
 
-__all__ = ["EXPORT_DECOMPOSITIONS", "traced_call"]
+__all__ = ["EXPORT_DECOMPOSITIONS"]
 
 
 def _grads_or_empty(v: Tensor, gv: Tensor | None, gs: Sequence[Tensor | None]) -> list[Tensor]:
@@ -299,7 +301,8 @@ def _triplet_attention_lowered(q, k1, k2, v1, v2, mask, block_size, overlap, sca
     return out.to(q.dtype), q.new_zeros(n, S, D, dtype=cdt), q.new_zeros(n, S, dtype=cdt)
 
 
-#: ``{op overload: its pure-tensor transcription}``: what traced code runs under ``torch.export`` (:func:`traced_call`)
+#: ``{op overload: its pure-tensor transcription}``: what traced code runs under ``torch.export``
+#: (:func:`hoformer.functional._traced.traced_call`)
 EXPORT_DECOMPOSITIONS = {
     torch.ops.hoformer.kron_apply.default: _kron_apply_lowered,
     torch.ops.hoformer.kron_sum_apply.default: _kron_sum_apply_lowered,
@@ -308,12 +311,4 @@ EXPORT_DECOMPOSITIONS = {
 }
 
 
-def traced_call(op, *args):
-    """``op(*args)`` in traced code. Under ``torch.export`` (``torch.compiler.is_exporting()``) the op's pure-tensor
-    transcription (:data:`EXPORT_DECOMPOSITIONS`) runs instead, so that a program exported by plain
-    ``torch.export.export`` or ``torch.onnx.export(..., dynamo=True)`` holds core ATen ops only: it loads without
-    hoformer imported and converts to standard ONNX. Under ``torch.compile`` the opaque op runs (its hand-written
-    kernels keep their speed and memory in a compiled training step)."""
-    if torch.compiler.is_exporting():
-        return EXPORT_DECOMPOSITIONS[op](*args)
-    return op(*args)
+LOWERINGS.update(EXPORT_DECOMPOSITIONS)

@@ -346,7 +346,7 @@ def _kron_apply(factors: Sequence[torch.Tensor], v: torch.Tensor) -> torch.Tenso
     """:func:`kron_apply` without the argument checks: factors ``(.., Ni, Ni)`` broadcasting to ``(B, H)``."""
     factors = _expand_factors(factors, v)
     if torch.compiler.is_compiling():  # torch.compile: the same kernels as one opaque custom op (export: core ops)
-        from ._ops import traced_call
+        from ._traced import traced_call
 
         return traced_call(torch.ops.hoformer.kron_apply.default, v, factors)
     return _KronApply.apply(v, *factors)
@@ -365,7 +365,7 @@ def _kron_sum_apply(factors: Sequence[torch.Tensor], v: torch.Tensor, normalize:
     alpha = 1.0 / len(factors) if normalize else 1.0
     factors = _expand_factors(factors, v)
     if torch.compiler.is_compiling():  # torch.compile: the same kernels as one opaque custom op (export: core ops)
-        from ._ops import traced_call
+        from ._traced import traced_call
 
         return traced_call(torch.ops.hoformer.kron_sum_apply.default, v, factors, alpha)
     return _KronSumApply.apply(v, alpha, *factors)

@@ -404,7 +404,7 @@ def triplet_attention(
         chunk_elements = _DEFAULT_CHUNK.get(q.device.type, 1 << 24)
     check_int("triplet_attention", "chunk_elements", chunk_elements)
     if torch.compiler.is_compiling():  # torch.compile: the same kernels as one opaque custom op (export: core ops)
-        from ._ops import traced_call
+        from ._traced import traced_call
 
         return traced_call(torch.ops.hoformer.triplet_attention.default, q, k1, k2, v1, v2, mask, block_size,
                            float(overlap), scale, chunk_elements)[0]

@@ -144,7 +144,7 @@ def dictionary_retrieval(logits: torch.Tensor, temperature: torch.Tensor, dictio
     with torch.autocast(device_type=logits.device.type, enabled=False):
         z = logits.to(dtype) / F.softplus(temperature.to(dtype))
         if torch.compiler.is_compiling():  # torch.compile: the same function as an opaque custom op (export: core ops)
-            from ._ops import traced_call
+            from ._traced import traced_call
 
             w = traced_call(torch.ops.hoformer.entmax15.default, z, -1)
         else:
