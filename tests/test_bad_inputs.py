@@ -790,3 +790,29 @@ def test_a_float16_input_into_a_float32_layer_names_both_dtypes():
         HL.TripletAttention(16, 2, block_size=4)(torch.randn(2, 8, 16, dtype=torch.float16))
     with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts per operation: accepted
         HL.build_attention("full", 16, 2)(x.float())
+def _nan_weight(directory: Path, key: str) -> None:
+    """Overwrite one entry of ``key`` in ``directory/model.safetensors`` with NaN, keeping the file's metadata."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    path = directory / "model.safetensors"
+    with safe_open(str(path), framework="pt") as f:
+        meta, state = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    state[key].view(-1)[0] = float("nan")
+    save_file(state, str(path), metadata=meta)
+
+
+def test_a_nan_weight_in_model_safetensors_is_refused_naming_file_and_tensor(tmp_path):
+    """One NaN in a saved weight would make every output NaN: ``from_pretrained`` refuses the file, naming it and the
+    tensor; ``allow_nonfinite=True`` loads it (and the NaN is there)."""
+    directory = pretrained_dir(tmp_path)
+    key = next(k for k, v in create_model("hot_forecaster", **TINY_FC).state_dict().items()
+               if k.endswith("weight") and v.is_floating_point())
+    _nan_weight(directory, key)
+    with pytest.raises(ValueError) as info:
+        from_pretrained(directory)
+    msg = str(info.value)
+    for needle in ("from_pretrained", str(directory / "model.safetensors"), repr(key), "1 NaN", "allow_nonfinite=True"):
+        assert needle in msg, (needle, msg)
+    loaded = from_pretrained(directory, allow_nonfinite=True)
+    assert torch.isnan(loaded.state_dict()[key]).sum() == 1

@@ -30,6 +30,7 @@ class _TeacherForced(HoformerModel):
 
     def __init__(self, seq_len: int = 8, pred_len: int = 4, num_variates: int = 2) -> None:
         super().__init__()
+        self.record_config(locals())
         self.seq_len, self.pred_len, self.num_variates = seq_len, pred_len, num_variates
         self.lin = torch.nn.Linear(seq_len, pred_len)
         self.scale = torch.nn.Parameter(torch.tensor(0.5))

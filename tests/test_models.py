@@ -55,6 +55,7 @@ class _Tiny(HoformerModel):
 
     def __init__(self, width: int = 3, kind: str = "a") -> None:
         super().__init__()
+        self.record_config(locals())
         self.lin = torch.nn.Linear(width, 1)
         self.kind = kind
 
@@ -161,6 +162,36 @@ def test_direct_construction_records_the_same_config_as_create_model():
 
     sub = MyForecaster(dim=16, num_heads=2)
     assert sub.config["name"].endswith("MyForecaster") and sub.config["kwargs"] == direct.config["kwargs"]
+
+
+def test_a_model_records_its_own_constructor_arguments_only(registry):
+    """``record_config(locals())`` in a parent's constructor that a subclass's runs records nothing the subclass does
+    not replace: the configuration is that of ``type(self)``'s constructor; a constructor that records nothing is
+    refused by ``create_model`` and ``save_pretrained`` with the call to add. No metaclass: the class's signature is
+    its constructor's."""
+    class Wider(_Tiny):
+        """Args:
+            depth: layers.
+            width: hidden width.
+        """
+
+        def __init__(self, depth: int = 2, width: int = 4) -> None:
+            super().__init__(width=width * 2)
+            self.record_config(locals())
+
+    assert Wider(depth=3).config["kwargs"] == {"depth": 3, "width": 4}
+    assert type(Wider) is type(torch.nn.Module)
+    assert list(inspect.signature(Wider).parameters) == ["depth", "width"]
+
+    class Silent(HoformerModel):
+        def __init__(self, depth: int = 2) -> None:
+            super().__init__()
+
+    registry.register_model(Silent, name="silent_model")
+    with pytest.raises(TypeError, match=r"Silent recorded no configuration: .*self.record_config\(locals\(\)\)"):
+        registry.create_model("silent_model")
+    with pytest.raises(ValueError, match=r"has no `config`.*self.record_config\(locals\(\)\)"):
+        Silent().save_pretrained("unused")
 
 
 def test_class_path_configs_round_trip(tmp_path):

@@ -9,21 +9,24 @@ Python::
 
     from hoformer.export import export_model, export_program
     export_model("runs/.../pretrained", "model.onnx")          # or a model object; returns the path written
-    program = export_program(model)                              # torch.export.ExportedProgram
+    program = export_program(model)                              # torch.export.ExportedProgram (core ATen ops)
 
 What is exported is the model's default forward (tensors in, one tensor out) in eval mode, traced on
 ``model.example_inputs()``: the same inputs, in the same order (e.g. Weaver's ``x, time, mask``; an input given as
 ``None`` there is not an input of the file). The batch dimension is dynamic (shared by all inputs, any size from 1);
 every other size is the one the model was built for, which its forward checks anyway: variates, nodes, the image
 grid, and HOBA's token count (the windows of eq 3 are laid out on the host from the sequence length: pad shorter
-texts to it and pass the mask).
+texts to it and pass the mask). The causal forecaster's program holds its generation loop unrolled (one causal
+forward per generated patch), for the ``pred_len`` it was built with.
 
-The hand-written kernels run as the custom ops of :mod:`hoformer.functional._ops` while tracing, and the written
-files are lowered to core ATen ops with their pure-tensor transcriptions (``EXPORT_DECOMPOSITIONS``), so a ``.pt2``
-loads with plain ``torch.export.load`` and an ONNX file runs in ONNX Runtime without hoformer installed. ONNX needs
-the ``export`` extra (``pip install hoformer[export]``: onnx, onnxscript, onnxruntime). ONNX has no assertions:
-the value checks of the forward (e.g. Weaver's time features in range) are left out of an ONNX file (a ``.pt2``
-keeps them).
+The plain PyTorch paths work as well: ``torch.export.export(model, args)`` and ``torch.onnx.export(model, args,
+dynamo=True)`` trace hoformer's hand-written kernels (custom ops under ``torch.compile``) as their pure-tensor
+transcriptions (core ATen ops), so a saved program loads with ``torch.export.load`` and an ONNX file runs in ONNX
+Runtime without hoformer installed. What this module adds: a dynamic batch, progress with times, ONNX without the
+value checks ONNX cannot express (e.g. Weaver's time features in range; a ``.pt2`` keeps them), no ONNX graph
+optimiser (it runs for tens of minutes on the unrolled generation loop of the causal forecaster; ONNX Runtime
+optimises a graph when it loads it), a check of the written file against the eager model and clear refusals (below).
+ONNX needs the ``export`` extra (``pip install hoformer[export]``: onnx, onnxscript, onnxruntime).
 
 Anything that cannot be exported is refused up front with an :class:`ExportError` naming the model and the reason
 (and a tracer failure is reported the same way, its traceback kept as the cause).
@@ -35,6 +38,7 @@ import contextlib
 import inspect
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -69,7 +73,7 @@ def _eval(model: torch.nn.Module):
         model.train(was)
 
 
-def _check_exportable(model: torch.nn.Module, kwargs: dict) -> None:
+def _check_exportable(model: torch.nn.Module) -> None:
     """Refuse, with the reason, what the exported program could not reproduce."""
     from hoformer.models import HoformerModel
 
@@ -77,10 +81,6 @@ def _check_exportable(model: torch.nn.Module, kwargs: dict) -> None:
         raise ExportError(f"export: expected a hoformer model (hoformer.models.create_model / from_pretrained), got "
                           f"{type(model).__name__}")
     name = _name(model)
-    if kwargs.get("return_attention"):
-        raise ExportError(f"export: model {name}: `return_attention=True` cannot be exported (an exported program "
-                          f"returns the model's output tensor only; record maps in Python with "
-                          f"hoformer.layers.record_attention)")
     recording = [n for n, m in model.named_modules() if getattr(m, "_sinks", ())]
     if recording:
         raise ExportError(f"export: model {name}: attention recording is on ({', '.join(recording[:3])}); its maps "
@@ -116,39 +116,71 @@ def _dynamic_shapes(model, args: tuple, kwargs: dict):
     return spec
 
 
-def export_program(model: torch.nn.Module, example: tuple[tuple, dict] | None = None, *, dynamic_batch: bool = True,
-                   lower: bool = True) -> torch.export.ExportedProgram:
-    """``torch.export`` program of ``model``'s eval-mode forward on ``example`` (default ``model.example_inputs(2)``)
-    with a dynamic batch dimension (``dynamic_batch``). ``lower``: core ATen ops only (hoformer's custom ops replaced
-    by their pure-tensor transcriptions; what the written files hold); ``False`` keeps the custom ops, whose eager
-    kernels are the fast ones, for use inside a Python process with hoformer imported."""
-    from hoformer.functional._ops import EXPORT_DECOMPOSITIONS
+class _Progress:
+    """One line per export phase on stderr, with its time (``enabled=False``: silent)."""
 
-    args, kwargs = _inputs(model, example)
-    _check_exportable(model, kwargs)
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    @contextlib.contextmanager
+    def __call__(self, what: str):
+        start = time.perf_counter()
+        if self.enabled:
+            print(f"export: {what} ...", file=sys.stderr, flush=True)
+        yield
+        if self.enabled:
+            print(f"export: {what}: done in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+
+
+def _trace(model, args: tuple, kwargs: dict, dynamic_batch: bool, phase: _Progress) -> torch.export.ExportedProgram:
+    _check_exportable(model)
     name = _name(model)
-    with _eval(model):
+    with phase(f"tracing model {name} (torch.export)"), _eval(model):
         try:
-            ep = torch.export.export(model, args, kwargs or None, strict=False,
-                                     dynamic_shapes=_dynamic_shapes(model, args, kwargs) if dynamic_batch else None)
+            return torch.export.export(model, args, kwargs or None, strict=False,
+                                       dynamic_shapes=_dynamic_shapes(model, args, kwargs) if dynamic_batch else None)
         except Exception as e:  # noqa: BLE001 - the tracer raises many types; report one clear error
             raise ExportError(f"export: model {name} could not be traced by torch.export "
                               f"({type(e).__name__}: {_first_line(e)})") from e
-    if lower:
-        table = torch.export.default_decompositions()
-        table.update(EXPORT_DECOMPOSITIONS)
-        ep = ep.run_decompositions(table)
-    return ep
 
 
-def _drop_value_checks(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
-    """``ep`` without the asynchronous value checks of :func:`hoformer._checks.check_values` (labels, time features
-    in range), which ONNX cannot express: their assertions and the reductions feeding only them are removed."""
+def _lower(ep: torch.export.ExportedProgram, phase: _Progress) -> torch.export.ExportedProgram:
+    with phase("lowering to core ATen ops"):
+        return ep.run_decompositions()
+
+
+def export_program(model: torch.nn.Module, example: tuple[tuple, dict] | None = None, *, dynamic_batch: bool = True,
+                   progress: bool = False) -> torch.export.ExportedProgram:
+    """``torch.export`` program of ``model``'s eval-mode forward on ``example`` (default ``model.example_inputs(2)``)
+    with a dynamic batch dimension (``dynamic_batch``), lowered to core ATen ops (hoformer's kernels traced as their
+    pure-tensor transcriptions): what a ``.pt2`` file holds. ``progress``: one line per phase on stderr."""
+    args, kwargs = _inputs(model, example)
+    phase = _Progress(progress)
+    return _lower(_trace(model, args, kwargs, dynamic_batch, phase), phase)
+
+
+def _for_onnx(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``ep`` as the ONNX converter without its graph optimiser takes it:
+
+    * without the asynchronous value checks of :func:`hoformer._checks.check_values` (labels, time features in
+      range), which ONNX cannot express: their assertions and the reductions feeding only them are removed;
+    * a bias-free ``aten.conv3d`` as ``aten.convolution`` (the converter's ``conv3d`` gives a bias-free convolution a
+      bias of the wrong shape, which only its optimiser removes).
+    """
     graph = ep.graph_module.graph
+    aten = torch.ops.aten
     for node in list(graph.nodes):
-        if node.op == "call_function" and node.target in (torch.ops.aten._assert_async.msg,
-                                                          torch.ops.aten._assert_async.default):
+        if node.op != "call_function":
+            continue
+        if node.target in (aten._assert_async.msg, aten._assert_async.default):
             graph.erase_node(node)
+        elif node.target is aten.conv3d.default:
+            a = node.normalized_arguments(ep.graph_module, normalize_to_only_use_kwargs=True).kwargs
+            if a["bias"] is None:
+                node.target = aten.convolution.default
+                node.args = (a["input"], a["weight"], None, a["stride"], a["padding"], a["dilation"], False,
+                             [0, 0, 0], a["groups"])
+                node.kwargs = {}
     graph.eliminate_dead_code()
     ep.graph_module.recompile()
     return ep
@@ -202,13 +234,16 @@ def _input_names(model, args: tuple, kwargs: dict) -> list[str]:
 
 def export_model(checkpoint, output: str | os.PathLike, *, format: str | None = None,
                  example: tuple[tuple, dict] | None = None, verify: bool = True,
-                 opset_version: int | None = None) -> Path:
+                 opset_version: int | None = None, progress: bool = True) -> Path:
     """Write ``checkpoint`` (a model, a Lightning ``.ckpt`` of a hoformer task or a ``save_pretrained`` folder) to
     ``output`` as ``format`` (``"pt2"`` or ``"onnx"``; default: from the file suffix) and return the path.
 
-    The program is :func:`export_program`'s (lowered, dynamic batch, on ``example``). With ``verify`` the written
-    file is loaded back and run on fresh inputs at batch sizes 1 and 3 (:func:`verify_export`): a difference to eager
-    above :data:`TOLERANCE` raises :class:`ExportError`. ``opset_version``: ONNX opset (default: the exporter's).
+    The program is traced on ``example`` with a dynamic batch; a ``.pt2`` holds it lowered to core ATen ops
+    (:func:`export_program`'s), ONNX is converted from it without the ONNX graph optimiser. With
+    ``verify`` the written file is loaded back and run on fresh inputs at batch sizes 1 and 3 (:func:`verify_export`):
+    a difference to eager above :data:`TOLERANCE` raises :class:`ExportError`. ``opset_version``: ONNX opset
+    (default: the exporter's). ``progress``: one line per phase (tracing, lowering or converting, writing,
+    verifying) with its time on stderr.
     """
     output = Path(output)
     if output.is_dir():
@@ -217,29 +252,42 @@ def export_model(checkpoint, output: str | os.PathLike, *, format: str | None = 
     fmt = _format(output, format)
     if fmt == "onnx":
         _require_onnx()
+    if output.is_dir():
+        raise ExportError(f"export: `output` must be a file path (*.pt2 / *.onnx), got the directory {str(output)!r}")
     model = _load(checkpoint)
     args, kwargs = _inputs(model, example)
-    _write(export_program(model, (args, kwargs)), model, _input_names(model, args, kwargs), output, fmt,
-           opset_version)
+    phase = _Progress(progress)
+    ep = _trace(model, args, kwargs, True, phase)
+    if fmt == "pt2":  # ONNX: the converter lowers the program to the ops ONNX has itself (one pass, not two)
+        ep = _lower(ep, phase)
+    _write(ep, model, _input_names(model, args, kwargs), output, fmt, opset_version, phase)
     if verify:
-        verify_export(model, output, fmt)
+        with phase(f"verifying {output.name} against the eager model (batch sizes 1 and 3)"):
+            verify_export(model, output, fmt)
     return output
 
 
 def _write(ep: torch.export.ExportedProgram, model, input_names: list[str], output: Path, fmt: str,
-           opset_version: int | None = None) -> None:
-    """Write the lowered program ``ep`` of ``model`` to ``output`` as ``fmt``."""
+           opset_version: int | None = None, phase: _Progress | None = None) -> None:
+    """Write the program ``ep`` of ``model`` to ``output`` as ``fmt`` (as it is: lower it first for a ``.pt2``)."""
+    phase = phase or _Progress(False)
     output.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "pt2":
-        torch.export.save(ep, str(output))
+        with phase(f"writing {output}"):
+            torch.export.save(ep, str(output))
         return
-    try:
-        prog = torch.onnx.export(_drop_value_checks(ep), (), kwargs=None, dynamo=True, opset_version=opset_version,
-                                 input_names=input_names, output_names=["output"], verbose=False)
-    except Exception as e:  # noqa: BLE001 - the converter raises many types; report one clear error
-        raise ExportError(f"export: model {_name(model)} could not be converted to ONNX "
-                          f"({type(e).__name__}: {_first_line(e)})") from e
-    prog.save(str(output))
+    with phase("converting to ONNX (torch.onnx: lowering, translation; no graph optimiser)"):
+        try:
+            # optimize=False: the onnxscript optimiser does not finish in tens of minutes on the causal forecaster's
+            # unrolled generation loop; ONNX Runtime optimises the graph when it loads it
+            prog = torch.onnx.export(_for_onnx(ep), (), kwargs=None, dynamo=True, optimize=False,
+                                     opset_version=opset_version, input_names=input_names, output_names=["output"],
+                                     verbose=False)
+        except Exception as e:  # noqa: BLE001 - the converter raises many types; report one clear error
+            raise ExportError(f"export: model {_name(model)} could not be converted to ONNX "
+                              f"({type(e).__name__}: {_first_line(e)})") from e
+    with phase(f"writing {output}"):
+        prog.save(str(output))
 
 
 def _run_file(path: Path, fmt: str, args: tuple, kwargs: dict) -> torch.Tensor:
@@ -290,9 +338,11 @@ def export_main(argv: list[str] | None = None) -> int:
     p.add_argument("--opset", type=int, default=None, help="ONNX opset (default: the exporter's)")
     p.add_argument("--no-verify", action="store_true",
                    help="skip running the written file against the eager model at batch sizes 1 and 3")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress lines (tracing, converting, ...) on stderr")
     a = p.parse_args(argv)
     try:
-        out = export_model(a.checkpoint, a.output, format=a.format, verify=not a.no_verify, opset_version=a.opset)
+        out = export_model(a.checkpoint, a.output, format=a.format, verify=not a.no_verify, opset_version=a.opset,
+                           progress=not a.quiet)
     except (ExportError, FileNotFoundError, ValueError) as e:
         print(f"hoformer export: {e}", file=sys.stderr)
         return 2

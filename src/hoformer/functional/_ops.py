@@ -17,8 +17,9 @@ the public functions call the ops registered here instead:
 
 :data:`EXPORT_DECOMPOSITIONS` maps each forward op to a pure-tensor transcription of its equation (mode products by
 broadcast matmuls; the triplet windows gathered with a constant index, the score cube of eq 2 and the window mean of
-eq 4 as a constant averaging matrix). ``ExportedProgram.run_decompositions`` with it gives a program of core ATen
-ops only, which ONNX and any PyTorch runtime can run without hoformer installed (see :mod:`hoformer.export`).
+eq 4 as a constant averaging matrix; entmax-1.5 op by op). Traced code runs them under ``torch.export``
+(:func:`hoformer.functional._traced.traced_call`), so an exported program holds core ATen ops only, which ONNX and
+any PyTorch runtime can run without hoformer installed (see :mod:`hoformer.export`).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from .products import (
     _kron_sum_apply_backward,
     _kron_sum_apply_forward,
 )
+from ._traced import LOWERINGS
 from .scores import _masked_softmax
 from .triplet import _compute_dtype, _triplet_backward, _triplet_forward
 
@@ -232,10 +234,18 @@ entmax15_op.register_autograd(_entmax15_autograd, setup_context=_entmax15_setup)
 
 
 def _entmax15_lowered(x: Tensor, dim: int) -> Tensor:
-    """The ``entmax`` package's own forward (sort, cumulative sums, threshold): plain tensor ops once traced."""
-    from entmax import entmax15
-
-    return entmax15(x, dim=dim)
+    """The ``entmax`` package's entmax-1.5 forward transcribed op by op (sort, cumulative sums, threshold; Peters et
+    al. 2019, Algorithm 2), without its autograd ``Function``, which strict ``torch.export`` cannot trace."""
+    x = x.movedim(dim, -1)
+    x = (x - x.amax(-1, keepdim=True)) / 2
+    xs = x.sort(-1, descending=True).values
+    rho = torch.arange(1, x.shape[-1] + 1, device=x.device, dtype=x.dtype)
+    mean = xs.cumsum(-1) / rho
+    mean_sq = (xs * xs).cumsum(-1) / rho
+    tau = mean - ((1 - rho * (mean_sq - mean * mean)) / rho).clamp_min(0).sqrt()
+    support = (tau <= xs).sum(-1, keepdim=True)
+    tau_star = tau.gather(-1, support - 1)
+    return ((x - tau_star).clamp_min(0) ** 2).movedim(-1, dim)
 
 
 # ----------------------------------------------------------------------------------- export lowerings
@@ -291,10 +301,14 @@ def _triplet_attention_lowered(q, k1, k2, v1, v2, mask, block_size, overlap, sca
     return out.to(q.dtype), q.new_zeros(n, S, D, dtype=cdt), q.new_zeros(n, S, dtype=cdt)
 
 
-#: ``{op overload: pure-tensor lowering}`` for ``ExportedProgram.run_decompositions``
+#: ``{op overload: its pure-tensor transcription}``: what traced code runs under ``torch.export``
+#: (:func:`hoformer.functional._traced.traced_call`)
 EXPORT_DECOMPOSITIONS = {
     torch.ops.hoformer.kron_apply.default: _kron_apply_lowered,
     torch.ops.hoformer.kron_sum_apply.default: _kron_sum_apply_lowered,
     torch.ops.hoformer.triplet_attention.default: _triplet_attention_lowered,
     torch.ops.hoformer.entmax15.default: _entmax15_lowered,
 }
+
+
+LOWERINGS.update(EXPORT_DECOMPOSITIONS)

@@ -441,8 +441,10 @@ def kron_apply(factors: Sequence[torch.Tensor], v: torch.Tensor) -> torch.Tensor
 def _kron_apply(factors: Sequence[torch.Tensor], v: torch.Tensor) -> torch.Tensor:
     """:func:`kron_apply` without the argument checks: factors ``(.., Ni, Ni)`` broadcasting to ``(B, H)``."""
     factors = _expand_factors(factors, v)
-    if torch.compiler.is_compiling():  # torch.compile / torch.export: the same kernels as one opaque custom op
-        return torch.ops.hoformer.kron_apply(v, factors)
+    if torch.compiler.is_compiling():  # torch.compile: the same kernels as one opaque custom op (export: core ops)
+        from ._traced import traced_call
+
+        return traced_call(torch.ops.hoformer.kron_apply.default, v, factors)
     return _KronApply.apply(v, *factors)
 
 
@@ -458,8 +460,10 @@ def _kron_sum_apply(factors: Sequence[torch.Tensor], v: torch.Tensor, normalize:
     """:func:`kron_sum_apply` without the argument checks."""
     alpha = 1.0 / len(factors) if normalize else 1.0
     factors = _expand_factors(factors, v)
-    if torch.compiler.is_compiling():  # torch.compile / torch.export: the same kernels as one opaque custom op
-        return torch.ops.hoformer.kron_sum_apply(v, factors, alpha)
+    if torch.compiler.is_compiling():  # torch.compile: the same kernels as one opaque custom op (export: core ops)
+        from ._traced import traced_call
+
+        return traced_call(torch.ops.hoformer.kron_sum_apply.default, v, factors, alpha)
     return _KronSumApply.apply(v, alpha, *factors)
 
 

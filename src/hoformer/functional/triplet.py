@@ -419,9 +419,11 @@ def _triplet_attention(q, k1, k2, v1, v2, block_size: int, overlap: float, scale
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if chunk_elements is None:
         chunk_elements = _DEFAULT_CHUNK.get(q.device.type, 1 << 24)
-    if torch.compiler.is_compiling():  # torch.compile / torch.export: the same kernels as one opaque custom op
-        return torch.ops.hoformer.triplet_attention(q, k1, k2, v1, v2, mask, block_size, float(overlap), scale,
-                                                    chunk_elements)[0]
+    if torch.compiler.is_compiling():  # torch.compile: the same kernels as one opaque custom op (export: core ops)
+        from ._traced import traced_call
+
+        return traced_call(torch.ops.hoformer.triplet_attention.default, q, k1, k2, v1, v2, mask, block_size,
+                           float(overlap), scale, chunk_elements)[0]
     return _TripletFn.apply(q, k1, k2, v1, v2, mask, block_size, float(overlap), scale, chunk_elements)
 
 

@@ -89,10 +89,10 @@ def check_time_features(time, fn: str = "cyclic_time_encoding") -> None:
             return f", got {bad.numel()} value(s) outside it, e.g. {bad.flatten()[0].item()}"
 
         check_values(inside.all(), f"{fn}: `time[..., {col}]` ({name}) must lie in [0, {hi}){{detail}}", detail)
-    check_values(~((tod.amax() < 1) & (tod != 0).any()),
+    check_values(~((tod.max() < 1) & (tod != 0).any()),
                  f"{fn}: `time[..., 0]` must be the minute of day in [0, {MINUTES_PER_DAY}), but every value lies in "
                  f"[0, 1){{detail}}: it looks like a fraction of the day; multiply by {MINUTES_PER_DAY}",
-                 lambda: f" (max {tod.amax().item()})")
+                 lambda: f" (max {tod.max().item()})")
 
 
 def cyclic_time_encoding(time: torch.Tensor, *, check: bool = True) -> torch.Tensor:
@@ -143,8 +143,12 @@ def dictionary_retrieval(logits: torch.Tensor, temperature: torch.Tensor, dictio
     dtype = torch.promote_types(logits.dtype, torch.float32)
     with torch.autocast(device_type=logits.device.type, enabled=False):
         z = logits.to(dtype) / F.softplus(temperature.to(dtype))
-        # traced code (torch.compile / torch.export): the same function as an opaque custom op (functional/_ops.py)
-        w = torch.ops.hoformer.entmax15(z, -1) if torch.compiler.is_compiling() else entmax15(z, dim=-1)
+        if torch.compiler.is_compiling():  # torch.compile: the same function as an opaque custom op (export: core ops)
+            from ._traced import traced_call
+
+            w = traced_call(torch.ops.hoformer.entmax15.default, z, -1)
+        else:
+            w = entmax15(z, dim=-1)
         return w, torch.matmul(w, dictionary.to(dtype)).to(logits.dtype)
 
 

@@ -1,14 +1,16 @@
-"""Base class of every model: its constructor call is its configuration; weights are safetensors + JSON, never pickle.
+"""Base class of every model: its constructor's arguments are its configuration; weights are safetensors + JSON, never
+pickle.
 
 However a model is built -- ``create_model("hot_forecaster", dim=64)``, ``HOTForecaster(dim=64)`` in Python or by
 jsonargparse from a ``class_path`` / ``init_args`` config -- it carries ``model.config = {"name": ..., "kwargs":
 {...}}``: the registered name (see :mod:`hoformer.models.registry`; the class path for a class that is not
-registered) and the constructor's signature bound to the call with every default applied, as JSON values. That is
-what :meth:`HoformerModel.save_pretrained` writes and :func:`~hoformer.models.from_pretrained` rebuilds from, so a
-saved model keeps its architecture when a later release changes a default.
+registered) and every constructor argument, defaults applied, as JSON values. That is what
+:meth:`HoformerModel.save_pretrained` writes and :func:`~hoformer.models.from_pretrained` rebuilds from, so a saved
+model keeps its architecture when a later release changes a default.
 
-The arguments are bound by the metaclass's ``__call__``, which runs around the constructor: one place, no global
-state, nothing for subclasses to do except keep a plain signature (named parameters, no ``*args`` / ``**kwargs``).
+A model records it explicitly: its ``__init__`` calls ``self.record_config(locals())`` right after
+``super().__init__()``, while ``locals()`` holds exactly the arguments. Constructors keep plain signatures (named,
+type-annotated parameters, no ``*args`` / ``**kwargs``), which is what jsonargparse reads.
 """
 from __future__ import annotations
 
@@ -52,29 +54,6 @@ def constructor_signature(cls: type) -> inspect.Signature:
     return sig.replace(parameters=list(sig.parameters.values())[1:])
 
 
-def bind_arguments(cls: type, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The keyword arguments that rebuild ``cls(*args, **kwargs)``: the constructor's signature bound to the call with
-    every default applied (``**kwargs`` entries flattened in), tuples as lists."""
-    sig = constructor_signature(cls)
-    try:
-        bound = sig.bind(*args, **kwargs)
-    except TypeError as e:
-        raise TypeError(f"{cls.__name__}: {e}") from None
-    bound.apply_defaults()
-    out: dict[str, Any] = {}
-    for name, value in bound.arguments.items():
-        kind = sig.parameters[name].kind
-        if kind is inspect.Parameter.VAR_POSITIONAL:
-            if value:
-                raise TypeError(f"{cls.__name__}: a model's configuration is its keyword arguments; "
-                                f"extra positional arguments {value!r} cannot be recorded")
-        elif kind is inspect.Parameter.VAR_KEYWORD:
-            out.update({k: _plain(v) for k, v in value.items()})
-        else:
-            out[name] = _plain(value)
-    return out
-
-
 def registered_name(cls: type, kwargs: dict[str, Any]) -> str:
     """The registered name of ``cls(**kwargs)``: the registration of ``cls`` whose preset arguments all equal the
     bound ones (the most specific one when several do), else the class path ``module.QualName``."""
@@ -96,29 +75,34 @@ def config_digest(config: dict[str, Any]) -> str:
     return hashlib.sha256(canon.encode("ascii")).hexdigest()
 
 
-class _ModelMeta(type(nn.Module)):
-    """Records ``model.config`` after the constructor returns (see the module docstring)."""
-
-    def __call__(cls, *args: Any, **kwargs: Any):
-        model = super().__call__(*args, **kwargs)
-        bound = bind_arguments(cls, args, kwargs)
-        model.config = {"name": registered_name(cls, bound), "kwargs": bound}
-        return model
-
-    @property
-    def __signature__(cls) -> inspect.Signature:
-        # ``inspect.signature(cls)`` would otherwise report this metaclass's ``__call__(*args, **kwargs)``
-        return constructor_signature(cls)
-
-
-class HoformerModel(nn.Module, metaclass=_ModelMeta):
-    """Base of every task model: ``config`` (set at construction), ``example_inputs``, ``save_pretrained``.
+class HoformerModel(nn.Module):
+    """Base of every task model: ``config`` (recorded by the constructor), ``example_inputs``, ``save_pretrained``.
 
     Subclasses take named, type-annotated constructor parameters with JSON-representable values (numbers, strings,
-    bools, ``None``, lists / tuples and dicts of those) and no ``*args`` / ``**kwargs``.
+    bools, ``None``, lists / tuples and dicts of those), no ``*args`` / ``**kwargs``, and call
+    ``self.record_config(locals())`` right after ``super().__init__()``.
     """
 
     config: dict[str, Any]
+
+    def record_config(self, arguments: dict[str, Any]) -> None:
+        """Set ``self.config`` from the constructor's ``arguments`` (its ``locals()`` before any other local is
+        made): ``{"name": <registered name>, "kwargs": <every parameter of type(self)'s constructor>}``.
+
+        The configuration is that of ``type(self)``'s constructor: called from a parent's constructor that a subclass's
+        runs (``super().__init__(...)``), whose ``arguments`` lack some of the subclass's parameters, it records
+        nothing (the subclass records its own after)."""
+        cls = type(self)
+        params = constructor_signature(cls).parameters
+        if not set(params) <= set(arguments):
+            return
+        kwargs: dict[str, Any] = {}
+        for name, p in params.items():
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                raise TypeError(f"{cls.__name__}: a model's configuration is its named constructor arguments; "
+                                f"`{'*' if p.kind is p.VAR_POSITIONAL else '**'}{name}` cannot be recorded")
+            kwargs[name] = _plain(arguments[name])
+        self.config = {"name": registered_name(cls, kwargs), "kwargs": kwargs}
 
     def example_inputs(self, batch_size: int = 2) -> tuple[tuple, dict]:
         """``(args, kwargs)`` of a valid ``forward`` call; drives the registry-wide tests."""
@@ -141,7 +125,8 @@ class HoformerModel(nn.Module, metaclass=_ModelMeta):
         cfg = getattr(self, "config", None)
         if not isinstance(cfg, dict) or "name" not in cfg or "kwargs" not in cfg:
             raise ValueError(f"save_pretrained: {type(self).__name__} has no `config` with 'name' and 'kwargs' "
-                             f"(it is set when the model is constructed; got {cfg!r})")
+                             f"(its constructor records it: call self.record_config(locals()) right after "
+                             f"super().__init__(); got {cfg!r})")
         directory = Path(directory)
         if directory.exists() and not directory.is_dir():
             raise FileExistsError(f"save_pretrained: `directory` must be a directory (or a path that does not exist "

@@ -50,8 +50,8 @@ class HOTCausalForecaster(HoformerModel):
     generated patch is embedded and fed back, ``ceil(pred_len / patch_size)`` patches, cropped to ``pred_len`` steps.
     ``forward(x, pred_len=h)`` generates any horizon ``h`` without retraining. The cache holds no gradients and uses
     eval-mode arithmetic, so it serves eval mode without autograd (validation, test, ``torch.no_grad`` inference);
-    in training mode or with gradients enabled (e.g. ``torch.export`` tracing) each step recomputes the causal forward
-    of the whole prefix instead, with the same outputs.
+    in training mode, with gradients enabled or under ``torch.export`` (whose trace of the per-patch cache updates is
+    several times longer) each step recomputes the causal forward of the whole prefix instead, with the same outputs.
 
     Args:
         seq_len: lookback window (time steps of the input); a multiple of ``patch_size``.
@@ -92,6 +92,7 @@ class HOTCausalForecaster(HoformerModel):
         train_positions: Literal["horizon", "all"] = "horizon",
     ) -> None:
         super().__init__()
+        self.record_config(locals())
         fn = "hot_causal_forecaster"
         _check_attention(attention, fn)
         for name, v in (("seq_len", seq_len), ("pred_len", pred_len), ("num_variates", num_variates)):
@@ -178,7 +179,7 @@ class HOTCausalForecaster(HoformerModel):
         h = self.pred_len if pred_len is None else pred_len
         check_int(fn, "pred_len", h)
         mu, sd = _window_stats(x)
-        cache = not self.training and not torch.is_grad_enabled()
+        cache = not self.training and not torch.is_grad_enabled() and not torch.compiler.is_exporting()
         y = self._generate(self._tokens((x - mu) / sd), math.ceil(h / self.patch_size), cache)[:, :h] * sd + mu
         check_finite_output(y, x, fn)
         return y

@@ -63,6 +63,7 @@ class CNN3DClassifier(_ImageModel):
         norm: Literal["group", "batch"] = "group",
     ) -> None:
         super().__init__()
+        self.record_config(locals())
         fn = self._name
         if norm not in ("group", "batch"):
             raise ValueError(f"{fn}: `norm` must be 'group' or 'batch', got {norm!r}")

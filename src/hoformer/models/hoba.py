@@ -87,6 +87,7 @@ class HOBAClassifier(HoformerModel):
         pad_id: int = 0,
     ) -> None:
         super().__init__()
+        self.record_config(locals())
         for name, v in (("vocab_size", vocab_size), ("num_classes", num_classes), ("max_len", max_len)):
             check_int("hoba_classifier", name, v)
         if attention not in TEXT_ATTENTIONS:
@@ -120,7 +121,7 @@ class HOBAClassifier(HoformerModel):
         if ids.shape[1] > self.max_len:
             raise ValueError(f"hoba_classifier: sequence length {ids.shape[1]} exceeds max_len={self.max_len}")
         if ids.numel():
-            lo, hi = torch.aminmax(ids)
+            lo, hi = ids.min(), ids.max()  # min / max: ONNX has no translation of aminmax over all dims
             check_values((lo >= 0) & (hi < self.vocab_size), f"hoba_classifier: token ids must lie in [0, vocab_size="
                          f"{self.vocab_size}){{detail}} (tokenizer and model vocabularies differ?)",
                          lambda: f", got ids in [{int(lo)}, {int(hi)}]")

@@ -16,7 +16,6 @@ Axis legend: ``b`` batch, ``c`` variates / channels, ``t`` time patches, ``n1..n
 from __future__ import annotations
 
 import inspect
-import types
 from typing import Any, Literal, Sequence
 
 import torch
@@ -273,6 +272,7 @@ class HOTForecaster(HoformerModel):
         mlp_bias: bool = True,
     ) -> None:
         super().__init__()
+        self.record_config(locals())
         fn = "hot_forecaster"
         _check_attention(attention, fn, FORECAST_ATTENTIONS)
         attn_kw = _attention_kwargs(fn, attention, locals())
@@ -344,8 +344,8 @@ class _ImageModel(HoformerModel):
 class _PatchGridModel(_ImageModel):
     """Shared backbone of the image-like HOT models: ``(B, C_in, *input_size)`` -> conv patch embedding (ReLU) ->
     ``k``-mode grid of patches ``(B, n1..nk, dim)`` -> optional positional encoding -> ``depth`` blocks -> the
-    subclass's head (:meth:`_head`). One typed constructor serves both models; the segmenter's is a copy with its own
-    defaults (:func:`_with_defaults`)."""
+    subclass's head (:meth:`_head`). The volume classifier takes this constructor; the segmenter's has its own
+    defaults."""
 
     _ndim = 0
 
@@ -374,6 +374,7 @@ class _PatchGridModel(_ImageModel):
         mlp: MlpKind = "gelu",
     ) -> None:
         super().__init__()
+        self.record_config(locals())
         fn, ndim = self._name, self._ndim
         _check_attention(attention, fn)
         attn_kw = _attention_kwargs(fn, attention, locals())
@@ -396,21 +397,6 @@ class _PatchGridModel(_ImageModel):
         if self.pos is not None:
             z = self.pos(z)
         return self.encoder(z, masks=masks)
-
-
-def _with_defaults(init, qualname: str, **defaults):
-    """A copy of the constructor ``init`` (every parameter with a default, none keyword-only) in which the
-    parameters named in ``defaults`` default to those values: the same parameters, order, annotations and code."""
-    params = list(inspect.signature(init).parameters.values())[1:]  # without self
-    unknown = sorted(set(defaults) - {p.name for p in params})
-    if unknown or init.__kwdefaults__ or any(p.default is p.empty for p in params):
-        raise TypeError(f"_with_defaults: {init.__qualname__} must have defaults for every parameter and take "
-                        f"{unknown}")
-    values = tuple(defaults.get(p.name, p.default) for p in params)
-    new = types.FunctionType(init.__code__, init.__globals__, init.__name__, values, init.__closure__)
-    new.__annotations__, new.__doc__, new.__module__ = dict(init.__annotations__), init.__doc__, init.__module__
-    new.__qualname__ = qualname
-    return new
 
 
 @_documented(_GRID_DOC, _KNOBS_DOC)
@@ -459,8 +445,35 @@ class HOTSegmenter(_PatchGridModel):
     """
 
     _name, _legend, _ndim = "hot_segmenter", "(B, C_in, H, W)", 2
-    __init__ = _with_defaults(_PatchGridModel.__init__, "HOTSegmenter.__init__", in_channels=7, input_size=264,
-                              num_classes=17, patch_size=8)
+
+    def __init__(
+        self,
+        in_channels: int = 7,
+        input_size: int | Sequence[int] = 264,
+        num_classes: int = 17,
+        attention: AttentionName = "kronecker_product",
+        dim: int = 128,
+        depth: int = 6,
+        num_heads: int = 8,
+        patch_size: int = 8,
+        mlp_ratio: float = 4.0,
+        dropout: float = 0.1,
+        drop_path: float = 0.0,
+        pos_embed: PosEmbed = "rope",
+        qk_norm: bool = True,
+        qk_bias: bool = False,
+        qkv_bias: bool = True,
+        attn_dropout: float | None = None,
+        rope_theta: float = 10000.0,
+        num_features: int | None = None,
+        redraw_interval: int = 0,
+        kronecker_pool: KroneckerPool = "sum",
+        mlp: MlpKind = "gelu",
+    ) -> None:
+        args = dict(locals())
+        del args["self"], args["__class__"]
+        super().__init__(**args)
+        self.record_config(locals())
 
     def _head(self, dim: int, num_classes: int, patch_size: int) -> nn.Module:
         return nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, patch_size**2 * num_classes))

@@ -75,8 +75,20 @@ def _device(map_location) -> torch.device:
     return device
 
 
+def _check_finite(state: dict[str, torch.Tensor], path: Path) -> None:
+    """Refuse weights holding NaN or infinity, naming the file, the first such tensor and how many there are."""
+    bad = [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        v = state[bad[0]]
+        nan, inf = int(torch.isnan(v).sum()), int(torch.isinf(v).sum())
+        more = f" (and {len(bad) - 1} more tensors: {bad[1:4]})" if len(bad) > 1 else ""
+        raise ValueError(f"from_pretrained: {path} holds non-finite weights: tensor {bad[0]!r} {tuple(v.shape)} has "
+                         f"{nan} NaN and {inf} infinite values{more}; expected finite numbers (the model would output "
+                         f"NaN). Was it saved from a diverged run? Pass allow_nonfinite=True to load it anyway.")
+
+
 def from_pretrained(directory: str | os.PathLike, *, map_location: str | torch.device = "cpu", strict: bool = True,
-                    trust_edited_config: bool = False) -> HoformerModel:
+                    trust_edited_config: bool = False, allow_nonfinite: bool = False) -> HoformerModel:
     """Rebuild a model saved by :meth:`HoformerModel.save_pretrained` (safetensors, no unpickling).
 
     The model is built directly on ``map_location`` (a device string or :class:`torch.device` of this machine),
@@ -87,6 +99,9 @@ def from_pretrained(directory: str | os.PathLike, *, map_location: str | torch.d
     example ``attention`` product -> sum, which still fits the weights' shapes but is another model) is refused.
     ``trust_edited_config=True`` loads it anyway (with a warning), for a deliberate edit. Directories written before
     the digest existed load without the check.
+
+    A weight holding NaN or infinity (a diverged run, a damaged file) is refused, naming the file and the tensor:
+    the model would output NaN for every input. ``allow_nonfinite=True`` loads it anyway (to inspect it).
     """
     from safetensors import safe_open
 
@@ -112,6 +127,8 @@ def from_pretrained(directory: str | os.PathLike, *, map_location: str | torch.d
             state = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:  # safetensors raises its own error types
         raise ValueError(f"from_pretrained: cannot read weights {w_path}: {e}") from e
+    if not allow_nonfinite:
+        _check_finite(state, w_path)
     cfg_id, w_id = cfg.get(SAVE_ID_KEY), meta.get(SAVE_ID_KEY)
     if (cfg_id is not None or w_id is not None) and cfg_id != w_id:
         raise ValueError(

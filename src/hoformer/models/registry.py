@@ -3,8 +3,8 @@
 A registered model is a :class:`~hoformer.models.base.HoformerModel` subclass plus preset constructor arguments (as
 :data:`hoformer.layers.ATTENTION_TYPES` pairs a layer class with its arguments): ``hot_forecaster`` is
 ``HOTForecaster`` with no preset, ``traffic_hot`` is ``TrafficTransformer`` with ``layout="kronecker"``.
-``create_model(name, **kwargs)`` calls ``cls(**preset, **kwargs)``; the model records its own configuration when it
-is constructed (:mod:`hoformer.models.base`), named ``name``.
+``create_model(name, **kwargs)`` calls ``cls(**preset, **kwargs)``; the model's constructor records its
+configuration (``self.record_config(locals())``, :mod:`hoformer.models.base`), named ``name``.
 """
 from __future__ import annotations
 
@@ -95,6 +95,9 @@ def create_model(name: str, **kwargs: Any) -> HoformerModel:
         raise ValueError(f"create_model: {name!r} is {cls.__name__} with {preset}; it cannot take {clash} "
                          f"(build {cls.__module__}.{cls.__name__} directly for other values)")
     model = cls(**{**preset, **kwargs})
+    if not isinstance(getattr(model, "config", None), dict):
+        raise TypeError(f"create_model: {cls.__name__} recorded no configuration: its __init__ must call "
+                        f"self.record_config(locals()) right after super().__init__()")
     model.config["name"] = name
     return model
 

@@ -53,6 +53,7 @@ class TrafficModel(HoformerModel):
     def __init__(self, num_nodes: int = 207, window: int = 12, horizon: int = 12, in_channels: int = 1,
                  out_channels: int | None = None) -> None:
         super().__init__()
+        self.record_config(locals())
         for name, v in (("num_nodes", num_nodes), ("window", window), ("horizon", horizon),
                         ("in_channels", in_channels)):
             check_int(type(self).__name__, name, v)
@@ -129,6 +130,7 @@ class Weaver(TrafficModel):
                  kern_layers: int = 3, kernel: Literal["tanimoto", "cosine", "sdpa"] = "tanimoto",
                  mlp_expansion: int = 2) -> None:
         super().__init__(num_nodes, window, horizon, in_channels, out_channels)
+        self.record_config(locals())
         self.input = WeaverInput(num_nodes, window, in_channels, dim, num_landmarks, dict_width, dropout,
                                  use_dictionary)
         self.attention = KroneckerValenceAttention(num_nodes, dim, num_heads, kernel, num_scorers, ratio_space,
@@ -191,6 +193,7 @@ class TrafficTransformer(TrafficModel):
                  in_channels: int = 1, out_channels: int | None = None, dim: int = 64, num_heads: int = 4,
                  mlp_ratio: float = 2.0, dropout: float = 0.1, use_time: bool = True) -> None:
         super().__init__(num_nodes, window, horizon, in_channels, out_channels)
+        self.record_config(locals())
         if not isinstance(layout, str) or layout not in TRAFFIC_LAYOUTS:
             raise ValueError(f"TrafficTransformer: `layout` must be one of {sorted(TRAFFIC_LAYOUTS)}, got {layout!r}")
         check_int("TrafficTransformer", "num_layers", num_layers)
@@ -236,6 +239,7 @@ class _CopyBaseline(TrafficModel):
     def __init__(self, num_nodes: int = 207, window: int = 12, horizon: int = 12, in_channels: int = 1,
                  out_channels: int | None = None) -> None:
         super().__init__(num_nodes, window, horizon, in_channels, out_channels)
+        self.record_config(locals())
         if self.out_channels != self.in_channels:
             raise ValueError(f"{type(self).__name__}: forecasts its input channels, so `out_channels` must equal "
                              f"in_channels={self.in_channels} (or be None), got {out_channels!r}")
