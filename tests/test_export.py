@@ -13,7 +13,7 @@ import torch
 from hoformer.export import ExportError, export_model, export_program, verify_export
 from hoformer.functional import kron_apply, kron_sum_apply, triplet_attention, triplet_windows
 from hoformer.functional._ops import EXPORT_DECOMPOSITIONS, _window_shape
-from hoformer.models import list_models
+from hoformer.models import create_model, list_models
 
 from _small import SMALL, small_model
 
