@@ -36,11 +36,25 @@ class _CheckOnce:
 
     _modes_ok: frozenset = frozenset()
 
-    def _check_input(self, x, masks, fn: str):  # pragma: no cover - every layer defines it
-        raise NotImplementedError
+    def _weight(self) -> torch.Tensor:
+        """The projection weight whose dtype an input must have (outside autocast)."""
+        return self.to_qkv.weight
 
-    def _check_mode_args(self, nm: int, where: str, fn: str) -> None:  # pragma: no cover - every layer defines it
-        raise NotImplementedError
+    def _input_modes(self) -> int | None:
+        """The number of modes an input must have (``None``: any)."""
+        return self.num_modes
+
+    def _check_input(self, x, masks, fn: str):
+        """The per-call checks of ``x`` (width, modes, dtype) and ``masks``; returns the checked masks."""
+        weight = self._weight()
+        _check_x(x, self.dim, fn, self._input_modes(), weight.dtype)
+        self._check_modes(x.ndim - 2, fn, tuple(x.shape))
+        return _check_masks(masks, tuple(x.shape[1:-1]), fn, x.shape[0], self.heads)
+
+    def _check_mode_args(self, nm: int, where: str, fn: str) -> None:
+        """The constant arguments against ``nm`` modes: ``rope_modes`` and ``causal_mode`` in range."""
+        _check_rope_modes(self.rope_modes, nm, fn)
+        _check_causal_range(self.causal_mode, nm, where, fn)
 
     def _entry(self, x, masks):
         """The checked masks of a public call: ``masks.masks`` if they come checked, else :meth:`_check_input`."""

@@ -20,11 +20,7 @@ from ._common import (
     _CheckOnce,
     _causal_masks,
     _check_causal_mode,
-    _check_causal_range,
     _check_layer_args,
-    _check_masks,
-    _check_rope_modes,
-    _check_x,
     _mode_tuple,
 )
 from .decoding import DecodingCache, _Decoder, _step_entry
@@ -97,15 +93,6 @@ class FullAttention(_CheckOnce, _Decoder, _QKV):
         self.causal_mode = _check_causal_mode(causal_mode, num_modes, "FullAttention")
         if num_modes is not None:
             self._check_modes(num_modes, "FullAttention")
-
-    def _check_input(self, x, masks, fn: str):
-        _check_x(x, self.dim, fn, self.num_modes, self.to_qkv.weight.dtype)
-        self._check_modes(x.ndim - 2, fn, tuple(x.shape))
-        return _check_masks(masks, tuple(x.shape[1:-1]), fn, x.shape[0], self.heads)
-
-    def _check_mode_args(self, nm: int, where: str, fn: str) -> None:
-        _check_rope_modes(self.rope_modes, nm, fn)
-        _check_causal_range(self.causal_mode, nm, where, fn)
 
     def forward(self, x, masks=None):
         given, masks = masks, self._entry(x, masks)
@@ -219,16 +206,13 @@ class AxialAttention(_CheckOnce, _Decoder, _QKV):
         self._ensure(nm)
         return tuple(range(nm)) if self.modes is None else self.modes
 
-    def _check_input(self, x, masks, fn: str):
-        _check_x(x, self.dim, fn, self.num_modes if self.combine == "sequential" else None, self.to_qkv.weight.dtype)
-        self._check_modes(x.ndim - 2, fn, tuple(x.shape))
-        return _check_masks(masks, tuple(x.shape[1:-1]), fn, x.shape[0], self.heads)
+    def _input_modes(self) -> int | None:
+        return self.num_modes if self.combine == "sequential" else None
 
     def _check_mode_args(self, nm: int, where: str, fn: str) -> None:
         if self.modes is not None and max(self.modes) >= nm:
             raise ValueError(f"{fn}: `modes`={self.modes} but {where} has only {nm} modes")
-        _check_rope_modes(self.rope_modes, nm, fn)
-        _check_causal_range(self.causal_mode, nm, where, fn)
+        super()._check_mode_args(nm, where, fn)
 
     def forward(self, x, masks=None):
         given, masks = masks, self._entry(x, masks)
@@ -317,14 +301,15 @@ class DividedAttention(_CheckOnce, _Decoder, nn.Module):
         if num_modes is not None:
             self._check_modes(num_modes, "DividedAttention")
 
-    def _check_input(self, x, masks, fn: str):
-        _check_x(x, self.dim, fn, self.num_modes, self.first.to_qkv.weight.dtype)
-        self._check_modes(x.ndim - 2, fn, tuple(x.shape))
-        return _check_masks(masks, tuple(x.shape[1:-1]), fn, x.shape[0], self.first.heads)
+    @property
+    def heads(self) -> int:
+        return self.first.heads
+
+    def _weight(self) -> torch.Tensor:
+        return self.first.to_qkv.weight
 
     def _check_mode_args(self, nm: int, where: str, fn: str) -> None:
-        _check_rope_modes(self.rope_modes, nm, fn)
-        _check_causal_range(self.causal_mode, nm, where, fn)
+        super()._check_mode_args(nm, where, fn)
         if self.first_mode >= nm:
             raise ValueError(f"{fn}: first_mode={self.first_mode} but {where} has only {nm} modes")
 

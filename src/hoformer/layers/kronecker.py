@@ -21,11 +21,7 @@ from hoformer.functional.scores import _SCORE_KERNELS
 from ._common import (
     _CheckOnce,
     _check_causal_mode,
-    _check_causal_range,
     _check_layer_args,
-    _check_masks,
-    _check_rope_modes,
-    _check_x,
     _mode_tuple,
 )
 from .decoding import DecodingCache, _Decoder, _step_entry
@@ -384,14 +380,8 @@ class KroneckerAttention(_CheckOnce, _Decoder, RecordableAttention):
         cache.advance()
         return self.to_out(y.to(x.dtype).movedim(1, -2).reshape(b, 1, *rest, -1)).movedim(1, 1 + c)
 
-    def _check_input(self, x, masks, fn: str):
-        _check_x(x, self.dim, fn, self.num_modes, self.to_v.weight.dtype)
-        self._check_modes(x.ndim - 2, fn, tuple(x.shape))
-        return _check_masks(masks, tuple(x.shape[1:-1]), fn, x.shape[0], self.heads)
-
-    def _check_mode_args(self, nm: int, where: str, fn: str) -> None:
-        _check_rope_modes(self.rope_modes, nm, fn)
-        _check_causal_range(self.causal_mode, nm, where, fn)
+    def _weight(self) -> torch.Tensor:
+        return self.to_v.weight
 
     def forward(self, x: torch.Tensor, masks=None) -> torch.Tensor:
         given, masks = masks, self._entry(x, masks)
