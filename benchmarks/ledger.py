@@ -500,6 +500,7 @@ def _weather_paper(rs: list[dict]) -> str:
 
 
 TABLES = {  # the name in `<!-- ledger:NAME -->` -> how the ledger renders it
+    "hot/precision": lambda rows: table_runs(rows, experiment=lambda e: e.endswith(("+fp32", "+bf16"))),
     "results/overview": lambda rows: table_summary(rows),
     "results/readme": lambda rows: table_summary(rows, prefix="docs/"),
     "hot/summary": table_hot_summary,
