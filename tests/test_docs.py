@@ -228,6 +228,7 @@ def _parses(argv: list[str], monkeypatch) -> str | None:
                 m.setattr(sys, "argv", [str(path), *argv[2:]])
                 spec = importlib.util.spec_from_file_location(f"_documented_{path.stem}", path)
                 module = importlib.util.module_from_spec(spec)
+                m.setitem(sys.modules, spec.name, module)  # as `python script.py` has it (dataclasses look it up)
                 spec.loader.exec_module(module)
                 module.main()
         except _Parsed:

@@ -74,7 +74,8 @@ def check_finite_output(y: torch.Tensor, x: torch.Tensor, fn: str, arg: str = "x
     its input ``x`` is: finite values too large for the dtype's arithmetic (e.g. ``x * 1e30`` in float32, whose
     squares overflow in a norm or a softmax) otherwise give an all-NaN output without a word.
 
-    Made on the CPU only, where reading the answer costs no device synchronisation (one pass over ``y``, its minimum
+    Raised only when the input is large enough to be the cause (its magnitude's fourth power exceeds the dtype's
+    range: ~4e9 in float32). Made on the CPU only, where reading the answer costs no device synchronisation (one pass over ``y``, its minimum
     and maximum, and over ``x`` only when ``y`` is not finite); skipped on accelerators, where it would stall every call (or, as an
     asynchronous assert, end the process), and while ``torch.compile`` traces. Training runs are covered on any device
     by the trainer's non-finite guard, which names the first module whose output went non-finite."""
@@ -85,6 +86,8 @@ def check_finite_output(y: torch.Tensor, x: torch.Tensor, fn: str, arg: str = "x
     if not bool(torch.isfinite(x).all()):
         return
     big = x.detach().abs().amax().item()
+    if big < torch.finfo(x.dtype).max ** 0.25:  # too small for a product of its values to overflow: the input is not
+        return  # the cause (non-finite weights are; the trainer's guard names the module during training)
     raise FloatingPointError(
         f"{fn}: the output is not finite (NaN / inf) although the input `{arg}` is finite: its largest magnitude "
         f"{big:.3g} overflows {x.dtype} arithmetic inside (squares and exponentials of values this large exceed "

@@ -170,11 +170,18 @@ def check_checkpoint_data(saved: dict | None, datamodule, *, where: str = "check
     current = data_signature(datamodule) if saved is not None else None
     if saved is None or current is None:
         return
+    import warnings
+
     from hoformer.data import check_data_signature
 
-    try:
-        check_data_signature(saved, current, allow_mismatch=allow_mismatch, override=override)
-    except ValueError as e:
-        raise CheckpointError(f"{where} was trained on other data than this run's {type(datamodule).__name__}: {e}. "
-                         f"Use the data the checkpoint was trained on, or, to evaluate it on these data anyway, "
-                         f"{override}") from e
+    with warnings.catch_warnings():  # the differences only; the message below names the checkpoint and the override
+        warnings.simplefilter("ignore")
+        diffs = check_data_signature(saved, current, allow_mismatch=True)
+    if not diffs:
+        return
+    msg = f"{where} was trained on other data than this run's {type(datamodule).__name__} ({'; '.join(diffs)})"
+    if allow_mismatch:
+        warnings.warn(f"{msg}: the data differ; used anyway, as asked", stacklevel=2)
+        return
+    raise CheckpointError(f"{msg}. Use the data the checkpoint was trained on, or, to evaluate it on these data "
+                          f"anyway, {override}")
