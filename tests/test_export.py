@@ -210,32 +210,34 @@ def test_custom_ops_run_under_torch_compile_and_core_ops_under_torch_export():
     torch.testing.assert_close(ep.module()(v, *fs), kron_apply(fs, v), rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", FAMILY)
-def test_a_saved_program_loads_in_an_interpreter_without_hoformer(name, tmp_path):
-    """``torch.export.save`` of a plain ``torch.export.export`` program, loaded and run by a fresh Python process that
-    never imports hoformer (checked in ``sys.modules``), gives the eager model's output."""
+def test_a_saved_program_loads_in_an_interpreter_without_hoformer(tmp_path):
+    """``torch.export.save`` of a plain ``torch.export.export`` program of one model per family, loaded and run by a
+    fresh Python process that never imports hoformer (checked in ``sys.modules``), gives the eager model's output."""
     import subprocess
     import sys
 
-    model = _small(name)
-    ep, (args, kwargs) = _plain_export(model)
-    torch.export.save(ep, str(tmp_path / "model.pt2"))
-    torch.save({"args": args, "kwargs": kwargs}, tmp_path / "inputs.pt")
-    with torch.no_grad():
-        torch.save(model(*args, **kwargs), tmp_path / "want.pt")
+    for name in FAMILY:
+        model = _small(name)
+        ep, (args, kwargs) = _plain_export(model)
+        torch.export.save(ep, str(tmp_path / f"{name}.pt2"))
+        with torch.no_grad():
+            want = model(*args, **kwargs)
+        torch.save({"args": args, "kwargs": kwargs, "want": want}, tmp_path / f"{name}.pt")
     script = (
         "import sys, torch\n"
-        "ep = torch.export.load('model.pt2')\n"
-        "inputs = torch.load('inputs.pt')\n"
-        "got = ep.module()(*inputs['args'], **inputs['kwargs'])\n"
+        f"for name in {FAMILY!r}:\n"
+        "    ep = torch.export.load(name + '.pt2')\n"
+        "    io = torch.load(name + '.pt')\n"
+        "    got = ep.module()(*io['args'], **io['kwargs'])\n"
+        "    print(name, (got - io['want']).abs().max().item())\n"
         "assert not [m for m in sys.modules if m.split('.')[0] == 'hoformer'], 'hoformer was imported'\n"
-        "print((got - torch.load('want.pt')).abs().max().item())\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert float(done.stdout.strip().splitlines()[-1]) <= 1e-5
+    errors = dict(line.split() for line in done.stdout.strip().splitlines())
+    assert sorted(errors) == sorted(FAMILY) and all(float(e) <= 1e-5 for e in errors.values()), errors
 
 
 @needs_onnx
@@ -261,8 +263,8 @@ def test_plain_torch_onnx_export_every_model(name, tmp_path):
 def test_export_prints_its_phases_with_times(tmp_path, capsys):
     """A small causal forecaster (the default one's unrolled generation loop, shortened) to ONNX through
     ``export_model``: one line per phase with its time, and the file equals eager."""
-    model = create_model("hot_causal_forecaster", seq_len=16, pred_len=12, num_variates=3, dim=16, depth=2,
-                         num_heads=2).eval()
+    model = create_model("hot_causal_forecaster", seq_len=16, pred_len=8, num_variates=3, dim=16, depth=1,
+                         num_heads=2, patch_size=4).eval()
     export_model(model, tmp_path / "causal.onnx")
     err = capsys.readouterr().err
     for phase in ("tracing model 'hot_causal_forecaster' (torch.export)", "converting to ONNX", "writing",
