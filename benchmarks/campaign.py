@@ -466,7 +466,7 @@ def estimate_s(exp: Experiment, out: Path, history: list[dict], step_s: dict[str
             epoch, source = same[-1]["wall_s"] / same[-1]["epochs"], "ledger"
     if epoch is None and exp.name in step_s:
         s = step_s[exp.name]
-        epoch, source = s["step_s"] * s["train_batches"] * 1.15, "one-step smoke test (+15% validation)"
+        epoch, source = s["step_s"] * s["train_batches"] * 1.15, "the CPU smoke test (+15% validation)"
     if epoch is None:
         return math.inf, math.inf, "unknown (run --dry-run)"
     if state.fitted:  # only the test is left
@@ -573,6 +573,9 @@ def main(argv: list[str] | None = None) -> int:
         failed = [k for k, v in step_s.items() if not v["ok"]]
         step_s = {k: v for k, v in step_s.items() if v["ok"]}
     est = {e.name: estimate_s(e, a.out, history, step_s) for e in pending}
+    if cuda:  # a CPU step time says nothing of a GPU's: plan in priority order, report the CPU figure as a bound
+        est = {k: (math.inf, math.inf, f"unknown on the GPU; {v[1] / 60:.1f} min per epoch on this CPU")
+               if "CPU smoke test" in v[2] else v for k, v in est.items()}
     slots = pack(pending, est, budget_s, parallel)
     print(f"plan: {len(plan)} experiments, {len(done & {e.name for e in plan})} done, {len(pending)} pending; "
           f"budget {a.budget_min:g} min on {a.device}, {parallel} at once, {threads} thread(s) each")
