@@ -1,4 +1,4 @@
-"""Test helper: a script of ``benchmarks/`` (not a package) imported as a module, once per test session."""
+"""Test helper: a script of ``benchmarks/`` (not a package) imported as a module, once per pytest run."""
 from __future__ import annotations
 
 import importlib.util
