@@ -13,7 +13,6 @@ Output goes to ``runs/<name>`` (the one ``--trainer.default_root_dir`` override 
 from __future__ import annotations
 
 import argparse
-import math
 import shlex
 import sys
 

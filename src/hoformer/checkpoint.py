@@ -1,5 +1,6 @@
 """Reading checkpoints: the one place that opens Lightning checkpoints and ``save_pretrained`` folders (its
-:func:`read_checkpoint` is :func:`hoformer._io.read_checkpoint`, the package's one ``torch.load``), used by the tasks' resumes, the CLI, ``hoformer analyze`` / ``forecast`` / ``export`` and the Python API.
+:func:`read_checkpoint` is :func:`hoformer._io.read_checkpoint`, the package's one ``torch.load``), used by the
+tasks' resumes, the CLI, ``hoformer analyze`` / ``forecast`` / ``export`` and the Python API.
 
 * :func:`read_checkpoint` - ``torch.load(..., weights_only=True)`` always (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` cannot
   turn it off: an explicit ``weights_only=True`` wins over it); a missing, truncated or unreadable file, a device

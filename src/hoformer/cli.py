@@ -28,7 +28,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Sequence
 
 __all__ = ["main", "register_command", "COMMANDS", "HoformerCLI", "demo"]
 
@@ -239,8 +239,8 @@ def demo(argv: list[str]) -> int:
     p.add_argument("--limit-train-batches", type=float, default=1.0)
     p.add_argument("--batch-size", type=int, default=32)
     omp = os.environ.get("OMP_NUM_THREADS", "")
-    p.add_argument("--threads", type=int, default=int(omp) if omp.isdigit() and int(omp) > 0 else min(2, os.cpu_count() or 1),
-                   help="CPU threads (default: OMP_NUM_THREADS when set, else 2)")
+    threads = int(omp) if omp.isdigit() and int(omp) > 0 else min(2, os.cpu_count() or 1)
+    p.add_argument("--threads", type=int, default=threads, help="CPU threads (default: OMP_NUM_THREADS when set, else 2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--download", action="store_true", help="when the data folder lacks the dataset, try the "
                    "checksummed ETT download into $HOFORMER_CACHE (default: nothing is downloaded)")

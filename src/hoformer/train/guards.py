@@ -27,7 +27,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-__all__ = ["EpochSummary", "hold_run_folder", "RunFolderError", "NonFiniteError", "NonFiniteGuard", "CleanStaleTempFiles", "default_callbacks"]
+__all__ = ["EpochSummary", "hold_run_folder", "RunFolderError", "NonFiniteError", "NonFiniteGuard", "CleanStaleTempFiles",
+           "default_callbacks"]
 
 
 # --------------------------------------------------------------------------------------------- non-finite
