@@ -322,10 +322,13 @@ def _env(threads: int) -> dict:
     return env
 
 
+def _accelerator(device: str) -> str:
+    return "--trainer.accelerator=" + ("gpu" if device.startswith("cuda") else "cpu")
+
+
 def fit_command(exp: Experiment, root: Path, device: str, deadline: float, resume: bool) -> list[str]:
-    accel = ["--trainer.accelerator=gpu"] if device.startswith("cuda") else ["--trainer.accelerator=cpu"]
-    cmd = ["fit", *exp.args(), f"--trainer.default_root_dir={root}", "--trainer.enable_progress_bar=false", *accel,
-           "--trainer.callbacks+=hoformer.train.Deadline", f"--trainer.callbacks.at={deadline:.0f}"]
+    cmd = ["fit", *exp.args(), f"--trainer.default_root_dir={root}", "--trainer.enable_progress_bar=false",
+           _accelerator(device), "--trainer.callbacks+=hoformer.train.Deadline", f"--trainer.callbacks.at={deadline:.0f}"]
     if resume:
         cmd += ["--ckpt_path", str(root / "checkpoints" / "last.ckpt")]
     return cmd
@@ -404,7 +407,7 @@ class Campaign:
                 return "paused"
         t1 = time.time()
         test = ["test", *exp.args(), f"--trainer.default_root_dir={root}", "--trainer.enable_progress_bar=false",
-                "--trainer.accelerator=" + ("gpu" if self.device.startswith("cuda") else "cpu"), "--ckpt_path", "best"]
+                _accelerator(self.device), "--ckpt_path", "best"]
         if self._run(test, root / "test.log") != 0:
             self.log(f"  {exp.name}: test failed, see {root / 'test.log'}")
             return "failed"
@@ -607,16 +610,16 @@ def main(argv: list[str] | None = None) -> int:
             with qlock:
                 left = deadline - time.time()
                 nxt = None
-                for e in queue:
-                    total, epoch, _ = estimate_s(e, a.out, history, step_s)
-                    if math.isinf(epoch) or left > 1.5 * epoch:
+                for e in queue:  # the plan's estimates (est): the same rule as pack(), now with the real time left
+                    epoch = est[e.name][1]
+                    if left > 0 and (math.isinf(epoch) or left > 1.5 * epoch):
                         nxt = e
                         break
                 if nxt is None:
                     return
                 queue.remove(nxt)
             print(f"start {nxt.name} ({(deadline - time.time()) / 60:.1f} min left)", flush=True)
-            _, epoch, _ = estimate_s(nxt, a.out, history, step_s)
+            epoch = est[nxt.name][1]
             results[nxt.name] = camp.run(nxt, test_reserve=0 if math.isinf(epoch) else epoch / 2)
 
     threads_ = [threading.Thread(target=worker) for _ in range(parallel)]

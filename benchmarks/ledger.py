@@ -545,7 +545,7 @@ TABLES = {  # the name in `<!-- ledger:NAME -->` -> how the ledger renders it
     "hot/paper_runs": lambda rows: table_runs(rows, scale="paper"),
     "traffic/summary": lambda rows: _md(
         ["dataset", "model", "metric", "paper", "hoformer", "seeds"],
-        [["Los-loop, 30 / 60 min", f"Weaver NT (Tanimoto), 8 epochs", "MAE (mph)", "-",
+        [["Los-loop, 30 / 60 min", "Weaver NT (Tanimoto), 8 epochs", "MAE (mph)", "-",
           "{:.2f} / {:.2f}".format(*_traffic(rows, "weaver_NT")), "3"],
          ["Los-loop, 30 / 60 min", "best baseline (alternating temporal / spatial attention)", "MAE (mph)", "-",
           _best_traffic_baseline(rows), "3"]]),

@@ -17,8 +17,6 @@ FAST: list[str] = []  # Inductor compiles take 30-120 s per model here: `make te
 def _loss(out):
     if isinstance(out, (tuple, list)):
         out = out[0]
-    if out.ndim == 2 and not out.is_floating_point():
-        out = out.float()
     return out.float().pow(2).mean()
 
 

@@ -609,7 +609,6 @@ def test_forecasting_loss_and_original_scale_metrics(tmp_path, loss):
     err = p - y
     want = err.pow(2).mean() if loss == "mse" else err.abs().mean()
     assert res["test/loss"] == pytest.approx(want.item(), rel=1e-5)
-    ds = dm.dataset("test")
     mean, std = torch.from_numpy(dm.scaler.mean), torch.from_numpy(dm.scaler.std)
     err_orig = (p * std + mean) - (y * std + mean)  # by hand: x * std + mean per variate
     assert res["test/mae_orig"] == pytest.approx(err_orig.abs().mean().item(), rel=1e-5)
