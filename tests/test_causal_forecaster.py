@@ -21,6 +21,10 @@ D64 = torch.float64
 SMALL = dict(seq_len=24, pred_len=16, num_variates=3, dim=16, depth=2, num_heads=2, patch_size=4,
              train_positions="all")
 
+#: every shared HOT setting off its default (they reach the causal forecaster through ``HOTModel``)
+KNOBS = dict(qk_bias=True, qkv_bias=False, kronecker_pool="mean", mlp="swiglu", d_mlp=20, mlp_bias=False,
+             rope_theta=500.0, attn_dropout=0.0)
+
 
 def _model(dtype=D64, **kw):
     torch.manual_seed(0)
@@ -45,12 +49,14 @@ def _count_steps(model, monkeypatch) -> list:
 
 
 # ------------------------------------------------------------------------------------------- generation
-@pytest.mark.parametrize("attention", ["kronecker_product", "kronecker_sum", "kronecker_linear", "full", "axial",
-                                       "axial_sequential", "divided"])
-def test_cached_generation_equals_recomputing_the_causal_forward(attention, monkeypatch):
+@pytest.mark.parametrize("attention,knobs", [
+    *((a, {}) for a in ["kronecker_product", "kronecker_sum", "kronecker_linear", "full", "axial",
+                        "axial_sequential", "divided"]),
+    ("kronecker_product", KNOBS)], ids=lambda v: v if isinstance(v, str) else ("shared-settings" if v else ""))
+def test_cached_generation_equals_recomputing_the_causal_forward(attention, knobs, monkeypatch):
     """Inference (eval, no_grad) decodes with the encoder cache; with gradients it recomputes the causal forward of
     the whole prefix at every step. Both generate the same forecast (float64, 1e-10)."""
-    model = _model(attention=attention)
+    model = _model(attention=attention, **knobs)
     x = _x()
     calls = _count_steps(model, monkeypatch)
     with torch.no_grad():
@@ -113,11 +119,12 @@ def test_teacher_forced_on_horizon_positions_only():
         create_model("hot_causal_forecaster", train_positions="lookback")
 
 
-def test_teacher_forced_is_causal():
+@pytest.mark.parametrize("knobs", [{}, KNOBS], ids=["defaults", "shared-settings"])
+def test_teacher_forced_is_causal(knobs):
     """The prediction of patch ``i + 1`` depends on the window's steps up to the end of patch ``i`` only: its gradient
     with respect to every later step is exactly zero (the window's scale is a constant of the lookback, detached as
     at inference), and perturbing the target after step ``j`` leaves every prediction made before ``j`` as it was."""
-    model = _model()
+    model = _model(**knobs)
     x, y = _x().requires_grad_(), _x(seq_len=16, seed=2).requires_grad_()
     pred, _ = model.teacher_forced(x, y)
     p, n_pos = 4, pred.shape[1] // 4

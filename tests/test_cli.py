@@ -260,8 +260,8 @@ def test_help_and_errors_say_what_to_do(capsys):
 
 
 @pytest.mark.parametrize("config,model,first", [
-    ("hot/ltsf/etth1_96_96_hot_product.yaml", "HOTForecaster", "seq_len, pred_len, num_variates, attention, dim"),
-    ("hot/medmnist3d/adrenal_hot_sum.yaml", "HOTVolumeClassifier", "in_channels, input_size, num_classes, attention"),
+    ("hot/ltsf/etth1_96_96_hot_product.yaml", "HOTForecaster", "seq_len, pred_len, num_variates, attention, pool"),
+    ("hot/medmnist3d/adrenal_hot_sum.yaml", "HOTVolumeClassifier", "in_channels, input_size, num_classes, depth, pos_embed"),
     ("weaver/los_loop_cpu.yaml", "Weaver", "num_nodes, window, horizon, in_channels, out_channels, dim"),
     ("hoba/cpu_trec_hoba.yaml", "HOBAClassifier", "vocab_size, num_classes, max_len, dim"),
 ], ids=["hot-ltsf", "hot-medmnist3d", "weaver", "hoba"])
@@ -517,7 +517,8 @@ def test_ckpt_path_best_falls_back_to_the_newest_best_checkpoint(tmp_path):
 #: sha256[:16] of each committed config's effective configuration (trainer.callbacks as a multiset). Checked against
 #: the resolution of the configs when the shared callbacks were still repeated in ltsf_cpu.yaml / weaver/paper.yaml:
 #: the same configuration except the arguments added since at their neutral defaults (optim.warmup_ratio 0,
-#: optim.fused None, select_on val/auc, data on_device False) and the HOBA configs' warm-up given as warmup_ratio 0.1
+#: optim.fused None, select_on val/auc, data on_device False, the HOT models' shared d_mlp / mlp_bias and, on the causal
+#: forecaster, the attention settings) and the HOBA configs' warm-up given as warmup_ratio 0.1
 #: instead of the step count it was computed from (10 % of the run's optimiser steps). A changed digest means a
 #: committed run changes.
 RESOLVED_DIGESTS = {
@@ -540,12 +541,12 @@ RESOLVED_DIGESTS = {
     "configs/hot/ltsf_cpu/etth1_96_720_joint.yaml": "525be636df4b5c19",
     "configs/hot/ltsf_cpu/etth1_96_720_official.yaml": "df9b0def77d11bfc",
     "configs/hot/ltsf_cpu/etth1_96_96_hot_product.yaml": "a1ad78c301b85f62",
-    "configs/hot/ltsf_cpu/etth1_96_causal.yaml": "088c137f50ff17c4",
-    "configs/hot/medmnist3d.yaml": "8598aee1caea6136",
+    "configs/hot/ltsf_cpu/etth1_96_causal.yaml": "e5bf96f4c8c6b86d",
+    "configs/hot/medmnist3d.yaml": "c72516612181fa64",
     "configs/hot/medmnist3d/adrenal_cnn3d.yaml": "621be2ba0abfb924",
-    "configs/hot/medmnist3d/adrenal_hot_product.yaml": "8598aee1caea6136",
-    "configs/hot/medmnist3d/adrenal_hot_sum.yaml": "6c1585c62337983d",
-    "configs/hot/ssl4eo_l.yaml": "a25764096cbfc595",
+    "configs/hot/medmnist3d/adrenal_hot_product.yaml": "c72516612181fa64",
+    "configs/hot/medmnist3d/adrenal_hot_sum.yaml": "751714f12ba0d791",
+    "configs/hot/ssl4eo_l.yaml": "c973fab0f4833224",
     "configs/weaver/los_loop_cpu.yaml": "378d181205532064",
     "configs/weaver/los_loop_cpu_weaver_nt.yaml": "6b911a1bebdd14ed",
     "configs/weaver/los_loop_t.yaml": "44c05e2a7dc21f29",

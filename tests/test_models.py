@@ -150,8 +150,10 @@ def test_direct_construction_records_the_same_config_as_create_model():
     direct = HOTForecaster(dim=16, num_heads=2)
     assert direct.config == create_model("hot_forecaster", dim=16, num_heads=2).config
     assert direct.config["kwargs"]["seq_len"] == 96 and direct.config["kwargs"]["pool"] == "flatten"
-    pos = HOTForecaster(48, 24, 3, "kronecker_sum", 16, num_heads=2)  # positional arguments bind by name
+    pos = HOTForecaster(48, 24, 3, "kronecker_sum", dim=16, num_heads=2)  # positional arguments bind by name
     assert pos.config["kwargs"]["seq_len"] == 48 and pos.config["kwargs"]["attention"] == "kronecker_sum"
+    with pytest.raises(TypeError, match="positional"):  # the options are keyword-only
+        HOTForecaster(48, 24, 3, "kronecker_sum", 16)
     assert TrafficTransformer(layout="kronecker", num_nodes=5).config == create_model("traffic_hot", num_nodes=5).config
     assert TrafficTransformer(layout="alternating").config["name"] == "traffic_alternating"
     odd = TrafficTransformer(layout="temporal", num_nodes=5)  # a layout no registered name fixes: the class path
@@ -240,15 +242,94 @@ def test_model_constructors_are_typed_and_documented():
     assert set(typing.get_args(AttentionName)) == set(ATTENTION_TYPES)
     assert set(typing.get_args(ForecastAttentionName)) == set(ATTENTION_TYPES) | set(FORECAST_ATTENTIONS)
     for name, (cls, _) in _REGISTRY.items():
-        hints = typing.get_type_hints(cls.__init__)
+        hints = {}  # a forwarded argument is typed where it is declared (hot.HOTModel for the HOT models)
+        for klass in reversed(cls.__mro__):
+            if "__init__" in vars(klass) and issubclass(klass, HoformerModel):
+                hints.update(typing.get_type_hints(klass.__init__))
         doc = inspect.getdoc(cls) or ""
         assert "Args:" in doc, f"{cls.__name__}: docstring without an Args: section"
         for p in constructor_signature(cls).parameters.values():
-            assert p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY), f"{cls.__name__}: *args / **kwargs"
+            assert p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY), f"{cls.__name__}: *args / unresolved **kwargs"
             assert p.name in hints, f"{cls.__name__}.{p.name} has no type annotation"
             # alone, or in a group of arguments described together (``num_nodes, window: ...``)
             assert re.search(rf"^\s+(\w+, )*{p.name}(, \w+)*:", doc, re.M), \
                 f"{cls.__name__}: `{p.name}` not documented under Args"
+
+
+def test_hot_models_declare_their_shared_arguments_once():
+    """The HOT models take :class:`~hoformer.models.hot.HOTModel`'s arguments through ``**kwargs``: each has all of
+    them (resolved, in ``config`` and in jsonargparse's help), names one itself only to change its default or type,
+    and a value off the default reaches the encoder."""
+    import typing
+
+    from hoformer.models.base import constructor_signature
+    from hoformer.models.hot import HOTModel
+    from hoformer.models.registry import _REGISTRY
+
+    shared = constructor_signature(HOTModel).parameters
+    hot = sorted(name for name, (cls, _) in _REGISTRY.items() if issubclass(cls, HOTModel))
+    assert hot == ["hot_causal_forecaster", "hot_forecaster", "hot_forecaster_official", "hot_segmenter",
+                   "hot_volume_classifier"]
+    for name in hot:
+        cls = _REGISTRY[name].cls
+        assert set(shared) <= set(constructor_signature(cls).parameters), name
+        for klass in cls.__mro__[:cls.__mro__.index(HOTModel)]:
+            if "__init__" not in vars(klass):
+                continue
+            hints = typing.get_type_hints(klass.__init__)
+            for p in list(inspect.signature(klass.__init__).parameters.values())[1:]:
+                if p.name in shared:  # re-declared: with another default or a wider type
+                    assert (p.default != shared[p.name].default
+                            or hints[p.name] != typing.get_type_hints(HOTModel.__init__)[p.name]), \
+                        f"{klass.__name__} repeats HOTModel's `{p.name}`"
+    sizes = {"hot_segmenter": dict(input_size=16), "hot_volume_classifier": dict(input_size=8)}
+    off = dict(dim=16, num_heads=2, depth=1, d_mlp=12, mlp_bias=False, kronecker_pool="mean", qk_bias=True,
+               rope_theta=100.0, drop_path=0.0)
+    for name in hot:
+        model = create_model(name, **sizes.get(name, {}), **off)
+        assert {k: model.config["kwargs"][k] for k in off} == off
+        assert len(model.encoder.blocks) == 1
+        attn, mlp = model.encoder.blocks[0].attn, model.encoder.blocks[0].mlp
+        first = next(m for m in mlp.modules() if isinstance(m, torch.nn.Linear))
+        assert (first.in_features, first.bias) == (16, None) and first.out_features in (12, 24), name  # SwiGLU: 2x
+        assert (attn.pool, attn.qk_bias) == ("mean", True), name
+
+
+def test_constructor_signature_resolves_forwarded_kwargs(registry):
+    """A ``**kwargs`` forwarded to the parent's constructor stands for the parent's arguments the child does not name,
+    with the nearest default; the configuration records them; a ``**kwargs`` forwarded to nothing is refused."""
+    from hoformer.models.base import constructor_signature
+
+    class Base(HoformerModel):
+        def __init__(self, *, width: int = 4, depth: int = 2) -> None:
+            super().__init__()
+            self.width, self.depth = width, depth
+
+    class Mid(Base):
+        def __init__(self, channels: int = 1, depth: int = 6, **kwargs) -> None:
+            super().__init__(depth=depth, **kwargs)
+            self.record_config(locals())
+
+    class Leaf(Mid):
+        def __init__(self, channels: int = 3, **kwargs) -> None:
+            super().__init__(channels=channels, **kwargs)
+            self.record_config(locals())
+
+    sig = constructor_signature(Leaf)
+    assert [(p.name, p.default, p.kind.name) for p in sig.parameters.values()] == [
+        ("channels", 3, "POSITIONAL_OR_KEYWORD"), ("depth", 6, "KEYWORD_ONLY"), ("width", 4, "KEYWORD_ONLY")]
+    leaf = Leaf(width=8)
+    assert leaf.config["kwargs"] == {"channels": 3, "depth": 6, "width": 8} and (leaf.depth, leaf.width) == (6, 8)
+    assert Mid(depth=1).config["kwargs"] == {"channels": 1, "depth": 1, "width": 4}
+
+    class Loose(HoformerModel):
+        def __init__(self, width: int = 4, **kwargs) -> None:
+            super().__init__()
+            self.record_config(locals())
+
+    assert "kwargs" in constructor_signature(Loose).parameters
+    with pytest.raises(TypeError, match=r"Loose: .*`\*\*kwargs` cannot be recorded"):
+        Loose()
 
 
 def test_jsonargparse_builds_models_from_class_path():
@@ -404,6 +485,9 @@ def test_from_pretrained_mismatched_config_and_corrupt_files(tmp_path):
 
 def _set_default(monkeypatch, fn, param, value):
     """Simulate a later release changing the default of ``param`` of function ``fn``."""
+    if param in (fn.__kwdefaults__ or {}):  # keyword-only
+        monkeypatch.setattr(fn, "__kwdefaults__", {**fn.__kwdefaults__, param: value})
+        return
     names = fn.__code__.co_varnames[: fn.__code__.co_argcount]
     defaults = list(fn.__defaults__)
     defaults[names.index(param) - (len(names) - len(defaults))] = value
@@ -411,17 +495,20 @@ def _set_default(monkeypatch, fn, param, value):
 
 
 def test_config_records_fully_bound_constructor_arguments():
+    from hoformer.models.base import constructor_signature
     from hoformer.models.hot import HOTForecaster
     from hoformer.models.weaver import TrafficTransformer
 
     kw = create_model("hot_forecaster", dim=32, num_heads=4).config["kwargs"]
     assert kw["dim"] == 32 and kw["depth"] == 2 and kw["dropout"] == 0.1
-    assert set(kw) == set(list(inspect.signature(HOTForecaster.__init__).parameters)[1:])
+    assert set(kw) == set(constructor_signature(HOTForecaster).parameters)
+    assert {"seq_len", "pool", "dim", "kronecker_pool", "d_mlp"} <= set(kw)  # its own and the shared HOTModel ones
     # a preset: the class's arguments, the preset's among them
     kw = create_model("traffic_hot", dim=32, num_heads=4).config["kwargs"]
     assert kw["num_layers"] == 2 and kw["dim"] == 32 and kw["mlp_ratio"] == 2.0 and kw["num_nodes"] == 207
     assert kw["layout"] == "kronecker"
     assert set(kw) == set(list(inspect.signature(TrafficTransformer.__init__).parameters)[1:])
+    assert constructor_signature(TrafficTransformer).parameters == inspect.signature(TrafficTransformer).parameters
     kw = create_model("hoba_classifier", depth=1).config["kwargs"]
     assert kw["depth"] == 1 and kw["vocab_size"] == 8000 and kw["attention"] == "hoba"
     for name in ALL_MODELS:  # rebuilding from the recorded arguments records the same arguments
@@ -430,7 +517,8 @@ def test_config_records_fully_bound_constructor_arguments():
 
 
 @pytest.mark.parametrize("name,kw,patch", [
-    ("hot_forecaster", dict(dim=16, num_heads=2), [("hot", "HOTForecaster.__init__", "depth", 3)]),
+    # a default of the shared HOT arguments, which reach the forecaster through **kwargs
+    ("hot_forecaster", dict(dim=16, num_heads=2), [("hot", "HOTModel.__init__", "depth", 3)]),
     ("traffic_hot", dict(num_nodes=5), [("weaver", "TrafficTransformer.__init__", "dim", 32),
                                          ("weaver", "TrafficTransformer.__init__", "num_layers", 1)]),
 ])

@@ -39,11 +39,11 @@ def _data_attr(attr: str):
 def _class_parameters(path: str):
     """The constructor parameters (``inspect.Parameter`` by name) of the class at the dotted ``class_path``, or None
     when it cannot be imported or inspected (jsonargparse reports that itself)."""
-    import inspect
+    from hoformer.models.base import constructor_signature
 
     mod, _, name = path.rpartition(".")
     try:
-        return inspect.signature(getattr(importlib.import_module(mod), name)).parameters
+        return constructor_signature(getattr(importlib.import_module(mod), name)).parameters
     except (ImportError, AttributeError, ValueError, TypeError):
         return None
 

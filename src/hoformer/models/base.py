@@ -9,8 +9,10 @@ registered) and every constructor argument, defaults applied, as JSON values. Th
 model keeps its architecture when a later release changes a default.
 
 A model records it explicitly: its ``__init__`` calls ``self.record_config(locals())`` right after
-``super().__init__()``, while ``locals()`` holds exactly the arguments. Constructors keep plain signatures (named,
-type-annotated parameters, no ``*args`` / ``**kwargs``), which is what jsonargparse reads.
+``super().__init__(...)``, while ``locals()`` holds exactly the arguments. Constructors keep plain signatures (named,
+type-annotated parameters, no ``*args``), which is what jsonargparse reads. A ``**kwargs`` is the parent's arguments,
+forwarded: ``super().__init__(..., **kwargs)`` (how the HOT models share :class:`~hoformer.models.hot.HOTModel`'s
+encoder settings). jsonargparse resolves such a signature the same way: :func:`constructor_signature`.
 """
 from __future__ import annotations
 
@@ -49,9 +51,39 @@ def _plain(value: Any) -> Any:
 
 
 def constructor_signature(cls: type) -> inspect.Signature:
-    """``cls.__init__``'s signature without ``self``."""
-    sig = inspect.signature(cls.__init__)
-    return sig.replace(parameters=list(sig.parameters.values())[1:])
+    """The parameters of ``cls(...)``: ``cls.__init__``'s without ``self``, where a ``**kwargs`` is forwarded to the
+    parent's constructor (``super().__init__(..., **kwargs)``) and stands for the parent's parameters that the
+    constructor does not name itself (keyword-only, with the parent's defaults; resolved up the MRO as jsonargparse
+    does). A ``**kwargs`` left when no parent constructor takes named parameters stays in the signature."""
+    return _resolve(cls)[0]
+
+
+def _resolve(cls: type) -> tuple[inspect.Signature, tuple[str, ...]]:
+    """(:func:`constructor_signature`, the names of the forwarded ``**kwargs`` along the way)."""
+    params: dict[str, inspect.Parameter] = {}
+    forwarded: list[str] = []
+    var_kw: inspect.Parameter | None = None
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        own = list(inspect.signature(init).parameters.values())[1:]
+        if klass is not cls and all(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in own):
+            break  # nn.Module / object: nothing named to forward to
+        var_kw = None
+        for p in own:
+            if p.kind is p.VAR_KEYWORD:
+                var_kw = p
+            elif p.name not in params:
+                params[p.name] = p if klass is cls or p.kind is p.VAR_POSITIONAL else p.replace(kind=p.KEYWORD_ONLY)
+        if var_kw is None:
+            break
+        forwarded.append(var_kw.name)
+    if var_kw is not None:  # forwarded to nothing that names its parameters
+        forwarded.pop()
+        params[var_kw.name] = var_kw
+    order = sorted(params.values(), key=lambda p: p.kind)  # stable: each kind keeps the MRO order
+    return inspect.Signature(order), tuple(forwarded)
 
 
 def registered_name(cls: type, kwargs: dict[str, Any]) -> str:
@@ -79,29 +111,36 @@ class HoformerModel(nn.Module):
     """Base of every task model: ``config`` (recorded by the constructor), ``example_inputs``, ``save_pretrained``.
 
     Subclasses take named, type-annotated constructor parameters with JSON-representable values (numbers, strings,
-    bools, ``None``, lists / tuples and dicts of those), no ``*args`` / ``**kwargs``, and call
-    ``self.record_config(locals())`` right after ``super().__init__()``.
+    bools, ``None``, lists / tuples and dicts of those), no ``*args`` (a ``**kwargs`` is forwarded to the parent's
+    constructor, see :func:`constructor_signature`), and call ``self.record_config(locals())`` right after
+    ``super().__init__(...)``.
     """
 
     config: dict[str, Any]
 
     def record_config(self, arguments: dict[str, Any]) -> None:
         """Set ``self.config`` from the constructor's ``arguments`` (its ``locals()`` before any other local is
-        made): ``{"name": <registered name>, "kwargs": <every parameter of type(self)'s constructor>}``.
+        made): ``{"name": <registered name>, "kwargs": <every parameter of type(self)'s constructor>}``. Forwarded
+        ``**kwargs`` count as the parent's parameters they name; a forwarded parameter not passed is recorded with
+        its default (:func:`constructor_signature`).
 
         The configuration is that of ``type(self)``'s constructor: called from a parent's constructor that a subclass's
         runs (``super().__init__(...)``), whose ``arguments`` lack some of the subclass's parameters, it records
         nothing (the subclass records its own after)."""
         cls = type(self)
-        params = constructor_signature(cls).parameters
-        if not set(params) <= set(arguments):
+        signature, forwarded = _resolve(cls)
+        given = {k: v for k, v in arguments.items() if k not in forwarded}
+        for name in forwarded:
+            given.update(arguments.get(name) or {})
+        own = list(inspect.signature(cls.__init__).parameters)[1:]
+        if not set(own) - set(forwarded) <= set(given):
             return
         kwargs: dict[str, Any] = {}
-        for name, p in params.items():
+        for name, p in signature.parameters.items():
             if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
                 raise TypeError(f"{cls.__name__}: a model's configuration is its named constructor arguments; "
                                 f"`{'*' if p.kind is p.VAR_POSITIONAL else '**'}{name}` cannot be recorded")
-            kwargs[name] = _plain(arguments[name])
+            kwargs[name] = _plain(given[name] if name in given else p.default)
         self.config = {"name": registered_name(cls, kwargs), "kwargs": kwargs}
 
     def example_inputs(self, batch_size: int = 2) -> tuple[tuple, dict]:

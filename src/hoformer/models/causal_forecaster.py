@@ -11,7 +11,7 @@ Axis legend: ``b`` batch, ``t`` time patches, ``c`` variates, ``p`` steps per pa
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -19,8 +19,7 @@ from torch import nn
 from hoformer._checks import check_finite_output, check_int
 from hoformer.layers import PatchEmbed
 
-from .base import HoformerModel
-from .hot import AttentionName, _check_attention, _check_input, _encoder, _grid, _window_stats
+from .hot import HOTModel, _check_input, _documented, _grid, _window_stats
 from .registry import register_model
 
 __all__ = ["HOTCausalForecaster"]
@@ -28,8 +27,9 @@ __all__ = ["HOTCausalForecaster"]
 _LEGEND = "(B, seq_len, num_variates)"
 
 
+@_documented
 @register_model(name="hot_causal_forecaster")
-class HOTCausalForecaster(HoformerModel):
+class HOTCausalForecaster(HOTModel):
     """Decoder-only HOT forecaster. Input ``(B, seq_len, C)``, output ``(B, pred_len, C)`` for any ``pred_len``.
 
     Per-window scaling (RevIN-style, non-affine: each variate's lookback mean and standard deviation, biased, eps
@@ -60,52 +60,38 @@ class HOTCausalForecaster(HoformerModel):
         num_variates: variates (channels) of the series.
         attention: a name of :data:`hoformer.layers.ATTENTION_TYPES` over the ``(time patches, variates)`` grid, built
             causal along time (every type decodes with a cache).
-        dim: model width.
-        depth: number of blocks.
-        num_heads: attention heads.
         patch_size: time steps per patch (embedding kernel and stride; the head emits one patch per token).
-        mlp_ratio: MLP hidden width / ``dim``.
-        dropout: dropout on attention outputs and MLPs.
-        drop_path: stochastic depth of the last block (linearly increasing from 0).
-        qk_norm: LayerNorm on queries and keys.
         rope: rotary positions on the time mode.
         train_positions: the positions :meth:`teacher_forced` returns (the training loss): ``"horizon"`` (from the
             last lookback patch on: the targets are the horizon's patches) or ``"all"`` (every position whose next
             patch lies in the window).
     """
 
+    _name = "hot_causal_forecaster"
+
     def __init__(
         self,
         seq_len: int = 96,
         pred_len: int = 96,
         num_variates: int = 7,
-        attention: AttentionName = "kronecker_product",
-        dim: int = 128,
-        depth: int = 2,
-        num_heads: int = 8,
-        patch_size: int = 4,
-        mlp_ratio: float = 4.0,
-        dropout: float = 0.1,
-        drop_path: float = 0.0,
-        qk_norm: bool = True,
+        *,
         rope: bool = True,
         train_positions: Literal["horizon", "all"] = "horizon",
+        **kwargs: Any,
     ) -> None:
-        super().__init__()
+        super().__init__(**kwargs)
         self.record_config(locals())
-        fn = "hot_causal_forecaster"
-        _check_attention(attention, fn)
+        fn = self._name
         for name, v in (("seq_len", seq_len), ("pred_len", pred_len), ("num_variates", num_variates)):
             check_int(fn, name, v)
         if train_positions not in ("all", "horizon"):
             raise ValueError(f"{fn}: `train_positions` must be 'horizon' or 'all', got {train_positions!r}")
-        (self.num_patches,) = _grid((seq_len,), patch_size, fn, "seq_len")
+        (self.num_patches,) = _grid((seq_len,), self.patch_size, fn, "seq_len")
         self.train_positions = train_positions
-        self.seq_len, self.pred_len, self.num_variates, self.patch_size = seq_len, pred_len, num_variates, patch_size
-        self.embed = PatchEmbed(1, dim, patch_size, ndim=1, act="relu")
-        self.encoder = _encoder(attention, dim, depth, num_heads, 2, (0,) if rope else (), mlp_ratio, dropout,
-                                drop_path, qk_norm, causal_mode=0)
-        self.head = nn.Linear(dim, patch_size)
+        self.seq_len, self.pred_len, self.num_variates = seq_len, pred_len, num_variates
+        self.embed = PatchEmbed(1, self.dim, self.patch_size, ndim=1, act="relu")
+        self.encoder = self.build_encoder(2, (0,) if rope else (), causal_mode=0)
+        self.head = nn.Linear(self.dim, self.patch_size)
 
     def example_inputs(self, batch_size: int = 2):
         return (torch.randn(batch_size, self.seq_len, self.num_variates),), {}

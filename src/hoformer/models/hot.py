@@ -27,7 +27,7 @@ from hoformer.layers import ATTENTION_TYPES, AbsolutePositionalEncoding, Encoder
 from .base import HoformerModel, check_batch_input
 from .registry import register_model
 
-__all__ = ["HOTForecaster", "HOTVolumeClassifier", "HOTSegmenter", "FORECAST_ATTENTIONS", "ATTENTION_KNOBS",
+__all__ = ["HOTModel", "HOTForecaster", "HOTVolumeClassifier", "HOTSegmenter", "FORECAST_ATTENTIONS", "ATTENTION_KNOBS",
            "AttentionName", "ForecastAttentionName"]
 
 #: attention names accepted by the forecaster: every layer type plus the 1-mode baselines of Table 1, which are
@@ -57,7 +57,16 @@ ATTENTION_KNOBS: dict[str, tuple[str, Any]] = {
 }
 _FAVOR_KNOBS = ("num_features", "redraw_interval")  # FAVOR+ settings: only the linear kernel draws features
 
-_KNOBS_DOC = """
+#: the Args entries of :class:`HOTModel`'s arguments; appended to the docstring of every HOT model (they reach each
+#: one through ``**kwargs``), so the API reference and ``--model.model.help`` list them with the model's own
+_SHARED_DOC = """
+        dim: model width.
+        depth: number of blocks.
+        num_heads: attention heads.
+        mlp_ratio: MLP hidden width / ``dim``.
+        dropout: dropout on attention outputs and MLPs.
+        drop_path: stochastic depth of the last block (linearly increasing from 0).
+        qk_norm: LayerNorm on queries and keys.
         qk_bias: biases on the per-mode query / key projections of Kronecker attention, added as the reference HOT
             implementation does (it projects every token with a bias, then sum-pools, so the pooled bias is
             ``b * prod(N_j, j != i)``). Kronecker attentions only.
@@ -72,28 +81,16 @@ _KNOBS_DOC = """
         kronecker_pool: how Kronecker attention pools the other modes' tokens before a mode's queries / keys: ``"sum"``
             (HOT eqs 5-6) or ``"mean"``. Kronecker attentions only.
         mlp: feed-forward of every block: ``"gelu"`` (Linear -> GELU -> Linear) or ``"swiglu"``.
+        d_mlp: hidden width of every block's feed-forward (SwiGLU: the gated width); None: ``int(dim * mlp_ratio)``
+            for GELU, two thirds of it for SwiGLU.
+        mlp_bias: biases in the feed-forward's linear maps.
 """
 
 
-_GRID_DOC = """
-        dim: model width.
-        depth: number of blocks.
-        num_heads: attention heads.
-        mlp_ratio: MLP hidden width / ``dim``.
-        dropout: dropout on attention outputs and MLPs.
-        drop_path: stochastic depth of the last block (linearly increasing from 0).
-        pos_embed: ``"rope"`` (mode-wise rotary), ``"learned"``, ``"sincos"`` or ``"none"``.
-        qk_norm: LayerNorm on queries and keys.
-"""
-
-
-def _documented(*entries: str):
-    """Class decorator: append Args entries shared by several models (``_GRID_DOC``, ``_KNOBS_DOC``) to the class's
-    Args section, the last section of its docstring."""
-    def deco(cls):
-        cls.__doc__ = "\n".join([cls.__doc__.rstrip(), *(e.strip("\n") for e in entries)]) + "\n    "
-        return cls
-    return deco
+def _documented(cls):
+    """Class decorator: append :data:`_SHARED_DOC` to the class's Args section, the last section of its docstring."""
+    cls.__doc__ = "\n".join([cls.__doc__.rstrip(), _SHARED_DOC.strip("\n")]) + "\n    "
+    return cls
 
 
 def _attention_kwargs(model: str, attention: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -127,19 +124,6 @@ def _check_attention(name: str, model: str, extra: Sequence[str] = ()) -> None:
     allowed = sorted(ATTENTION_TYPES) + list(extra)
     if not isinstance(name, str) or name not in allowed:
         raise ValueError(f"{model}: `attention` must be one of {allowed}, got {name!r}")
-
-
-def _encoder(attention: str, dim: int, depth: int, num_heads: int, num_modes: int, rope_modes: Sequence[int],
-             mlp_ratio: float, dropout: float, drop_path: float, qk_norm: bool, **block_kw) -> Encoder:
-    """``depth`` blocks of ``attention``; ``block_kw``: the blocks' MLP settings and the attention's keyword
-    arguments (:func:`_attention_kwargs`)."""
-    single = FORECAST_ATTENTIONS.get(attention)  # 1-mode baselines: axial attention along that mode only
-    extra = {"modes": (single,)} if single is not None else {}
-    return Encoder(
-        dim, depth, num_heads, drop_path=drop_path, attention="axial" if single is not None else attention,
-        mlp_ratio=mlp_ratio, dropout=dropout, qk_norm=qk_norm, num_modes=num_modes, rope_modes=tuple(rope_modes),
-        **extra, **block_kw,
-    )
 
 
 def _check_input(model: nn.Module, x, shape: tuple, fn: str, legend: str) -> None:
@@ -183,10 +167,76 @@ def _grid(sizes, patch: int, fn: str, what: str = "input_size") -> tuple[int, ..
     return tuple(s // patch for s in sizes)
 
 
+# ------------------------------------------------------------------------------------------------ shared base
+@_documented
+class HOTModel(HoformerModel):
+    """Base of the HOT models: the encoder settings they share (attention, width, depth, heads, patch size, block
+    and attention options), declared once here.
+
+    A HOT model takes its own arguments (input and head) and forwards the others to this constructor as ``**kwargs``;
+    one that changes a default here (``depth=6`` for the image models) names that argument and passes it on.
+    ``constructor_signature``, ``model.config``, jsonargparse and ``--model.model.help`` resolve the forwarded
+    arguments, so every HOT model is configured by one flat list of arguments. Subclasses set ``_name`` (the name in
+    error messages) and build their encoder with :meth:`build_encoder`.
+
+    Args:
+        attention: a name of :data:`hoformer.layers.ATTENTION_TYPES` over the model's grid of patch tokens.
+        patch_size: time steps / pixels / voxels per patch side (kernel and stride of the embedding convolution).
+    """
+
+    _name = "hot_model"
+    #: attention names a model accepts beyond :data:`hoformer.layers.ATTENTION_TYPES`
+    _extra_attentions: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        *,
+        attention: AttentionName = "kronecker_product",
+        dim: int = 128,
+        depth: int = 2,
+        num_heads: int = 8,
+        patch_size: int = 4,
+        mlp_ratio: float = 4.0,
+        dropout: float = 0.1,
+        drop_path: float = 0.0,
+        qk_norm: bool = True,
+        qk_bias: bool = False,
+        qkv_bias: bool = True,
+        attn_dropout: float | None = None,
+        rope_theta: float = 10000.0,
+        num_features: int | None = None,
+        redraw_interval: int = 0,
+        kronecker_pool: KroneckerPool = "sum",
+        mlp: MlpKind = "gelu",
+        d_mlp: int | None = None,
+        mlp_bias: bool = True,
+    ) -> None:
+        super().__init__()
+        fn = self._name
+        _check_attention(attention, fn, self._extra_attentions)
+        check_int(fn, "d_mlp", d_mlp, optional=True)
+        if not isinstance(mlp_bias, bool):
+            raise TypeError(f"{fn}: `mlp_bias` must be a bool, got {mlp_bias!r}")
+        self.attention, self.dim, self.patch_size, self.dropout = attention, dim, patch_size, dropout
+        single = FORECAST_ATTENTIONS.get(attention)  # 1-mode baselines: axial attention along that mode only
+        self._block_kw = dict(
+            depth=depth, num_heads=num_heads, drop_path=drop_path, mlp_ratio=mlp_ratio, dropout=dropout,
+            qk_norm=qk_norm, mlp=mlp, mlp_hidden=d_mlp, mlp_bias=mlp_bias,
+            attention="axial" if single is not None else attention, **({"modes": (single,)} if single is not None
+                                                                         else {}),
+            **_attention_kwargs(fn, attention, locals()),
+        )
+
+    def build_encoder(self, num_modes: int, rope_modes: Sequence[int], **extra: Any) -> Encoder:
+        """``depth`` blocks of the model's attention over a ``num_modes``-mode grid, RoPE on ``rope_modes``;
+        ``extra``: further :class:`~hoformer.layers.Encoder` block arguments (``causal_mode``)."""
+        return Encoder(self.dim, num_modes=num_modes, rope_modes=tuple(rope_modes), **self._block_kw, **extra)
+
+
 # ------------------------------------------------------------------------------------------------ forecaster
-@_documented(_KNOBS_DOC)
+@_documented
 @register_model(name="hot_forecaster")
-class HOTForecaster(HoformerModel):
+class HOTForecaster(HOTModel):
     """HOT long-term forecaster (Table 1). Input ``(B, seq_len, C)``, output ``(B, pred_len, C)``.
 
     Per-variate instance normalisation (RevIN, non-affine by default) -> Conv1d patch embedding on time (kernel =
@@ -220,25 +270,18 @@ class HOTForecaster(HoformerModel):
         attention: a name of :data:`hoformer.layers.ATTENTION_TYPES` over the ``(variates, time patches)`` grid, or
             the 1-mode baselines ``"spatial"`` (over variates; iTransformer with ``patch_size=seq_len``) and
             ``"temporal"`` (over time patches).
-        dim: model width.
-        depth: number of blocks.
-        num_heads: attention heads.
         patch_size: time steps per patch (kernel and stride of the embedding convolution).
-        mlp_ratio: MLP hidden width / ``dim``.
-        dropout: dropout on attention outputs and MLPs.
-        drop_path: stochastic depth of the last block (linearly increasing from 0).
         pool: head input per variate: ``"flatten"`` (all patch tokens) or ``"mean"`` (their average).
         revin: per-variate instance normalisation of the input, undone on the output.
         rope: rotary positions on the time mode.
-        qk_norm: LayerNorm on queries and keys.
         embed_norm: LayerNorm -> Dropout after the patch embedding's ReLU.
         head_norm: LayerNorm -> Dropout on the head's input (per variate, after pooling).
         revin_detach: treat the instance-normalisation mean / std as constants in the backward pass (False: the
             loss's gradient flows through them into the input window).
-        d_mlp: hidden width of every block's feed-forward (SwiGLU: the gated width); None: ``int(dim * mlp_ratio)``
-            for GELU, two thirds of it for SwiGLU.
-        mlp_bias: biases in the feed-forward's linear maps.
     """
+
+    _name = "hot_forecaster"
+    _extra_attentions = tuple(FORECAST_ATTENTIONS)
 
     def __init__(
         self,
@@ -246,55 +289,34 @@ class HOTForecaster(HoformerModel):
         pred_len: int = 96,
         num_variates: int = 7,
         attention: ForecastAttentionName = "kronecker_product",
-        dim: int = 128,
-        depth: int = 2,
-        num_heads: int = 8,
-        patch_size: int = 4,
-        mlp_ratio: float = 4.0,
-        dropout: float = 0.1,
-        drop_path: float = 0.0,
+        *,
         pool: Literal["flatten", "mean"] = "flatten",
         revin: bool = True,
         rope: bool = True,
-        qk_norm: bool = True,
-        qk_bias: bool = False,
-        qkv_bias: bool = True,
-        attn_dropout: float | None = None,
-        rope_theta: float = 10000.0,
-        num_features: int | None = None,
-        redraw_interval: int = 0,
-        kronecker_pool: KroneckerPool = "sum",
-        mlp: MlpKind = "gelu",
         embed_norm: bool = False,
         head_norm: bool = False,
         revin_detach: bool = True,
-        d_mlp: int | None = None,
-        mlp_bias: bool = True,
+        **kwargs: Any,
     ) -> None:
-        super().__init__()
+        super().__init__(attention=attention, **kwargs)
         self.record_config(locals())
-        fn = "hot_forecaster"
-        _check_attention(attention, fn, FORECAST_ATTENTIONS)
-        attn_kw = _attention_kwargs(fn, attention, locals())
+        fn, dim, dropout = self._name, self.dim, self.dropout
         for name, v in (("seq_len", seq_len), ("pred_len", pred_len), ("num_variates", num_variates)):
             check_int(fn, name, v)
-        check_int(fn, "d_mlp", d_mlp, optional=True)
         if pool not in ("mean", "flatten"):
             raise ValueError(f"{fn}: `pool` must be 'mean' or 'flatten', got {pool!r}")
-        for name, v in (("embed_norm", embed_norm), ("head_norm", head_norm), ("revin_detach", revin_detach),
-                        ("mlp_bias", mlp_bias)):
+        for name, v in (("embed_norm", embed_norm), ("head_norm", head_norm), ("revin_detach", revin_detach)):
             if not isinstance(v, bool):
                 raise TypeError(f"{fn}: `{name}` must be a bool, got {v!r}")
         if not revin and not revin_detach:
             raise ValueError(f"{fn}: `revin_detach=False` needs `revin=True` (there is no instance normalisation "
                              "whose statistics could be detached)")
-        (self.num_patches,) = _grid((seq_len,), patch_size, fn, "seq_len")
+        (self.num_patches,) = _grid((seq_len,), self.patch_size, fn, "seq_len")
         self.seq_len, self.pred_len, self.num_variates = seq_len, pred_len, num_variates
         self.pool, self.revin, self.revin_detach = pool, revin, revin_detach
-        self.embed = PatchEmbed(1, dim, patch_size, ndim=1, act="relu")
+        self.embed = PatchEmbed(1, dim, self.patch_size, ndim=1, act="relu")
         self.embed_norm = nn.Sequential(nn.LayerNorm(dim), nn.Dropout(dropout)) if embed_norm else None
-        self.encoder = _encoder(attention, dim, depth, num_heads, 2, (1,) if rope else (), mlp_ratio, dropout,
-                                drop_path, qk_norm, mlp=mlp, mlp_hidden=d_mlp, mlp_bias=mlp_bias, **attn_kw)
+        self.encoder = self.build_encoder(2, (1,) if rope else ())
         head_in = dim * (self.num_patches if pool == "flatten" else 1)
         self.head_norm = nn.Sequential(nn.LayerNorm(head_in), nn.Dropout(dropout)) if head_norm else None
         self.head = nn.Linear(head_in, pred_len)
@@ -341,11 +363,20 @@ class _ImageModel(HoformerModel):
         _check_input(self, x, (self.in_channels, *self.input_size), self._name, self._legend)
 
 
-class _PatchGridModel(_ImageModel):
+class _PatchGridModel(_ImageModel, HOTModel):
     """Shared backbone of the image-like HOT models: ``(B, C_in, *input_size)`` -> conv patch embedding (ReLU) ->
     ``k``-mode grid of patches ``(B, n1..nk, dim)`` -> optional positional encoding -> ``depth`` blocks -> the
-    subclass's head (:meth:`_head`). The volume classifier takes this constructor; the segmenter's has its own
-    defaults."""
+    subclass's head (:meth:`_head`). The volume classifier takes this constructor; the segmenter changes its
+    defaults.
+
+    Args:
+        in_channels: input channels.
+        input_size: the input's size along each of its ``k`` axes (one int: the same on every axis); each a multiple
+            of ``patch_size``.
+        num_classes: classes (>= 2).
+        depth: number of blocks.
+        pos_embed: ``"rope"`` (mode-wise rotary), ``"learned"``, ``"sincos"`` or ``"none"``.
+    """
 
     _ndim = 0
 
@@ -354,37 +385,19 @@ class _PatchGridModel(_ImageModel):
         in_channels: int = 1,
         input_size: int | Sequence[int] = 28,
         num_classes: int = 2,
-        attention: AttentionName = "kronecker_product",
-        dim: int = 128,
+        *,
         depth: int = 6,
-        num_heads: int = 8,
-        patch_size: int = 4,
-        mlp_ratio: float = 4.0,
-        dropout: float = 0.1,
-        drop_path: float = 0.0,
         pos_embed: PosEmbed = "rope",
-        qk_norm: bool = True,
-        qk_bias: bool = False,
-        qkv_bias: bool = True,
-        attn_dropout: float | None = None,
-        rope_theta: float = 10000.0,
-        num_features: int | None = None,
-        redraw_interval: int = 0,
-        kronecker_pool: KroneckerPool = "sum",
-        mlp: MlpKind = "gelu",
+        **kwargs: Any,
     ) -> None:
-        super().__init__()
+        super().__init__(depth=depth, **kwargs)
         self.record_config(locals())
-        fn, ndim = self._name, self._ndim
-        _check_attention(attention, fn)
-        attn_kw = _attention_kwargs(fn, attention, locals())
+        fn, ndim, dim, patch_size = self._name, self._ndim, self.dim, self.patch_size
         self._set_io(ndim, in_channels, input_size, num_classes)
-        self.patch_size = patch_size
         self.grid = _grid(self.input_size, patch_size, fn)
         rope_modes, self.pos = _pos(pos_embed, self.grid, dim, fn)
         self.embed = PatchEmbed(in_channels, dim, patch_size, ndim=ndim, act="relu")
-        self.encoder = _encoder(attention, dim, depth, num_heads, ndim, rope_modes, mlp_ratio, dropout, drop_path,
-                                qk_norm, mlp=mlp, **attn_kw)
+        self.encoder = self.build_encoder(ndim, rope_modes)
         self.head = self._head(dim, num_classes, patch_size)
 
     def _head(self, dim: int, num_classes: int, patch_size: int) -> nn.Module:  # pragma: no cover - abstract
@@ -399,7 +412,7 @@ class _PatchGridModel(_ImageModel):
         return self.encoder(z, masks=masks)
 
 
-@_documented(_GRID_DOC, _KNOBS_DOC)
+@_documented
 @register_model(name="hot_volume_classifier")
 class HOTVolumeClassifier(_PatchGridModel):
     """HOT 3D image classifier (Table 2, MedMNIST3D). ``(B, C_in, D, H, W) -> logits (B, num_classes)``.
@@ -415,6 +428,7 @@ class HOTVolumeClassifier(_PatchGridModel):
         num_classes: classes (>= 2).
         attention: a name of :data:`hoformer.layers.ATTENTION_TYPES` over the 3-mode patch grid.
         patch_size: voxels per patch side.
+        pos_embed: ``"rope"`` (mode-wise rotary), ``"learned"``, ``"sincos"`` or ``"none"``.
     """
 
     _name, _legend, _ndim = "hot_volume_classifier", "(B, C_in, D, H, W)", 3
@@ -427,7 +441,7 @@ class HOTVolumeClassifier(_PatchGridModel):
 
 
 # ---------------------------------------------------------------------------------------------- segmentation
-@_documented(_GRID_DOC, _KNOBS_DOC)
+@_documented
 @register_model(name="hot_segmenter")
 class HOTSegmenter(_PatchGridModel):
     """HOT multispectral segmenter (Table 3, SSL4EO-L). ``(B, C_in, H, W) -> logits (B, num_classes, H, W)``.
@@ -442,6 +456,7 @@ class HOTSegmenter(_PatchGridModel):
         num_classes: classes per pixel (>= 2).
         attention: a name of :data:`hoformer.layers.ATTENTION_TYPES` over the 2-mode patch grid.
         patch_size: pixels per patch side.
+        pos_embed: ``"rope"`` (mode-wise rotary), ``"learned"``, ``"sincos"`` or ``"none"``.
     """
 
     _name, _legend, _ndim = "hot_segmenter", "(B, C_in, H, W)", 2
@@ -451,28 +466,12 @@ class HOTSegmenter(_PatchGridModel):
         in_channels: int = 7,
         input_size: int | Sequence[int] = 264,
         num_classes: int = 17,
-        attention: AttentionName = "kronecker_product",
-        dim: int = 128,
-        depth: int = 6,
-        num_heads: int = 8,
+        *,
         patch_size: int = 8,
-        mlp_ratio: float = 4.0,
-        dropout: float = 0.1,
-        drop_path: float = 0.0,
-        pos_embed: PosEmbed = "rope",
-        qk_norm: bool = True,
-        qk_bias: bool = False,
-        qkv_bias: bool = True,
-        attn_dropout: float | None = None,
-        rope_theta: float = 10000.0,
-        num_features: int | None = None,
-        redraw_interval: int = 0,
-        kronecker_pool: KroneckerPool = "sum",
-        mlp: MlpKind = "gelu",
+        **kwargs: Any,
     ) -> None:
-        args = dict(locals())
-        del args["self"], args["__class__"]
-        super().__init__(**args)
+        super().__init__(in_channels=in_channels, input_size=input_size, num_classes=num_classes,
+                         patch_size=patch_size, **kwargs)
         self.record_config(locals())
 
     def _head(self, dim: int, num_classes: int, patch_size: int) -> nn.Module:
