@@ -12,8 +12,8 @@ unfinished ones exactly, and record every finished run as one line of the result
   other MedMNIST3D sets present in the data folder; the rest of the paper grid (``benchmarks/paper_configs.py``; the
   HOBA students, which need their teacher's run first, are run with ``benchmarks/hoba_students.py``).
   Each experiment is a ``paper_configs.py`` experiment: the paper's model, optimiser and 100 epochs, the
-  best-validation checkpoint tested. On a CPU (:func:`cpu_plan`) the same paper-size ETTh1 models (96->96 and
-  96->720, HOT product and the spatial baseline) stop early on the validation MAE (patience 10, recorded in the
+  best-validation checkpoint tested. On a CPU (:func:`cpu_plan`) the same paper-size ETTh1 models (96->{96, 720, 192,
+  336}, HOT product and the spatial baseline) stop early on the validation MAE (patience 10, recorded in the
   ledger line): the paper's 100 epochs take about five hours each there. ``--plan precision`` runs one experiment
   in bf16-mixed and in float32 (:func:`precision_plan`).
 * **Packing**: ``--parallel K`` runs (default 2 on a CPU, one thread each; 4 on a GPU, sharing it) take the next
@@ -193,9 +193,10 @@ def paper_plan() -> list[Experiment]:
 
 
 def cpu_plan() -> list[Experiment]:
-    """Paper-size ETTh1 on a CPU: the paper's model and optimiser, early stopping on validation MAE (patience 10)."""
+    """Paper-size ETTh1 on a CPU: the paper's model and optimiser, early stopping on validation MAE (patience 10);
+    the shortest and longest horizons first, then the two between (the four give the paper's horizon average)."""
     return [Experiment(f"hot/ltsf/etth1_96_{h}_{v}+es10", f"hot/ltsf/etth1_96_{h}_{v}", patience=10)
-            for h in (96, 720) for v in ("hot_product", "spatial")]
+            for h in (96, 720, 192, 336) for v in ("hot_product", "spatial")]
 
 
 def precision_plan() -> list[Experiment]:

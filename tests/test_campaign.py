@@ -115,7 +115,7 @@ def test_plans_follow_the_priority_list(data_root):
     table6 = [n for n in paper if "adrenal_hot_product_p" in n]
     assert len(table6) == 2 * 4 * 4
     cpu = campaign.cpu_plan()
-    assert [e.name for e in cpu] == [f"hot/ltsf/etth1_96_{h}_{v}+es10" for h in (96, 720)
+    assert [e.name for e in cpu] == [f"hot/ltsf/etth1_96_{h}_{v}+es10" for h in (96, 720, 192, 336)
                                      for v in ("hot_product", "spatial")]
     assert all(e.patience == 10 and e.scale == "paper" for e in cpu)
 
