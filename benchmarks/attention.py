@@ -3,6 +3,10 @@
 Run:  .venv/bin/python benchmarks/attention.py [--device cuda] [--batch 32] [--reps 3] [--quick]
                                                [--variants paper_product kron_linear kron_linear_sum ...]
       .venv/bin/python benchmarks/attention.py --against OTHER/src [--batch 32] [--reps 7] [--accelerator-chunks]
+      .venv/bin/python benchmarks/attention.py --reps 5 --ledger     # also append the results to the ledger
+
+``--ledger [FILE]``: append one line per shape and variant (and per functional-core measurement) to the results
+ledger (default ``results/ledger.jsonl``), from which docs/benchmarks.md's tables are generated.
 
 ``--against``: before / after of the Kronecker layers' fwd+bwd time at the four shapes, hoformer from ``OTHER/src``
 ("before") against the importable one ("after"), each in its own worker process; the two are timed call by call in
@@ -271,6 +275,8 @@ def main():
                     help="before/after of the Kronecker layers against the hoformer in SRC (e.g. OTHER/src), CPU")
     ap.add_argument("--accelerator-chunks", action="store_true",
                     help="with --against: the Kronecker products in an accelerator's chunks (its memory, on the CPU)")
+    ap.add_argument("--ledger", nargs="?", const="results/ledger.jsonl", default=None, metavar="FILE",
+                    help="append the results to the results ledger (default file: results/ledger.jsonl)")
     args = ap.parse_args()
     if args.against:
         unknown = set(args.variants or ()) - set(AB_VARIANTS)
@@ -288,7 +294,8 @@ def main():
     hdr = f"{'shape':>14} {'attention':>18} {'fwd+bwd ms':>11} {'peak MiB':>9} {'GFLOP/s':>8} {'t/paper':>8} {'mem/paper':>9} {'flop/paper':>10}"
     print(hdr)
     print("-" * len(hdr))
-    summary = []
+    summary, lines = [], []
+    split = f"fwd+bwd, B={args.batch}, {'fp32' if dtype == torch.float32 else 'bf16'}"
     for sizes, dim, heads in SHAPES:
         x = torch.randn(args.batch, *sizes, dim, device=device, dtype=dtype, requires_grad=True)
         gy = torch.randn(args.batch, *sizes, dim, device=device, dtype=dtype)  # the same upstream gradient for all
@@ -333,15 +340,56 @@ def main():
             base = res["paper_sum" if name.endswith("_sum") else "paper_product"]
             print(f"{str(sizes):>14} {name:>18} {t * 1e3:11.1f} {mem / 2**20:9.1f} {fl / t / 1e9:8.1f} "
                   f"{t / base[0]:8.2f} {mem / max(base[1], 1):9.2f} {fl / base[2]:10.2f}")
+            lines.append(("x".join(map(str, sizes)), name, list(sizes), {
+                "fwd_bwd_ms": round(t * 1e3, 2), "peak_mib": round(mem / 2**20, 2), "gflops": round(fl / t / 1e9, 2),
+                "t/paper": round(t / base[0], 3), "mem/paper": round(mem / max(base[1], 1), 3),
+                "flop/paper": round(fl / base[2], 3)}))
         if "full" in res and "kron_product" in res and "kron_sum" in res:
             summary.append((sizes, res["full"][0] / res["kron_product"][0], res["full"][0] / res["kron_sum"][0]))
         print()
 
     for sizes, rp, rs in summary:
         print(f"full / kronecker time at {sizes}: product {rp:.1f}x, sum {rs:.1f}x")
-    if args.no_core:
-        return
-    # functional core throughput at the largest shape: pooled q/k given, fwd+bwd of kronecker_attention
+    note = (f"minimum of {args.reps} round-robin rounds; peak memory above the inputs; t/paper, mem/paper, "
+            "flop/paper: ratios to the paper-equation layer with the same combine at the same shape")
+    if not args.no_core:
+        lines += core_throughput(args, device, dtype, mm, mm_flops, mm_desc)
+    if args.ledger:
+        write_ledger(args, [dict(experiment=f"bench/attention/{shape}/{name}", model=name, split=split, metrics=m,
+                                 shape=shape_list, note=note) if shape != "core" else m
+                            for shape, name, shape_list, m in lines], device)
+
+
+def write_ledger(args, entries: list[dict], device) -> None:
+    """Append ``entries`` to the ledger ``args.ledger`` with their provenance; the command is this one without
+    ``--ledger`` (a file path of this machine has no place in it)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("ledger", Path(__file__).with_name("ledger.py"))
+    ledger = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ledger)
+    argv, rest = [], list(sys.argv[1:])
+    while rest:
+        a = rest.pop(0)
+        if a == "--ledger" and rest and rest[0] == args.ledger:  # `--ledger FILE`
+            rest.pop(0)
+        if not (a == "--ledger" or a.startswith("--ledger=")):
+            argv.append(a)
+    command = " ".join(["python benchmarks/attention.py", *argv])
+    path = Path(args.ledger)
+    for e in entries:
+        ledger.append_ledger(ledger.benchmark_line(
+            e["experiment"], e["model"], e["split"], e["metrics"], device=str(device),
+            threads=torch.get_num_threads(), command=command, note=e["note"],
+            **({"shape": e["shape"]} if "shape" in e else {})), path)
+    print(f"\n{len(entries)} lines appended to {path}")
+
+
+def core_throughput(args, device, dtype, mm, mm_flops, mm_desc) -> list[tuple]:
+    """The functional core's forward + backward at the largest shape (pooled q / k given) against a matmul timed in
+    the same rounds; the ledger entries of both combines."""
+    out = []
     sizes, dim, heads = SHAPES[-1]
     e = dim // heads
     v = torch.randn(args.batch, heads, *sizes, e, device=device, dtype=dtype, requires_grad=True)
@@ -366,6 +414,14 @@ def main():
         print(f"functional core {combine:>7} at {sizes} (B={args.batch}, H={heads}, E={e}): {t * 1e3:.1f} ms, "
               f"useful {useful / t / 1e9:.1f} GFLOP/s = {useful / t / 1e9 / peak:.0%} of matmul peak "
               f"(executed incl. recompute: {executed / t / 1e9:.1f} GFLOP/s = {executed / t / 1e9 / peak:.0%})")
+        out.append(("core", combine, list(sizes), dict(
+            experiment=f"bench/attention/core/{combine}", model=f"kronecker_attention_{combine}",
+            split=f"fwd+bwd, B={args.batch}, H={heads}, E={e}, pooled q/k given",
+            metrics={"ms": round(t * 1e3, 2), "useful_gflops": round(useful / t / 1e9, 2),
+                     "executed_gflops": round(executed / t / 1e9, 2), "matmul_gflops": round(peak, 2),
+                     "useful/peak": round(useful / t / 1e9 / peak, 3)},
+            shape=list(sizes), note=f"minimum of {args.reps} round-robin rounds; peak: {mm_desc}, same rounds")))
+    return out
 
 
 if __name__ == "__main__":

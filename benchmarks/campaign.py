@@ -40,7 +40,6 @@ import importlib.util
 import json
 import math
 import os
-import platform
 import re
 import shlex
 import shutil
@@ -211,29 +210,9 @@ PLANS = {"paper": paper_plan, "cpu": cpu_plan, "precision": precision_plan}
 
 
 # ------------------------------------------------------------------------------------------------ provenance
-def hardware(device: str, threads: int) -> str:
-    if device.startswith("cuda"):
-        import torch
-
-        return f"{torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda})"
-    model = platform.processor() or "CPU"
-    try:
-        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{model}, {os.cpu_count()} cores, {threads} thread(s) per run"
+hardware, commit = ledger.hardware, ledger.commit
 
 
-def commit() -> str:
-    def git(*a):
-        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    sha = git("rev-parse", "--short=10", "HEAD") or "unknown"
-    return sha + ("+dirty" if git("status", "--porcelain", "--", "src", "configs") else "")
-
-
-# ------------------------------------------------------------------------------------------------- run state
 def _test_metrics(root: Path) -> dict:
     """The last ``test/*`` row of the newest CSV log under ``root/logs``."""
     for path in sorted((root / "logs").glob("version_*/metrics.csv"), key=lambda p: p.stat().st_mtime, reverse=True):

@@ -14,9 +14,12 @@ them and ``tests/test_campaign.py`` fails when a committed block differs from wh
 """
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
+import platform
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,6 +45,48 @@ def append_ledger(row: dict, path: Path = LEDGER) -> None:
         f.write(json.dumps(row, sort_keys=False) + "\n")
         f.flush()
         os.fsync(f.fileno())
+
+
+def hardware(device: str, threads: int) -> str:
+    """The machine a line was measured on: the GPU's name and CUDA version, or the CPU model, cores and threads."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        return f"{torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda})"
+    model = platform.processor() or "CPU"
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{model}, {os.cpu_count()} cores, {threads} thread(s) per run"
+
+
+def commit() -> str:
+    """The checked-out commit, ``+dirty`` when ``src/`` or ``configs/`` differ from it."""
+    def git(*a):
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    sha = git("rev-parse", "--short=10", "HEAD") or "unknown"
+    return sha + ("+dirty" if git("status", "--porcelain", "--", "src", "configs") else "")
+
+
+def benchmark_line(experiment: str, model: str, split: str, metrics: dict, *, device: str, threads: int,
+                   command: str, note: str, **fields) -> dict:
+    """A ledger line of a benchmark measurement (``task: benchmark``, synthetic inputs) with its provenance."""
+    import torch
+
+    return {"experiment": experiment, "task": "benchmark", "dataset": "synthetic", "model": model,
+            "scale": "gpu" if str(device).startswith("cuda") else "cpu", "split": split, "metrics": metrics, **fields,
+            "metrics_note": note, "seed": 0, "epochs": None, "best_epoch": None, "stopping": None, "wall_s": None,
+            "hardware": hardware(device, threads), "torch": torch.__version__.split("+")[0], "commit": commit(),
+            "date": dt.date.today().isoformat(), "command": command, "record": "benchmark"}
+
+
+def latest(rows: list[dict]) -> list[dict]:
+    """The last line of each experiment (a re-measurement supersedes the earlier lines), in ledger order."""
+    last = {r["experiment"]: i for i, r in enumerate(rows)}
+    return [r for i, r in enumerate(rows) if last[r["experiment"]] == i]
 
 
 # ---------------------------------------------------------------------------------------------------- tables
@@ -391,14 +436,142 @@ def _bench(rows: list[dict]) -> list[dict]:
     return pick(rows, task="benchmark")
 
 
+#: the variants of ``benchmarks/attention.py``, in its order
+ATTN_VARIANTS = ("paper_product", "paper_sum", "kron_product", "kron_sum", "kron_linear", "kron_linear_sum",
+                 "kron_linear_assoc", "full", "axial")
+
+
+def attention_lines(rows: list[dict]) -> list[dict]:
+    """The newest ``benchmarks/attention.py`` line of each shape and variant (layer rows, not the functional core)."""
+    return [r for r in latest(pick(rows, task="benchmark"))
+            if r["experiment"].startswith("bench/attention/") and not r["experiment"].startswith("bench/attention/core/")]
+
+
+def _shapes(rs: list[dict]) -> list[tuple]:
+    return list(dict.fromkeys(tuple(r["shape"]) for r in rs))
+
+
+def _by_shape(rs: list[dict]) -> dict[tuple, dict[str, dict]]:
+    out: dict[tuple, dict[str, dict]] = {s: {} for s in _shapes(rs)}
+    for r in rs:
+        out[tuple(r["shape"])][r["model"]] = r["metrics"]
+    return out
+
+
+def _shape_label(shape) -> str:
+    return "(" + ",".join(map(str, shape)) + ")"
+
+
+def _provenance(rs: list[dict]) -> str:
+    """Where a table's lines come from: command(s), commit(s), hardware, date(s)."""
+    if not rs:
+        return ""
+    pieces = [f"`{c}`" for c in dict.fromkeys(r["command"] for r in rs)]
+    return (f"Measured with {', '.join(pieces)} at commit {', '.join(dict.fromkeys(r['commit'] for r in rs))} on "
+            f"{', '.join(dict.fromkeys(r['hardware'] for r in rs))}, torch {', '.join(dict.fromkeys(str(r['torch']) for r in rs))} "
+            f"({', '.join(dict.fromkeys(r['date'] for r in rs))}; ledger lines `bench/attention/*`).")
+
+
+def _range(vals: list[float], digits: int = 2) -> str:
+    return f"{min(vals):.{digits}f}-{max(vals):.{digits}f}" if vals else "-"
+
+
+def table_attention(rows: list[dict]) -> str:
+    """docs/benchmarks.md's layer table: one row per shape and variant, then the ratios it shows."""
+    rs = attention_lines(rows)
+    body = []
+    for shape, by in _by_shape(rs).items():
+        for name in [v for v in ATTN_VARIANTS if v in by] + [v for v in by if v not in ATTN_VARIANTS]:
+            if name in ("kron_linear_sum", "kron_linear_assoc"):
+                continue  # the linear kernel's own table
+            m = by[name]
+            t = f"{m['t/paper']:.2f}"
+            body.append([_shape_label(shape), name, f"{m['fwd_bwd_ms']:.1f}", f"{m['peak_mib']:.1f}",
+                         f"**{t}**" if name in ("kron_product", "kron_sum") else t, f"{m['mem/paper']:.2f}",
+                         _fmt(m.get("flop/paper"), 2)])
+    table = _md(["shape", "attention", "fwd+bwd ms", "peak MiB", "t/paper", "mem/paper", "flop/paper"], body)
+    kron = [r for r in rs if r["model"] in ("kron_product", "kron_sum")]
+    if not kron:
+        return table
+    full = [f"{_shape_label(shape)} {by['full']['fwd_bwd_ms'] / by['kron_product']['fwd_bwd_ms']:.1f}x / "
+            f"{by['full']['fwd_bwd_ms'] / by['kron_sum']['fwd_bwd_ms']:.1f}x"
+            for shape, by in _by_shape(rs).items() if {"full", "kron_product", "kron_sum"} <= set(by)]
+    flops = [r["metrics"]["flop/paper"] for r in kron if "flop/paper" in r["metrics"]]
+    return "\n".join([
+        table, "",
+        f"* **Kronecker product and sum against the paper's equations**: {_range([r['metrics']['t/paper'] for r in kron])}x "
+        f"the time, {_range([r['metrics']['mem/paper'] for r in kron])}x the peak memory"
+        + (f", {_range(flops)}x the FLOPs." if flops else "."),
+        f"* **Full / Kronecker time** (product / sum): {'; '.join(full)}." if full else "",
+        f"* {_provenance(rs)}"]).rstrip("\n")
+
+
+def table_attention_linear(rows: list[dict]) -> str:
+    """docs/benchmarks.md's linear-kernel table: the FAVOR+ variants against the paper baseline, per shape."""
+    rs = attention_lines(rows)
+    body, lin = [], []
+    for shape, by in _by_shape(rs).items():
+        if not {"paper_product", "kron_product", "kron_linear", "kron_linear_assoc"} <= set(by):
+            continue
+        cells = [_shape_label(shape), f"{by['paper_product']['fwd_bwd_ms']:.1f}"]
+        for name in ("kron_product", "kron_linear", "kron_linear_sum", "kron_linear_assoc"):
+            m = by.get(name)
+            cells.append(f"{m['t/paper']:.2f}x t, {m['mem/paper']:.2f}x mem" if m else "-")
+        cells.append(f"{by['kron_linear_assoc']['fwd_bwd_ms'] / by['kron_linear']['fwd_bwd_ms']:.2f}x")
+        lin.append(by["kron_linear"]["fwd_bwd_ms"] / by["kron_product"]["fwd_bwd_ms"])
+        body.append(cells)
+    table = _md(["shape", "paper_product ms", "kron_product", "kron_linear", "kron_linear_sum", "kron_linear_assoc",
+                 "linear: assoc / formed time"], body)
+    if not lin:
+        return table
+    used = [r for r in rs if r["model"] in ("kron_linear", "kron_linear_sum")]
+    return "\n".join([table, "", f"The linear kernel takes {_range(lin)}x the softmax kernel's time at these shapes "
+                       f"and {_range([r['metrics']['t/paper'] for r in used])}x the paper baseline's "
+                       f"({_range([r['metrics']['mem/paper'] for r in used])}x its peak memory; the extra memory is "
+                       "the random-feature maps).", "", _provenance(rs)])
+
+
+def table_attention_core(rows: list[dict]) -> str:
+    """The functional core's throughput (forward + backward, pooled q / k given) against a matmul timed in the same
+    rounds, counting useful work (the product's recomputation in the backward pass not counted)."""
+    rs = latest(pick(rows, task="benchmark", experiment=lambda e: e.startswith("bench/attention/core/")))
+    table = _md(["combine", "shape", "ms", "useful GFLOP/s", "of the matmul's", "executed GFLOP/s", "matmul GFLOP/s"],
+                [[r["model"].rsplit("_", 1)[-1], f"{_shape_label(r['shape'])}, {r['split'].split(', pooled')[0]}",
+                  f"{r['metrics']['ms']:.1f}", f"{r['metrics']['useful_gflops']:.1f}",
+                  f"{100 * r['metrics']['useful/peak']:.0f}%", f"{r['metrics']['executed_gflops']:.1f}",
+                  f"{r['metrics']['matmul_gflops']:.1f}"] for r in rs])
+    return "\n".join([table, "", _provenance(rs).replace("bench/attention/*", "bench/attention/core/*")]).rstrip()
+
+
+def _kron_lines(rows: list[dict]) -> list[dict]:
+    return [r for r in attention_lines(rows) if r["model"] in ("kron_product", "kron_sum")]
+
+
 def _kron_time(rows: list[dict]) -> str:
-    ts = [r["metrics"]["t/paper"] for r in pick(rows, task="benchmark", model=lambda m: m.startswith("kron_"))]
-    return f"{min(ts):.2f}-{max(ts):.2f}x"
+    return f"{_range([r['metrics']['t/paper'] for r in _kron_lines(rows)])}x"
+
+
+def _kron_memory(rows: list[dict]) -> str:
+    return f"{_range([r['metrics']['mem/paper'] for r in _kron_lines(rows)])}x"
 
 
 def _full_speedup(rows: list[dict]) -> str:
-    ms = {r["model"]: r["metrics"]["fwd_bwd_ms"] for r in pick(rows, task="benchmark", shape=[16, 16, 16])}
+    ms = {r["model"]: r["metrics"]["fwd_bwd_ms"] for r in attention_lines(rows) if r["shape"] == [16, 16, 16]}
     return f"{ms['full'] / ms['kron_product']:.0f}x"
+
+
+def table_kernels(rows: list[dict]) -> str:
+    """docs/reproducing.md's kernel-efficiency claims."""
+    return _md(["claim", "command", "hoformer"], [
+        ["Kronecker attention is cheaper than the paper's equations", "`python benchmarks/attention.py --reps 5`",
+         f"{_kron_time(rows)} the time, {_kron_memory(rows)} the peak memory ({hardware_short(_kron_lines(rows))})"],
+        ["Kronecker against full attention at 16^3 tokens", "same",
+         f"{_full_speedup(rows)} faster (forward + backward)"],
+        ["the triplet kernel against Algorithm 1 (L=512, block 32)", "`python benchmarks/triplet.py --part target`",
+         "{} the time, {} the peak memory".format(*_triplet(rows).split(" / "))],
+        ["cost growth in the number of tokens", "`hoformer bench --models hot_volume_classifier`",
+         "growth exponents: [Analysis](analysis.md#flops-time-and-memory-hot-figs-6-7-hoformer-bench)"],
+    ])
 
 
 def _triplet(rows: list[dict]) -> str:
@@ -431,10 +604,10 @@ SUMMARY = [
     ("text (HOBA)", "SST-2 dev", "accuracy %", "-", lambda rows: _text(rows, "sst2"),
      lambda rows: pick(rows, task="text", dataset="sst2", model="hoba"), "results_text.md#results"),
     ("kernel (HOT)", "one layer, 4 shapes", "fwd+bwd time vs the paper's equations", "-", _kron_time,
-     lambda rows: pick(rows, task="benchmark", model=lambda m: m.startswith("kron_")),
-     "benchmarks.md#kronecker-attention-benchmarksattentionpy"),
+     _kron_lines, "benchmarks.md#kronecker-attention-benchmarksattentionpy"),
     ("kernel (HOT)", "one layer, 16^3 tokens", "fwd+bwd speed-up vs full attention", "-", _full_speedup,
-     lambda rows: pick(rows, task="benchmark", shape=[16, 16, 16]), "benchmarks.md#kronecker-attention-benchmarksattentionpy"),
+     lambda rows: [r for r in attention_lines(rows) if r["shape"] == [16, 16, 16] and r["model"] in ("full", "kron_product")],
+     "benchmarks.md#kronecker-attention-benchmarksattentionpy"),
     ("kernel (HOBA)", "L=512, block 32", "time / memory vs Algorithm 1", "-", _triplet,
      lambda rows: pick(rows, experiment="bench/triplet/target"), "benchmarks.md#hoba-triplet-attention-kernel"),
 ]
@@ -557,6 +730,10 @@ TABLES = {  # the name in `<!-- ledger:NAME -->` -> how the ledger renders it
           str(len(seeds_of(pick(rows, task="text", dataset=ds, model="hoba"))))]
          for name, ds in (("TREC test", "trec"), ("SST-2 dev", "sst2"))]),
     "text/students": table_text,
+    "bench/attention": table_attention,
+    "bench/attention_linear": table_attention_linear,
+    "bench/attention_core": table_attention_core,
+    "reproducing/kernels": table_kernels,
 }
 
 

@@ -76,3 +76,36 @@ def test_no_transcribed_line_stands_for_a_pending_campaign_experiment(monkeypatc
     planned = {e.name for plan in campaign.PLANS.values() for e in plan()}
     transcribed = {r["experiment"] for r in ledger.read_ledger() if r.get("record", "campaign") != "campaign"}
     assert planned and not transcribed & planned, sorted(transcribed & planned)
+
+
+def test_benchmark_lines_from_attention_py_render_the_kernel_tables(tmp_path, monkeypatch):
+    """``benchmarks/attention.py --ledger FILE`` appends one line per shape and variant with its provenance and the
+    command without the file; the tables use the newest line of each experiment, so a re-measurement replaces the
+    numbers it measured again."""
+    import sys
+    from types import SimpleNamespace
+
+    attention = load_benchmark("attention")
+    metrics = {"paper_product": (100.0, 50.0), "paper_sum": (100.0, 50.0), "kron_product": (40.0, 20.0),
+               "kron_sum": (30.0, 25.0), "kron_linear": (60.0, 45.0), "kron_linear_sum": (50.0, 45.0),
+               "kron_linear_assoc": (90.0, 80.0), "full": (400.0, 60.0), "axial": (200.0, 90.0)}
+    entries = [dict(experiment=f"bench/attention/16x16x16/{n}", model=n, split="fwd+bwd, B=2, fp32",
+                    metrics={"fwd_bwd_ms": t, "peak_mib": m, "t/paper": t / 100, "mem/paper": m / 50,
+                             "flop/paper": 0.5}, shape=[16, 16, 16], note="test") for n, (t, m) in metrics.items()]
+    path = tmp_path / "ledger.jsonl"
+    old = dict(entries[2], metrics={**entries[2]["metrics"], "t/paper": 0.9})  # an earlier measurement, superseded
+    monkeypatch.setattr(sys, "argv", ["attention.py", "--reps", "2", "--ledger", str(path)])
+    attention.write_ledger(SimpleNamespace(ledger=str(path)), [old], "cpu")
+    attention.write_ledger(SimpleNamespace(ledger=str(path)), entries, "cpu")
+    rows = ledger.read_ledger(path)
+    assert len(rows) == 10 and {r["command"] for r in rows} == {"python benchmarks/attention.py --reps 2"}
+    assert all(r["task"] == "benchmark" and r["record"] == "benchmark" and r["commit"] and r["hardware"]
+               for r in rows)
+    table = ledger.table_attention(rows)
+    assert "| (16,16,16) | kron_product | 40.0 | 20.0 | **0.40** | 0.40 | 0.50 |" in table
+    assert "0.30-0.40x the time, 0.40-0.50x the peak memory, 0.50-0.50x the FLOPs" in table
+    assert "(16,16,16) 10.0x / 13.3x" in table and "kron_linear_assoc" not in table
+    linear = ledger.table_attention_linear(rows)
+    assert "| (16,16,16) | 100.0 | 0.40x t, 0.40x mem | 0.60x t, 0.90x mem | 0.50x t, 0.90x mem | " \
+           "0.90x t, 1.60x mem | 1.50x |" in linear
+    assert ledger._kron_time(rows) == "0.30-0.40x" and ledger._full_speedup(rows) == "10x"
