@@ -219,11 +219,10 @@ class HOTModel(HoformerModel):
             raise TypeError(f"{fn}: `mlp_bias` must be a bool, got {mlp_bias!r}")
         self.attention, self.dim, self.patch_size, self.dropout = attention, dim, patch_size, dropout
         single = FORECAST_ATTENTIONS.get(attention)  # 1-mode baselines: axial attention along that mode only
+        layer = {"attention": "axial", "modes": (single,)} if single is not None else {"attention": attention}
         self._block_kw = dict(
             depth=depth, num_heads=num_heads, drop_path=drop_path, mlp_ratio=mlp_ratio, dropout=dropout,
-            qk_norm=qk_norm, mlp=mlp, mlp_hidden=d_mlp, mlp_bias=mlp_bias,
-            attention="axial" if single is not None else attention, **({"modes": (single,)} if single is not None
-                                                                         else {}),
+            qk_norm=qk_norm, mlp=mlp, mlp_hidden=d_mlp, mlp_bias=mlp_bias, **layer,
             **_attention_kwargs(fn, attention, locals()),
         )
 
