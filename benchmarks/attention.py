@@ -355,35 +355,31 @@ def main():
     if not args.no_core:
         lines += core_throughput(args, device, dtype, mm, mm_flops, mm_desc)
     if args.ledger:
-        write_ledger(args, [dict(experiment=f"bench/attention/{shape}/{name}", model=name, split=split, metrics=m,
+        suffix = _ledger().device_suffix(str(device), "fp32" if dtype == torch.float32 else "bf16")
+        write_ledger(args, [dict(experiment=f"bench/attention/{shape}/{name}{suffix}", model=name, split=split, metrics=m,
                                  shape=shape_list, note=note) if shape != "core" else m
-                            for shape, name, shape_list, m in lines], device)
+                            for shape, name, shape_list, m in lines], device, suffix)
 
 
-def write_ledger(args, entries: list[dict], device) -> None:
-    """Append ``entries`` to the ledger ``args.ledger`` with their provenance; the command is this one without
-    ``--ledger`` (a file path of this machine has no place in it)."""
+def _ledger():
+    """``benchmarks/ledger.py`` (this folder is not a package), imported once."""
     import importlib.util
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("ledger", Path(__file__).with_name("ledger.py"))
-    ledger = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ledger)
-    argv, rest = [], list(sys.argv[1:])
-    while rest:
-        a = rest.pop(0)
-        if a == "--ledger" and rest and rest[0] == args.ledger:  # `--ledger FILE`
-            rest.pop(0)
-        if not (a == "--ledger" or a.startswith("--ledger=")):
-            argv.append(a)
-    command = " ".join(["python benchmarks/attention.py", *argv])
-    path = Path(args.ledger)
-    for e in entries:
-        ledger.append_ledger(ledger.benchmark_line(
-            e["experiment"], e["model"], e["split"], e["metrics"], device=str(device),
-            threads=torch.get_num_threads(), command=command, note=e["note"],
-            **({"shape": e["shape"]} if "shape" in e else {})), path)
-    print(f"\n{len(entries)} lines appended to {path}")
+    if "ledger" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("ledger", Path(__file__).with_name("ledger.py"))
+        sys.modules["ledger"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["ledger"])
+    return sys.modules["ledger"]
+
+
+def write_ledger(args, entries: list[dict], device, suffix: str = "") -> None:
+    """Append ``entries`` to the ledger ``args.ledger`` with their provenance; ``suffix``: the experiment-name suffix
+    of a device or dtype other than CPU fp32 (the functional-core entries get it here)."""
+    entries = [e if e["experiment"].endswith(suffix) else {**e, "experiment": e["experiment"] + suffix}
+               for e in entries]
+    _ledger().append_benchmarks(entries, args.ledger, "attention.py", sys.argv[1:], device=str(device),
+                                threads=torch.get_num_threads())
 
 
 def core_throughput(args, device, dtype, mm, mm_flops, mm_desc) -> list[tuple]:

@@ -83,6 +83,38 @@ def benchmark_line(experiment: str, model: str, split: str, metrics: dict, *, de
             "date": dt.date.today().isoformat(), "command": command, "record": "benchmark"}
 
 
+def benchmark_command(script: str, argv: list[str], ledger_file: str | None) -> str:
+    """``python benchmarks/SCRIPT ARGS`` without ``--ledger [FILE]`` (a path of the machine that ran it)."""
+    out, rest = [], list(argv)
+    while rest:
+        a = rest.pop(0)
+        if a == "--ledger" and rest and rest[0] == ledger_file:
+            rest.pop(0)
+        if not (a == "--ledger" or a.startswith("--ledger=")):
+            out.append(a)
+    return " ".join([f"python benchmarks/{script}", *out])
+
+
+def append_benchmarks(entries: list[dict], path: str | Path, script: str, argv: list[str], *, device: str,
+                      threads: int) -> None:
+    """Append one :func:`benchmark_line` per entry (``experiment``, ``model``, ``split``, ``metrics``, ``note`` and
+    optional fields such as ``shape``) to the ledger ``path``; the command is ``script`` with ``argv``."""
+    command = benchmark_command(script, argv, str(path))
+    for e in entries:
+        extra = {k: v for k, v in e.items() if k not in ("experiment", "model", "split", "metrics", "note")}
+        append_ledger(benchmark_line(e["experiment"], e["model"], e["split"], e["metrics"], device=str(device),
+                                     threads=threads, command=command, note=e["note"], **extra), Path(path))
+    print(f"\n{len(entries)} lines appended to {path}")
+
+
+def device_suffix(device: str, dtype: str = "fp32") -> str:
+    """The experiment-name suffix of a benchmark measured off the default setting (CPU, fp32): ``+cuda``,
+    ``+bf16``, ``+cuda-bf16``, so that a GPU or bf16 line never stands for a CPU fp32 one."""
+    parts = [p for p in (str(device).split(":")[0] if not str(device).startswith("cpu") else "",
+                         dtype if dtype != "fp32" else "") if p]
+    return "+" + "-".join(parts) if parts else ""
+
+
 def latest(rows: list[dict]) -> list[dict]:
     """The last line of each experiment (a re-measurement supersedes the earlier lines), in ledger order."""
     last = {r["experiment"]: i for i, r in enumerate(rows)}
@@ -460,8 +492,8 @@ ATTN_VARIANTS = ("paper_product", "paper_sum", "kron_product", "kron_sum", "kron
 
 def attention_lines(rows: list[dict]) -> list[dict]:
     """The newest ``benchmarks/attention.py`` line of each shape and variant (layer rows, not the functional core)."""
-    return [r for r in latest(pick(rows, task="benchmark"))
-            if r["experiment"].startswith("bench/attention/") and not r["experiment"].startswith("bench/attention/core/")]
+    return [r for r in latest(pick(rows, task="benchmark")) if r["experiment"].startswith("bench/attention/")
+            and not r["experiment"].startswith("bench/attention/core/") and "+" not in r["experiment"]]
 
 
 def _shapes(rs: list[dict]) -> list[tuple]:
@@ -551,7 +583,7 @@ def table_attention_linear(rows: list[dict]) -> str:
 def table_attention_core(rows: list[dict]) -> str:
     """The functional core's throughput (forward + backward, pooled q / k given) against a matmul timed in the same
     rounds, counting useful work (the product's recomputation in the backward pass not counted)."""
-    rs = latest(pick(rows, task="benchmark", experiment=lambda e: e.startswith("bench/attention/core/")))
+    rs = latest(pick(rows, task="benchmark", experiment=lambda e: e.startswith("bench/attention/core/") and "+" not in e))
     table = _md(["combine", "shape", "ms", "useful GFLOP/s", "of the matmul's", "executed GFLOP/s", "matmul GFLOP/s"],
                 [[r["model"].rsplit("_", 1)[-1], f"{_shape_label(r['shape'])}, {r['split'].split(', pooled')[0]}",
                   f"{r['metrics']['ms']:.1f}", f"{r['metrics']['useful_gflops']:.1f}",

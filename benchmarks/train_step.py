@@ -3,6 +3,7 @@ layer in the same model, each eager and compiled the same way, side by side in o
 
 Run:  .venv/bin/python benchmarks/train_step.py [--device cuda] [--precision 32|bf16] [--reps 10]
                                                 [--modes default reduce-overhead ...] [--cases etth1 weather adrenal]
+                                                [--ledger [FILE]]
 
 One training step = forward in train mode, MSE / cross-entropy loss, backward, optimiser step (the task's
 ``Optimization``: AdamW, fused on CUDA), at the sizes of the paper configs (``configs/hot/ltsf.yaml``: width 128,
@@ -30,10 +31,18 @@ from hoformer.models import create_model
 from hoformer.train import CompileModel, Optimization
 from hoformer.train.optim import configure_optimization
 
-_spec = importlib.util.spec_from_file_location("attention_bench", Path(__file__).with_name("attention.py"))
-attention_bench = importlib.util.module_from_spec(_spec)
-sys.modules["attention_bench"] = attention_bench
-_spec.loader.exec_module(attention_bench)
+
+
+def _sibling(name: str):
+    """A script next to this one (``benchmarks/`` is not a package), imported once."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+attention_bench = _sibling("attention")
 
 CASES = {  # name -> (registered model, kwargs, batch size): the paper configs' sizes
     "etth1": ("hot_forecaster", dict(seq_len=96, pred_len=96, num_variates=7, dim=128, depth=2, num_heads=8,
@@ -51,6 +60,11 @@ class PaperAttention(torch.nn.Module):
     def __init__(self, dim: int, heads: int, num_modes: int, combine: str) -> None:
         super().__init__()
         self.inner = attention_bench.PaperKronecker(dim, heads, num_modes, combine)
+
+    def _entry(self, x, masks):
+        """What :class:`~hoformer.layers.Encoder` asks its first block's attention for: the checked masks (this
+        layer takes none)."""
+        return None
 
     def forward(self, x, masks=None):
         return self.inner(x)
@@ -103,6 +117,8 @@ def main(argv=None) -> int:
                         "none: eager only")
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     p.add_argument("--batch", type=int, help="batch size (default: the paper's 32)")
+    p.add_argument("--ledger", nargs="?", const="results/ledger.jsonl", default=None, metavar="FILE",
+                   help="append the results to the results ledger (default file: results/ledger.jsonl)")
     a = p.parse_args(argv)
     if a.reps < 1:
         p.error(f"--reps must be >= 1, got {a.reps}")
@@ -111,6 +127,7 @@ def main(argv=None) -> int:
           f"threads {torch.get_num_threads()}, precision {a.precision}, reps {a.reps}, torch {torch.__version__}")
     print("| case | variant | hoformer ms/step | paper ms/step | hoformer / paper | hoformer MiB | paper MiB |")
     print("|---|---|---:|---:|---:|---:|---:|")
+    entries = []
     for case in a.cases:
         name, kw, batch = CASES[case]
         batch = a.batch or batch
@@ -144,10 +161,25 @@ def main(argv=None) -> int:
             o, q = best[(variant, "hoformer")], best[(variant, "paper")]
             mem = (f"{peak[(variant, 'hoformer')]:.0f} | {peak[(variant, 'paper')]:.0f}" if peak else "- | -")
             print(f"| {case} | {variant} | {o * 1e3:.1f} | {q * 1e3:.1f} | **{o / q:.2f}** | {mem} |", flush=True)
+            m = {"hoformer_ms": round(o * 1e3, 2), "paper_ms": round(q * 1e3, 2), "hoformer/paper": round(o / q, 3),
+                 "compiled/eager": round(o / best[("eager", "hoformer")], 3)}
+            if peak:
+                m |= {"hoformer_mib": round(peak[(variant, "hoformer")], 1), "paper_mib": round(peak[(variant, "paper")], 1)}
+            prec = "bf16" if a.precision == "bf16" else "fp32"
+            entries.append(dict(experiment=f"bench/train_step/{case}/{variant.replace(' ', '-')}"
+                                           f"{_sibling('ledger').device_suffix(str(device), prec)}", model=name,
+                                split=f"training step, B={batch}, {prec}", metrics=m, case=case, variant=variant,
+                                note=f"minimum of {a.reps} round-robin rounds; paper: the same model with the "
+                                     "paper-equation attention layer, compiled the same way; peak memory of one step "
+                                     "(CUDA only)"))
         eager = best[("eager", "hoformer")]
         for mode in a.modes:
             print(f"| {case} | compiled {mode} / eager (hoformer) | | | {best[(f'compiled {mode}', 'hoformer')] / eager:.2f} "
                   "| | |", flush=True)
+    if a.ledger:
+        ledger = _sibling("ledger")
+        ledger.append_benchmarks(entries, a.ledger, "train_step.py", sys.argv[1:] if argv is None else argv,
+                                 device=str(device), threads=torch.get_num_threads())
     return 0
 
 

@@ -109,3 +109,25 @@ def test_benchmark_lines_from_attention_py_render_the_kernel_tables(tmp_path, mo
     assert "| (16,16,16) | 100.0 | 0.40x t, 0.40x mem | 0.60x t, 0.90x mem | 0.50x t, 0.90x mem | " \
            "0.90x t, 1.60x mem | 1.50x |" in linear
     assert ledger._kron_time(rows) == "0.30-0.40x" and ledger._full_speedup(rows) == "10x"
+    # a GPU or bf16 measurement is its own experiment and never stands in the CPU fp32 table
+    assert ledger.device_suffix("cuda:0") == "+cuda" and ledger.device_suffix("cpu", "bf16") == "+bf16"
+    monkeypatch.setattr(ledger, "hardware", lambda device, threads: "a GPU (CUDA 13)")
+    attention.write_ledger(SimpleNamespace(ledger=str(path)), [dict(entries[2], metrics={
+        **entries[2]["metrics"], "t/paper": 0.1})], "cuda", ledger.device_suffix("cuda"))
+    rows = ledger.read_ledger(path)
+    assert rows[-1]["experiment"] == "bench/attention/16x16x16/kron_product+cuda"
+    assert ledger.table_attention(rows) == table
+
+
+def test_train_step_benchmark_runs_and_writes_its_lines(tmp_path, capsys):
+    """``benchmarks/train_step.py`` (the paper-size training step, hoformer's layer against the paper-equation layer
+    in the same model; the first item of a GPU window) runs end to end and records one ledger line per variant."""
+    train_step = load_benchmark("train_step")
+    path = tmp_path / "ledger.jsonl"
+    argv = ["--cases", "etth1", "--reps", "1", "--modes", "--batch", "2", "--ledger", str(path)]
+    assert train_step.main(argv) == 0
+    assert "| etth1 | eager |" in capsys.readouterr().out
+    (row,) = ledger.read_ledger(path)
+    assert row["experiment"] == "bench/train_step/etth1/eager" and row["model"] == "hot_forecaster"
+    assert row["command"] == "python benchmarks/train_step.py --cases etth1 --reps 1 --modes --batch 2"
+    assert row["metrics"]["hoformer_ms"] > 0 and row["metrics"]["paper_ms"] > 0
