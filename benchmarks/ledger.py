@@ -716,6 +716,53 @@ WEATHER = [("HOT (product), 12-min cap", dict(dataset="weather", model="hot_prod
            ("Transformer (temporal), 12-min cap", dict(dataset="weather", model="temporal", variant="rerun"))]
 
 
+def _ltsf_cell(rows: list[dict], seeds: list | None, **select) -> tuple[str, list]:
+    """``MSE / MAE`` averaged over the four horizons (and over ``seeds``; None: the lines' single seed), ``-`` for a
+    metric the lines do not hold for every seed and horizon; and the seeds."""
+    rs = pick(rows, **select)
+    seeds = seeds if seeds is not None else seeds_of(rs)
+    out = []
+    for name in ("test/mse", "test/mae"):
+        vals = [horizon_average(rs, s, name) for s in seeds]
+        out.append("-" if not vals or any(v is None for v in vals) else f"{_mean(vals):.3f}")
+    return " / ".join(out), seeds
+
+
+def table_reproducing_ltsf(rows: list[dict]) -> str:
+    """docs/reproducing.md's forecasting table: four-horizon averages of the CPU-budget runs against the papers."""
+    itr = _paper_avg("ETTh1/avg") + " (iTransformer paper)"
+    groups = [
+        ("ETTh1", "HOT product", f"not in the paper (iTransformer {_paper_avg('ETTh1/avg')})", "CPU configs + EMA 0.99",
+         SEEDS5, ETTH1_EMA | {"model": "hot_product"}),
+        ("ETTh1", "HOT sum", "not in the paper", "CPU configs + EMA 0.99", SEEDS5, ETTH1_EMA | {"model": "hot_sum"}),
+        ("ETTh1", "spatial (= iTransformer)", itr, "CPU configs + EMA 0.99", SEEDS5, ETTH1_EMA | {"model": "spatial"}),
+        ("Weather", "HOT sum", _paper_avg("weather/hot/avg"), "CPU config + EMA 0.99, early stopping", None, WEATHER_SUM),
+        ("Weather", "HOT product", _paper_avg("weather/hot/avg"), "CPU config, early stopping", None,
+         dict(dataset="weather", model="hot_product", variant="uncapped")),
+        ("Weather", "spatial (= iTransformer)", _paper_avg("weather/spatial/avg"), "CPU config, 12-minute cap", None,
+         dict(dataset="weather", model="spatial", variant="rerun")),
+    ]
+    body = []
+    for ds, model, paper, budget, seeds, select in groups:
+        cell, used = _ltsf_cell(rows, seeds, **select)
+        body.append([ds, model, paper, cell, budget, ", ".join(map(str, used)) or "-"])
+    return _md(["dataset, average of 4 horizons", "model", "paper MSE / MAE", "hoformer MSE / MAE", "budget", "seeds"],
+               body)
+
+
+def table_reproducing_traffic(rows: list[dict]) -> str:
+    """docs/reproducing.md's Los-loop rows: Weaver NT and the best baseline, MAE at 30 / 60 minutes."""
+    body = []
+    weaver = pick(rows, task="traffic", model="weaver_NT")
+    base = [r for r in pick(rows, task="traffic") if not r["model"].startswith("weaver")]
+    best = [min(base, key=lambda r: r["metrics"]["test/mae@30m"])] if base else []
+    for label, rs in (("Weaver NT (Tanimoto)", weaver), (f"best baseline (`{best[0]['model']}`)" if best else "", best)):
+        for r in rs:
+            body.append(["Los-loop", label, "-", f"{r['metrics']['test/mae@30m']:.2f} / {r['metrics']['test/mae@60m']:.2f}",
+                         f"{r['epochs']} epochs", ", ".join(map(str, seeds_of([r])))])
+    return _md(["dataset", "model", "paper MAE", "hoformer MAE 30 / 60 min", "budget", "seeds"], body)
+
+
 def _weather_paper(rs: list[dict]) -> str:
     return _paper_avg({"spatial": "weather/spatial/avg", "temporal": "weather/temporal/avg"}
                       .get(rs[0]["model"], "weather/hot/avg"))
@@ -726,6 +773,8 @@ TABLES = {  # the name in `<!-- ledger:NAME -->` -> how the ledger renders it
     "results/overview": lambda rows: table_summary(rows),
     "results/readme": lambda rows: table_summary(rows, prefix="docs/"),
     "hot/summary": table_hot_summary,
+    "reproducing/ltsf": table_reproducing_ltsf,
+    "reproducing/traffic": table_reproducing_traffic,
     "hot/etth1_seeds": lambda rows: table_seeds(rows, EMA_GROUPS, SEEDS5,
                                                 paper={LABELS["spatial"]: _paper_avg("ETTh1/avg") + " (iTransformer)"}),
     "hot/etth1_seed2024": lambda rows: table_horizons(rows, [(l, s | {"seed": 2024}) for l, s in EMA_GROUPS],
