@@ -629,6 +629,207 @@ def _triplet(rows: list[dict]) -> str:
     return f"{m['fast_s'] / m['naive_s']:.2f}x / {m['fast_peak_mib'] / m['naive_peak_mib']:.2f}x"
 
 
+# ------------------------------------------------------------------------------------------- analysis.md
+# docs/analysis.md: stable ranks and head counts of short training runs (``task: analysis``) and ``hoformer bench``'s
+# growth exponents and analytic FLOPs (``task: benchmark``, experiments ``bench/growth/*``, ``bench/flops/*``).
+PAPER["hot/flops_224"] = {"kronecker": 371.6, "full": 775.3, "divided": 1210,
+                          "source": "HOT Fig 6, GFLOPs per 224^3 volume, configuration not stated"}
+
+ANALYSIS_LABELS = {"hot_product": "HOT product", "hot_sum": "HOT sum", "full": "full attention",
+                   "kronecker_product": "Kronecker product", "kronecker_sum": "Kronecker sum",
+                   "kronecker_linear": "Kronecker linear (FAVOR+)", "axial": "axial", "divided": "divided"}
+#: the attention types of ``hoformer bench``, in its order
+BENCH_ATTENTIONS = ("kronecker_product", "kronecker_sum", "kronecker_linear", "full", "axial", "divided")
+GROWTH = (("exp_flops", "analytic FLOPs"), ("exp_fwd", "forward time"), ("exp_fwdbwd", "forward+backward time"),
+          ("exp_mem", "peak memory"))
+
+
+def _lines_under(rows: list[dict], prefix: str) -> list[dict]:
+    """The newest line of each experiment whose name starts with ``prefix``."""
+    return latest([r for r in rows if r["experiment"].startswith(prefix)])
+
+
+def _sr(v: float | None) -> str:
+    """A logged stable rank as recorded (4 significant digits at most)."""
+    return "" if v is None else f"{v:.4g}"
+
+
+def _span(vals: list[float], fmt=_sr) -> str:
+    lo, hi = min(vals), max(vals)
+    return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)}-{fmt(hi)}"
+
+
+def _transcribed(rs: list[dict], names: str) -> str:
+    """Where a block's lines come from: their ledger names, record, hardware, torch and dates."""
+    sources: dict[str, list[str]] = {}
+    for r in rs:
+        m = re.fullmatch(r"transcribed: (\S+) at (\w+); run log not kept", r.get("record", "campaign"))
+        file, sha = (f"transcribed from {m.group(1)}", m.group(2)) if m else (r.get("record", "campaign"), r["commit"])
+        sources.setdefault(file, [])
+        if sha not in sources[file]:
+            sources[file].append(sha)
+    how = "; ".join(f"{k} at {', '.join(v)}" for k, v in sources.items())
+    how += ", run logs not kept" if any(k.startswith("transcribed") for k in sources) else ""
+    torch_ = ", ".join(dict.fromkeys("not recorded" if r["torch"] is None else r["torch"] for r in rs))
+    return (f"Ledger lines `{names}` ({how}): {', '.join(dict.fromkeys(r['hardware'] for r in rs))}; "
+            f"torch {torch_}; {', '.join(dict.fromkeys(r['date'] for r in rs))}.")
+
+
+def table_stable_ranks(rows: list[dict], dataset: str, modes: list[str], val: tuple[str, str]) -> str:
+    """Validation metric and stable ranks (per mode, product, sum, full) of the runs ``analysis/stable_rank/DATASET/*``;
+    then eq 11 checked from the lines (the product of the mode-wise stable ranks against the logged product's) and the
+    Kronecker sum's stable rank against the product's."""
+    rs = _lines_under(rows, f"analysis/stable_rank/{dataset}/")
+    name, header = val
+    cols = [f"val/sr/mode{i}" for i in range(len(modes))] + ["val/sr/product", "val/sr/sum", "val/sr/full"]
+    cols = [c for c in cols if any(c in r["metrics"] for r in rs)] or cols
+    heads = {f"val/sr/mode{i}": f"sr {m}" for i, m in enumerate(modes)}
+    body = [[ANALYSIS_LABELS.get(r["model"], r["model"]), _fmt(r["metrics"].get(name)),
+             *(_sr(r["metrics"].get(c)) for c in cols)] for r in rs]
+    table = _md(["run", header, *(heads.get(c, "sr " + c.rsplit("/", 1)[1]) for c in cols)], body)
+    kron = [r for r in rs if {*heads, "val/sr/product"} <= set(r["metrics"])]
+    if not rs:
+        return table
+    out = [table, ""]
+    if kron:
+        checks = []
+        for r in kron:
+            factors = [r["metrics"][c] for c in heads]
+            prod = 1.0
+            for f in factors:
+                prod *= f
+            checks.append(f"{ANALYSIS_LABELS.get(r['model'], r['model'])} {' x '.join(map(_sr, factors))} = "
+                          f"{prod:.3f} (logged {_sr(r['metrics']['val/sr/product'])})")
+        out.append(f"* **Product of the mode-wise stable ranks** (eq 11): {'; '.join(checks)}. The logged values are "
+                   "means over batch, heads and layers, so the two agree up to that averaging.")
+        both = [r for r in kron if "val/sr/sum" in r["metrics"]]
+        if both:
+            ratio = [r["metrics"]["val/sr/sum"] / r["metrics"]["val/sr/product"] for r in both]
+            full = [r["metrics"]["val/sr/full"] for r in rs if "val/sr/full" in r["metrics"]]
+            out.append(f"* **Kronecker sum against product** (same factors): sum {_span([r['metrics']['val/sr/sum'] for r in both])}, "
+                       f"product {_span([r['metrics']['val/sr/product'] for r in both])}, i.e. "
+                       f"{_span(ratio, lambda v: f'{v:.1f}')}x" + (f"; full attention {_span(full)}." if full else "."))
+    out.append(f"* {_transcribed(rs, f'analysis/stable_rank/{dataset}/*')}")
+    return "\n".join(out)
+
+
+def table_heads(rows: list[dict]) -> str:
+    """Validation MSE per number of heads (columns) and attention (rows) of ``analysis/heads/etth1/*``, the range of
+    each row and of all runs."""
+    rs = _lines_under(rows, "analysis/heads/etth1/")
+    counts = sorted({r["heads"] for r in rs})
+    body = []
+    for model in dict.fromkeys(r["model"] for r in rs):
+        by = {r["heads"]: r["metrics"]["val/mse"] for r in pick(rs, model=model)}
+        body.append([LABELS.get(model, model), *(_fmt(by.get(h), 4) for h in counts),
+                     _span(list(by.values()), lambda v: f"{v:.4f}")])
+    table = _md(["attention", *(f"{h} head{'s' * (h != 1)}" for h in counts), "range"], body)
+    if not rs:
+        return table
+    mses = [r["metrics"]["val/mse"] for r in rs]
+    return "\n".join([table, "", f"* All {len(rs)} runs: validation MSE {_span(mses, lambda v: f'{v:.4f}')}, a spread of "
+                      f"{max(mses) - min(mses):.4f} ({100 * (max(mses) - min(mses)) / _mean(mses):.1f}% of their mean).",
+                      f"* {_transcribed(rs, 'analysis/heads/etth1/*')}"])
+
+
+def _runs(lines: list[dict]) -> list[dict[str, dict]]:
+    """The lines of one ``hoformer bench`` call each (same commit and date), in ledger order: {attention: metrics}."""
+    runs: dict[tuple, dict[str, dict]] = {}
+    for r in lines:
+        runs.setdefault((r["commit"], r["date"]), {})[r["model"]] = r["metrics"]
+    return list(runs.values())
+
+
+def table_bench_growth(rows: list[dict]) -> str:
+    """``hoformer bench``'s growth exponents (``bench/growth/*``): per attention type the newest line holding all four
+    exponents; then the change between runs of the same command (largest difference, whether the order of the types
+    changed) and the time per sample at the sizes the lines record (``time_fwdbwd_ms@TOKENS``)."""
+    lines = [r for r in pick(rows, task="benchmark") if r["experiment"].startswith("bench/growth/")]
+    full_lines = {}
+    for r in lines:
+        if all(k in r["metrics"] for k, _ in GROWTH):
+            full_lines[r["model"]] = r  # the newest complete line wins
+    order = [a for a in BENCH_ATTENTIONS if a in full_lines] + [a for a in full_lines if a not in BENCH_ATTENTIONS]
+    body = []
+    for a in order:
+        r = full_lines[a]
+        label = ANALYSIS_LABELS.get(a, a)
+        if "every factor by associativity" in r.get("metrics_note", ""):
+            label += ", every factor by associativity (see below)"
+        body.append([label, *(f"{r['metrics'][k]:.2f}" for k, _ in GROWTH)])
+    table = _md(["attention", *(h for _, h in GROWTH)], body)
+    if not lines:
+        return table
+    out = [table, ""]
+    runs = _runs(lines)
+    if len(runs) > 1:
+        keys = ("exp_fwd", "exp_fwdbwd")
+        common = [a for a in BENCH_ATTENTIONS if all(a in run and all(k in run[a] for k in keys) for run in runs)]
+        diffs = [(max(v) - min(v), ANALYSIS_LABELS.get(a, a), k) for a in common for k in keys
+                 for v in [[run[a][k] for run in runs]]]
+        same = all(len({tuple(sorted(common, key=lambda a: run[a][k])) for run in runs}) == 1 for k in keys)
+        per_run = "; ".join(
+            f"run {i + 1}: " + ", ".join(f"{run[a]['exp_fwd']:.2f} / {run[a]['exp_fwdbwd']:.2f} ({ANALYSIS_LABELS.get(a, a)})"
+                                         for a in common) for i, run in enumerate(runs))
+        d, who, k = max(diffs)
+        out.append(f"* **Run to run** ({len(runs)} runs of the same command), forward / forward+backward exponents: "
+                   f"{per_run}. The largest change between runs is {d:.2f} ({who}, "
+                   f"{'forward' if k == 'exp_fwd' else 'forward+backward'}); the order of the types by exponent "
+                   f"{'is the same in every run' if same else 'changes between runs'}.")
+    timed: dict[int, dict[str, float]] = {}
+    for r in lines:  # the newest line holding a timing gives it
+        for k, v in r["metrics"].items():
+            if k.startswith("time_fwdbwd_ms@"):
+                timed.setdefault(int(k.split("@")[1]), {})[r["model"]] = v
+    for tokens, by in sorted(timed.items()):
+        cells = [f"{by[a]:.0f} ms ({ANALYSIS_LABELS.get(a, a)})" for a in BENCH_ATTENTIONS if a in by]
+        ratio = (f": full attention takes {by['full'] / by['kronecker_product']:.0f}x the Kronecker product's time"
+                 if {"full", "kronecker_product"} <= set(by) else "")
+        out.append(f"* **At {tokens:,} tokens**, forward+backward per sample: {' vs '.join(cells)}{ratio}.")
+    out.append(f"* {_transcribed(lines, 'bench/growth/*')} Command: `{lines[0]['command']}`.")
+    return "\n".join(out)
+
+
+def table_bench_flops(rows: list[dict]) -> str:
+    """Analytic GFLOPs per sample of ``hot_volume_classifier`` on one volume size (``bench/flops/*``), one column per
+    patch size, with the paper's; then the lower bound of full attention's matmuls, ``4 h e N^2 depth``
+    (``h e`` = width), from the lines' sizes."""
+    lines = latest([r for r in pick(rows, task="benchmark") if r["experiment"].startswith("bench/flops/")])
+    patches = sorted({r["patch"] for r in lines})
+    side = lambda r: r["shape"][0] // r["patch"]
+    tokens = {p: next(side(r) ** len(r["shape"]) for r in lines if r["patch"] == p) for p in patches}
+    paper = PAPER["hot/flops_224"]
+    pcell = {"kronecker_product": f"{paper['kronecker']} (Kronecker)", "kronecker_sum": f"{paper['kronecker']} (Kronecker)",
+             "full": str(paper["full"]), "divided": str(paper["divided"])}
+    models = [a for a in BENCH_ATTENTIONS if any(r["model"] == a for r in lines)]
+    body = []
+    for a in models:
+        by = {r["patch"]: r["metrics"]["gflops"] for r in lines if r["model"] == a}
+        body.append([ANALYSIS_LABELS.get(a, a), *(f"{by[p]:,g}" if p in by else "-" for p in patches), pcell.get(a, "-")])
+    head = [f"patch {p} ({round(tokens[p] ** (1 / 3))}^3 = {tokens[p]:,} tokens)" for p in patches]
+    table = _md(["attention, GFLOPs per sample", *head, "paper (configuration not stated)"], body)
+    full = [r for r in lines if r["model"] == "full" and r["patch"] == min(patches)] if lines else []
+    if not lines:
+        return table
+    out = [table, ""]
+    if full:
+        r = full[0]
+        n = tokens[r["patch"]]
+        bound = 4 * r["dim"] * n ** 2 * r["depth"]
+        out.append(f"* **Full attention's lower bound** at {n:,} tokens: its attention matmuls alone cost "
+                   f"`4 h e N^2 depth` = 4 x {r['dim']} x {n:,}^2 x {r['depth']} = "
+                   f"{bound / 10 ** (e := len(str(int(bound))) - 1):.1f}e{e} FLOPs "
+                   f"({bound / 1e9:,.0f} GFLOPs); counted: {r['metrics']['gflops']:,g}.")
+    kron = [r for r in lines if r["model"] == "kronecker_product" and r["patch"] == min(patches)]
+    if kron:
+        g = kron[0]["metrics"]["gflops"]
+        out.append(f"* **Kronecker against the paper**: {g:,g} GFLOPs, {g / paper['kronecker']:.2f}x the paper's "
+                   f"{paper['kronecker']} ({paper['source']}).")
+    out.append(f"* {_transcribed(lines, 'bench/flops/*')} Commands: "
+               f"{', '.join(f'`{c}`' for c in dict.fromkeys(r['command'] for r in lines))}.")
+    return "\n".join(out)
+
+
 # each: task, dataset, metric, paper, hoformer (rows -> str), the lines behind it (rows -> lines), docs page#anchor
 SUMMARY = [
     ("forecasting (HOT)", "ETTh1, 4 horizons, CPU budget", "MSE", "0.454 (iTransformer)", _etth1,
@@ -773,6 +974,15 @@ TABLES = {  # the name in `<!-- ledger:NAME -->` -> how the ledger renders it
     "results/overview": lambda rows: table_summary(rows),
     "results/readme": lambda rows: table_summary(rows, prefix="docs/"),
     "hot/summary": table_hot_summary,
+    "analysis/etth1_stable_ranks": lambda rows: table_stable_ranks(rows, "etth1", ["variates (7)", "time (24)"],
+                                                                   ("val/mse", "val MSE")),
+    "analysis/weather_stable_ranks": lambda rows: table_stable_ranks(rows, "weather", ["variates (21)", "time"],
+                                                                     ("val/mse", "val MSE")),
+    "analysis/adrenal_stable_ranks": lambda rows: table_stable_ranks(rows, "adrenal", ["depth", "height", "width"],
+                                                                     ("val/auc", "val AUC")),
+    "analysis/heads": table_heads,
+    "analysis/bench_growth": table_bench_growth,
+    "analysis/bench_flops": table_bench_flops,
     "reproducing/ltsf": table_reproducing_ltsf,
     "reproducing/traffic": table_reproducing_traffic,
     "hot/etth1_seeds": lambda rows: table_seeds(rows, EMA_GROUPS, SEEDS5,

@@ -131,3 +131,89 @@ def test_train_step_benchmark_runs_and_writes_its_lines(tmp_path, capsys):
     assert row["experiment"] == "bench/train_step/etth1/eager" and row["model"] == "hot_forecaster"
     assert row["command"] == "python benchmarks/train_step.py --cases etth1 --reps 1 --modes --batch 2"
     assert row["metrics"]["hoformer_ms"] > 0 and row["metrics"]["paper_ms"] > 0
+
+
+# ------------------------------------------------------------------------------------------- analysis.md
+def _analysis_line(experiment: str, model: str, metrics: dict, commit: str = "abc1234", **more) -> dict:
+    return {"experiment": experiment, "task": "benchmark" if experiment.startswith("bench/") else "analysis",
+            "dataset": "D", "model": model, "scale": "cpu", "split": "val", "metrics": metrics, "seed": None,
+            "epochs": 1, "best_epoch": None, "stopping": None, "wall_s": None, "hardware": "CPU, 2 cores, 1 thread(s) per run",
+            "torch": None, "commit": commit, "date": "2026-01-01", "command": "hoformer x",
+            "record": f"transcribed: docs/analysis.md at {commit}; run log not kept", **more}
+
+
+ANALYSIS_TABLES = ("analysis/etth1_stable_ranks", "analysis/weather_stable_ranks", "analysis/adrenal_stable_ranks",
+                   "analysis/heads", "analysis/bench_growth", "analysis/bench_flops")
+
+
+def test_stable_rank_table_computes_eq_11_and_the_sum_ratio_from_the_lines():
+    rows = [_analysis_line("analysis/stable_rank/etth1/hot_product", "hot_product",
+                           {"val/mse": 0.5, "val/sr/mode0": 1.5, "val/sr/mode1": 2.0, "val/sr/product": 2.9,
+                            "val/sr/sum": 8.7}),
+            _analysis_line("analysis/stable_rank/etth1/full", "full", {"val/mse": 0.4, "val/sr/full": 1.25})]
+    table = ledger.TABLES["analysis/etth1_stable_ranks"](rows)
+    assert "| HOT product | 0.500 | 1.5 | 2 | 2.9 | 8.7 |  |" in table and "| full attention | 0.400 |" in table
+    assert "HOT product 1.5 x 2 = 3.000 (logged 2.9)" in table and "3.0x; full attention 1.25." in table
+    assert "at abc1234, run logs not kept" in table
+    rows[0] = copy.deepcopy(rows[0])
+    rows[0]["metrics"]["val/sr/mode0"] = 1.0  # one line changes: the derived numbers follow
+    table = ledger.TABLES["analysis/etth1_stable_ranks"](rows)
+    assert "HOT product 1 x 2 = 2.000 (logged 2.9)" in table
+    # a re-measurement under the same name supersedes the line
+    rows.append(_analysis_line("analysis/stable_rank/etth1/full", "full", {"val/mse": 0.3, "val/sr/full": 1.5}))
+    assert "| full attention | 0.300 |" in ledger.TABLES["analysis/etth1_stable_ranks"](rows)
+
+
+def test_heads_table_and_its_spread_come_from_the_lines():
+    rows = [_analysis_line(f"analysis/heads/etth1/hot_{c}/h{h}", f"hot_{c}", {"val/mse": v}, heads=h)
+            for c, vals in (("product", (0.70, 0.72)), ("sum", (0.71, 0.74))) for h, v in zip((1, 8), vals)]
+    table = ledger.TABLES["analysis/heads"](rows)
+    assert "| HOT (product) | 0.7000 | 0.7200 | 0.7000-0.7200 |" in table and "| 1 head | 8 heads |" in table
+    assert "All 4 runs: validation MSE 0.7000-0.7400, a spread of 0.0400" in table
+    rows[3] = dict(rows[3], metrics={"val/mse": 0.90})
+    assert "0.7000-0.9000, a spread of 0.2000" in ledger.TABLES["analysis/heads"](rows)
+
+
+def test_growth_table_shows_the_newest_complete_run_and_the_change_between_runs():
+    exps = lambda f, fw, fb, m: {"exp_flops": f, "exp_fwd": fw, "exp_fwdbwd": fb, "exp_mem": m}
+    rows = [_analysis_line("bench/growth/kronecker_product", "kronecker_product",
+                           {**exps(1.1, 0.9, 0.9, 1.0), "time_fwdbwd_ms@4096": 30.0}, commit="aaaaaaa"),
+            _analysis_line("bench/growth/full", "full", {**exps(2.0, 1.8, 1.9, 1.0), "time_fwdbwd_ms@4096": 600.0},
+                           commit="aaaaaaa"),
+            # a second run that kept only the time exponents: in the spread, not in the table
+            _analysis_line("bench/growth/kronecker_product", "kronecker_product", {"exp_fwd": 1.2, "exp_fwdbwd": 1.0},
+                           commit="bbbbbbb"),
+            _analysis_line("bench/growth/full", "full", {"exp_fwd": 2.1, "exp_fwdbwd": 2.0}, commit="bbbbbbb")]
+    table = ledger.TABLES["analysis/bench_growth"](rows)
+    assert "| Kronecker product | 1.10 | 0.90 | 0.90 | 1.00 |" in table and "| full attention | 2.00 | 1.80 |" in table
+    assert "The largest change between runs is 0.30 (full attention, forward)" in table
+    assert "is the same in every run" in table
+    assert "30 ms (Kronecker product) vs 600 ms (full attention): full attention takes 20x" in table
+    assert "at aaaaaaa, bbbbbbb" in table
+    rows[2] = dict(rows[2], metrics={"exp_fwd": 2.5, "exp_fwdbwd": 1.0})  # the product now grows faster than full
+    table = ledger.TABLES["analysis/bench_growth"](rows)
+    assert "The largest change between runs is 1.60 (Kronecker product, forward)" in table
+    assert "changes between runs" in table
+    rows.append(_analysis_line("bench/growth/kronecker_product", "kronecker_product", exps(1.0, 0.8, 0.8, 0.9),
+                               commit="ccccccc"))  # a complete newer run replaces the table row
+    assert "| Kronecker product | 1.00 | 0.80 | 0.80 | 0.90 |" in ledger.TABLES["analysis/bench_growth"](rows)
+
+
+def test_flops_table_derives_tokens_and_the_full_attention_bound_from_the_sizes():
+    sizes = dict(shape=[64, 64, 64], depth=2, dim=32, heads=4)
+    rows = [_analysis_line(f"bench/flops/64^3/{a}", a, {"gflops": g}, patch=4, **sizes)
+            for a, g in (("kronecker_product", 0.5), ("full", 1234.5))]
+    rows.append(_analysis_line("bench/flops/64^3+patch16/full", "full", {"gflops": 0.25}, patch=16, **sizes))
+    table = ledger.TABLES["analysis/bench_flops"](rows)
+    assert "patch 4 (16^3 = 4,096 tokens) | patch 16 (4^3 = 64 tokens)" in table
+    assert "| full attention | 1,234.5 | 0.25 | 775.3 |" in table and "| Kronecker product | 0.5 | - |" in table
+    bound = 4 * 32 * 4096 ** 2 * 2  # 4 h e N^2 depth, h e = width
+    assert f"= 4 x 32 x 4,096^2 x 2 = {bound / 1e9:.1f}e9 FLOPs ({bound / 1e9:,.0f} GFLOPs)" in table
+    paper = ledger.PAPER["hot/flops_224"]["kronecker"]
+    assert f"{0.5 / paper:.2f}x the paper's {paper}" in table
+
+
+def test_analysis_tables_of_no_lines_say_so():
+    for name in ANALYSIS_TABLES:
+        body = ledger.TABLES[name]([]).splitlines()
+        assert len(body) == 3 and body[2].startswith(f"| {ledger.NO_RUNS} |"), name
