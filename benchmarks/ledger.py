@@ -871,7 +871,7 @@ def table_train_step(rows: list[dict]) -> str:
              f"**{r['metrics']['hoformer_ms'] / r['metrics']['paper_ms']:.2f}**",
              f"{r['metrics']['hoformer_ms'] / eager[r['case']]:.2f}" if r["case"] in eager else "-"] for r in rs]
     table = _md(["case", "variant", "hoformer ms/step", "paper ms/step", "hoformer / paper",
-                 "hoformer: this / eager"], body)
+                 "hoformer / its eager step"], body)
     return "\n".join([table, "", _measured(rs, "bench/train_step/*")]).rstrip()
 
 
@@ -997,8 +997,9 @@ def table_triplet_scaling(rows: list[dict], up_to: int = 1024) -> str:
     """``benchmarks/triplet.py --part scaling``: HOBA against 2D attention per sequence length, the ratios, where the
     operation counts cross (HOBA's count linear in L, 2D's quadratic) and where the measured times do."""
     rs = sorted(bench_lines(rows, "bench/triplet/scaling/"), key=lambda r: r["length"])
+    mem = lambda m: m["hoba_peak_mib"] / m["full2d_peak_mib"] if "full2d_peak_mib" in m else None  # --no-memory
     body = [[r["length"], f"{m['hoba_ms']:.1f}", f"{m['full2d_ms']:.1f}", f"{m['hoba_ms'] / m['full2d_ms']:.1f}",
-             f"{m['hoba_peak_mib']:.1f}", f"{m['full2d_peak_mib']:.1f}", f"{m['hoba_peak_mib'] / m['full2d_peak_mib']:.1f}",
+             _fmt(m.get("hoba_peak_mib"), 1), _fmt(m.get("full2d_peak_mib"), 1), _fmt(mem(m), 1),
              f"{m['hoba_gflop']:.2f}", f"{m['full2d_gflop']:.2f}"] for r in rs for m in [r["metrics"]]]
     table = _md(["L", "HOBA CPU ms", "2D CPU ms", "time HOBA/2D", "HOBA peak MiB", "2D peak MiB", "mem HOBA/2D",
                  "GFLOP HOBA", "GFLOP 2D"], body)
