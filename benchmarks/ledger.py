@@ -791,6 +791,9 @@ TABLES = {  # the name in `<!-- ledger:NAME -->` -> how the ledger renders it
     "bench/weaver": lambda rows: table_weaver(rows),
     "bench/triplet_target": lambda rows: table_triplet_target(rows),
     "bench/triplet_scaling": lambda rows: table_triplet_scaling(rows),
+    "bench/attention_gpu": lambda rows: table_attention_gpu(rows),
+    "bench/train_step_gpu": lambda rows: table_train_step(rows, ("+cuda", "+cuda-bf16")),
+    "bench/decode_gpu": lambda rows: table_decode(rows, "+cuda"),
 }
 
 
@@ -821,12 +824,16 @@ def doc_files() -> list[Path]:
 
 
 # ------------------------------------------------------------------------- docs/benchmarks.md: the other scripts
-def bench_lines(rows: list[dict], prefix: str, device: str = "cpu") -> list[dict]:
-    """The newest line of each benchmark experiment named ``prefix...`` measured on ``device`` (fp32): a GPU line
-    (``+cuda``) never stands in a CPU table, nor a CPU line in a GPU one."""
-    suffix = device_suffix(device)
-    return [r for r in latest(pick(rows, task="benchmark")) if r["experiment"].startswith(prefix)
-            and "+" not in r["experiment"].removesuffix(suffix) and r["experiment"].endswith(suffix)]
+def _on(experiment: str, prefix: str, suffix: str) -> bool:
+    """Whether ``experiment`` is ``prefix...`` measured as ``suffix`` says (:func:`device_suffix`; ``""``: CPU, fp32)."""
+    return (experiment.startswith(prefix) and experiment.endswith(suffix)
+            and "+" not in experiment[:len(experiment) - len(suffix)])
+
+
+def bench_lines(rows: list[dict], prefix: str, suffix: str = "") -> list[dict]:
+    """The newest line of each benchmark experiment named ``prefix...`` measured as ``suffix`` says (``+cuda``,
+    ``+cuda-bf16``; ``""``: CPU, fp32): a GPU line never stands in a CPU table, nor a CPU line in a GPU one."""
+    return [r for r in latest(pick(rows, task="benchmark")) if _on(r["experiment"], prefix, suffix)]
 
 
 def _measured(rs: list[dict], names: str) -> str:
@@ -863,16 +870,27 @@ def table_compile(rows: list[dict]) -> str:
                       f"* {_measured(rs, 'bench/compile/*')}"])
 
 
-def table_train_step(rows: list[dict]) -> str:
-    """``benchmarks/train_step.py`` on the CPU: hoformer's layer against the paper layer, eager and compiled."""
-    rs = bench_lines(rows, "bench/train_step/")
-    eager = {r["case"]: r["metrics"]["hoformer_ms"] for r in rs if r["variant"] == "eager"}
-    body = [[r["case"], r["variant"], f"{r['metrics']['hoformer_ms']:.0f}", f"{r['metrics']['paper_ms']:.0f}",
-             f"**{r['metrics']['hoformer_ms'] / r['metrics']['paper_ms']:.2f}**",
-             f"{r['metrics']['hoformer_ms'] / eager[r['case']]:.2f}" if r["case"] in eager else "-"] for r in rs]
-    table = _md(["case", "variant", "hoformer ms/step", "paper ms/step", "hoformer / paper",
-                 "hoformer / its eager step"], body)
-    return "\n".join([table, "", _measured(rs, "bench/train_step/*")]).rstrip()
+def table_train_step(rows: list[dict], suffixes: tuple[str, ...] = ("",)) -> str:
+    """``benchmarks/train_step.py``: hoformer's layer against the paper layer, eager and compiled, per precision
+    (``suffixes``: :func:`device_suffix` of the lines shown; ``""``: CPU, fp32), and each step against hoformer's
+    eager step of the same case and precision; peak memory where measured (GPU)."""
+    rs = [r for sfx in suffixes for r in bench_lines(rows, "bench/train_step/", sfx)]
+    precision = lambda r: r["split"].rsplit(", ", 1)[-1]
+    eager = {(r["case"], precision(r)): r["metrics"]["hoformer_ms"] for r in rs if r["variant"] == "eager"}
+    body = []
+    for r in rs:
+        m, e = r["metrics"], eager.get((r["case"], precision(r)))
+        body.append([r["case"], precision(r), r["variant"], f"{m['hoformer_ms']:.0f}" if m["hoformer_ms"] >= 100
+                     else f"{m['hoformer_ms']:.1f}", f"{m['paper_ms']:.0f}" if m["paper_ms"] >= 100
+                     else f"{m['paper_ms']:.1f}", f"**{m['hoformer_ms'] / m['paper_ms']:.2f}**",
+                     f"{m['hoformer_ms'] / e:.2f}" if e else "-"])
+    memory = any("hoformer_mib" in r["metrics"] for r in rs)
+    for row, r in zip(body, rs) if memory else ():
+        row += [_fmt(r["metrics"].get("hoformer_mib"), 0), _fmt(r["metrics"].get("paper_mib"), 0)]
+    table = _md(["case", "precision", "variant", "hoformer ms/step", "paper ms/step", "hoformer / paper",
+                 "hoformer / its eager step", *(["hoformer MiB", "paper MiB"] if memory else [])], body)
+    names = ", ".join(f"`bench/train_step/*{s}`" for s in suffixes)
+    return "\n".join([table, "", _provenance(rs).replace("`bench/attention/*`", names)]).rstrip()
 
 
 def _speedup(m: dict) -> float:
@@ -881,11 +899,11 @@ def _speedup(m: dict) -> float:
     return m["full_ms"] / m["step_ms"] if "step_ms" in m else m["speedup"]
 
 
-def table_decode(rows: list[dict]) -> str:
+def table_decode(rows: list[dict], suffix: str = "") -> str:
     """``benchmarks/decode.py``: per attention type and number of past steps, the newest full measurement (cached step,
-    full causal forward, their ratio) and the speed-ups of the other runs of that experiment on the same hardware."""
-    sel = [r for r in pick(rows, task="benchmark") if r["experiment"].startswith("bench/decode/")
-           and "+" not in r["experiment"]]
+    full causal forward, their ratio) and the speed-ups of the other runs of that experiment on the same hardware
+    (``suffix``: :func:`device_suffix` of the lines; ``""``: CPU)."""
+    sel = [r for r in pick(rows, task="benchmark") if _on(r["experiment"], "bench/decode/", suffix)]
     mains = []
     for e in dict.fromkeys(r["experiment"] for r in sel):
         runs = [r for r in sel if r["experiment"] == e]
@@ -911,13 +929,13 @@ def table_decode(rows: list[dict]) -> str:
     return "\n".join([table, "", f"* **The cached step stays at {min(steps):.0f}-{max(steps):.0f} ms from {pasts[0]} "
                       f"to {longest} past steps** while the full causal forward grows with the sequence (`"
                       f"{slowest['model']}`: {slowest['metrics']['full_ms'] / 1e3:.0f} s at {longest} past steps).",
-                      f"* {_measured([r for r, _ in mains] + [o for _, os in mains for o in os], 'bench/decode/*')}"])
+                      f"* {_measured([r for r, _ in mains] + [o for _, os in mains for o in os], f'bench/decode/*{suffix}')}"])
 
 
 def table_accelerator_chunk(rows: list[dict]) -> str:
     """``benchmarks/accelerator_chunk.py`` on a GPU: the paper layer, the Kronecker layer with one chunk and with the
     bounded accelerator chunk (time and peak memory), then the ratios between them."""
-    rs = bench_lines(rows, "bench/accelerator_chunk/", "cuda")
+    rs = bench_lines(rows, "bench/accelerator_chunk/", "+cuda")
     chunk = ", ".join(dict.fromkeys(f"{r['chunk_mib']} MiB" for r in rs)) or "bounded"
     cell = lambda m, k: f"{m[k + '_ms']:.1f} ms, {m[k + '_mib']:.0f} MiB"
     body = [[f"{_shape_label(r['shape']).replace(',', ', ')}, {r['batch']}", r["model"].removeprefix("kron_"),
@@ -1017,3 +1035,10 @@ def table_triplet_scaling(rows: list[dict], up_to: int = 1024) -> str:
                       + (f" Up to L = {up_to} HOBA attention takes {min(short):.0f}-{max(short):.0f}x the time of 2D "
                          "attention." if short else ""),
                       f"* {_measured(rs, 'bench/triplet/scaling/*')}"])
+
+
+def table_attention_gpu(rows: list[dict]) -> str:
+    """docs/benchmarks.md's layer table of ``benchmarks/attention.py --device cuda`` (its ``+cuda`` lines)."""
+    gpu = [dict(r, experiment=r["experiment"].removesuffix("+cuda")) for r in pick(rows, task="benchmark")
+           if _on(r["experiment"], "bench/attention/", "+cuda")]
+    return table_attention(gpu).replace("`bench/attention/*`", "`bench/attention/*+cuda`")

@@ -169,9 +169,9 @@ def test_compile_and_train_step_lines_supersede_the_transcribed_ones_and_ratios_
     # the training step's ratios are computed from its lines' times
     rows = copy.deepcopy(committed)
     before = ledger.table_train_step(rows)
-    assert "| etth1 | compiled default | 1150 | 1158 | **0.99** | 1.06 |" in before
+    assert "| etth1 | fp32 | compiled default | 1150 | 1158 | **0.99** | 1.06 |" in before
     next(r for r in rows if r["experiment"] == "bench/train_step/etth1/eager")["metrics"]["hoformer_ms"] = 575
-    assert "| etth1 | compiled default | 1150 | 1158 | **0.99** | 2.00 |" in ledger.table_train_step(rows)
+    assert "| etth1 | fp32 | compiled default | 1150 | 1158 | **0.99** | 2.00 |" in ledger.table_train_step(rows)
 
 
 def test_decode_lines_supersede_the_transcribed_ones_and_keep_the_other_runs(tmp_path, monkeypatch):
@@ -196,6 +196,8 @@ def test_decode_lines_supersede_the_transcribed_ones_and_keep_the_other_runs(tmp
                  path, "decode.py", ["--device", "cuda"], device="cuda")
     assert gpu[0]["experiment"] == "bench/decode/past1024/full+cuda"
     assert ledger.table_decode(committed + lines + gpu) == table
+    gpu_table = ledger.TABLES["bench/decode_gpu"](committed + lines + gpu)
+    assert "| `full` | 1024 | 0.50 (3.00) | 1000 | **2000x** | - |" in gpu_table and "`bench/decode/*+cuda`" in gpu_table
 
 
 def test_weaver_lines_supersede_the_transcribed_ones_and_ratios_come_from_the_lines(tmp_path):
@@ -254,3 +256,22 @@ def test_accelerator_chunk_lines_are_gpu_lines_and_ratios_come_from_the_lines(tm
     table = ledger.table_accelerator_chunk(committed + [line])
     assert "| (64, 64), 256 | product | 30.0 ms, 3000 MiB | 15.0 ms, 6000 MiB | **20.0 ms, 4500 MiB** |" in table
     assert "1.5-2.0x faster" in table and "by 25-37%" in table and "at most 33% more time" in table
+
+
+def test_gpu_training_step_and_attention_lines_fill_the_gpu_tables_only():
+    committed = ledger.read_ledger()
+    base = next(r for r in committed if r["experiment"] == "bench/train_step/etth1/eager")
+    gpu = [dict(base, experiment="bench/train_step/etth1/eager+cuda-bf16", split="training step, B=32, bf16",
+                metrics={"hoformer_ms": 20.0, "paper_ms": 40.0, "hoformer_mib": 100.0, "paper_mib": 300.0}),
+           dict(base, experiment="bench/train_step/etth1/compiled-default+cuda-bf16", variant="compiled default",
+                split="training step, B=32, bf16", metrics={"hoformer_ms": 5.0, "paper_ms": 8.0})]
+    assert ledger.table_train_step(committed + gpu) == ledger.table_train_step(committed)
+    table = ledger.TABLES["bench/train_step_gpu"](committed + gpu)
+    assert "| etth1 | bf16 | eager | 20.0 | 40.0 | **0.50** | 1.00 | 100 | 300 |" in table
+    assert "| etth1 | bf16 | compiled default | 5.0 | 8.0 | **0.62** | 0.25 | - | - |" in table
+    cpu = [r for r in committed if r["experiment"].startswith("bench/attention/16x16x16/")]
+    cuda = [dict(r, experiment=r["experiment"] + "+cuda", metrics={**r["metrics"], "fwd_bwd_ms": 1.0}) for r in cpu]
+    assert ledger.table_attention(committed + cuda) == ledger.table_attention(committed)
+    gpu_table = ledger.TABLES["bench/attention_gpu"](committed + cuda)
+    assert "| (16,16,16) | kron_product | 1.0 |" in gpu_table and "(21,24)" not in gpu_table
+    assert "`bench/attention/*+cuda`" in gpu_table
