@@ -966,10 +966,10 @@ def table_weaver(rows: list[dict]) -> str:
     body = []
     if kmv and dense:
         k, d = kmv["metrics"], dense["metrics"]
+        x = lambda key: f"{d[key] / k[key]:.0f}x" if k[key] > 0 else "-"
         body += [["P^2-KMV (`p2_kmv` = `kron_apply`)", f"**{k['ms']:,.1f} ms**", f"**{k['peak_mib']:,.1f} MiB**"],
-                 ["dense: form `Theta_T (x) Theta_S` + apply", f"{d['ms']:,.0f} ms ({d['ms'] / k['ms']:.0f}x)",
-                  f"{d['peak_mib']:,.0f} MiB for a chunk of {dense['dense_chunk']} "
-                  f"({d['peak_mib'] / k['peak_mib']:.0f}x)"]]
+                 ["dense: form `Theta_T (x) Theta_S` + apply", f"{d['ms']:,.0f} ms ({x('ms')})",
+                  f"{d['peak_mib']:,.0f} MiB for a chunk of {dense['dense_chunk']} ({x('peak_mib')})"]]
     if weaver and full:
         body += [[f"`weaver` training step (Table 3 defaults, {weaver['params']:,} parameters)",
                   f"**{weaver['metrics']['step_s']:.2f} s**", ""],
@@ -1024,7 +1024,7 @@ def table_triplet_scaling(rows: list[dict], up_to: int = 1024) -> str:
     if not rs:
         return table
     last = rs[-1]["metrics"]
-    cross_ops = last["hoba_gflop"] / last["full2d_gflop"] * rs[-1]["length"]  # c1 L = c2 L^2
+    cross_ops = last["hoba_gflop"] / max(last["full2d_gflop"], 1e-12) * rs[-1]["length"]  # c1 L = c2 L^2
     times = [(r["length"], r["metrics"]["hoba_ms"] / r["metrics"]["full2d_ms"]) for r in rs]
     after = [i for i, (_, x) in enumerate(times) if x < 1]
     cross_t = (f"between L = {times[after[0] - 1][0]} and L = {times[after[0]][0]}" if after and after[0] > 0

@@ -187,7 +187,7 @@ def _entry(args, name: str, model: str, B: int, L: int, metrics: dict, what: str
     clock = "process CPU time" if args.device == "cpu" and args.clock == "cpu" else "wall-clock time"
     return dict(experiment=f"bench/triplet/{name}{_ledger().device_suffix(args.device, _DTYPES.get(args.dtype, args.dtype))}",
                 model=model, split=f"fwd+bwd, L={L}, block {args.block}, overlap {args.overlap}, D={args.dim}, "
-                                   f"H={args.heads}, B={B}", metrics={k: round(v, 4) for k, v in metrics.items() if v == v},  # NaN: not measured
+                                   f"H={args.heads}, B={B}", metrics={k: float(f"{v:.6g}") for k, v in metrics.items() if v == v},  # NaN: not measured
                 note=f"best of {args.repeats} interleaved runs, {clock}; peak memory of each candidate in a fresh "
                      f"subprocess; {what}", **fields)
 
