@@ -825,7 +825,8 @@ def doc_files() -> list[Path]:
 
 # ------------------------------------------------------------------------- docs/benchmarks.md: the other scripts
 def _on(experiment: str, prefix: str, suffix: str) -> bool:
-    """Whether ``experiment`` is ``prefix...`` measured as ``suffix`` says (:func:`device_suffix`; ``""``: CPU, fp32)."""
+    """Whether ``experiment`` is ``prefix...`` measured as ``suffix`` says (:func:`device_suffix`; ``""``: CPU,
+    fp32)."""
     return (experiment.startswith(prefix) and experiment.endswith(suffix)
             and "+" not in experiment[:len(experiment) - len(suffix)])
 
@@ -929,7 +930,7 @@ def table_decode(rows: list[dict], suffix: str = "") -> str:
     return "\n".join([table, "", f"* **The cached step stays at {min(steps):.0f}-{max(steps):.0f} ms from {pasts[0]} "
                       f"to {longest} past steps** while the full causal forward grows with the sequence (`"
                       f"{slowest['model']}`: {slowest['metrics']['full_ms'] / 1e3:.0f} s at {longest} past steps).",
-                      f"* {_measured([r for r, _ in mains] + [o for _, os in mains for o in os], f'bench/decode/*{suffix}')}"])
+                      f"* {_measured([x for main, os in mains for x in (main, *os)], f'bench/decode/*{suffix}')}"])
 
 
 def table_accelerator_chunk(rows: list[dict]) -> str:

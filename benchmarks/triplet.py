@@ -185,9 +185,10 @@ _DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": 
 
 def _entry(args, name: str, model: str, B: int, L: int, metrics: dict, what: str, **fields) -> dict:
     clock = "process CPU time" if args.device == "cpu" and args.clock == "cpu" else "wall-clock time"
-    return dict(experiment=f"bench/triplet/{name}{_ledger().device_suffix(args.device, _DTYPES.get(args.dtype, args.dtype))}",
-                model=model, split=f"fwd+bwd, L={L}, block {args.block}, overlap {args.overlap}, D={args.dim}, "
-                                   f"H={args.heads}, B={B}", metrics={k: float(f"{v:.6g}") for k, v in metrics.items() if v == v},  # NaN: not measured
+    suffix = _ledger().device_suffix(args.device, _DTYPES.get(args.dtype, args.dtype))
+    return dict(experiment=f"bench/triplet/{name}{suffix}", model=model,
+                split=f"fwd+bwd, L={L}, block {args.block}, overlap {args.overlap}, D={args.dim}, H={args.heads}, B={B}",
+                metrics={k: float(f"{v:.6g}") for k, v in metrics.items() if v == v},  # NaN: not measured
                 note=f"best of {args.repeats} interleaved runs, {clock}; peak memory of each candidate in a fresh "
                      f"subprocess; {what}", **fields)
 
@@ -209,7 +210,8 @@ def scaling_entry(args, B: int, L: int, t: dict, mh: dict, mf: dict, gh: float, 
     m = {"hoba_ms": t["hoba"] * 1e3, "full2d_ms": t["full2d"] * 1e3, "hoba_peak_mib": mh["peak_mib"],
          "full2d_peak_mib": mf["peak_mib"], "hoba_gflop": gh, "full2d_gflop": gf}
     return _entry(args, f"scaling/L{L}", "hoba", B, L, m, "full2d: "
-                  "scaled_dot_product_attention; GFLOP: contractions executed (fwd+bwd, recomputation included)", length=L)
+                  "scaled_dot_product_attention; GFLOP: contractions executed (fwd+bwd, recomputation included)",
+                  length=L)
 
 
 # --------------------------------------------------------------------------------------------------- main
