@@ -2,7 +2,10 @@
 the bounded accelerator chunk of ``kron_apply`` / ``kron_sum_apply`` (``_ACCELERATOR_CHUNK_BYTES``), next to the
 paper-equation layer of ``benchmarks/attention.py``: median time and peak memory (CUDA allocator), all in one run.
 
-Run:  python benchmarks/accelerator_chunk.py [--device cuda] [--reps 10]
+Run:  python benchmarks/accelerator_chunk.py [--device cuda] [--reps 10] [--ledger [FILE]]
+
+``--ledger [FILE]``: append one line per shape and combine to the results ledger (default ``results/ledger.jsonl``),
+named ``bench/accelerator_chunk/SHAPE-bBATCH/COMBINE+cuda``.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attention import PaperKronecker  # noqa: E402
+from attention import PaperKronecker, _ledger  # noqa: E402
 
 from hoformer.functional import products as products_module  # noqa: E402
 from hoformer.layers import KroneckerAttention  # noqa: E402
@@ -43,16 +46,31 @@ def measure(fn, device: torch.device, reps: int) -> tuple[float, float]:
     return sorted(times)[reps // 2] * 1e3, peak
 
 
-def main() -> None:
+def ledger_entry(shape: tuple, batch: int, combine: str, res: dict, chunk_mib: int, device: str, reps: int) -> dict:
+    """The ledger entry of one shape and combine (``res``: ``paper``, ``one chunk``, ``chunked`` -> (ms, MiB))."""
+    keys = {"paper": "paper", "one chunk": "one_chunk", "chunked": "chunked"}
+    metrics = {f"{keys[k]}_{u}": round(v, 2) for k, tm in res.items() for u, v in zip(("ms", "mib"), tm)}
+    return dict(experiment=f"bench/accelerator_chunk/{'x'.join(map(str, shape))}-b{batch}/{combine}"
+                           f"{_ledger().device_suffix(device)}", model=f"kron_{combine}",
+                split=f"fwd+bwd, B={batch}, width 128, 8 heads, fp32", metrics=metrics, shape=list(shape), batch=batch,
+                chunk_mib=chunk_mib, note=f"median of {reps}; peak memory: CUDA allocator above what was allocated "
+                "before; paper: the paper-equation layer; one chunk: the whole value in one chunk; chunked: the "
+                "accelerator chunk (chunk_mib of value)")
+
+
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--reps", type=int, default=10)
-    a = ap.parse_args()
+    ap.add_argument("--ledger", nargs="?", const="results/ledger.jsonl", default=None, metavar="FILE",
+                    help="append the results to the results ledger (default file: results/ledger.jsonl)")
+    a = ap.parse_args(argv)
     device = torch.device(a.device)
     if device.type != "cuda" or not torch.cuda.is_available():
         sys.exit("accelerator_chunk.py: needs a CUDA device (the CPU path chunks by cache size instead)")
     cap = products_module._ACCELERATOR_CHUNK_BYTES
     print(f"accelerator chunk: {cap // MiB} MiB of value; {torch.cuda.get_device_name(device)}")
+    entries = []
     for shape, b in SHAPES:
         for combine in ("product", "sum"):
             torch.manual_seed(0)
@@ -66,11 +84,16 @@ def main() -> None:
                 res["one chunk"] = measure(lambda: kron(x).backward(g), device, a.reps)
             finally:
                 products_module._ACCELERATOR_CHUNK_BYTES = cap
-            res[f"{cap // MiB} MiB chunks"] = measure(lambda: kron(x).backward(g), device, a.reps)
+            res["chunked"] = measure(lambda: kron(x).backward(g), device, a.reps)
             print(f"{shape} batch {b}, value {x.numel() * x.element_size() / MiB:.0f} MiB, {combine}: "
-                  + "; ".join(f"{k} {t:.1f} ms {m:.0f} MiB" for k, (t, m) in res.items()), flush=True)
+                  + "; ".join(f"{k} {t:.1f} ms {m:.0f} MiB" for k, (t, m) in res.items())
+                  + f" (chunked: {cap // MiB} MiB chunks)", flush=True)
+            entries.append(ledger_entry(shape, b, combine, res, cap // MiB, str(device), a.reps))
             del x, g, kron, paper
             torch.cuda.empty_cache()
+    if a.ledger:
+        _ledger().append_benchmarks(entries, a.ledger, "accelerator_chunk.py", sys.argv[1:] if argv is None else argv,
+                                    device=str(device), threads=torch.get_num_threads())
 
 
 if __name__ == "__main__":

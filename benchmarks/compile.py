@@ -2,7 +2,7 @@
 
 Run:  .venv/bin/python benchmarks/compile.py [--device cuda] [--backend inductor] [--mode default] [--reps 5]
                                              [--models hot_forecaster hot_volume_classifier ...]
-                                             [--fallback-random auto|on|off]
+                                             [--fallback-random auto|on|off] [--ledger [FILE]]
 
 One training step = forward, cross-entropy / MSE loss, backward, AdamW step, at the paper-config sizes below
 (``--small`` shrinks them for a quick look). Eager and compiled copies of the same model (same weights, same batch)
@@ -12,12 +12,17 @@ The models are compiled with the arguments ``hoformer.train.CompileModel`` would
 Inductor's dropout masks from ATen's random ops on CPU, its own generated ones elsewhere).
 The softmax Kronecker and the triplet kernels stay opaque eager calls under compile (``torch.compiler.disable``):
 the compiler fuses the projections, norms, MLPs and softmaxes around them.
+``--ledger [FILE]``: append one line per model to the results ledger (default ``results/ledger.jsonl``), named
+``bench/compile/MODEL/VARIANT`` (``compiled``: CompileModel's arguments; ``compiled-plain``: ``--fallback-random off``).
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +59,38 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
+def _ledger():
+    """``benchmarks/ledger.py`` (this folder is not a package), imported once."""
+    if "ledger" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("ledger", Path(__file__).with_name("ledger.py"))
+        sys.modules["ledger"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["ledger"])
+    return sys.modules["ledger"]
+
+
+def variant(a: argparse.Namespace) -> str:
+    """The ledger name of what is compiled: ``compiled`` (CompileModel's arguments), ``compiled-plain``
+    (``--fallback-random off``), ``compiled-fallback-random`` (``on``), then the mode and a non-default backend."""
+    name = "compiled" + {"auto": "", "on": "-fallback-random", "off": "-plain"}[a.fallback_random]
+    return name + (f"-{a.mode}" if a.mode else "") + (f"-{a.backend}" if a.backend != "inductor" else "")
+
+
+def ledger_entries(a: argparse.Namespace, results: list[dict]) -> list[dict]:
+    """One ledger entry per measured model (``results``: ``model``, ``batch``, ``eager_ms``, ``compiled_ms``,
+    ``compile_s``); the ratio is the tables' to compute."""
+    suffix = _ledger().device_suffix(a.device)
+    out = []
+    for r in results:
+        case = r["model"] + ("-small" if a.small else "")
+        out.append(dict(experiment=f"bench/compile/{case}/{variant(a)}{suffix}", model=r["model"],
+                        split=f"training step, B={r['batch']}, fp32",
+                        metrics={k: round(r[k], 2) for k in ("eager_ms", "compiled_ms", "compile_s")},
+                        case=case, variant=variant(a),
+                        note=f"minimum of {a.reps} round-robin rounds, eager and compiled; {a.backend}, "
+                             f"fallback_random {a.fallback_random}; compile_s: first compiled steps minus eager steps"))
+    return out
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cpu")
@@ -64,6 +101,8 @@ def main(argv=None) -> None:
     p.add_argument("--small", action="store_true", help="half the batch and depth (a quick look)")
     p.add_argument("--fallback-random", choices=("auto", "on", "off"), default="auto",
                    help="Inductor's fallback_random as CompileModel sets it (auto: on for CPU, off elsewhere)")
+    p.add_argument("--ledger", nargs="?", const="results/ledger.jsonl", default=None, metavar="FILE",
+                   help="append the results to the results ledger (default file: results/ledger.jsonl)")
     a = p.parse_args(argv)
     if a.reps < 1:
         p.error(f"--reps must be >= 1, got {a.reps}")
@@ -73,6 +112,7 @@ def main(argv=None) -> None:
     print(f"device {device}, threads {torch.get_num_threads()}, reps {a.reps}, torch.compile({compile_kwargs})")
     print("| model | eager ms/step | compiled ms/step | compiled / eager | compile s |")
     print("|---|---:|---:|---:|---:|")
+    results = []
     for name in a.models:
         kw, batch = CASES[name]
         if a.small:
@@ -110,6 +150,12 @@ def main(argv=None) -> None:
                 best[key] = min(best[key], time.perf_counter() - t0)
         print(f"| {name} | {best['eager'] * 1e3:.1f} | {best['compiled'] * 1e3:.1f} | "
               f"**{best['compiled'] / best['eager']:.2f}** | {max(t_compile, 0.0):.0f} |", flush=True)
+        results.append({"model": name, "batch": batch, "eager_ms": best["eager"] * 1e3,
+                        "compiled_ms": best["compiled"] * 1e3, "compile_s": max(t_compile, 0.0)})
+    if a.ledger:
+        _ledger().append_benchmarks(ledger_entries(a, results), a.ledger, "compile.py",
+                                    sys.argv[1:] if argv is None else argv, device=a.device,
+                                    threads=torch.get_num_threads())
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Run:  .venv/bin/python benchmarks/decode.py [--past 32 256 1024] [--other 21] [--dim 64] [--heads 4] [--depth 2]
                                              [--steps 16] [--reps 3] [--variants product sum ... divided]
-                                             [--device cpu] [--threads 1]
+                                             [--device cpu] [--threads 1] [--ledger [FILE]]
 
 An ``Encoder`` of causal blocks of one attention type over ``(B, T, N, D)`` (``T`` the causal mode, e.g. time patches;
 ``N`` the other mode, e.g. variates), RoPE on ``T``: Kronecker product / sum / linear, full (flattened), axial (sum and
@@ -12,12 +12,17 @@ the next step costs without a cache, ``--reps`` times); the minimum of each is r
 the least disturbed measurement on a shared machine. Every variant runs in one process, side by side: their steps
 and forwards are timed round-robin (one variant's after the other's), after one untimed warm-up forward each; the
 ratio is the speed-up of the cache. Eval mode, no gradients. A markdown table of every row is printed at the end.
+``--ledger [FILE]``: append one line per row to the results ledger (default ``results/ledger.jsonl``), named
+``bench/decode/pastP/ATTENTION``.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -77,7 +82,28 @@ def run(args) -> list[dict]:
     return rows
 
 
-def main() -> None:
+def _ledger():
+    """``benchmarks/ledger.py`` (this folder is not a package), imported once."""
+    if "ledger" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("ledger", Path(__file__).with_name("ledger.py"))
+        sys.modules["ledger"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["ledger"])
+    return sys.modules["ledger"]
+
+
+def ledger_entries(args: argparse.Namespace, rows: list[dict]) -> list[dict]:
+    """One ledger entry per row of :func:`run` (the speed-up is the tables' to compute)."""
+    suffix = _ledger().device_suffix(args.device)
+    split = (f"decode step, B={args.batch}, width {args.dim}, {args.heads} heads, {args.depth} blocks, "
+             f"{args.other} variates")
+    return [dict(experiment=f"bench/decode/past{r['past']}/{VARIANTS[r['variant']]}{suffix}",
+                 model=VARIANTS[r["variant"]], split=split, past=r["past"],
+                 metrics={k: round(r[k], 3) for k in ("step_ms", "step_median_ms", "full_ms")},
+                 note=f"cached step: minimum (and median) of {args.steps} round-robin steps; full causal forward over "
+                      f"past + 1 steps: minimum of {args.reps}") for r in rows]
+
+
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--past", type=int, nargs="+", default=[32, 256, 1024])
     ap.add_argument("--other", type=int, default=21, help="size of the non-causal mode")
@@ -90,7 +116,9 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
-    args = ap.parse_args()
+    ap.add_argument("--ledger", nargs="?", const="results/ledger.jsonl", default=None, metavar="FILE",
+                    help="append the results to the results ledger (default file: results/ledger.jsonl)")
+    args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"Encoder depth {args.depth}, dim {args.dim}, {args.heads} heads, other mode {args.other}, batch "
@@ -101,6 +129,10 @@ def main() -> None:
     for r in rows:
         print(f"| {VARIANTS[r['variant']]} | {r['past']} | {r['step_ms']:.2f} ({r['step_median_ms']:.2f}) | "
               f"{r['full_ms']:.1f} | {r['speedup']:.0f}x |")
+    if args.ledger:
+        _ledger().append_benchmarks(ledger_entries(args, rows), args.ledger, "decode.py",
+                                    sys.argv[1:] if argv is None else argv, device=args.device,
+                                    threads=torch.get_num_threads())
 
 
 if __name__ == "__main__":

@@ -624,7 +624,7 @@ def table_kernels(rows: list[dict]) -> str:
 
 
 def _triplet(rows: list[dict]) -> str:
-    (r,) = pick(rows, experiment="bench/triplet/target")
+    r = latest(pick(rows, experiment="bench/triplet/target"))[-1]
     m = r["metrics"]
     return f"{m['fast_s'] / m['naive_s']:.2f}x / {m['fast_peak_mib'] / m['naive_peak_mib']:.2f}x"
 
@@ -1043,6 +1043,16 @@ TABLES = {  # the name in `<!-- ledger:NAME -->` -> how the ledger renders it
     "bench/attention_linear": table_attention_linear,
     "bench/attention_core": table_attention_core,
     "reproducing/kernels": table_kernels,
+    "bench/compile": lambda rows: table_compile(rows),
+    "bench/train_step": lambda rows: table_train_step(rows),
+    "bench/decode": lambda rows: table_decode(rows),
+    "bench/accelerator_chunk": lambda rows: table_accelerator_chunk(rows),
+    "bench/weaver": lambda rows: table_weaver(rows),
+    "bench/triplet_target": lambda rows: table_triplet_target(rows),
+    "bench/triplet_scaling": lambda rows: table_triplet_scaling(rows),
+    "bench/attention_gpu": lambda rows: table_attention_gpu(rows),
+    "bench/train_step_gpu": lambda rows: table_train_step(rows, ("+cuda", "+cuda-bf16")),
+    "bench/decode_gpu": lambda rows: table_decode(rows, "+cuda"),
 }
 
 
@@ -1070,3 +1080,225 @@ def render_tables(files: list[Path], rows: list[dict], write: bool) -> list[Path
 
 def doc_files() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+# ------------------------------------------------------------------------- docs/benchmarks.md: the other scripts
+def _on(experiment: str, prefix: str, suffix: str) -> bool:
+    """Whether ``experiment`` is ``prefix...`` measured as ``suffix`` says (:func:`device_suffix`; ``""``: CPU,
+    fp32)."""
+    return (experiment.startswith(prefix) and experiment.endswith(suffix)
+            and "+" not in experiment[:len(experiment) - len(suffix)])
+
+
+def bench_lines(rows: list[dict], prefix: str, suffix: str = "") -> list[dict]:
+    """The newest line of each benchmark experiment named ``prefix...`` measured as ``suffix`` says (``+cuda``,
+    ``+cuda-bf16``; ``""``: CPU, fp32): a GPU line never stands in a CPU table, nor a CPU line in a GPU one."""
+    return [r for r in latest(pick(rows, task="benchmark")) if _on(r["experiment"], prefix, suffix)]
+
+
+def _measured(rs: list[dict], names: str) -> str:
+    """:func:`_provenance` of ``rs``, naming their ledger lines ``names``."""
+    return _provenance(rs).replace("bench/attention/*", names)
+
+
+def _compile_ratio(m: dict) -> float | None:
+    """Compiled / eager step time of a ``benchmarks/compile.py`` line (a line that kept only the ratio gives it)."""
+    return m["compiled_ms"] / m["eager_ms"] if {"compiled_ms", "eager_ms"} <= set(m) else m.get("compiled/eager")
+
+
+def table_compile(rows: list[dict]) -> str:
+    """``benchmarks/compile.py``: eager against compiled with CompileModel's arguments, and plain ``torch.compile``."""
+    rs = bench_lines(rows, "bench/compile/")
+    by: dict[str, dict[str, dict]] = {}
+    for r in rs:
+        by.setdefault(r["case"], {})[r["variant"]] = r["metrics"]
+    body, ratios, plain = [], [], []
+    for case, v in by.items():
+        if "compiled" not in v:
+            continue
+        m, p = v["compiled"], v.get("compiled-plain")
+        ratios.append(_compile_ratio(m))
+        plain += [_compile_ratio(p)] if p else []
+        body.append([case, f"{m['eager_ms']:.1f}", f"{m['compiled_ms']:.1f}", f"**{ratios[-1]:.2f}**",
+                     _fmt(p and _compile_ratio(p), 2), _fmt(m.get("compile_s"), 0)])
+    table = _md(["model", "eager ms/step", "compiled ms/step (CompileModel)", "compiled / eager",
+                 "plain `torch.compile` / eager", "compile s"], body)
+    if not ratios:
+        return table
+    return "\n".join([table, "", f"* **Compiled / eager step time: {_range(ratios)}x** with `CompileModel`'s arguments"
+                      + (f", {_range(plain)}x with plain `torch.compile`." if plain else "."),
+                      f"* {_measured(rs, 'bench/compile/*')}"])
+
+
+def table_train_step(rows: list[dict], suffixes: tuple[str, ...] = ("",)) -> str:
+    """``benchmarks/train_step.py``: hoformer's layer against the paper layer, eager and compiled, per precision
+    (``suffixes``: :func:`device_suffix` of the lines shown; ``""``: CPU, fp32), and each step against hoformer's
+    eager step of the same case and precision; peak memory where measured (GPU)."""
+    rs = [r for sfx in suffixes for r in bench_lines(rows, "bench/train_step/", sfx)]
+    precision = lambda r: r["split"].rsplit(", ", 1)[-1]
+    eager = {(r["case"], precision(r)): r["metrics"]["hoformer_ms"] for r in rs if r["variant"] == "eager"}
+    body = []
+    for r in rs:
+        m, e = r["metrics"], eager.get((r["case"], precision(r)))
+        body.append([r["case"], precision(r), r["variant"], f"{m['hoformer_ms']:.0f}" if m["hoformer_ms"] >= 100
+                     else f"{m['hoformer_ms']:.1f}", f"{m['paper_ms']:.0f}" if m["paper_ms"] >= 100
+                     else f"{m['paper_ms']:.1f}", f"**{m['hoformer_ms'] / m['paper_ms']:.2f}**",
+                     f"{m['hoformer_ms'] / e:.2f}" if e else "-"])
+    memory = any("hoformer_mib" in r["metrics"] for r in rs)
+    for row, r in zip(body, rs) if memory else ():
+        row += [_fmt(r["metrics"].get("hoformer_mib"), 0), _fmt(r["metrics"].get("paper_mib"), 0)]
+    table = _md(["case", "precision", "variant", "hoformer ms/step", "paper ms/step", "hoformer / paper",
+                 "hoformer / its eager step", *(["hoformer MiB", "paper MiB"] if memory else [])], body)
+    names = ", ".join(f"`bench/train_step/*{s}`" for s in suffixes)
+    return "\n".join([table, "", _provenance(rs).replace("`bench/attention/*`", names)]).rstrip()
+
+
+def _speedup(m: dict) -> float:
+    """A decoding line's speed-up of the cache: full causal forward / cached step (a line that kept only the ratio
+    gives it)."""
+    return m["full_ms"] / m["step_ms"] if "step_ms" in m else m["speedup"]
+
+
+def table_decode(rows: list[dict], suffix: str = "") -> str:
+    """``benchmarks/decode.py``: per attention type and number of past steps, the newest full measurement (cached step,
+    full causal forward, their ratio) and the speed-ups of the other runs of that experiment on the same hardware
+    (``suffix``: :func:`device_suffix` of the lines; ``""``: CPU)."""
+    sel = [r for r in pick(rows, task="benchmark") if _on(r["experiment"], "bench/decode/", suffix)]
+    mains = []
+    for e in dict.fromkeys(r["experiment"] for r in sel):
+        runs = [r for r in sel if r["experiment"] == e]
+        full = [r for r in runs if "step_ms" in r["metrics"]]
+        if full:
+            mains.append((full[-1], [r for r in runs if r is not full[-1] and r["hardware"] == full[-1]["hardware"]]))
+    mains.sort(key=lambda x: x[0]["past"])  # stable: the attention types in ledger order
+    if not mains:
+        return _md(["attention", "past steps", "ms / step, min (median)", "full causal forward ms", "speed-up",
+                    "speed-up, other runs"], [])
+    longest = max(r["past"] for r, _ in mains)
+    body = []
+    for r, others in mains:
+        m, s = r["metrics"], f"{_speedup(r['metrics']):.0f}x"
+        body.append([f"`{r['model']}`", r["past"], f"{m['step_ms']:.2f} ({m['step_median_ms']:.2f})",
+                     f"{m['full_ms']:.0f}", f"**{s}**" if r["past"] == longest else s,
+                     ", ".join(f"{_speedup(o['metrics']):.0f}x" for o in others) or "-"])
+    table = _md(["attention", "past steps", "ms / step, min (median)", "full causal forward ms", "speed-up",
+                 "speed-up, other runs"], body)
+    steps = [r["metrics"]["step_ms"] for r, _ in mains]
+    slowest = max((r for r, _ in mains if r["past"] == longest), key=lambda r: r["metrics"]["full_ms"])
+    pasts = sorted({r["past"] for r, _ in mains})
+    return "\n".join([table, "", f"* **The cached step stays at {min(steps):.0f}-{max(steps):.0f} ms from {pasts[0]} "
+                      f"to {longest} past steps** while the full causal forward grows with the sequence (`"
+                      f"{slowest['model']}`: {slowest['metrics']['full_ms'] / 1e3:.0f} s at {longest} past steps).",
+                      f"* {_measured([x for main, os in mains for x in (main, *os)], f'bench/decode/*{suffix}')}"])
+
+
+def table_accelerator_chunk(rows: list[dict]) -> str:
+    """``benchmarks/accelerator_chunk.py`` on a GPU: the paper layer, the Kronecker layer with one chunk and with the
+    bounded accelerator chunk (time and peak memory), then the ratios between them."""
+    rs = bench_lines(rows, "bench/accelerator_chunk/", "+cuda")
+    chunk = ", ".join(dict.fromkeys(f"{r['chunk_mib']} MiB" for r in rs)) or "bounded"
+    cell = lambda m, k: f"{m[k + '_ms']:.1f} ms, {m[k + '_mib']:.0f} MiB"
+    body = [[f"{_shape_label(r['shape']).replace(',', ', ')}, {r['batch']}", r["model"].removeprefix("kron_"),
+             cell(r["metrics"], "paper"), cell(r["metrics"], "one_chunk"), f"**{cell(r['metrics'], 'chunked')}**"]
+            for r in rs]
+    table = _md(["shape, batch", "combine", "paper layer", "Kronecker layer, one chunk",
+                 f"Kronecker layer, {chunk} chunks"], body)
+    if not rs:
+        return table
+    ms = [r["metrics"] for r in rs]
+    faster = [m["paper_ms"] / m[k] for m in ms for k in ("one_chunk_ms", "chunked_ms")]
+    cut = [100 * (1 - m["chunked_mib"] / m["one_chunk_mib"]) for m in ms]
+    more = max(100 * (m["chunked_ms"] / m["one_chunk_ms"] - 1) for m in ms)
+    return "\n".join([table, "", f"* At this size the Kronecker layer is **{_range(faster, 1)}x faster than the paper "
+                      f"layer**; the bounded chunk cuts its peak memory by {min(cut):.0f}-{max(cut):.0f}% against one "
+                      f"chunk for at most {max(more, 0):.0f}% more time, leaving it at "
+                      f"{_range([m['chunked_mib'] / m['paper_mib'] for m in ms])}x the paper layer's memory.",
+                      f"* {_measured(rs, 'bench/accelerator_chunk/*')}"])
+
+
+def table_weaver(rows: list[dict]) -> str:
+    """``benchmarks/weaver.py``: P^2-KMV against the dense map (time, peak memory, their ratios) and the training
+    step of Weaver against one full spatiotemporal attention layer."""
+    rs = bench_lines(rows, "bench/weaver/")
+    by = {r["experiment"].removeprefix("bench/weaver/"): r for r in rs}
+    kmv, dense = by.get("p2_kmv/kmv"), by.get("p2_kmv/dense")
+    weaver, full = by.get("step/weaver"), by.get("step/traffic_full_attention")
+    body = []
+    if kmv and dense:
+        k, d = kmv["metrics"], dense["metrics"]
+        x = lambda key: f"{d[key] / k[key]:.0f}x" if k[key] > 0 else "-"
+        body += [["P^2-KMV (`p2_kmv` = `kron_apply`)", f"**{k['ms']:,.1f} ms**", f"**{k['peak_mib']:,.1f} MiB**"],
+                 ["dense: form `Theta_T (x) Theta_S` + apply", f"{d['ms']:,.0f} ms ({x('ms')})",
+                  f"{d['peak_mib']:,.0f} MiB for a chunk of {dense['dense_chunk']} ({x('peak_mib')})"]]
+    if weaver and full:
+        body += [[f"`weaver` training step (Table 3 defaults, {weaver['params']:,} parameters)",
+                  f"**{weaver['metrics']['step_s']:.2f} s**", ""],
+                 ["`traffic_full_attention` training step (one layer, softmax SDPA over the P N tokens, "
+                  f"{full['params']:,} parameters)", f"{full['metrics']['step_s']:.2f} s", ""]]
+    table = _md(["", "time", "peak memory"], body)
+    notes = []
+    if weaver and full:
+        x = full["metrics"]["step_s"] / weaver["metrics"]["step_s"]
+        notes.append(f"* Weaver's step is {x:.1f}x faster" if x >= 1 else f"* Weaver's step is {1 / x:.1f}x slower")
+        notes[-1] += " than a *single* full spatiotemporal attention layer's."
+    if dense and "max_abs_err" in dense["metrics"]:
+        notes.append(f"* max |dense - KMV| = {dense['metrics']['max_abs_err']:.1e} in float32.")
+    return "\n".join([table, "", *notes, f"* {_measured(rs, 'bench/weaver/*')}"]) if rs else table
+
+
+def table_triplet_target(rows: list[dict]) -> str:
+    """``benchmarks/triplet.py --part target``: the triplet kernel against Algorithm 1, and their ratios."""
+    rs = bench_lines(rows, "bench/triplet/target")
+    if not rs:
+        return _md(["candidate", "fwd+bwd CPU time (s)", "peak memory (MiB)"], [])
+    m = rs[-1]["metrics"]
+    ratio = lambda k: m[f"fast_{k}"] / m[f"naive_{k}"] if f"fast_{k}" in m and f"naive_{k}" in m else None
+    goal = lambda v, target: f"(target <= {target}: {'met' if v <= target else 'not met'})"
+    t, mem = ratio("s"), ratio("peak_mib")
+    body = [[name, f"{m[f'{k}_s']:.3f}", _fmt(m.get(f"{k}_peak_mib"), 1), _fmt(m.get(f"{k}_saved_mib"), 1),
+             _fmt(m.get(f"{k}_gflop"), 1)] for name, k in (("naive (Algorithm 1)", "naive"),
+                                                           ("fast `triplet_attention`", "fast"))]
+    body.append(["**ratio fast / naive**", f"**{t:.2f}** {goal(t, 0.3)}",
+                 "-" if mem is None else f"**{mem:.2f}** {goal(mem, 0.2)}", _fmt(ratio("saved_mib"), 3),
+                 _fmt(ratio("gflop"), 2)])
+    table = _md(["candidate", "fwd+bwd CPU time (s)", "peak memory (MiB)", "saved for backward (MiB)",
+                 "GFLOP (fwd+bwd)"], body)
+    notes = [f"* **Time: {t:.2f}x** the naive algorithm's {goal(t, 0.3)}."]
+    if mem is not None and "naive_saved_mib" in m:
+        notes.insert(0, f"* **Peak memory: {mem:.2f}x** (the naive algorithm keeps every window's score cube, softmax "
+                        f"output and value-pair tensor for the backward, {m['naive_saved_mib']:.0f} MiB; the kernel "
+                        f"keeps {m['fast_saved_mib']:.0f} MiB plus one tile).")
+    return "\n".join([table, "", *notes, f"* {_measured(rs, 'bench/triplet/target')}"])
+
+
+def table_triplet_scaling(rows: list[dict], up_to: int = 1024) -> str:
+    """``benchmarks/triplet.py --part scaling``: HOBA against 2D attention per sequence length, the ratios, where the
+    operation counts cross (HOBA's count linear in L, 2D's quadratic) and where the measured times do."""
+    rs = sorted(bench_lines(rows, "bench/triplet/scaling/"), key=lambda r: r["length"])
+    mem = lambda m: m["hoba_peak_mib"] / m["full2d_peak_mib"] if "full2d_peak_mib" in m else None  # --no-memory
+    body = [[r["length"], f"{m['hoba_ms']:.1f}", f"{m['full2d_ms']:.1f}", f"{m['hoba_ms'] / m['full2d_ms']:.1f}",
+             _fmt(m.get("hoba_peak_mib"), 1), _fmt(m.get("full2d_peak_mib"), 1), _fmt(mem(m), 1),
+             f"{m['hoba_gflop']:.2f}", f"{m['full2d_gflop']:.2f}"] for r in rs for m in [r["metrics"]]]
+    table = _md(["L", "HOBA CPU ms", "2D CPU ms", "time HOBA/2D", "HOBA peak MiB", "2D peak MiB", "mem HOBA/2D",
+                 "GFLOP HOBA", "GFLOP 2D"], body)
+    if not rs:
+        return table
+    last = rs[-1]["metrics"]
+    cross_ops = last["hoba_gflop"] / max(last["full2d_gflop"], 1e-12) * rs[-1]["length"]  # c1 L = c2 L^2
+    times = [(r["length"], r["metrics"]["hoba_ms"] / r["metrics"]["full2d_ms"]) for r in rs]
+    after = [i for i, (_, x) in enumerate(times) if x < 1]
+    cross_t = (f"between L = {times[after[0] - 1][0]} and L = {times[after[0]][0]}" if after and after[0] > 0
+               else f"not up to L = {times[-1][0]}" if not after else f"below L = {times[0][0]}")
+    short = [x for L, x in times if L <= up_to]
+    return "\n".join([table, "", f"* HOBA's operation count grows linearly with L and 2D attention's quadratically: "
+                      f"they cross near L = {round(cross_ops, -2):.0f}, the measured times {cross_t}."
+                      + (f" Up to L = {up_to} HOBA attention takes {min(short):.0f}-{max(short):.0f}x the time of 2D "
+                         "attention." if short else ""),
+                      f"* {_measured(rs, 'bench/triplet/scaling/*')}"])
+
+
+def table_attention_gpu(rows: list[dict]) -> str:
+    """docs/benchmarks.md's layer table of ``benchmarks/attention.py --device cuda`` (its ``+cuda`` lines)."""
+    gpu = [dict(r, experiment=r["experiment"].removesuffix("+cuda")) for r in pick(rows, task="benchmark")
+           if _on(r["experiment"], "bench/attention/", "+cuda")]
+    return table_attention(gpu).replace("`bench/attention/*`", "`bench/attention/*+cuda`")

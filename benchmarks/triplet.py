@@ -4,6 +4,7 @@ full 2D attention as the sequence grows.
     python benchmarks/triplet.py                   # both parts, CPU: 1 thread
     python benchmarks/triplet.py --part target     # L=512, block 32, overlap 0.25, D=64, H=4, B=8
     python benchmarks/triplet.py --part scaling --batch 2 --lengths 128 256 512 1024 2048 4096
+    python benchmarks/triplet.py --part target --ledger   # also append the results to results/ledger.jsonl
 
 Time: forward + backward of ``out.sum()``, best of ``--repeats`` runs after one warm-up, the candidates interleaved
 in the same process so that machine load hits them alike. On CPU the clock is the process CPU time by default
@@ -20,15 +21,20 @@ library state, e.g. cuBLAS workspaces or the CPU's ~80 MiB of mapped kernels, is
     ``mmap`` and returns it on free, i.e. the resident set follows the live tensors. Includes the input gradients.
   * Both: ``saved`` = bytes autograd keeps between forward and backward (``saved_tensors_hooks``, storages
     deduplicated), a device-independent view of the same quantity.
+
+``--ledger [FILE]``: append the results to the results ledger (default ``results/ledger.jsonl``), named
+``bench/triplet/target`` and ``bench/triplet/scaling/LLENGTH``.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -164,6 +170,50 @@ def flops(name: str, L: int, D: int, block: int, overlap: float, device: str = "
     return 2 * units * w * s**3 * D
 
 
+# ------------------------------------------------------------------------------------------------- ledger
+def _ledger():
+    """``benchmarks/ledger.py`` (this folder is not a package), imported once."""
+    if "ledger" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("ledger", Path(__file__).with_name("ledger.py"))
+        sys.modules["ledger"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["ledger"])
+    return sys.modules["ledger"]
+
+
+_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
+
+
+def _entry(args, name: str, model: str, B: int, L: int, metrics: dict, what: str, **fields) -> dict:
+    clock = "process CPU time" if args.device == "cpu" and args.clock == "cpu" else "wall-clock time"
+    suffix = _ledger().device_suffix(args.device, _DTYPES.get(args.dtype, args.dtype))
+    return dict(experiment=f"bench/triplet/{name}{suffix}", model=model,
+                split=f"fwd+bwd, L={L}, block {args.block}, overlap {args.overlap}, D={args.dim}, H={args.heads}, B={B}",
+                metrics={k: float(f"{v:.6g}") for k, v in metrics.items() if v == v},  # NaN: not measured
+                note=f"best of {args.repeats} interleaved runs, {clock}; peak memory of each candidate in a fresh "
+                     f"subprocess; {what}", **fields)
+
+
+def target_entry(args, B: int, L: int, row: dict, gflop: dict) -> dict:
+    """The ledger entry of the target comparison (``row``: candidate -> ``time_s`` and, unless ``--no-memory``,
+    ``peak_mib`` / ``saved_mib``; ``gflop``: candidate -> GFLOP executed)."""
+    m = {}
+    for n in ("fast", "naive"):
+        m[f"{n}_s"] = row[n]["time_s"]
+        m |= {f"{n}_{k}": row[n][k] for k in ("peak_mib", "saved_mib") if k in row[n]}
+        m[f"{n}_gflop"] = gflop[n]
+    return _entry(args, "target", "triplet_attention", B, L, m, "saved: bytes autograd keeps for the backward; GFLOP: "
+                  "contractions executed (fwd+bwd)")
+
+
+def scaling_entry(args, B: int, L: int, t: dict, mh: dict, mf: dict, gh: float, gf: float) -> dict:
+    """The ledger entry of one length of the scaling comparison, HOBA against 2D attention."""
+    m = {"hoba_ms": t["hoba"] * 1e3, "full2d_ms": t["full2d"] * 1e3, "hoba_peak_mib": mh["peak_mib"],
+         "full2d_peak_mib": mf["peak_mib"], "hoba_gflop": gh, "full2d_gflop": gf}
+    return _entry(args, f"scaling/L{L}", "hoba", B, L, m, "full2d: "
+                  "scaled_dot_product_attention; GFLOP: contractions executed (fwd+bwd, recomputation included)",
+                  length=L)
+
+
 # --------------------------------------------------------------------------------------------------- main
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -181,6 +231,8 @@ def main(argv=None):
     p.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
                    help="CPU runs: process CPU time (default; immune to other jobs' load) or wall-clock time")
     p.add_argument("--no-memory", action="store_true")
+    p.add_argument("--ledger", nargs="?", const="results/ledger.jsonl", default=None, metavar="FILE",
+                   help="append the results to the results ledger (default file: results/ledger.jsonl)")
     p.add_argument("--_child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -191,6 +243,7 @@ def main(argv=None):
     clock = "process CPU time" if args.device == "cpu" and args.clock == "cpu" else "wall-clock"
     print(f"device={args.device} dtype={args.dtype} threads={torch.get_num_threads()} torch={torch.__version__} "
           f"timing={clock}, best of {args.repeats}")
+    entries = []
 
     if args.part in ("target", "all"):
         B, L = args.batch or 8, 512
@@ -207,8 +260,9 @@ def main(argv=None):
             mem = row["fast"]["peak_mib"] / row["naive"]["peak_mib"]
             print(f"peak-memory ratio fast/naive = {mem:.3f}  (target <= 0.2)")
             print(f"saved-tensor ratio fast/naive = {row['fast']['saved_mib'] / row['naive']['saved_mib']:.3f}")
-        print(f"GFLOP (fwd+bwd): naive {B * H * flops('naive', L, D, args.block, args.overlap, dev) / 1e9:.1f}, "
-              f"fast {B * H * flops('fast', L, D, args.block, args.overlap, dev) / 1e9:.1f}")
+        gflop = {n: B * H * flops(n, L, D, args.block, args.overlap, dev) / 1e9 for n in ("naive", "fast")}
+        print(f"GFLOP (fwd+bwd): naive {gflop['naive']:.1f}, fast {gflop['fast']:.1f}")
+        entries.append(target_entry(args, B, L, row, gflop))
 
     if args.part in ("scaling", "all"):
         B = args.batch or 2
@@ -227,6 +281,10 @@ def main(argv=None):
             print(f"| {L} | {t['hoba'] * 1e3:.1f} | {t['full2d'] * 1e3:.1f} | {t['hoba'] / t['full2d']:.2f} | "
                   f"{mh['peak_mib']:.1f} | {mf['peak_mib']:.1f} | {mh['peak_mib'] / mf['peak_mib']:.2f} | "
                   f"{fh:.2f} | {ff:.2f} |", flush=True)
+            entries.append(scaling_entry(args, B, L, t, mh, mf, fh, ff))
+    if args.ledger:
+        _ledger().append_benchmarks(entries, args.ledger, "triplet.py", sys.argv[1:] if argv is None else argv,
+                                    device=args.device, threads=args.threads)
 
 
 if __name__ == "__main__":

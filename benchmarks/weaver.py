@@ -12,14 +12,20 @@
    full spatiotemporal attention baseline (one layer over the P*N tokens, same E and H).
 
     nice python benchmarks/weaver.py --threads 1
+
+``--ledger [FILE]``: append the measurements to the results ledger (default ``results/ledger.jsonl``), named
+``bench/weaver/p2_kmv/{kmv,dense}`` and ``bench/weaver/step/MODEL``.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import multiprocessing as mp
 import os
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -116,7 +122,38 @@ def _step_job(args) -> dict:
             "step_seconds": min(times)}
 
 
-def main() -> None:
+def _ledger():
+    """``benchmarks/ledger.py`` (this folder is not a package), imported once."""
+    if "ledger" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("ledger", Path(__file__).with_name("ledger.py"))
+        sys.modules["ledger"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["ledger"])
+    return sys.modules["ledger"]
+
+
+def ledger_entries(a: argparse.Namespace, kmv: dict, dense: dict, steps: list[dict]) -> list[dict]:
+    """The ledger entries of one run: P^2-KMV and the dense map (``_kmv_job``'s results), and the training steps
+    (``_step_job``'s; none with ``--skip-steps``). Ratios are the tables' to compute."""
+    suffix = _ledger().device_suffix(a.device)
+    split = f"B={a.batch}, H={a.heads}, P={a.window}, N={a.nodes}, E={a.dim}, fp32"
+    note = f"best of {a.reps}, fresh subprocess; peak: resident-set growth (CPU) or the CUDA allocator's peak"
+    out = [dict(experiment=f"bench/weaver/p2_kmv/kmv{suffix}", model="p2_kmv", split=split, note=note,
+                metrics={"ms": round(kmv["seconds"] * 1e3, 2), "peak_mib": round(kmv["peak_bytes"] / 2**20, 1)}),
+           dict(experiment=f"bench/weaver/p2_kmv/dense{suffix}", model="kron_dense", split=split,
+                dense_chunk=a.dense_chunk, note=note + "; dense: formed for dense_chunk batch elements at a time (time "
+                "summed over the chunks, peak memory of one chunk: a lower bound)",
+                metrics={"ms": round(dense["seconds"] * 1e3, 2), "apply_ms": round(dense["apply_seconds"] * 1e3, 2),
+                         "peak_mib": round(dense["peak_bytes"] / 2**20, 1),
+                         "max_abs_err": dense["max_abs_err_vs_kmv"]})]
+    for s in steps:
+        out.append(dict(experiment=f"bench/weaver/step/{s['model']}{suffix}", model=s["model"], params=s["params"],
+                        split=f"training step, B={a.step_batch or a.batch}, masked MAE, Adam, fp32",
+                        metrics={"step_s": round(s["step_seconds"], 4)},
+                        note=f"best of {a.reps} steps after a warm-up step, fresh subprocess"))
+    return out
+
+
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--nodes", type=int, default=207)
@@ -129,7 +166,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--skip-steps", action="store_true")
-    a = ap.parse_args()
+    ap.add_argument("--ledger", nargs="?", const="results/ledger.jsonl", default=None, metavar="FILE",
+                    help="append the results to the results ledger (default file: results/ledger.jsonl)")
+    a = ap.parse_args(argv)
     b, p, n, e, h = a.batch, a.window, a.nodes, a.dim, a.heads
     # Large CPU allocations are then mmap-ed and returned to the OS on free, so the subprocess's peak RSS
     # growth tracks the peak of live tensors (glibc otherwise keeps freed blocks resident).
@@ -151,8 +190,17 @@ def main() -> None:
           f"a full-batch dense map alone is {full_dense / 2**30:.2f} GiB "
           f"(x{full_dense / max(kmv['peak_bytes'], 1):.0f})")
     print(f"  max |dense - KMV| = {dense['max_abs_err_vs_kmv']:.2e}")
-    if a.skip_steps:
-        return
+    steps = []
+    if not a.skip_steps:
+        steps = _steps(a, ctx)
+    if a.ledger:
+        _ledger().append_benchmarks(ledger_entries(a, kmv, dense, steps), a.ledger, "weaver.py",
+                                    sys.argv[1:] if argv is None else argv, device=a.device, threads=a.threads)
+
+
+def _steps(a: argparse.Namespace, ctx) -> list[dict]:
+    """One training step of Weaver and of the full-attention baseline, each in a fresh subprocess."""
+    b, p, n, e, h = a.batch, a.window, a.nodes, a.dim, a.heads
     sb = a.step_batch or b
     common = dict(num_nodes=n, window=p, horizon=p, dim=e, num_heads=h)
     steps = []
@@ -163,6 +211,7 @@ def main() -> None:
     print(f"\nTraining step (forward+backward+Adam), batch {sb}: Weaver {steps[0]['step_seconds']:.2f} s "
           f"({steps[0]['params']} params) | full ST attention {steps[1]['step_seconds']:.2f} s "
           f"({steps[1]['params']} params) -> x{steps[1]['step_seconds'] / steps[0]['step_seconds']:.1f}")
+    return steps
 
 
 if __name__ == "__main__":

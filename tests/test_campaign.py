@@ -145,7 +145,7 @@ def test_every_ledger_line_records_its_provenance():
     for r in rows:
         missing = REQUIRED - set(r)
         assert not missing, f"{r.get('experiment')}: missing {sorted(missing)}"
-        assert r["scale"] in ("paper", "cpu") and r["metrics"], r["experiment"]
+        assert r["scale"] in ("paper", "cpu", "gpu") and r["metrics"], r["experiment"]
         assert "/work/" not in r["command"] and "HOFORMER_DATA=/" not in r["command"], r["experiment"]
 
 

@@ -64,7 +64,7 @@ def test_transcribed_lines_name_their_source_and_paper_numbers_are_no_lines():
     pattern = re.compile(r"transcribed: (README\.md|docs/[\w.]+\.md) at [0-9a-f]{7}; run log not kept")
     for r in rows:
         assert r.get("record", "campaign") == "campaign" or pattern.fullmatch(r["record"]), r["experiment"]
-        assert r["scale"] in ("paper", "cpu"), r["experiment"]
+        assert r["scale"] in ("paper", "cpu", "gpu"), r["experiment"]
     assert all("source" in v for v in ledger.PAPER.values())
 
 
@@ -217,3 +217,148 @@ def test_analysis_tables_of_no_lines_say_so():
     for name in ANALYSIS_TABLES:
         body = ledger.TABLES[name]([]).splitlines()
         assert len(body) == 3 and body[2].startswith(f"| {ledger.NO_RUNS} |"), name
+def _names(rows: list[dict], prefix: str) -> set[str]:
+    return {r["experiment"] for r in rows if r["experiment"].startswith(prefix)}
+
+
+def _write(entries: list[dict], path: Path, script: str, argv: list[str], device: str = "cpu") -> list[dict]:
+    """Append ``entries`` as ``script`` with ``argv`` does; the lines written, checked for their provenance."""
+    before = len(ledger.read_ledger(path))
+    ledger.append_benchmarks(entries, path, script, [*argv, "--ledger", str(path)], device=device, threads=1)
+    new = ledger.read_ledger(path)[before:]
+    assert {r["command"] for r in new} == {" ".join([f"python benchmarks/{script}", *argv])}
+    assert all(r["task"] == "benchmark" and r["record"] == "benchmark" and r["commit"] and r["hardware"] and
+               r["scale"] == ("gpu" if device == "cuda" else "cpu") for r in new)
+    return new
+
+
+def test_compile_and_train_step_lines_supersede_the_transcribed_ones_and_ratios_come_from_the_lines(tmp_path):
+    from types import SimpleNamespace
+
+    compile_ = load_benchmark("compile")
+    committed = ledger.read_ledger()
+    a = SimpleNamespace(device="cpu", small=False, fallback_random="auto", mode=None, backend="inductor", reps=5)
+    result = lambda m: {"model": m, "batch": 32, "eager_ms": 600.0, "compiled_ms": 300.0, "compile_s": 9.0}
+    names = {e["experiment"] for fr in ("auto", "off")
+             for e in compile_.ledger_entries(SimpleNamespace(**{**vars(a), "fallback_random": fr}),
+                                              [result(m) for m in compile_.CASES])}
+    assert names == _names(committed, "bench/compile/")  # a re-run of the documented commands supersedes them all
+    path = tmp_path / "ledger.jsonl"
+    (line,) = _write(compile_.ledger_entries(a, [result("hot_forecaster")]), path, "compile.py", ["--reps", "5"])
+    assert line["experiment"] == "bench/compile/hot_forecaster/compiled" and line["variant"] == "compiled"
+    assert compile_.ledger_entries(SimpleNamespace(**{**vars(a), "device": "cuda"}), [result("hoba_classifier")])[0][
+        "experiment"] == "bench/compile/hoba_classifier/compiled+cuda"
+    table = ledger.table_compile(committed + [line])
+    assert "| hot_forecaster | 600.0 | 300.0 | **0.50** | 1.45 | 9 |" in table and "0.50-0.94x" in table
+    # the training step's ratios are computed from its lines' times
+    rows = copy.deepcopy(committed)
+    before = ledger.table_train_step(rows)
+    assert "| etth1 | fp32 | compiled default | 1150 | 1158 | **0.99** | 1.06 |" in before
+    next(r for r in rows if r["experiment"] == "bench/train_step/etth1/eager")["metrics"]["hoformer_ms"] = 575
+    assert "| etth1 | fp32 | compiled default | 1150 | 1158 | **0.99** | 2.00 |" in ledger.table_train_step(rows)
+
+
+def test_decode_lines_supersede_the_transcribed_ones_and_keep_the_other_runs(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    decode = load_benchmark("decode")
+    committed = ledger.read_ledger()
+    args = SimpleNamespace(device="cpu", batch=1, dim=64, heads=4, depth=2, other=21, steps=16, reps=3)
+    run = lambda v, p, step: {"variant": v, "past": p, "step_ms": step, "step_median_ms": 3.0, "full_ms": 1000.0}
+    entries = decode.ledger_entries(args, [run(v, p, 2.0) for p in (32, 256, 1024) for v in decode.VARIANTS])
+    assert {e["experiment"] for e in entries} == _names(committed, "bench/decode/")
+    assert {e["split"] for e in entries} == {r["split"] for r in committed
+                                             if r["experiment"].startswith("bench/decode/")}
+    path = tmp_path / "ledger.jsonl"
+    lines = _write(decode.ledger_entries(args, [run("full", 1024, 2.0)]), path, "decode.py", ["--threads", "1"])
+    lines[0]["hardware"] = next(  # the same machine as the transcribed runs
+        r["hardware"] for r in committed if r["experiment"] == "bench/decode/past1024/full")
+    table = ledger.table_decode(committed + lines)
+    assert "| `full` | 1024 | 2.00 (3.00) | 1000 | **500x** | 1386x, 1786x |" in table
+    # a GPU line is its own experiment and never stands in the CPU table
+    monkeypatch.setattr(ledger, "hardware", lambda device, threads: "a GPU (CUDA 13)")
+    gpu = _write(decode.ledger_entries(SimpleNamespace(**{**vars(args), "device": "cuda"}), [run("full", 1024, 0.5)]),
+                 path, "decode.py", ["--device", "cuda"], device="cuda")
+    assert gpu[0]["experiment"] == "bench/decode/past1024/full+cuda"
+    assert ledger.table_decode(committed + lines + gpu) == table
+    gpu_table = ledger.TABLES["bench/decode_gpu"](committed + lines + gpu)
+    assert "| `full` | 1024 | 0.50 (3.00) | 1000 | **2000x** | - |" in gpu_table
+    assert "`bench/decode/*+cuda`" in gpu_table
+
+
+def test_weaver_lines_supersede_the_transcribed_ones_and_ratios_come_from_the_lines(tmp_path):
+    from types import SimpleNamespace
+
+    weaver = load_benchmark("weaver")
+    committed = ledger.read_ledger()
+    a = SimpleNamespace(device="cpu", batch=32, heads=8, window=12, nodes=207, dim=128, reps=2, dense_chunk=8,
+                        step_batch=None, threads=1)
+    kmv = {"seconds": 0.1, "peak_bytes": 10 * 2**20}
+    dense = {"seconds": 1.0, "apply_seconds": 0.5, "peak_bytes": 100 * 2**20, "max_abs_err_vs_kmv": 1e-4}
+    steps = [{"model": "weaver", "params": 5, "step_seconds": 1.0},
+             {"model": "traffic_full_attention", "params": 3, "step_seconds": 4.0}]
+    lines = _write(weaver.ledger_entries(a, kmv, dense, steps), tmp_path / "ledger.jsonl", "weaver.py",
+                   ["--threads", "1", "--reps", "2"])
+    assert {r["experiment"] for r in lines} == _names(committed, "bench/weaver/")
+    table = ledger.table_weaver(committed + lines)
+    assert "| dense: form `Theta_T (x) Theta_S` + apply | 1,000 ms (10x) | 100 MiB for a chunk of 8 (10x) |" in table
+    assert "Weaver's step is 4.0x faster" in table and "max |dense - KMV| = 1.0e-04" in table
+    assert "2.9x faster" in ledger.table_weaver(committed) and "max |dense" not in ledger.table_weaver(committed)
+
+
+def test_triplet_lines_supersede_the_transcribed_ones_and_ratios_come_from_the_lines(tmp_path):
+    from types import SimpleNamespace
+
+    triplet = load_benchmark("triplet")
+    committed = ledger.read_ledger()
+    args = SimpleNamespace(device="cpu", clock="cpu", dtype="float32", block=32, overlap=0.25, dim=64, heads=4,
+                           repeats=5, threads=1)
+    row = {"naive": {"time_s": 1.0, "peak_mib": 100.0, "saved_mib": 90.0},
+           "fast": {"time_s": 0.25, "peak_mib": 10.0, "saved_mib": 9.0}}
+    target = triplet.target_entry(args, 8, 512, row, {"naive": 10.0, "fast": 12.0})
+    scaling = [triplet.scaling_entry(args, 2, L, {"hoba": 0.1, "full2d": 0.05 * L / 128}, {"peak_mib": 20.0},
+                                     {"peak_mib": 10.0}, L / 100, (L / 100) ** 2 / 10)
+               for L in (128, 256, 512, 1024, 2048, 4096)]
+    lines = _write([target, *scaling], tmp_path / "ledger.jsonl", "triplet.py", ["--repeats", "5"])
+    assert {r["experiment"] for r in lines} == _names(committed, "bench/triplet/")
+    assert lines[0]["split"] == next(r["split"] for r in committed if r["experiment"] == "bench/triplet/target")
+    table = ledger.table_triplet_target(committed + lines)
+    assert "| **ratio fast / naive** | **0.25** (target <= 0.3: met) | **0.10** (target <= 0.2: met) | 0.100 | 1.20 |" \
+        in table and ledger._triplet(committed + lines) == "0.25x / 0.10x"
+    scaling_table = ledger.table_triplet_scaling(committed + lines)
+    assert "| 256 | 100.0 | 100.0 | 1.0 | 20.0 | 10.0 | 2.0 | 2.56 | 0.66 |" in scaling_table
+    assert "cross near L = 1000, the measured times between L = 256 and L = 512" in scaling_table
+    assert "L = 1400, the measured times between L = 2048 and L = 4096" in ledger.table_triplet_scaling(committed)
+
+
+def test_accelerator_chunk_lines_are_gpu_lines_and_ratios_come_from_the_lines(tmp_path, monkeypatch):
+    chunk = load_benchmark("accelerator_chunk")
+    committed = ledger.read_ledger()
+    monkeypatch.setattr(ledger, "hardware", lambda device, threads: "a GPU (CUDA 13)")
+    res = {"paper": (30.0, 3000.0), "one chunk": (15.0, 6000.0), "chunked": (20.0, 4500.0)}
+    entries = [chunk.ledger_entry(s, b, c, res, 256, "cuda", 10) for s, b in chunk.SHAPES for c in ("product", "sum")]
+    assert {e["experiment"] for e in entries} == _names(committed, "bench/accelerator_chunk/")
+    (line,) = _write(entries[:1], tmp_path / "ledger.jsonl", "accelerator_chunk.py", [], device="cuda")
+    assert line["experiment"] == "bench/accelerator_chunk/64x64-b256/product+cuda"
+    table = ledger.table_accelerator_chunk(committed + [line])
+    assert "| (64, 64), 256 | product | 30.0 ms, 3000 MiB | 15.0 ms, 6000 MiB | **20.0 ms, 4500 MiB** |" in table
+    assert "1.5-2.0x faster" in table and "by 25-37%" in table and "at most 33% more time" in table
+
+
+def test_gpu_training_step_and_attention_lines_fill_the_gpu_tables_only():
+    committed = ledger.read_ledger()
+    base = next(r for r in committed if r["experiment"] == "bench/train_step/etth1/eager")
+    gpu = [dict(base, experiment="bench/train_step/etth1/eager+cuda-bf16", split="training step, B=32, bf16",
+                metrics={"hoformer_ms": 20.0, "paper_ms": 40.0, "hoformer_mib": 100.0, "paper_mib": 300.0}),
+           dict(base, experiment="bench/train_step/etth1/compiled-default+cuda-bf16", variant="compiled default",
+                split="training step, B=32, bf16", metrics={"hoformer_ms": 5.0, "paper_ms": 8.0})]
+    assert ledger.table_train_step(committed + gpu) == ledger.table_train_step(committed)
+    table = ledger.TABLES["bench/train_step_gpu"](committed + gpu)
+    assert "| etth1 | bf16 | eager | 20.0 | 40.0 | **0.50** | 1.00 | 100 | 300 |" in table
+    assert "| etth1 | bf16 | compiled default | 5.0 | 8.0 | **0.62** | 0.25 | - | - |" in table
+    cpu = [r for r in committed if r["experiment"].startswith("bench/attention/16x16x16/")]
+    cuda = [dict(r, experiment=r["experiment"] + "+cuda", metrics={**r["metrics"], "fwd_bwd_ms": 1.0}) for r in cpu]
+    assert ledger.table_attention(committed + cuda) == ledger.table_attention(committed)
+    gpu_table = ledger.TABLES["bench/attention_gpu"](committed + cuda)
+    assert "| (16,16,16) | kron_product | 1.0 |" in gpu_table and "(21,24)" not in gpu_table
+    assert "`bench/attention/*+cuda`" in gpu_table
