@@ -12,15 +12,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attention import PaperKronecker, _ledger  # noqa: E402
+from hoformer.functional import products as products_module
+from hoformer.layers import KroneckerAttention
 
-from hoformer.functional import products as products_module  # noqa: E402
-from hoformer.layers import KroneckerAttention  # noqa: E402
+import ledger  # benchmarks/: a script's own folder is first on sys.path
+from attention import PaperKronecker
 
 MiB = 2**20
 #: (mode sizes, batch): a 512 MiB fp32 value at width 128
@@ -51,7 +50,7 @@ def ledger_entry(shape: tuple, batch: int, combine: str, res: dict, chunk_mib: i
     keys = {"paper": "paper", "one chunk": "one_chunk", "chunked": "chunked"}
     metrics = {f"{keys[k]}_{u}": round(v, 2) for k, tm in res.items() for u, v in zip(("ms", "mib"), tm)}
     return dict(experiment=f"bench/accelerator_chunk/{'x'.join(map(str, shape))}-b{batch}/{combine}"
-                           f"{_ledger().device_suffix(device)}", model=f"kron_{combine}",
+                           f"{ledger.device_suffix(device)}", model=f"kron_{combine}",
                 split=f"fwd+bwd, B={batch}, width 128, 8 heads, fp32", metrics=metrics, shape=list(shape), batch=batch,
                 chunk_mib=chunk_mib, note=f"median of {reps}; peak memory: CUDA allocator above what was allocated "
                 "before; paper: the paper-equation layer; one chunk: the whole value in one chunk; chunked: the "
@@ -92,7 +91,7 @@ def main(argv=None) -> None:
             del x, g, kron, paper
             torch.cuda.empty_cache()
     if a.ledger:
-        _ledger().append_benchmarks(entries, a.ledger, "accelerator_chunk.py", sys.argv[1:] if argv is None else argv,
+        ledger.append_benchmarks(entries, a.ledger, "accelerator_chunk.py", sys.argv[1:] if argv is None else argv,
                                     device=str(device), threads=torch.get_num_threads())
 
 

@@ -45,6 +45,8 @@ from hoformer.functional import kronecker as kronecker_module
 from hoformer.functional import kronecker_attention
 from hoformer.layers import AxialAttention, FullAttention, KroneckerAttention
 
+import ledger  # benchmarks/ledger.py: a script's own folder is first on sys.path
+
 SHAPES = [((21, 24), 128, 8), ((7, 7, 7), 128, 8), ((32, 32), 128, 8), ((16, 16, 16), 64, 4)]
 
 
@@ -355,22 +357,10 @@ def main():
     if not args.no_core:
         lines += core_throughput(args, device, dtype, mm, mm_flops, mm_desc)
     if args.ledger:
-        suffix = _ledger().device_suffix(str(device), "fp32" if dtype == torch.float32 else "bf16")
+        suffix = ledger.device_suffix(str(device), "fp32" if dtype == torch.float32 else "bf16")
         write_ledger(args, [dict(experiment=f"bench/attention/{shape}/{name}{suffix}", model=name, split=split, metrics=m,
                                  shape=shape_list, note=note) if shape != "core" else m
                             for shape, name, shape_list, m in lines], device, suffix)
-
-
-def _ledger():
-    """``benchmarks/ledger.py`` (this folder is not a package), imported once."""
-    import importlib.util
-    from pathlib import Path
-
-    if "ledger" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("ledger", Path(__file__).with_name("ledger.py"))
-        sys.modules["ledger"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules["ledger"])
-    return sys.modules["ledger"]
 
 
 def write_ledger(args, entries: list[dict], device, suffix: str = "") -> None:
@@ -378,7 +368,7 @@ def write_ledger(args, entries: list[dict], device, suffix: str = "") -> None:
     of a device or dtype other than CPU fp32 (the functional-core entries get it here)."""
     entries = [e if e["experiment"].endswith(suffix) else {**e, "experiment": e["experiment"] + suffix}
                for e in entries]
-    _ledger().append_benchmarks(entries, args.ledger, "attention.py", sys.argv[1:], device=str(device),
+    ledger.append_benchmarks(entries, args.ledger, "attention.py", sys.argv[1:], device=str(device),
                                 threads=torch.get_num_threads())
 
 

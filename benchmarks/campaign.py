@@ -36,7 +36,6 @@ import argparse
 import csv
 import datetime as dt
 import fnmatch
-import importlib.util
 import json
 import math
 import os
@@ -55,18 +54,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SEED = 2024  # configs/trainer.yaml
 sys.path.insert(0, str(ROOT / "src"))  # the hoformer next to this script, as its runs use (_env), whatever is installed
 
-
-def _sibling(name: str):
-    """A module next to this script (``benchmarks/`` is not a package)."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
+import ledger  # noqa: E402  (benchmarks/: a script's own folder is on sys.path)
+import paper_configs  # noqa: E402
 
 
-paper_configs = _sibling("paper_configs")
-ledger = _sibling("ledger")
 LEDGER, read_ledger, append_ledger = ledger.LEDGER, ledger.read_ledger, ledger.append_ledger
 
 # ------------------------------------------------------------------------------------------------ experiments

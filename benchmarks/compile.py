@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib.util
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from hoformer.models import create_model
 from hoformer.train import CompileModel
+
+import ledger  # benchmarks/ledger.py: a script's own folder is first on sys.path
 
 # name -> (model kwargs, batch size), the sizes of the committed paper configs
 CASES = {
@@ -59,15 +59,6 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def _ledger():
-    """``benchmarks/ledger.py`` (this folder is not a package), imported once."""
-    if "ledger" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("ledger", Path(__file__).with_name("ledger.py"))
-        sys.modules["ledger"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules["ledger"])
-    return sys.modules["ledger"]
-
-
 def variant(a: argparse.Namespace) -> str:
     """The ledger name of what is compiled: ``compiled`` (CompileModel's arguments), ``compiled-plain``
     (``--fallback-random off``), ``compiled-fallback-random`` (``on``), then the mode and a non-default backend."""
@@ -78,7 +69,7 @@ def variant(a: argparse.Namespace) -> str:
 def ledger_entries(a: argparse.Namespace, results: list[dict]) -> list[dict]:
     """One ledger entry per measured model (``results``: ``model``, ``batch``, ``eager_ms``, ``compiled_ms``,
     ``compile_s``); the ratio is the tables' to compute."""
-    suffix = _ledger().device_suffix(a.device)
+    suffix = ledger.device_suffix(a.device)
     out = []
     for r in results:
         case = r["model"] + ("-small" if a.small else "")
@@ -153,7 +144,7 @@ def main(argv=None) -> None:
         results.append({"model": name, "batch": batch, "eager_ms": best["eager"] * 1e3,
                         "compiled_ms": best["compiled"] * 1e3, "compile_s": max(t_compile, 0.0)})
     if a.ledger:
-        _ledger().append_benchmarks(ledger_entries(a, results), a.ledger, "compile.py",
+        ledger.append_benchmarks(ledger_entries(a, results), a.ledger, "compile.py",
                                     sys.argv[1:] if argv is None else argv, device=a.device,
                                     threads=torch.get_num_threads())
 

@@ -18,15 +18,15 @@ ratio is the speed-up of the cache. Eval mode, no gradients. A markdown table of
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
 from hoformer.layers import Encoder
+
+import ledger  # benchmarks/ledger.py: a script's own folder is first on sys.path
 
 VARIANTS = {"product": "kronecker_product", "sum": "kronecker_sum", "linear": "kronecker_linear", "full": "full",
             "axial": "axial", "axial_sequential": "axial_sequential", "divided": "divided"}
@@ -82,18 +82,9 @@ def run(args) -> list[dict]:
     return rows
 
 
-def _ledger():
-    """``benchmarks/ledger.py`` (this folder is not a package), imported once."""
-    if "ledger" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("ledger", Path(__file__).with_name("ledger.py"))
-        sys.modules["ledger"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules["ledger"])
-    return sys.modules["ledger"]
-
-
 def ledger_entries(args: argparse.Namespace, rows: list[dict]) -> list[dict]:
     """One ledger entry per row of :func:`run` (the speed-up is the tables' to compute)."""
-    suffix = _ledger().device_suffix(args.device)
+    suffix = ledger.device_suffix(args.device)
     split = (f"decode step, B={args.batch}, width {args.dim}, {args.heads} heads, {args.depth} blocks, "
              f"{args.other} variates")
     return [dict(experiment=f"bench/decode/past{r['past']}/{VARIANTS[r['variant']]}{suffix}",
@@ -130,7 +121,7 @@ def main(argv=None) -> None:
         print(f"| {VARIANTS[r['variant']]} | {r['past']} | {r['step_ms']:.2f} ({r['step_median_ms']:.2f}) | "
               f"{r['full_ms']:.1f} | {r['speedup']:.0f}x |")
     if args.ledger:
-        _ledger().append_benchmarks(ledger_entries(args, rows), args.ledger, "decode.py",
+        ledger.append_benchmarks(ledger_entries(args, rows), args.ledger, "decode.py",
                                     sys.argv[1:] if argv is None else argv, device=args.device,
                                     threads=torch.get_num_threads())
 

@@ -20,13 +20,9 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-
 import fnmatch
-import importlib.util
 
-_spec = importlib.util.spec_from_file_location("paper_configs", Path(__file__).with_name("paper_configs.py"))
-paper_configs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(paper_configs)
+import paper_configs  # benchmarks/paper_configs.py: a script's own folder is first on sys.path
 
 
 def _arg(args: list[str], key: str, default=None):

@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import importlib.util
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -31,18 +29,9 @@ from hoformer.models import create_model
 from hoformer.train import CompileModel, Optimization
 from hoformer.train.optim import configure_optimization
 
+import attention as attention_bench  # benchmarks/: a script's own folder is first on sys.path
+import ledger
 
-
-def _sibling(name: str):
-    """A script next to this one (``benchmarks/`` is not a package), imported once."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-attention_bench = _sibling("attention")
 
 CASES = {  # name -> (registered model, kwargs, batch size): the paper configs' sizes
     "etth1": ("hot_forecaster", dict(seq_len=96, pred_len=96, num_variates=7, dim=128, depth=2, num_heads=8,
@@ -167,7 +156,7 @@ def main(argv=None) -> int:
                 m |= {"hoformer_mib": round(peak[(variant, "hoformer")], 1), "paper_mib": round(peak[(variant, "paper")], 1)}
             prec = "bf16" if a.precision == "bf16" else "fp32"
             entries.append(dict(experiment=f"bench/train_step/{case}/{variant.replace(' ', '-')}"
-                                           f"{_sibling('ledger').device_suffix(str(device), prec)}", model=name,
+                                           f"{ledger.device_suffix(str(device), prec)}", model=name,
                                 split=f"training step, B={batch}, {prec}", metrics=m, case=case, variant=variant,
                                 note=f"minimum of {a.reps} round-robin rounds; paper: the same model with the "
                                      "paper-equation attention layer, compiled the same way; peak memory of one step "
@@ -177,7 +166,6 @@ def main(argv=None) -> int:
             print(f"| {case} | compiled {mode} / eager (hoformer) | | | {best[(f'compiled {mode}', 'hoformer')] / eager:.2f} "
                   "| | |", flush=True)
     if a.ledger:
-        ledger = _sibling("ledger")
         ledger.append_benchmarks(entries, a.ledger, "train_step.py", sys.argv[1:] if argv is None else argv,
                                  device=str(device), threads=torch.get_num_threads())
     return 0

@@ -28,13 +28,11 @@ library state, e.g. cuBLAS workspaces or the CPU's ~80 MiB of mapped kernels, is
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +40,8 @@ import torch.nn.functional as F
 from hoformer.functional.triplet import (
     _DEFAULT_CHUNK, _tile_rows, triplet_attention, triplet_attention_naive, triplet_windows,
 )
+
+import ledger  # benchmarks/ledger.py: a script's own folder is first on sys.path
 
 
 # --------------------------------------------------------------------------------------------- candidates
@@ -171,21 +171,12 @@ def flops(name: str, L: int, D: int, block: int, overlap: float, device: str = "
 
 
 # ------------------------------------------------------------------------------------------------- ledger
-def _ledger():
-    """``benchmarks/ledger.py`` (this folder is not a package), imported once."""
-    if "ledger" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("ledger", Path(__file__).with_name("ledger.py"))
-        sys.modules["ledger"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules["ledger"])
-    return sys.modules["ledger"]
-
-
 _DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
 
 
 def _entry(args, name: str, model: str, B: int, L: int, metrics: dict, what: str, **fields) -> dict:
     clock = "process CPU time" if args.device == "cpu" and args.clock == "cpu" else "wall-clock time"
-    suffix = _ledger().device_suffix(args.device, _DTYPES.get(args.dtype, args.dtype))
+    suffix = ledger.device_suffix(args.device, _DTYPES.get(args.dtype, args.dtype))
     return dict(experiment=f"bench/triplet/{name}{suffix}", model=model,
                 split=f"fwd+bwd, L={L}, block {args.block}, overlap {args.overlap}, D={args.dim}, H={args.heads}, B={B}",
                 metrics={k: float(f"{v:.6g}") for k, v in metrics.items() if v == v},  # NaN: not measured
@@ -283,7 +274,7 @@ def main(argv=None):
                   f"{fh:.2f} | {ff:.2f} |", flush=True)
             entries.append(scaling_entry(args, B, L, t, mh, mf, fh, ff))
     if args.ledger:
-        _ledger().append_benchmarks(entries, args.ledger, "triplet.py", sys.argv[1:] if argv is None else argv,
+        ledger.append_benchmarks(entries, args.ledger, "triplet.py", sys.argv[1:] if argv is None else argv,
                                     device=args.device, threads=args.threads)
 
 

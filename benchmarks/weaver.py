@@ -19,15 +19,15 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import multiprocessing as mp
 import os
 import sys
 import time
-from pathlib import Path
 
 import torch
+
+import ledger  # benchmarks/ledger.py: a script's own folder is first on sys.path
 
 
 def _vm(key: str) -> int:
@@ -122,19 +122,10 @@ def _step_job(args) -> dict:
             "step_seconds": min(times)}
 
 
-def _ledger():
-    """``benchmarks/ledger.py`` (this folder is not a package), imported once."""
-    if "ledger" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("ledger", Path(__file__).with_name("ledger.py"))
-        sys.modules["ledger"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules["ledger"])
-    return sys.modules["ledger"]
-
-
 def ledger_entries(a: argparse.Namespace, kmv: dict, dense: dict, steps: list[dict]) -> list[dict]:
     """The ledger entries of one run: P^2-KMV and the dense map (``_kmv_job``'s results), and the training steps
     (``_step_job``'s; none with ``--skip-steps``). Ratios are the tables' to compute."""
-    suffix = _ledger().device_suffix(a.device)
+    suffix = ledger.device_suffix(a.device)
     split = f"B={a.batch}, H={a.heads}, P={a.window}, N={a.nodes}, E={a.dim}, fp32"
     note = f"best of {a.reps}, fresh subprocess; peak: resident-set growth (CPU) or the CUDA allocator's peak"
     out = [dict(experiment=f"bench/weaver/p2_kmv/kmv{suffix}", model="p2_kmv", split=split, note=note,
@@ -194,7 +185,7 @@ def main(argv=None) -> None:
     if not a.skip_steps:
         steps = _steps(a, ctx)
     if a.ledger:
-        _ledger().append_benchmarks(ledger_entries(a, kmv, dense, steps), a.ledger, "weaver.py",
+        ledger.append_benchmarks(ledger_entries(a, kmv, dense, steps), a.ledger, "weaver.py",
                                     sys.argv[1:] if argv is None else argv, device=a.device, threads=a.threads)
 
 
