@@ -334,10 +334,14 @@ def main():
 
             steps[name], clears[name] = step, clear
         times = interleaved_times(steps, device, args.reps)
+        # FLOPs are linear in the batch: counted on one sample and scaled, since the counter runs SDPA through its
+        # math decomposition, which would hold full attention's B x H x N x N scores (~25 GiB at 16^3, B=32)
+        x1, gy1 = x[:1].detach().requires_grad_(), gy[:1]
         res = {}
         for name, fn in steps.items():
             clears[name]()  # the previous call's gradients would be freed inside the measured call (CUDA)
-            res[name] = (times[name], peak_memory(fn, device), count_executed_flops(fn))
+            one = (lambda mod=variants[name]: mod.to(device=device, dtype=dtype)(x1).backward(gy1))
+            res[name] = (times[name], peak_memory(fn, device), count_executed_flops(one) * args.batch)
         for name, (t, mem, fl) in res.items():
             base = res["paper_sum" if name.endswith("_sum") else "paper_product"]
             print(f"{str(sizes):>14} {name:>18} {t * 1e3:11.1f} {mem / 2**20:9.1f} {fl / t / 1e9:8.1f} "
