@@ -4,7 +4,8 @@ Protocol: :class:`hoformer.data.TrafficDataModule` (12 -> 12, 70/10/20, masked s
 exponential decay 0.9 per epoch (paper section 6.1), batch ``--batch-size``, ``--epochs`` epochs, the epoch with the best
 validation MAE is tested (masked MAE / MAPE / RMSE at steps 3 / 6 / 12 and over all steps).
 Every finished run is appended to ``--out`` (JSON lines), so an interrupted sweep keeps its results;
-``--summary`` prints the mean +- std table (markdown).
+``--summary`` prints the mean +- std table (markdown). ``--ledger [FILE]`` also appends one results-ledger line per
+run and seed (default ``results/ledger.jsonl``), from which the docs' Los-loop tables are generated.
 
     nice python benchmarks/weaver_losloop.py --epochs 4 --dim 32 --seeds 0 1 2 --out runs/losloop.jsonl
     python benchmarks/weaver_losloop.py --summary runs/losloop.jsonl
@@ -15,6 +16,7 @@ import argparse
 import copy
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -23,7 +25,9 @@ import torch
 from hoformer.data.traffic import TrafficDataModule
 from hoformer.models import create_model
 from hoformer.train.metrics import forecasting_metrics, masked_mae
-from hoformer.train.traffic import forecast
+from hoformer.train.traffic import forecast, original_scale
+
+import ledger  # benchmarks/ledger.py: a script's own folder is first on sys.path
 
 VARIANTS = {
     "weaver_T": ("weaver", {"use_time": True}),
@@ -45,7 +49,7 @@ def evaluate(model, loader) -> dict[str, float]:
     model.eval()
     metrics = forecasting_metrics((3, 6, 12))
     for b in loader:
-        metrics.update(forecast(model, b), b["y"], b["y_mask"])
+        metrics.update(forecast(model, b), original_scale(b["y"], b), b["y_mask"])
     return {k: float(v) for k, v in metrics.compute().items()}
 
 
@@ -70,7 +74,7 @@ def run(variant: str, seed: int, epochs: int, dim: int, heads: int, baseline_hea
             loader = torch.utils.data.DataLoader(dm.splits["train"], batch_size=dm.batch_size, shuffle=True,
                                                  generator=g)
             for b in loader:
-                loss = masked_mae(forecast(model, b), b["y"], b["y_mask"])
+                loss = masked_mae(forecast(model, b), original_scale(b["y"], b), b["y_mask"])
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
@@ -86,6 +90,26 @@ def run(variant: str, seed: int, epochs: int, dim: int, heads: int, baseline_hea
             "batch_size": dm.batch_size, "best_epoch": best_epoch,
             "val_mae": best if n_params else evaluate(model, dm.val_dataloader())["mae"], "params": n_params,
             "steps": steps, "train_seconds": round(time.time() - t0, 1), "test": test}
+
+
+#: the ledger's metric names of a run's test metrics (steps 3 / 6 / 12 of 5 minutes, and over all steps)
+LEDGER_METRICS = {"mae@3": "test/mae@15m", "mae@6": "test/mae@30m", "mae@12": "test/mae@60m", "mae": "test/mae",
+                  "mape": "test/mape", "rmse": "test/rmse"}
+
+
+def ledger_line(r: dict, command: str, threads: int) -> dict:
+    """The results-ledger line of one finished run ``r`` (what :func:`run` returns)."""
+    import torch as _torch
+
+    return {"experiment": f"weaver/los_loop_cpu/{r['variant']}", "task": "traffic", "dataset": "los_loop",
+            "model": r["variant"], "scale": "cpu", "lookback": 12, "horizon": 12, "split": "test",
+            "metrics": {LEDGER_METRICS[k]: round(v, 4) for k, v in r["test"].items() if k in LEDGER_METRICS},
+            "best_val": {"val/mae": round(r["val_mae"], 4)}, "params": r["params"], "seed": r["seed"],
+            "epochs": r["epochs"], "best_epoch": r["best_epoch"] - 1 if r["params"] else None,
+            "stopping": {"max_epochs": r["epochs"]}, "wall_s": r["train_seconds"],
+            "hardware": ledger.hardware("cpu", threads), "torch": _torch.__version__.split("+")[0],
+            "commit": ledger.commit(), "date": time.strftime("%Y-%m-%d"), "command": command,
+            "record": "benchmark"}
 
 
 def summary(path: str) -> str:
@@ -123,6 +147,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="runs/weaver_losloop.jsonl")
     ap.add_argument("--summary", default=None, help="print the table of a results file and exit")
+    ap.add_argument("--ledger", nargs="?", const="results/ledger.jsonl", default=None, metavar="FILE",
+                    help="also append one results-ledger line per run (default file: results/ledger.jsonl)")
     a = ap.parse_args()
     if a.summary:
         print(summary(a.summary))
@@ -138,6 +164,9 @@ def main() -> None:
                   flush=True)
             with open(a.out, "a") as f:
                 f.write(json.dumps(r) + "\n")
+            if a.ledger:
+                command = ledger.benchmark_command("weaver_losloop.py", sys.argv[1:], a.ledger)
+                ledger.append_ledger(ledger_line(r, command, a.threads), Path(a.ledger))
 
 
 if __name__ == "__main__":
