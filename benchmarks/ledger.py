@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import re
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -370,10 +371,30 @@ def _summary_cell(r: dict, name: str) -> str:
     return "-" if v is None else f"{v:.3f}" + ("" if s is None else f" ± {s:.3f}")
 
 
+def traffic_runs(rows: list[dict], dataset: str = "los_loop") -> list[dict]:
+    """One summary per traffic model: from its per-seed lines when it has any (the newest line of each seed; mean and
+    sample std over the seeds, mean wall time per run), else its line that records a summary over seeds. Each has the
+    fields of a line (``metrics``, ``metrics_std``, ``seed`` list, ``wall_s``, ``params``, ``epochs``) and ``lines``."""
+    out = []
+    for model in dict.fromkeys(r["model"] for r in pick(rows, task="traffic", dataset=dataset)):
+        mine = pick(rows, task="traffic", dataset=dataset, model=model)
+        per = {r["seed"]: r for r in mine if isinstance(r["seed"], int)}  # the newest line of each seed
+        if not per:
+            out.extend(dict(r, lines=[r]) for r in mine)
+            continue
+        lines = [per[k] for k in sorted(per)]
+        names = [k for k in lines[0]["metrics"] if all(k in r["metrics"] for r in lines)]
+        vals = {k: [r["metrics"][k] for r in lines] for k in names}
+        out.append(dict(lines[-1], metrics={k: _mean(v) for k, v in vals.items()},
+                        metrics_std={k: statistics.stdev(v) for k, v in vals.items()} if len(lines) > 1 else {},
+                        seed=sorted(per), wall_s=_mean([r["wall_s"] for r in lines]), lines=lines))
+    return out
+
+
 def table_traffic(rows: list[dict], dataset: str = "los_loop") -> str:
     """Los-loop test metrics (mph; MAPE in %), mean ± sample std over the seeds, one row per model."""
     body = []
-    for r in pick(rows, task="traffic", dataset=dataset):
+    for r in traffic_runs(rows, dataset):
         body.append([f"`{r['model']}`", r.get("params", "-"), *(_summary_cell(r, k) for _, k in TRAFFIC_METRICS),
                      _fmt(r["wall_s"], 0), ", ".join(map(str, seeds_of([r])))])
     return _md(["model", "params", *(h for h, _ in TRAFFIC_METRICS), "s/run", "seeds"], body)
@@ -467,12 +488,12 @@ def _adrenal(rows: list[dict]) -> str:
 
 
 def _traffic(rows: list[dict], model: str) -> tuple[float, float]:
-    (r,) = pick(rows, task="traffic", model=model)
+    (r,) = [t for t in traffic_runs(rows) if t["model"] == model]
     return r["metrics"]["test/mae@30m"], r["metrics"]["test/mae@60m"]
 
 
 def _best_traffic_baseline(rows: list[dict]) -> str:
-    base = [r for r in pick(rows, task="traffic") if not r["model"].startswith("weaver")]
+    base = [r for r in traffic_runs(rows) if not r["model"].startswith("weaver")]
     best = min(base, key=lambda r: r["metrics"]["test/mae@30m"])
     return f"{best['metrics']['test/mae@30m']:.2f} / {best['metrics']['test/mae@60m']:.2f}"
 
@@ -851,7 +872,8 @@ SUMMARY = [
     ("traffic (Weaver)", "Los-loop, 30 / 60 min", "MAE", "-",
      lambda rows: "Weaver {:.2f} / {:.2f}".format(*_traffic(rows, "weaver_NT")) +
                   f" (best baseline {_best_traffic_baseline(rows)})",
-     lambda rows: pick(rows, task="traffic", model="weaver_NT"), "results_traffic.md#current-results"),
+     lambda rows: [ln for r in traffic_runs(rows) if r["model"] == "weaver_NT" for ln in r["lines"]],
+     "results_traffic.md#current-results"),
     ("traffic (Weaver)", "METR-LA / PEMS-BAY", "MAE",
      f"{PAPER['metr_la/weaver']['mae']:.2f} / {PAPER['pems_bay/weaver']['mae']:.2f}", lambda rows: "not run (no data here)",
      lambda rows: [], "reproducing.md#weaver-traffic-forecasting"),
@@ -960,8 +982,9 @@ def table_reproducing_ltsf(rows: list[dict]) -> str:
 def table_reproducing_traffic(rows: list[dict]) -> str:
     """docs/reproducing.md's Los-loop rows: Weaver NT and the best baseline, MAE at 30 / 60 minutes."""
     body = []
-    weaver = pick(rows, task="traffic", model="weaver_NT")
-    base = [r for r in pick(rows, task="traffic") if not r["model"].startswith("weaver")]
+    runs = traffic_runs(rows)
+    weaver = [r for r in runs if r["model"] == "weaver_NT"]
+    base = [r for r in runs if not r["model"].startswith("weaver")]
     best = [min(base, key=lambda r: r["metrics"]["test/mae@30m"])] if base else []
     for label, rs in (("Weaver NT (Tanimoto)", weaver), (f"best baseline (`{best[0]['model']}`)" if best else "", best)):
         for r in rs:

@@ -370,3 +370,24 @@ def test_gpu_training_step_and_attention_lines_fill_the_gpu_tables_only():
     gpu_table = ledger.TABLES["bench/attention_gpu"](committed + cuda)
     assert "| (16,16,16) | kron_product | 1.0 |" in gpu_table and "(21,24)" not in gpu_table
     assert "`bench/attention/*+cuda`" in gpu_table
+
+
+def test_traffic_tables_aggregate_per_seed_lines_over_a_summary_line():
+    """A traffic model's per-seed lines (``benchmarks/weaver_losloop.py --ledger``) replace its older line that only
+    recorded a mean ± std over seeds; the newest line of a seed counts; models without per-seed lines keep theirs."""
+    def line(model, seed, mae30, **more):
+        return {"experiment": f"weaver/los_loop_cpu/{model}", "task": "traffic", "dataset": "los_loop", "model": model,
+                "seed": seed, "metrics": {"test/mae@30m": mae30, "test/mae@60m": mae30 + 1}, "params": 10, "epochs": 8,
+                "wall_s": 100.0, "hardware": "CPU, 2 cores, 1 thread(s) per run", **more}
+
+    summary = line("weaver_NT", [0, 1, 2], 9.0, metrics_std={"test/mae@30m": 0.5})
+    rows = [summary, line("alternating", [0, 1, 2], 5.0, metrics_std={"test/mae@30m": 0.1}),
+            line("weaver_NT", 0, 3.0), line("weaver_NT", 1, 9.9), line("weaver_NT", 1, 4.0), line("weaver_NT", 2, 5.0)]
+    (nt,) = [r for r in ledger.traffic_runs(rows) if r["model"] == "weaver_NT"]
+    assert nt["seed"] == [0, 1, 2] and nt["metrics"]["test/mae@30m"] == 4.0  # seed 1's newest line (4.0), not 9.9
+    assert abs(nt["metrics_std"]["test/mae@30m"] - 1.0) < 1e-12 and len(nt["lines"]) == 3
+    table = ledger.table_traffic(rows)
+    assert "| `weaver_NT` | 10 | - | 4.000 ± 1.000 | 5.000 ± 1.000 |" in table
+    assert "| `alternating` | 10 | - | 5.000 ± 0.100 |" in table and "9.000" not in table
+    assert ledger._traffic(rows, "weaver_NT") == (4.0, 5.0)
+    assert "| Los-loop | best baseline (`alternating`) | - | 5.00 / 6.00 |" in ledger.table_reproducing_traffic(rows)
