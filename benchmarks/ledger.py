@@ -84,14 +84,18 @@ def benchmark_line(experiment: str, model: str, split: str, metrics: dict, *, de
             "date": dt.date.today().isoformat(), "command": command, "record": "benchmark"}
 
 
-def benchmark_command(script: str, argv: list[str], ledger_file: str | None) -> str:
-    """``python benchmarks/SCRIPT ARGS`` without ``--ledger [FILE]`` (a path of the machine that ran it)."""
+def benchmark_command(script: str, argv: list[str], ledger_file: str | None, local: tuple[str, ...] = ()) -> str:
+    """``python benchmarks/SCRIPT ARGS`` without ``--ledger [FILE]`` and the ``local`` options with their values
+    (files of the machine that ran it, such as a side output ``--out``)."""
     out, rest = [], list(argv)
     while rest:
         a = rest.pop(0)
         if a == "--ledger" and rest and rest[0] == ledger_file:
             rest.pop(0)
-        if not (a == "--ledger" or a.startswith("--ledger=")):
+        if a in local and rest:
+            rest.pop(0)
+            continue
+        if not (a == "--ledger" or a.startswith("--ledger=") or a.split("=", 1)[0] in local):
             out.append(a)
     return " ".join([f"python benchmarks/{script}", *out])
 

@@ -165,7 +165,7 @@ def main() -> None:
             with open(a.out, "a") as f:
                 f.write(json.dumps(r) + "\n")
             if a.ledger:
-                command = ledger.benchmark_command("weaver_losloop.py", sys.argv[1:], a.ledger)
+                command = ledger.benchmark_command("weaver_losloop.py", sys.argv[1:], a.ledger, local=("--out",))
                 ledger.append_ledger(ledger_line(r, command, a.threads), Path(a.ledger))
 
 

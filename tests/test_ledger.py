@@ -391,3 +391,21 @@ def test_traffic_tables_aggregate_per_seed_lines_over_a_summary_line():
     assert "| `alternating` | 10 | - | 5.000 ± 0.100 |" in table and "9.000" not in table
     assert ledger._traffic(rows, "weaver_NT") == (4.0, 5.0)
     assert "| Los-loop | best baseline (`alternating`) | - | 5.00 / 6.00 |" in ledger.table_reproducing_traffic(rows)
+
+
+def test_weaver_losloop_writes_one_line_per_seed_without_machine_paths():
+    """``benchmarks/weaver_losloop.py --ledger``: a run's test metrics under the ledger's names, its epoch 0-based, and
+    a command without the ledger file or the side output ``--out`` (paths of the machine that ran it)."""
+    losloop = load_benchmark("weaver_losloop")
+    command = ledger.benchmark_command("weaver_losloop.py", ["--variants", "weaver_NT", "--out", "/tmp/x/a.jsonl",
+                                                             "--ledger", "/tmp/x/l.jsonl"], "/tmp/x/l.jsonl",
+                                       local=("--out",))
+    assert command == "python benchmarks/weaver_losloop.py --variants weaver_NT"
+    run = {"variant": "weaver_NT", "seed": 1, "epochs": 8, "best_epoch": 7, "params": 5, "val_mae": 3.2,
+           "train_seconds": 12.0, "test": {"mae@3": 3.0, "mae@6": 3.5, "mae@12": 4.5, "mae": 3.6, "mape": 11.0,
+                                          "rmse": 7.0}}
+    line = losloop.ledger_line(run, command, threads=1)
+    assert line["metrics"] == {"test/mae@15m": 3.0, "test/mae@30m": 3.5, "test/mae@60m": 4.5, "test/mae": 3.6,
+                               "test/mape": 11.0, "test/rmse": 7.0}
+    assert (line["seed"], line["best_epoch"], line["experiment"]) == (1, 6, "weaver/los_loop_cpu/weaver_NT")
+    assert ledger.traffic_runs([line])[0]["metrics"]["test/mae@30m"] == 3.5
