@@ -61,8 +61,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--ledger", nargs="?", const="results/ledger.jsonl", default=None, metavar="FILE",
-                    help="append the results to the results ledger (default file: results/ledger.jsonl)")
+    ledger.add_ledger_argument(ap)
     a = ap.parse_args(argv)
     device = torch.device(a.device)
     if device.type != "cuda" or not torch.cuda.is_available():

@@ -277,8 +277,7 @@ def main():
                     help="before/after of the Kronecker layers against the hoformer in SRC (e.g. OTHER/src), CPU")
     ap.add_argument("--accelerator-chunks", action="store_true",
                     help="with --against: the Kronecker products in an accelerator's chunks (its memory, on the CPU)")
-    ap.add_argument("--ledger", nargs="?", const="results/ledger.jsonl", default=None, metavar="FILE",
-                    help="append the results to the results ledger (default file: results/ledger.jsonl)")
+    ledger.add_ledger_argument(ap)
     args = ap.parse_args()
     if args.against:
         unknown = set(args.variants or ()) - set(AB_VARIANTS)

@@ -92,8 +92,7 @@ def main(argv=None) -> None:
     p.add_argument("--small", action="store_true", help="half the batch and depth (a quick look)")
     p.add_argument("--fallback-random", choices=("auto", "on", "off"), default="auto",
                    help="Inductor's fallback_random as CompileModel sets it (auto: on for CPU, off elsewhere)")
-    p.add_argument("--ledger", nargs="?", const="results/ledger.jsonl", default=None, metavar="FILE",
-                   help="append the results to the results ledger (default file: results/ledger.jsonl)")
+    ledger.add_ledger_argument(p)
     a = p.parse_args(argv)
     if a.reps < 1:
         p.error(f"--reps must be >= 1, got {a.reps}")

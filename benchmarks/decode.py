@@ -107,8 +107,7 @@ def main(argv=None) -> None:
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
-    ap.add_argument("--ledger", nargs="?", const="results/ledger.jsonl", default=None, metavar="FILE",
-                    help="append the results to the results ledger (default file: results/ledger.jsonl)")
+    ledger.add_ledger_argument(ap)
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

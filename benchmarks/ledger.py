@@ -84,6 +84,13 @@ def benchmark_line(experiment: str, model: str, split: str, metrics: dict, *, de
             "date": dt.date.today().isoformat(), "command": command, "record": "benchmark"}
 
 
+def add_ledger_argument(parser) -> None:
+    """A benchmark script's ``--ledger [FILE]`` option: append its results to the results ledger (``FILE``, default
+    ``results/ledger.jsonl``; absent: nothing is written)."""
+    parser.add_argument("--ledger", nargs="?", const="results/ledger.jsonl", default=None, metavar="FILE",
+                        help="append the results to the results ledger (default file: results/ledger.jsonl)")
+
+
 def benchmark_command(script: str, argv: list[str], ledger_file: str | None, local: tuple[str, ...] = ()) -> str:
     """``python benchmarks/SCRIPT ARGS`` without ``--ledger [FILE]`` and the ``local`` options with their values
     (files of the machine that ran it, such as a side output ``--out``)."""

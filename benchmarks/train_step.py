@@ -106,8 +106,7 @@ def main(argv=None) -> int:
                         "none: eager only")
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     p.add_argument("--batch", type=int, help="batch size (default: the paper's 32)")
-    p.add_argument("--ledger", nargs="?", const="results/ledger.jsonl", default=None, metavar="FILE",
-                   help="append the results to the results ledger (default file: results/ledger.jsonl)")
+    ledger.add_ledger_argument(p)
     a = p.parse_args(argv)
     if a.reps < 1:
         p.error(f"--reps must be >= 1, got {a.reps}")

@@ -222,8 +222,7 @@ def main(argv=None):
     p.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
                    help="CPU runs: process CPU time (default; immune to other jobs' load) or wall-clock time")
     p.add_argument("--no-memory", action="store_true")
-    p.add_argument("--ledger", nargs="?", const="results/ledger.jsonl", default=None, metavar="FILE",
-                   help="append the results to the results ledger (default file: results/ledger.jsonl)")
+    ledger.add_ledger_argument(p)
     p.add_argument("--_child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)

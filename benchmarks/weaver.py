@@ -157,8 +157,7 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--skip-steps", action="store_true")
-    ap.add_argument("--ledger", nargs="?", const="results/ledger.jsonl", default=None, metavar="FILE",
-                    help="append the results to the results ledger (default file: results/ledger.jsonl)")
+    ledger.add_ledger_argument(ap)
     a = ap.parse_args(argv)
     b, p, n, e, h = a.batch, a.window, a.nodes, a.dim, a.heads
     # Large CPU allocations are then mmap-ed and returned to the OS on free, so the subprocess's peak RSS

@@ -147,8 +147,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="runs/weaver_losloop.jsonl")
     ap.add_argument("--summary", default=None, help="print the table of a results file and exit")
-    ap.add_argument("--ledger", nargs="?", const="results/ledger.jsonl", default=None, metavar="FILE",
-                    help="also append one results-ledger line per run (default file: results/ledger.jsonl)")
+    ledger.add_ledger_argument(ap)
     a = ap.parse_args()
     if a.summary:
         print(summary(a.summary))
