@@ -127,6 +127,22 @@ def _pair_factors(factors, bs: slice, hs: slice) -> list[torch.Tensor]:
     return [f[bs, hs].reshape(-1, *f.shape[-2:]) for f in factors]
 
 
+def _chunked(v: torch.Tensor, factors: Sequence[torch.Tensor]):
+    """Per chunk of (batch, head) pairs of ``v (b, h, n.., d)``: ``(batch slice, head slice, the chunk's factors
+    (c, n_m, n_m), the chunk's value shape (c, n.., d))``."""
+    b, h = v.shape[:2]
+    for bs, hs in _chunks(b, h, _chunk_pairs(v)):
+        fs = _pair_factors(factors, bs, hs)
+        yield bs, hs, fs, (fs[0].shape[0], *v.shape[2:])
+
+
+def _grad_buffers(v: torch.Tensor, factors: Sequence[torch.Tensor], need_v: bool, need_s: Sequence[bool]):
+    """The gradients a backward kernel fills: ``dv`` like ``v`` and ``dS_m (b, h, n_m, n_m)``, None where not needed."""
+    b, h = v.shape[:2]
+    gv = torch.empty_like(v) if need_v else None
+    return gv, [v.new_empty(b, h, *f.shape[-2:]) if need_s[m] else None for m, f in enumerate(factors)]
+
+
 def _expand_factors(factors: list[torch.Tensor], v: torch.Tensor) -> list[torch.Tensor]:
     b, h = v.shape[:2]
     return [s.to(v.dtype).expand(b, h, *s.shape[-2:]) for s in factors]
@@ -338,11 +354,9 @@ def _kron_apply_forward(v: torch.Tensor, factors: Sequence[torch.Tensor]) -> tor
     allocated like ``v`` (same strides): when ``v`` is the head-split view of a ``(b, n.., h*d)`` projection, merging
     the heads afterwards is free.
     """
-    b, h, sizes, k = v.shape[0], v.shape[1], v.shape[2:-1], len(factors)
+    sizes, k = v.shape[2:-1], len(factors)
     out, ws = torch.empty_like(v), _Workspace(v)
-    for bs, hs in _chunks(b, h, _chunk_pairs(v)):
-        fs = _pair_factors(factors, bs, hs)
-        shape = (fs[0].shape[0], *sizes, v.shape[-1])
+    for bs, hs, fs, shape in _chunked(v, factors):
         x, taken = ws.contiguous(v[bs, hs], shape)
         if _rotates(v):
             _rotating_chunk_forward(x, taken, fs, sizes, out[bs, hs], ws)
@@ -367,16 +381,12 @@ def _kron_apply_backward(gy: torch.Tensor, v: torch.Tensor, factors: Sequence[to
     back to the pool once its gram is formed, so that the next ``G`` reuses its buffer (``k + 1`` value-sized chunk
     buffers at most, including the contiguous copies of ``v`` and ``gy``). Only ``v`` (usually a view of a tensor
     autograd keeps anyway) and the factors are needed."""
-    b, h, sizes, k = v.shape[0], v.shape[1], v.shape[2:-1], len(factors)
-    gv = torch.empty_like(v) if need_v else None
-    gs = [v.new_empty(b, h, *f.shape[-2:]) if need_s[m] else None for m, f in enumerate(factors)]
+    sizes, k = v.shape[2:-1], len(factors)
+    gv, gs = _grad_buffers(v, factors, need_v, need_s)
     last = max([m for m in range(k) if need_s[m]], default=-1)  # recompute no further than needed
     ws = _Workspace(v)
     gy = gy.to(v.dtype)
-    for bs, hs in _chunks(b, h, _chunk_pairs(v)):
-        fs = _pair_factors(factors, bs, hs)
-        c = fs[0].shape[0]
-        shape = (c, *sizes, v.shape[-1])
+    for bs, hs, fs, shape in _chunked(v, factors):
         if _rotates(v):
             _rotating_chunk_backward(gy[bs, hs], lambda bs=bs, hs=hs: ws.contiguous(v[bs, hs], shape), fs, sizes,
                                      None if gv is None else gv[bs, hs], [None if g is None else g[bs, hs] for g in gs],
@@ -388,7 +398,7 @@ def _kron_apply_backward(gy: torch.Tensor, v: torch.Tensor, factors: Sequence[to
         g, g_taken = ws.contiguous(gy[bs, hs], shape)
         for m in reversed(range(k)):
             if gs[m] is not None:
-                _mode_gram(g, inputs[m][0], sizes, m, gs[m][bs, hs].view(c, sizes[m], sizes[m]), ws)
+                _mode_gram(g, inputs[m][0], sizes, m, gs[m][bs, hs].view(shape[0], sizes[m], sizes[m]), ws)
             if m < len(inputs) and inputs[m][1]:
                 ws.give(inputs[m][0])
             if m or need_v:
@@ -497,11 +507,9 @@ def _kron_sum_chunk(x, dst, fs, alpha: float, transpose: bool, ws: _Workspace) -
 def _kron_sum_apply_forward(v: torch.Tensor, factors: Sequence[torch.Tensor], alpha: float) -> torch.Tensor:
     """``alpha * sum_m v x_m S_m``, cache-blocked and copy-free like :func:`_kron_apply_forward` (the terms accumulate
     in one buffer through ``baddbmm``)."""
-    b, h = v.shape[:2]
     out, ws = torch.empty_like(v), _Workspace(v)
-    for bs, hs in _chunks(b, h, _chunk_pairs(v)):
-        fs = _pair_factors(factors, bs, hs)
-        x, taken = ws.contiguous(v[bs, hs], (fs[0].shape[0], *v.shape[2:]))
+    for bs, hs, fs, shape in _chunked(v, factors):
+        x, taken = ws.contiguous(v[bs, hs], shape)
         _kron_sum_chunk(x, out[bs, hs], fs, alpha, False, ws)
         if taken:
             ws.give(x)
@@ -514,15 +522,11 @@ def _kron_sum_apply_backward(g: torch.Tensor, v: torch.Tensor, factors: Sequence
     """Gradients ``(dv, [dS_m])`` of :func:`_kron_sum_apply_forward` (``None`` where not needed):
     ``dv = alpha * sum_m g x_m S_m^T`` (the adjoint of a Kronecker sum is the sum of the transposes) and
     ``dS_m = alpha * G_(m) V_(m)^T`` from the chunk's mode-``m`` fibres."""
-    b, h, sizes = v.shape[0], v.shape[1], v.shape[2:-1]
-    gv = torch.empty_like(v) if need_v else None
-    gs = [v.new_empty(b, h, *f.shape[-2:]) if need_s[m] else None for m, f in enumerate(factors)]
+    sizes = v.shape[2:-1]
+    gv, gs = _grad_buffers(v, factors, need_v, need_s)
     ws = _Workspace(v)
     g = g.to(v.dtype)
-    for bs, hs in _chunks(b, h, _chunk_pairs(v)):
-        fs = _pair_factors(factors, bs, hs)
-        c = fs[0].shape[0]
-        shape = (c, *sizes, v.shape[-1])
+    for bs, hs, fs, shape in _chunked(v, factors):
         gc, g_taken = ws.contiguous(g[bs, hs], shape)
         if need_v:
             _kron_sum_chunk(gc, gv[bs, hs], fs, alpha, True, ws)
@@ -530,7 +534,7 @@ def _kron_sum_apply_backward(g: torch.Tensor, v: torch.Tensor, factors: Sequence
             vc, v_taken = ws.contiguous(v[bs, hs], shape)
             for m in range(len(fs)):
                 if gs[m] is not None:
-                    d = _mode_gram(gc, vc, sizes, m, gs[m][bs, hs].view(c, sizes[m], sizes[m]), ws)
+                    d = _mode_gram(gc, vc, sizes, m, gs[m][bs, hs].view(shape[0], sizes[m], sizes[m]), ws)
                     if alpha != 1.0:
                         d.mul_(alpha)
             if v_taken:
