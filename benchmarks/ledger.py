@@ -133,6 +133,19 @@ def latest(rows: list[dict]) -> list[dict]:
     return [r for i, r in enumerate(rows) if last[r["experiment"]] == i]
 
 
+def _on(experiment: str, prefix: str, suffix: str) -> bool:
+    """Whether ``experiment`` is ``prefix...`` measured as ``suffix`` says (:func:`device_suffix`; ``""``: CPU,
+    fp32)."""
+    return (experiment.startswith(prefix) and experiment.endswith(suffix)
+            and "+" not in experiment[:len(experiment) - len(suffix)])
+
+
+def bench_lines(rows: list[dict], prefix: str, suffix: str = "") -> list[dict]:
+    """The newest line of each benchmark experiment named ``prefix...`` measured as ``suffix`` says (``+cuda``,
+    ``+cuda-bf16``; ``""``: CPU, fp32): a GPU line never stands in a CPU table, nor a CPU line in a GPU one."""
+    return [r for r in latest(pick(rows, task="benchmark")) if _on(r["experiment"], prefix, suffix)]
+
+
 # ---------------------------------------------------------------------------------------------------- tables
 TABLE_RE = re.compile(r"(<!-- ledger:(?P<name>[\w./-]+) -->\n)(?P<body>.*?)(<!-- /ledger -->)", re.S)
 HORIZONS = (96, 192, 336, 720)
@@ -528,10 +541,11 @@ ATTN_VARIANTS = ("paper_product", "paper_sum", "kron_product", "kron_sum", "kron
                  "kron_linear_assoc", "full", "axial")
 
 
-def attention_lines(rows: list[dict]) -> list[dict]:
-    """The newest ``benchmarks/attention.py`` line of each shape and variant (layer rows, not the functional core)."""
-    return [r for r in latest(pick(rows, task="benchmark")) if r["experiment"].startswith("bench/attention/")
-            and not r["experiment"].startswith("bench/attention/core/") and "+" not in r["experiment"]]
+def attention_lines(rows: list[dict], suffix: str = "") -> list[dict]:
+    """The newest ``benchmarks/attention.py`` line of each shape and variant (layer rows, not the core) measured as
+    ``suffix`` says (:func:`bench_lines`; ``""``: CPU, fp32)."""
+    return [r for r in bench_lines(rows, "bench/attention/", suffix)
+            if not r["experiment"].startswith("bench/attention/core/")]
 
 
 def _shapes(rs: list[dict]) -> list[tuple]:
@@ -549,23 +563,24 @@ def _shape_label(shape) -> str:
     return "(" + ",".join(map(str, shape)) + ")"
 
 
-def _provenance(rs: list[dict]) -> str:
-    """Where a table's lines come from: command(s), commit(s), hardware, date(s)."""
+def _provenance(rs: list[dict], *names: str) -> str:
+    """Where a table's lines come from: command(s), commit(s), hardware, torch, date(s) and the ledger ``names``."""
     if not rs:
         return ""
     pieces = [f"`{c}`" for c in dict.fromkeys(r["command"] for r in rs)]
     return (f"Measured with {', '.join(pieces)} at commit {', '.join(dict.fromkeys(r['commit'] for r in rs))} on "
             f"{', '.join(dict.fromkeys(r['hardware'] for r in rs))}, torch {', '.join(dict.fromkeys(str(r['torch']) for r in rs))} "
-            f"({', '.join(dict.fromkeys(r['date'] for r in rs))}; ledger lines `bench/attention/*`).")
+            f"({', '.join(dict.fromkeys(r['date'] for r in rs))}; ledger lines {', '.join(f'`{n}`' for n in names)}).")
 
 
 def _range(vals: list[float], digits: int = 2) -> str:
     return f"{min(vals):.{digits}f}-{max(vals):.{digits}f}" if vals else "-"
 
 
-def table_attention(rows: list[dict]) -> str:
-    """docs/benchmarks.md's layer table: one row per shape and variant, then the ratios it shows."""
-    rs = attention_lines(rows)
+def table_attention(rows: list[dict], suffix: str = "") -> str:
+    """docs/benchmarks.md's layer table: one row per shape and variant, then the ratios it shows (``suffix``: the
+    device / dtype, :func:`device_suffix`)."""
+    rs = attention_lines(rows, suffix)
     body = []
     for shape, by in _by_shape(rs).items():
         for name in [v for v in ATTN_VARIANTS if v in by] + [v for v in by if v not in ATTN_VARIANTS]:
@@ -590,7 +605,7 @@ def table_attention(rows: list[dict]) -> str:
         f"the time, {_range([r['metrics']['mem/paper'] for r in kron])}x the peak memory"
         + (f", {_range(flops)}x the FLOPs." if flops else "."),
         f"* **Full / Kronecker time** (product / sum): {'; '.join(full)}." if full else "",
-        f"* {_provenance(rs)}"]).rstrip("\n")
+        f"* {_provenance(rs, f'bench/attention/*{suffix}')}"]).rstrip("\n")
 
 
 def table_attention_linear(rows: list[dict]) -> str:
@@ -615,19 +630,19 @@ def table_attention_linear(rows: list[dict]) -> str:
     return "\n".join([table, "", f"The linear kernel takes {_range(lin)}x the softmax kernel's time at these shapes "
                        f"and {_range([r['metrics']['t/paper'] for r in used])}x the paper baseline's "
                        f"({_range([r['metrics']['mem/paper'] for r in used])}x its peak memory; the extra memory is "
-                       "the random-feature maps).", "", _provenance(rs)])
+                       "the random-feature maps).", "", _provenance(rs, "bench/attention/*")])
 
 
 def table_attention_core(rows: list[dict]) -> str:
     """The functional core's throughput (forward + backward, pooled q / k given) against a matmul timed in the same
     rounds, counting useful work (the product's recomputation in the backward pass not counted)."""
-    rs = latest(pick(rows, task="benchmark", experiment=lambda e: e.startswith("bench/attention/core/") and "+" not in e))
+    rs = bench_lines(rows, "bench/attention/core/")
     table = _md(["combine", "shape", "ms", "useful GFLOP/s", "of the matmul's", "executed GFLOP/s", "matmul GFLOP/s"],
                 [[r["model"].rsplit("_", 1)[-1], f"{_shape_label(r['shape'])}, {r['split'].split(', pooled')[0]}",
                   f"{r['metrics']['ms']:.1f}", f"{r['metrics']['useful_gflops']:.1f}",
                   f"{100 * r['metrics']['useful/peak']:.0f}%", f"{r['metrics']['executed_gflops']:.1f}",
                   f"{r['metrics']['matmul_gflops']:.1f}"] for r in rs])
-    return "\n".join([table, "", _provenance(rs).replace("bench/attention/*", "bench/attention/core/*")]).rstrip()
+    return "\n".join([table, "", _provenance(rs, "bench/attention/core/*")]).rstrip()
 
 
 def _kron_lines(rows: list[dict]) -> list[dict]:
@@ -1090,7 +1105,7 @@ TABLES = {  # the name in `<!-- ledger:NAME -->` -> how the ledger renders it
     "bench/weaver": lambda rows: table_weaver(rows),
     "bench/triplet_target": lambda rows: table_triplet_target(rows),
     "bench/triplet_scaling": lambda rows: table_triplet_scaling(rows),
-    "bench/attention_gpu": lambda rows: table_attention_gpu(rows),
+    "bench/attention_gpu": lambda rows: table_attention(rows, "+cuda"),
     "bench/train_step_gpu": lambda rows: table_train_step(rows, ("+cuda", "+cuda-bf16")),
     "bench/decode_gpu": lambda rows: table_decode(rows, "+cuda"),
 }
@@ -1123,24 +1138,6 @@ def doc_files() -> list[Path]:
 
 
 # ------------------------------------------------------------------------- docs/benchmarks.md: the other scripts
-def _on(experiment: str, prefix: str, suffix: str) -> bool:
-    """Whether ``experiment`` is ``prefix...`` measured as ``suffix`` says (:func:`device_suffix`; ``""``: CPU,
-    fp32)."""
-    return (experiment.startswith(prefix) and experiment.endswith(suffix)
-            and "+" not in experiment[:len(experiment) - len(suffix)])
-
-
-def bench_lines(rows: list[dict], prefix: str, suffix: str = "") -> list[dict]:
-    """The newest line of each benchmark experiment named ``prefix...`` measured as ``suffix`` says (``+cuda``,
-    ``+cuda-bf16``; ``""``: CPU, fp32): a GPU line never stands in a CPU table, nor a CPU line in a GPU one."""
-    return [r for r in latest(pick(rows, task="benchmark")) if _on(r["experiment"], prefix, suffix)]
-
-
-def _measured(rs: list[dict], names: str) -> str:
-    """:func:`_provenance` of ``rs``, naming their ledger lines ``names``."""
-    return _provenance(rs).replace("bench/attention/*", names)
-
-
 def _compile_ratio(m: dict) -> float | None:
     """Compiled / eager step time of a ``benchmarks/compile.py`` line (a line that kept only the ratio gives it)."""
     return m["compiled_ms"] / m["eager_ms"] if {"compiled_ms", "eager_ms"} <= set(m) else m.get("compiled/eager")
@@ -1167,7 +1164,7 @@ def table_compile(rows: list[dict]) -> str:
         return table
     return "\n".join([table, "", f"* **Compiled / eager step time: {_range(ratios)}x** with `CompileModel`'s arguments"
                       + (f", {_range(plain)}x with plain `torch.compile`." if plain else "."),
-                      f"* {_measured(rs, 'bench/compile/*')}"])
+                      f"* {_provenance(rs, 'bench/compile/*')}"])
 
 
 def table_train_step(rows: list[dict], suffixes: tuple[str, ...] = ("",)) -> str:
@@ -1189,8 +1186,7 @@ def table_train_step(rows: list[dict], suffixes: tuple[str, ...] = ("",)) -> str
         row += [_fmt(r["metrics"].get("hoformer_mib"), 0), _fmt(r["metrics"].get("paper_mib"), 0)]
     table = _md(["case", "precision", "variant", "hoformer ms/step", "paper ms/step", "hoformer / paper",
                  "hoformer / its eager step", *(["hoformer MiB", "paper MiB"] if memory else [])], body)
-    names = ", ".join(f"`bench/train_step/*{s}`" for s in suffixes)
-    return "\n".join([table, "", _provenance(rs).replace("`bench/attention/*`", names)]).rstrip()
+    return "\n".join([table, "", _provenance(rs, *(f"bench/train_step/*{s}" for s in suffixes))]).rstrip()
 
 
 def _speedup(m: dict) -> float:
@@ -1229,7 +1225,7 @@ def table_decode(rows: list[dict], suffix: str = "") -> str:
     return "\n".join([table, "", f"* **The cached step stays at {min(steps):.0f}-{max(steps):.0f} ms from {pasts[0]} "
                       f"to {longest} past steps** while the full causal forward grows with the sequence (`"
                       f"{slowest['model']}`: {slowest['metrics']['full_ms'] / 1e3:.0f} s at {longest} past steps).",
-                      f"* {_measured([x for main, os in mains for x in (main, *os)], f'bench/decode/*{suffix}')}"])
+                      f"* {_provenance([x for main, os in mains for x in (main, *os)], f'bench/decode/*{suffix}')}"])
 
 
 def table_accelerator_chunk(rows: list[dict]) -> str:
@@ -1253,7 +1249,7 @@ def table_accelerator_chunk(rows: list[dict]) -> str:
                       f"layer**; the bounded chunk cuts its peak memory by {min(cut):.0f}-{max(cut):.0f}% against one "
                       f"chunk for at most {max(more, 0):.0f}% more time, leaving it at "
                       f"{_range([m['chunked_mib'] / m['paper_mib'] for m in ms])}x the paper layer's memory.",
-                      f"* {_measured(rs, 'bench/accelerator_chunk/*')}"])
+                      f"* {_provenance(rs, 'bench/accelerator_chunk/*')}"])
 
 
 def table_weaver(rows: list[dict]) -> str:
@@ -1283,7 +1279,7 @@ def table_weaver(rows: list[dict]) -> str:
         notes[-1] += " than a *single* full spatiotemporal attention layer's."
     if dense and "max_abs_err" in dense["metrics"]:
         notes.append(f"* max |dense - KMV| = {dense['metrics']['max_abs_err']:.1e} in float32.")
-    return "\n".join([table, "", *notes, f"* {_measured(rs, 'bench/weaver/*')}"]) if rs else table
+    return "\n".join([table, "", *notes, f"* {_provenance(rs, 'bench/weaver/*')}"]) if rs else table
 
 
 def table_triplet_target(rows: list[dict]) -> str:
@@ -1308,7 +1304,7 @@ def table_triplet_target(rows: list[dict]) -> str:
         notes.insert(0, f"* **Peak memory: {mem:.2f}x** (the naive algorithm keeps every window's score cube, softmax "
                         f"output and value-pair tensor for the backward, {m['naive_saved_mib']:.0f} MiB; the kernel "
                         f"keeps {m['fast_saved_mib']:.0f} MiB plus one tile).")
-    return "\n".join([table, "", *notes, f"* {_measured(rs, 'bench/triplet/target')}"])
+    return "\n".join([table, "", *notes, f"* {_provenance(rs, 'bench/triplet/target')}"])
 
 
 def table_triplet_scaling(rows: list[dict], up_to: int = 1024) -> str:
@@ -1334,11 +1330,4 @@ def table_triplet_scaling(rows: list[dict], up_to: int = 1024) -> str:
                       f"they cross near L = {round(cross_ops, -2):.0f}, the measured times {cross_t}."
                       + (f" Up to L = {up_to} HOBA attention takes {min(short):.0f}-{max(short):.0f}x the time of 2D "
                          "attention." if short else ""),
-                      f"* {_measured(rs, 'bench/triplet/scaling/*')}"])
-
-
-def table_attention_gpu(rows: list[dict]) -> str:
-    """docs/benchmarks.md's layer table of ``benchmarks/attention.py --device cuda`` (its ``+cuda`` lines)."""
-    gpu = [dict(r, experiment=r["experiment"].removesuffix("+cuda")) for r in pick(rows, task="benchmark")
-           if _on(r["experiment"], "bench/attention/", "+cuda")]
-    return table_attention(gpu).replace("`bench/attention/*`", "`bench/attention/*+cuda`")
+                      f"* {_provenance(rs, 'bench/triplet/scaling/*')}"])
