@@ -295,7 +295,9 @@ def main():
     hdr = f"{'shape':>14} {'attention':>18} {'fwd+bwd ms':>11} {'peak MiB':>9} {'GFLOP/s':>8} {'t/paper':>8} {'mem/paper':>9} {'flop/paper':>10}"
     print(hdr)
     print("-" * len(hdr))
-    summary, lines = [], []
+    summary, lines = [], []  # lines: the ledger entries
+    note = (f"minimum of {args.reps} round-robin rounds; peak memory above the inputs; t/paper, mem/paper, "
+            "flop/paper: ratios to the paper-equation layer with the same combine at the same shape")
     split = f"fwd+bwd, B={args.batch}, {'fp32' if dtype == torch.float32 else 'bf16'}"
     for sizes, dim, heads in SHAPES:
         x = torch.randn(args.batch, *sizes, dim, device=device, dtype=dtype, requires_grad=True)
@@ -345,37 +347,34 @@ def main():
             base = res["paper_sum" if name.endswith("_sum") else "paper_product"]
             print(f"{str(sizes):>14} {name:>18} {t * 1e3:11.1f} {mem / 2**20:9.1f} {fl / t / 1e9:8.1f} "
                   f"{t / base[0]:8.2f} {mem / max(base[1], 1):9.2f} {fl / base[2]:10.2f}")
-            lines.append(("x".join(map(str, sizes)), name, list(sizes), {
-                "fwd_bwd_ms": round(t * 1e3, 2), "peak_mib": round(mem / 2**20, 2), "gflops": round(fl / t / 1e9, 2),
-                "t/paper": round(t / base[0], 3), "mem/paper": round(mem / max(base[1], 1), 3),
-                "flop/paper": round(fl / base[2], 3)}))
+            lines.append(dict(
+                experiment=f"bench/attention/{'x'.join(map(str, sizes))}/{name}", model=name, split=split,
+                metrics={"fwd_bwd_ms": round(t * 1e3, 2), "peak_mib": round(mem / 2**20, 2),
+                         "gflops": round(fl / t / 1e9, 2), "t/paper": round(t / base[0], 3),
+                         "mem/paper": round(mem / max(base[1], 1), 3), "flop/paper": round(fl / base[2], 3)},
+                shape=list(sizes), note=note))
         if "full" in res and "kron_product" in res and "kron_sum" in res:
             summary.append((sizes, res["full"][0] / res["kron_product"][0], res["full"][0] / res["kron_sum"][0]))
         print()
 
     for sizes, rp, rs in summary:
         print(f"full / kronecker time at {sizes}: product {rp:.1f}x, sum {rs:.1f}x")
-    note = (f"minimum of {args.reps} round-robin rounds; peak memory above the inputs; t/paper, mem/paper, "
-            "flop/paper: ratios to the paper-equation layer with the same combine at the same shape")
     if not args.no_core:
         lines += core_throughput(args, device, dtype, mm, mm_flops, mm_desc)
     if args.ledger:
         suffix = ledger.device_suffix(str(device), "fp32" if dtype == torch.float32 else "bf16")
-        write_ledger(args, [dict(experiment=f"bench/attention/{shape}/{name}{suffix}", model=name, split=split, metrics=m,
-                                 shape=shape_list, note=note) if shape != "core" else m
-                            for shape, name, shape_list, m in lines], device, suffix)
+        write_ledger(args, lines, device, suffix)
 
 
 def write_ledger(args, entries: list[dict], device, suffix: str = "") -> None:
     """Append ``entries`` to the ledger ``args.ledger`` with their provenance; ``suffix``: the experiment-name suffix
-    of a device or dtype other than CPU fp32 (the functional-core entries get it here)."""
-    entries = [e if e["experiment"].endswith(suffix) else {**e, "experiment": e["experiment"] + suffix}
-               for e in entries]
+    of a device or dtype other than CPU fp32 (:func:`ledger.device_suffix`), added to every entry's name."""
+    entries = [{**e, "experiment": e["experiment"] + suffix} for e in entries]
     ledger.append_benchmarks(entries, args.ledger, "attention.py", sys.argv[1:], device=str(device),
                                 threads=torch.get_num_threads())
 
 
-def core_throughput(args, device, dtype, mm, mm_flops, mm_desc) -> list[tuple]:
+def core_throughput(args, device, dtype, mm, mm_flops, mm_desc) -> list[dict]:
     """The functional core's forward + backward at the largest shape (pooled q / k given) against a matmul timed in
     the same rounds; the ledger entries of both combines."""
     out = []
@@ -403,13 +402,13 @@ def core_throughput(args, device, dtype, mm, mm_flops, mm_desc) -> list[tuple]:
         print(f"functional core {combine:>7} at {sizes} (B={args.batch}, H={heads}, E={e}): {t * 1e3:.1f} ms, "
               f"useful {useful / t / 1e9:.1f} GFLOP/s = {useful / t / 1e9 / peak:.0%} of matmul peak "
               f"(executed incl. recompute: {executed / t / 1e9:.1f} GFLOP/s = {executed / t / 1e9 / peak:.0%})")
-        out.append(("core", combine, list(sizes), dict(
+        out.append(dict(
             experiment=f"bench/attention/core/{combine}", model=f"kronecker_attention_{combine}",
             split=f"fwd+bwd, B={args.batch}, H={heads}, E={e}, pooled q/k given",
             metrics={"ms": round(t * 1e3, 2), "useful_gflops": round(useful / t / 1e9, 2),
                      "executed_gflops": round(executed / t / 1e9, 2), "matmul_gflops": round(peak, 2),
                      "useful/peak": round(useful / t / 1e9 / peak, 3)},
-            shape=list(sizes), note=f"minimum of {args.reps} round-robin rounds; peak: {mm_desc}, same rounds")))
+            shape=list(sizes), note=f"minimum of {args.reps} round-robin rounds; peak: {mm_desc}, same rounds"))
     return out
 
 
