@@ -72,16 +72,21 @@ def commit() -> str:
     return sha + ("+dirty" if git("status", "--porcelain", "--", "src", "configs", "benchmarks") else "")
 
 
+def provenance(device: str, threads: int, command: str) -> dict:
+    """The provenance fields of a line a benchmark script writes: hardware, torch, commit, date, command, record."""
+    import torch
+
+    return {"hardware": hardware(device, threads), "torch": torch.__version__.split("+")[0], "commit": commit(),
+            "date": dt.date.today().isoformat(), "command": command, "record": "benchmark"}
+
+
 def benchmark_line(experiment: str, model: str, split: str, metrics: dict, *, device: str, threads: int,
                    command: str, note: str, **fields) -> dict:
     """A ledger line of a benchmark measurement (``task: benchmark``, synthetic inputs) with its provenance."""
-    import torch
-
     return {"experiment": experiment, "task": "benchmark", "dataset": "synthetic", "model": model,
             "scale": "gpu" if str(device).startswith("cuda") else "cpu", "split": split, "metrics": metrics, **fields,
             "metrics_note": note, "seed": 0, "epochs": None, "best_epoch": None, "stopping": None, "wall_s": None,
-            "hardware": hardware(device, threads), "torch": torch.__version__.split("+")[0], "commit": commit(),
-            "date": dt.date.today().isoformat(), "command": command, "record": "benchmark"}
+            **provenance(device, threads, command)}
 
 
 def add_ledger_argument(parser) -> None:

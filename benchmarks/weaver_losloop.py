@@ -99,17 +99,13 @@ LEDGER_METRICS = {"mae@3": "test/mae@15m", "mae@6": "test/mae@30m", "mae@12": "t
 
 def ledger_line(r: dict, command: str, threads: int) -> dict:
     """The results-ledger line of one finished run ``r`` (what :func:`run` returns)."""
-    import torch as _torch
-
     return {"experiment": f"weaver/los_loop_cpu/{r['variant']}", "task": "traffic", "dataset": "los_loop",
             "model": r["variant"], "scale": "cpu", "lookback": 12, "horizon": 12, "split": "test",
             "metrics": {LEDGER_METRICS[k]: round(v, 4) for k, v in r["test"].items() if k in LEDGER_METRICS},
             "best_val": {"val/mae": round(r["val_mae"], 4)}, "params": r["params"], "seed": r["seed"],
             "epochs": r["epochs"], "best_epoch": r["best_epoch"] - 1 if r["params"] else None,
             "stopping": {"max_epochs": r["epochs"]}, "wall_s": r["train_seconds"],
-            "hardware": ledger.hardware("cpu", threads), "torch": _torch.__version__.split("+")[0],
-            "commit": ledger.commit(), "date": time.strftime("%Y-%m-%d"), "command": command,
-            "record": "benchmark"}
+            **ledger.provenance("cpu", threads, command)}
 
 
 def summary(path: str) -> str:
