@@ -50,6 +50,13 @@ def _hot():
                     if ds == "ili":  # ~18 steps per epoch
                         args.append("--trainer.log_every_n_steps=10")
                     yield f"hot/{prefix}/{ds}_{lookback}_{h}_{variant}", base, args
+    for ds, (name, lookback, horizons) in LTSF.items():  # the HOT authors' protocol: one model answers every horizon
+        for variant, attention in FORECAST_VARIANTS.items():
+            args = [f"{DATA}.name={name}", f"{DATA}.seq_len={lookback}", f"{DATA}.pred_len={horizons[-1]}",
+                    f"--model.init_args.horizons=[{','.join(map(str, horizons))}]", f"{MODEL}.attention={attention}"]
+            if variant == "spatial":
+                args.append(f"{MODEL}.patch_size={lookback}")
+            yield f"hot/ltsf_hot/{ds}_{lookback}_{variant}", "configs/hot/ltsf_hot.yaml", args
     for flag in MEDMNIST:
         for variant, attention in CLS_VARIANTS.items():
             yield (f"hot/medmnist3d/{flag}_{variant}", "configs/hot/medmnist3d.yaml",

@@ -35,9 +35,9 @@ import ledger
 
 CASES = {  # name -> (registered model, kwargs, batch size): the paper configs' sizes
     "etth1": ("hot_forecaster", dict(seq_len=96, pred_len=96, num_variates=7, dim=128, depth=2, num_heads=8,
-                                     patch_size=4, dropout=0.1, pool="flatten"), 32),
+                                     patch_size=4, dropout=0.1, head="flatten"), 32),
     "weather": ("hot_forecaster", dict(seq_len=96, pred_len=96, num_variates=21, dim=128, depth=2, num_heads=8,
-                                       patch_size=4, dropout=0.1, pool="flatten"), 32),
+                                       patch_size=4, dropout=0.1, head="flatten"), 32),
     "adrenal": ("hot_volume_classifier", dict(in_channels=1, input_size=28, num_classes=2, dim=128, depth=6,
                                               num_heads=8, patch_size=4, dropout=0.1), 32),
 }

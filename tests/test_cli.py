@@ -163,13 +163,14 @@ def test_configs_compose_from_a_shared_trainer():
 
 
 def test_paper_experiments_are_all_expressible():
-    """benchmarks/paper_configs.py expresses every paper experiment (350 grid entries) as a composed config plus
-    overrides."""
+    """benchmarks/paper_configs.py expresses every paper experiment (350 grid entries, and the 45 of the HOT
+    authors' protocol: one model per dataset and attention) as a composed config plus overrides."""
     names = set(EXPERIMENTS)
-    assert len(names) == 350
+    assert len(names) == 350 + 45
     for ds in ("etth1", "etth2", "ettm1", "ettm2", "weather", "electricity", "traffic", "solar"):
-        for h in (96, 192, 336, 720):
-            for v in ("hot_product", "hot_sum", "full", "spatial", "temporal"):
+        for v in ("hot_product", "hot_sum", "full", "spatial", "temporal"):
+            assert f"hot/ltsf_hot/{ds}_96_{v}" in names
+            for h in (96, 192, 336, 720):
                 assert f"hot/ltsf/{ds}_96_{h}_{v}" in names
     for flag in ("organ", "nodule", "adrenal", "fracture", "vessel", "synapse"):
         for v in ("hot_product", "hot_sum", "full", "cnn3d"):
@@ -195,11 +196,19 @@ def test_config_parses_with_the_protocol(path, capsys):
     assert cfg["trainer"]["default_root_dir"].startswith("runs/")
     assert any(c["class_path"].endswith("ExportPretrained") for c in cfg["trainer"]["callbacks"])
     if "/hot/" in path.as_posix() and not path.stem.endswith("cnn3d"):
-        paper = "ltsf_cpu" not in path.as_posix()
-        assert optim["lr"] == (2e-4 if paper else 1e-3) and optim["weight_decay"] == 0.1
+        paper, authors = "ltsf_cpu" not in path.as_posix(), path.stem == "ltsf_hot"
+        assert optim["lr"] == (2e-4 if paper and not authors else 1e-3) and optim["weight_decay"] == 0.1
         assert model["init_args"]["dim"] == (128 if paper else 64)
         assert model["init_args"]["depth"] == (2 if task.endswith("ForecastingTask") else 6)
-        assert cfg["trainer"]["max_epochs"] == (100 if paper else 10) and cfg["data"]["init_args"]["batch_size"] == 32
+        assert cfg["trainer"]["max_epochs"] == (100 if paper else 10)
+        assert cfg["data"]["init_args"]["batch_size"] == (128 if authors else 32)
+        if "head" in model["init_args"] and path.stem != "etth1_96_720_official":  # the paper's head on the paper's
+            # model, the flattened one at a CPU budget (the reference preset: the reference's mean head)
+            assert model["init_args"]["head"] == ("mean" if paper else "flatten")
+        if task.endswith("ForecastingTask"):
+            assert cfg["model"]["init_args"]["protocol"] == ("hot" if authors else "tslib")
+        if authors:  # the HOT authors' code: one 720-step model, clipping 1.0
+            assert cfg["data"]["init_args"]["pred_len"] == 720 and cfg["trainer"]["gradient_clip_val"] == 1.0
     if path.stem.endswith("cnn3d"):  # the CNN reference next to Table 2: CNN optimiser settings
         assert (optim["lr"], optim["weight_decay"]) == (1e-3, 1e-4)
         assert model["class_path"] == "hoformer.models.CNN3DClassifier" and "attention" not in model["init_args"]
@@ -260,7 +269,7 @@ def test_help_and_errors_say_what_to_do(capsys):
 
 
 @pytest.mark.parametrize("config,model,first", [
-    ("hot/ltsf/etth1_96_96_hot_product.yaml", "HOTForecaster", "seq_len, pred_len, num_variates, attention, pool"),
+    ("hot/ltsf/etth1_96_96_hot_product.yaml", "HOTForecaster", "seq_len, pred_len, num_variates, attention, head"),
     ("hot/medmnist3d/adrenal_hot_sum.yaml", "HOTVolumeClassifier", "in_channels, input_size, num_classes, depth, pos_embed"),
     ("weaver/los_loop_cpu.yaml", "Weaver", "num_nodes, window, horizon, in_channels, out_channels, dim"),
     ("hoba/cpu_trec_hoba.yaml", "HOBAClassifier", "vocab_size, num_classes, max_len, dim"),
@@ -518,9 +527,10 @@ def test_ckpt_path_best_falls_back_to_the_newest_best_checkpoint(tmp_path):
 #: the resolution of the configs when the shared callbacks were still repeated in ltsf_cpu.yaml / weaver/paper.yaml:
 #: the same configuration except the arguments added since at their neutral defaults (optim.warmup_ratio 0,
 #: optim.fused None, select_on val/auc, data on_device False, the HOT models' shared d_mlp / mlp_bias and, on the causal
-#: forecaster, the attention settings) and the HOBA configs' warm-up given as warmup_ratio 0.1
-#: instead of the step count it was computed from (10 % of the run's optimiser steps). A changed digest means a
-#: committed run changes.
+#: forecaster, the attention settings, the forecasting task's protocol "tslib") and the HOBA configs' warm-up given as
+#: warmup_ratio 0.1 instead of the step count it was computed from (10 % of the run's optimiser steps); the forecaster's
+#: `pool` named `head` (the CPU-budget configs keep the flattened head, the paper configs take the paper's time-mean
+#: head). A changed digest means a committed run changes.
 RESOLVED_DIGESTS = {
     "configs/hoba/cpu_sst2_hoba.yaml": "7b102e922ca3ce53",
     "configs/hoba/cpu_sst2_teacher.yaml": "5224507399c2b6d9",
@@ -531,17 +541,18 @@ RESOLVED_DIGESTS = {
     "configs/hoba/paper_student.yaml": "ab2b84287a9056bb",
     "configs/hoba/paper_teacher.yaml": "2f6240a605a74e44",
     "configs/hoba/sst2_hoba_3l_b16.yaml": "ab2b84287a9056bb",
-    "configs/hot/ltsf.yaml": "7b02a25044841441",
-    "configs/hot/ltsf/etth1_96_96_full.yaml": "6c6fb688ee79e4ec",
-    "configs/hot/ltsf/etth1_96_96_hot_product.yaml": "7b02a25044841441",
-    "configs/hot/ltsf/etth1_96_96_hot_sum.yaml": "882750df4716d373",
-    "configs/hot/ltsf/weather_96_336_hot_sum.yaml": "601619547d7dea68",
-    "configs/hot/ltsf/weather_96_96_hot_sum.yaml": "ecd7c838169eab49",
-    "configs/hot/ltsf_cpu.yaml": "a1ad78c301b85f62",
-    "configs/hot/ltsf_cpu/etth1_96_720_joint.yaml": "525be636df4b5c19",
-    "configs/hot/ltsf_cpu/etth1_96_720_official.yaml": "df9b0def77d11bfc",
-    "configs/hot/ltsf_cpu/etth1_96_96_hot_product.yaml": "a1ad78c301b85f62",
-    "configs/hot/ltsf_cpu/etth1_96_causal.yaml": "e5bf96f4c8c6b86d",
+    "configs/hot/ltsf.yaml": "9a1879e05b9d2416",
+    "configs/hot/ltsf/etth1_96_96_full.yaml": "77dd8e34df4b9018",
+    "configs/hot/ltsf/etth1_96_96_hot_product.yaml": "9a1879e05b9d2416",
+    "configs/hot/ltsf/etth1_96_96_hot_sum.yaml": "23161c02252f7782",
+    "configs/hot/ltsf/weather_96_336_hot_sum.yaml": "93146e7d03133dfa",
+    "configs/hot/ltsf/weather_96_96_hot_sum.yaml": "e3eaa26303918a8e",
+    "configs/hot/ltsf_cpu.yaml": "fa1025ee62fe499d",
+    "configs/hot/ltsf_cpu/etth1_96_720_joint.yaml": "c095339795bafe51",
+    "configs/hot/ltsf_cpu/etth1_96_720_official.yaml": "a31e2eb5253cc11d",
+    "configs/hot/ltsf_cpu/etth1_96_96_hot_product.yaml": "fa1025ee62fe499d",
+    "configs/hot/ltsf_cpu/etth1_96_causal.yaml": "a6ce99959cdf83b1",
+    "configs/hot/ltsf_hot.yaml": "15dc299196341ab6",
     "configs/hot/medmnist3d.yaml": "c72516612181fa64",
     "configs/hot/medmnist3d/adrenal_cnn3d.yaml": "621be2ba0abfb924",
     "configs/hot/medmnist3d/adrenal_hot_product.yaml": "c72516612181fa64",

@@ -216,17 +216,17 @@ def _input_of(module, model, x):
     return seen[0]
 
 
-def test_embed_norm_and_head_norm_normalise_what_they_claim():
+def test_embed_norm_and_the_mean_head_normalise_what_they_claim():
     x = torch.randn(2, 16, 3, dtype=F64)
-    model = _fc(embed_norm=True, head_norm=True, pool="mean")
+    model = _fc(embed_norm=True, head="mean")
     for z in (_input_of(model.encoder, model, x), _input_of(model.head, model, x)):  # LayerNorm(1, 0) outputs
         torch.testing.assert_close(z.mean(-1), torch.zeros_like(z[..., 0]), atol=1e-10, rtol=0)
         torch.testing.assert_close(z.var(-1, unbiased=False), torch.ones_like(z[..., 0]), atol=1e-3, rtol=0)
     assert model.head.in_features == 16
-    plain = _fc(pool="mean")
+    plain = _fc(head="flatten")
     assert not (_input_of(plain.encoder, plain, x).mean(-1).abs() < 1e-6).all()
     assert plain.embed_norm is None and plain.head_norm is None
-    assert _fc(head_norm=True).head_norm[0].normalized_shape == (16 * 4,)  # flatten: over all patch tokens
+    assert plain.head.in_features == 16 * 4  # flatten: every patch token, no norm
 
 
 def test_revin_detach_false_lets_the_gradient_through_mean_and_std():
@@ -276,17 +276,18 @@ def test_official_preset_turns_every_reference_option_on():
     model = create_model("hot_forecaster_official", **TINY["hot_forecaster"])
     kw = model.config["kwargs"]
     assert model.config["name"] == "hot_forecaster_official"
-    assert (kw["embed_norm"], kw["head_norm"], kw["pool"], kw["revin_detach"], kw["mlp"], kw["mlp_bias"],
-            kw["qk_bias"]) == (True, True, "mean", False, "swiglu", False, True)
+    assert (kw["embed_norm"], kw["head"], kw["revin_detach"], kw["mlp"], kw["mlp_bias"],
+            kw["qk_bias"]) == (True, "mean", False, "swiglu", False, True)
     assert _attn(model).qk_bias and model.embed_norm is not None and model.head.in_features == 16
+    assert model.head_norm is not None
     assert model(torch.randn(2, 16, 3)).shape == (2, 8, 3)
     # the same arguments given to the class directly are recognised as the preset
     from hoformer.models import HOTForecaster
 
     assert HOTForecaster(**TINY["hot_forecaster"], **{k: kw[k] for k in (
-        "embed_norm", "head_norm", "pool", "revin_detach", "mlp", "mlp_bias", "qk_bias")}).config == model.config
+        "embed_norm", "head", "revin_detach", "mlp", "mlp_bias", "qk_bias")}).config == model.config
     with pytest.raises(ValueError, match="cannot take"):
-        create_model("hot_forecaster_official", **TINY["hot_forecaster"], pool="flatten")
+        create_model("hot_forecaster_official", **TINY["hot_forecaster"], head="flatten")
 
 
 # --------------------------------------------------------------------------------------- joint-horizon training
@@ -337,6 +338,34 @@ def test_per_prefix_test_metrics_equal_the_direct_ones(tmp_path):
     ref_loss = sum((p - y)[:, :h].pow(2).mean() for h in (3, 8)) / 2
     assert res["test/loss"] == pytest.approx(ref_loss.item(), rel=1e-4)
     assert res["test/mse@3"] != pytest.approx(res["test/mse"], rel=1e-3)
+    for m in ("mse", "mae"):  # the mean over the horizons of the prefix metrics (the HOT protocol's selection)
+        assert res[f"test/{m}_mean"] == pytest.approx((res[f"test/{m}@3"] + res[f"test/{m}@8"]) / 2, rel=1e-6)
+
+
+def test_hot_protocol_selects_on_the_mean_prefix_mae_of_one_longest_horizon_model(tmp_path):
+    """protocol="hot": the four LTSF horizons by default, the checkpoint selected on val/mae_mean, and a model whose
+    horizon is not the longest of them refused (its validation windows would not be the protocol's)."""
+    from hoformer.train.tasks import HOT_HORIZONS
+
+    model = create_model("hot_forecaster", **TINY["hot_forecaster"])  # an 8-step model
+    task = ForecastingTask(model, protocol="hot", plot_variates=0)
+    assert task.hparams.horizons == list(HOT_HORIZONS) == [96, 192, 336, 720]
+    assert task.selection == ("val/mae_mean", "min") and ForecastingTask(model).selection == ("val/mae", "min")
+    with pytest.raises(ValueError, match="`protocol` must be one of"):
+        ForecastingTask(model, protocol="TSLib")
+    task = ForecastingTask(model, protocol="hot", horizons=[2, 4], plot_variates=0)
+    with pytest.raises(ValueError, match=r"protocol='hot'.*must be 4; the model forecasts 8 steps"):
+        task.training_step(_batch(seq_len=16, pred_len=8, c=3), 0)
+    from hoformer.data import LTSFDataModule
+
+    dm = LTSFDataModule(synthetic=True, synthetic_length=400, seq_len=16, pred_len=8, batch_size=16)
+    task = ForecastingTask(create_model("hot_forecaster", **{**TINY["hot_forecaster"], "num_variates": 7}),
+                           protocol="hot", horizons=[4, 8], plot_variates=0)
+    trainer = quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=2, limit_val_batches=3)
+    trainer.fit(task, dm)
+    logged = trainer.callback_metrics
+    assert float(logged["val/mae_mean"]) == pytest.approx((float(logged["val/mae@4"]) + float(logged["val/mae@8"])) / 2,
+                                                          rel=1e-6)
 
 
 def test_joint_horizons_are_checked():

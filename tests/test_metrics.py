@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from hoformer.train.metrics import MaskedMAE, MaskedMAPE, MaskedRMSE, forecasting_metrics, masked_mae
+from hoformer.train.metrics import (MaskedMAE, MaskedMAPE, MaskedMSE, MaskedRMSE, PrefixAverage, forecasting_metrics,
+                                    masked_mae)
 
 
 def _data(seed=0, b=6, q=12, n=5):
@@ -127,3 +128,30 @@ def test_mape_excludes_masked_nonzero_targets(at):
     sl = (slice(None),) if at is None else (slice(None), at - 1)
     p, t, k = pred[sl], y[sl], mask[sl]
     assert float(m.compute()) == pytest.approx(float(100 * ((p - t) / t).abs()[k].mean()), rel=1e-6)
+
+
+@pytest.mark.parametrize("error,cls", [("mae", MaskedMAE), ("mse", MaskedMSE)])
+def test_prefix_average_is_the_mean_of_the_prefix_metrics(error, cls):
+    """Over uneven batches with missing targets: the mean over horizons of MaskedMAE(upto=h) (each prefix pooled
+    over all windows), not a mean over batches or over steps."""
+    g = torch.Generator().manual_seed(0)
+    avg, each = PrefixAverage([2, 5, 9], error), [cls(upto=h) for h in (2, 5, 9)]
+    for b in (3, 1, 4):
+        pred, target = torch.randn(b, 9, 2, generator=g), torch.randn(b, 9, 2, generator=g)
+        mask = torch.rand(b, 9, 2, generator=g) > 0.25
+        avg.update(pred, target, mask)
+        for m in each:
+            m.update(pred, target, mask)
+    ref = torch.stack([m.compute() for m in each]).mean()
+    torch.testing.assert_close(avg.compute(), ref, rtol=1e-6, atol=0)
+    with pytest.raises(ValueError, match="shorter"):
+        PrefixAverage([2, 12]).update(torch.zeros(1, 9, 2), torch.zeros(1, 9, 2))
+    for bad in ([], [0, 3]):
+        with pytest.raises(ValueError, match="horizons"):
+            PrefixAverage(bad)
+    with pytest.raises(ValueError, match="error"):
+        PrefixAverage([2], "rmse")
+    empty = PrefixAverage([2])
+    empty.update(torch.zeros(1, 3, 1), torch.zeros(1, 3, 1), torch.zeros(1, 3, 1, dtype=torch.bool))
+    with pytest.raises(ValueError, match="no observed target"):
+        empty.compute()

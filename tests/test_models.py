@@ -149,7 +149,7 @@ def test_direct_construction_records_the_same_config_as_create_model():
 
     direct = HOTForecaster(dim=16, num_heads=2)
     assert direct.config == create_model("hot_forecaster", dim=16, num_heads=2).config
-    assert direct.config["kwargs"]["seq_len"] == 96 and direct.config["kwargs"]["pool"] == "flatten"
+    assert direct.config["kwargs"]["seq_len"] == 96 and direct.config["kwargs"]["head"] == "flatten"
     pos = HOTForecaster(48, 24, 3, "kronecker_sum", dim=16, num_heads=2)  # positional arguments bind by name
     assert pos.config["kwargs"]["seq_len"] == 48 and pos.config["kwargs"]["attention"] == "kronecker_sum"
     with pytest.raises(TypeError, match="positional"):  # the options are keyword-only
@@ -502,7 +502,7 @@ def test_config_records_fully_bound_constructor_arguments():
     kw = create_model("hot_forecaster", dim=32, num_heads=4).config["kwargs"]
     assert kw["dim"] == 32 and kw["depth"] == 2 and kw["dropout"] == 0.1
     assert set(kw) == set(constructor_signature(HOTForecaster).parameters)
-    assert {"seq_len", "pool", "dim", "kronecker_pool", "d_mlp"} <= set(kw)  # its own and the shared HOTModel ones
+    assert {"seq_len", "head", "dim", "kronecker_pool", "d_mlp"} <= set(kw)  # its own and the shared HOTModel ones
     # a preset: the class's arguments, the preset's among them
     kw = create_model("traffic_hot", dim=32, num_heads=4).config["kwargs"]
     assert kw["num_layers"] == 2 and kw["dim"] == 32 and kw["mlp_ratio"] == 2.0 and kw["num_nodes"] == 207
@@ -758,7 +758,7 @@ def test_forecaster_revin_affine_equivariance():
 def test_forecaster_time_order_matters():
     """RoPE on the time mode: the model is not invariant to reversing time patches."""
     m = create_model("hot_forecaster", seq_len=32, pred_len=8, num_variates=3, dim=32, num_heads=4,
-                     pool="mean").eval()
+                     head="mean").eval()
     x = torch.randn(2, 32, 3)
     xr = x.view(2, 8, 4, 3).flip(1).reshape(2, 32, 3)  # reverse the order of the 8 patches
     with torch.no_grad():
@@ -844,7 +844,7 @@ def test_bad_input_raises_clear_error(name, kw, bad):
     ("hot_forecaster", dict(attention="nope"), "attention"),
     ("hot_forecaster", dict(seq_len=30, patch_size=4), "divisible"),
     ("hot_segmenter", dict(patch_size=0), "patch_size"),
-    ("hot_forecaster", dict(pool="max"), "pool"),
+    ("hot_forecaster", dict(head="max"), "head"),
     ("hot_volume_classifier", dict(attention="spatial"), "attention"),  # 1-mode baselines are forecasting-only
     ("hot_volume_classifier", dict(num_classes=1), "num_classes"),
     ("hot_volume_classifier", dict(input_size=(28, 28)), "input_size"),
@@ -920,17 +920,26 @@ def _forecaster_reference(m, x):
     patches = xn.permute(0, 2, 1).reshape(b, c, L // p, p)  # (b, c, t, p): variate c's t-th patch
     w, bias = m.embed.proj.weight[:, 0, :], m.embed.proj.bias  # Conv1d(1, D, p, stride=p)
     z = m.encoder(torch.relu(patches @ w.T + bias))  # (b, c, t, d)
-    pooled = z.mean(2) if m.pool == "mean" else z.reshape(b, c, -1)
+    if m.head_kind == "mean":  # time-mean -> LayerNorm (biased variance, eps 1e-5, affine) -> (eval: no dropout)
+        t = z.mean(2)
+        ln = m.head_norm[0]
+        pooled = (t - t.mean(-1, keepdim=True)) / torch.sqrt(t.var(-1, unbiased=False, keepdim=True) + 1e-5) \
+            * ln.weight + ln.bias
+    else:
+        pooled = z.reshape(b, c, -1)
     return m.head(pooled).transpose(1, 2) * sd + mu
 
 
-@pytest.mark.parametrize("pool", ["flatten", "mean"])
-def test_forecaster_matches_explicit_revin_pipeline(pool):
+@pytest.mark.parametrize("head", ["flatten", "mean"])
+def test_forecaster_matches_explicit_revin_pipeline(head):
     """Kills: RevIN std without eps (NaN on a constant variate), RevIN with the unbiased variance, mean pooling over
     the wrong mode."""
     torch.manual_seed(0)
     m = create_model("hot_forecaster", seq_len=32, pred_len=8, num_variates=4, dim=16, num_heads=2, depth=2,
-                     pool=pool).double().eval()
+                     head=head).double().eval()
+    if head == "mean":  # a LayerNorm that is not the identity map
+        torch.nn.init.normal_(m.head_norm[0].weight)
+        torch.nn.init.normal_(m.head_norm[0].bias)
     x = torch.randn(2, 32, 4, dtype=D64) * 3 + 1
     x[0, :, 1] = 3.0  # a constant (flat-lined) sensor: RevIN's eps keeps it finite
     with torch.no_grad():
@@ -1126,8 +1135,11 @@ def test_legacy_table_covers_every_registered_model():
 
 @pytest.mark.parametrize("name,kwargs,fingerprint", LEGACY_0_1_0, ids=[n for n, _, _ in LEGACY_0_1_0])
 def test_directories_written_by_release_0_1_0_load(name, kwargs, fingerprint, tmp_path):
+    from hoformer.models.pretrained import model_class
+
     torch.manual_seed(0)
-    model = create_model(name, **kwargs).eval()
+    today = model_class(name).upgrade_kwargs(kwargs)  # renamed arguments (hot_forecaster: pool -> head)
+    model = create_model(name, **today).eval()
     assert _state_fingerprint(model) == fingerprint  # the same parameter names and shapes as 0.1.0
     d = tmp_path / name
     d.mkdir()
@@ -1140,7 +1152,7 @@ def test_directories_written_by_release_0_1_0_load(name, kwargs, fingerprint, tm
         warnings.simplefilter("ignore", UserWarning)  # a later version warns that 0.1.0 wrote the directory
         loaded = from_pretrained(d)
     assert type(loaded) is type(model) and loaded.config["name"] == name
-    assert {k: v for k, v in loaded.config["kwargs"].items() if k in kwargs} == kwargs
+    assert {k: v for k, v in loaded.config["kwargs"].items() if k in today} == today
     args, kw = model.example_inputs(batch_size=1)
     with torch.no_grad():
         for a, b in zip(tensors(loaded(*args, **kw)), tensors(model(*args, **kw))):
@@ -1190,3 +1202,19 @@ def test_edited_model_name_is_refused(tmp_path):
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="trust_edited_config"):
         from_pretrained(d)
+
+
+@pytest.mark.parametrize("head,pred_len,count", [("mean", 720, 555_728), ("mean", 96, 475_232),
+                                                 ("flatten", 96, 757_600), ("flatten", 720, 2_675_152)])
+def test_forecaster_parameter_count_at_the_paper_configuration(head, pred_len, count):
+    """Width 128, 2 blocks, 8 heads, patch 4, lookback 96 (appendix B.4), written out per part: the patch embedding,
+    per block two LayerNorms, the Kronecker attention (a query-key map per mode, bias-free; values and output with
+    biases; q/k LayerNorms over the 16-wide heads) and the 4x MLP, the final LayerNorm and the head (``"mean"``: a
+    LayerNorm over the width, then 128 -> pred_len; ``"flatten"``: 24 * 128 -> pred_len). Table 1 reports 680K."""
+    d, t = 128, 96 // 4
+    block = 2 * 2 * d + 2 * (2 * d * d) + (d * d + d) * 2 + 2 * 2 * (d // 8) + (d * 4 * d + 4 * d) + (4 * d * d + d)
+    out = 2 * d + d * pred_len + pred_len if head == "mean" else d * t * pred_len + pred_len
+    assert (4 * d + d) + 2 * block + 2 * d + out == count
+    m = create_model("hot_forecaster", seq_len=96, pred_len=pred_len, num_variates=21, dim=128, depth=2, num_heads=8,
+                     patch_size=4, head=head)
+    assert sum(p.numel() for p in m.parameters()) == count

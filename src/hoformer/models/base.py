@@ -118,6 +118,13 @@ class HoformerModel(nn.Module):
 
     config: dict[str, Any]
 
+    @classmethod
+    def upgrade_kwargs(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The constructor arguments of a configuration saved by an earlier hoformer version, in today's names (a
+        model whose arguments were renamed overrides this; :func:`~hoformer.models.model_from_config` calls it).
+        Returns ``kwargs`` unchanged by default."""
+        return kwargs
+
     def record_config(self, arguments: dict[str, Any]) -> None:
         """Set ``self.config`` from the constructor's ``arguments`` (its ``locals()`` before any other local is
         made): ``{"name": <registered name>, "kwargs": <every parameter of type(self)'s constructor>}``. Forwarded

@@ -241,26 +241,32 @@ class HOTForecaster(HOTModel):
     Per-variate instance normalisation (RevIN, non-affine by default) -> Conv1d patch embedding on time (kernel =
     stride = ``patch_size``, ReLU) giving ``z (B, C, T, D)`` with ``T = seq_len / patch_size`` -> ``depth`` blocks
     of 2-mode attention, RoPE on the time mode only (no positional code on variates: permutation-equivariant over
-    variates) -> per-variate head: flatten the ``T`` patch tokens (``pool="flatten"``, default) or average them
-    (``"mean"``, the wording of appendix B.4) -> linear map to ``pred_len`` -> de-normalisation.
+    variates) -> per-variate head -> de-normalisation. The head (``head``):
 
-    Why ``flatten`` by default: RoPE only encodes *relative* time offsets, so after a mean over time patches the head
-    can hardly tell recent from old patches (on ETTh1 the mean head reached val MSE 1.14 after one epoch where the
-    flatten head / iTransformer reach ~0.72); Table 1's 680K parameters also match a flattened head (ours: 757K at
-    the defaults) rather than a pooled one (475K).
+    * ``"mean"``: the paper's (appendix B.4: "pooled ... by taking the average over time", and the reference
+      implementation's): the time-mean of the ``T`` patch tokens -> LayerNorm -> Dropout -> linear map to
+      ``pred_len``. The paper presets (``configs/hot/ltsf*.yaml``) use it.
+    * ``"flatten"`` (default): the ``T`` patch tokens flattened -> linear map to ``pred_len`` (PatchTST's head).
+      RoPE only encodes *relative* time offsets, so after a time-mean the head can hardly tell recent from old
+      patches; the flattened head sees each patch at its position, at ``T`` times the head's parameters.
+
+    Parameters at width 128, 2 blocks, patch 4, lookback 96 (a test counts them): ``head="mean"`` 475.2K at a 96-step
+    horizon and 555.7K at 720 steps; ``head="flatten"`` 757.6K at 96 steps and 2.68M at 720. Table 1 reports 680K
+    for HOT, which neither head gives at these sizes. With ``patch_size=seq_len`` (one token per variate,
+    iTransformer) both heads see the one token; ``"mean"`` adds its LayerNorm.
 
     Defaults follow appendix B.4 / Table 6: 2 blocks, width 128, patch 4.
 
     The reference HOT implementation's forecaster differs outside the attention too; each difference is an option
     (default: off), and the registered preset ``hot_forecaster_official`` turns all of them on:
     ``embed_norm=True`` (embedding Conv1d -> ReLU -> LayerNorm -> Dropout), ``mlp="swiglu", mlp_bias=False``
-    (bias-free SwiGLU feed-forward, hidden width ``d_mlp``), ``pool="mean", head_norm=True`` (head LayerNorm ->
-    Dropout -> Linear over the time-mean), ``revin_detach=False`` (gradients flow through the per-window mean / std)
+    (bias-free SwiGLU feed-forward, hidden width ``d_mlp``), ``head="mean"`` (head LayerNorm -> Dropout -> Linear
+    over the time-mean), ``revin_detach=False`` (gradients flow through the per-window mean / std)
     and ``qk_bias=True`` (q/k biases added before the sum-pooling). Two differences remain, both in the attention:
     with ``attention="kronecker_sum"`` hoformer averages the ``k`` factor terms where the reference adds them
     unnormalised (a factor ``k`` on the attention output before the output projection), and hoformer pools before
     projecting (equal results, cheaper). The reference trains one 720-step model on the average of the 96 / 192 /
-    336 / 720 prefix losses: :class:`~hoformer.train.ForecastingTask`'s ``horizons`` option.
+    336 / 720 prefix losses: :class:`~hoformer.train.ForecastingTask`'s ``protocol="hot"``.
 
     Args:
         seq_len: lookback window (time steps of the input); a multiple of ``patch_size``.
@@ -270,11 +276,11 @@ class HOTForecaster(HOTModel):
             the 1-mode baselines ``"spatial"`` (over variates; iTransformer with ``patch_size=seq_len``) and
             ``"temporal"`` (over time patches).
         patch_size: time steps per patch (kernel and stride of the embedding convolution).
-        pool: head input per variate: ``"flatten"`` (all patch tokens) or ``"mean"`` (their average).
+        head: ``"mean"`` (time-mean -> LayerNorm -> Dropout -> Linear, the paper's) or ``"flatten"`` (all patch
+            tokens -> Linear).
         revin: per-variate instance normalisation of the input, undone on the output.
         rope: rotary positions on the time mode.
         embed_norm: LayerNorm -> Dropout after the patch embedding's ReLU.
-        head_norm: LayerNorm -> Dropout on the head's input (per variate, after pooling).
         revin_detach: treat the instance-normalisation mean / std as constants in the backward pass (False: the
             loss's gradient flows through them into the input window).
     """
@@ -289,11 +295,10 @@ class HOTForecaster(HOTModel):
         num_variates: int = 7,
         attention: ForecastAttentionName = "kronecker_product",
         *,
-        pool: Literal["flatten", "mean"] = "flatten",
+        head: Literal["flatten", "mean"] = "flatten",
         revin: bool = True,
         rope: bool = True,
         embed_norm: bool = False,
-        head_norm: bool = False,
         revin_detach: bool = True,
         **kwargs: Any,
     ) -> None:
@@ -302,9 +307,9 @@ class HOTForecaster(HOTModel):
         fn, dim, dropout = self._name, self.dim, self.dropout
         for name, v in (("seq_len", seq_len), ("pred_len", pred_len), ("num_variates", num_variates)):
             check_int(fn, name, v)
-        if pool not in ("mean", "flatten"):
-            raise ValueError(f"{fn}: `pool` must be 'mean' or 'flatten', got {pool!r}")
-        for name, v in (("embed_norm", embed_norm), ("head_norm", head_norm), ("revin_detach", revin_detach)):
+        if head not in ("mean", "flatten"):
+            raise ValueError(f"{fn}: `head` must be 'mean' or 'flatten', got {head!r}")
+        for name, v in (("embed_norm", embed_norm), ("revin_detach", revin_detach)):
             if not isinstance(v, bool):
                 raise TypeError(f"{fn}: `{name}` must be a bool, got {v!r}")
         if not revin and not revin_detach:
@@ -312,13 +317,29 @@ class HOTForecaster(HOTModel):
                              "whose statistics could be detached)")
         (self.num_patches,) = _grid((seq_len,), self.patch_size, fn, "seq_len")
         self.seq_len, self.pred_len, self.num_variates = seq_len, pred_len, num_variates
-        self.pool, self.revin, self.revin_detach = pool, revin, revin_detach
+        self.head_kind, self.revin, self.revin_detach = head, revin, revin_detach
         self.embed = PatchEmbed(1, dim, self.patch_size, ndim=1, act="relu")
         self.embed_norm = nn.Sequential(nn.LayerNorm(dim), nn.Dropout(dropout)) if embed_norm else None
         self.encoder = self.build_encoder(2, (1,) if rope else ())
-        head_in = dim * (self.num_patches if pool == "flatten" else 1)
-        self.head_norm = nn.Sequential(nn.LayerNorm(head_in), nn.Dropout(dropout)) if head_norm else None
-        self.head = nn.Linear(head_in, pred_len)
+        self.head_norm = nn.Sequential(nn.LayerNorm(dim), nn.Dropout(dropout)) if head == "mean" else None
+        self.head = nn.Linear(dim * (self.num_patches if head == "flatten" else 1), pred_len)
+
+    @classmethod
+    def upgrade_kwargs(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Configurations of hoformer 0.1.0 name the head ``pool`` (``"flatten"`` or ``"mean"``, the time-mean
+        without a LayerNorm) and later ones ``pool="mean", head_norm=True``: both become ``head``. The 0.1.0 mean
+        head without its LayerNorm no longer exists and is refused."""
+        if "pool" not in kwargs and "head_norm" not in kwargs:
+            return kwargs
+        kwargs = dict(kwargs)
+        old = (kwargs.pop("pool", "flatten"), bool(kwargs.pop("head_norm", False)))
+        heads = {("flatten", False): "flatten", ("mean", True): "mean"}
+        if old not in heads:
+            raise ValueError(f"{cls._name}: a saved configuration with pool={old[0]!r}, head_norm={old[1]} has no "
+                             "equivalent head in this version (head='mean' is time-mean -> LayerNorm -> Linear, "
+                             "head='flatten' has no norm)")
+        kwargs.setdefault("head", heads[old])
+        return kwargs
 
     def example_inputs(self, batch_size: int = 2):
         return (torch.randn(batch_size, self.seq_len, self.num_variates),), {}
@@ -333,9 +354,7 @@ class HOTForecaster(HOTModel):
         if self.embed_norm is not None:
             z = self.embed_norm(z)
         z = self.encoder(z, masks=masks)
-        z = z.mean(2) if self.pool == "mean" else z.flatten(2)  # (b, c, d | t*d)
-        if self.head_norm is not None:
-            z = self.head_norm(z)
+        z = self.head_norm(z.mean(2)) if self.head_kind == "mean" else z.flatten(2)  # (b, c, d | t*d)
         y = self.head(z).transpose(1, 2)  # (b, pred_len, c)
         if self.revin:
             y = y * sd + mu
@@ -484,6 +503,6 @@ class HOTSegmenter(_PatchGridModel):
 
 # the reference HOT implementation's forecaster (see HOTForecaster's docstring): every option it differs by, on
 register_model(HOTForecaster, name="hot_forecaster_official", preset={
-    "embed_norm": True, "mlp": "swiglu", "mlp_bias": False, "pool": "mean", "head_norm": True, "revin_detach": False,
+    "embed_norm": True, "mlp": "swiglu", "mlp_bias": False, "head": "mean", "revin_detach": False,
     "qk_bias": True,
 })

@@ -23,7 +23,9 @@ def model_from_config(config: dict) -> HoformerModel:
         raise ValueError(f"model_from_config: `config` must be a dict with 'name' and 'kwargs' (a model's "
                          f"`config`), got {config!r}")
     name = config["name"]
-    return create_model(name, **config["kwargs"]) if is_model(name) else model_class(name)(**config["kwargs"])
+    cls = model_class(name)
+    kwargs = cls.upgrade_kwargs(dict(config["kwargs"])) if hasattr(cls, "upgrade_kwargs") else config["kwargs"]
+    return create_model(name, **kwargs) if is_model(name) else cls(**kwargs)
 
 
 def model_class(name: str) -> type:

@@ -14,7 +14,7 @@ from torchmetrics import Metric
 
 from hoformer._checks import check_values, is_int
 
-__all__ = ["masked_mae", "MaskedMAE", "MaskedMSE", "MaskedMAPE", "MaskedRMSE", "forecasting_metrics"]
+__all__ = ["masked_mae", "MaskedMAE", "MaskedMSE", "MaskedMAPE", "MaskedRMSE", "PrefixAverage", "forecasting_metrics"]
 
 
 def _check(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None, fn: str) -> torch.Tensor:
@@ -131,6 +131,49 @@ class MaskedMAPE(_MaskedMetric):
 
     def _finish(self, mean):
         return 100.0 * mean
+
+
+class PrefixAverage(Metric):
+    """The average over ``horizons`` of the masked error over each horizon's first ``h`` steps: one number for a
+    forecast that answers several horizons at once (the HOT protocol's selection metric: the mean of the 96 / 192 /
+    336 / 720-step validation MAEs of one 720-step forecast). ``error``: ``"mae"`` or ``"mse"``. Each prefix keeps
+    its own (sum, count) state, so the result equals the mean of the ``MaskedMAE(upto=h)`` values exactly."""
+
+    is_differentiable = False
+    higher_is_better = False
+    full_state_update = False
+
+    def __init__(self, horizons, error: str = "mae", **kwargs) -> None:
+        super().__init__(**kwargs)
+        horizons = list(horizons)
+        if not horizons or not all(is_int(h) and h >= 1 for h in horizons):
+            raise ValueError(f"PrefixAverage: `horizons` must be a non-empty list of step counts >= 1, got {horizons!r}")
+        if error not in ("mae", "mse"):
+            raise ValueError(f"PrefixAverage: `error` must be 'mae' or 'mse', got {error!r}")
+        self.horizons, self.error = horizons, error
+        n = len(horizons)
+        self.add_state("total", default=torch.zeros(n, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("count", default=torch.zeros(n, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        mask = _check(pred, target, mask, "PrefixAverage")
+        if pred.ndim < 2 or max(self.horizons) > pred.shape[1]:
+            raise ValueError(f"PrefixAverage: horizons {self.horizons} but the horizon (dim 1) of `pred` "
+                             f"{tuple(pred.shape)} is shorter")
+        diff = pred.double() - target.double()
+        err = (diff.abs() if self.error == "mae" else diff.square()) * mask
+        # cumulative per-step sums: the prefix sums of every horizon from one pass over the forecast
+        steps = err.reshape(err.shape[0], err.shape[1], -1).sum((0, 2)).cumsum(0)
+        counts = mask.reshape(mask.shape[0], mask.shape[1], -1).sum((0, 2)).cumsum(0)
+        idx = torch.tensor([h - 1 for h in self.horizons], device=steps.device)
+        self.total += steps[idx]
+        self.count += counts[idx]
+
+    def compute(self) -> torch.Tensor:
+        if (self.count == 0).any():
+            raise ValueError(f"PrefixAverage(horizons={self.horizons}): no observed target value was seen in a "
+                             "prefix (all-missing data); the metric is undefined")
+        return (self.total / self.count).mean().float()
 
 
 def forecasting_metrics(horizons: tuple[int, ...] = (3, 6, 12), prefix: str = ""):

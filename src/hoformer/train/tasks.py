@@ -45,10 +45,17 @@ from .base import TaskModule, check_labels, integer_labels
 from .checkpoint_io import AtomicCheckpointIO, install_checkpoint_io
 from .optim import Optimization
 from .class_balance import BalancedAccuracy, ClassWeighting
-from .metrics import MaskedMAE, MaskedMSE
+from .metrics import MaskedMAE, MaskedMSE, PrefixAverage
+
+#: the forecasting protocols of :class:`ForecastingTask` (``protocol=``); docs/results_hot.md#protocols
+PROTOCOLS = ("tslib", "hot")
+#: the horizons one ``protocol="hot"`` model answers when ``horizons`` is not given: the four of the LTSF tables
+HOT_HORIZONS = (96, 192, 336, 720)
 
 __all__ = [
     "ForecastingTask",
+    "PROTOCOLS",
+    "HOT_HORIZONS",
     "ClassificationTask",
     "SegmentationTask",
     "AtomicCheckpointIO",
@@ -112,11 +119,21 @@ class ForecastingTask(_HotTask):
         plot_variates: number of variates drawn in the test forecast PNG (0 disables it).
         variate_names: the data's column names in the model's variate order (``OT``, ``HUFL``, ...), the labels of
             the forecast PNG's panels (default ``variate <j>``).
-        horizons: joint-horizon training (the reference HOT protocol: one model with a 720-step head for the
-            horizons 96 / 192 / 336 / 720): increasing step counts, the largest at most the model's horizon. The loss
+        protocol: how the forecaster is trained, scored and selected (docs/results_hot.md#protocols):
+
+            * ``"tslib"`` (Time-Series-Library, the default): one model per horizon, every test window of that
+              horizon scored, the checkpoint selected on ``val/mae``;
+            * ``"hot"`` (the HOT authors' code): one model whose horizon is the largest of ``horizons`` (default
+              :data:`HOT_HORIZONS`, a 720-step model; the data's ``pred_len`` must equal it) trained on the average of
+              the prefix losses, so validation and test see only the windows with 720 future steps; every horizon is
+              scored on its prefix (``test/mse@96``, ...) and the checkpoint is selected on ``val/mae_mean``, the
+              mean of the prefix MAEs. The authors' optimiser settings (batch 128, lr 1e-3, gradient clipping 1.0)
+              are in the protocol's config, ``configs/hot/ltsf_hot.yaml``.
+        horizons: joint-horizon training: increasing step counts, the largest at most the model's horizon. The loss
             is the average of the losses on the first ``h`` steps for each ``h``, and validation / test also log
             ``{stage}/mse@h`` and ``{stage}/mae@h`` on those prefixes (``mse_orig@h`` / ``mae_orig@h`` with
-            ``original_scale``) beside the metrics over the whole horizon. None: one horizon, the plain loss.
+            ``original_scale``) and their means ``{stage}/mse_mean`` / ``{stage}/mae_mean`` beside the metrics over
+            the whole horizon. None: one horizon, the plain loss (``protocol="hot"``: :data:`HOT_HORIZONS`).
 
     A model with a method ``teacher_forced(x, y) -> (pred, target)`` (a causal forecaster trained on next-step
     prediction at every position) is trained on the loss between the ``pred`` and ``target`` it returns instead of
@@ -135,15 +152,22 @@ class ForecastingTask(_HotTask):
         plot_variates: int = 3,
         variate_names: list[str] | None = None,
         horizons: list[int] | None = None,
+        protocol: Literal["tslib", "hot"] = "tslib",
     ) -> None:
         if loss not in ("mse", "mae"):
             raise ValueError(f"ForecastingTask: `loss` must be 'mse' or 'mae', got {loss!r}")
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"ForecastingTask: `protocol` must be one of {list(PROTOCOLS)}, got {protocol!r}")
+        if protocol == "hot" and horizons is None:
+            horizons = list(HOT_HORIZONS)
         if horizons is not None:
             horizons = list(horizons)
             if not horizons or not all(is_int(h) and h >= 1 for h in horizons) or horizons != sorted(set(horizons)):
                 raise ValueError("ForecastingTask: `horizons` must be a non-empty increasing list of step counts >= 1 "
                                  f"(e.g. [96, 192, 336, 720]) or None, got {horizons!r}")
         super().__init__(model, optim)
+        if protocol == "hot":
+            self.selection = ("val/mae_mean", "min")
         self._stage_metrics(lambda p: MetricCollection(
             {"mse": MeanSquaredError(), "mae": MeanAbsoluteError(), "smape": SymmetricMeanAbsolutePercentageError()},
             prefix=p,
@@ -158,8 +182,9 @@ class ForecastingTask(_HotTask):
             scales = ("", "_orig") if original_scale else ("",)
             self.prefix_metrics = torch.nn.ModuleDict({
                 f"m_{s}{scale}": MetricCollection(
-                    {f"{m}{scale}@{h}": cls(upto=h) for h in horizons for m, cls in (("mse", MaskedMSE),
-                                                                                     ("mae", MaskedMAE))},
+                    {**{f"{m}{scale}@{h}": cls(upto=h) for h in horizons for m, cls in (("mse", MaskedMSE),
+                                                                                        ("mae", MaskedMAE))},
+                     **{f"{m}{scale}_mean": PrefixAverage(horizons, m) for m in ("mse", "mae")}},
                     prefix=f"{s}/", compute_groups=False)  # the metrics share state names (see forecasting_metrics)
                 for s in ("val", "test") for scale in scales
             })
@@ -196,6 +221,10 @@ class ForecastingTask(_HotTask):
             if pred.ndim < 2 or horizons[-1] > pred.shape[1]:
                 raise ValueError(f"{name}: `horizons` {horizons} reach step {horizons[-1]} but the model forecasts "
                                  f"{pred.shape[1] if pred.ndim > 1 else 0} steps (output {tuple(pred.shape)})")
+            if self.hparams.protocol == "hot" and pred.shape[1] != horizons[-1]:
+                raise ValueError(f"{name}(protocol='hot'): one model answers every horizon {horizons}, so its "
+                                 f"horizon (the data's pred_len) must be {horizons[-1]}; the model forecasts "
+                                 f"{pred.shape[1]} steps (set data pred_len={horizons[-1]})")
             loss = torch.stack([self._loss(pred[:, :h], y[:, :h], None if mask is None else mask[:, :h])
                                 for h in horizons]).mean()
         else:
