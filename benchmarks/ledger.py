@@ -14,70 +14,36 @@ them and ``tests/test_campaign.py`` fails when a committed block differs from wh
 """
 from __future__ import annotations
 
-import datetime as dt
-import json
-import os
-import platform
 import re
 import statistics
-import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LEDGER = ROOT / "results" / "ledger.jsonl"
+sys.path.insert(0, str(ROOT / "src"))  # the hoformer of this checkout, whatever is installed
+from hoformer import results  # noqa: E402
 
 
 def read_ledger(path: Path = LEDGER) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{i}: not a JSON line ({e})") from None
-    return rows
+    return results.read_ledger(path)
 
 
 def append_ledger(row: dict, path: Path = LEDGER) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
-        f.write(json.dumps(row, sort_keys=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    results.append_ledger(row, path)
 
 
-def hardware(device: str, threads: int) -> str:
-    """The machine a line was measured on: the GPU's name and CUDA version, or the CPU model, cores and threads."""
-    if str(device).startswith("cuda"):
-        import torch
-
-        return f"{torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda})"
-    model = platform.processor() or "CPU"
-    try:
-        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{model}, {os.cpu_count()} cores, {threads} thread(s) per run"
+hardware = results.hardware
 
 
 def commit() -> str:
-    """The checked-out commit, ``+dirty`` when ``src/``, ``configs/`` or ``benchmarks/`` differ from it."""
-    def git(*a):
-        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    sha = git("rev-parse", "--short=10", "HEAD") or "unknown"
-    return sha + ("+dirty" if git("status", "--porcelain", "--", "src", "configs", "benchmarks") else "")
+    """The checked-out commit of this repository, ``+dirty`` when ``src/``, ``configs/`` or ``benchmarks/`` differ."""
+    return results.commit(ROOT)
 
 
 def provenance(device: str, threads: int, command: str) -> dict:
     """The provenance fields of a line a benchmark script writes: hardware, torch, commit, date, command, record."""
-    import torch
-
-    return {"hardware": hardware(device, threads), "torch": torch.__version__.split("+")[0], "commit": commit(),
-            "date": dt.date.today().isoformat(), "command": command, "record": "benchmark"}
+    return {**results.provenance(device, threads, command, "benchmark"), "commit": commit()}
 
 
 def benchmark_line(experiment: str, model: str, split: str, metrics: dict, *, device: str, threads: int,

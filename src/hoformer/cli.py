@@ -43,6 +43,7 @@ HOOKS: dict[str, tuple[str, str]] = {
     "export": ("hoformer.export:export_main", "export a checkpoint as a torch.export program (.pt2) or ONNX file"),
     "forecast": ("hoformer.train.forecast:forecast_main",
                  "forecast the steps after the end of a series with a trained forecaster (CSV out)"),
+    "tune": ("hoformer.tune:tune_main", "hyper-parameter search of an experiment with Optuna (pruned, resumable)"),
 }
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
 
