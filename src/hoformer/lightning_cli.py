@@ -241,6 +241,9 @@ class HoformerCLI(LightningCLI):
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ValueError(f"hoformer {sub or 'cli'}: `--threads` must be an int >= 1, got {n!r}")
             torch.set_num_threads(n)
+        from hoformer.train.allocator import keep_large_allocations
+
+        keep_large_allocations()  # large temporaries reused, not re-mapped every step (hoformer.train.allocator)
         how = "set by --threads" if n is not None else (
             "from OMP_NUM_THREADS" if os.environ.get("OMP_NUM_THREADS") else "PyTorch's default, one per core")
         print(f"hoformer {sub or 'cli'}: PyTorch uses {torch.get_num_threads()} CPU thread(s) ({how}; change with "

@@ -223,13 +223,20 @@ class _TrialOutput:
         for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
             for h in logging.getLogger(name).handlers:
                 if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
-                    self._handlers.append((h, h.setStream(self._f)))
+                    self._handlers.append((h, h.stream))  # assigned, not setStream: that flushes the old stream
+                    h.stream = self._f
         return self
 
     def __exit__(self, *exc):
+        import logging
+
         for h, old in self._handlers:
-            h.setStream(old)
+            h.stream = old
         self._stack.close()
+        for name in ("lightning.pytorch", "lightning.fabric", "lightning"):  # handlers made during the trial
+            for h in logging.getLogger(name).handlers:
+                if isinstance(h, logging.StreamHandler) and h.stream is self._f:
+                    h.stream = sys.stderr
         self._f.close()
         return False
 

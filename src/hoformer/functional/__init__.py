@@ -5,4 +5,5 @@ from .scores import *  # noqa: F401,F403
 from .triplet import *  # noqa: F401,F403
 from .weaver import *  # noqa: F401,F403
 from .causal import *  # noqa: F401,F403
+from .dropout_bits import *  # noqa: F401,F403
 from . import _ops  # noqa: E402,F401  (registers the kernels as custom ops for torch.compile / torch.export)

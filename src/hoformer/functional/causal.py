@@ -40,6 +40,7 @@ from hoformer._checks import DETAIL, check_fraction, check_int, check_values
 
 from .kronecker import _check_mode_masks, _linear_attention, _safe_denominator, elu_feature_map
 from .products import _check_tensor, _kron_apply, _kron_sum_apply
+from .dropout_bits import dropout
 from .scores import _dot, _masked_softmax
 
 __all__ = ["causal_kronecker_attention", "causal_mask"]
@@ -168,7 +169,7 @@ def _causal_kronecker(q, k, v, *, combine, kernel, scale, masks, dropout_p, want
     else:
         s0 = _masked_softmax(_dot(q[0], k[0], scale), m0)
     s0 = s0.to(dtype)
-    used0 = F.dropout(s0, p=dropout_p) if dropout_p > 0 else s0
+    used0 = dropout(s0, p=dropout_p) if dropout_p > 0 else s0
     vf = v.reshape(b, h, T, -1)
     z = torch.matmul(used0, vf.to(dtype))  # (b, h, t, p): sum_{t' <= t} S_c[t, t'] v[t']
     y, rest = _apply_rest(z, vf, q[1:], k[1:], None if masks is None else masks[1:], v.shape[3:], combine=combine,
@@ -209,7 +210,7 @@ def _apply_rest(z, v, q, k, masks, rest_shape, *, combine, kernel, scale, dropou
         else:
             s = _masked_softmax(_dot(qi, ki, scale), m5)
         factors.append(s.to(z.dtype).expand(b, h, T, *s.shape[-2:]))
-    used = [F.dropout(s, p=dropout_p) for s in factors] if dropout_p > 0 else factors
+    used = [dropout(s, p=dropout_p) for s in factors] if dropout_p > 0 else factors
     flat = [s.reshape(b, h * T, *s.shape[-2:]) for s in used]
     if combine == "product":
         y = _kron_apply(flat, zb)

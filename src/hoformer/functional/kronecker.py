@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from hoformer._checks import DETAIL, check_fraction, check_scale, check_values
 
 from .products import _check_tensor, _kron_apply, _kron_apply_ops, _kron_sum_apply, _kron_sum_ops
+from .dropout_bits import dropout
 from .scores import _dot, _masked_softmax
 
 __all__ = [
@@ -216,7 +217,7 @@ def _kronecker_attention(q, k, v, combine: str, scale, masks, dropout_p: float, 
     unchecked entry is :func:`_linear_attention`, on features)."""
     factors = _mode_factors(q, k, scale, masks, score_fn)
     factors = [s.to(v.dtype) for s in factors]
-    used = [F.dropout(s, p=dropout_p) for s in factors] if dropout_p > 0 else factors
+    used = [dropout(s, p=dropout_p) for s in factors] if dropout_p > 0 else factors
     y = _kron_apply(used, v) if combine == "product" else _kron_sum_apply(used, v, normalize=True)
     return (y, factors) if return_factors else y
 

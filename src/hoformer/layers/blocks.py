@@ -15,6 +15,7 @@ from hoformer._checks import check_finite_output, check_fraction, check_int
 from .attention import build_attention
 from ._common import CheckedMasks
 from .decoding import _check_caches, _check_eval, _check_step_input, _check_max_steps
+from .dropout import Dropout
 
 __all__ = ["Mlp", "SwiGLU", "RMSNorm", "DropPath", "PatchEmbed", "Block", "Encoder"]
 
@@ -41,8 +42,8 @@ class Mlp(nn.Module):
     def __init__(self, dim: int, hidden: int, out: int | None = None, dropout: float = 0.0, bias: bool = True) -> None:
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(dim, hidden, bias=bias), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, out or dim, bias=bias),
-            nn.Dropout(dropout),
+            nn.Linear(dim, hidden, bias=bias), nn.GELU(), Dropout(dropout), nn.Linear(hidden, out or dim, bias=bias),
+            Dropout(dropout),
         )
 
     def forward(self, x):
@@ -57,7 +58,7 @@ class SwiGLU(nn.Module):
         super().__init__()
         self.w13 = nn.Linear(dim, 2 * hidden, bias=bias)
         self.w2 = nn.Linear(hidden, out or dim, bias=bias)
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
 
     def forward(self, x):
         a, g = self.w13(x).chunk(2, dim=-1)

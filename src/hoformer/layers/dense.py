@@ -14,6 +14,7 @@ from torch import nn
 
 from hoformer._checks import check_int
 from hoformer.functional.kronecker import kron_dense, sdpa
+from hoformer.functional.dropout_bits import dropout
 from hoformer.functional.scores import _dot, _masked_softmax
 
 from ._common import (
@@ -26,6 +27,7 @@ from ._common import (
 from .decoding import DecodingCache, _Decoder, _step_entry
 from .pos import RotaryEmbedding, axial_rotary
 from .recording import RecordableAttention
+from .dropout import Dropout
 
 __all__ = ["FullAttention", "AxialAttention", "DividedAttention"]
 
@@ -55,7 +57,7 @@ class _QKV(RecordableAttention):
         self.to_qkv = nn.Linear(dim, 3 * inner, bias=bias)
         self.q_norm = nn.LayerNorm(self.dim_head) if qk_norm else nn.Identity()
         self.k_norm = nn.LayerNorm(self.dim_head) if qk_norm else nn.Identity()
-        self.to_out = nn.Sequential(nn.Linear(inner, dim, bias=bias), nn.Dropout(dropout))
+        self.to_out = nn.Sequential(nn.Linear(inner, dim, bias=bias), Dropout(dropout))
         self.attn_dropout = dropout if attn_dropout is None else attn_dropout
 
     def qkv(self, x):
@@ -74,7 +76,7 @@ def _attend(q, k, v, mask, dropout_p, want_maps):
     explicit maps when they are asked for; either way a fully masked row gives zeros."""
     if want_maps:
         a = _masked_softmax(_dot(q, k), mask)
-        return torch.matmul(F.dropout(a, dropout_p), v), a
+        return torch.matmul(dropout(a, dropout_p), v), a
     return sdpa(q, k, v, mask=mask, dropout_p=dropout_p), None
 
 

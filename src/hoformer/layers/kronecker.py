@@ -27,6 +27,7 @@ from ._common import (
 from .decoding import DecodingCache, _Decoder, _step_entry
 from .pos import RotaryEmbedding
 from .recording import RecordableAttention
+from .dropout import Dropout
 
 __all__ = ["FavorFeatures", "KroneckerAttention", "mode_pools"]
 
@@ -230,7 +231,7 @@ class KroneckerAttention(_CheckOnce, _Decoder, RecordableAttention):
         if num_modes is not None:
             self._ensure_modes(num_modes)
         self.to_v = nn.Linear(dim, inner, bias=bias)
-        self.to_out = nn.Sequential(nn.Linear(inner, dim, bias=bias), nn.Dropout(dropout))
+        self.to_out = nn.Sequential(nn.Linear(inner, dim, bias=bias), Dropout(dropout))
         self.q_norm = nn.LayerNorm(self.dim_head) if qk_norm else nn.Identity()
         self.k_norm = nn.LayerNorm(self.dim_head) if qk_norm else nn.Identity()
         self.rotary = RotaryEmbedding(self.dim_head, rope_theta) if self.rope_modes else None

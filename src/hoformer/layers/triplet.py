@@ -55,6 +55,7 @@ from hoformer.functional.triplet import (
 from ._common import CheckedMasks, _check_dtype
 from .recording import RecordableAttention
 from .blocks import Mlp
+from .dropout import Dropout
 
 __all__ = [
     "TripletAttention",
@@ -127,7 +128,7 @@ class _HeadsAttention(RecordableAttention):
         self.block_size, self.overlap = block_size, overlap
         self.to_in = nn.Linear(dim, self.n_proj * dim, bias=bias)
         self.cross = CrossBlockAttention(block_size) if cross_block else None
-        self.to_out = nn.Sequential(nn.Linear(dim, dim, bias=bias), nn.Dropout(dropout))
+        self.to_out = nn.Sequential(nn.Linear(dim, dim, bias=bias), Dropout(dropout))
 
     def _local(self, xs, mask, want: bool):  # pragma: no cover - abstract
         raise NotImplementedError

@@ -14,6 +14,7 @@ from torch import nn
 
 from .recording import RecordableAttention
 from .blocks import RMSNorm
+from .dropout import Dropout
 from hoformer.functional.weaver import (
     VALENCE_KERNELS,
     atk_pool,
@@ -78,7 +79,7 @@ class TrafficPhaseDictionary(nn.Module):
         super().__init__()
         self.num_nodes, self.window, self.in_channels, self.width = num_nodes, window, in_channels, width
         self.query = GLU(window * in_channels, num_landmarks)
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
         self.temperature = nn.Parameter(torch.full((num_nodes, 1), math.log(math.e - 1)))  # softplus -> 1
         self.dictionary = nn.Parameter(torch.randn(num_landmarks, window * width) * 0.02)
 
@@ -122,7 +123,7 @@ class WeaverInput(nn.Module):
         # this eps (nn.RMSNorm took float64's 2.2e-16)
         self.norm = RMSNorm(dim, eps=torch.finfo(torch.float32).eps)
         self.glu = GLU(dim, dim)
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_grid(x, "x", type(self).__name__, P=self.window, N=self.num_nodes, C=self.in_channels)
@@ -213,7 +214,7 @@ class StateTransition(nn.Module):
         super().__init__()
         self.dim, self.window = dim, window
         self.up, self.down = nn.Linear(dim, expansion * dim), nn.Linear(expansion * dim, dim)
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
         self.readout = nn.Linear(dim, out_channels)
         self.time_map = nn.Linear(window, horizon) if window != horizon else None
 

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from hoformer._checks import is_int
+from hoformer.layers import Dropout
 
 from .hot import _ImageModel
 from .registry import register_model
@@ -81,7 +82,7 @@ class CNN3DClassifier(_ImageModel):
                 layers.append(nn.MaxPool3d(2))
             layers.append(_stage(c_in, c_out, norm))
         self.features = nn.Sequential(*layers)
-        self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(widths[-1], num_classes))
+        self.head = nn.Sequential(Dropout(dropout), nn.Linear(widths[-1], num_classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_x(x)

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from hoformer._checks import check_values, check_int
-from hoformer.layers import CheckedMasks
+from hoformer.layers import CheckedMasks, Dropout
 from hoformer.layers.triplet import TEXT_ATTENTIONS, HOBABlock
 
 from .base import WEIGHTS_NAME, HoformerModel
@@ -36,7 +36,7 @@ class TextEmbeddings(nn.Module):
         self.tokens = nn.Embedding(vocab_size, dim, padding_idx=pad_id)
         self.positions = nn.Embedding(max_len, dim)
         self.norm = nn.LayerNorm(dim)
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(ids.shape[1], device=ids.device)
@@ -106,7 +106,7 @@ class HOBAClassifier(HoformerModel):
             for _ in range(depth)
         )
         self.norm = nn.LayerNorm(dim) if norm_first else nn.Identity()
-        self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(dim, dim), nn.Tanh(), nn.Dropout(dropout),
+        self.head = nn.Sequential(Dropout(dropout), nn.Linear(dim, dim), nn.Tanh(), Dropout(dropout),
                                   nn.Linear(dim, num_classes))
 
     def _check(self, ids, mask):

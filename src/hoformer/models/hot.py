@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from hoformer._checks import check_finite_output, check_int, is_int
-from hoformer.layers import ATTENTION_TYPES, AbsolutePositionalEncoding, Encoder, PatchEmbed
+from hoformer.layers import ATTENTION_TYPES, AbsolutePositionalEncoding, Dropout, Encoder, PatchEmbed
 
 from .base import HoformerModel, check_batch_input
 from .registry import register_model
@@ -319,9 +319,9 @@ class HOTForecaster(HOTModel):
         self.seq_len, self.pred_len, self.num_variates = seq_len, pred_len, num_variates
         self.head_kind, self.revin, self.revin_detach = head, revin, revin_detach
         self.embed = PatchEmbed(1, dim, self.patch_size, ndim=1, act="relu")
-        self.embed_norm = nn.Sequential(nn.LayerNorm(dim), nn.Dropout(dropout)) if embed_norm else None
+        self.embed_norm = nn.Sequential(nn.LayerNorm(dim), Dropout(dropout)) if embed_norm else None
         self.encoder = self.build_encoder(2, (1,) if rope else ())
-        self.head_norm = nn.Sequential(nn.LayerNorm(dim), nn.Dropout(dropout)) if head == "mean" else None
+        self.head_norm = nn.Sequential(nn.LayerNorm(dim), Dropout(dropout)) if head == "mean" else None
         self.head = nn.Linear(dim * (self.num_patches if head == "flatten" else 1), pred_len)
 
     @classmethod
