@@ -1,4 +1,4 @@
-"""The ``hoformer`` package has no import cycle.
+"""The ``hoformer`` package has no import cycle, and no module imports another subpackage's private names.
 
 Every module's imports inside the package are read with :mod:`ast` (module level and inside functions alike: a
 deferred import is still a dependency; only ``if TYPE_CHECKING:`` blocks, which never run, are skipped) and the
@@ -113,7 +113,7 @@ def test_graph_sees_the_package():
     # a few edges every version of the package has: the walker resolves relative and absolute imports
     assert "hoformer.layers.attention" in graph["hoformer.layers.blocks"]
     assert "hoformer.layers" in graph["hoformer.models.hot"]
-    assert "hoformer.functional.kronecker" in graph["hoformer.layers.kronecker"]
+    assert "hoformer.functional.unchecked" in graph["hoformer.layers.kronecker"]
 
 
 def test_cycle_finder_reports_a_cycle():
@@ -129,3 +129,50 @@ def test_no_import_cycle():
         for comp in found
     )
     assert not found, f"import cycles in {PKG}:\n{detail}"
+
+
+def private_imports() -> list[str]:
+    """``file:line: name`` of every ``from X import _name`` whose module ``X`` lies in another subpackage of
+    ``hoformer`` than the importing module (``hoformer.functional.unchecked`` is the contract for what layers call
+    unchecked; a subpackage's own modules may share private names)."""
+    mods = _modules()
+
+    def subpackage(name: str) -> str:
+        parts = name.split(".")
+        return parts[1] if len(parts) > 2 or (len(parts) == 2 and mods.get(name, (None, False))[1]) else ""
+
+    found = []
+    for name, (path, is_pkg) in mods.items():
+        package = name if is_pkg else name.rpartition(".")[0]
+        for node in _import_nodes(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                parts = package.split(".")
+                target = ".".join(parts[: len(parts) - (node.level - 1)] + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith(PKG + ".") or subpackage(target) == subpackage(name):
+                continue
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}: {alias.name} from {target}")
+    return found
+
+
+def test_no_private_name_is_imported_across_subpackages():
+    found = private_imports()
+    assert not found, "private names imported from another subpackage:\n" + "\n".join(found)
+
+
+def test_private_import_finder_sees_a_private_import(tmp_path, monkeypatch):
+    import sys
+
+    (tmp_path / PKG / "layers").mkdir(parents=True)
+    (tmp_path / PKG / "functional").mkdir()
+    for d in ("", "layers", "functional"):
+        (tmp_path / PKG / d / "__init__.py").write_text("")
+    (tmp_path / PKG / "functional" / "k.py").write_text("def _x(): pass\n")
+    (tmp_path / PKG / "layers" / "a.py").write_text("from hoformer.functional.k import _x\nfrom ..functional import k\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path / PKG)
+    assert private_imports() == ["hoformer/layers/a.py:1: _x from hoformer.functional.k"]

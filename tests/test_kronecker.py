@@ -334,7 +334,9 @@ def test_dropout_hits_the_factors_with_rescale(combine):
     for a, b in zip(fs, clean):
         torch.testing.assert_close(a, b)
     torch.manual_seed(7)
-    dropped = [torch.nn.functional.dropout(s, p=0.3) for s in clean]
+    from hoformer.functional import dropout  # the library's dropout (tests/test_dropout.py: F.dropout's distribution)
+
+    dropped = [dropout(s, p=0.3) for s in clean]
     assert all(((d == 0) | torch.isclose(d, s / 0.7)).all() and (d == 0).any() for d, s in zip(dropped, clean))
     dense = kron_dense(dropped) if combine == "product" else kron_sum_dense(dropped) / 2
     torch.testing.assert_close(y, _dense_apply(dense, v))

@@ -15,7 +15,7 @@ from torch import nn
 from hoformer._checks import check_int
 from hoformer.functional.kronecker import kron_dense, sdpa
 from hoformer.functional.dropout_bits import dropout
-from hoformer.functional.scores import _dot, _masked_softmax
+from hoformer.functional import unchecked
 
 from ._common import (
     _CheckOnce,
@@ -75,7 +75,7 @@ def _attend(q, k, v, mask, dropout_p, want_maps):
     """Attention over the second-to-last dim of ``(b, h, .., n, e)`` (the dims between are batch dims): SDPA, or the
     explicit maps when they are asked for; either way a fully masked row gives zeros."""
     if want_maps:
-        a = _masked_softmax(_dot(q, k), mask)
+        a = unchecked.masked_softmax(unchecked.dot(q, k), mask)
         return torch.matmul(dropout(a, dropout_p), v), a
     return sdpa(q, k, v, mask=mask, dropout_p=dropout_p), None
 

@@ -14,9 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hoformer._checks import check_int
-from hoformer.functional.causal import _apply_rest, _causal_kronecker, causal_row
-from hoformer.functional.kronecker import _kronecker_attention, _linear_attention
-from hoformer.functional.scores import _SCORE_KERNELS
+from hoformer.functional import unchecked
+from hoformer.functional.causal import causal_row
 
 from ._common import (
     _CheckOnce,
@@ -209,8 +208,8 @@ class KroneckerAttention(_CheckOnce, _Decoder, RecordableAttention):
         super().__init__()
         if combine not in ("product", "sum"):
             raise ValueError(f"KroneckerAttention: `combine` must be 'product' or 'sum', got {combine!r}")
-        if kernel not in ("softmax", "linear", *_SCORE_KERNELS):
-            raise ValueError(f"KroneckerAttention: `kernel` must be one of {('softmax', 'linear', *_SCORE_KERNELS)}, "
+        if kernel not in ("softmax", "linear", *unchecked.SCORE_KERNELS):
+            raise ValueError(f"KroneckerAttention: `kernel` must be one of {('softmax', 'linear', *unchecked.SCORE_KERNELS)}, "
                              f"got {kernel!r}")
         if pool not in ("sum", "mean"):
             raise ValueError(f"KroneckerAttention: `pool` must be 'sum' or 'mean', got {pool!r}")
@@ -236,7 +235,7 @@ class KroneckerAttention(_CheckOnce, _Decoder, RecordableAttention):
         self.k_norm = nn.LayerNorm(self.dim_head) if qk_norm else nn.Identity()
         self.rotary = RotaryEmbedding(self.dim_head, rope_theta) if self.rope_modes else None
         self.favor = FavorFeatures(self.dim_head, num_features, redraw_interval) if kernel == "linear" else None
-        self.score_fn = _SCORE_KERNELS.get(kernel)  # unchecked: forward has checked x
+        self.score_fn = unchecked.SCORE_KERNELS.get(kernel)  # unchecked: forward has checked x
 
     def _ensure_modes(self, k: int) -> None:
         if len(self.to_qk) == 0:
@@ -323,7 +322,7 @@ class KroneckerAttention(_CheckOnce, _Decoder, RecordableAttention):
             # mode's keys at index t come from the pools up to t already
             k0, log_scale = self.favor.with_log_scale(ks[0])
             ks = [k0] + [self.favor(k, is_query=False) for k in ks[1:]]
-        y, maps = _causal_kronecker(
+        y, maps = unchecked.causal_kronecker(
             qs, ks, v, combine=self.combine, kernel="linear" if linear else "softmax", scale=None,
             masks=None if masks is None else [masks[i] for i in order],
             dropout_p=self.attn_dropout if self.training and not linear else 0.0, want_factors=want_maps,
@@ -374,7 +373,7 @@ class KroneckerAttention(_CheckOnce, _Decoder, RecordableAttention):
         row = causal_row(qs[0].to(dtype), keys.to(dtype), kernel="linear" if linear else "softmax",
                          score_fn=self.score_fn, key_log_scale=log_scale)
         z = torch.matmul(row, values.to(dtype))
-        y, _ = _apply_rest(z, v, qs[1:], ks[1:], None if masks is None else [masks[i] for i in order[1:]],
+        y, _ = unchecked.causal_apply_rest(z, v, qs[1:], ks[1:], None if masks is None else [masks[i] for i in order[1:]],
                            (*rest, self.dim_head),
                            combine=self.combine, kernel="linear" if linear else "softmax", scale=None, dropout_p=0.0,
                            want_factors=False, score_fn=self.score_fn)
@@ -402,10 +401,10 @@ class KroneckerAttention(_CheckOnce, _Decoder, RecordableAttention):
             self.favor.step()
             phi_q = [self.favor(q, is_query=True) for q in qs]
             phi_k = [self.favor(k, is_query=False) for k in ks]
-            out = _linear_attention(list(zip(phi_q, phi_k)), v, self.combine, masks, want_maps)
+            out = unchecked.linear_attention(list(zip(phi_q, phi_k)), v, self.combine, masks, want_maps)
             y, maps = out if want_maps else (out, None)
         else:
-            y, maps = _kronecker_attention(qs, ks, v, self.combine, None, masks,
+            y, maps = unchecked.kronecker_attention(qs, ks, v, self.combine, None, masks,
                                            self.attn_dropout if self.training else 0.0, True, self.score_fn)
         if want_maps:
             self._maybe_record(maps)

@@ -38,14 +38,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hoformer._checks import check_int
-from hoformer.functional.scores import _masked_softmax
-
+from hoformer.functional import unchecked
 from hoformer.functional.triplet import (
-    _block_attention,
-    _cross_block_attention,
-    _grid_length,
-    _triplet_attention,
-    _windows,
     block_attention_weights,
     cross_block_attention,
     cross_block_attention_weights,
@@ -94,7 +88,7 @@ class CrossBlockAttention(nn.Module):
 
     def forward(self, o, mask=None):
         if isinstance(mask, CheckedMasks):  # checked by the caller's entry
-            return _cross_block_attention(o, self.block_size, mask.masks)
+            return unchecked.cross_block_attention(o, self.block_size, mask.masks)
         return cross_block_attention(o, block_size=self.block_size, mask=mask)
 
     def weights(self, o, mask=None) -> torch.Tensor:
@@ -139,7 +133,7 @@ class _HeadsAttention(RecordableAttention):
         check_int(f"{type(self).__name__}.window_starts", "seq_len", seq_len)
         if self.block_size is None:
             return [0]
-        return _windows(_grid_length(seq_len, self.block_size, self.overlap), self.block_size, self.overlap)
+        return unchecked.triplet_windows(unchecked.triplet_grid_length(seq_len, self.block_size, self.overlap), self.block_size, self.overlap)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """``x (B, L, D)``, ``mask (B, L)`` bool (True = real token) or None, or the caller's
@@ -151,7 +145,7 @@ class _HeadsAttention(RecordableAttention):
         b, n, _ = x.shape
         xs = self.to_in(x).view(b, n, self.n_proj, self.heads, self.dim_head).permute(2, 0, 3, 1, 4).unbind(0)
         want = self._recording  # maps only while record_attention is active
-        grid = n if self.block_size is None else _grid_length(n, self.block_size, self.overlap)
+        grid = n if self.block_size is None else unchecked.triplet_grid_length(n, self.block_size, self.overlap)
         if grid > n:  # fixed windows (eq 3) whatever the batch's padding: pad with masked positions, crop after
             real = mask if mask is not None else x.new_ones(b, n, dtype=torch.bool)
             o, maps = self._local([F.pad(t, (0, 0, 0, grid - n)) for t in xs], F.pad(real, (0, grid - n)), want)
@@ -180,7 +174,7 @@ class TripletAttention(_HeadsAttention):
     def _local(self, xs, mask, want):
         q, k1, k2, v1, v2 = xs
         bs = self.block_size or q.shape[2]
-        o = _triplet_attention(q, k1, k2, v1, v2, bs, self.overlap, None, mask)
+        o = unchecked.triplet_attention(q, k1, k2, v1, v2, bs, self.overlap, None, mask)
         maps = []
         if want:
             maps.append(triplet_attention_weights(q.detach(), k1.detach(), k2.detach(), block_size=bs,
@@ -206,7 +200,7 @@ class BlockAttention2D(_HeadsAttention):
             if want:
                 t = torch.matmul(q, k.transpose(-1, -2)) * self.dim_head**-0.5
                 t = t.to(torch.promote_types(t.dtype, torch.float32))  # fp16/bf16 softmax in fp32, fp64 kept
-                a = _masked_softmax(t, None if mask is None else mask[:, None, None, :]).to(q.dtype)
+                a = unchecked.masked_softmax(t, None if mask is None else mask[:, None, None, :]).to(q.dtype)
                 o = torch.matmul(a, v)
             else:
                 o = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask[:, None, None, :])
@@ -215,7 +209,7 @@ class BlockAttention2D(_HeadsAttention):
                 if want:
                     a = a * mask[:, None, :, None]
             return o, ([a] if want else [])
-        o = _block_attention(q, k, v, self.block_size, self.overlap, None, mask)
+        o = unchecked.block_attention(q, k, v, self.block_size, self.overlap, None, mask)
         if not want:
             return o, []
         return o, [block_attention_weights(q.detach(), k.detach(), block_size=self.block_size, overlap=self.overlap,

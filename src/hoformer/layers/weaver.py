@@ -51,7 +51,9 @@ def _check_ratio(r, name: str, fn: str) -> None:
         raise ValueError(f"{fn}: `{name}` must be a number in (0, 1], got {r!r}")
 
 
-def _check_time(time, x: torch.Tensor, fn: str) -> None:
+def check_time_input(time, x: torch.Tensor, fn: str) -> None:
+    """The time-of-day / day-of-week input of the traffic layers: ``None`` or ``(B, P, 2)`` for ``x (B, P, ...)``;
+    a model checks it once at its entry and hands it to every layer (which then does not check it again)."""
     if time is not None and (not isinstance(time, torch.Tensor) or tuple(time.shape) != (*x.shape[:2], 2)):
         got = tuple(time.shape) if isinstance(time, torch.Tensor) else type(time).__name__
         raise ValueError(f"{fn}: `time` must have shape (B, P, 2) = {(*x.shape[:2], 2)} [minute of day, day of "
@@ -186,7 +188,7 @@ class KroneckerValenceAttention(RecordableAttention):
         the value check costs a few reductions per layer)."""
         _check_grid(u, "u", type(self).__name__, P=None, N=self.num_nodes, E=self.dim)
         if check_time:
-            _check_time(time, u, type(self).__name__)
+            check_time_input(time, u, type(self).__name__)
         b, p, n, e = u.shape
         g_s = self.struct(torch.cat([self.pool_s(u), self.b_kern.expand(b, -1, -1).to(u.dtype)], dim=-1))
         g_t = self.pool_t(u)
@@ -245,7 +247,7 @@ class TrafficEmbedding(nn.Module):
         ``time`` (already done by the caller)."""
         _check_grid(x, "x", type(self).__name__, P=self.window, N=self.num_nodes, C=self.in_channels)
         if check_time:
-            _check_time(time, x, type(self).__name__)
+            check_time_input(time, x, type(self).__name__)
         h = self.proj(x) + self.node + self.step
         if self.time is not None and time is not None:
             h = h + self.time(cyclic_time_encoding(time, check=check_time).to(h.dtype)).unsqueeze(2)

@@ -22,7 +22,7 @@ from hoformer.layers.weaver import (
     StateTransition,
     TrafficEmbedding,
     WeaverInput,
-    _check_time,
+    check_time_input,
 )
 
 from .base import HoformerModel, check_batch_input
@@ -70,7 +70,7 @@ class TrafficModel(HoformerModel):
             raise ValueError(f"{name}: `x` must have shape (B, P={expect[0]}, N={expect[1]}, C={expect[2]}) "
                              f"(N = nodes of the graph the model was built for), got {tuple(x.shape)}")
         check_batch_input(self, x, name, legend=" (B, P, N, C)")
-        _check_time(time, x, name)  # (B, P, 2): the layers' shape check, run here once for all of them
+        check_time_input(time, x, name)  # (B, P, 2): the layers' shape check, run here once for all of them
         if time is not None:  # minute of day in [0, 1440), day of week in [0, 7); checked even by models that
             check_time_features(time, name)  # ignore `time`: a bad feature column is a data bug wherever it goes
         # (the only check of `time` in a model's forward: the layers are called with check_time=False)
