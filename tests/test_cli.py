@@ -135,7 +135,11 @@ def test_command_line_run_prints_no_lightningcli_args_warning(monkeypatch, capsy
 
 
 # ---------------------------------------------------------------------------------------------- configs
-CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
+#: the run configs (experiments and the bases they extend); not the search spaces of `hoformer tune` (configs/tune/)
+#: nor the tuned overrides that compose with an experiment (configs/hot/tuned/, `--config EXP --config TUNED`)
+OVERLAYS = ("configs/tune/", "configs/hot/tuned/")
+CONFIGS = sorted(p for p in (REPO / "configs").rglob("*.yaml")
+                 if not p.relative_to(REPO).as_posix().startswith(OVERLAYS))
 EXPERIMENTS = _import_file(REPO / "benchmarks" / "paper_configs.py").experiments()
 #: experiment files that extend a protocol file: what differs from it, nothing else
 SMALL = 40
@@ -146,6 +150,26 @@ def _printed(args, capsys) -> dict:
         cli.main(["fit", *args, "--print_config"])
     assert e.value.code in (0, None)
     return yaml.safe_load(capsys.readouterr().out)
+
+
+def test_overlays_compose_with_the_experiment_they_name():
+    """A tuned override file (configs/hot/tuned/) extends nothing and only sets keys of the experiment it names in
+    its header; a search space's keys (configs/tune/) are keys of the paper config's resolution."""
+    from hoformer.config import resolve_config
+    from hoformer.tune import read_space
+
+    cfg = resolve_config(REPO / "configs/hot/ltsf/etth1_96_96_hot_product.yaml")
+    for path in sorted((REPO / "configs/tune").glob("*.yaml")):
+        for key in read_space(path):
+            node = cfg
+            for part in key.split("."):
+                assert isinstance(node, dict) and part in node, f"{path.name}: {key}"
+                node = node[part]
+    for path in sorted((REPO / "configs/hot/tuned").glob("*.yaml")):
+        text = path.read_text()
+        assert "# extends:" not in text and "hoformer fit --config" in text, path
+        exp = text.split("hoformer fit --config ", 1)[1].split()[0]
+        resolve_config(REPO / exp, ["--config", str(path)])  # composes (a key the experiment lacks is an error)
 
 
 def test_configs_compose_from_a_shared_trainer():
@@ -579,7 +603,7 @@ def _digest(cfg: dict) -> str:
 
 def test_every_committed_config_resolves_to_its_earlier_effective_configuration(monkeypatch):
     monkeypatch.chdir(REPO)
-    found = sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").rglob("*.yaml") if p.name != "trainer.yaml")
+    found = sorted(str(p.relative_to(REPO)) for p in CONFIGS if p.name != "trainer.yaml")
     assert found == sorted(RESOLVED_DIGESTS)
     changed = [name for name in found if _digest(resolve_config(name)) != RESOLVED_DIGESTS[name]]
     assert not changed, changed

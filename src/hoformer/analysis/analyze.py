@@ -24,7 +24,7 @@ import re
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 

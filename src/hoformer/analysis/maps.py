@@ -29,8 +29,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from hoformer.layers.attention import AxialAttention, FullAttention, KroneckerAttention, record_attention
-from hoformer.layers.weaver import KroneckerValenceAttention
+from hoformer.layers.attention import AxialAttention, record_attention
 
 __all__ = [
     "AttentionRecord",
@@ -56,20 +55,12 @@ class AttentionRecord(NamedTuple):
 
 
 def record_kind(module: nn.Module | None, maps) -> tuple[str, str | None]:
-    """``(kind, combine)`` of a recorded layer from its class (falls back to the map shapes)."""
-    if isinstance(module, KroneckerAttention):
-        return "kronecker", module.combine
-    if isinstance(module, FullAttention):
-        return "full", None
-    if isinstance(module, AxialAttention):
-        return "axial", None
-    if isinstance(module, KroneckerValenceAttention):  # Weaver's signed Theta_T (x) Theta_S
-        return "kronecker", "product"
-    cls = type(module).__name__ if module is not None else ""
-    if "Triplet" in cls or "HOBA" in cls:
-        return "triplet", None
-    if "Block" in cls:
-        return "block", None
+    """``(kind, combine)`` of a recorded layer: its class's ``record_kind``
+    (:class:`~hoformer.layers.recording.RecordableAttention`; ``combine`` for Kronecker layers), else from the map
+    shapes."""
+    kind = getattr(module, "record_kind", None)
+    if kind is not None:
+        return kind, getattr(module, "combine", None) if kind == "kronecker" else None
     if len(maps) == 1 and maps[0].ndim == 4 and maps[0].shape[-1] == maps[0].shape[-2]:
         return "full", None
     return "unknown", None

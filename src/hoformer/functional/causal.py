@@ -34,11 +34,10 @@ import math
 from typing import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 
-from hoformer._checks import DETAIL, check_fraction, check_int, check_values
+from hoformer._checks import DETAIL, check_int, check_values
 
-from .kronecker import _check_mode_masks, _linear_attention, _safe_denominator, elu_feature_map
+from .kronecker import _check_mode_masks, _linear_attention, _safe_denominator, check_kernel_args, elu_feature_map
 from .products import _check_tensor, _kron_apply, _kron_sum_apply
 from .dropout_bits import dropout
 from .scores import _dot, _masked_softmax
@@ -90,15 +89,7 @@ def causal_kronecker_attention(
     if causal_mode >= nmodes:
         raise ValueError(f"{fn}: `causal_mode` must be a mode index in [0, {nmodes}) for `v` of shape "
                          f"{tuple(v.shape)}, got {causal_mode}")
-    if combine not in ("product", "sum"):
-        raise ValueError(f"{fn}: `combine` must be 'product' or 'sum', got {combine!r}")
-    if kernel not in ("softmax", "linear"):
-        raise ValueError(f"{fn}: `kernel` must be 'softmax' or 'linear', got {kernel!r}")
-    check_fraction(fn, "dropout_p", dropout_p)
-    if kernel == "linear" and (score_fn is not None or scale is not None or dropout_p):
-        raise ValueError(f"{fn}: `score_fn`, `scale` and `dropout_p` need kernel='softmax'")
-    if score_fn is not None and scale is not None:
-        raise ValueError(f"{fn}: `scale` has no effect with a signed `score_fn` (its scores are used as they are)")
+    check_kernel_args(fn, combine, kernel, scale, dropout_p, score_fn)
     sizes = v.shape[2:-1]
     T = sizes[causal_mode]
     for name, seq in (("q", q), ("k", k)):

@@ -186,6 +186,22 @@ def kronecker_attention(
     """
     fn = "kronecker_attention"
     _check_qkv(q, k, v, masks, fn)
+    check_kernel_args(fn, combine, kernel, scale, dropout_p, score_fn)
+    if kernel == "linear":
+        phi = feature_map or elu_feature_map
+        feats = [(phi(qi), phi(ki)) for qi, ki in zip(q, k)]
+        if feature_map is not None:  # negative features make the row normaliser cross 0: NaN / inf, silently
+            check_values(torch.stack([torch.stack([fq.min(), fk.min()]) for fq, fk in feats]).min() >= 0,
+                         f"{fn}: kernel='linear' needs finite `q` / `k` and a `feature_map` returning non-negative "
+                         f"features (e.g. elu(x) + 1, FAVOR+){DETAIL}", lambda: _feature_problem(q, k, feats))
+        return _linear_attention(feats, v, combine, masks, return_factors)
+    return _kronecker_attention(q, k, v, combine, scale, masks, dropout_p, return_factors, score_fn)
+
+
+def check_kernel_args(fn: str, combine, kernel, scale, dropout_p, score_fn) -> None:
+    """The argument checks shared by :func:`kronecker_attention` and
+    :func:`~hoformer.functional.causal_kronecker_attention`: ``combine``, ``kernel``, ``dropout_p``, ``scale`` and
+    the combinations the linear kernel and signed score kernels cannot take (``fn`` names the caller)."""
     if combine not in ("product", "sum"):
         raise ValueError(f"{fn}: `combine` must be 'product' or 'sum', got {combine!r}")
     if kernel not in ("softmax", "linear"):
@@ -202,14 +218,6 @@ def kronecker_attention(
             raise ValueError(f"{fn}: `scale` and `dropout_p` apply to softmax factors only; kernel='linear' may "
                              f"apply S_i by associativity without forming it (got scale={scale}, "
                              f"dropout_p={dropout_p})")
-        phi = feature_map or elu_feature_map
-        feats = [(phi(qi), phi(ki)) for qi, ki in zip(q, k)]
-        if feature_map is not None:  # negative features make the row normaliser cross 0: NaN / inf, silently
-            check_values(torch.stack([torch.stack([fq.min(), fk.min()]) for fq, fk in feats]).min() >= 0,
-                         f"{fn}: kernel='linear' needs finite `q` / `k` and a `feature_map` returning non-negative "
-                         f"features (e.g. elu(x) + 1, FAVOR+){DETAIL}", lambda: _feature_problem(q, k, feats))
-        return _linear_attention(feats, v, combine, masks, return_factors)
-    return _kronecker_attention(q, k, v, combine, scale, masks, dropout_p, return_factors, score_fn)
 
 
 def _kronecker_attention(q, k, v, combine: str, scale, masks, dropout_p: float, return_factors: bool, score_fn):

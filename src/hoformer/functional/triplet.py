@@ -113,14 +113,19 @@ def _check_inputs(q, k1, k2, v1, v2, mask, block_size, overlap, fn: str, names=(
         raise ValueError(f"{fn}: inputs are empty, got shape {tuple(q.shape)}")
     B, _, L, _ = q.shape
     _check_window_args(L, block_size, overlap, fn)
-    if mask is not None:
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-            got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
-            raise TypeError(f"{fn}: `mask` must be a bool tensor (B, L) with True = real token, got {got}")
-        if mask.shape != (B, L):
-            raise ValueError(f"{fn}: `mask` must have shape (B, L) = {(B, L)}, got {tuple(mask.shape)}")
-        mask = mask.to(q.device)
-    return mask
+    return _check_token_mask(mask, B, L, q.device, fn)
+
+
+def _check_token_mask(mask, B: int, L: int, device, fn: str):
+    """``mask`` (None, or a bool ``(B, L)`` tensor with True = real token) on ``device``; a clear error otherwise."""
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise TypeError(f"{fn}: `mask` must be a bool tensor (B, L) with True = real token, got {got}")
+    if mask.shape != (B, L):
+        raise ValueError(f"{fn}: `mask` must have shape (B, L) = {(B, L)}, got {tuple(mask.shape)}")
+    return mask.to(device)
 
 
 def _eager_cache(fn):
@@ -483,14 +488,7 @@ def _check_cross(o, block_size: int, mask, fn: str):
         raise ValueError(f"{fn}: `o` must have shape (B, H, L, D), non-empty, got {tuple(o.shape)}")
     B, H, L, D = o.shape
     _check_window_args(L, block_size, 0.0, fn)
-    if mask is not None:
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-            got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
-            raise TypeError(f"{fn}: `mask` must be a bool tensor (B, L) with True = real token, got {got}")
-        if mask.shape != (B, L):
-            raise ValueError(f"{fn}: `mask` must have shape (B, L) = {(B, L)}, got {tuple(mask.shape)}")
-        mask = mask.to(o.device)
-    return mask
+    return _check_token_mask(mask, B, L, o.device, fn)
 
 
 def _cross_weights(o, block_size: int, mask, scale):

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from hoformer._checks import check_int
@@ -88,6 +87,8 @@ class FullAttention(_CheckOnce, _Decoder, _QKV):
     ``rope_modes``: axial N-d RoPE on the flattened tokens (head dim split between those modes).
     """
 
+    record_kind = "full"
+
     def __init__(self, dim, num_heads=8, qk_norm=True, rope_modes=(), dropout=0.0, dim_head=None, attn_dropout=None,
                  bias=True, rope_theta=10000.0, num_modes=None, causal_mode=None):
         super().__init__(dim, num_heads, qk_norm, dropout, dim_head, bias=bias, attn_dropout=attn_dropout)
@@ -153,6 +154,8 @@ class AxialAttention(_CheckOnce, _Decoder, _QKV):
     ``causal_mode=c``: attention along ``c`` is lower-triangular (along the other modes a fibre stays at one index of
     ``c``, so either combine is causal), and :meth:`step` decodes along ``c``.
     """
+
+    record_kind = "axial"
 
     def __init__(self, dim, num_heads=8, qk_norm=True, rope_modes=(), dropout=0.0, dim_head=None,
                  combine="sum", num_modes=None, modes=None, attn_dropout=None, bias=True, rope_theta=10000.0,

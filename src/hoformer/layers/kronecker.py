@@ -185,6 +185,8 @@ class KroneckerAttention(_CheckOnce, _Decoder, RecordableAttention):
     implementation adds them unnormalised, which scales the output by ``k`` before the output projection.
     """
 
+    record_kind = "kronecker"
+
     def __init__(
         self,
         dim: int,

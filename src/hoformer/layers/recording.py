@@ -20,6 +20,10 @@ class RecordableAttention(nn.Module):
     """
 
     _sinks: tuple = ()
+    #: what the recorded maps are (:func:`hoformer.analysis.attention_maps` labels and plots them by it):
+    #: ``"kronecker"`` (one factor per mode, combined by the layer's ``combine``), ``"full"``, ``"axial"``,
+    #: ``"triplet"``, ``"block"``; ``None``: told apart by the maps' shapes
+    record_kind: str | None = None
 
     @property
     def _recording(self) -> bool:

@@ -169,6 +169,8 @@ class TripletAttention(_HeadsAttention):
     ``Q, K1, K2, V1, V2 = X W`` and output projection ``W_O``. ``block_size=None``: full 3D attention (one window
     spanning the sequence, cost ``O(L^3 d)``); ``cross_block=True`` adds eqs 5-7 (see :class:`HOBAttention`)."""
 
+    record_kind = "triplet"
+
     n_proj = 5
 
     def _local(self, xs, mask, want):
@@ -193,6 +195,8 @@ class HOBAttention(TripletAttention):
 class BlockAttention2D(_HeadsAttention):
     """Pairwise softmax attention inside the HOBA windows (same block size, overlap and cross-block routing);
     ``block_size=None``: standard full 2D multi-head attention (eq 1)."""
+
+    record_kind = "block"
 
     def _local(self, xs, mask, want):
         q, k, v = xs

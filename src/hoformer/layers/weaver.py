@@ -148,6 +148,9 @@ class KroneckerValenceAttention(RecordableAttention):
     (``k = ceil(rho_T * P)``, eqs 42-46), ``ratio_space`` that of the pooling over nodes that yields the temporal ones.
     """
 
+    record_kind = "kronecker"
+    combine = "product"  # Theta_T (x) Theta_S
+
     def __init__(self, num_nodes: int, dim: int, num_heads: int = 8, kernel: str = "tanimoto", num_scorers: int = 5,
                  ratio_space: float = 0.6, ratio_time: float = 0.6, kern_dim: int = 32, kern_layers: int = 3,
                  use_time: bool = True) -> None:

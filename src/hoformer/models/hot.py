@@ -34,12 +34,11 @@ __all__ = ["HOTModel", "HOTForecaster", "HOTVolumeClassifier", "HOTSegmenter", "
 #: :class:`~hoformer.layers.AxialAttention` along that mode only (for every fiber of the other mode)
 FORECAST_ATTENTIONS = {"spatial": 0, "temporal": 1}
 
-#: the names of :data:`hoformer.layers.ATTENTION_TYPES`, as a type (command-line help lists them; a test keeps the
-#: two equal)
-AttentionName = Literal["kronecker_product", "kronecker_sum", "kronecker_linear", "kronecker_tanimoto",
-                        "kronecker_cosine", "full", "axial", "axial_sequential", "divided"]
+#: the names of :data:`hoformer.layers.ATTENTION_TYPES`, as a type (command-line help and config validation list
+#: them), derived from the registry of layers
+AttentionName = Literal[tuple(ATTENTION_TYPES)]
 #: :data:`AttentionName` plus the forecaster's 1-mode baselines (:data:`FORECAST_ATTENTIONS`)
-ForecastAttentionName = Literal[AttentionName, "spatial", "temporal"]
+ForecastAttentionName = Literal[(*ATTENTION_TYPES, *FORECAST_ATTENTIONS)]
 PosEmbed = Literal["rope", "learned", "sincos", "none"]
 KroneckerPool = Literal["sum", "mean"]
 MlpKind = Literal["gelu", "swiglu"]
