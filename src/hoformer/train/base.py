@@ -81,8 +81,6 @@ class TaskModule(L.LightningModule):
     a subclass that overrides ``setup`` calls ``super().setup(stage)``.
     """
 
-    #: the task's defaults for ``optim`` (the subclasses' constructors use their own)
-    default_optim = Optimization()
     #: ``(metric, mode)`` the task's model selection uses (the CLI's best checkpoint); ``None``: the last epoch
     selection: tuple[str | None, str] = (None, "min")
     #: restore a checkpoint onto data other than its own (``hoformer test --allow_data_mismatch true``): warn instead
@@ -95,7 +93,7 @@ class TaskModule(L.LightningModule):
             raise TypeError(f"{type(self).__name__}: `model` must be a hoformer model (a HoformerModel such as "
                             "hoformer.models.create_model('hot_forecaster', ...)), got "
                             f"{type(model).__name__}")
-        optim = optim if optim is not None else self.default_optim
+        optim = optim if optim is not None else type(self).default_optim()
         if isinstance(optim, dict):
             optim = Optimization(**optim)
         if not isinstance(optim, Optimization):
@@ -105,6 +103,13 @@ class TaskModule(L.LightningModule):
         self.hparams["optim"] = dataclasses.asdict(optim)
         self.model, self.optim = model, optim
         self.example_input_array = _one_sample_input(self.model)
+
+    @classmethod
+    def default_optim(cls) -> Optimization:
+        """The task's ``optim`` when none is given: its constructor's default (written there only), else
+        ``Optimization()``."""
+        default = inspect.signature(cls.__init__).parameters["optim"].default
+        return default if isinstance(default, Optimization) else Optimization()
 
     @property
     def model_name(self) -> str:

@@ -141,7 +141,6 @@ class ForecastingTask(_HotTask):
     """
 
     selection = ("val/mae", "min")
-    default_optim = Optimization(lr=2e-4, weight_decay=0.1)  # when `optim` is None
 
     def __init__(
         self,
@@ -301,7 +300,6 @@ class ClassificationTask(ClassWeighting, _HotTask):
     selected on (the MedMNIST protocol: ``val/auc``; ``val/bacc`` for imbalanced classes)."""
 
     selection = ("val/auc", "max")
-    default_optim = Optimization(lr=2e-4, weight_decay=0.1)  # when `optim` is None
 
     def __init__(
         self,
@@ -362,7 +360,6 @@ class SegmentationTask(_HotTask):
     Logs ``{stage}/acc`` (pixel accuracy) and ``{stage}/miou``; ``ignore_index`` pixels are skipped."""
 
     selection = ("val/acc", "max")
-    default_optim = Optimization(lr=2e-4, weight_decay=0.1)  # when `optim` is None
 
     def __init__(
         self,

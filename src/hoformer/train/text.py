@@ -340,7 +340,6 @@ class TextClassificationTask(ClassWeighting, TaskModule):
     """
 
     selection = ("val/acc", "max")
-    default_optim = Optimization(lr=1e-3, weight_decay=0.01)  # when `optim` is None
 
     def __init__(
         self,

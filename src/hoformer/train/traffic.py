@@ -40,7 +40,6 @@ class TrafficForecastingTask(TaskModule):
     """
 
     selection = ("val/loss", "min")
-    default_optim = Optimization(lr=1e-3, weight_decay=0.0)  # when `optim` is None
 
     def __init__(self, model: HoformerModel, optim: Optimization | None = Optimization(lr=1e-3, weight_decay=0.0),
                  horizons: tuple[int, ...] = (3, 6, 12), use_time: bool = True) -> None:
