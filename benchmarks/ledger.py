@@ -16,34 +16,40 @@ from __future__ import annotations
 
 import re
 import statistics
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LEDGER = ROOT / "results" / "ledger.jsonl"
-sys.path.insert(0, str(ROOT / "src"))  # the hoformer of this checkout, whatever is installed
-from hoformer import results  # noqa: E402
+
+
+def _results():
+    """:mod:`hoformer.results`, imported when a line is read or written (a benchmark run against another tree's
+    hoformer, ``attention.py --against``, imports this module without it)."""
+    from hoformer import results
+
+    return results
 
 
 def read_ledger(path: Path = LEDGER) -> list[dict]:
-    return results.read_ledger(path)
+    return _results().read_ledger(path)
 
 
 def append_ledger(row: dict, path: Path = LEDGER) -> None:
-    results.append_ledger(row, path)
+    _results().append_ledger(row, path)
 
 
-hardware = results.hardware
+def hardware(device: str, threads: int) -> str:
+    return _results().hardware(device, threads)
 
 
 def commit() -> str:
     """The checked-out commit of this repository, ``+dirty`` when ``src/``, ``configs/`` or ``benchmarks/`` differ."""
-    return results.commit(ROOT)
+    return _results().commit(ROOT)
 
 
 def provenance(device: str, threads: int, command: str) -> dict:
     """The provenance fields of a line a benchmark script writes: hardware, torch, commit, date, command, record."""
-    return {**results.provenance(device, threads, command, "benchmark"), "commit": commit()}
+    return {**_results().provenance(device, threads, command, "benchmark"), "commit": commit()}
 
 
 def benchmark_line(experiment: str, model: str, split: str, metrics: dict, *, device: str, threads: int,

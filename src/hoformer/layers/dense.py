@@ -352,7 +352,6 @@ class DividedAttention(_CheckOnce, _Decoder, nn.Module):
         # attention along `first_mode` only: move it to mode 0, treat the others as fibers via axial on a 2-mode view
         xt = x.movedim(1 + fm, 1)
         b, n0 = xt.shape[:2]
-        rest_sizes = xt.shape[2:-1]
         x2 = xt.reshape(b, n0, -1, self.dim)  # (b, n0, prod(rest), d)
         q, k, v = self.first.qkv(x2)
         want = self.first._recording and cache is None
@@ -364,7 +363,7 @@ class DividedAttention(_CheckOnce, _Decoder, nn.Module):
         if nm == 1:  # no other modes: the joint stage attends along the same mode again (same masks)
             return t + self.rest._tokens(h, masks, cache, c, stage=1)
         # joint attention over the other modes, for every position of first_mode
-        hs = h.movedim(1 + fm, 1).reshape(b * n0, *rest_sizes, self.dim)
+        hs = h.movedim(1 + fm, 1).flatten(0, 1)  # (b * n0, *rest, d): the joint stage's batch
         # the joint stage's batch is (b, n0) flattened: a per-sample (B, H|1, n, n) mask follows its sample to
         # the n0 rows b * n0 .. b * n0 + n0 - 1
         rest_masks = [m.repeat_interleave(n0, 0) if m is not None and m.ndim == 4 and m.shape[0] > 1 else m
@@ -372,4 +371,4 @@ class DividedAttention(_CheckOnce, _Decoder, nn.Module):
         decode = c is not None and c != fm
         s = self.rest._tokens(hs, rest_masks, cache if decode else None, c - (c > fm) if decode else None,
                               record=cache is None)
-        return t + s.view(b, n0, *rest_sizes, self.dim).movedim(1, 1 + fm)
+        return t + s.unflatten(0, (b, n0)).movedim(1, 1 + fm)

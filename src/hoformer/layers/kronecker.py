@@ -11,6 +11,7 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 from torch import nn
 
 from hoformer._checks import check_int
@@ -258,7 +259,7 @@ class KroneckerAttention(_CheckOnce, _Decoder, RecordableAttention):
         of the pooled input equals the sum-pool of the projected tokens, as in the reference implementation."""
         proj = self.to_qk[i]
         qk = proj(pooled) if proj.bias is None else F.linear(pooled, proj.weight) + proj.bias * count
-        q, k = qk.view(*qk.shape[:-1], 2, self.heads, self.dim_head).movedim(-3, 0).movedim(-2, 2).unbind(0)
+        q, k = rearrange(qk, "b ... (two h e) -> two b h ... e", two=2, h=self.heads).unbind(0)
         q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary is not None and i in self.rope_modes:
             q, k = self.rotary(q, positions), self.rotary(k, positions)
@@ -307,7 +308,7 @@ class KroneckerAttention(_CheckOnce, _Decoder, RecordableAttention):
         c, nm = self.causal_mode, x.ndim - 2
         order = [c] + [i for i in range(nm) if i != c]
         xp = x.movedim(1 + c, 1)
-        b, T, rest = xp.shape[0], xp.shape[1], tuple(xp.shape[2:-1])
+        T, rest = xp.shape[1], tuple(xp.shape[2:-1])
         pc, pools = self._causal_pools(xp)
         if self.pool == "mean":
             steps = torch.arange(1, T + 1, device=x.device, dtype=x.dtype).view(1, T, 1, 1)
@@ -315,7 +316,7 @@ class KroneckerAttention(_CheckOnce, _Decoder, RecordableAttention):
         else:
             prefix = [p.cumsum(1) for p in pools]
         qs, ks = self._causal_qk(pc, prefix, order, 0, rest)
-        v = self.to_v(xp).view(b, T, *rest, self.heads, self.dim_head).movedim(-2, 1)
+        v = rearrange(self.to_v(xp), "b t ... (h e) -> b h t ... e", h=self.heads)
         linear, log_scale = self.kernel == "linear", None
         if linear:
             self.favor.step()
@@ -329,7 +330,7 @@ class KroneckerAttention(_CheckOnce, _Decoder, RecordableAttention):
             masks=None if masks is None else [masks[i] for i in order],
             dropout_p=self.attn_dropout if self.training and not linear else 0.0, want_factors=want_maps,
             score_fn=self.score_fn, key_log_scale=log_scale)
-        y = self.to_out(y.movedim(1, -2).reshape(b, T, *rest, -1)).movedim(1, 1 + c)
+        y = self.to_out(rearrange(y, "b h t ... e -> b t ... (h e)")).movedim(1, 1 + c)  # the causal mode back
         if maps is not None:
             maps = [maps[order.index(i)] for i in range(nm)]
         return y, maps
@@ -354,14 +355,14 @@ class KroneckerAttention(_CheckOnce, _Decoder, RecordableAttention):
         self._ensure_modes(nm)
         order = [c] + [i for i in range(nm) if i != c]
         xp = x.movedim(1 + c, 1)
-        b, rest = xp.shape[0], tuple(xp.shape[2:-1])
+        rest = tuple(xp.shape[2:-1])
         t = cache.steps
         pc, pools = self._causal_pools(xp)
         cache.pools = [p[:, 0] if t == 0 else acc + p[:, 0] for acc, p in
                        zip(cache.pools if t else pools, pools)]
         prefix = [(acc / (t + 1) if self.pool == "mean" else acc).unsqueeze(1) for acc in cache.pools]
         qs, ks = self._causal_qk(pc, prefix, order, t, rest)
-        v = self.to_v(xp).view(b, 1, *rest, self.heads, self.dim_head).movedim(-2, 1).reshape(b, self.heads, 1, -1)
+        v = rearrange(self.to_v(xp), "b t ... (h e) -> b h t (... e)", h=self.heads)
         linear, log_scale = self.kernel == "linear", None
         if linear:  # the causal mode's key features do not depend on each other: cached with their log-scales
             qs = [self.favor(q, is_query=True) for q in qs]
@@ -380,7 +381,7 @@ class KroneckerAttention(_CheckOnce, _Decoder, RecordableAttention):
                            combine=self.combine, kernel="linear" if linear else "softmax", scale=None, dropout_p=0.0,
                            want_factors=False, score_fn=self.score_fn)
         cache.advance()
-        return self.to_out(y.to(x.dtype).movedim(1, -2).reshape(b, 1, *rest, -1)).movedim(1, 1 + c)
+        return self.to_out(rearrange(y.to(x.dtype), "b h t ... e -> b t ... (h e)")).movedim(1, 1 + c)
 
     def _weight(self) -> torch.Tensor:
         return self.to_v.weight
@@ -388,7 +389,6 @@ class KroneckerAttention(_CheckOnce, _Decoder, RecordableAttention):
     def forward(self, x: torch.Tensor, masks=None) -> torch.Tensor:
         given, masks = masks, self._entry(x, masks)
         self._ensure_modes(x.ndim - 2)
-        b, sizes = x.shape[0], tuple(x.shape[1:-1])
         want_maps = self._recording
         if self.causal_mode is not None:
             y, maps = self._causal_forward(x, masks, want_maps)
@@ -398,7 +398,7 @@ class KroneckerAttention(_CheckOnce, _Decoder, RecordableAttention):
         qs, ks = self.mode_qk(x)
         # values as a (b, h, n1..nk, e) *view* of the (b, n.., h*e) projection; kron_apply / kron_sum_apply keep that
         # memory layout, so merging the heads before to_out is a view too
-        v = self.to_v(x).view(b, *sizes, self.heads, self.dim_head).movedim(-2, 1)
+        v = rearrange(self.to_v(x), "b ... (h e) -> b h ... e", h=self.heads)
         if self.kernel == "linear":
             self.favor.step()
             phi_q = [self.favor(q, is_query=True) for q in qs]
@@ -410,4 +410,4 @@ class KroneckerAttention(_CheckOnce, _Decoder, RecordableAttention):
                                            self.attn_dropout if self.training else 0.0, True, self.score_fn)
         if want_maps:
             self._maybe_record(maps)
-        return self._exit(self.to_out(y.movedim(1, -2).reshape(b, *sizes, -1)), x, given)
+        return self._exit(self.to_out(rearrange(y, "b h ... e -> b ... (h e)")), x, given)
