@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import torch
 
@@ -19,6 +18,7 @@ from hoformer.functional import products as products_module
 from hoformer.layers import KroneckerAttention
 
 import ledger  # benchmarks/: a script's own folder is first on sys.path
+import timing
 from attention import PaperKronecker
 
 MiB = 2**20
@@ -35,14 +35,8 @@ def measure(fn, device: torch.device, reps: int) -> tuple[float, float]:
     fn()
     torch.cuda.synchronize(device)
     peak = (torch.cuda.max_memory_allocated(device) - base) / MiB
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[reps // 2] * 1e3, peak
+    times = sorted(timing.time_call(fn, device) for _ in range(reps))
+    return times[reps // 2] * 1e3, peak
 
 
 def ledger_entry(shape: tuple, batch: int, combine: str, res: dict, chunk_mib: int, device: str, reps: int) -> dict:

@@ -33,7 +33,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from unittest import mock
 
 import torch
@@ -46,6 +45,7 @@ from hoformer.functional import kronecker_attention
 from hoformer.layers import AxialAttention, FullAttention, KroneckerAttention
 
 import ledger  # benchmarks/ledger.py: a script's own folder is first on sys.path
+import timing
 
 SHAPES = [((21, 24), 128, 8), ((7, 7, 7), 128, 8), ((32, 32), 128, 8), ((16, 16, 16), 64, 4)]
 
@@ -93,29 +93,6 @@ class AssociativeLinear(nn.Module):
     def forward(self, x):
         with mock.patch.object(kronecker_module, "forms_linear_factor", lambda n, f, p: False):
             return self.inner(x)
-
-
-def _time_once(fn, device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - t0
-
-
-def interleaved_times(fns: dict, device, reps: int, warmup: int = 1) -> dict:
-    """Minimum wall time of every callable, timed round-robin (one call of each per round), so that load changes on
-    a shared machine hit all variants alike and the ratios stay meaningful."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    best = {name: float("inf") for name in fns}
-    for _ in range(reps):
-        for name, fn in fns.items():
-            best[name] = min(best[name], _time_once(fn, device))
-    return best
 
 
 def matmul_fn(device, dtype):
@@ -204,7 +181,7 @@ def ab_worker(batch: int) -> None:
             clear()  # else the last call's gradients are freed inside the measured call
             print(_cpu_peak_bytes(step), flush=True)
         else:
-            print(_time_once(step, torch.device("cpu")), flush=True)
+            print(timing.time_call(step, torch.device("cpu")), flush=True)
 
 
 def ab_compare(against: str, batch: int, reps: int, variants=None, accelerator_chunks: bool = False) -> None:
@@ -334,7 +311,7 @@ def main():
                 mod(x).backward(gy)
 
             steps[name], clears[name] = step, clear
-        times = interleaved_times(steps, device, args.reps)
+        times = timing.interleaved_times(steps, device, args.reps)
         # FLOPs are linear in the batch: counted on one sample and scaled, since the counter runs SDPA through its
         # math decomposition, which would hold full attention's B x H x N x N scores (~25 GiB at 16^3, B=32)
         x1, gy1 = x[:1].detach().requires_grad_(), gy[:1]
@@ -391,7 +368,7 @@ def core_throughput(args, device, dtype, mm, mm_flops, mm_desc) -> list[dict]:
             kronecker_attention(qs, ks, v, combine=combine).backward(gv)
 
         cores[combine] = core
-    times = interleaved_times(cores, device, args.reps)  # the peak is timed in the same rounds as the core
+    times = timing.interleaved_times(cores, device, args.reps)  # the peak is timed in the same rounds as the core
     peak = mm_flops / times["matmul"] / 1e9
     print(f"measured matmul peak: {peak:.1f} GFLOP/s ({mm_desc}, same rounds as the core)")
     for combine in ("product", "sum"):

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +28,7 @@ from hoformer.models import create_model
 from hoformer.train import CompileModel
 
 import ledger  # benchmarks/ledger.py: a script's own folder is first on sys.path
+import timing
 
 # name -> (model kwargs, batch size), the sizes of the committed paper configs
 CASES = {
@@ -52,11 +52,6 @@ def _loss(out: torch.Tensor) -> torch.Tensor:
     if out.ndim == 2:  # classifier logits (B, K); forecasts are (B, pred_len, C)
         return F.cross_entropy(out, torch.zeros(out.shape[0], dtype=torch.long, device=out.device))
     return out.float().pow(2).mean()
-
-
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def variant(a: argparse.Namespace) -> str:
@@ -120,24 +115,11 @@ def main(argv=None) -> None:
             opts[m].step()
 
         step(eager)
-        _sync(device)
-        t0 = time.perf_counter()
-        step(eager)
-        _sync(device)
-        t_eager_one = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        step(compiled)  # compiles forward and backward
-        step(compiled)  # a recompile for the second call's guards, if any
-        _sync(device)
-        t_compile = time.perf_counter() - t0 - 2 * t_eager_one
-        best = {"eager": float("inf"), "compiled": float("inf")}
-        for _ in range(a.reps):
-            for key, m in (("eager", eager), ("compiled", compiled)):
-                _sync(device)
-                t0 = time.perf_counter()
-                step(m)
-                _sync(device)
-                best[key] = min(best[key], time.perf_counter() - t0)
+        t_eager_one = timing.time_call(lambda: step(eager), device)
+        # compiles forward and backward, and recompiles for the second call's guards, if any
+        t_compile = timing.time_call(lambda: (step(compiled), step(compiled)), device) - 2 * t_eager_one
+        best = timing.interleaved_times({"eager": lambda: step(eager), "compiled": lambda: step(compiled)}, device,
+                                        a.reps, warmup=0)
         print(f"| {name} | {best['eager'] * 1e3:.1f} | {best['compiled'] * 1e3:.1f} | "
               f"**{best['compiled'] / best['eager']:.2f}** | {max(t_compile, 0.0):.0f} |", flush=True)
         results.append({"model": name, "batch": batch, "eager_ms": best["eager"] * 1e3,

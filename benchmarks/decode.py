@@ -20,29 +20,16 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 
 import torch
 
 from hoformer.layers import Encoder
 
 import ledger  # benchmarks/ledger.py: a script's own folder is first on sys.path
+import timing
 
 VARIANTS = {"product": "kronecker_product", "sum": "kronecker_sum", "linear": "kronecker_linear", "full": "full",
             "axial": "axial", "axial_sequential": "axial_sequential", "divided": "divided"}
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def _timed(fn, device: str) -> float:
-    _sync(device)
-    t0 = time.perf_counter()
-    fn()
-    _sync(device)
-    return time.perf_counter() - t0
 
 
 def run(args) -> list[dict]:
@@ -67,12 +54,12 @@ def run(args) -> list[dict]:
             for _ in range(args.steps):  # round-robin: each variant's i-th step right after the others'
                 for variant, enc in encoders.items():
                     per_step[variant].append(
-                        _timed(lambda: enc.step(x[:, done : done + 1], caches[variant]), args.device))
+                        timing.time_call(lambda: enc.step(x[:, done : done + 1], caches[variant]), args.device))
                 done += 1
             full = {v: [] for v in encoders}
             for _ in range(args.reps):
                 for variant, enc in encoders.items():
-                    full[variant].append(_timed(lambda: enc(x[:, : p + 1]), args.device))
+                    full[variant].append(timing.time_call(lambda: enc(x[:, : p + 1]), args.device))
             for variant in encoders:
                 step, med, fwd = min(per_step[variant]), statistics.median(per_step[variant]), min(full[variant])
                 rows.append({"variant": variant, "past": p, "step_ms": 1e3 * step, "step_median_ms": 1e3 * med,

@@ -23,13 +23,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 from hoformer.export import export_model
 from hoformer.models import create_model
+
+import timing  # benchmarks/: a script's own folder is first on sys.path
 
 MODELS = {
     "hot_forecaster": dict(seq_len=96, pred_len=96, num_variates=7),
@@ -48,26 +49,26 @@ def _runners(name: str, model, args, kwargs, runtimes, tmp: Path, threads: int):
 
         dynamo.reset()
         compiled = torch.compile(model, fullgraph=True)
-        t = time.perf_counter()
         with torch.inference_mode():
-            compiled(*args, **kwargs)
-        out["compile"] = (lambda a, k: compiled(*a, **k), time.perf_counter() - t)
+            setup = timing.time_call(lambda: compiled(*args, **kwargs))  # the first call compiles
+        out["compile"] = (lambda a, k: compiled(*a, **k), setup)
     if "onnx" in runtimes:
         import onnxruntime as ort
         from torch.utils._pytree import tree_leaves
 
-        t = time.perf_counter()
-        path = export_model(model, tmp / f"{name}.onnx", verify=False)
         opts = ort.SessionOptions()
         opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-        sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        sessions = []
+        setup = timing.time_call(lambda: sessions.append(ort.InferenceSession(
+            str(export_model(model, tmp / f"{name}.onnx", verify=False)), opts, providers=["CPUExecutionProvider"])))
+        sess = sessions[0]
         names = [i.name for i in sess.get_inputs()]
 
         def run(a, k):
             feeds = [x for x in tree_leaves((a, k)) if isinstance(x, torch.Tensor)]
             return torch.from_numpy(sess.run(None, {n: x.numpy() for n, x in zip(names, feeds)})[0])
 
-        out["onnx"] = (run, time.perf_counter() - t)
+        out["onnx"] = (run, setup)
     return out
 
 
@@ -102,9 +103,7 @@ def main(argv=None) -> None:
                             fn(args, kwargs)
                     for _ in range(a.reps):
                         for r, (fn, _) in runners.items():
-                            t = time.perf_counter()
-                            fn(args, kwargs)
-                            times[r].append(time.perf_counter() - t)
+                            times[r].append(timing.time_call(lambda fn=fn: fn(args, kwargs)))  # noqa: B023 (called at once)
                 cells = " ".join(f"{statistics.median(times[r]) * 1e3:>10.2f}" for r in a.runtimes)
                 print(f"{name:>22} {b:>5} {cells}   {', '.join(notes)}", flush=True)
 

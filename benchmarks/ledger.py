@@ -49,7 +49,7 @@ def commit() -> str:
 
 def provenance(device: str, threads: int, command: str) -> dict:
     """The provenance fields of a line a benchmark script writes: hardware, torch, commit, date, command, record."""
-    return {**_results().provenance(device, threads, command, "benchmark"), "commit": commit()}
+    return _results().provenance(device, threads, command, "benchmark", machine=hardware(device, threads), at=commit())
 
 
 def benchmark_line(experiment: str, model: str, split: str, metrics: dict, *, device: str, threads: int,

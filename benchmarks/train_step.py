@@ -40,6 +40,7 @@ from hoformer.train.optim import configure_optimization
 
 import attention as attention_bench  # benchmarks/: a script's own folder is first on sys.path
 import ledger
+import timing
 
 
 _LTSF = dict(seq_len=96, pred_len=96, dim=128, depth=2, num_heads=8, patch_size=4, dropout=0.1)
@@ -141,7 +142,7 @@ def ceiling_case(case: str, step, device, a, batch: int) -> dict:
     if device.type == "cuda":
         ceilings["bf16"] = attention_bench.matmul_fn(device, torch.bfloat16)
     fns = {"step": step, **{f"mm {k}": v[0] for k, v in ceilings.items()}}
-    best = attention_bench.interleaved_times(fns, device, a.reps, warmup=1)
+    best = timing.interleaved_times(fns, device, a.reps, warmup=1)
     step_s = best["step"]
     peak = {k: v[1] / best[f"mm {k}"] / 1e9 for k, v in ceilings.items()}
     ceiling = peak["bf16" if a.precision == "bf16" and "bf16" in peak else "fp32"]
@@ -156,7 +157,7 @@ def ceiling_case(case: str, step, device, a, batch: int) -> dict:
     prec = "bf16" if a.precision == "bf16" else "fp32"
     return dict(experiment=f"bench/train_step/{case}/ceiling{ledger.device_suffix(str(device), prec)}",
                 model=CASES[case][0], split=f"training step, B={batch}, {prec}", metrics=m, case=case,
-                top_ops=[list(o) for o in ops], epochs=a.epochs,
+                top_ops=[list(o) for o in ops], projected_epochs=a.epochs,
                 note=f"minimum of {a.reps} round-robin rounds of the step and of the matmul ceiling "
                      f"({ceilings['fp32'][2]} fp32{' and bf16' if 'bf16' in peak else ''}), measured in the same "
                      "process; FLOPs counted by torch.utils.flop_counter.FlopCounterMode; top_ops: shares of self "
@@ -186,7 +187,7 @@ def paper_cases(case: str, ours, args, kwargs, device, a, batch: int) -> list[di
             step()
             torch.cuda.synchronize()
             peak[key] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
-    best = attention_bench.interleaved_times(steps, device, a.reps, warmup=0)
+    best = timing.interleaved_times(steps, device, a.reps, warmup=0)
     entries = []
     for variant in dict.fromkeys(k[0] for k in steps):
         o, q = best[(variant, "hoformer")], best[(variant, "paper")]

@@ -42,6 +42,7 @@ from hoformer.functional.triplet import (
 )
 
 import ledger  # benchmarks/ledger.py: a script's own folder is first on sys.path
+import timing
 
 
 # --------------------------------------------------------------------------------------------- candidates
@@ -75,36 +76,14 @@ def _step(name, x, args):
         t.grad = None
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def time_candidates(names, B, H, L, D, args) -> dict[str, float]:
     """Best wall-clock seconds per candidate; on CPU the process CPU time (``time.process_time``, robust to other
     processes sharing the cores) is used instead of wall time when ``--clock cpu`` (default on CPU)."""
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    clock = time.process_time if (device.type == "cpu" and args.clock == "cpu") else time.perf_counter
+    clock = time.process_time if (device.type == "cpu" and args.clock == "cpu") else None
     xs = {n: _inputs(CANDIDATES[n][0], B, H, L, D, device, dtype) for n in names}
-    best = {n: float("inf") for n in names}
-    for n in names:  # warm-up
-        _step(n, xs[n], args)
-    for _ in range(args.repeats):
-        for n in names:
-            _sync(device)
-            t0 = clock()
-            _step(n, xs[n], args)
-            _sync(device)
-            best[n] = min(best[n], clock() - t0)
-    return best
-
-
-def _status(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{key} not in /proc/self/status")
+    steps = {n: (lambda n=n: _step(n, xs[n], args)) for n in names}
+    return timing.interleaved_times(steps, device, args.repeats, warmup=1, clock=clock)
 
 
 def memory_child(name, B, H, L, D, args) -> dict[str, float]:
@@ -130,9 +109,7 @@ def memory_child(name, B, H, L, D, args) -> dict[str, float]:
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        base = _status("VmRSS:")
+        base = timing.reset_peak_rss()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = CANDIDATES[name][1](x, args)
     out.sum().backward()
@@ -140,7 +117,7 @@ def memory_child(name, B, H, L, D, args) -> dict[str, float]:
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
     else:
-        peak = _status("VmHWM:") - base
+        peak = timing.proc_status_bytes("VmHWM:") - base
     input_bytes = sum(t.numel() * t.element_size() for t in x)
     return {"peak_mib": peak / 2**20, "saved_mib": sum(saved.values()) / 2**20, "inputs_mib": input_bytes / 2**20}
 

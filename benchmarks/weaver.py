@@ -23,19 +23,11 @@ import json
 import multiprocessing as mp
 import os
 import sys
-import time
 
 import torch
 
 import ledger  # benchmarks/ledger.py: a script's own folder is first on sys.path
-
-
-def _vm(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
-    return 0
+import timing
 
 
 def _kmv_job(args) -> dict:
@@ -51,22 +43,15 @@ def _kmv_job(args) -> dict:
     u = torch.randn(b, h, p, n, d, generator=g).to(device)
     cuda = device.startswith("cuda")
 
-    def sync():
-        if cuda:
-            torch.cuda.synchronize()
-
     def run():
         if method == "kmv":
             return p2_kmv(tt, ts, u), 0.0
         outs, t_apply = [], 0.0
         for s in range(0, b, chunk):
-            big = kron_dense([tt[s:s + chunk], ts[s:s + chunk]])  # (c, h, PN, PN)
-            sync()
-            t0 = time.perf_counter()
-            outs.append((big @ u[s:s + chunk].reshape(big.shape[0], h, p * n, d)).view(-1, h, p, n, d))
-            sync()
-            t_apply += time.perf_counter() - t0
-            del big
+            big = [kron_dense([tt[s:s + chunk], ts[s:s + chunk]])]  # (c, h, PN, PN), freed after its chunk
+            t_apply += timing.time_call(lambda: big.append(big[0] @ u[s:s + chunk].reshape(big[0].shape[0], h, p * n,
+                                                                                            d)), device)
+            outs.append(big.pop().view(-1, h, p, n, d))
         return torch.cat(outs), t_apply
 
     out, _ = run()  # warm-up
@@ -77,19 +62,13 @@ def _kmv_job(args) -> dict:
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
-        with open("/proc/self/clear_refs", "w") as f:  # reset VmHWM to the current RSS
-            f.write("5")
-        base = _vm("VmRSS")
+        base = timing.reset_peak_rss()
     times, applies = [], []
     for _ in range(reps):
-        sync()
-        t0 = time.perf_counter()
-        out, t_apply = run()
-        sync()
-        times.append(time.perf_counter() - t0)
-        applies.append(t_apply)
-        del out
-    peak = (torch.cuda.max_memory_allocated() if cuda else _vm("VmHWM")) - base
+        result = []
+        times.append(timing.time_call(lambda: result.append(run()), device))
+        applies.append(result.pop()[1])
+    peak = (torch.cuda.max_memory_allocated() if cuda else timing.proc_status_bytes("VmHWM:")) - base
     return {"method": method, "seconds": min(times), "apply_seconds": min(applies), "peak_bytes": peak,
             "max_abs_err_vs_kmv": err}
 
@@ -105,19 +84,14 @@ def _step_job(args) -> dict:
     x, kwargs = x.to(device), {k: v.to(device) for k, v in kwargs.items()}
     y = torch.randn_like(x)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    times = []
-    for i in range(reps + 1):
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
+    def step():
         loss = masked_mae(model(x, **kwargs), y, kwargs["mask"])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        if i:  # first step is warm-up
-            times.append(time.perf_counter() - t0)
+
+    step()  # warm-up
+    times = [timing.time_call(step, device) for _ in range(reps)]
     return {"model": name, "kwargs": kw, "params": sum(p.numel() for p in model.parameters()),
             "step_seconds": min(times)}
 

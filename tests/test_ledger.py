@@ -6,6 +6,8 @@ import copy
 import re
 from pathlib import Path
 
+import pytest
+
 from _bench import load_benchmark
 
 REPO = Path(__file__).resolve().parents[1]
@@ -127,11 +129,21 @@ def test_train_step_benchmark_runs_and_writes_its_lines(tmp_path, capsys):
     path = tmp_path / "ledger.jsonl"
     argv = ["--cases", "etth1", "--reps", "1", "--modes", "--batch", "2", "--ledger", str(path)]
     assert train_step.main(argv) == 0
-    assert "| etth1 | eager |" in capsys.readouterr().out
-    (row,) = ledger.read_ledger(path)
+    out = capsys.readouterr().out
+    assert "| etth1 | eager |" in out and "| etth1 |" in out.split("| case | ms/step |")[1]
+    ceiling, row = ledger.read_ledger(path)
     assert row["experiment"] == "bench/train_step/etth1/eager" and row["model"] == "hot_forecaster"
     assert row["command"] == "python benchmarks/train_step.py --cases etth1 --reps 1 --modes --batch 2"
     assert row["metrics"]["hoformer_ms"] > 0 and row["metrics"]["paper_ms"] > 0
+    # the ceiling line: counted FLOPs, their rate against the matmul ceiling measured in the same process, the top
+    # operators and the projected run
+    m = ceiling["metrics"]
+    assert ceiling["experiment"] == "bench/train_step/etth1/ceiling" and ceiling["projected_epochs"] == 12
+    assert m["gflop"] > 0 and m["ceiling_gflops_fp32"] > 0 and m["steps_per_epoch"] == 265
+    assert m["gflops"] == pytest.approx(m["gflop"] / (m["step_ms"] / 1e3), rel=0.02)
+    assert m["fraction_of_ceiling"] == pytest.approx(m["gflops"] / m["ceiling_gflops_fp32"], rel=0.02)
+    assert m["projected_run_h"] == pytest.approx(m["step_ms"] / 1e3 * 265 * 12 / 3600, rel=0.02)
+    assert ceiling["top_ops"] and all(0 < share <= 1 for _, share in ceiling["top_ops"])
 
 
 # ------------------------------------------------------------------------------------------- analysis.md

@@ -117,11 +117,14 @@ def commit(root: str | Path | None = None) -> str:
     return sha + ("+dirty" if git("status", "--porcelain", "--", "src", "configs", "benchmarks") else "")
 
 
-def provenance(device: str, threads: int, command: str, record: str) -> dict:
-    """The provenance fields of a line: hardware, torch version, commit, date, command and ``record``."""
+def provenance(device: str, threads: int, command: str, record: str, *, machine: str | None = None,
+               at: str | None = None) -> dict:
+    """The provenance fields of a line: hardware (``machine``, default :func:`hardware`), torch version, commit
+    (``at``, default :func:`commit`), date, command and ``record``."""
     import torch
 
     if record not in RECORDS:
         raise ValueError(f"provenance: `record` must be one of {list(RECORDS)}, got {record!r}")
-    return {"hardware": hardware(device, threads), "torch": torch.__version__.split("+")[0], "commit": commit(),
+    return {"hardware": machine if machine is not None else hardware(device, threads),
+            "torch": torch.__version__.split("+")[0], "commit": at if at is not None else commit(),
             "date": dt.date.today().isoformat(), "command": command, "record": record}
