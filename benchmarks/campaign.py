@@ -10,7 +10,8 @@ unfinished ones exactly, and record every finished run as one line of the result
 * **Priority list** (:func:`paper_plan`, first to last): HOT Weather 96->{96,192,336,720} product, sum and the spatial
   baseline; ETTh1 at paper size; AdrenalMNIST3D with the paper's Table 6 search (patch, dropout, weight decay); the
   other MedMNIST3D sets present in the data folder; the rest of the paper grid (``benchmarks/paper_configs.py``; the
-  HOBA students, which need their teacher's run first, are run with ``benchmarks/hoba_students.py``).
+  HOBA students, which need their teacher's run first, are recorded with ``benchmarks/hoba_students.py --ledger``).
+  ``--plan etth1_tuned``: the tuned ETTh1 configurations for three seeds; ``--plan losloop``: the Los-loop models.
   Each experiment is a ``paper_configs.py`` experiment: the paper's model, optimiser and 100 epochs, the
   best-validation checkpoint tested. On a CPU (:func:`cpu_plan`) the same paper-size ETTh1 models (96->{96, 720, 192,
   336}, HOT product and the spatial baseline) stop early on the validation MAE (patience 10, recorded in the
