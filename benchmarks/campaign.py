@@ -501,7 +501,7 @@ class Campaign:
             return "failed"
         state.test_s = round(time.time() - t1, 1)
         row = self.ledger_row(exp, root, state)
-        if exp.name in {r["experiment"] for r in read_ledger(self.ledger)}:
+        if self.ledger.exists() and exp.name in {r["experiment"] for r in read_ledger(self.ledger)}:
             self.log(f"  {exp.name}: already in {self.ledger} (another campaign recorded it); no second line")
         else:
             append_ledger(row, self.ledger)
@@ -705,7 +705,8 @@ def _select(ap: argparse.ArgumentParser, plan: list[Experiment], patterns: list[
     return [e for e in plan if not patterns or any(fnmatch.fnmatchcase(e.name, p) for p in patterns)]
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, runner=None) -> int:
+    """The command line; ``runner`` starts one ``hoformer`` command (default :func:`run_cli`, a process each)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--budget-min", type=float, default=9.0, help="wall-clock budget of this call, minutes")
@@ -738,13 +739,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{_status(e, a.out, done):12s} {e.name}")
             return 0
         with OutLock(a.out):
-            return _campaign(a, plan, history)
+            return _campaign(a, plan, history, runner or run_cli)
     except (LedgerError, CampaignError) as e:
         print(f"campaign.py: error: {e}", file=sys.stderr)
         return 2
 
 
-def _campaign(a: argparse.Namespace, plan: list[Experiment], history: list[dict]) -> int:
+def _campaign(a: argparse.Namespace, plan: list[Experiment], history: list[dict], runner) -> int:
     cuda = a.device.startswith("cuda")
     parallel = a.parallel or (4 if cuda else 2)
     threads = a.threads or (4 if cuda else max(1, (os.cpu_count() or 1) // parallel))
@@ -756,7 +757,7 @@ def _campaign(a: argparse.Namespace, plan: list[Experiment], history: list[dict]
     step_s: dict[str, dict] = {}
     if a.dry_run:  # smoke-test what could be planned (at most 2 x parallel runs deep), then plan with its timings
         for e in pending[: 2 * parallel]:
-            r = smoke_test(e, a.out, threads)
+            r = smoke_test(e, a.out, threads, runner)
             step_s[e.name] = r
             print(f"smoke test {e.name}: " + (f"ok, {r['step_s'] * 1000:.0f} ms/step on the CPU, "
                                               f"{r['train_batches']} steps/epoch ({r['seconds']} s)"
@@ -788,7 +789,7 @@ def _campaign(a: argparse.Namespace, plan: list[Experiment], history: list[dict]
         return 1 if failed else 0
 
     deadline = t_start + budget_s
-    camp = Campaign(a.out, a.ledger, a.device, threads, deadline)
+    camp = Campaign(a.out, a.ledger, a.device, threads, deadline, runner=runner)
     queue = list(pending)
     results: dict[str, str] = {}
     qlock = threading.Lock()

@@ -111,7 +111,8 @@ def check_line(row: Any, where: str) -> dict:
     if not isinstance(row, dict):
         raise LedgerError(f"{where}: a ledger line must be a JSON object, got a JSON {type(row).__name__}")
     name = row.get("experiment", "?")
-    if row.get("record", "campaign") == "campaign" or _LEGACY.fullmatch(str(row.get("record"))):
+    if row.get("record") == "campaign" or _LEGACY.fullmatch(str(row.get("record"))) or (
+            "record" not in row and all(k in row for k in REQUIRED if k != "record")):
         raise LedgerError(f"{where}: the line of {name!r} is in the first ledger format (record "
                           f"{row.get('record', '(absent)')!r}); `python -m hoformer.results migrate FILE` rewrites it")
     for k in REQUIRED + REQUIRED_BY.get(row.get("record"), ()):
