@@ -25,8 +25,13 @@ unfinished ones exactly, and record every finished run as one line of the result
   epoch is kept.
 * **Output**: run folders ``<--out>/<experiment>`` (checkpoints, logs, ``campaign.json`` with the wall time of every
   attempt) and, for each run that finished, one JSON line appended to ``--ledger`` (default
-  ``results/ledger.jsonl``): experiment, task, dataset, model, horizon, test metrics, seed, epochs run, best epoch,
-  stopping rule, wall time, hardware, torch version, commit, scale and the exact command.
+  ``results/ledger.jsonl``, which must exist unless ``--new-ledger``; ``hoformer.results`` checks the line):
+  experiment, task, dataset, model, horizon, test metrics, seed, epochs run, best epoch, the stopping rule read from
+  the run's saved ``config.yaml``, fit and test wall time (``fit_s``, ``test_s``), hardware, torch version, commit,
+  scale and the exact ``hoformer fit`` and ``hoformer test`` commands (``record: run``).
+* **One campaign per output folder** (``<out>/.campaign.lock``: pid and host; a stale lock is taken over with a
+  note). **SIGTERM / SIGINT** are passed on to the running fits (they end their batch; the last complete epoch's
+  checkpoint stays), the attempts are recorded, and the campaign exits with 128 + the signal's number.
 
 Run it from the repository root (the configs are relative paths); the hoformer it imports is the one the runs use:
 do not edit ``src/`` under a running campaign (use a ``git worktree`` and ``PYTHONPATH=<worktree>/src``).
@@ -34,6 +39,7 @@ do not edit ``src/`` under a running campaign (use a ``git worktree`` and ``PYTH
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime as dt
 import difflib
@@ -738,8 +744,9 @@ def main(argv: list[str] | None = None, runner=None) -> int:
             for e in plan:
                 print(f"{_status(e, a.out, done):12s} {e.name}")
             return 0
-        with OutLock(a.out):
-            return _campaign(a, plan, history, runner or run_cli)
+        with OutLock(a.out), _forward_signals():
+            rc = _campaign(a, plan, history, runner or run_cli)
+        return 128 + getattr(signal, STOP.signal).value if STOP.is_set() else rc
     except (LedgerError, CampaignError) as e:
         print(f"campaign.py: error: {e}", file=sys.stderr)
         return 2
@@ -815,6 +822,24 @@ def _campaign(a: argparse.Namespace, plan: list[Experiment], history: list[dict]
                 print(f"  {nxt.name}: failed: {type(e).__name__}: {e}", flush=True)
                 results[nxt.name] = "failed"
 
+    threads_ = [threading.Thread(target=worker) for _ in range(parallel)]
+    for t in threads_:
+        t.start()
+    for t in threads_:
+        while t.is_alive():  # a timed join: the main thread keeps handling signals
+            t.join(0.2)
+    print(f"summary ({(time.time() - t_start) / 60:.1f} min): " +
+          ", ".join(f"{k} {sum(v == k for v in results.values())}" for k in ("done", "paused", "interrupted", "failed")))
+    for name, res in results.items():
+        print(f"  {res:11s} {name}")
+    return 1 if "failed" in results.values() else 0
+
+
+@contextlib.contextmanager
+def _forward_signals():
+    """While the campaign runs, SIGTERM and SIGINT set :data:`STOP`: :func:`run_cli` passes SIGTERM on to the running
+    ``hoformer`` process (which ends its batch and exits, its last complete epoch's checkpoint kept), nothing new
+    starts, and ``main`` returns 128 + the signal's number once every run has stopped and been recorded."""
     def on_signal(signum, frame) -> None:
         STOP.signal = signal.Signals(signum).name
         STOP.set()
@@ -824,22 +849,10 @@ def _campaign(a: argparse.Namespace, plan: list[Experiment], history: list[dict]
     STOP.clear()
     handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        threads_ = [threading.Thread(target=worker) for _ in range(parallel)]
-        for t in threads_:
-            t.start()
-        for t in threads_:
-            while t.is_alive():
-                t.join(0.2)
+        yield
     finally:
-        for s_, h in handlers.items():
-            signal.signal(s_, h)
-    print(f"summary ({(time.time() - t_start) / 60:.1f} min): " +
-          ", ".join(f"{k} {sum(v == k for v in results.values())}" for k in ("done", "paused", "interrupted", "failed")))
-    for name, res in results.items():
-        print(f"  {res:11s} {name}")
-    if STOP.is_set():
-        return 128 + getattr(signal, STOP.signal, signal.SIGTERM).value
-    return 1 if "failed" in results.values() else 0
+        for s, h in handlers.items():
+            signal.signal(s, h)
 
 
 if __name__ == "__main__":
