@@ -584,3 +584,28 @@ def test_text_students_table_pairs_every_student_with_the_reference():
     assert re.search(rf"\| HOBA +\| 81.0 ± 1.4 +\| 80.0 / 82.0 \(seeds 0, 1\) +\| {re.escape(ledger.paired([1.0, 2.0], 1))} ",
                      table)
     assert re.search(r"\| 2D +\| 79.5 ± 0.7 .*\| reference ", table)
+
+
+def test_hoba_students_writes_a_ledger_line_per_finished_run(tmp_path):
+    """``benchmarks/hoba_students.py --ledger``: one ``run`` line per run folder with a test accuracy, its seed and
+    stopping rule from the saved config, its last validation accuracy and the commands that produced it."""
+    import yaml
+
+    students = load_benchmark("hoba_students")
+    run = tmp_path / "hoba" / "cpu_trec_hoba" / "s1"
+    for version, rows in ((0, "epoch,val/acc\n0,0.5\n3,0.75\n"), (1, "epoch,test/acc\n3,0.8\n")):
+        (run / "logs" / f"version_{version}").mkdir(parents=True)
+        (run / "logs" / f"version_{version}" / "metrics.csv").write_text(rows)
+    (run / "logs" / "version_0" / "config.yaml").write_text(yaml.safe_dump(
+        {"seed_everything": 1, "trainer": {"max_epochs": 4, "callbacks": []}}))
+    (tmp_path / "hoba" / "cpu_trec_full2d" / "s0").mkdir(parents=True)  # no logs: not a finished run
+    path = tmp_path / "ledger.jsonl"
+    assert students.main(["--root", str(tmp_path / "hoba"), "--datasets", "trec", "--ledger", str(path)]) == 0
+    (line,) = ledger.read_ledger(path)
+    assert (line["experiment"], line["seed"], line["record"], line["role"]) == ("hoba/cpu_trec_hoba", 1, "run", "student")
+    assert line["metrics"] == {"test/acc": 0.8} and line["best_val"] == {"val/acc": 0.75}
+    assert line["stopping"] == {"max_epochs": 4} and "--seed_everything=1" in line["command"]
+    assert line["command"].startswith("hoformer fit --config configs/hoba/cpu_student.yaml")
+    assert line["test_command"].startswith("hoformer test ") and line["test_command"].endswith("s1/checkpoints/last.ckpt")
+    with pytest.raises(SystemExit):
+        students.main(["--root", str(tmp_path / "none")])
