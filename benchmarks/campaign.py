@@ -44,7 +44,6 @@ import csv
 import datetime as dt
 import difflib
 import fnmatch
-import socket
 import json
 import math
 import os
@@ -52,6 +51,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading

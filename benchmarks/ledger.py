@@ -20,7 +20,6 @@ import math
 import re
 import statistics
 import sys
-from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -444,10 +443,12 @@ def r_forecast(lg: Ledger, select: dict, reference: str | None = None, paper_row
 
 
 def r_runs(lg: Ledger, select: dict) -> str:
-    """One row per ledger line matching ``select``: experiment, seed, metrics, epochs, wall time, hardware, commit."""
+    """One row per ledger line matching ``select``: experiment, seed, metrics, epochs, wall time, hardware, commit
+    (a transcribed line: the document and commit its number was copied from)."""
     body = [[f"`{r['experiment']}`", r["seed"], ", ".join(f"{k.split('/', 1)[1]} {v:.4f}" for k, v in r["metrics"].items()
                                                         if not k.endswith(("_orig", "/loss"))),
-             epochs_best(r), duration(r["wall_s"]), r["hardware"], r["commit"]] for r in lg.sel(select)]
+             epochs_best(r), duration(r["wall_s"]), r["hardware"], r["commit"] if r["record"] != "transcribed" else
+             f"transcribed from {r['source']['file']} at {r['source']['commit']}"] for r in lg.sel(select)]
     return md(["experiment", "seed", "test metrics", "epochs (best)", "wall", "hardware", "commit"], body)
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from _bench import load_benchmark
 
 REPO = Path(__file__).resolve().parents[1]

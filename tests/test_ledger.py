@@ -11,15 +11,15 @@ import statistics
 from pathlib import Path
 
 import pytest
+from _bench import load_benchmark
 from scipy import stats
 
-from _bench import load_benchmark
 from hoformer import results
 
 REPO = Path(__file__).resolve().parents[1]
 
 ledger = load_benchmark("ledger")
-lg = lambda rows: ledger.Ledger(rows)  # noqa: E731
+lg = lambda rows: ledger.Ledger(rows)
 
 
 GOOD = {"experiment": "e", "task": "forecasting", "dataset": "D", "model": "m", "scale": "cpu", "split": "test",
@@ -262,7 +262,7 @@ SETTING = re.compile(r"(dropout|decay|lr|alpha|tau|overlap|EMA|PyTorch|Python|CU
 
 def result_numbers(text: str) -> list[tuple[int, str]]:
     """``(line, number)`` of every result-like number of a page outside ledger blocks, paper references, code."""
-    keep = lambda m: "\n" * m.group(0).count("\n")  # noqa: E731
+    keep = lambda m: "\n" * m.group(0).count("\n")
     text = ledger.TABLE_RE.sub(keep, text)
     text = ledger.PAPER_RE.sub(keep, text)
     text = re.sub(r"```.*?```", keep, text, flags=re.S)
@@ -381,7 +381,7 @@ def test_compile_lines_supersede_the_committed_ones_and_ratios_come_from_the_lin
     compile_ = load_benchmark("compile")
     committed = ledger.read_ledger()
     a = SimpleNamespace(device="cpu", small=False, fallback_random="auto", mode=None, backend="inductor", reps=5)
-    result = lambda m: {"model": m, "batch": 32, "eager_ms": 600.0, "compiled_ms": 300.0, "compile_s": 9.0}  # noqa: E731
+    result = lambda m: {"model": m, "batch": 32, "eager_ms": 600.0, "compiled_ms": 300.0, "compile_s": 9.0}
     names = {e["experiment"] for fr in ("auto", "off")
              for e in compile_.ledger_entries(SimpleNamespace(**{**vars(a), "fallback_random": fr}),
                                               [result(m) for m in compile_.CASES])}
@@ -392,7 +392,7 @@ def test_compile_lines_supersede_the_committed_ones_and_ratios_come_from_the_lin
     rows = committed + [line]
     table = ledger.r_compile(lg(rows))
     newest = lg(rows).sel(task="benchmark", experiment="bench/compile/*")
-    ratio = lambda m: m["compiled_ms"] / m["eager_ms"] if "eager_ms" in m else m["compiled/eager"]  # noqa: E731
+    ratio = lambda m: m["compiled_ms"] / m["eager_ms"] if "eager_ms" in m else m["compiled/eager"]
     plain = next(r for r in newest if r["experiment"] == "bench/compile/hot_forecaster/compiled-plain")
     assert re.search(rf"\| hot_forecaster +\| 600.0 +\| 300.0 +\| \*\*0.50\*\* +\| {ratio(plain['metrics']):.2f} +\| 9 ", table)
     ratios = [ratio(r["metrics"]) for r in newest if r.get("variant") == "compiled"]
@@ -405,14 +405,14 @@ def test_decode_lines_keep_the_other_runs_of_the_same_machine(tmp_path, monkeypa
     decode = load_benchmark("decode")
     committed = ledger.read_ledger()
     args = SimpleNamespace(device="cpu", batch=1, dim=64, heads=4, depth=2, other=21, steps=16, reps=3)
-    run = lambda v, p, step: {"variant": v, "past": p, "step_ms": step, "step_median_ms": 3.0, "full_ms": 1000.0}  # noqa
+    run = lambda v, p, step: {"variant": v, "past": p, "step_ms": step, "step_median_ms": 3.0, "full_ms": 1000.0}
     entries = decode.ledger_entries(args, [run(v, p, 2.0) for p in (32, 256, 1024) for v in decode.VARIANTS])
     assert {e["experiment"] for e in entries} == _names(committed, "bench/decode/")
     lines = _write(decode.ledger_entries(args, [run("full", 1024, 2.0)]), tmp_path / "l.jsonl", "decode.py",
                    ["--threads", "1"])
     earlier = [r for r in committed if r["experiment"] == "bench/decode/past1024/full"]
     lines[0]["hardware"] = earlier[-1]["hardware"]  # the same machine as the committed runs
-    speed = lambda m: m["full_ms"] / m["step_ms"] if "step_ms" in m else m["speedup"]  # noqa: E731
+    speed = lambda m: m["full_ms"] / m["step_ms"] if "step_ms" in m else m["speedup"]
     others = ", ".join(f"{speed(r['metrics']):.0f}x" for r in earlier)
     table = ledger.r_decode(lg(committed + lines))
     assert re.search(rf"\| `full` +\| 1024 +\| 2.00 \(3.00\) +\| 1000 +\| \*\*500x\*\* +\| {others} +\|", table)
@@ -517,7 +517,7 @@ def test_heads_table_and_its_spread_come_from_the_lines():
 
 
 def test_growth_table_shows_the_newest_complete_run_and_the_change_between_runs():
-    exps = lambda f, fw, fb, m: {"exp_flops": f, "exp_fwd": fw, "exp_fwdbwd": fb, "exp_mem": m}  # noqa: E731
+    exps = lambda f, fw, fb, m: {"exp_flops": f, "exp_fwd": fw, "exp_fwdbwd": fb, "exp_mem": m}
     rows = [_analysis_line("bench/growth/kronecker_product", "kronecker_product",
                            {**exps(1.1, 0.9, 0.9, 1.0), "time_fwdbwd_ms@4096": 30.0}, commit="aaaaaaa"),
             _analysis_line("bench/growth/full", "full", {**exps(2.0, 1.8, 1.9, 1.0), "time_fwdbwd_ms@4096": 600.0},
