@@ -10,7 +10,8 @@ unfinished ones exactly, and record every finished run as one line of the result
 * **Priority list** (:func:`paper_plan`, first to last): HOT Weather 96->{96,192,336,720} product, sum and the spatial
   baseline; ETTh1 at paper size; AdrenalMNIST3D with the paper's Table 6 search (patch, dropout, weight decay); the
   other MedMNIST3D sets present in the data folder; the rest of the paper grid (``benchmarks/paper_configs.py``; the
-  HOBA students, which need their teacher's run first, are run with ``benchmarks/hoba_students.py``).
+  HOBA students, which need their teacher's run first, are recorded with ``benchmarks/hoba_students.py --ledger``).
+  ``--plan etth1_tuned``: the tuned ETTh1 configurations for three seeds; ``--plan losloop``: the Los-loop models.
   Each experiment is a ``paper_configs.py`` experiment: the paper's model, optimiser and 100 epochs, the
   best-validation checkpoint tested. On a CPU (:func:`cpu_plan`) the same paper-size ETTh1 models (96->{96, 720, 192,
   336}, HOT product and the spatial baseline) stop early on the validation MAE (patience 10, recorded in the
@@ -24,8 +25,13 @@ unfinished ones exactly, and record every finished run as one line of the result
   epoch is kept.
 * **Output**: run folders ``<--out>/<experiment>`` (checkpoints, logs, ``campaign.json`` with the wall time of every
   attempt) and, for each run that finished, one JSON line appended to ``--ledger`` (default
-  ``results/ledger.jsonl``): experiment, task, dataset, model, horizon, test metrics, seed, epochs run, best epoch,
-  stopping rule, wall time, hardware, torch version, commit, scale and the exact command.
+  ``results/ledger.jsonl``, which must exist unless ``--new-ledger``; ``hoformer.results`` checks the line):
+  experiment, task, dataset, model, horizon, test metrics, seed, epochs run, best epoch, the stopping rule read from
+  the run's saved ``config.yaml``, fit and test wall time (``fit_s``, ``test_s``), hardware, torch version, commit,
+  scale and the exact ``hoformer fit`` and ``hoformer test`` commands (``record: run``).
+* **One campaign per output folder** (``<out>/.campaign.lock``: pid and host; a stale lock is taken over with a
+  note). **SIGTERM / SIGINT** are passed on to the running fits (they end their batch; the last complete epoch's
+  checkpoint stays), the attempts are recorded, and the campaign exits with 128 + the signal's number.
 
 Run it from the repository root (the configs are relative paths); the hoformer it imports is the one the runs use:
 do not edit ``src/`` under a running campaign (use a ``git worktree`` and ``PYTHONPATH=<worktree>/src``).
@@ -33,8 +39,10 @@ do not edit ``src/`` under a running campaign (use a ``git worktree`` and ``PYTH
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime as dt
+import difflib
 import fnmatch
 import json
 import math
@@ -43,6 +51,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -58,7 +67,7 @@ import ledger  # noqa: E402  (benchmarks/: a script's own folder is on sys.path)
 import paper_configs  # noqa: E402
 
 
-LEDGER, read_ledger, append_ledger = ledger.LEDGER, ledger.read_ledger, ledger.append_ledger
+LEDGER, read_ledger, append_ledger, LedgerError = ledger.LEDGER, ledger.read_ledger, ledger.append_ledger, ledger.LedgerError
 
 # ------------------------------------------------------------------------------------------------ experiments
 SELECTION = {  # task family -> (validation metric that selects the checkpoint and stops early, mode)
@@ -128,6 +137,9 @@ class Experiment:
         for v in (*paper_configs.FORECAST_VARIANTS, *paper_configs.CLS_VARIANTS, "cnn3d"):
             if self.base.endswith("_" + v):
                 model = v
+        if self.base.startswith("weaver/los_loop_cpu_"):  # weaver_nt_sdpa -> weaver_NT_sdpa (the Los-loop tables' names)
+            model = re.sub(r"^weaver_(nt|t)(?=_|$)", lambda m: "weaver_" + m.group(1).upper(),
+                           self.base.removeprefix("weaver/los_loop_cpu_"))
         data = data if data is not None else {}
 
         def get(key, default=None):
@@ -162,7 +174,7 @@ def data_present(exp: Experiment) -> bool:
     if exp.task == "classification":
         return _present(f"medmnist3d/{exp.value('flag')}.npz")
     if exp.task == "traffic":
-        ds = exp.value("dataset", "metr_la")
+        ds = exp.value("dataset", "los_loop" if exp.base.startswith("weaver/los_loop_cpu_") else "metr_la")
         return _present({"metr_la": "traffic/metr-la.h5", "pems_bay": "traffic/pems-bay.h5",
                          "los_loop": "traffic/los_loop/los_speed.csv"}.get(ds, "-"))
     if exp.task == "text":
@@ -224,7 +236,40 @@ def protocol_plan() -> list[Experiment]:
     return [e for e in plan if data_present(e)]
 
 
-PLANS = {"paper": paper_plan, "cpu": cpu_plan, "precision": precision_plan, "protocols": protocol_plan}
+def etth1_tuned_plan(log=print) -> list[Experiment]:
+    """Paper-size ETTh1 with the configuration ``hoformer tune`` found for each model (``configs/hot/tuned/
+    etth1_96_96_{spatial,hot_product}.yaml``, exported with ``--export-best``) at 96 -> 96 and 96 -> 720, three seeds
+    (2024-2026), early-stopped on the validation MAE (patience 10): spatial first, then HOT product, 96 before 720,
+    seed by seed. An experiment whose tuned config is not in the checkout is left out with a note."""
+    plan = []
+    for v in ("spatial", "hot_product"):
+        cfg = f"configs/hot/tuned/etth1_96_96_{v}.yaml"
+        if not (ROOT / cfg).is_file():
+            log(f"note: {cfg} is not in the checkout; the etth1_tuned experiments of {v} are left out")
+            continue
+        for h in (96, 720):
+            for seed in (2024, 2025, 2026):
+                seed_args = () if seed == SEED else (f"--seed_everything={seed}",)
+                plan.append(Experiment(f"hot/ltsf/etth1_96_{h}_{v}+tuned+es10" + ("" if seed == SEED else f"+s{seed}"),
+                                       f"hot/ltsf/etth1_96_{h}_{v}", ("--config", cfg, *seed_args), patience=10))
+    return [e for e in plan if data_present(e)]
+
+
+def losloop_plan() -> list[Experiment]:
+    """Los-loop on a CPU (``configs/weaver/los_loop_cpu.yaml``: E=32, 8 epochs, the paper's optimiser, best validation
+    MAE tested): every ``weaver/los_loop_cpu_*`` experiment of ``paper_configs.py`` (Weaver T / NT with the Tanimoto,
+    SDPA and cosine kernels, the transformer baselines), seeds 0, 1, 2 seed by seed; the tables of
+    docs/results_traffic.md."""
+    plan = []
+    for seed in (0, 1, 2):
+        for v in paper_configs.CPU_TRAFFIC:
+            plan.append(Experiment(f"weaver/los_loop_cpu_{v}" + ("" if seed == 0 else f"+s{seed}"),
+                                   f"weaver/los_loop_cpu_{v}", (f"--seed_everything={seed}",), scale="cpu"))
+    return [e for e in plan if data_present(e)]
+
+
+PLANS = {"paper": paper_plan, "cpu": cpu_plan, "precision": precision_plan, "protocols": protocol_plan,
+         "etth1_tuned": etth1_tuned_plan, "losloop": losloop_plan}
 
 
 # ------------------------------------------------------------------------------------------------ provenance
@@ -272,6 +317,22 @@ def _resolved(root: Path, *keys: str):
     return None
 
 
+def stopping_rule(root: Path) -> dict:
+    """The stopping rule the run used, from its saved ``config.yaml``: ``max_epochs``, ``max_time`` and
+    ``min_epochs`` where set, and every ``EarlyStopping`` callback (monitor, mode, patience, min_delta; a list when
+    there are several), whether the config, the experiment or the plan added it."""
+    trainer = _resolved(root, "trainer") or {}
+    rule = {k: trainer[k] for k in ("max_epochs", "min_epochs", "max_time", "max_steps")
+            if trainer.get(k) not in (None, -1)}
+    stops = [{k: (c.get("init_args") or {}).get(k) for k in ("monitor", "mode", "patience", "min_delta")
+              if (c.get("init_args") or {}).get(k) is not None}
+             for c in trainer.get("callbacks") or [] if isinstance(c, dict)
+             and str(c.get("class_path", "")).rsplit(".", 1)[-1] == "EarlyStopping"]
+    if stops:
+        rule["early_stopping"] = stops[0] if len(stops) == 1 else stops
+    return rule
+
+
 def _best_epoch(root: Path) -> int | None:
     best = sorted((root / "checkpoints").glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)
     m = re.search(r"epoch=?(\d+)", best[-1].name) if best else None
@@ -280,26 +341,29 @@ def _best_epoch(root: Path) -> int | None:
 
 @dataclass
 class RunState:
-    """``<run>/campaign.json``: every attempt (start, wall seconds, hardware, commit, epochs after it), whether the fit
-    has ended by itself (``fitted``: max_epochs or early stopping) and whether the run is done (tested, in the ledger)."""
+    """``<run>/campaign.json``: every attempt (start, fit wall seconds, hardware, commit, epochs after it, exit status,
+    ``stopped_by`` a signal), whether the fit has ended by itself (``fitted``: max_epochs or early stopping), the
+    test's wall seconds (``test_s``) and whether the run is done (tested, in the ledger)."""
 
     path: Path
     attempts: list[dict] = field(default_factory=list)
     fitted: bool = False
     done: bool = False
+    test_s: float | None = None
 
     @classmethod
     def load(cls, root: Path) -> "RunState":
         p = root / "campaign.json"
         if p.exists():
             d = json.loads(p.read_text())
-            return cls(p, d.get("attempts", []), d.get("fitted", False), d.get("done", False))
+            return cls(p, d.get("attempts", []), d.get("fitted", False), d.get("done", False), d.get("test_s"))
         return cls(p)
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"attempts": self.attempts, "fitted": self.fitted, "done": self.done}, indent=1))
+        tmp.write_text(json.dumps({"attempts": self.attempts, "fitted": self.fitted, "done": self.done,
+                                   "test_s": self.test_s}, indent=1))
         os.replace(tmp, self.path)
 
     @property
@@ -332,15 +396,33 @@ def fit_command(exp: Experiment, root: Path, device: str, deadline: float, resum
     return cmd
 
 
-def public_command(exp: Experiment) -> str:
-    """The fit command a reader runs to reproduce a ledger line (run folder under ``runs/campaign``)."""
-    return "hoformer fit " + " ".join(shlex.quote(a) for a in
-                                      [*exp.args(), f"--trainer.default_root_dir=runs/campaign/{exp.name}"])
+def test_command(exp: Experiment, root: Path, device: str) -> list[str]:
+    """``hoformer test`` of the run's best checkpoint (the one its ledger line reports)."""
+    return ["test", *exp.args(), f"--trainer.default_root_dir={root}", "--trainer.enable_progress_bar=false",
+            _accelerator(device), "--ckpt_path", "best"]
+
+
+def public_command(exp: Experiment, sub: str = "fit") -> str:
+    """The ``hoformer fit`` (``sub="test"``: ``hoformer test ... --ckpt_path best``) command a reader runs to
+    reproduce a ledger line (run folder under ``runs/campaign``)."""
+    return f"hoformer {sub} " + " ".join(shlex.quote(a) for a in [
+        *exp.args(), f"--trainer.default_root_dir=runs/campaign/{exp.name}", *(["--ckpt_path", "best"] * (sub == "test"))])
+
+
+class _Stop(threading.Event):
+    signal = "signal"  # the name of the signal that set it
+
+
+#: set by the campaign's SIGTERM / SIGINT handler: the running fits are asked to stop, nothing new starts
+STOP = _Stop()
+#: seconds a stopped fit gets to end its batch and exit before it is killed
+STOP_GRACE_S = 120.0
 
 
 def run_cli(argv: list[str], log_path: Path, threads: int, deadline: float) -> int:
-    """``python -m hoformer.cli <argv>`` in a new process (output appended to ``log_path``) until it ends, or until
-    ``deadline`` (Unix time) passes: then it is stopped (its last complete epoch's checkpoint stays)."""
+    """``python -m hoformer.cli <argv>`` in a new process (output appended to ``log_path``) until it ends, until
+    ``deadline`` (Unix time) passes or until the campaign is stopped (:data:`STOP`): then it gets SIGTERM (Lightning
+    ends the batch and exits; the last complete epoch's checkpoint stays), SIGKILL after :data:`STOP_GRACE_S`."""
     with open(log_path, "a") as logf:
         logf.write(f"$ hoformer {' '.join(shlex.quote(a) for a in argv)}\n")
         logf.flush()
@@ -348,19 +430,23 @@ def run_cli(argv: list[str], log_path: Path, threads: int, deadline: float) -> i
                              stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             while p.poll() is None:
-                if time.time() > deadline:
-                    logf.write("campaign: hard deadline, stopping the run\n")
+                if time.time() > deadline or STOP.is_set():
+                    logf.write(f"campaign: {'stopped by a signal' if STOP.is_set() else 'hard deadline'}, "
+                               "stopping the run\n")
+                    logf.flush()
                     os.killpg(p.pid, signal.SIGTERM)
                     try:
-                        p.wait(30)
+                        p.wait(STOP_GRACE_S)
                     except subprocess.TimeoutExpired:
                         os.killpg(p.pid, signal.SIGKILL)
+                        p.wait()
                     return -signal.SIGTERM
-                time.sleep(0.5)
+                time.sleep(0.2)
             return p.returncode
         finally:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
 
 
 class Campaign:
@@ -383,6 +469,8 @@ class Campaign:
         state = RunState.load(root)
         if state.done:
             return "done"
+        if STOP.is_set():
+            return "interrupted"
         if not state.fitted:
             resume = (root / "checkpoints" / "last.ckpt").exists()
             (root / "deadline.json").unlink(missing_ok=True)
@@ -394,6 +482,12 @@ class Campaign:
                 timespec="seconds"), "wall_s": round(time.time() - t0, 1), "hardware": hardware(self.device,
                                                                                                 self.threads),
                 "commit": commit(), "epochs_after": _ckpt_epochs(root), "rc": rc, "epoch_s": report.get("epoch_s", [])})
+            if STOP.is_set():  # whatever the fit's exit status, it did not end by itself
+                state.attempts[-1]["stopped_by"] = STOP.signal
+                state.save()
+                self.log(f"  {exp.name}: stopped by {state.attempts[-1]['stopped_by']} after {_ckpt_epochs(root)} "
+                         "epochs (resumable)")
+                return "interrupted"
             state.fitted = rc == 0 and bool(report) and not report["stopped_by_deadline"]
             state.save()
             if rc != 0 or not report:
@@ -404,14 +498,19 @@ class Campaign:
                 self.log(f"  {exp.name}: paused at the deadline after {_ckpt_epochs(root)} epochs (resumable)")
                 return "paused"
         t1 = time.time()
-        test = ["test", *exp.args(), f"--trainer.default_root_dir={root}", "--trainer.enable_progress_bar=false",
-                _accelerator(self.device), "--ckpt_path", "best"]
-        if self._run(test, root / "test.log") != 0:
+        rc = self._run(test_command(exp, root, self.device), root / "test.log")
+        if STOP.is_set():
+            self.log(f"  {exp.name}: test stopped by a signal (the fit is kept; the next call tests it)")
+            return "interrupted"
+        if rc != 0:
             self.log(f"  {exp.name}: test failed, see {root / 'test.log'}")
             return "failed"
-        state.attempts[-1]["wall_s"] += round(time.time() - t1, 1)
+        state.test_s = round(time.time() - t1, 1)
         row = self.ledger_row(exp, root, state)
-        append_ledger(row, self.ledger)
+        if self.ledger.exists() and exp.name in {r["experiment"] for r in read_ledger(self.ledger)}:
+            self.log(f"  {exp.name}: already in {self.ledger} (another campaign recorded it); no second line")
+        else:
+            append_ledger(row, self.ledger)
         state.done = True
         state.save()
         self.log(f"  {exp.name}: done, " + ", ".join(f"{k} {v:.4f}" for k, v in row["metrics"].items()))
@@ -426,16 +525,15 @@ class Campaign:
         best = (min if mode == "min" else max)(scored, key=lambda r: r[monitor]) if scored else {}
         hw = list(dict.fromkeys(a["hardware"] for a in state.attempts))
         commits = list(dict.fromkeys(a["commit"] for a in state.attempts))
-        stopping = {"max_epochs": _resolved(root, "trainer", "max_epochs")}
-        if exp.patience is not None:
-            stopping["early_stopping"] = {"monitor": monitor, "mode": mode, "patience": exp.patience}
+        seed = _resolved(root, "seed_everything")
         return {**exp.describe(_resolved(root, "data", "init_args") or {}), "split": "test", "metrics": _test_metrics(root),
                 "best_val": {k: v for k, v in best.items() if k.startswith("val/")},
-                "seed": int(_resolved(root, "seed_everything") or SEED), "epochs": _ckpt_epochs(root),
-                "best_epoch": _best_epoch(root), "stopping": stopping, "wall_s": round(state.wall_s, 1),
-                "attempts": len(state.attempts), "hardware": " + ".join(hw), "device": self.device,
-                "torch": torch.__version__, "commit": " + ".join(commits),
-                "date": dt.date.today().isoformat(), "record": "campaign", "command": public_command(exp)}
+                "seed": int(SEED if seed is None else seed), "epochs": _ckpt_epochs(root),
+                "best_epoch": _best_epoch(root), "stopping": stopping_rule(root), "wall_s": round(state.wall_s, 1),
+                "fit_s": round(state.wall_s, 1), "test_s": state.test_s, "attempts": len(state.attempts),
+                "hardware": " + ".join(hw), "device": self.device, "torch": torch.__version__.split("+")[0],
+                "commit": " + ".join(commits), "date": dt.date.today().isoformat(), "record": "run",
+                "command": public_command(exp), "test_command": public_command(exp, "test")}
 
 
 # -------------------------------------------------------------------------------------------------- planning
@@ -456,7 +554,7 @@ def estimate_s(exp: Experiment, out: Path, history: list[dict], step_s: dict[str
     if exp.patience is None:
         epochs = max_epochs
     else:
-        bests = [r["best_epoch"] for r in history if r.get("task") == exp.task and r.get("record") == "campaign"
+        bests = [r["best_epoch"] for r in history if r.get("task") == exp.task and r.get("record") == "run"
                  and (r.get("stopping") or {}).get("early_stopping", {}).get("patience") == exp.patience
                  and r.get("best_epoch") is not None]
         epochs = min(max_epochs, (round(sum(bests) / len(bests)) if bests else 5) + exp.patience + 1)
@@ -523,7 +621,98 @@ def smoke_test(exp: Experiment, out: Path, threads: int, runner=run_cli) -> dict
 
 
 # ------------------------------------------------------------------------------------------------------ main
-def main(argv: list[str] | None = None) -> int:
+class CampaignError(Exception):
+    """A campaign that cannot start: the message says why and what to do."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class OutLock:
+    """``<out>/.campaign.lock``: an output folder is held by one campaign at a time (an exclusive ``flock`` on the
+    file while the campaign lives; the file says which process on which host holds it). A lock left by a process that
+    is gone (same host) is taken over with a note; a lock file that is not a lock is refused, naming it."""
+
+    def __init__(self, out: Path, log=print) -> None:
+        self.path, self.log, self.fd = Path(out) / ".campaign.lock", log, None
+
+    def __enter__(self) -> "OutLock":
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        text = os.read(fd, 4096).decode(errors="replace").strip()
+        held = None
+        if text:
+            try:
+                held = json.loads(text)
+                held = (int(held["pid"]), str(held["host"]), str(held.get("since", "?")))
+            except (ValueError, KeyError, TypeError):
+                os.close(fd)
+                raise CampaignError(f"{self.path} is not a campaign lock (expected a JSON object with \"pid\" and "
+                                    f"\"host\", got {text[:60]!r}); remove it if no campaign uses {self.path.parent}")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            who = f"pid {held[0]} on {held[1]} since {held[2]}" if held else "another process"
+            raise CampaignError(f"{self.path.parent} is held by the campaign of {who} ({self.path}); wait for it to "
+                                "end, stop it, or give this one another --out") from None
+        if held and held[1] != socket.gethostname():
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+            raise CampaignError(f"{self.path} names the campaign of pid {held[0]} on host {held[1]} (since {held[2]}), "
+                                "which this host cannot check; remove the file if that campaign has ended")
+        if held:
+            self.log(f"note: {self.path}: taking over the lock of pid {held[0]} (since {held[2]}), "
+                     f"{'which is gone' if not _alive(held[0]) else 'which no longer holds it'}")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": dt.datetime.now(
+            dt.timezone.utc).isoformat(timespec="seconds")}).encode(), 0)
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.path.unlink(missing_ok=True)
+        os.close(self.fd)
+
+
+def _validate(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Every argument checked, with what was expected and what was received."""
+    if a.check and not a.tables:
+        ap.error("--check goes with --tables (it checks the committed tables against the ledger)")
+    if not math.isfinite(a.budget_min) or a.budget_min <= 0:
+        ap.error(f"--budget-min must be a finite number of minutes > 0, got {a.budget_min}")
+    for opt in ("parallel", "threads"):
+        if getattr(a, opt) is not None and getattr(a, opt) < 1:
+            ap.error(f"--{opt} must be >= 1, got {getattr(a, opt)}")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", a.device):
+        ap.error(f"--device must be cpu, cuda or cuda:N, got {a.device!r}")
+    if not a.ledger.is_file() and not (a.new_ledger and not a.tables):
+        ap.error(f"--ledger {a.ledger}: no such file" + ("" if a.tables else
+                 " (a mistyped ledger would show every finished run as pending; --new-ledger starts a new one)"))
+
+
+def _select(ap: argparse.ArgumentParser, plan: list[Experiment], patterns: list[str], name: str) -> list[Experiment]:
+    """The experiments of ``plan`` matching one of ``patterns``; a pattern matching none is an error naming the
+    closest experiment names."""
+    for p in patterns:
+        if not any(fnmatch.fnmatchcase(e.name, p) for e in plan):
+            close = difflib.get_close_matches(p, [e.name for e in plan], n=5, cutoff=0.3)
+            ap.error(f"--only {p!r} matches no experiment of the plan {name!r} ({len(plan)} experiments with their "
+                     f"data present); closest: {', '.join(close) if close else 'none'} (`--status` lists them)")
+    return [e for e in plan if not patterns or any(fnmatch.fnmatchcase(e.name, p) for p in patterns)]
+
+
+def main(argv: list[str] | None = None, runner=None) -> int:
+    """The command line; ``runner`` starts one ``hoformer`` command (default :func:`run_cli`, a process each)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--budget-min", type=float, default=9.0, help="wall-clock budget of this call, minutes")
@@ -533,32 +722,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parallel", type=int, help="runs at once (default: 2 on a CPU, 4 on a GPU)")
     ap.add_argument("--threads", type=int, help="threads per run (default: cores / parallel on a CPU, 4 on a GPU)")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "campaign", help="run folders")
-    ap.add_argument("--ledger", type=Path, default=LEDGER, help="results ledger (JSON lines, appended)")
+    ap.add_argument("--ledger", type=Path, default=LEDGER, help="results ledger (JSON lines, appended; must exist)")
+    ap.add_argument("--new-ledger", action="store_true", help="start --ledger if it does not exist")
     ap.add_argument("--dry-run", action="store_true", help="print the plan with estimates; smoke-test each run")
     ap.add_argument("--status", action="store_true", help="print every experiment of the plan and its state")
     ap.add_argument("--tables", action="store_true", help="regenerate the ledger tables of README.md and docs/")
     ap.add_argument("--check", action="store_true", help="with --tables: fail if a committed table is stale")
     a = ap.parse_args(argv)
+    _validate(ap, a)
+    try:
+        history = read_ledger(a.ledger) if a.ledger.is_file() else []
+        if a.tables:
+            changed = ledger.render_tables(ledger.doc_files(), history, write=not a.check)
+            for f in changed:
+                print(f"{'stale' if a.check else 'updated'}: {f.relative_to(ROOT)}")
+            return 1 if a.check and changed else 0
+        name = a.plan or ("paper" if a.device.startswith("cuda") else "cpu")
+        plan = _select(ap, PLANS[name](), a.only, name)
+        if a.status:
+            done = {r["experiment"] for r in history}
+            for e in plan:
+                print(f"{_status(e, a.out, done):12s} {e.name}")
+            return 0
+        with OutLock(a.out), _forward_signals():
+            rc = _campaign(a, plan, history, runner or run_cli)
+        return 128 + getattr(signal, STOP.signal).value if STOP.is_set() else rc
+    except (LedgerError, CampaignError) as e:
+        print(f"campaign.py: error: {e}", file=sys.stderr)
+        return 2
 
-    if a.tables:
-        changed = ledger.render_tables(ledger.doc_files(), read_ledger(a.ledger), write=not a.check)
-        for f in changed:
-            print(f"{'stale' if a.check else 'updated'}: {f.relative_to(ROOT)}")
-        return 1 if a.check and changed else 0
-    if a.budget_min <= 0:
-        ap.error(f"--budget-min must be > 0, got {a.budget_min}")
+
+def _campaign(a: argparse.Namespace, plan: list[Experiment], history: list[dict], runner) -> int:
     cuda = a.device.startswith("cuda")
     parallel = a.parallel or (4 if cuda else 2)
     threads = a.threads or (4 if cuda else max(1, (os.cpu_count() or 1) // parallel))
-    plan = PLANS[a.plan or ("paper" if cuda else "cpu")]()
-    if a.only:
-        plan = [e for e in plan if any(fnmatch.fnmatch(e.name, p) for p in a.only)]
-    history = read_ledger(a.ledger)
     done = {r["experiment"] for r in history}
-    if a.status:
-        for e in plan:
-            print(f"{_status(e, a.out, done):12s} {e.name}")
-        return 0
     pending = [e for e in plan if e.name not in done]
     budget_s = a.budget_min * 60
     t_start = time.time()
@@ -566,7 +764,7 @@ def main(argv: list[str] | None = None) -> int:
     step_s: dict[str, dict] = {}
     if a.dry_run:  # smoke-test what could be planned (at most 2 x parallel runs deep), then plan with its timings
         for e in pending[: 2 * parallel]:
-            r = smoke_test(e, a.out, threads)
+            r = smoke_test(e, a.out, threads, runner)
             step_s[e.name] = r
             print(f"smoke test {e.name}: " + (f"ok, {r['step_s'] * 1000:.0f} ms/step on the CPU, "
                                               f"{r['train_batches']} steps/epoch ({r['seconds']} s)"
@@ -598,13 +796,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if failed else 0
 
     deadline = t_start + budget_s
-    camp = Campaign(a.out, a.ledger, a.device, threads, deadline)
+    camp = Campaign(a.out, a.ledger, a.device, threads, deadline, runner=runner)
     queue = list(pending)
     results: dict[str, str] = {}
     qlock = threading.Lock()
 
     def worker() -> None:
-        while True:
+        while not STOP.is_set():
             with qlock:
                 left = deadline - time.time()
                 nxt = None
@@ -618,18 +816,43 @@ def main(argv: list[str] | None = None) -> int:
                 queue.remove(nxt)
             print(f"start {nxt.name} ({(deadline - time.time()) / 60:.1f} min left)", flush=True)
             epoch = est[nxt.name][1]
-            results[nxt.name] = camp.run(nxt, test_reserve=0 if math.isinf(epoch) else epoch / 2)
+            try:
+                results[nxt.name] = camp.run(nxt, test_reserve=0 if math.isinf(epoch) else epoch / 2)
+            except Exception as e:  # noqa: BLE001 - one run's error (a bad log, a ledger refusing its line) ends it
+                print(f"  {nxt.name}: failed: {type(e).__name__}: {e}", flush=True)
+                results[nxt.name] = "failed"
 
     threads_ = [threading.Thread(target=worker) for _ in range(parallel)]
     for t in threads_:
         t.start()
     for t in threads_:
-        t.join()
+        while t.is_alive():  # a timed join: the main thread keeps handling signals
+            t.join(0.2)
     print(f"summary ({(time.time() - t_start) / 60:.1f} min): " +
-          ", ".join(f"{k} {sum(v == k for v in results.values())}" for k in ("done", "paused", "failed")))
+          ", ".join(f"{k} {sum(v == k for v in results.values())}" for k in ("done", "paused", "interrupted", "failed")))
     for name, res in results.items():
-        print(f"  {res:7s} {name}")
+        print(f"  {res:11s} {name}")
     return 1 if "failed" in results.values() else 0
+
+
+@contextlib.contextmanager
+def _forward_signals():
+    """While the campaign runs, SIGTERM and SIGINT set :data:`STOP`: :func:`run_cli` passes SIGTERM on to the running
+    ``hoformer`` process (which ends its batch and exits, its last complete epoch's checkpoint kept), nothing new
+    starts, and ``main`` returns 128 + the signal's number once every run has stopped and been recorded."""
+    def on_signal(signum, frame) -> None:
+        STOP.signal = signal.Signals(signum).name
+        STOP.set()
+        print(f"campaign: {STOP.signal}: stopping the running fits at their next batch (their last epoch is kept) "
+              "and starting nothing new", flush=True)
+
+    STOP.clear()
+    handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
 
 
 if __name__ == "__main__":

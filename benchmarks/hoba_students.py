@@ -1,17 +1,27 @@
-"""Collect the CPU-budget HOBA student runs of docs/results_text.md into one table: per dataset and attention, the
-test and validation accuracy (mean +- sample std over the seeds found) and each seed's test accuracy.
+"""The CPU-budget HOBA runs of docs/results_text.md (teachers and distilled students) as results-ledger lines.
 
-Layout read (what the commands in docs/results_text.md write): ``runs/hoba/cpu_<ds>_<variant>/s<seed>/logs/
-version_*/metrics.csv``; validation accuracy = the last ``val/acc`` of the fit, test = the last ``test/acc``.
+Layout read (what the commands of docs/results_text.md write): the teacher ``<root>/cpu_<ds>_teacher`` and the
+students ``<root>/cpu_<ds>_<variant>/s<seed>``, each with the ``logs/version_*/`` of its ``hoformer fit`` and
+``hoformer test`` (``metrics.csv``, ``config.yaml``). One line per run that has a test accuracy: the experiment of
+``benchmarks/paper_configs.py`` (``hoba/cpu_<ds>_<variant>``), the seed and stopping rule of its saved config, its
+last validation accuracy, the test accuracy of its last epoch (``tested: last checkpoint``, as the paper's fixed
+schedule does) and the commands that produced it. ``commit`` is the checkout's: write the lines from the checkout
+that made the runs. Without ``--ledger`` the lines are printed, not written.
 
-Run:  .venv/bin/python benchmarks/hoba_students.py [--root runs/hoba] [--datasets trec sst2]
+    python benchmarks/hoba_students.py --datasets trec sst2 --ledger      # append to results/ledger.jsonl
 """
 from __future__ import annotations
 
 import argparse
 import csv
-import statistics
+import json
+import shlex
+import sys
 from pathlib import Path
+
+import campaign  # benchmarks/: a script's own folder is first on sys.path
+import paper_configs
+from hoformer import results
 
 VARIANTS = ("hoba", "hoba_nocb", "block2d", "full2d", "triplet_full", "teacher")
 
@@ -25,33 +35,53 @@ def _last(run: Path, key: str) -> float | None:
     return val
 
 
-def _fmt(xs: list[float]) -> str:
-    if not xs:
-        return "-"
-    m = 100 * statistics.mean(xs)
-    return f"{m:.1f} ± {100 * statistics.stdev(xs):.1f}" if len(xs) > 1 else f"{m:.1f}"
+def ledger_line(run: Path, ds: str, variant: str, root_arg: str) -> dict | None:
+    """The ledger line of one run folder (None without a test accuracy)."""
+    test = _last(run, "test/acc")
+    if test is None:
+        return None
+    name = f"hoba/cpu_{ds}_{variant}"
+    seed = campaign._resolved(run, "seed_everything")
+    folder = f"{root_arg}/cpu_{ds}_{variant}" + ("" if variant == "teacher" else f"/s{seed}")
+    args = [a for a in paper_configs.experiments()[name] if not a.startswith("--trainer.default_root_dir=")]
+    args += [*([f"--seed_everything={seed}"] if variant != "teacher" else []), f"--trainer.default_root_dir={folder}"]
+    fit = "hoformer fit " + " ".join(map(shlex.quote, args))
+    val = _last(run, "val/acc")
+    return {"experiment": name, "task": "text", "dataset": ds, "model": "full2d" if variant == "teacher" else variant,
+            "scale": "cpu", "split": "dev" if ds == "sst2" else "test", "metrics": {"test/acc": test},
+            "best_val": {"val/acc": val} if val is not None else {},
+            "role": "teacher" if variant == "teacher" else "student", "tested": "last checkpoint",
+            "seed": None if seed is None else int(seed), "epochs": campaign._ckpt_epochs(run) or None,
+            "best_epoch": None, "stopping": campaign.stopping_rule(run), "wall_s": None,
+            **results.provenance("cpu", 1, fit, "run"),
+            "test_command": fit.replace("hoformer fit", "hoformer test", 1) + f" --ckpt_path {folder}/checkpoints/last.ckpt"}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--root", type=Path, default=Path("runs/hoba"))
-    ap.add_argument("--datasets", nargs="+", default=["trec", "sst2"])
-    args = ap.parse_args()
-    print("| dataset | attention | seeds | test acc (%) | val acc (%) | test acc per seed |")
-    print("|---|---|---|---|---|---|")
-    for ds in args.datasets:
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--root", type=Path, default=Path("runs/hoba"), help="the runs' folder (default runs/hoba)")
+    ap.add_argument("--datasets", nargs="+", default=["trec", "sst2"], choices=["trec", "sst2"])
+    results.add_ledger_argument(ap)
+    a = ap.parse_args(argv)
+    if not a.root.is_dir():
+        ap.error(f"--root {a.root}: no such folder (the runs of docs/results_text.md are written under runs/hoba)")
+    lines = []
+    for ds in a.datasets:
         for v in VARIANTS:
-            base = args.root / f"cpu_{ds}_{v}"
+            base = a.root / f"cpu_{ds}_{v}"
             runs = [base] if v == "teacher" else sorted(base.glob("s*"), key=lambda p: p.name)
-            rows = [(r.name, _last(r, "test/acc"), _last(r, "val/acc")) for r in runs if (r / "logs").is_dir()]
-            rows = [r for r in rows if r[1] is not None]
-            if not rows:
-                continue
-            test, val = [r[1] for r in rows], [r[2] for r in rows if r[2] is not None]
-            per = " / ".join(f"{100 * t:.1f}" for _, t, _ in rows)
-            vfmt = _fmt(val) + ("" if len(val) == len(test) else f" ({len(val)} seeds)")
-            print(f"| {ds} | {v} | {len(rows)} | {_fmt(test)} | {vfmt} | {per} |")
+            lines += [ln for r in runs if (r / "logs").is_dir() and (ln := ledger_line(r, ds, v, a.root.as_posix()))]
+    if not lines:
+        ap.error(f"no finished run (a test/acc in logs/version_*/metrics.csv) under {a.root}")
+    for ln in lines:
+        if a.ledger:
+            results.append_ledger(ln, a.ledger)
+        else:
+            print(json.dumps(ln))
+    print(f"{len(lines)} lines" + (f" appended to {a.ledger}" if a.ledger else ""), file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -71,7 +71,7 @@ def _hot():
 
 # ------------------------------------------------------------------------------------------ Weaver (paper 003)
 TRAFFIC = {"metr_la": "tsl", "pems_bay": "tsl", "los_loop": "dcrnn"}
-CPU_TRAFFIC = {  # benchmarks/weaver_losloop.py variant -> (model class, init args)
+CPU_TRAFFIC = {  # Los-loop CPU variant (campaign plan `losloop`) -> (model class, init args)
     "weaver_t": ("Weaver", {}), "weaver_nt": ("Weaver", {"use_time": False}),
     "weaver_t_sdpa": ("Weaver", {"kernel": "sdpa"}), "weaver_t_cosine": ("Weaver", {"kernel": "cosine"}),
     "weaver_nt_sdpa": ("Weaver", {"use_time": False, "kernel": "sdpa"}),
@@ -100,7 +100,7 @@ def _weaver():
                pems + [f"{MODEL}.num_landmarks={m}", f"{MODEL}.dict_width={k}"])
     for variant, (cls, kw) in CPU_TRAFFIC.items():
         args = [f"--model.model=hoformer.models.{cls}"] if cls != "Weaver" else []
-        if cls != "Weaver":  # the small baselines of benchmarks/weaver_losloop.py
+        if cls != "Weaver":  # the small baselines of docs/results_traffic.md
             kw = {**kw, "dim": 32, "num_heads": 4, "num_layers": 1}
         args += [f"{MODEL}.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in kw.items()]
         yield f"weaver/los_loop_cpu_{variant}", "configs/weaver/los_loop_cpu.yaml", args
