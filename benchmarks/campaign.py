@@ -268,8 +268,38 @@ def losloop_plan() -> list[Experiment]:
     return [e for e in plan if data_present(e)]
 
 
+def protocols_paper_plan() -> list[Experiment]:
+    """The Weather runs of :func:`protocol_plan` with the paper's full recipe (100 epochs, no early stopping, the best
+    mean-validation-MAE checkpoint tested): what a GPU window runs first (``benchmarks/gpu_window.sh``); HOT product,
+    the spatial baseline, HOT sum, seed by seed."""
+    plan = []
+    for seed in (2024, 2025, 2026):
+        for v in ("hot_product", "spatial", "hot_sum"):
+            extra = () if seed == SEED else (f"--seed_everything={seed}",)
+            plan.append(Experiment(f"hot/ltsf_hot/weather_96_{v}" + ("" if seed == SEED else f"+s{seed}"),
+                                   f"hot/ltsf_hot/weather_96_{v}", extra))
+    return [e for e in plan if data_present(e)]
+
+
+def cpu_variants_plan() -> list[Experiment]:
+    """The CPU-budget ETTh1 variants behind docs/results_hot.md's seed and one-model tables
+    (``paper_configs.VARIANTS``): the EMA runs of HOT product, HOT sum and the spatial baseline at the four horizons
+    for seeds 2024-2028, the q/k-bias runs at 96 -> 96 (seeds 2024-2026), and the joint-horizon and reference-preset
+    runs at 96 -> 720."""
+    def exp(base: str, variant: str, seed: int) -> Experiment:
+        extra = tuple(paper_configs.variant_overrides(variant, None if seed == SEED else seed))
+        return Experiment(f"{base}+{variant}" + ("" if seed == SEED else f"+s{seed}"), base, extra, scale="cpu")
+
+    plan = [exp(f"hot/ltsf_cpu/etth1_96_{h}_{m}", "ema", seed) for seed in (2024, 2025, 2026, 2027, 2028)
+            for m in ("hot_product", "hot_sum", "spatial") for h in (96, 192, 336, 720)]
+    plan += [exp("hot/ltsf_cpu/etth1_96_96_hot_product", "ema+qk_bias", seed) for seed in (2024, 2025, 2026)]
+    plan += [exp("hot/ltsf_cpu/etth1_96_720_hot_product", v, SEED) for v in ("ema_joint", "ema_official")]
+    return [e for e in plan if data_present(e)]
+
+
 PLANS = {"paper": paper_plan, "cpu": cpu_plan, "precision": precision_plan, "protocols": protocol_plan,
-         "etth1_tuned": etth1_tuned_plan, "losloop": losloop_plan}
+         "protocols_paper": protocols_paper_plan, "etth1_tuned": etth1_tuned_plan, "losloop": losloop_plan,
+         "cpu_variants": cpu_variants_plan}
 
 
 # ------------------------------------------------------------------------------------------------ provenance

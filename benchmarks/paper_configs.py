@@ -69,6 +69,58 @@ def _hot():
                    [f"{DATA}.product={product}", f"{MODEL}.attention={attention}"])
 
 
+# CPU-budget variants of a forecasting experiment (docs/results_hot.md: the ETTh1 seed tables, one model for every
+# horizon, the q/k biases, Weather uncapped): override lists on top of an experiment's own arguments. The campaign's
+# `cpu_variants` plan runs `NAME+VARIANT` (with `+sSEED` for another seed) as the experiment NAME plus these.
+def _set(key: str, value) -> str:
+    """A ``--key=value`` override (non-strings as JSON, which the CLI reads as YAML)."""
+    import json
+
+    return f"{key}={value if isinstance(value, str) else json.dumps(value)}"
+
+
+def _ema(decay: float) -> list[str]:
+    """Lightning's EMAWeightAveraging added to the config's callbacks (validation, the best checkpoint and the test
+    see the averaged weights)."""
+    return ["--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging", _set("--trainer.callbacks.decay", decay)]
+
+
+def _official() -> list[str]:
+    """The model arguments of the ``hot_forecaster_official`` preset (the reference implementation's forecaster)."""
+    from hoformer.models.registry import model_entry
+
+    return [_set(f"{MODEL}.{k}", v) for k, v in model_entry("hot_forecaster_official").preset.items()]
+
+
+_REG = [_set(f"{MODEL}.dropout", 0.3), _set("--model.init_args.optim.weight_decay", 0.5)]
+_JOINT = [_set("--model.init_args.horizons", [96, 192, 336, 720])]
+VARIANTS = {  # name -> overrides (a callable: built when asked, the preset's arguments)
+    "ema": _ema(0.99),  # decay 0.99: a horizon of ~100 steps, under half an ETTh1 epoch (the best epoch is 0-2)
+    "ema998": _ema(0.998),
+    "reg": _REG,  # the paper grid's strongest regularisation
+    "patch16": [*_REG, _set(f"{MODEL}.patch_size", 16)],
+    "small": [*_REG, _set(f"{MODEL}.dim", 32)],
+    "lr3e-4": [*_REG, _set("--model.init_args.optim.lr", 3e-4)],
+    "depth1": [*_REG, _set(f"{MODEL}.depth", 1)],
+    # the run to its own end (10 epochs or early stopping) instead of a wall-time cap
+    "uncapped": ["--trainer.max_time=null"],
+    # q/k biases added before the sum-pooling, as the reference HOT implementation does
+    "ema+qk_bias": [*_ema(0.99), _set(f"{MODEL}.qk_bias", True)],
+    # joint-horizon training: one 720-step model on the mean of the prefix losses (run it on a 720 experiment)
+    "ema_joint": [*_ema(0.99), *_JOINT],
+    # the same with the reference implementation's forecaster (the hot_forecaster_official preset)
+    "ema_official": lambda: [*_ema(0.99), *_JOINT, *_official()],
+}
+
+
+def variant_overrides(variant: str, seed: int | None = None) -> list[str]:
+    """The overrides of variant ``variant`` (and ``--seed_everything`` for ``seed``)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; the variants: {sorted(VARIANTS)}")
+    extra = VARIANTS[variant]() if callable(VARIANTS[variant]) else VARIANTS[variant]
+    return [*extra, *([_set("--seed_everything", seed)] if seed is not None else [])]
+
+
 # ------------------------------------------------------------------------------------------ Weaver (paper 003)
 TRAFFIC = {"metr_la": "tsl", "pems_bay": "tsl", "los_loop": "dcrnn"}
 CPU_TRAFFIC = {  # Los-loop CPU variant (campaign plan `losloop`) -> (model class, init args)

@@ -629,27 +629,34 @@ def test_build_datamodule_reads_a_config_with_its_bases():
     assert (type(dm).__name__, dm.seq_len, dm.pred_len) == ("LTSFDataModule", 96, 96)
 
 
-def test_tuning_variants_are_override_lists_that_resolve():
-    """benchmarks/ltsf_tune.py: each variant is a list of `hoformer fit` overrides on the committed experiment, read
-    by the same resolver as the CLI (an EMA callback is added to the config's callbacks, not put in their place)."""
-    tune = _import_file(REPO / "benchmarks" / "ltsf_tune.py")
+def test_cpu_variants_are_override_lists_that_resolve():
+    """benchmarks/paper_configs.py VARIANTS: each variant is a list of `hoformer fit` overrides on the committed
+    experiment, read by the same resolver as the CLI (an EMA callback is added to the config's callbacks, not put in
+    their place); the campaign's cpu_variants plan runs them."""
+    configs = _import_file(REPO / "benchmarks" / "paper_configs.py")
     shared = [c["class_path"] for c in resolve_config(REPO / "configs/hot/ltsf_cpu.yaml")["trainer"]["callbacks"]]
-    for variant in ("grid", "reg", "ema_seed2025", "ema_official"):
-        run, args = tune.variant_runs("etth1", "hot_product", variant)[-1]
-        assert args[0] == "--config" and args[-1] == f"--trainer.default_root_dir={run}"
-        cfg = resolve_config(REPO / args[1], args[2:])
-        assert cfg["trainer"]["default_root_dir"] == run and cfg["data"]["init_args"]["pred_len"] == 720
+    name = "hot/ltsf_cpu/etth1_96_720_hot_product"
+    args = [a for a in configs.experiments()[name] if not a.startswith("--trainer.default_root_dir")]
+    for variant, seed in (("reg", None), ("ema", 2025), ("ema_official", None), ("ema+qk_bias", None)):
+        extra = configs.variant_overrides(variant, seed)
+        cfg = resolve_config(REPO / args[1], [*args[2:], *extra])
+        assert cfg["data"]["init_args"]["pred_len"] == 720
         callbacks = cfg["trainer"]["callbacks"]
         assert [c["class_path"] for c in callbacks[:len(shared)]] == shared
         if variant.startswith("ema"):
             assert callbacks[-1]["class_path"].endswith("EMAWeightAveraging")
             assert callbacks[-1]["init_args"]["decay"] == 0.99
-            assert cfg["seed_everything"] == (2025 if variant == "ema_seed2025" else 2024)
+            assert cfg["seed_everything"] == (2025 if seed else 2024)
         if variant == "ema_official":
             assert cfg["model"]["init_args"]["horizons"] == [96, 192, 336, 720]
+            assert cfg["model"]["init_args"]["model"]["init_args"]["head"] == "mean"
+        if variant == "ema+qk_bias":
+            assert cfg["model"]["init_args"]["model"]["init_args"]["qk_bias"] is True
         if variant == "reg":
             assert cfg["model"]["init_args"]["model"]["init_args"]["dropout"] == 0.3
             assert cfg["model"]["init_args"]["optim"]["weight_decay"] == 0.5
+    with pytest.raises(ValueError, match="unknown variant"):
+        configs.variant_overrides("nope")
 
 
 def test_a_run_folder_holds_one_fit(tmp_path, capsys):

@@ -744,7 +744,7 @@ def test_export_pretrained_uses_the_best_checkpoint(tmp_path):
 
 
 def test_ema_weights_are_checkpointed_validated_and_exported(tmp_path):
-    """Lightning's EMAWeightAveraging (the `ema` variants of benchmarks/ltsf_tune.py): the best checkpoint's
+    """Lightning's EMAWeightAveraging (the `ema` variants of benchmarks/paper_configs.py VARIANTS): the best checkpoint's
     ``state_dict`` holds the averaged weights (the raw ones go to ``current_model_state``), and ExportPretrained
     exports the averaged ones."""
     from lightning.pytorch.callbacks import EMAWeightAveraging
