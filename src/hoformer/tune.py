@@ -399,7 +399,7 @@ def tune_main(argv: list[str]) -> int:
             rc = 1
     if a.export_best:
         try:
-            export_best(study, a.export_best, a.config, monitor)
+            export_best(study, a.export_best, a.config, monitor, a.overrides)
         except ValueError as e:
             print(f"hoformer tune: {e}", file=sys.stderr)
             return 2
@@ -501,9 +501,9 @@ def _append_trial(a, study, trial, cfg, state, vals, best_epoch, epochs, wall, m
     append_ledger(row, a.ledger)
 
 
-def export_best(study, path, configs, monitor: str) -> Path:
+def export_best(study, path, configs, monitor: str, overrides=()) -> Path:
     """Write ``study``'s best trial's values as a YAML config (its nesting: the override keys) to ``path``, with a
-    header naming the study, the trial, its value and the experiment configs it composes with."""
+    header naming the study, the trial, its value and the experiment (configs and overrides) it composes with."""
     import yaml
 
     try:
@@ -514,8 +514,8 @@ def export_best(study, path, configs, monitor: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     header = [f"# The best trial of the hoformer tune study {study.study_name!r}: trial {best.number}, {monitor} "
               f"{best.value:.6g} ({dt.date.today().isoformat()}).",
-              "# Compose it with the experiment: hoformer fit " + " ".join(f"--config {c}" for c in configs) +
-              f" --config {path.as_posix()}"]
+              "# Compose it with the experiment: hoformer fit " + " ".join(
+                  [*(f"--config {c}" for c in configs), *map(shlex.quote, overrides), f"--config {path.as_posix()}"])]
     body = yaml.safe_dump(nested_overrides(dict(best.params)), sort_keys=True, default_flow_style=False)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text("\n".join(header) + "\n" + body, encoding="utf-8")
