@@ -171,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         key = _class_help_key(expanded)
         try:  # from the command line LightningCLI reads sys.argv itself (given both, it warns on every run)
             if key is None:
-                HoformerCLI(args=None if from_command_line else expanded)
+                HoformerCLI(args=None if from_command_line else expanded, command=argv)
             else:  # the help of a class argument: printed with the option names as they are given
                 import io
                 from contextlib import redirect_stdout
@@ -179,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 out = io.StringIO()
                 try:
                     with redirect_stdout(out):
-                        HoformerCLI(args=None if from_command_line else expanded)
+                        HoformerCLI(args=None if from_command_line else expanded, command=argv)
                 finally:
                     sys.stdout.write(_fix_class_help(out.getvalue(), key))
         except (RunFolderError, CheckpointError) as e:  # the input, not the library: one line, no traceback

@@ -106,6 +106,36 @@ def _explain_help_of_a_model(message: str) -> str:
             f"and the model is the task's `model` argument, whose help is `--{m.group(1)}.model.help {m.group(2)}`")
 
 
+def interrupted_report(trainer, signal_name: str, command: list[str] | None = None) -> str:
+    """What an interrupted ``fit`` says: after which epoch it stopped, that it did not finish, and the command that
+    resumes it from its ``last.ckpt`` (the given ``command`` with ``--ckpt_path`` replaced)."""
+    from hoformer.train.guards import EpochSummary
+
+    done = trainer.current_epoch - 1  # the epochs whose end was reached
+    dirs = [cb.dirpath for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)]
+    dirs.append(os.path.join(trainer.default_root_dir, "checkpoints"))
+    last = next((os.path.join(d, "last.ckpt") for d in dirs if os.path.isfile(os.path.join(d, "last.ckpt"))), None)
+    where = f"after {EpochSummary._epoch(trainer, done)}" if done >= 0 else "in its first epoch"
+    text = f"stopped by {signal_name} {where}: the run did not finish"
+    if last is None:
+        return f"{text}, and no checkpoint was written yet: start it again"
+    cmd = list(command) if command else ["fit", "--config", "<config>"]
+    keep, skip = [], False
+    for a in cmd:  # drop an earlier --ckpt_path (and its value)
+        if skip:
+            skip = False
+            continue
+        if a == "--ckpt_path":
+            skip = True
+            continue
+        if not a.startswith("--ckpt_path="):
+            keep.append(a)
+    import shlex
+
+    resume = " ".join(shlex.quote(a) for a in ["hoformer", *keep, "--ckpt_path", last])
+    return f"{text}; its last complete epoch is in {last}. Resume it exactly with:\n  {resume}"
+
+
 class HoformerArgumentParser(LightningArgumentParser):
     """LightningCLI's parser whose errors say what to do: the accepted arguments of a misspelled ``class_path``
     argument, the closest option to a misspelled key (``trainr:`` -> ``trainer``), the ``--model.model.help`` of a
@@ -155,12 +185,15 @@ class HoformerCLI(LightningCLI):
     ``parse_only=True`` builds the parser and nothing else (no parsing, seeding or instantiation): its ``parser``
     resolves configs exactly as the commands do (:func:`hoformer.config.resolve_config`)."""
 
-    def __init__(self, args=None, run: bool = True, parse_only: bool = False, **kw):
+    def __init__(self, args=None, run: bool = True, parse_only: bool = False, command: list[str] | None = None,
+                 **kw):
         from lightning.pytorch import LightningDataModule
 
         from hoformer.train import TaskModule
 
         self._parse_only = parse_only
+        #: the command as the user gave it (``hoformer.cli.main``'s argv), for the resume hint of an interrupted fit
+        self._command = list(command) if command is not None else None
         kw.setdefault("save_config_kwargs", {"overwrite": True})
         kw.setdefault("parser_class", HoformerArgumentParser)
         super().__init__(
@@ -345,8 +378,17 @@ class HoformerCLI(LightningCLI):
             cfg = self.config_init[self.subcommand]
             release = hold_run_folder(self.trainer.default_root_dir, resume=bool(kwargs.get("ckpt_path")),
                                       overwrite=bool(cfg.get("overwrite")))
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
         try:
             self.trainer.fit(model, **kwargs)
+        except SIGTERMException:  # Lightning stops at the end of the epoch (or inside validation) and exits 0
+            if release is not None:
+                release()
+                release = None
+            print(f"hoformer fit: {interrupted_report(self.trainer, 'SIGTERM', self._command)}", file=sys.stderr,
+                  flush=True)
+            raise SystemExit(128 + 15) from None  # a scheduler must see that the run did not finish
         finally:
             if release is not None:
                 release()

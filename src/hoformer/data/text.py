@@ -502,6 +502,14 @@ class TextDataModule(SplitDataModule):
         self.class_names: list[str] = []
         self._texts: dict[str, list[str]] = {}
 
+    sample_unit = "texts"
+
+    def _split_protocol(self) -> str:
+        what = self.table_args["train_file"] if self.dataset_name == "csv" else _DISPLAY.get(self.dataset_name,
+                                                                                             self.dataset_name)
+        return (f"{what}, validation {self.holdout} {100 * self.val_fraction:g} % held out of the training file"
+                + (f" (then the first {self.train_limit} training texts)" if self.train_limit is not None else ""))
+
     @property
     def num_classes(self) -> int:
         self.setup()
