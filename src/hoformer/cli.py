@@ -144,6 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cmd in HOOKS:
         path = HOOKS[cmd][0]
         mod, fn = path.split(":")
+        if mod not in sys.modules and not {"-h", "--help"} & set(argv[1:]):  # PyTorch / Lightning: seconds
+            print(f"hoformer {cmd}: starting (importing PyTorch and Lightning) ...", file=sys.stderr, flush=True)
         try:
             target = getattr(importlib.import_module(mod), fn)
         except (ImportError, AttributeError) as e:

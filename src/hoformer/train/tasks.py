@@ -417,7 +417,9 @@ def checkpoint_callbacks(dirpath, monitor: str | None = None, mode: str = "min",
 class ExportPretrained(pl.Callback):
     """At the end of ``fit``, load the best checkpoint's weights (or the current ones when no checkpoint was written)
     into a fresh model and ``save_pretrained`` it to ``dirpath`` (default ``<default_root_dir>/pretrained``), with the
-    datamodule's tokenizer when it has one (text)."""
+    datamodule's tokenizer when it has one (text) and its configuration and scaler (``data.json``,
+    :func:`hoformer.checkpoint.save_data_config`), so that ``hoformer forecast --checkpoint <dirpath>`` needs nothing
+    else."""
 
     def __init__(self, dirpath: str | None = None) -> None:
         self.dirpath = dirpath
@@ -437,9 +439,14 @@ class ExportPretrained(pl.Callback):
             model.load_state_dict(model_state(read_lightning_checkpoint(best, fn="ExportPretrained")))
         root = self.dirpath or os.path.join(trainer.default_root_dir, "pretrained")
         self.path = str(model.save_pretrained(root))
-        tokenizer = getattr(getattr(trainer, "datamodule", None), "tokenizer", None)
+        dm = getattr(trainer, "datamodule", None)
+        tokenizer = getattr(dm, "tokenizer", None)
         if tokenizer is not None and callable(getattr(tokenizer, "save", None)):
             tokenizer.save(root)
+        if dm is not None:  # the data configuration and scaler: `hoformer forecast --checkpoint <root>` needs them
+            from hoformer.checkpoint import save_data_config
+
+            save_data_config(root, dm)
 
 
 class CompileModel(pl.Callback):
