@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = HOOKS[cmd][0]
         mod, fn = path.split(":")
         if mod not in sys.modules and not {"-h", "--help"} & set(argv[1:]):  # PyTorch / Lightning: seconds
-            print(f"hoformer {cmd}: starting (importing PyTorch and Lightning) ...", file=sys.stderr, flush=True)
+            print(f"hoformer {cmd}: starting (loading PyTorch and the library) ...", file=sys.stderr, flush=True)
         try:
             target = getattr(importlib.import_module(mod), fn)
         except (ImportError, AttributeError) as e:

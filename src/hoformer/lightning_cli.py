@@ -139,11 +139,19 @@ def interrupted_report(trainer, signal_name: str, command: list[str] | None = No
 class HoformerArgumentParser(LightningArgumentParser):
     """LightningCLI's parser whose errors say what to do: the accepted arguments of a misspelled ``class_path``
     argument, the closest option to a misspelled key (``trainr:`` -> ``trainer``), the ``--model.model.help`` of a
-    model class given to ``--model.help``; the error line is printed first and, after the usage, last."""
+    model class given to ``--model.help``. An error with a suggestion ("did you mean 'dim'?") is one line (a misspelled
+    class argument: without jsonargparse's listing of the Union it failed to match); any other error line is printed
+    first and, after the usage, last."""
 
     def error(self, message, *args, **kwargs):
         message = _explain_help_of_a_model(_explain_unknown_option(str(message)))
         message = self._suggest_option(message)
+        named = [line.strip() for line in message.splitlines() if " has no argument " in line]
+        if named:  # a misspelled class argument: its one line (with the suggestion), not jsonargparse's Union dump
+            message = named[-1]
+        if self.exit_on_error and "did you mean" in message:  # once, and what to run for more (not the usage)
+            sys.stderr.write(f"error: {message}\n(every option: {self.prog.replace(' [options]', '')} --help)\n")
+            self.exit(2)
         if self.exit_on_error:
             sys.stderr.write(f"error: {message}\n\n")
         return super().error(message, *args, **kwargs)
@@ -196,6 +204,7 @@ class HoformerCLI(LightningCLI):
         self._command = list(command) if command is not None else None
         kw.setdefault("save_config_kwargs", {"overwrite": True})
         kw.setdefault("parser_class", HoformerArgumentParser)
+        kw.setdefault("parser_kwargs", {"prog": "hoformer"})  # not `cli.py` under `python -m hoformer.cli`
         super().__init__(
             TaskModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
             seed_everything_default=0, args=args, run=run, auto_configure_optimizers=False, **kw,

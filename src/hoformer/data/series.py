@@ -582,6 +582,18 @@ class SeriesDataModule(SplitDataModule):
                  eval_batch_size: int | None = None, on_device: bool = False) -> None:
         super().__init__(batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory,
                          eval_batch_size=eval_batch_size)
+        if not isinstance(on_device, (bool, np.bool_)):
+            named = ""
+            if isinstance(on_device, (str, torch.device)):  # a device name: say whether this machine has it
+                from hoformer._io import check_device
+
+                try:
+                    check_device(on_device, type(self).__name__)
+                except ValueError as e:
+                    named = f"; {str(e).split(': ', 1)[-1].split(';')[0]}"
+            raise TypeError(f"{type(self).__name__}: `on_device` must be True or False (True: keep the series on the "
+                            "trainer's device, which Trainer(accelerator=..., devices=...) chooses), got "
+                            f"{on_device!r}{named}")
         if on_device and num_workers:
             raise ValueError(f"{type(self).__name__}: on_device=True gathers the batches on the device, without "
                              f"DataLoader workers; got num_workers={num_workers} (set it to 0)")
