@@ -135,7 +135,8 @@ def test_command_line_run_prints_no_lightningcli_args_warning(monkeypatch, capsy
 
 
 # ---------------------------------------------------------------------------------------------- configs
-CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
+#: the LightningCLI configs (configs/tune/ holds search spaces of `hoformer tune`, tested in tests/test_tune.py)
+CONFIGS = sorted(p for p in (REPO / "configs").rglob("*.yaml") if p.parent.name != "tune")
 EXPERIMENTS = _import_file(REPO / "benchmarks" / "paper_configs.py").experiments()
 #: experiment files that extend a protocol file: what differs from it, nothing else
 SMALL = 40
@@ -156,7 +157,7 @@ def test_configs_compose_from_a_shared_trainer():
         chain = _bases(path)
         assert chain[-1] == str(path) and (path.name == "trainer.yaml" or chain[0].endswith("configs/trainer.yaml"))
         text = path.read_text()
-        assert text.count("runs/") <= 1 + text.count("/pretrained"), path  # teacher inputs are the only other paths
+        assert text.count("runs/") <= 1 + text.count("teacher_run:"), path  # a student's teacher is the other path
         is_protocol = any(_bases(other)[-2:-1] == [str(path)] for other in CONFIGS if other != path)
         if not is_protocol and path.name != "trainer.yaml":
             assert len(text.splitlines()) <= SMALL, f"{path}: an experiment file holds only what differs"
@@ -534,7 +535,7 @@ def test_ckpt_path_best_falls_back_to_the_newest_best_checkpoint(tmp_path):
 RESOLVED_DIGESTS = {
     "configs/hoba/cpu_sst2_hoba.yaml": "7b102e922ca3ce53",
     "configs/hoba/cpu_sst2_teacher.yaml": "5224507399c2b6d9",
-    "configs/hoba/cpu_student.yaml": "15f18a858fd2e369",
+    "configs/hoba/cpu_student.yaml": "0ee6eb2f0b61eeaa",  # names no teacher run (--teacher_run)
     "configs/hoba/cpu_teacher.yaml": "abed6e19797c4985",
     "configs/hoba/cpu_trec_hoba.yaml": "15f18a858fd2e369",
     "configs/hoba/cpu_trec_teacher.yaml": "abed6e19797c4985",
@@ -545,12 +546,15 @@ RESOLVED_DIGESTS = {
     "configs/hot/ltsf/etth1_96_96_full.yaml": "77dd8e34df4b9018",
     "configs/hot/ltsf/etth1_96_96_hot_product.yaml": "9a1879e05b9d2416",
     "configs/hot/ltsf/etth1_96_96_hot_sum.yaml": "23161c02252f7782",
+    "configs/hot/ltsf/etth1_96_96_spatial.yaml": "d080dd8ca4693c26",
+    "configs/hot/ltsf/etth1_96_96_temporal.yaml": "f3180960deb207e9",
     "configs/hot/ltsf/weather_96_336_hot_sum.yaml": "93146e7d03133dfa",
     "configs/hot/ltsf/weather_96_96_hot_sum.yaml": "e3eaa26303918a8e",
     "configs/hot/ltsf_cpu.yaml": "fa1025ee62fe499d",
     "configs/hot/ltsf_cpu/etth1_96_720_joint.yaml": "c095339795bafe51",
     "configs/hot/ltsf_cpu/etth1_96_720_official.yaml": "a31e2eb5253cc11d",
     "configs/hot/ltsf_cpu/etth1_96_96_hot_product.yaml": "fa1025ee62fe499d",
+    "configs/hot/ltsf_cpu/etth1_96_96_spatial.yaml": "3acd8118bc0f2929",
     "configs/hot/ltsf_cpu/etth1_96_causal.yaml": "a6ce99959cdf83b1",
     "configs/hot/ltsf_hot.yaml": "15dc299196341ab6",
     "configs/hot/medmnist3d.yaml": "c72516612181fa64",
@@ -579,7 +583,7 @@ def _digest(cfg: dict) -> str:
 
 def test_every_committed_config_resolves_to_its_earlier_effective_configuration(monkeypatch):
     monkeypatch.chdir(REPO)
-    found = sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").rglob("*.yaml") if p.name != "trainer.yaml")
+    found = sorted(str(p.relative_to(REPO)) for p in CONFIGS if p.name != "trainer.yaml")
     assert found == sorted(RESOLVED_DIGESTS)
     changed = [name for name in found if _digest(resolve_config(name)) != RESOLVED_DIGESTS[name]]
     assert not changed, changed

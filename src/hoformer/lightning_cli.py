@@ -261,6 +261,11 @@ class HoformerCLI(LightningCLI):
         parser.add_argument("--overwrite", type=bool, default=False,
                             help="fit: replace the finished run in trainer.default_root_dir (default: refuse it; "
                                  "resume it with --ckpt_path, or give the run its own folder)")
+        parser.add_argument("--teacher_run", type=Optional[str], default=None,
+                            help="a distilled student's teacher: the teacher's run folder (its "
+                                 "trainer.default_root_dir); sets the task's teacher, teacher_logits and "
+                                 "init_embeddings_from and the data's tokenizer to its pretrained/ export "
+                                 "(hoformer.config.TEACHER_RUN_LINKS)")
         parser.add_argument("--allow_data_mismatch", type=bool, default=False,
                             help="evaluate / resume a checkpoint on data other than the data it was trained on "
                                  "(default: refused; a checkpoint records its data's signature)")
