@@ -107,18 +107,18 @@ def _explain_help_of_a_model(message: str) -> str:
 
 
 def interrupted_report(trainer, signal_name: str, command: list[str] | None = None) -> str:
-    """What an interrupted ``fit`` says: after which epoch it stopped, that it did not finish, and the command that
-    resumes it from its ``last.ckpt`` (the given ``command`` with ``--ckpt_path`` replaced)."""
+    """What an interrupted ``fit`` says: in which epoch it stopped (Lightning stops after the training step under way),
+    that it did not finish, and the command that resumes it from the ``last.ckpt`` of its last complete epoch (the
+    given ``command`` with ``--ckpt_path`` replaced)."""
     from hoformer.train.guards import EpochSummary
 
-    done = trainer.current_epoch - 1  # the epochs whose end was reached
+    done = trainer.current_epoch - 1  # the last epoch whose end (and last.ckpt) was reached
     dirs = [cb.dirpath for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)]
     dirs.append(os.path.join(trainer.default_root_dir, "checkpoints"))
     last = next((os.path.join(d, "last.ckpt") for d in dirs if os.path.isfile(os.path.join(d, "last.ckpt"))), None)
-    where = f"after {EpochSummary._epoch(trainer, done)}" if done >= 0 else "in its first epoch"
-    text = f"stopped by {signal_name} {where}: the run did not finish"
-    if last is None:
-        return f"{text}, and no checkpoint was written yet: start it again"
+    text = f"stopped by {signal_name} in {EpochSummary._epoch(trainer)}: the run did not finish"
+    if last is None or done < 0:
+        return f"{text}, and no epoch was complete: start it again"
     cmd = list(command) if command else ["fit", "--config", "<config>"]
     keep, skip = [], False
     for a in cmd:  # drop an earlier --ckpt_path (and its value)
@@ -133,7 +133,8 @@ def interrupted_report(trainer, signal_name: str, command: list[str] | None = No
     import shlex
 
     resume = " ".join(shlex.quote(a) for a in ["hoformer", *keep, "--ckpt_path", last])
-    return f"{text}; its last complete epoch is in {last}. Resume it exactly with:\n  {resume}"
+    return (f"{text}; its last complete epoch ({EpochSummary._epoch(trainer, done).split()[1]}) is in {last}. "
+            f"Resume it exactly with:\n  {resume}")
 
 
 class HoformerArgumentParser(LightningArgumentParser):
@@ -200,6 +201,10 @@ class HoformerCLI(LightningCLI):
         from hoformer.train import TaskModule
 
         self._parse_only = parse_only
+        #: the one subcommand whose parser is built (``hoformer fit ...`` needs no validate / test / predict parser:
+        #: each costs a quarter of the parsing time); ``None``: all of them
+        given = list(args) if isinstance(args, (list, tuple)) else sys.argv[1:] if args is None else []
+        self._only = "fit" if parse_only else next((a for a in given if a in LightningCLI.subcommands()), None)
         #: the command as the user gave it (``hoformer.cli.main``'s argv), for the resume hint of an interrupted fit
         self._command = list(command) if command is not None else None
         kw.setdefault("save_config_kwargs", {"overwrite": True})
@@ -209,6 +214,12 @@ class HoformerCLI(LightningCLI):
             TaskModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
             seed_everything_default=0, args=args, run=run, auto_configure_optimizers=False, **kw,
         )
+
+    def subcommands(self) -> dict[str, set[str]]:
+        """LightningCLI's subcommands, or only the one this command runs (:attr:`_only`)."""
+        full = LightningCLI.subcommands()
+        only = getattr(self, "_only", None)
+        return {only: full[only]} if only in full else full
 
     # ------------------------------------------------------------------------------------------- parse only
     def parse_arguments(self, parser, args) -> None:
