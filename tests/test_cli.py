@@ -197,11 +197,14 @@ def test_config_parses_with_the_protocol(path, capsys):
     assert cfg["trainer"]["default_root_dir"].startswith("runs/")
     assert any(c["class_path"].endswith("ExportPretrained") for c in cfg["trainer"]["callbacks"])
     if "/hot/" in path.as_posix() and not path.stem.endswith("cnn3d"):
-        paper, authors = "ltsf_cpu" not in path.as_posix(), path.stem == "ltsf_hot"
+        paper, authors = "ltsf_cpu" not in path.as_posix() and not path.stem.endswith("_cpu"), path.stem == "ltsf_hot"
         assert optim["lr"] == (2e-4 if paper and not authors else 1e-3) and optim["weight_decay"] == 0.1
         assert model["init_args"]["dim"] == (128 if paper else 64)
-        assert model["init_args"]["depth"] == (2 if task.endswith("ForecastingTask") else 6)
-        assert cfg["trainer"]["max_epochs"] == (100 if paper else 10)
+        volumes_cpu = task.endswith("ClassificationTask") and not paper  # 2 blocks, 30 epochs, a 10 % warm-up
+        assert model["init_args"]["depth"] == (2 if task.endswith("ForecastingTask") or volumes_cpu else 6)
+        assert cfg["trainer"]["max_epochs"] == (100 if paper else 30 if volumes_cpu else 10)
+        if volumes_cpu:
+            assert optim["warmup_ratio"] == 0.1 and cfg["data"]["init_args"]["flip_augment"] is True
         assert cfg["data"]["init_args"]["batch_size"] == (128 if authors else 32)
         if "head" in model["init_args"] and path.stem != "etth1_96_720_official":  # the paper's head on the paper's
             # model, the flattened one at a CPU budget (the reference preset: the reference's mean head)
@@ -533,15 +536,15 @@ def test_ckpt_path_best_falls_back_to_the_newest_best_checkpoint(tmp_path):
 #: `pool` named `head` (the CPU-budget configs keep the flattened head, the paper configs take the paper's time-mean
 #: head). A changed digest means a committed run changes.
 RESOLVED_DIGESTS = {
-    "configs/hoba/cpu_sst2_hoba.yaml": "7b102e922ca3ce53",
-    "configs/hoba/cpu_sst2_teacher.yaml": "5224507399c2b6d9",
-    "configs/hoba/cpu_student.yaml": "0ee6eb2f0b61eeaa",  # names no teacher run (--teacher_run)
-    "configs/hoba/cpu_teacher.yaml": "abed6e19797c4985",
-    "configs/hoba/cpu_trec_hoba.yaml": "15f18a858fd2e369",
-    "configs/hoba/cpu_trec_teacher.yaml": "abed6e19797c4985",
-    "configs/hoba/paper_student.yaml": "ab2b84287a9056bb",
-    "configs/hoba/paper_teacher.yaml": "2f6240a605a74e44",
-    "configs/hoba/sst2_hoba_3l_b16.yaml": "ab2b84287a9056bb",
+    "configs/hoba/cpu_sst2_hoba.yaml": "bb7518296d956f1f",
+    "configs/hoba/cpu_sst2_teacher.yaml": "215beb6af0a574a8",
+    "configs/hoba/cpu_student.yaml": "d2fd6c9d55dd19ce",  # names no teacher run (--teacher_run)
+    "configs/hoba/cpu_teacher.yaml": "702fe3e3e25ba464",
+    "configs/hoba/cpu_trec_hoba.yaml": "12466227ef254efd",
+    "configs/hoba/cpu_trec_teacher.yaml": "702fe3e3e25ba464",
+    "configs/hoba/paper_student.yaml": "a850fcca32ac82d3",
+    "configs/hoba/paper_teacher.yaml": "7906c2b51e067fb0",
+    "configs/hoba/sst2_hoba_3l_b16.yaml": "a850fcca32ac82d3",
     "configs/hot/ltsf.yaml": "9a1879e05b9d2416",
     "configs/hot/ltsf/etth1_96_96_full.yaml": "77dd8e34df4b9018",
     "configs/hot/ltsf/etth1_96_96_hot_product.yaml": "9a1879e05b9d2416",
@@ -560,6 +563,7 @@ RESOLVED_DIGESTS = {
     "configs/hot/medmnist3d.yaml": "c72516612181fa64",
     "configs/hot/medmnist3d/adrenal_cnn3d.yaml": "621be2ba0abfb924",
     "configs/hot/medmnist3d/adrenal_hot_product.yaml": "c72516612181fa64",
+    "configs/hot/medmnist3d/adrenal_hot_product_cpu.yaml": "55c51d0228967bc5",
     "configs/hot/medmnist3d/adrenal_hot_sum.yaml": "751714f12ba0d791",
     "configs/hot/ssl4eo_l.yaml": "c973fab0f4833224",
     "configs/weaver/los_loop_cpu.yaml": "378d181205532064",
