@@ -593,6 +593,16 @@ def test_every_committed_config_resolves_to_its_earlier_effective_configuration(
     assert not changed, changed
 
 
+@pytest.mark.parametrize("name", ["hot/ltsf/etth1_96_96_spatial", "hot/ltsf/etth1_96_96_temporal",
+                                  "hot/ltsf_cpu/etth1_96_96_spatial"])
+def test_the_baselines_of_the_results_pages_ship_as_configs(name, monkeypatch):
+    """The spatial (iTransformer) and temporal Transformers the results pages compare HOT with are files, each the
+    grid experiment of the same name (benchmarks/paper_configs.py) and nothing else."""
+    monkeypatch.chdir(REPO)
+    args = EXPERIMENTS[name]
+    assert _digest(resolve_config(f"configs/{name}.yaml")) == _digest(resolve_config(args[1], args[2:]))
+
+
 def test_composed_configs_add_to_the_shared_callbacks_instead_of_repeating_them():
     shared = [c["class_path"] for c in yaml.safe_load((REPO / "configs/trainer.yaml").read_text())["trainer"]["callbacks"]]
     for name, added in [("configs/hot/ltsf_cpu.yaml", "EarlyStopping"), ("configs/weaver/paper.yaml", "EarlyStopping")]:
