@@ -171,9 +171,9 @@ CPU_TEXT = {"sst2": dict(train_limit=5000, n=5000), "trec": dict(train_limit=Non
 WARMUP = "--model.init_args.optim.warmup_ratio=0.1"  # 10 % of the run's optimiser steps, whatever the data size
 
 
-def _teacher_args(teacher: str) -> list[str]:
-    return [f"--model.init_args.teacher={teacher}", f"--model.init_args.teacher_logits={teacher}/teacher_logits.pt",
-            f"--model.init_args.init_embeddings_from={teacher}", f"{DATA}.tokenizer={teacher}"]
+def _teacher_args(teacher_run: str) -> list[str]:
+    """A student's teacher: its run folder (hoformer.config.TEACHER_RUN_LINKS: teacher, logits, embeddings, tokenizer)."""
+    return [f"--teacher_run={teacher_run}"]
 
 
 def _hoba():
@@ -181,7 +181,7 @@ def _hoba():
         yield (f"hoba/{ds}_teacher", "configs/hoba/paper_teacher.yaml",
                [f"{DATA}.dataset={ds}", f"{DATA}.max_len={max(length, 128)}",
                 WARMUP])
-        teacher = f"runs/hoba/{ds}_teacher/pretrained"
+        teacher = f"runs/hoba/{ds}_teacher"
         for depth in (3, 6):
             for v, (attention, cross_block) in TEXT_VARIANTS.items():
                 if v == "triplet_full" and ds not in ("sst2", "trec"):
@@ -198,7 +198,7 @@ def _hoba():
     for ds, c in CPU_TEXT.items():
         teacher_cfg = f"configs/hoba/cpu_{ds}_teacher.yaml"
         yield f"hoba/cpu_{ds}_teacher", teacher_cfg, []
-        teacher = f"runs/hoba/cpu_{ds}_teacher/pretrained"
+        teacher = f"runs/hoba/cpu_{ds}_teacher"
         for v in ("hoba", "hoba_nocb", "block2d", "full2d") + (("triplet_full",) if ds == "trec" else ()):
             attention, cross_block = TEXT_VARIANTS[v]
             yield f"hoba/cpu_{ds}_{v}", "configs/hoba/cpu_student.yaml", [

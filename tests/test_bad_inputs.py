@@ -814,5 +814,5 @@ def test_a_nan_weight_in_model_safetensors_is_refused_naming_file_and_tensor(tmp
     msg = str(info.value)
     for needle in ("from_pretrained", str(directory / "model.safetensors"), repr(key), "1 NaN", "allow_nonfinite=True"):
         assert needle in msg, (needle, msg)
-    loaded = from_pretrained(directory, allow_nonfinite=True)
+    loaded = from_pretrained(directory, allow_nonfinite=True, verify_weights=False)  # (rewritten: another SHA-256)
     assert torch.isnan(loaded.state_dict()[key]).sum() == 1

@@ -180,7 +180,7 @@ def test_configs_compose_from_a_shared_trainer():
         chain = _bases(path)
         assert chain[-1] == str(path) and (path.name == "trainer.yaml" or chain[0].endswith("configs/trainer.yaml"))
         text = path.read_text()
-        assert text.count("runs/") <= 1 + text.count("/pretrained"), path  # teacher inputs are the only other paths
+        assert text.count("runs/") <= 1 + text.count("teacher_run:"), path  # a student's teacher is the other path
         is_protocol = any(_bases(other)[-2:-1] == [str(path)] for other in CONFIGS if other != path)
         if not is_protocol and path.name != "trainer.yaml":
             assert len(text.splitlines()) <= SMALL, f"{path}: an experiment file holds only what differs"
@@ -220,11 +220,14 @@ def test_config_parses_with_the_protocol(path, capsys):
     assert cfg["trainer"]["default_root_dir"].startswith("runs/")
     assert any(c["class_path"].endswith("ExportPretrained") for c in cfg["trainer"]["callbacks"])
     if "/hot/" in path.as_posix() and not path.stem.endswith("cnn3d"):
-        paper, authors = "ltsf_cpu" not in path.as_posix(), path.stem == "ltsf_hot"
+        paper, authors = "ltsf_cpu" not in path.as_posix() and not path.stem.endswith("_cpu"), path.stem == "ltsf_hot"
         assert optim["lr"] == (2e-4 if paper and not authors else 1e-3) and optim["weight_decay"] == 0.1
         assert model["init_args"]["dim"] == (128 if paper else 64)
-        assert model["init_args"]["depth"] == (2 if task.endswith("ForecastingTask") else 6)
-        assert cfg["trainer"]["max_epochs"] == (100 if paper else 10)
+        volumes_cpu = task.endswith("ClassificationTask") and not paper  # 2 blocks, 30 epochs, a 10 % warm-up
+        assert model["init_args"]["depth"] == (2 if task.endswith("ForecastingTask") or volumes_cpu else 6)
+        assert cfg["trainer"]["max_epochs"] == (100 if paper else 30 if volumes_cpu else 10)
+        if volumes_cpu:
+            assert optim["warmup_ratio"] == 0.1 and cfg["data"]["init_args"]["flip_augment"] is True
         assert cfg["data"]["init_args"]["batch_size"] == (128 if authors else 32)
         if "head" in model["init_args"] and path.stem != "etth1_96_720_official":  # the paper's head on the paper's
             # model, the flattened one at a CPU budget (the reference preset: the reference's mean head)
@@ -556,30 +559,34 @@ def test_ckpt_path_best_falls_back_to_the_newest_best_checkpoint(tmp_path):
 #: `pool` named `head` (the CPU-budget configs keep the flattened head, the paper configs take the paper's time-mean
 #: head). A changed digest means a committed run changes.
 RESOLVED_DIGESTS = {
-    "configs/hoba/cpu_sst2_hoba.yaml": "7b102e922ca3ce53",
-    "configs/hoba/cpu_sst2_teacher.yaml": "5224507399c2b6d9",
-    "configs/hoba/cpu_student.yaml": "15f18a858fd2e369",
-    "configs/hoba/cpu_teacher.yaml": "abed6e19797c4985",
-    "configs/hoba/cpu_trec_hoba.yaml": "15f18a858fd2e369",
-    "configs/hoba/cpu_trec_teacher.yaml": "abed6e19797c4985",
-    "configs/hoba/paper_student.yaml": "ab2b84287a9056bb",
-    "configs/hoba/paper_teacher.yaml": "2f6240a605a74e44",
-    "configs/hoba/sst2_hoba_3l_b16.yaml": "ab2b84287a9056bb",
+    "configs/hoba/cpu_sst2_hoba.yaml": "bb7518296d956f1f",
+    "configs/hoba/cpu_sst2_teacher.yaml": "215beb6af0a574a8",
+    "configs/hoba/cpu_student.yaml": "d2fd6c9d55dd19ce",  # names no teacher run (--teacher_run)
+    "configs/hoba/cpu_teacher.yaml": "702fe3e3e25ba464",
+    "configs/hoba/cpu_trec_hoba.yaml": "12466227ef254efd",
+    "configs/hoba/cpu_trec_teacher.yaml": "702fe3e3e25ba464",
+    "configs/hoba/paper_student.yaml": "a850fcca32ac82d3",
+    "configs/hoba/paper_teacher.yaml": "7906c2b51e067fb0",
+    "configs/hoba/sst2_hoba_3l_b16.yaml": "a850fcca32ac82d3",
     "configs/hot/ltsf.yaml": "9a1879e05b9d2416",
     "configs/hot/ltsf/etth1_96_96_full.yaml": "77dd8e34df4b9018",
     "configs/hot/ltsf/etth1_96_96_hot_product.yaml": "9a1879e05b9d2416",
     "configs/hot/ltsf/etth1_96_96_hot_sum.yaml": "23161c02252f7782",
+    "configs/hot/ltsf/etth1_96_96_spatial.yaml": "d080dd8ca4693c26",
+    "configs/hot/ltsf/etth1_96_96_temporal.yaml": "f3180960deb207e9",
     "configs/hot/ltsf/weather_96_336_hot_sum.yaml": "93146e7d03133dfa",
     "configs/hot/ltsf/weather_96_96_hot_sum.yaml": "e3eaa26303918a8e",
     "configs/hot/ltsf_cpu.yaml": "fa1025ee62fe499d",
     "configs/hot/ltsf_cpu/etth1_96_720_joint.yaml": "c095339795bafe51",
     "configs/hot/ltsf_cpu/etth1_96_720_official.yaml": "a31e2eb5253cc11d",
     "configs/hot/ltsf_cpu/etth1_96_96_hot_product.yaml": "fa1025ee62fe499d",
+    "configs/hot/ltsf_cpu/etth1_96_96_spatial.yaml": "3acd8118bc0f2929",
     "configs/hot/ltsf_cpu/etth1_96_causal.yaml": "a6ce99959cdf83b1",
     "configs/hot/ltsf_hot.yaml": "15dc299196341ab6",
     "configs/hot/medmnist3d.yaml": "c72516612181fa64",
     "configs/hot/medmnist3d/adrenal_cnn3d.yaml": "621be2ba0abfb924",
     "configs/hot/medmnist3d/adrenal_hot_product.yaml": "c72516612181fa64",
+    "configs/hot/medmnist3d/adrenal_hot_product_cpu.yaml": "55c51d0228967bc5",
     "configs/hot/medmnist3d/adrenal_hot_sum.yaml": "751714f12ba0d791",
     "configs/hot/ssl4eo_l.yaml": "c973fab0f4833224",
     "configs/weaver/los_loop_cpu.yaml": "378d181205532064",
@@ -607,6 +614,16 @@ def test_every_committed_config_resolves_to_its_earlier_effective_configuration(
     assert found == sorted(RESOLVED_DIGESTS)
     changed = [name for name in found if _digest(resolve_config(name)) != RESOLVED_DIGESTS[name]]
     assert not changed, changed
+
+
+@pytest.mark.parametrize("name", ["hot/ltsf/etth1_96_96_spatial", "hot/ltsf/etth1_96_96_temporal",
+                                  "hot/ltsf_cpu/etth1_96_96_spatial"])
+def test_the_baselines_of_the_results_pages_ship_as_configs(name, monkeypatch):
+    """The spatial (iTransformer) and temporal Transformers the results pages compare HOT with are files, each the
+    grid experiment of the same name (benchmarks/paper_configs.py) and nothing else."""
+    monkeypatch.chdir(REPO)
+    args = EXPERIMENTS[name]
+    assert _digest(resolve_config(f"configs/{name}.yaml")) == _digest(resolve_config(args[1], args[2:]))
 
 
 def test_composed_configs_add_to_the_shared_callbacks_instead_of_repeating_them():

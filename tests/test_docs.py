@@ -140,7 +140,7 @@ def test_dangling_reference_is_caught():
                                "`hot/ltsf_cpu/etth1_96_*`, `configs/hot/ltsf/`", experiments) == []
     assert dangling_references("<!-- ledger:hot/paper_runs -->\n<!-- /ledger -->", experiments) == []  # a table name
     for text in ("configs/hot/ltsf_cpu/etth1_96_192_hot_product.yaml",  # a grid entry, not a file
-                 "configs/hot/ltsf/etth1_96_96_*.yaml",  # the files hot_product / hot_sum / full, not spatial
+                 "configs/hot/ltsf/weather_96_*.yaml",  # the files 96_hot_sum / 336_hot_sum, not 96_full
                  "configs/hot/generate.py", "python benchmarks/nothing.py", "configs/hoba/{cpu,gpu}_trec_hoba.yaml",
                  "`hot/ltsf/etth1_96_97_*`", "configs/nothing/"):
         assert dangling_references(text, experiments), text

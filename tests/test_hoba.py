@@ -626,8 +626,8 @@ def test_teacher_cache_hit_is_identical_and_other_weights_recompute(tmp_path, mo
     for s in ("train", "val", "test"):
         assert torch.equal(t2.distillation.logits[s], t1.distillation.logits[s])
     monkeypatch.undo()
-    # other teacher *weights*, config.json byte for byte the same (weights rewritten with the same save id): the
-    # cache is stale and recomputed from the new teacher
+    # other teacher *weights*, the same configuration (weights rewritten with the same save id and config digest,
+    # their SHA-256 recorded as save_pretrained records it): the cache is stale and recomputed from the new teacher
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -636,6 +636,7 @@ def test_teacher_cache_hit_is_identical_and_other_weights_recompute(tmp_path, mo
         meta = f.metadata()
     teacher2 = create_model("hoba_classifier", **teacher.config["kwargs"]).eval()
     save_file({k: v.contiguous() for k, v in teacher2.state_dict().items()}, str(wpath), metadata=meta)
+    restamp_config(tmp_path / "teacher", lambda cfg: None)
     t3 = task(teacher=str(tmp_path / "teacher"), teacher_logits=str(cache))
     _load(t3, ("train",), dm)
     torch.testing.assert_close(t3.distillation.logits["train"], _teacher_logits(teacher2, dm, "train"), rtol=1e-5,

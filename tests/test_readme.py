@@ -42,3 +42,13 @@ def test_analysis_doc_snippet_prints_what_it_promises(capsys):
     exec(compile(block, "docs/analysis.md python block 0", "exec"), {"__name__": "__doc__"})
     printed = capsys.readouterr().out
     assert promised and all(p in printed for p in promised), (promised, printed)
+
+
+def test_readme_forecasts_with_the_model_its_test_command_scores():
+    """The own-CSV route: ``test --ckpt_path best`` scores the best checkpoint, and ``forecast`` reads the run's
+    ``pretrained/`` folder, which holds that checkpoint's model (ExportPretrained), not ``last.ckpt``."""
+    block = next(b for b in _blocks("bash") if "hoformer forecast" in b)
+    root = re.search(r"--trainer\.default_root_dir (\S+?)\"?$", block, flags=re.M).group(1)
+    assert re.search(r"^hoformer test .*--ckpt_path best", block, flags=re.M), block
+    forecast = re.search(r"^hoformer forecast --checkpoint (\S+)", block, flags=re.M).group(1)
+    assert forecast == f"{root}/pretrained" and "last.ckpt" not in block, block

@@ -93,3 +93,41 @@ def check_finite_output(y: torch.Tensor, x: torch.Tensor, fn: str, arg: str = "x
         f"{big:.3g} overflows {x.dtype} arithmetic inside (squares and exponentials of values this large exceed "
         f"{torch.finfo(x.dtype).max:.3g}); scale or standardise `{arg}` (e.g. to unit variance), or compute in "
         f"float64")
+
+
+def _named_tensors(name: str, value) -> list[tuple[str, torch.Tensor]]:
+    """The floating-point tensors of an argument (a tensor or a sequence of them), named ``name`` / ``name[i]``."""
+    if isinstance(value, torch.Tensor):
+        return [(name, value)] if value.is_floating_point() else []
+    if isinstance(value, (list, tuple)):
+        return [(f"{name}[{i}]", v) for i, v in enumerate(value) if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    return []
+
+
+def check_finite_result(y: torch.Tensor, fn: str, **inputs: Any) -> None:
+    """The output check of the public functional API (:mod:`hoformer.functional`), as the layers'
+    :func:`check_finite_output`: raise ``FloatingPointError`` when ``y`` is not finite although every floating-point
+    input is (tensors, or sequences of tensors such as the per-mode ``q`` of :func:`kronecker_attention`), naming the
+    input with the largest magnitude; finite inputs too large for the dtype (``q * 1e30``: the logits overflow)
+    otherwise give an all-NaN result without a word. Non-finite inputs are the caller's: not checked here. CPU only
+    and not while ``torch.compile`` traces (one pass over ``y``: its minimum and maximum), as
+    :func:`check_finite_output`."""
+    if not isinstance(y, torch.Tensor) or y.device.type != "cpu" or torch.compiler.is_compiling():
+        return
+    if y.numel() == 0 or not y.is_floating_point() or bool(torch.isfinite(torch.stack(torch.aminmax(y.detach()))).all()):
+        return
+    named = [t for k, v in inputs.items() for t in _named_tensors(k, v)]
+    if not named or not all(bool(torch.isfinite(t).all()) for _, t in named):
+        return
+    name, big = max(((n, t.detach().abs().amax().item()) for n, t in named if t.numel()), key=lambda p: p[1],
+                    default=("?", 0.0))
+    dtype = y.dtype
+    why = (f"their largest magnitude, {big:.3g} in `{name}`, overflows {dtype} arithmetic inside (products and "
+           f"exponentials of values this large exceed {torch.finfo(dtype).max:.3g}); scale or normalise the inputs "
+           "(e.g. LayerNorm on q and k, or a smaller `scale`), or compute in float64"
+           if big >= torch.finfo(dtype).max ** 0.25 else
+           f"their largest magnitude is {big:.3g} (in `{name}`), too small to overflow: please report this with the "
+           "inputs' shapes and dtypes")
+    raise FloatingPointError(f"{fn}: the output is not finite (NaN / inf) although the inputs "
+                             f"({', '.join(n for n, _ in named[:6])}{', ...' if len(named) > 6 else ''}) are finite: "
+                             f"{why}")

@@ -68,12 +68,32 @@ def stage(path: Path, write_fn: Callable[[str], Any]) -> str:
     return tmp
 
 
-def _explain_write_error(path: Path, e: Exception) -> Exception:
-    """The error of a failed write of ``path`` naming the file and, when the disk is full (``ENOSPC`` / ``EDQUOT``, or
-    a writer such as ``torch.save`` that reports only a short write), the cause; ``e`` itself otherwise."""
+def _file_size_limit() -> int | None:
+    """The soft ``RLIMIT_FSIZE`` of this process in bytes (``ulimit -f``), ``None`` when there is none (or no
+    ``resource`` module: Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if soft == resource.RLIM_INFINITY or soft < 0 else int(soft)
+
+
+def explain_write_error(path: Path, e: Exception) -> Exception:
+    """The error of a failed write of ``path`` naming the file and the cause, when it is the process's file-size limit
+    (``ulimit -f``: ``EFBIG``) or a full disk (``ENOSPC`` / ``EDQUOT``), also for a writer such as ``torch.save`` that
+    reports only a short write ("unexpected pos"); ``e`` itself otherwise."""
     import errno
     import shutil
 
+    short = isinstance(e, OSError) or "unexpected pos" in str(e) or "write" in str(e).lower()
+    limit = _file_size_limit()
+    if limit is not None and ((isinstance(e, OSError) and e.errno == errno.EFBIG) or short):
+        return OSError(errno.EFBIG, f"cannot write {str(path)!r}: the file-size limit of this process (ulimit -f: "
+                                    f"{limit} bytes, {limit / 2**20:.2f} MiB) stopped the write; nothing was written "
+                                    "and the previous file, if any, is intact. Raise the limit (ulimit -f unlimited) "
+                                    f"or write a smaller file ({type(e).__name__}: "
+                                    f"{str(e).splitlines()[0][:200] if str(e) else ''})")
     full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1))
     if not full and (isinstance(e, OSError) or "unexpected pos" in str(e) or "write" in str(e).lower()):
         try:
@@ -112,7 +132,7 @@ def atomic_write(path: str | os.PathLike, write_fn) -> None:
     try:
         tmp = stage(path, write_fn)
     except Exception as e:  # noqa: BLE001 - a full disk surfaces as OSError(ENOSPC) or as torch's "unexpected pos"
-        raise _explain_write_error(path, e) from e
+        raise explain_write_error(path, e) from e
     try:
         os.replace(tmp, path)
     finally:

@@ -39,9 +39,10 @@ def save_figure(fig, path) -> Path:
 
 
 def plot_forecast_vs_truth(x, y, pred, path, *, channels: Sequence[int] | None = None, names=None,
-                           title: str = "") -> Path:
+                           title: str = "", scale: str | None = None) -> Path:
     """Lookback ``x (L, C)``, truth ``y (S, C)`` and forecast ``pred (S, C)`` of selected channels (default: the
-    last three, ``OT`` first in LTSF files)."""
+    last three, ``OT`` first in LTSF files); ``scale`` (e.g. ``"standardised"``, ``"original scale"``) is written
+    under each panel's name on its y axis."""
     x, y, pred = as_numpy(x), as_numpy(y), as_numpy(pred)
     if y.shape != pred.shape or x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
         raise ValueError(f"plot_forecast_vs_truth: need x (L, C), y and pred (S, C), got {x.shape}, {y.shape}, "
@@ -55,7 +56,8 @@ def plot_forecast_vs_truth(x, y, pred, path, *, channels: Sequence[int] | None =
         ax.plot(tl, x[:, j], color="0.45", lw=1, label="lookback")
         ax.plot(tf, y[:, j], color="C0", lw=1.2, label="truth")
         ax.plot(tf, pred[:, j], color="C3", lw=1.2, label="forecast")
-        ax.set_ylabel(names[j] if names is not None else f"channel {j}", fontsize=8)
+        label = names[j] if names is not None else f"channel {j}"
+        ax.set_ylabel(f"{label}\n({scale})" if scale else label, fontsize=8)
         ax.grid(alpha=0.3)
     axes[0, 0].legend(loc="upper left", fontsize=7)
     axes[-1, 0].set_xlabel("time step")

@@ -29,10 +29,87 @@ from hoformer._io import CheckpointError, MissingCheckpointError, check_device, 
 
 __all__ = ["CheckpointError", "MissingCheckpointError", "check_device", "read_checkpoint", "read_lightning_checkpoint",
            "model_state", "load_checkpoint", "model_spec", "check_model_state", "data_signature",
-           "check_checkpoint_data"]
+           "check_checkpoint_data", "save_data_config", "read_data_config"]
 
 #: the key under which a task stores its datamodule's ``data_signature()`` in a checkpoint
 DATA_SIGNATURE_KEY = "hoformer_data_signature"
+#: the file of a ``save_pretrained`` folder that records the data the model was trained on (:func:`save_data_config`)
+DATA_CONFIG_NAME = "data.json"
+
+
+def save_data_config(directory, datamodule) -> Path | None:
+    """Write ``directory/data.json``: what forecasting (and any later use) needs of the data a model was trained on,
+    beside its ``save_pretrained`` files: the datamodule's class path and init args (a relative ``root`` made
+    absolute), its ``data_signature()``, and, when it has one, the fitted scaler (``mean``, ``std``, ``eps``), the
+    column names and the lookback / horizon / features. Tied to the weights by ``config.json``'s ``save_id``. Returns
+    the path, or ``None`` for a datamodule without hyper-parameters (nothing to record)."""
+    import json
+    import os
+
+    import numpy as np
+
+    from hoformer._io import atomic_write
+
+    hp = dict(getattr(datamodule, "hparams", None) or {})
+    if not hp:
+        return None
+    d = Path(directory)
+    cfg = json.loads((d / "config.json").read_text())
+    cls = hp.pop("_class_path", None) or f"{type(datamodule).__module__}.{type(datamodule).__qualname__}"
+    args = {k: v for k, v in hp.items() if not k.startswith("_")}
+    if isinstance(args.get("root"), str) and not os.path.isabs(args["root"]):
+        args["root"] = os.path.abspath(args["root"])
+    out: dict[str, Any] = {"save_id": cfg.get("save_id"), "class_path": cls, "init_args": args,
+                           "data_signature": data_signature(datamodule)}
+    scaler = getattr(datamodule, "scaler", None)
+    if scaler is not None and getattr(scaler, "mean", None) is not None:
+        out["scaler"] = {"mean": np.asarray(scaler.mean, float).tolist(), "std": np.asarray(scaler.std, float).tolist(),
+                         "eps": float(scaler.eps)}
+        for key in ("variate_names", "seq_len", "pred_len", "features"):
+            if hasattr(datamodule, key):
+                out[key] = getattr(datamodule, key)
+    text = json.dumps(out, indent=1, default=str)
+    atomic_write(d / DATA_CONFIG_NAME, lambda tmp: Path(tmp).write_text(text))
+    return d / DATA_CONFIG_NAME
+
+
+def read_data_config(directory) -> dict | None:
+    """``directory/data.json`` (:func:`save_data_config`) as a dict, or ``None`` when there is none; a file of another
+    save than the folder's weights (its ``save_id`` differs from ``config.json``'s: written for an earlier model) is
+    ignored with a warning naming it, and an unreadable one is an error naming it."""
+    import json
+    import warnings
+
+    d = Path(directory)
+    path = d / DATA_CONFIG_NAME
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"load_checkpoint: {path} is not readable JSON ({e}); delete it to load the model "
+                              "without its data configuration") from e
+    saved = json.loads((d / "config.json").read_text()).get("save_id")
+    if not isinstance(data, dict) or data.get("save_id") != saved:
+        warnings.warn(f"load_checkpoint: {path} belongs to another save than {d / 'config.json'} (save_id "
+                      f"{data.get('save_id') if isinstance(data, dict) else None!r} vs {saved!r}); ignored",
+                      UserWarning, stacklevel=3)
+        return None
+    return data
+
+
+def data_config_scaler(data: dict):
+    """The :class:`~hoformer.data.StandardScaler` recorded in a :func:`read_data_config` dict, or ``None``."""
+    sc = (data or {}).get("scaler")
+    if not sc:
+        return None
+    import numpy as np
+
+    from hoformer.data import StandardScaler
+
+    scaler = StandardScaler(sc.get("eps", 0.0))
+    scaler.mean, scaler.std = np.asarray(sc["mean"], np.float64), np.asarray(sc["std"], np.float64)
+    return scaler
 
 
 def read_lightning_checkpoint(path, map_location: Any = "cpu", *, fn: str = "read_checkpoint",
@@ -94,8 +171,10 @@ def load_checkpoint(path, map_location: str = "cpu", model_args: dict | None = N
         model = from_pretrained(p, map_location=map_location)
         tok = p / "tokenizer.json"  # TextClassificationTask.save_pretrained: the vocabulary the model was trained with
         states = {"TextDataModule": {"tokenizer": tok.read_text()}} if tok.is_file() else {}
-        return model, {"kind": "pretrained", "path": p, "datamodule": None, "run_dir": p.parent, "states": states,
-                       "data_signature": None}
+        data = read_data_config(p)  # what ExportPretrained recorded of the training data
+        stored = {**data["init_args"], "_class_path": data["class_path"]} if data else None
+        return model, {"kind": "pretrained", "path": p, "datamodule": stored, "run_dir": p.parent, "states": states,
+                       "data_signature": (data or {}).get("data_signature"), "data_config": data}
     ckpt = read_lightning_checkpoint(p, map_location, fn="load_checkpoint")
     hp = dict(ckpt.get("hyper_parameters") or {})
     name, kwargs = model_spec(hp, str(p))
@@ -117,7 +196,8 @@ def load_checkpoint(path, map_location: str = "cpu", model_args: dict | None = N
     # Lightning stores a datamodule's state_dict under its class name (TextDataModule: the trained tokenizer)
     states = {k: v for k, v in ckpt.items() if isinstance(v, dict) and k[:1].isupper()}
     return model, {"kind": "ckpt", "path": p, "datamodule": ckpt.get("datamodule_hyper_parameters"),
-                   "run_dir": run_dir, "states": states, "data_signature": ckpt.get(DATA_SIGNATURE_KEY)}
+                   "run_dir": run_dir, "states": states, "data_signature": ckpt.get(DATA_SIGNATURE_KEY),
+                   "data_config": None}
 
 
 def check_model_state(checkpoint: dict, task, where: str) -> None:

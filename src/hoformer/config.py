@@ -3,7 +3,8 @@ they describe.
 
 * :func:`expand_configs` - ``--config X`` -> ``--config BASE ... --config X`` for the configs ``X`` extends (its
   leading ``# extends: <relative path>`` lines), as LightningCLI reads several ``--config`` files: later values
-  override earlier ones, a list written ``key+:`` extends the earlier list, a list written ``key:`` replaces it.
+  override earlier ones, a list written ``key+:`` extends the earlier list, a list written ``key:`` replaces it; and a
+  distilled student's ``teacher_run`` -> the teacher, logits cache, embeddings and tokenizer it links.
 * :func:`resolve_config` - the effective configuration of ``hoformer fit --config X [overrides]``, resolved by the
   very parser of the commands; every command that takes a config reads it here.
 * :func:`build_datamodule`, :func:`checkpoint_datamodule` - the datamodule of a config, a class path, or a checkpoint
@@ -64,22 +65,73 @@ def _bases(path: Path, seen: tuple[Path, ...] = ()) -> list[str]:
     return out + [str(path)]
 
 
+#: what ``teacher_run: DIR`` (a config's top-level key or ``--teacher_run DIR``) sets: ``(argument, path in DIR)``
+TEACHER_RUN_LINKS = (
+    ("--model.init_args.teacher", "pretrained"),
+    ("--model.init_args.teacher_logits", "pretrained/teacher_logits.pt"),
+    ("--model.init_args.init_embeddings_from", "pretrained"),
+    ("--data.init_args.tokenizer", "pretrained"),
+)
+
+
+def _top_level(path: str, key: str):
+    """The top-level ``key`` of the YAML file ``path`` (``None`` when absent or unreadable)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    return data.get(key) if isinstance(data, dict) else None
+
+
+def teacher_run_overrides(argv: list[str]) -> list[str]:
+    """The overrides that ``teacher_run`` stands for in the ``hoformer fit|...`` arguments ``argv`` (its configs
+    already expanded): a distilled student's teacher is one run folder, ``DIR``, whose ``save_pretrained`` export
+    gives the teacher (``DIR/pretrained``), the logits cache (``DIR/pretrained/teacher_logits.pt``), the embeddings
+    the student starts from and the data's tokenizer (:data:`TEACHER_RUN_LINKS`). ``--teacher_run DIR`` on the command
+    line wins over a config's ``teacher_run:``; an explicit ``--model.init_args.teacher ...`` after the configs wins
+    over both."""
+    run = None
+    for i, a in enumerate(argv):
+        if a in ("--config", "-c") and i + 1 < len(argv):
+            run = _top_level(argv[i + 1], "teacher_run") or run
+        elif a.startswith("--config="):
+            run = _top_level(a.split("=", 1)[1], "teacher_run") or run
+    for i, a in enumerate(argv):
+        if a == "--teacher_run" and i + 1 < len(argv):
+            run = argv[i + 1]
+        elif a.startswith("--teacher_run="):
+            run = a.split("=", 1)[1]
+    if run in (None, "", "null", "None"):
+        return []
+    return [f"{arg}={Path(str(run)) / sub}" for arg, sub in TEACHER_RUN_LINKS]
+
+
 def expand_configs(argv: list[str]) -> list[str]:
     """``--config X`` -> ``--config BASE ... --config X`` for each base config ``X`` extends (a shared trainer, a
-    family's protocol), so an experiment file holds only what differs."""
-    out, i = [], 0
+    family's protocol), so an experiment file holds only what differs; and a ``teacher_run`` (a config's or
+    ``--teacher_run``) -> the four arguments it links (:func:`teacher_run_overrides`), placed right after the last
+    config so that they override the configs and later command-line arguments override them."""
+    out, i, last = [], 0, None
     while i < len(argv):
         a = argv[i]
         if a in ("--config", "-c") and i + 1 < len(argv):
             for p in _bases(Path(argv[i + 1])):
                 out += [a, p]
             i += 2
+            last = len(out)
             continue
         if a.startswith("--config="):
             out += [f"--config={p}" for p in _bases(Path(a.split("=", 1)[1]))]
+            last = len(out)
         else:
             out.append(a)
         i += 1
+    links = teacher_run_overrides(out)
+    if links:
+        at = last if last is not None else len(out)
+        out = out[:at] + links + out[at:]
     return out
 
 
@@ -118,7 +170,7 @@ def resolve_config(config, overrides: Sequence[str] = (), *, partial: bool = Fal
         raise ValueError(f"config {str(path)!r}: {msg.split('error:', 1)[-1].strip()}") from None
     out = ns["fit"].as_dict()
     # the arguments of Trainer.fit and of the command, not of the configuration
-    for key in ("config", "ckpt_path", "weights_only", "overwrite", "allow_data_mismatch"):
+    for key in ("config", "ckpt_path", "weights_only", "overwrite", "allow_data_mismatch", "teacher_run"):
         out.pop(key, None)
     return out
 

@@ -267,6 +267,25 @@ def export_model(checkpoint, output: str | os.PathLike, *, format: str | None = 
     return output
 
 
+@contextlib.contextmanager
+def _quiet_converter():
+    """The ONNX converter's noise off for the conversion: its warning per torchvision op it skips when torchvision
+    is not installed (``torch.onnx`` registration log), and torch's ``LeafSpec`` ``FutureWarning`` (torch >= 2.10),
+    neither of which is about the model. Errors still surface."""
+    import logging
+    import warnings
+
+    log = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
+            yield
+    finally:
+        log.setLevel(level)
+
+
 def _write(ep: torch.export.ExportedProgram, model, input_names: list[str], output: Path, fmt: str,
            opset_version: int | None = None, phase: _Progress | None = None) -> None:
     """Write the program ``ep`` of ``model`` to ``output`` as ``fmt`` (as it is: lower it first for a ``.pt2``)."""
@@ -280,9 +299,10 @@ def _write(ep: torch.export.ExportedProgram, model, input_names: list[str], outp
         try:
             # optimize=False: the onnxscript optimiser does not finish in tens of minutes on the causal forecaster's
             # unrolled generation loop; ONNX Runtime optimises the graph when it loads it
-            prog = torch.onnx.export(_for_onnx(ep), (), kwargs=None, dynamo=True, optimize=False,
-                                     opset_version=opset_version, input_names=input_names, output_names=["output"],
-                                     verbose=False)
+            with _quiet_converter():
+                prog = torch.onnx.export(_for_onnx(ep), (), kwargs=None, dynamo=True, optimize=False,
+                                         opset_version=opset_version, input_names=input_names,
+                                         output_names=["output"], verbose=False)
         except Exception as e:  # noqa: BLE001 - the converter raises many types; report one clear error
             raise ExportError(f"export: model {_name(model)} could not be converted to ONNX "
                               f"({type(e).__name__}: {_first_line(e)})") from e
@@ -297,7 +317,11 @@ def _run_file(path: Path, fmt: str, args: tuple, kwargs: dict) -> torch.Tensor:
     import onnxruntime as ort
     from torch.utils._pytree import tree_leaves
 
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    # ONNX Runtime's graph optimiser logs a warning per node it cannot constant-fold on the CPU (CastLike: "Could not
+    # find a CPU kernel"), which changes nothing in the results: errors only
+    options.log_severity_level = 3
+    sess = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
     feeds = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
     names = [i.name for i in sess.get_inputs()]
     (out,) = sess.run(None, {n: t.detach().cpu().numpy() for n, t in zip(names, feeds)})

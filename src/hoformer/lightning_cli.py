@@ -106,14 +106,53 @@ def _explain_help_of_a_model(message: str) -> str:
             f"and the model is the task's `model` argument, whose help is `--{m.group(1)}.model.help {m.group(2)}`")
 
 
+def interrupted_report(trainer, signal_name: str, command: list[str] | None = None) -> str:
+    """What an interrupted ``fit`` says: in which epoch it stopped (Lightning stops after the training step under way),
+    that it did not finish, and the command that resumes it from the ``last.ckpt`` of its last complete epoch (the
+    given ``command`` with ``--ckpt_path`` replaced)."""
+    from hoformer.train.guards import EpochSummary
+
+    done = trainer.current_epoch - 1  # the last epoch whose end (and last.ckpt) was reached
+    dirs = [cb.dirpath for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)]
+    dirs.append(os.path.join(trainer.default_root_dir, "checkpoints"))
+    last = next((os.path.join(d, "last.ckpt") for d in dirs if os.path.isfile(os.path.join(d, "last.ckpt"))), None)
+    text = f"stopped by {signal_name} in {EpochSummary._epoch(trainer)}: the run did not finish"
+    if last is None or done < 0:
+        return f"{text}, and no epoch was complete: start it again"
+    cmd = list(command) if command else ["fit", "--config", "<config>"]
+    keep, skip = [], False
+    for a in cmd:  # drop an earlier --ckpt_path (and its value)
+        if skip:
+            skip = False
+            continue
+        if a == "--ckpt_path":
+            skip = True
+            continue
+        if not a.startswith("--ckpt_path="):
+            keep.append(a)
+    import shlex
+
+    resume = " ".join(shlex.quote(a) for a in ["hoformer", *keep, "--ckpt_path", last])
+    return (f"{text}; its last complete epoch ({EpochSummary._epoch(trainer, done).split()[1]}) is in {last}. "
+            f"Resume it exactly with:\n  {resume}")
+
+
 class HoformerArgumentParser(LightningArgumentParser):
     """LightningCLI's parser whose errors say what to do: the accepted arguments of a misspelled ``class_path``
     argument, the closest option to a misspelled key (``trainr:`` -> ``trainer``), the ``--model.model.help`` of a
-    model class given to ``--model.help``; the error line is printed first and, after the usage, last."""
+    model class given to ``--model.help``. An error with a suggestion ("did you mean 'dim'?") is one line (a misspelled
+    class argument: without jsonargparse's listing of the Union it failed to match); any other error line is printed
+    first and, after the usage, last."""
 
     def error(self, message, *args, **kwargs):
         message = _explain_help_of_a_model(_explain_unknown_option(str(message)))
         message = self._suggest_option(message)
+        named = [line.strip() for line in message.splitlines() if " has no argument " in line]
+        if named:  # a misspelled class argument: its one line (with the suggestion), not jsonargparse's Union dump
+            message = named[-1]
+        if self.exit_on_error and "did you mean" in message:  # once, and what to run for more (not the usage)
+            sys.stderr.write(f"error: {message}\n(every option: {self.prog.replace(' [options]', '')} --help)\n")
+            self.exit(2)
         if self.exit_on_error:
             sys.stderr.write(f"error: {message}\n\n")
         return super().error(message, *args, **kwargs)
@@ -155,18 +194,32 @@ class HoformerCLI(LightningCLI):
     ``parse_only=True`` builds the parser and nothing else (no parsing, seeding or instantiation): its ``parser``
     resolves configs exactly as the commands do (:func:`hoformer.config.resolve_config`)."""
 
-    def __init__(self, args=None, run: bool = True, parse_only: bool = False, **kw):
+    def __init__(self, args=None, run: bool = True, parse_only: bool = False, command: list[str] | None = None,
+                 **kw):
         from lightning.pytorch import LightningDataModule
 
         from hoformer.train import TaskModule
 
         self._parse_only = parse_only
+        #: the one subcommand whose parser is built (``hoformer fit ...`` needs no validate / test / predict parser:
+        #: each costs a quarter of the parsing time); ``None``: all of them
+        given = list(args) if isinstance(args, (list, tuple)) else sys.argv[1:] if args is None else []
+        self._only = "fit" if parse_only else next((a for a in given if a in LightningCLI.subcommands()), None)
+        #: the command as the user gave it (``hoformer.cli.main``'s argv), for the resume hint of an interrupted fit
+        self._command = list(command) if command is not None else None
         kw.setdefault("save_config_kwargs", {"overwrite": True})
         kw.setdefault("parser_class", HoformerArgumentParser)
+        kw.setdefault("parser_kwargs", {"prog": "hoformer"})  # not `cli.py` under `python -m hoformer.cli`
         super().__init__(
             TaskModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
             seed_everything_default=0, args=args, run=run, auto_configure_optimizers=False, **kw,
         )
+
+    def subcommands(self) -> dict[str, set[str]]:
+        """LightningCLI's subcommands, or only the one this command runs (:attr:`_only`)."""
+        full = LightningCLI.subcommands()
+        only = getattr(self, "_only", None)
+        return {only: full[only]} if only in full else full
 
     # ------------------------------------------------------------------------------------------- parse only
     def parse_arguments(self, parser, args) -> None:
@@ -219,6 +272,11 @@ class HoformerCLI(LightningCLI):
         parser.add_argument("--overwrite", type=bool, default=False,
                             help="fit: replace the finished run in trainer.default_root_dir (default: refuse it; "
                                  "resume it with --ckpt_path, or give the run its own folder)")
+        parser.add_argument("--teacher_run", type=Optional[str], default=None,
+                            help="a distilled student's teacher: the teacher's run folder (its "
+                                 "trainer.default_root_dir); sets the task's teacher, teacher_logits and "
+                                 "init_embeddings_from and the data's tokenizer to its pretrained/ export "
+                                 "(hoformer.config.TEACHER_RUN_LINKS)")
         parser.add_argument("--allow_data_mismatch", type=bool, default=False,
                             help="evaluate / resume a checkpoint on data other than the data it was trained on "
                                  "(default: refused; a checkpoint records its data's signature)")
@@ -345,8 +403,17 @@ class HoformerCLI(LightningCLI):
             cfg = self.config_init[self.subcommand]
             release = hold_run_folder(self.trainer.default_root_dir, resume=bool(kwargs.get("ckpt_path")),
                                       overwrite=bool(cfg.get("overwrite")))
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
         try:
             self.trainer.fit(model, **kwargs)
+        except SIGTERMException:  # Lightning stops at the end of the epoch (or inside validation) and exits 0
+            if release is not None:
+                release()
+                release = None
+            print(f"hoformer fit: {interrupted_report(self.trainer, 'SIGTERM', self._command)}", file=sys.stderr,
+                  flush=True)
+            raise SystemExit(128 + 15) from None  # a scheduler must see that the run did not finish
         finally:
             if release is not None:
                 release()

@@ -207,7 +207,7 @@ def _forecast(pred, args, target, batch, out: Path, name: str, sample: int, colu
         s = min(sample, x.shape[0] - 1)
         names = list(columns)[-x.shape[-1]:] if columns is not None and len(columns) >= x.shape[-1] else None
         return [plot_forecast_vs_truth(x[s], y[s], pred[s], out / "forecast.png", names=names,
-                                       title=f"{name}: sample {s}")]
+                                       title=f"{name}: sample {s}", scale="standardised")]
     if pred.ndim == 4 and target.shape == pred.shape and x.ndim == 4:  # traffic (B, Q, N, C)
         if isinstance(batch, dict) and "mean" in batch and "std" in batch:  # the original scale
             pred, x, target = (t * batch["std"][:, None, None, :].to(t) + batch["mean"][:, None, None, :].to(t)
@@ -215,7 +215,9 @@ def _forecast(pred, args, target, batch, out: Path, name: str, sample: int, colu
         s = min(sample, x.shape[0] - 1)
         return [plot_forecast_vs_truth(x[s, :, :3, 0], target[s, :, :3, 0], pred[s, :, :3, 0], out / "forecast.png",
                                        channels=range(min(3, x.shape[2])),
-                                       names=[f"sensor {j}" for j in range(3)], title=f"{name}: sample {s}")]
+                                       names=[f"sensor {j}" for j in range(3)], title=f"{name}: sample {s}",
+                                       scale="original scale" if isinstance(batch, dict) and "mean" in batch
+                                       else None)]
     return []
 
 

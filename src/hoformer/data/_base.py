@@ -97,6 +97,32 @@ class SplitDataModule(LightningDataModule):
         self._ensure((split,))
         return self.datasets[split]
 
+    #: what one item of a split is, in the words of :meth:`split_summary`
+    sample_unit = "samples"
+
+    def _split_sizes(self) -> dict[str, int]:
+        """The number of items of each split built so far (``{"train": n, "val": n, "test": n}``)."""
+        return {s: len(self.datasets[s]) for s in _SPLITS if s in self.datasets and hasattr(self.datasets[s],
+                                                                                              "__len__")}
+
+    def _split_protocol(self) -> str:
+        """How the splits were made, in a few words (subclasses say more)."""
+        return type(self).__name__
+
+    def _split_note(self) -> str:
+        """A remark appended to :meth:`split_summary`'s line ("" for none)."""
+        return ""
+
+    def split_summary(self) -> tuple[str, dict[str, int]]:
+        """``(line, sizes)``: a one-line description of the data as the run uses it (what was read, how it was split
+        and the size of each split built so far, e.g. ``"ETTh2.csv, split 12/4/4 months (ETTh protocol): 8449 / 2785
+        / 2785 windows"``) and ``{split: size}``; ``hoformer fit`` prints it when training starts."""
+        sizes = self._split_sizes()
+        counts = " / ".join(str(sizes[s]) for s in _SPLITS if s in sizes)
+        names = "/".join(s for s in _SPLITS if s in sizes)
+        note = self._split_note()
+        return f"{self._split_protocol()}: {names} {counts} {self.sample_unit}" + (f"; {note}" if note else ""), sizes
+
     def setup(self, stage: str | None = None) -> None:
         """Build the splits of ``stage`` ("fit": train + val, "validate": val, "test" / "predict": test; ``None``:
         all three) that are not built yet."""

@@ -57,6 +57,11 @@ class MedMNIST3DDataModule(SplitDataModule):
         tf = _Augment3D(h.flip_augment, h.shift_augment) if augment else None
         return MedMNIST3D(self.root, self.flag, split, self.size, transform=tf, download=h.download, verify=h.verify)
 
+    sample_unit = "volumes"
+
+    def _split_protocol(self) -> str:
+        return f"{_filename(self.flag, self.size)}, MedMNIST's own train / val / test split"
+
     @property
     def num_classes(self) -> int:
         return len(MEDMNIST3D_INFO[self.flag]["labels"])

@@ -257,6 +257,15 @@ class LTSFDataModule(SeriesDataModule):
         key = ltsf_key(self.name)
         return LTSF_DATASETS[key].channels if key else len(self.columns)
 
+    def _split_note(self) -> str:
+        """A CSV path whose name is a known dataset (``ETTh2.csv``) is split 70/10/20 as any CSV: say how to get the
+        dataset's published split instead (``name=ETTh2``)."""
+        key = None if self.synthetic or ltsf_key(self.name) else ltsf_key(Path(str(self.name)).stem)
+        if key is None or LTSF_DATASETS[key].protocol == self.protocol:
+            return ""
+        return (f"name={self.name} is read as a CSV of your own; name={key} (root: the folder holding "
+                f"{LTSF_DATASETS[key].path}) gives {key}'s published split")
+
     def history(self, path=None):
         """The series on the original scale as a ``pandas.DataFrame``: a ``date`` column (when the data has
         timestamps), then :attr:`variate_names`; of the datamodule's file, or of ``path`` (e.g. the same series with

@@ -89,6 +89,15 @@ __all__ = [
 ROW_PROTOCOLS = ("etth", "ettm", "custom", "solar")
 #: protocols that split the windows (DCRNN, torch-spatiotemporal)
 WINDOW_PROTOCOLS = ("dcrnn", "tsl")
+#: each protocol in the words of ``hoformer fit``'s data line (:meth:`SeriesDataModule.split_summary`)
+PROTOCOL_NAMES = {
+    "etth": "12/4/4 months of hourly rows (ETTh protocol)",
+    "ettm": "12/4/4 months of 15-minute rows (ETTm protocol)",
+    "custom": "70/10/20 of all rows (custom CSV protocol)",
+    "solar": "70/10/20 of all rows (solar protocol: 10 % validation rows, the last 20 % test)",
+    "dcrnn": "DCRNN protocol",
+    "tsl": "torch-spatiotemporal protocol",
+}
 SPLITS = ("train", "val", "test")
 
 
@@ -573,6 +582,18 @@ class SeriesDataModule(SplitDataModule):
                  eval_batch_size: int | None = None, on_device: bool = False) -> None:
         super().__init__(batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory,
                          eval_batch_size=eval_batch_size)
+        if not isinstance(on_device, (bool, np.bool_)):
+            named = ""
+            if isinstance(on_device, (str, torch.device)):  # a device name: say whether this machine has it
+                from hoformer._io import check_device
+
+                try:
+                    check_device(on_device, type(self).__name__)
+                except ValueError as e:
+                    named = f"; {str(e).split(': ', 1)[-1].split(';')[0]}"
+            raise TypeError(f"{type(self).__name__}: `on_device` must be True or False (True: keep the series on the "
+                            "trainer's device, which Trainer(accelerator=..., devices=...) chooses), got "
+                            f"{on_device!r}{named}")
         if on_device and num_workers:
             raise ValueError(f"{type(self).__name__}: on_device=True gathers the batches on the device, without "
                              f"DataLoader workers; got num_workers={num_workers} (set it to 0)")
@@ -658,6 +679,21 @@ class SeriesDataModule(SplitDataModule):
     def _built(self) -> Series:
         self._ensure(SPLITS)
         return self.series
+
+    sample_unit = "windows"
+
+    def _split_protocol(self) -> str:
+        """``"<file>, split <how>"``: the file read and the protocol that split it (:data:`PROTOCOL_NAMES`)."""
+        p = self.protocol
+        if p in WINDOW_PROTOCOLS:
+            train = round(100 * (1 - self.val_ratio - self.test_ratio))
+            how = (f"{train}/{round(100 * self.val_ratio)}/{round(100 * self.test_ratio)} of the windows "
+                   f"({PROTOCOL_NAMES[p]}" + (f", {self.window} windows dropped before each border)" if p == "tsl"
+                                              else ")"))
+        else:
+            how = PROTOCOL_NAMES[p]
+        source = self.series.source if self.series is not None else "?"
+        return f"{Path(source).name if '(' not in source else source}, split {how}"
 
     @property
     def columns(self) -> list[str]:

@@ -188,11 +188,12 @@ def _read_ag_news(root: Path, split: str, verify: bool):
 _IMDB_LABELS = {"negative": 0, "positive": 1, "neg": 0, "pos": 1, "0": 0, "1": 1}  # compared in lower case
 
 
-def _read_imdb(root: Path, split: str, verify: bool):
+def _read_imdb(root: Path, split: str, verify: bool, encoding: str = "utf-8"):
     """IMDB through :func:`~hoformer.data.text_csv.read_text_table`: ``<split>.csv`` (or ``.csv.gz``), else one
-    ``IMDB Dataset.csv`` (first half train, second half test); any text / label column names it knows."""
+    ``IMDB Dataset.csv`` (or ``.csv.gz``; first half train, second half test); any text / label column names it
+    knows. A folder without them is an error listing every name looked for and the tables the folder holds."""
     path = find_table(root, [f"{split}.csv", "IMDB Dataset.csv"], "IMDB")
-    table = read_text_table(path)
+    table = read_text_table(path, encoding=encoding)
     raw = [table.class_names[i].lower() for i in table.labels]
     bad = sorted({x for x in raw if x not in _IMDB_LABELS})
     if bad:
@@ -205,11 +206,16 @@ def _read_imdb(root: Path, split: str, verify: bool):
     return [x.replace("<br />", " ") for x in texts], labels, ["negative", "positive"]
 
 
-def read_text_split(name: str, split: str, root: str | os.PathLike | None = None, verify: bool = True):
+def read_text_split(name: str, split: str, root: str | os.PathLike | None = None, verify: bool = True,
+                    encoding: str | None = None):
     """``(texts, labels, class_names)`` of ``split`` ("train" | "test"; SST-2 also "dev") of dataset ``name``.
 
     ``verify`` checks each file against the reference SHA-256 (:data:`TEXT_SHA256`) before it is parsed, where the
-    digest is known; ``verify=False`` reads another copy (its layout is still checked)."""
+    digest is known; ``verify=False`` reads another copy (its layout is still checked). ``encoding``: the text
+    encoding of an ``imdb`` table (default UTF-8); the reference files of the other datasets have theirs fixed."""
+    if encoding is not None and name != "imdb":
+        raise ValueError(f"read_text_split: `encoding` applies to 'imdb' (and TextDataModule's 'csv') tables; the "
+                         f"{name} files are read in their own fixed encoding, got encoding={encoding!r}")
     if name not in TEXT_DATASETS:
         raise ValueError(f"read_text_split: unknown dataset {name!r}; expected one of {TEXT_DATASETS}")
     if split not in ("train", "test", "dev"):
@@ -224,7 +230,7 @@ def read_text_split(name: str, split: str, root: str | os.PathLike | None = None
         return _read_trec(d, split, name == "trec_fine", verify)
     if name == "ag_news":
         return _read_ag_news(d, split, verify)
-    return _read_imdb(d, split, verify)
+    return _read_imdb(d, split, verify, encoding or "utf-8")
 
 
 # ----------------------------------------------------------------------------------------------- tokenizer
@@ -448,6 +454,7 @@ class TextDataModule(SplitDataModule):
             the first of :data:`~hoformer.data.text_csv.TEXT_COLUMNS` / ``LABEL_COLUMNS`` present) and the class
             names in id order (None: the training file's sorted distinct labels); see
             :func:`~hoformer.data.text_csv.read_text_table`.
+        encoding: ``dataset="csv"`` / ``"imdb"``: the tables' text encoding (None: UTF-8), e.g. ``"latin-1"``.
     """
 
     def __init__(
@@ -472,8 +479,24 @@ class TextDataModule(SplitDataModule):
         text_column: str | int | None = None,
         label_column: str | int | None = None,
         labels: list[str] | None = None,
+        encoding: str | None = None,
     ) -> None:
         super().__init__(batch_size=batch_size, num_workers=num_workers, eval_batch_size=eval_batch_size)
+        if encoding is not None:
+            if not isinstance(encoding, str):
+                raise TypeError(f"TextDataModule: `encoding` must be a codec name such as 'utf-8' or 'latin-1', got "
+                                f"{encoding!r}")
+            try:
+                import codecs
+
+                codecs.lookup(encoding)
+            except LookupError:
+                raise ValueError(f"TextDataModule: `encoding` {encoding!r} is not a known text encoding (e.g. "
+                                 "'utf-8', 'latin-1', 'cp1252')") from None
+            if dataset not in ("csv", "imdb"):
+                raise ValueError(f"TextDataModule: `encoding` applies to dataset='csv' and 'imdb' (your own tables); "
+                                 f"the {dataset} reference files are read in their own encoding, got "
+                                 f"encoding={encoding!r}")
         if dataset not in (*TEXT_DATASETS, "csv"):
             raise ValueError(f"TextDataModule: unknown dataset {dataset!r}; expected one of {TEXT_DATASETS} or "
                              "'csv' (with train_file= and test_file=)")
@@ -498,9 +521,18 @@ class TextDataModule(SplitDataModule):
         self.val_fraction, self.train_limit, self.seed = val_fraction, train_limit, seed
         self.sst2_test, self.holdout, self.verify = sst2_test, holdout, verify
         self.table_args = table_args
+        self.encoding = encoding
         self.tokenizer: TextTokenizer | None = None
         self.class_names: list[str] = []
         self._texts: dict[str, list[str]] = {}
+
+    sample_unit = "texts"
+
+    def _split_protocol(self) -> str:
+        what = self.table_args["train_file"] if self.dataset_name == "csv" else _DISPLAY.get(self.dataset_name,
+                                                                                             self.dataset_name)
+        return (f"{what}, validation {self.holdout} {100 * self.val_fraction:g} % held out of the training file"
+                + (f" (then the first {self.train_limit} training texts)" if self.train_limit is not None else ""))
 
     @property
     def num_classes(self) -> int:
@@ -519,7 +551,8 @@ class TextDataModule(SplitDataModule):
         path = Path(a[key]).expanduser()
         if self.root is not None and not path.is_absolute():
             path = Path(self.root).expanduser() / path
-        table = read_text_table(path, text_column=a["text_column"], label_column=a["label_column"], labels=labels)
+        table = read_text_table(path, text_column=a["text_column"], label_column=a["label_column"], labels=labels,
+                                encoding=self.encoding or "utf-8")
         from lightning.pytorch.utilities import rank_zero_info  # a datamodule needs lightning anyway
 
         rank_zero_info(f"TextDataModule: {label_report(table, str(path))}")
@@ -529,7 +562,8 @@ class TextDataModule(SplitDataModule):
         if self.dataset_name == "csv":
             texts, labels, classes = self._table("train_file", self.table_args["labels"])
         else:
-            texts, labels, classes = read_text_split(self.dataset_name, "train", self.root, self.verify)
+            texts, labels, classes = read_text_split(self.dataset_name, "train", self.root, self.verify,
+                                                     self.encoding)
         order = list(range(len(texts)))
         rng = random.Random(self.seed)
         rng.shuffle(order)
@@ -549,7 +583,7 @@ class TextDataModule(SplitDataModule):
         if self.dataset_name == "csv":
             test = tuple(self._table("test_file", classes)[:2])
         else:
-            test = read_text_split(self.dataset_name, test_split, self.root, self.verify)[:2]
+            test = read_text_split(self.dataset_name, test_split, self.root, self.verify, self.encoding)[:2]
         return {"train": train, "val": val, "test": test}, classes
 
     def _make_splits(self, names) -> dict[str, TextClassificationDataset]:

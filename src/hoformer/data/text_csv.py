@@ -50,7 +50,12 @@ def find_table(folder: str | os.PathLike, names: Sequence[str], what: str) -> Pa
             tried.append(str(cand))
             if cand.exists():
                 return require_file(cand, what)
-    raise FileNotFoundError(f"{what}: none of the expected files exists; looked for {', '.join(tried)} (set "
+    held = sorted(p.name for p in folder.iterdir() if p.is_file() and any(
+        p.name.lower().endswith(s) for s in (".csv", ".csv.gz", ".tsv", ".tsv.gz"))) if folder.is_dir() else []
+    found = (f"; {folder} holds {', '.join(held[:8])}{' ...' if len(held) > 8 else ''}: rename them, or read them "
+             "as TextDataModule(dataset='csv', train_file=..., test_file=...)" if held else
+             f"; {folder} holds no .csv / .tsv table" if folder.is_dir() else f"; the folder {folder} does not exist")
+    raise FileNotFoundError(f"{what}: none of the expected files exists; looked for {', '.join(tried)}{found} (set "
                             "HOFORMER_DATA or pass root=...; any other table: TextDataModule(dataset='csv', "
                             "train_file=..., test_file=...))")
 
@@ -154,7 +159,8 @@ def read_text_table(path: str | os.PathLike, *, text_column: str | int | None = 
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
         raise ValueError(f"read_text_table: {p} line {line}: bytes {data[e.start:e.end]!r} are not valid {encoding} "
-                         f"({e.reason}); pass encoding=... (e.g. 'latin-1')") from e
+                         f"({e.reason}); pass the file's encoding: read_text_table(..., encoding='latin-1'), "
+                         "TextDataModule(encoding='latin-1'), --data.init_args.encoding latin-1") from e
     except (OSError, EOFError, gzip.BadGzipFile) as e:
         raise ValueError(f"read_text_table: cannot read {p} ({type(e).__name__}: {e})") from e
     content = content.lstrip("\ufeff")

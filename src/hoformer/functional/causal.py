@@ -35,7 +35,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from hoformer._checks import DETAIL, check_int, check_values
+from hoformer._checks import DETAIL, check_finite_result, check_int, check_values
 
 from .kronecker import _check_mode_masks, _linear_attention, _safe_denominator, check_kernel_args, elu_feature_map
 from .products import _check_tensor, _kron_apply, _kron_sum_apply
@@ -112,6 +112,7 @@ def causal_kronecker_attention(
         if q[i].shape[-1] != k[i].shape[-1]:
             raise ValueError(f"{fn}: `q[{i}]` {tuple(q[i].shape)} and `k[{i}]` {tuple(k[i].shape)} differ in E")
     _check_mode_masks(masks, sizes, fn, bh)
+    q_in, k_in = q, k
     if kernel == "linear":
         phi = feature_map or elu_feature_map
         q = [phi(t) for t in q]
@@ -127,6 +128,7 @@ def causal_kronecker_attention(
         dropout_p=dropout_p, want_factors=return_factors, score_fn=score_fn,
     )
     y = y.movedim(2, 2 + causal_mode)
+    check_finite_result(y, fn, q=q_in, k=k_in, v=v)
     if not return_factors:
         return y
     out = [None] * nmodes

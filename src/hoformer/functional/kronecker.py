@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from hoformer._checks import DETAIL, check_fraction, check_scale, check_values
+from hoformer._checks import DETAIL, check_finite_result, check_fraction, check_scale, check_values
 
 from .products import _check_tensor, _kron_apply, _kron_apply_ops, _kron_sum_apply, _kron_sum_ops
 from .dropout_bits import dropout
@@ -182,7 +182,9 @@ def kronecker_attention(
             softmax (e.g. ``tanimoto_scores``); kernel must be ``"softmax"``.
 
     Returns:
-        ``y (B, H, N1..Nk, Dv)`` or ``(y, factors)``.
+        ``y (B, H, N1..Nk, Dv)`` or ``(y, factors)``. On the CPU a result that is not finite although ``q``, ``k``
+        and ``v`` are (values too large for the dtype, e.g. ``q * 1e30``) raises a ``FloatingPointError`` naming the
+        input (:func:`hoformer._checks.check_finite_result`), as every public attention function here does.
     """
     fn = "kronecker_attention"
     _check_qkv(q, k, v, masks, fn)
@@ -194,8 +196,11 @@ def kronecker_attention(
             check_values(torch.stack([torch.stack([fq.min(), fk.min()]) for fq, fk in feats]).min() >= 0,
                          f"{fn}: kernel='linear' needs finite `q` / `k` and a `feature_map` returning non-negative "
                          f"features (e.g. elu(x) + 1, FAVOR+){DETAIL}", lambda: _feature_problem(q, k, feats))
-        return _linear_attention(feats, v, combine, masks, return_factors)
-    return _kronecker_attention(q, k, v, combine, scale, masks, dropout_p, return_factors, score_fn)
+        out = _linear_attention(feats, v, combine, masks, return_factors)
+    else:
+        out = _kronecker_attention(q, k, v, combine, scale, masks, dropout_p, return_factors, score_fn)
+    check_finite_result(out[0] if return_factors else out, fn, q=q, k=k, v=v)
+    return out
 
 
 def check_kernel_args(fn: str, combine, kernel, scale, dropout_p, score_fn) -> None:
@@ -360,6 +365,7 @@ def full_attention(
         raise ValueError(f"{fn}: `mask` must be bool (..., {n}, {n}), got {mask.dtype} {tuple(mask.shape)}")
     y = sdpa(q.reshape(b, h, n, -1), k.reshape(b, h, n, -1), v.reshape(b, h, n, -1), mask=mask, scale=scale,
              dropout_p=dropout_p)
+    check_finite_result(y, fn, q=q, k=k, v=v)
     return y.view(b, h, *sizes, -1)
 
 

@@ -30,7 +30,7 @@ import functools
 
 import torch
 
-from hoformer._checks import check_fraction, check_int, check_scale
+from hoformer._checks import check_finite_result, check_fraction, check_int, check_scale
 
 from .products import _autocast_off
 from .scores import _masked_softmax
@@ -415,7 +415,9 @@ def triplet_attention(
     mask = _check_inputs(q, k1, k2, v1, v2, mask, block_size, overlap, "triplet_attention")
     check_scale("triplet_attention", scale)
     check_int("triplet_attention", "chunk_elements", chunk_elements, optional=True)
-    return _triplet_attention(q, k1, k2, v1, v2, block_size, overlap, scale, mask, chunk_elements)
+    y = _triplet_attention(q, k1, k2, v1, v2, block_size, overlap, scale, mask, chunk_elements)
+    check_finite_result(y, "triplet_attention", q=q, k1=k1, k2=k2, v1=v1, v2=v2)
+    return y
 
 
 def _triplet_attention(q, k1, k2, v1, v2, block_size: int, overlap: float, scale, mask,
@@ -455,7 +457,9 @@ def block_attention(q, k, v, *, block_size: int, overlap: float = 0.0, scale=Non
     """
     mask = _check_inputs(q, k, k, v, v, mask, block_size, overlap, "block_attention", ("q", "k", "k", "v", "v"))
     check_scale("block_attention", scale)
-    return _block_attention(q, k, v, block_size, overlap, scale, mask)
+    y = _block_attention(q, k, v, block_size, overlap, scale, mask)
+    check_finite_result(y, "block_attention", q=q, k=k, v=v)
+    return y
 
 
 def _block_attention(q, k, v, block_size: int, overlap: float, scale, mask) -> torch.Tensor:
@@ -523,7 +527,9 @@ def cross_block_attention(o, *, block_size: int, mask=None, scale=None):
     """
     mask = _check_cross(o, block_size, mask, "cross_block_attention")
     check_scale("cross_block_attention", scale)
-    return _cross_block_attention(o, block_size, mask, scale)
+    y = _cross_block_attention(o, block_size, mask, scale)
+    check_finite_result(y, "cross_block_attention", o=o)
+    return y
 
 
 def _cross_block_attention(o, block_size: int, mask, scale=None) -> torch.Tensor:

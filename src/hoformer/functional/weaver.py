@@ -16,7 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_scale, check_values
+from .._checks import check_finite_result, check_scale, check_values
 from .products import kron_apply
 from .scores import SCORE_FNS, dot_scores
 
@@ -48,11 +48,14 @@ def valence_attention(q: torch.Tensor, k: torch.Tensor, kernel: str = "tanimoto"
         if scale is not None:
             raise ValueError(f"valence_attention: `scale` applies to kernel='sdpa' only; the signed {kernel!r} scores "
                              f"are used as they are (got scale={scale})")
-        return SCORE_FNS[kernel](q, k, eps=eps)
-    if kernel == "sdpa":
+        theta = SCORE_FNS[kernel](q, k, eps=eps)
+    elif kernel == "sdpa":
         check_scale("valence_attention", scale)
-        return dot_scores(q, k, scale=scale).softmax(dim=-1)
-    raise ValueError(f"valence_attention: `kernel` must be one of {VALENCE_KERNELS}, got {kernel!r}")
+        theta = dot_scores(q, k, scale=scale).softmax(dim=-1)
+    else:
+        raise ValueError(f"valence_attention: `kernel` must be one of {VALENCE_KERNELS}, got {kernel!r}")
+    check_finite_result(theta, "valence_attention", q=q, k=k)
+    return theta
 
 
 def p2_kmv(theta_t: torch.Tensor, theta_s: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

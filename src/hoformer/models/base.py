@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hoformer._io import fsync_dir, mkdir, stage
+from hoformer._io import explain_write_error, fsync_dir, mkdir, stage
 
 __all__ = ["HoformerModel", "config_digest", "check_batch_input"]
 
@@ -37,6 +37,25 @@ CONFIG_NAME = "config.json"
 SAVE_ID_KEY = "save_id"
 #: safetensors metadata key binding the weights to the configuration they were saved with (:func:`config_digest`)
 DIGEST_KEY = "config_digest"
+#: the ``config.json`` key of the SHA-256 of the tensor data of ``model.safetensors`` (hex, :func:`_sha256`), checked by
+#: ``from_pretrained``
+WEIGHTS_SHA256_KEY = "weights_sha256"
+
+
+def _sha256(path) -> str:
+    """SHA-256 (hex) of the tensor data of a safetensors file: the bytes after its JSON header. The header itself is
+    not hashed: safetensors writes its metadata in no fixed order, so the same tensors give other header bytes; a
+    damaged header fails to parse, or names shapes or dtypes that the load refuses."""
+    import struct
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) == 8:
+            f.seek(8 + struct.unpack("<Q", head)[0])
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 #: class attribute (in the class's own ``__dict__``) listing ``(name, preset)`` registrations of that class
 REGISTRATIONS_ATTR = "_hoformer_registrations"
 
@@ -158,7 +177,9 @@ class HoformerModel(nn.Module):
         """Write ``model.safetensors`` and ``config.json`` into ``directory`` (created if missing).
 
         The weights' metadata carries :func:`config_digest` of the configuration, so that
-        :func:`~hoformer.models.from_pretrained` refuses a ``config.json`` edited afterwards.
+        :func:`~hoformer.models.from_pretrained` refuses a ``config.json`` edited afterwards; ``config.json`` carries
+        the SHA-256 of ``model.safetensors`` (``weights_sha256``), so that it refuses weights changed afterwards (a
+        bit flipped by a copy, a truncated transfer).
 
         Crash safety: both files are first written and fsynced as hidden temporary files next to their targets, then
         renamed (weights, then config) and the directory is fsynced. Both files carry the same random ``save_id``
@@ -189,8 +210,15 @@ class HoformerModel(nn.Module):
         meta = {"format": "pt", SAVE_ID_KEY: save_id, DIGEST_KEY: digest}
         staged: list[str] = []
         try:
-            staged.append(stage(w_path, lambda p: save_file(state, p, metadata=meta)))
-            staged.append(stage(c_path, lambda p: Path(p).write_text(payload)))
+            for path, write in ((w_path, lambda p: save_file(state, p, metadata=meta)),
+                                (c_path, lambda p: Path(p).write_text(payload))):
+                try:
+                    staged.append(stage(path, write))
+                except Exception as e:  # noqa: BLE001 - a full disk, a file-size limit: named with the file
+                    raise explain_write_error(path, e) from e
+                if path == w_path:  # the weights' SHA-256, checked by from_pretrained (a bit flipped on a copy)
+                    payload = json.dumps({**json.loads(payload), WEIGHTS_SHA256_KEY: _sha256(staged[0])}, indent=2,
+                                         sort_keys=True)
             os.replace(staged[0], w_path)
             os.replace(staged[1], c_path)
         finally:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from .base import CONFIG_NAME, DIGEST_KEY, SAVE_ID_KEY, WEIGHTS_NAME, HoformerModel, _version, config_digest
+from .base import (CONFIG_NAME, DIGEST_KEY, SAVE_ID_KEY, WEIGHTS_NAME, WEIGHTS_SHA256_KEY, HoformerModel, _sha256,
+                   _version, config_digest)
 from .registry import create_model, is_model, list_models
 
 __all__ = ["from_pretrained", "model_from_config"]
@@ -90,7 +91,8 @@ def _check_finite(state: dict[str, torch.Tensor], path: Path) -> None:
 
 
 def from_pretrained(directory: str | os.PathLike, *, map_location: str | torch.device = "cpu", strict: bool = True,
-                    trust_edited_config: bool = False, allow_nonfinite: bool = False) -> HoformerModel:
+                    trust_edited_config: bool = False, allow_nonfinite: bool = False,
+                    verify_weights: bool = True) -> HoformerModel:
     """Rebuild a model saved by :meth:`HoformerModel.save_pretrained` (safetensors, no unpickling).
 
     The model is built directly on ``map_location`` (a device string or :class:`torch.device` of this machine),
@@ -104,6 +106,11 @@ def from_pretrained(directory: str | os.PathLike, *, map_location: str | torch.d
 
     A weight holding NaN or infinity (a diverged run, a damaged file) is refused, naming the file and the tensor:
     the model would output NaN for every input. ``allow_nonfinite=True`` loads it anyway (to inspect it).
+
+    ``config.json`` records the SHA-256 of ``model.safetensors`` (``weights_sha256``): weights changed after the
+    save (a bit flipped by a copy or a disk, which no other check sees: the model just computes slightly different
+    numbers) are refused, naming the file. ``verify_weights=False`` loads them anyway. Directories written before the
+    digest existed load without the check.
     """
     from safetensors import safe_open
 
@@ -183,4 +190,13 @@ def from_pretrained(directory: str | os.PathLike, *, map_location: str | torch.d
             f"from_pretrained: weights in {w_path} do not match model {name!r} built from config: "
             f"missing={missing[:5]} unexpected={unexpected[:5]}"
         )
+    want = cfg.get(WEIGHTS_SHA256_KEY)
+    if verify_weights and want is not None:
+        got = _sha256(w_path)
+        if got != want:
+            raise ValueError(
+                f"from_pretrained: {w_path} is not the file save_pretrained wrote: its SHA-256 is {got[:16]}..., "
+                f"{cfg_path.name} records {str(want)[:16]}... ({WEIGHTS_SHA256_KEY!r}); the weights were changed or "
+                "damaged since (a copy or disk error flips bits that no other check sees). Copy or save the model "
+                "again, or pass verify_weights=False to load these weights anyway.")
     return model.eval()

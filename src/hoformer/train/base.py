@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+import math
 import os
 import random
 from typing import Any
@@ -198,7 +199,56 @@ class TaskModule(L.LightningModule):
         return default_callbacks(self._trainer)
 
     def training_step(self, batch, batch_idx):
-        return self.shared_step(batch, "train")
+        try:
+            loss = self.shared_step(batch, "train")
+        except FloatingPointError as e:  # a layer's finite-output check (hoformer._checks.check_finite_output)
+            raise self._diverged(e, batch) from e
+        if isinstance(loss, torch.Tensor):  # the last two (no host read: converted only to report a failure)
+            self._last_losses = [*getattr(self, "_last_losses", [])[-1:], (self.global_step, loss.detach())]
+        return loss
+
+    def current_lr(self) -> float | None:
+        """The learning rate of the first optimiser's first parameter group now (after its schedule), if any."""
+        trainer = self._trainer
+        opts = getattr(trainer, "optimizers", None) if trainer is not None else None
+        return float(opts[0].param_groups[0]["lr"]) if opts else None
+
+    def last_finite_loss(self) -> tuple[int, float] | None:
+        """``(global step, value)`` of the last finite one of the last two training losses this task returned."""
+        for step, loss in reversed(getattr(self, "_last_losses", [])):
+            value = float(loss.float().mean())
+            if math.isfinite(value):
+                return step, value
+        return None
+
+    def _diverged(self, e: FloatingPointError, batch) -> FloatingPointError:
+        """A layer's "output not finite although the input is" in a training step after the weights have been
+        updated: the training diverged (a learning rate too large, exploding gradients), not the data; the error
+        names the step, the learning rate and the last finite loss. At step 0 (the weights as built) the layer's
+        own message stands."""
+        from .guards import NonFiniteError, _nonfinite_tensors
+
+        step = self.global_step
+        if isinstance(e, NonFiniteError) or step == 0 or _nonfinite_tensors(batch, "batch"):
+            return e
+        big = max(((n, p.detach().abs().max().item()) for n, p in self.model.named_parameters() if p.numel()),
+                  key=lambda t: t[1] if math.isfinite(t[1]) else math.inf, default=None)
+        weights = ""
+        if big is not None:
+            weights = (f"; the weights hold non-finite values (first in {big[0]!r})" if not math.isfinite(big[1])
+                       else f"; the largest weight magnitude is {big[1]:.3g} (in {big[0]!r})")
+        lr, last = self.current_lr(), self.last_finite_loss()
+        lr_text = f" at learning rate {lr:.3g}" if lr is not None else ""
+        last_text = (f"; the last finite training loss was {last[1]:.4g} at step {last[0]}" if last is not None
+                     else "; no earlier step had a finite loss")
+        layer = str(e).split(":", 1)[0]
+        return NonFiniteError(
+            f"{type(self).__name__}: training diverged at global step {step} (epoch {self.current_epoch}): the "
+            f"activations of {layer} went non-finite after {step} optimizer step(s){lr_text}{weights}{last_text}. "
+            "The batch is finite and the model was finite before training, so the optimisation, not the input, is the "
+            "cause: lower the learning "
+            "rate (optim.lr), warm up (optim.warmup_steps / warmup_ratio) or clip gradients "
+            f"(--trainer.gradient_clip_val). The layer said: {e}")
 
     def validation_step(self, batch, batch_idx):
         return self.shared_step(batch, "val")

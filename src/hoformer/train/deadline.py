@@ -10,7 +10,9 @@ measured epoch and step times (what a scheduler needs to plan the next attempt).
 from __future__ import annotations
 
 import json
+import math
 import statistics
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -23,16 +25,25 @@ __all__ = ["Deadline"]
 
 
 def _timestamp(at: float | str) -> float:
+    """``at`` as a Unix time; a ``ValueError`` naming it for anything else, NaN and infinities included (a NaN
+    deadline would never stop a run: every comparison with it is False)."""
+    expected = "a Unix time (seconds) or an ISO 8601 date-time (e.g. '2026-11-27T18:00:00+00:00')"
     if isinstance(at, str):
         try:
-            return datetime.fromisoformat(at).timestamp()
+            t = datetime.fromisoformat(at).timestamp()
         except ValueError:
             try:
-                return float(at)
+                t = float(at)
             except ValueError:
-                raise ValueError(f"Deadline: at={at!r} is neither a Unix time nor an ISO 8601 date-time "
-                                 "(e.g. '2026-11-27T18:00:00+00:00')") from None
-    return float(at)
+                raise ValueError(f"Deadline: `at` must be {expected}, got {at!r}") from None
+    elif isinstance(at, bool) or not isinstance(at, (int, float)):
+        raise TypeError(f"Deadline: `at` must be {expected}, got {type(at).__name__} {at!r}")
+    else:
+        t = float(at)
+    if not math.isfinite(t):
+        raise ValueError(f"Deadline: `at` must be {expected}, got {at!r}, which is no point in time (a NaN or "
+                         "infinite deadline never stops the run; leave the callback out for a run without one)")
+    return t
 
 
 class Deadline(pl.Callback):
@@ -42,6 +53,10 @@ class Deadline(pl.Callback):
         at: the deadline, as a Unix time (seconds) or an ISO 8601 date-time string.
         margin: the next epoch is started only if ``now + margin * (duration of the slowest epoch so far)`` is before
             the deadline (1.2: 20% head room for a slower epoch and the checkpoint write).
+
+    The first epoch of an attempt always runs (its duration is not known before): a deadline already past when
+    training starts is said on stderr, and that attempt stops after one epoch. NaN and infinite deadlines are
+    refused.
 
     After ``fit``, ``<default_root_dir>/deadline.json`` holds ``{"stopped_by_deadline": bool, "epochs_done": int,
     "epoch_s": [seconds of each epoch of this attempt], "step_s": median seconds of a training step after the first,
@@ -61,6 +76,12 @@ class Deadline(pl.Callback):
         self.train_batches: float = 0
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        late = time.time() - self.at
+        if late > 0 and trainer.is_global_zero:
+            when = datetime.fromtimestamp(self.at).astimezone().isoformat(timespec="seconds")
+            print(f"Deadline: at={when} is {late:.0f} s in the past: no epoch can end before it, so this attempt "
+                  "trains one epoch, writes its last.ckpt and stops (a later attempt resumes it with --ckpt_path "
+                  "<run>/checkpoints/last.ckpt)", file=sys.stderr, flush=True)
         try:  # the loader's length, whatever limit_train_batches / max_steps cut of it in this attempt
             self.train_batches = len(trainer.train_dataloader)
         except TypeError:  # an iterable loader without a length

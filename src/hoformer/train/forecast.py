@@ -263,20 +263,40 @@ def _future_dates(dates, end: int, n: int, tz=None):
 
 def forecast_checkpoint(checkpoint, *, config=None, data: str | None = None, data_args: dict | None = None,
                         history=None, end: int | None = None, horizon: int | None = None, device: str = "cpu",
-                        allow_data_mismatch: bool = False):
+                        allow_data_mismatch: bool = False, progress=None):
     """``pandas.DataFrame`` of the forecast of ``checkpoint`` after row ``end`` of ``history`` (a CSV path read as
     the training file is, or a DataFrame; default: the training file itself); see :func:`forecast_series`. The data
     come from ``config``, or the class path ``data`` with ``data_args`` on top of the datamodule hyper-parameters
     the checkpoint stored (a checkpoint of a plain ``Trainer.fit``, e.g. ``hoformer demo``'s, stores them without
-    their class), or the checkpoint / its run folder alone; a checkpoint trained on other data is refused unless
-    ``allow_data_mismatch``."""
-    from hoformer.checkpoint import load_checkpoint
+    their class), or the checkpoint / its run folder alone: a ``save_pretrained`` folder written at the end of a fit
+    carries them (``data.json``, :func:`hoformer.checkpoint.save_data_config`), with the training scaler, so that a
+    ``history`` is forecast without reading the training file. A checkpoint trained on other data is refused unless
+    ``allow_data_mismatch``. ``progress``: a function called with a line at each step (loading, reading the data)."""
+    import time
+
+    from hoformer.checkpoint import data_config_scaler, load_checkpoint
     from hoformer.config import checkpoint_datamodule
 
+    say = progress or (lambda line: None)
+    t0 = time.time()
+    say(f"loading {checkpoint} ...")
     model, info = load_checkpoint(checkpoint, map_location=device)
+    name = getattr(model, "config", {}).get("name", type(model).__name__)
+    say(f"loaded {name} (lookback {getattr(model, 'seq_len', '?')}, horizon {getattr(model, 'pred_len', '?')}) "
+        f"in {time.time() - t0:.1f} s")
+    recorded = info.get("data_config") or {}
+    scaler = data_config_scaler(recorded)
+    if (history is not None and scaler is not None and recorded.get("variate_names") and config is None
+            and data is None and not data_args):  # the folder has everything: the training file is not read
+        say(f"the training data's scaler and columns from {Path(info['path']) / 'data.json'}")
+        return forecast_series(model.to(device), scaler, recorded["variate_names"], history,
+                               seq_len=recorded.get("seq_len"), pred_len=recorded.get("pred_len"),
+                               features=recorded.get("features", "M"), end=end, horizon=horizon)
     stored = info["datamodule"] or {}
     if data is not None and not stored.get("_class_path"):
         data_args = {**{k: v for k, v in stored.items() if not k.startswith("_")}, **(data_args or {})}
+    t1 = time.time()
+    say("reading the training data (its scaler and columns) ...")
     dm = checkpoint_datamodule(info, config=config, data=data, data_args=data_args,
                                allow_data_mismatch=allow_data_mismatch, override="pass --allow-data-mismatch")
     if not isinstance(dm, LTSFDataModule):
@@ -284,6 +304,8 @@ def forecast_checkpoint(checkpoint, *, config=None, data: str | None = None, dat
                          "--config with an LTSFDataModule `data` section")
     if history is None or isinstance(history, (str, Path)):
         history = dm.history(history)
+    source = dm.series.source if dm.series is not None else "the data"
+    say(f"read {source if '(' in source else Path(source).name} in {time.time() - t1:.1f} s")
     return forecast_series(model.to(device), dm.scaler, dm.variate_names, history, seq_len=dm.seq_len,
                            pred_len=dm.pred_len, features=dm.features, end=end, horizon=horizon)
 
@@ -318,10 +340,13 @@ def forecast_main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--data-args must be a JSON object: {e}")
     if not isinstance(data_args, dict):
         p.error("--data-args must be a JSON object")
+    def say(line: str) -> None:
+        print(f"hoformer forecast: {line}", file=sys.stderr, flush=True)
+
     try:
         df = forecast_checkpoint(a.checkpoint, config=a.config, data=a.data, data_args=data_args, history=a.history,
                                  end=a.end, horizon=a.horizon, device=a.device,
-                                 allow_data_mismatch=a.allow_data_mismatch)
+                                 allow_data_mismatch=a.allow_data_mismatch, progress=say)
     except (FileNotFoundError, ValueError, TypeError) as e:  # input errors (incl. wrong data args): one line
         print(f"hoformer forecast: error: {e}", file=sys.stderr)
         return 2

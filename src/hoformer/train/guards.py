@@ -7,8 +7,11 @@ checkpoint save left behind (checkpoints are read by :mod:`hoformer.checkpoint`,
 * :class:`CleanStaleTempFiles` - at the start of ``fit``, removes the hidden temporary files of interrupted
   checkpoint writes (:func:`hoformer._io.stale_temp_files`: only ``.<name>.ckpt.<8 chars>.tmp``) from the
   checkpoint directories. Every :class:`~hoformer.train.TaskModule` adds one too.
-* :class:`EpochSummary` - one line per training epoch on stderr (losses and validation metrics, time) when no
-  progress bar is drawn on a terminal (logs, CI, ``nohup``). Every :class:`~hoformer.train.TaskModule` adds one too.
+* :class:`EpochSummary` - what a run did, on stderr: its data (file, split protocol, split sizes; a warning for a
+  tiny validation split) when ``fit`` starts, one line per training epoch and a progress line inside long epochs
+  when no progress bar is drawn on a terminal (logs, CI, ``nohup``), and why it stopped, with its best checkpoint,
+  ``last.ckpt`` and ``save_pretrained`` folder, when it ends. Every :class:`~hoformer.train.TaskModule` adds one
+  too.
 * :func:`hold_run_folder` - one ``fit`` per run folder: refuses a folder another live run holds (``.hoformer.lock``
   with its host and pid; a lock whose process is gone is stale and taken over) and a finished run's folder unless
   resuming or told to overwrite (``hoformer fit --overwrite true``).
@@ -26,6 +29,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+
+from hoformer._checks import is_int
 
 __all__ = ["EpochSummary", "hold_run_folder", "RunFolderError", "NonFiniteError", "NonFiniteGuard", "CleanStaleTempFiles",
            "default_callbacks"]
@@ -157,11 +162,16 @@ class NonFiniteGuard(pl.Callback):
         else:
             where = ("the inputs are finite; the loss went non-finite (the model's outputs were finite when the "
                      "batch was replayed: check the loss, the labels and the learning rate)")
+        lr = getattr(pl_module, "current_lr", lambda: None)()
+        last = getattr(pl_module, "last_finite_loss", lambda: None)()
+        history = (f" The learning rate is {lr:.3g}" if lr is not None else "") + (
+            f"{'; the' if lr is not None else ' The'} last finite training loss was {last[1]:.4g} at step {last[0]}."
+            if last is not None and last[0] < step else "." if lr is not None else "")
         raise NonFiniteError(
             f"NonFiniteGuard: non-finite training loss {loss.float().cpu().tolist()} at global step {step} "
-            f"(epoch {trainer.current_epoch}, batch index {batch_idx}); {where}. Training stopped before the "
-            "optimizer step on it; lower the learning rate, clip gradients (--trainer.gradient_clip_val) or check "
-            "the data.")
+            f"(epoch {trainer.current_epoch}, batch index {batch_idx}); {where}.{history} Training stopped before "
+            "the optimizer step on it; lower the learning rate, clip gradients (--trainer.gradient_clip_val) or "
+            "check the data.")
 
     @staticmethod
     def _locate(pl_module, batch) -> str | None:
@@ -193,31 +203,173 @@ class CleanStaleTempFiles(pl.Callback):
                 print(f"hoformer: removed {p}, left by an interrupted checkpoint save", file=sys.stderr)
 
 
-class EpochSummary(pl.Callback):
-    """One line per training epoch on stderr (global rank 0): the epoch, the epoch means of the logged losses and
-    validation metrics, and the epoch's wall time; printed when no progress bar is drawn on a terminal (stderr not a
-    terminal, or ``enable_progress_bar=False``), where a run would otherwise print nothing for minutes."""
+#: a validation split with fewer windows / samples than this is warned about at the start of ``fit``
+SMALL_VALIDATION = 30
 
-    def __init__(self, always: bool = False) -> None:
+
+def _fmt(v: float) -> str:
+    return f"{v:.4g}"
+
+
+class EpochSummary(pl.Callback):
+    """What a run did, on stderr (global rank 0), so that a log file tells the whole story:
+
+    * at the start of ``fit``: the data (the datamodule's :meth:`split_summary`: file, split protocol and the sizes of
+      the three splits) and a warning when the validation split holds fewer than :data:`SMALL_VALIDATION`
+      windows / samples, since early stopping and the best checkpoint are chosen on it;
+    * one line per training epoch (the epoch means of the logged losses and validation metrics, each once, and the
+      epoch's wall time) and, inside an epoch, a progress line every ``progress_every_s`` seconds (step, loss, time
+      left in the epoch): both only when no progress bar is drawn on a terminal (stderr not a terminal, or
+      ``enable_progress_bar=False``), where a run would otherwise print nothing for minutes;
+    * at the end of ``fit``: why it stopped (the last epoch, early stopping with its metric, patience and best epoch,
+      a deadline, ``max_steps``), the best checkpoint with its score and epoch, ``last.ckpt`` and the
+      ``save_pretrained`` folder.
+
+    Epochs are numbered from 0, as Lightning numbers them in its progress bar, ``metrics.csv`` and the checkpoint
+    names: ``epoch 2/9`` is the third of ten epochs and its checkpoint is ``best-epoch=002.ckpt``.
+    """
+
+    def __init__(self, always: bool = False, progress_every_s: float = 60.0) -> None:
+        if isinstance(progress_every_s, bool) or not isinstance(progress_every_s, (int, float)) \
+                or not progress_every_s >= 0:
+            raise ValueError(f"EpochSummary: `progress_every_s` must be a number of seconds >= 0, got "
+                             f"{progress_every_s!r}")
         self.always = always
-        self._t0 = 0.0
+        self.progress_every_s = float(progress_every_s)
+        self._t0 = self._last = 0.0
+        self._scores: dict[int, float] = {}  # epoch -> the best checkpoint's monitored value, this attempt
 
     def _quiet(self, trainer) -> bool:
         return not self.always and trainer.progress_bar_callback is not None and sys.stderr.isatty()
 
+    @staticmethod
+    def _epoch(trainer, epoch: int | None = None) -> str:
+        epoch = trainer.current_epoch if epoch is None else epoch
+        last = f"/{trainer.max_epochs - 1}" if trainer.max_epochs and trainer.max_epochs > 0 else ""
+        return f"epoch {epoch}{last}"
+
+    # ------------------------------------------------------------------------------------------------ start
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self._scores = {}
+        if not trainer.is_global_zero:
+            return
+        dm = getattr(trainer, "datamodule", None)
+        summary = getattr(dm, "split_summary", None)
+        if not callable(summary):
+            return
+        try:
+            line, sizes = summary()
+        except Exception:  # noqa: BLE001 - a report only: the run reports its own data errors
+            return
+        print(f"hoformer fit: data: {line}", file=sys.stderr, flush=True)
+        val = sizes.get("val")
+        if val is not None and val < SMALL_VALIDATION and trainer.limit_val_batches != 0:
+            unit = getattr(dm, "sample_unit", "samples")
+            print(f"hoformer fit: warning: the validation split holds only {val} {unit} (fewer than "
+                  f"{SMALL_VALIDATION}); early stopping and the best checkpoint are chosen on it, so they follow "
+                  "noise. Give validation more data (a longer series, a shorter lookback / horizon, a larger "
+                  "validation share) or judge the run by its last epoch", file=sys.stderr, flush=True)
+
+    # ------------------------------------------------------------------------------------------- per epoch
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        self._t0 = time.time()
+        self._t0 = self._last = time.time()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        now = time.time()
+        if now - self._last < self.progress_every_s or not trainer.is_global_zero or self._quiet(trainer):
+            return
+        self._last = now
+        total = trainer.num_training_batches
+        done = batch_idx + 1
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        shown = f", train/loss {_fmt(float(loss))}" if isinstance(loss, torch.Tensor) and loss.numel() == 1 else ""
+        left = ""
+        if isinstance(total, int) and 0 < done < total:
+            left = f"; about {(now - self._t0) / done * (total - done):.0f} s left in the epoch"
+        of = f"/{total}" if isinstance(total, int) else ""
+        print(f"{self._epoch(trainer)}: step {done}{of}{shown} ({now - self._t0:.0f} s{left})", file=sys.stderr,
+              flush=True)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        if not trainer.is_global_zero or trainer.sanity_checking or self._quiet(trainer):
+        if not trainer.is_global_zero or trainer.sanity_checking:
+            return
+        cb = trainer.checkpoint_callback
+        monitor = getattr(cb, "monitor", None)
+        if monitor and monitor in trainer.callback_metrics:
+            self._scores[trainer.current_epoch] = float(trainer.callback_metrics[monitor])
+        if self._quiet(trainer):
             return
         metrics = {k: v for k, v in trainer.callback_metrics.items()
                    if not k.endswith("_step") and (k.startswith("val/") or k.endswith("loss") or k.endswith("_epoch"))}
-        shown = " ".join(f"{k.removesuffix('_epoch')} {float(v):.4g}" for k, v in sorted(metrics.items())
-                         if getattr(v, "numel", lambda: 1)() == 1)
-        total = f"/{trainer.max_epochs}" if trainer.max_epochs and trainer.max_epochs > 0 else ""
-        print(f"epoch {trainer.current_epoch + 1}{total}: {shown} ({time.time() - self._t0:.0f} s)",
-              file=sys.stderr, flush=True)
+        shown: dict[str, str] = {}
+        for k, v in sorted(metrics.items()):
+            if getattr(v, "numel", lambda: 1)() != 1:
+                continue
+            name = k.removesuffix("_epoch")
+            if name == k and f"{k}_epoch" in metrics:  # the epoch mean of a per-step metric: shown once, as such
+                continue
+            shown[name] = _fmt(float(v))
+        text = " ".join(f"{k} {v}" for k, v in shown.items())
+        print(f"{self._epoch(trainer)}: {text} ({time.time() - self._t0:.0f} s)", file=sys.stderr, flush=True)
+
+    # ------------------------------------------------------------------------------------------------- end
+    def on_fit_end(self, trainer, pl_module) -> None:
+        if not trainer.is_global_zero or trainer.state.status == "interrupted":
+            return
+        print(f"hoformer fit: {run_end_report(trainer, self._scores)}", file=sys.stderr, flush=True)
+
+
+def _why_stopped(trainer) -> str:
+    """Why ``trainer``'s fit ended, in words."""
+    from lightning.pytorch.callbacks import EarlyStopping
+
+    last = trainer.current_epoch - 1  # current_epoch counts the finished epochs once fit has ended
+    for cb in trainer.callbacks:
+        if isinstance(cb, EarlyStopping) and cb.stopped_epoch > 0:
+            best = cb.stopped_epoch - cb.wait_count if cb.wait_count >= cb.patience else None
+            score = "" if cb.best_score is None else f"{float(cb.best_score):.4g}"
+            at = f" at epoch {best}" if best is not None else ""
+            if cb.wait_count >= cb.patience:
+                why = f"{cb.monitor} did not improve for {cb.patience} epoch(s) (patience {cb.patience})"
+            else:
+                why = f"{cb.monitor} reached a stopping threshold or went non-finite"
+            return f"early stopping after {EpochSummary._epoch(trainer, cb.stopped_epoch)}: {why}; best {cb.monitor} {score}{at}"
+    deadline = next((cb for cb in trainer.callbacks if type(cb).__name__ == "Deadline" and getattr(cb, "stopped",
+                                                                                                   False)), None)
+    if deadline is not None:
+        return (f"stopped by the deadline after {EpochSummary._epoch(trainer, max(last, 0))} (the next epoch would not end before "
+                "it); resume with --ckpt_path <run>/checkpoints/last.ckpt")
+    if trainer.max_epochs is not None and trainer.max_epochs > 0 and trainer.current_epoch >= trainer.max_epochs:
+        return f"finished all {trainer.max_epochs} epochs (max_epochs)"
+    if trainer.max_steps is not None and trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
+        return f"reached max_steps={trainer.max_steps} in {EpochSummary._epoch(trainer)}"
+    return f"stopped after {EpochSummary._epoch(trainer, max(last, 0))}"
+
+
+def run_end_report(trainer, scores: dict[int, float] | None = None) -> str:
+    """One line: why the fit ended (:func:`_why_stopped`), the best checkpoint (path, score, epoch), ``last.ckpt``
+    and the ``save_pretrained`` folder, as far as the run has them."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    parts = [_why_stopped(trainer)]
+    best = trainer.checkpoint_callback if isinstance(trainer.checkpoint_callback, ModelCheckpoint) else None
+    if best is not None and best.best_model_path:
+        score = "" if best.best_model_score is None else f" ({best.monitor} {float(best.best_model_score):.4g}"
+        if score and scores:
+            want = float(best.best_model_score)
+            epoch = next((e for e, v in scores.items() if abs(v - want) <= 1e-12 * max(1.0, abs(want))), None)
+            score += f", epoch {epoch})" if epoch is not None else ")"
+        elif score:
+            score += ")"
+        parts.append(f"best checkpoint {best.best_model_path}{score}")
+    last = next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.dirpath
+                 and os.path.isfile(os.path.join(cb.dirpath, "last.ckpt"))), None)
+    if last is not None:
+        parts.append(f"last {os.path.join(last.dirpath, 'last.ckpt')}")
+    export = next((cb for cb in trainer.callbacks if type(cb).__name__ == "ExportPretrained"), None)
+    if export is not None and getattr(export, "path", None):
+        parts.append(f"save_pretrained {export.path}")
+    return "; ".join(parts)
 
 
 def default_callbacks(trainer: pl.Trainer | None) -> list[pl.Callback]:
@@ -246,6 +398,27 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:  # another user's live process
         return True
     return True
+
+
+def _read_lock(lock: Path, settle_s: float = 0.5) -> dict | None:
+    """The ``{"host", "pid", "started"}`` of a lock file, or ``None`` when it names no run: empty, not JSON, or
+    without an int pid and a host name. A lock another process has created but not yet written is empty for an
+    instant, so an unreadable lock is read once more after ``settle_s`` seconds (a file younger than that)."""
+    for attempt in range(2):
+        try:
+            other = json.loads(lock.read_text())
+        except (OSError, ValueError):
+            other = None
+        if isinstance(other, dict) and is_int(other.get("pid")) and isinstance(other.get("host"), str):
+            return other
+        try:
+            young = time.time() - lock.stat().st_mtime < settle_s
+        except OSError:  # removed meanwhile: its owner released it
+            return None
+        if attempt or not young:
+            return None
+        time.sleep(settle_s)
+    return None
 
 
 def _finished_run(root: Path) -> list[str]:
@@ -280,13 +453,17 @@ def hold_run_folder(root, *, resume: bool = False, overwrite: bool = False, fn: 
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
-            try:
-                other = json.loads(lock.read_text() or "{}")
-            except (OSError, ValueError):
-                other = {}
+            other = _read_lock(lock)
+            if other is None and not lock.exists():  # released meanwhile
+                continue
+            if other is None:  # empty or garbage: what a kill between the lock's creation and its write leaves
+                print(f"{fn}: taking over the lock file {lock}, which names no run (it is empty or not a lock "
+                      "hoformer wrote: left by a run killed while it took the folder)", file=sys.stderr)
+                lock.unlink(missing_ok=True)
+                continue
             pid, host = other.get("pid"), other.get("host")
             mine = pid == os.getpid() and host == me["host"] and str(lock) not in _HELD  # an earlier call that died
-            stale = host == me["host"] and isinstance(pid, int) and (mine or not _pid_alive(pid))
+            stale = host == me["host"] and (mine or not _pid_alive(pid))
             if not stale:
                 raise RunFolderError(
                     f"{fn}: the run folder {str(root)!r} is in use by another run (pid {pid} on {host}, started "

@@ -273,14 +273,21 @@ class ForecastingTask(_HotTask):
     @rank_zero_only
     def _save_plot(self) -> str | None:
         root = (self.trainer.log_dir if self.trainer.logger is not None else None) or self.trainer.default_root_dir
-        return plot_forecast(*self._plot_sample, Path(root) / "forecast.png", num_variates=self.hparams.plot_variates,
+        path = plot_forecast(*self._plot_sample, Path(root) / "forecast.png", num_variates=self.hparams.plot_variates,
                              names=self.hparams.variate_names)
+        if path is not None:
+            import sys
+
+            print(f"{type(self).__name__}: forecast plot of the first test window (standardised values, as the model "
+                  f"sees them): {path}", file=sys.stderr, flush=True)
+        return path
 
 
-def plot_forecast(x, y, pred, path, num_variates: int = 3, names=None) -> str | None:
+def plot_forecast(x, y, pred, path, num_variates: int = 3, names=None, scale: str = "standardised") -> str | None:
     """Write a PNG with lookback ``x (L, C)``, truth ``y (S, C)`` and forecast ``pred (S, C)`` for the first
     ``num_variates`` variates (the last variate, usually ``OT``, first), each panel labelled with its column name from
-    ``names`` (``C`` names; default ``variate <j>``). Returns the path, or None without matplotlib."""
+    ``names`` (``C`` names; default ``variate <j>``) and the values' ``scale`` (the task plots the model's
+    standardised values). Returns the path, or None without matplotlib."""
     if importlib.util.find_spec("matplotlib") is None:  # plots are an optional extra
         return None
     from hoformer._plot import plot_forecast_vs_truth
@@ -288,7 +295,7 @@ def plot_forecast(x, y, pred, path, num_variates: int = 3, names=None) -> str | 
     c = np.shape(x)[-1]
     channels = [c - 1 - i for i in range(min(num_variates, c))]
     names = list(names)[-c:] if names is not None and len(names) >= c else [f"variate {j}" for j in range(c)]
-    return str(plot_forecast_vs_truth(x, y, pred, path, channels=channels, names=names))
+    return str(plot_forecast_vs_truth(x, y, pred, path, channels=channels, names=names, scale=scale))
 
 
 # --------------------------------------------------------------------------------------------- classification
@@ -414,7 +421,9 @@ def checkpoint_callbacks(dirpath, monitor: str | None = None, mode: str = "min",
 class ExportPretrained(pl.Callback):
     """At the end of ``fit``, load the best checkpoint's weights (or the current ones when no checkpoint was written)
     into a fresh model and ``save_pretrained`` it to ``dirpath`` (default ``<default_root_dir>/pretrained``), with the
-    datamodule's tokenizer when it has one (text)."""
+    datamodule's tokenizer when it has one (text) and its configuration and scaler (``data.json``,
+    :func:`hoformer.checkpoint.save_data_config`), so that ``hoformer forecast --checkpoint <dirpath>`` needs nothing
+    else."""
 
     def __init__(self, dirpath: str | None = None) -> None:
         self.dirpath = dirpath
@@ -434,9 +443,14 @@ class ExportPretrained(pl.Callback):
             model.load_state_dict(model_state(read_lightning_checkpoint(best, fn="ExportPretrained")))
         root = self.dirpath or os.path.join(trainer.default_root_dir, "pretrained")
         self.path = str(model.save_pretrained(root))
-        tokenizer = getattr(getattr(trainer, "datamodule", None), "tokenizer", None)
+        dm = getattr(trainer, "datamodule", None)
+        tokenizer = getattr(dm, "tokenizer", None)
         if tokenizer is not None and callable(getattr(tokenizer, "save", None)):
             tokenizer.save(root)
+        if dm is not None:  # the data configuration and scaler: `hoformer forecast --checkpoint <root>` needs them
+            from hoformer.checkpoint import save_data_config
+
+            save_data_config(root, dm)
 
 
 class CompileModel(pl.Callback):
