@@ -770,7 +770,7 @@ def main(argv: list[str] | None = None, runner=None) -> int:
         name = a.plan or ("paper" if a.device.startswith("cuda") else "cpu")
         plan = _select(ap, PLANS[name](), a.only, name)
         if a.status:
-            done = {r["experiment"] for r in history}
+            done = measured(history)
             for e in plan:
                 print(f"{_status(e, a.out, done):12s} {e.name}")
             return 0
@@ -782,11 +782,17 @@ def main(argv: list[str] | None = None, runner=None) -> int:
         return 2
 
 
+def measured(history: list[dict]) -> set[str]:
+    """The experiments the ledger holds a measured line of (``record`` ``run``): a campaign runs the others,
+    including those with only a transcribed line (a number copied from a document is not a run to skip)."""
+    return {r["experiment"] for r in history if r.get("record", "run") == "run"}
+
+
 def _campaign(a: argparse.Namespace, plan: list[Experiment], history: list[dict], runner) -> int:
     cuda = a.device.startswith("cuda")
     parallel = a.parallel or (4 if cuda else 2)
     threads = a.threads or (4 if cuda else max(1, (os.cpu_count() or 1) // parallel))
-    done = {r["experiment"] for r in history}
+    done = measured(history)
     pending = [e for e in plan if e.name not in done]
     budget_s = a.budget_min * 60
     t_start = time.time()

@@ -97,13 +97,18 @@ def test_renderers_say_measured_only_for_measured_lines():
 
 
 def test_no_transcribed_line_stands_for_a_pending_campaign_experiment(monkeypatch):
-    """The campaign counts an experiment whose name is in the ledger as done, so a line of an earlier, differently
-    budgeted run must not carry the name of an experiment the campaign is still to run."""
+    """The campaign counts an experiment as done only by a measured line of it (``record: run``): a transcribed line
+    of the same name (a number copied from a document, e.g. the CPU-budget variants re-run by the cpu_variants plan)
+    leaves the experiment pending, and a measured one supersedes it in the tables."""
     campaign = load_benchmark("campaign")
     monkeypatch.setattr(campaign, "data_present", lambda exp: True)
     planned = {e.name for plan in campaign.PLANS.values() for e in plan()}
-    transcribed = {r["experiment"] for r in ledger.read_ledger() if r["record"] == "transcribed"}
-    assert planned and not transcribed & planned, sorted(transcribed & planned)
+    rows = ledger.read_ledger()
+    transcribed = {r["experiment"] for r in rows if r["record"] == "transcribed"}
+    assert planned and transcribed & planned  # the variants' transcribed lines carry the names the plan runs
+    assert not campaign.measured(rows) & transcribed & planned
+    fake = [{**next(r for r in rows if r["experiment"] in planned and r["record"] == "transcribed"), "record": "run"}]
+    assert campaign.measured(fake) == {fake[0]["experiment"]}
 
 
 # --------------------------------------------------------------------------------------- the frame, the tables
@@ -484,7 +489,8 @@ def test_accelerator_chunk_and_gpu_train_step_lines_fill_the_gpu_tables_only(tmp
                      r"\*\*20.0 ms, 4500 MiB\*\* +\|", table)
     base = next(r for r in committed if r["experiment"] == "bench/train_step/etth1/eager")
     gpu = [dict(base, experiment="bench/train_step/etth1/eager+cuda-bf16", split="training step, B=32, bf16",
-                metrics={"hoformer_ms": 20.0, "paper_ms": 40.0, "hoformer_mib": 100.0, "paper_mib": 300.0})]
+                metrics={"hoformer_ms": 20.0, "paper_ms": 40.0, "compiled/eager": 1.0, "hoformer_mib": 100.0,
+                         "paper_mib": 300.0})]
     assert ledger.r_train_step(lg(committed + gpu)) == ledger.r_train_step(lg(committed))
     gpu_table = ledger.tables(committed + gpu)["bench/train_step_gpu"]
     assert re.search(r"\| etth1 +\| bf16 +\| eager +\| 20.0 +\| 40.0 +\| \*\*0.50\*\* +\| 1.00 +\| 100 +\| 300 +\|", gpu_table)
