@@ -260,8 +260,18 @@ def helpers(lg: Ledger) -> dict:
                                                    ", ".join(f"{h}: {v:.3f}" for h, v in per.items())))
         return "; ".join(parts) or NO_RUNS
 
+    def seedwise(spec, model, name, horizon=None):
+        return {r["seed"]: v for r in lg.sel(spec) if r["model"] == model and (v := metric(r, name, horizon)) is not None}
+
+    def versus(spec, model, reference, name="test/mse", horizon=None):
+        """``model``'s paired difference against ``reference`` on ``name`` (at ``horizon``), with its seeds."""
+        a, b = seedwise(spec, model, name, horizon), seedwise(spec, reference, name, horizon)
+        n = len(set(a) & set(b))
+        return "no runs yet" if not n else f"{vs(a, b)} ({n} seed{'s' if n > 1 else ''})"
+
     return dict(
         L=lg.sel, f=f, rng=rng, paper=paper, SEEDS5=SEEDS5, col=col, avg=avg, havg=havg, per_model_avg=per_model_avg,
+        versus=versus, cell=lambda spec, model, name, h=None: mean_std(list(seedwise(spec, model, name, h).values())),
         mean=lambda spec, name, scale=1: mean(col(spec, name, scale)), hw=lambda spec: hardware_short(lg.sel(spec)),
         walls=lambda spec: " / ".join(duration(r["wall_s"]) for r in lg.sel(spec)),
         epochs=lambda spec: ", ".join(dict.fromkeys(str(r["epochs"]) for r in lg.sel(spec))) or "-",
