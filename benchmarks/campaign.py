@@ -65,6 +65,7 @@ sys.path.insert(0, str(ROOT / "src"))  # the hoformer next to this script, as it
 
 import ledger  # noqa: E402  (benchmarks/: a script's own folder is on sys.path)
 import paper_configs  # noqa: E402
+from hoformer._io import pid_alive  # noqa: E402
 
 
 LEDGER, read_ledger, append_ledger, LedgerError = ledger.LEDGER, ledger.read_ledger, ledger.append_ledger, ledger.LedgerError
@@ -655,16 +656,6 @@ class CampaignError(Exception):
     """A campaign that cannot start: the message says why and what to do."""
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class OutLock:
     """``<out>/.campaign.lock``: an output folder is held by one campaign at a time (an exclusive ``flock`` on the
     file while the campaign lives; the file says which process on which host holds it). A lock left by a process that
@@ -702,7 +693,7 @@ class OutLock:
                                 "which this host cannot check; remove the file if that campaign has ended")
         if held:
             self.log(f"note: {self.path}: taking over the lock of pid {held[0]} (since {held[2]}), "
-                     f"{'which is gone' if not _alive(held[0]) else 'which no longer holds it'}")
+                     f"{'which is gone' if not pid_alive(held[0]) else 'which no longer holds it'}")
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": dt.datetime.now(
             dt.timezone.utc).isoformat(timespec="seconds")}).encode(), 0)

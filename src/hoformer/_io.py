@@ -13,7 +13,20 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["atomic_write", "read_checkpoint", "check_device", "CheckpointError", "MissingCheckpointError"]
+__all__ = ["atomic_write", "read_checkpoint", "check_device", "CheckpointError", "MissingCheckpointError",
+           "pid_alive"]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host is alive (another user's live process counts as alive): what tells a
+    lock or a trial left by a process that is gone from one still held."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _fsync_file(path: str | os.PathLike) -> None:

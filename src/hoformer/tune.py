@@ -39,6 +39,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from hoformer._io import pid_alive
+
 __all__ = ["read_space", "space_distributions", "tune_main", "export_best", "nested_overrides"]
 
 PRUNERS = ("median", "halving", "none")
@@ -101,11 +103,15 @@ def read_space(paths) -> dict[str, dict]:
     return out
 
 
-def _lookup(cfg: dict, key: str):
+_MISSING = object()
+
+
+def _lookup(cfg: dict, key: str, default=None):
+    """The value at the dotted ``key`` of a resolved config, ``default`` where it has no such key."""
     node = cfg
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
-            return None
+            return default
         node = node[part]
     return node
 
@@ -140,12 +146,7 @@ def space_distributions(space: dict[str, dict], cfg: dict) -> dict[str, Any]:
 
 
 def _has_path(cfg: dict, key: str) -> bool:
-    node = cfg
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
-    return True
+    return _lookup(cfg, key, _MISSING) is not _MISSING
 
 
 def _yaml_value(v) -> str:
@@ -176,16 +177,6 @@ def _pruner(name: str, warmup: int):
     return optuna.pruners.NopPruner()
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _recover_dead_trials(study, log) -> None:
     """Trials left RUNNING by a process of this host that is gone: marked failed, their values enqueued again."""
     import optuna
@@ -193,7 +184,7 @@ def _recover_dead_trials(study, log) -> None:
     host = socket.gethostname()
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         pid, where = t.user_attrs.get("pid"), t.user_attrs.get("host")
-        if where == host and isinstance(pid, int) and not _pid_alive(pid):
+        if where == host and isinstance(pid, int) and not pid_alive(pid):
             study.tell(t.number, state=optuna.trial.TrialState.FAIL)
             study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
             log(f"trial {t.number}: its process ({pid}) is gone; marked failed, its values will be tried again")

@@ -31,6 +31,7 @@ import lightning.pytorch as pl
 import torch
 
 from hoformer._checks import is_int
+from hoformer._io import pid_alive
 
 __all__ = ["EpochSummary", "hold_run_folder", "RunFolderError", "NonFiniteError", "NonFiniteGuard", "CleanStaleTempFiles",
            "default_callbacks"]
@@ -390,16 +391,6 @@ class RunFolderError(RuntimeError):
     """A run folder that another live run holds, or that holds a finished run."""
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
-
-
 def _read_lock(lock: Path, settle_s: float = 0.5) -> dict | None:
     """The ``{"host", "pid", "started"}`` of a lock file, or ``None`` when it names no run: empty, not JSON, or
     without an int pid and a host name. A lock another process has created but not yet written is empty for an
@@ -463,7 +454,7 @@ def hold_run_folder(root, *, resume: bool = False, overwrite: bool = False, fn: 
                 continue
             pid, host = other.get("pid"), other.get("host")
             mine = pid == os.getpid() and host == me["host"] and str(lock) not in _HELD  # an earlier call that died
-            stale = host == me["host"] and (mine or not _pid_alive(pid))
+            stale = host == me["host"] and (mine or not pid_alive(pid))
             if not stale:
                 raise RunFolderError(
                     f"{fn}: the run folder {str(root)!r} is in use by another run (pid {pid} on {host}, started "
