@@ -96,6 +96,29 @@ def test_a_study_is_stored_pruned_resumed_recorded_and_exported(study_dir, capsy
     assert cfg["model"]["init_args"]["model"]["init_args"]["num_heads"] == best.params[HEADS]
     assert cfg["model"]["init_args"]["optim"]["lr"] == best.params[LR]
     assert "trial" in Path("best.yaml").read_text().splitlines()[0]
+    # the database lost (a fresh machine): rebuilt from the ledger, numbers, values, states and curves as they were
+    before = optuna.load_study(study_name="s", storage=storage).trials
+    rows = [json.loads(line) for line in Path("ledger.jsonl").read_text().splitlines()]
+    assert all(len(r["curve"]) == r["epochs"] for r in rows)
+    Path("runs/tune/s.db").unlink()
+    assert _tune("--trials", "0", "--from-ledger") == 0
+    assert "5 trial(s) of ledger.jsonl added" in capsys.readouterr().out
+    after = optuna.load_study(study_name="s", storage=storage).trials
+    assert [(t.number, t.state, t.params, t.value, t.intermediate_values) for t in after] == \
+        [(t.number, t.state, t.params, t.value, t.intermediate_values) for t in before]
+    assert _tune("--trials", "0", "--from-ledger") == 0  # a second call adds nothing
+    assert "already holds" in capsys.readouterr().out
+    # a trial the ledger lacks (it failed) keeps its number as a failed trial; a value outside the space is refused
+    Path("runs/tune/s.db").unlink()
+    Path("gap.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["trial"] != 1))
+    assert _tune("--trials", "0", "--from-ledger", "--ledger", "gap.jsonl") == 0
+    assert [t.state.name for t in optuna.load_study(study_name="s", storage=storage).trials] == \
+        [t.state.name if t.number != 1 else "FAIL" for t in before]
+    Path("runs/tune/s.db").unlink()
+    rows[0]["params"][HEADS] = 3
+    Path("bad.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert _tune("--trials", "0", "--from-ledger", "--ledger", "bad.jsonl") == 2
+    assert "trial 0 of bad.jsonl has values" in capsys.readouterr().err
 
 
 def test_a_trial_left_running_by_a_dead_process_is_failed_and_tried_again(study_dir, capsys):

@@ -73,6 +73,7 @@ class Line(TypedDict, total=False):
     study: str
     trial: int
     state: Literal["complete", "pruned"]
+    curve: list[Number]
 
 
 #: the fields every line has; and those a line of a given ``record`` has as well

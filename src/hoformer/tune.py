@@ -21,6 +21,10 @@
   is marked failed and its values are tried again first.
 * **Ledger**: every finished trial (complete or pruned) is one line of ``--ledger`` (``record: tune``, the study, the
   trial number, its values, its state and its ``hoformer fit`` command; :mod:`hoformer.results`).
+* ``--from-ledger``: a study whose database is gone (a fresh machine, a deleted file) is rebuilt from the ledger's
+  lines of it before the search goes on: each recorded trial (complete or pruned, its values and its per-epoch
+  validation curve) is added under its own number, a number the ledger lacks (a failed trial) as a failed trial, so
+  the numbering, the sampler's history and the pruner's medians continue where the lost database stopped.
 * ``--export-best FILE.yaml`` writes the best trial's values as a config that composes with the experiment's
   (``hoformer fit --config EXPERIMENT.yaml --config FILE.yaml``).
 """
@@ -41,7 +45,8 @@ from typing import Any
 
 from hoformer._io import pid_alive
 
-__all__ = ["read_space", "space_distributions", "tune_main", "export_best", "nested_overrides"]
+__all__ = ["read_space", "space_distributions", "tune_main", "export_best", "nested_overrides",
+           "rebuild_from_ledger"]
 
 PRUNERS = ("median", "halving", "none")
 
@@ -190,6 +195,59 @@ def _recover_dead_trials(study, log) -> None:
             log(f"trial {t.number}: its process ({pid}) is gone; marked failed, its values will be tried again")
 
 
+def _in_space(dist, value) -> bool:
+    """Whether ``value`` is one of an Optuna distribution's values (a choice, or within its bounds)."""
+    if hasattr(dist, "choices"):
+        return value in dist.choices
+    return dist.low <= value <= dist.high
+
+
+def rebuild_from_ledger(study, ledger: str | Path, dists: dict, monitor: str, log=print) -> int:
+    """Add to ``study`` the trials of the ledger's lines of it (``record: tune``, its name) that its database lacks:
+    each under its own number with its values, state, objective value and per-epoch curve (``curve``; the pruner's
+    medians), a number missing from the ledger as a failed trial. Returns how many were added. A line recorded on
+    another objective, or with a value outside today's search space, is an error naming the trial."""
+    from optuna.trial import TrialState, create_trial
+
+    from hoformer.results import read_ledger
+
+    if str(ledger) == "none":
+        raise ValueError("needs a ledger (--ledger FILE), got 'none'")
+    lines = {r["trial"]: r for r in read_ledger(ledger)
+             if r.get("record") == "tune" and r.get("study") == study.study_name}
+    have = len(study.get_trials(deepcopy=False))
+    todo = [n for n in sorted(lines) if n >= have]
+    if not todo:
+        if lines:
+            log(f"--from-ledger: the study's database already holds the ledger's {len(lines)} trial(s) of it")
+        else:
+            log(f"--from-ledger: {ledger} holds no trial of the study {study.study_name!r}")
+        return 0
+    added = 0
+    for n in range(have, todo[-1] + 1):
+        r = lines.get(n)
+        if r is None:
+            study.add_trial(create_trial(state=TrialState.FAIL, user_attrs={"rebuilt_from": str(ledger)}))
+            continue
+        if r.get("objective") != monitor:
+            raise ValueError(f"trial {n} of {ledger} was scored on {r.get('objective')!r}, this study on {monitor!r}")
+        params = r["params"]
+        if set(params) != set(dists) or any(not _in_space(dists[k], v) for k, v in params.items()):
+            raise ValueError(f"trial {n} of {ledger} has values {params} outside the search space "
+                             f"({', '.join(dists)})")
+        curve = {e: v for e, v in enumerate(r.get("curve") or [])}
+        value = r["metrics"].get(monitor)
+        state = TrialState.COMPLETE if r["state"] == "complete" else TrialState.PRUNED
+        if state == TrialState.PRUNED:  # as Optuna records a pruned trial: its last reported value
+            value = curve[max(curve)] if curve else None
+        study.add_trial(create_trial(state=state, value=value,
+                                     params=params, distributions=dists, intermediate_values=curve,
+                                     user_attrs={"rebuilt_from": str(ledger)}))
+        added += 1
+    log(f"--from-ledger: {added} trial(s) of {ledger} added to the study (numbers {have}-{todo[-1]})")
+    return added
+
+
 def _pruning_callback(trial, monitor: str):
     """optuna-integration's Lightning pruning callback for ``trial`` on ``monitor``."""
     from optuna_integration import PyTorchLightningPruningCallback
@@ -232,8 +290,9 @@ class _TrialOutput:
         return False
 
 
-def _best_epoch_metrics(root: Path, monitor: str, mode: str) -> tuple[dict, int | None, int]:
-    """``(validation metrics of the best epoch, that epoch, epochs run)`` from the trial's CSV log."""
+def _best_epoch_metrics(root: Path, monitor: str, mode: str) -> tuple[dict, int | None, int, list[float]]:
+    """``(validation metrics of the best epoch, that epoch, epochs run, the monitor per epoch)`` from the trial's
+    CSV log."""
     import csv
 
     rows = []
@@ -241,12 +300,13 @@ def _best_epoch_metrics(root: Path, monitor: str, mode: str) -> tuple[dict, int 
         with path.open() as f:
             rows += [r for r in csv.DictReader(f) if r.get(monitor)]
     if not rows:
-        return {}, None, 0
+        return {}, None, 0, []
     pick = min if mode == "min" else max
     best = pick(rows, key=lambda r: float(r[monitor]))
     vals = {k: float(v) for k, v in best.items() if k.startswith("val/") and v}
     epochs = max(int(float(r["epoch"])) for r in rows) + 1
-    return vals, int(float(best["epoch"])), epochs
+    curve = {int(float(r["epoch"])): float(r[monitor]) for r in rows}
+    return vals, int(float(best["epoch"])), epochs, [curve[e] for e in sorted(curve)]
 
 
 def _describe(cfg: dict) -> dict:
@@ -289,6 +349,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ledger", default="results/ledger.jsonl",
                    help="results ledger the finished trials are appended to (default results/ledger.jsonl; "
                         "'none': not recorded)")
+    p.add_argument("--from-ledger", action="store_true", help="rebuild the trials the study's database lacks from "
+                   "the ledger's lines of the study (a database lost with its machine)")
     p.add_argument("--export-best", metavar="FILE.yaml", help="write the best trial's values as a config file")
     p.add_argument("overrides", nargs=argparse.REMAINDER, help="after `--`: `hoformer fit` overrides of the experiment")
     return p
@@ -361,9 +423,15 @@ def tune_main(argv: list[str]) -> int:
     study = optuna.create_study(study_name=study_name, storage=storage, load_if_exists=True,
                                 direction="minimize" if mode == "min" else "maximize",
                                 pruner=_pruner(a.pruner, a.warmup_epochs))
+    _recover_dead_trials(study, print)
+    if a.from_ledger:
+        try:
+            rebuild_from_ledger(study, a.ledger, dists, monitor, print)
+        except (ValueError, FileNotFoundError) as e:
+            print(f"hoformer tune: --from-ledger: {e}", file=sys.stderr)
+            return 2
     # a resumed study's sampler continues from another seed, so it does not draw the first call's values again
     study.sampler = optuna.samplers.TPESampler(seed=a.seed + len(study.get_trials(deepcopy=False)))
-    _recover_dead_trials(study, print)
     done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
                                                         optuna.trial.TrialState.PRUNED)))
     print(f"hoformer tune: study {study_name!r} ({storage_url}), {done} finished trial(s); objective {monitor} "
@@ -442,7 +510,7 @@ def _run_trial(a, study, trial, base: list[str], cfg: dict, monitor: str, mode: 
     finally:
         sys.argv = argv0
     wall = time.time() - t0
-    vals, best_epoch, epochs = _best_epoch_metrics(root, monitor, mode)
+    vals, best_epoch, epochs, curve = _best_epoch_metrics(root, monitor, mode)
     value = vals.get(monitor)
     if state != "failed" and value is None:
         state, error = "failed", f"no {monitor} was logged (see {root / 'fit.log'})"
@@ -462,7 +530,8 @@ def _run_trial(a, study, trial, base: list[str], cfg: dict, monitor: str, mode: 
             else "pruned", "failed": f"FAILED: {error}"}[state]
     print(f"trial {trial.number}: {what}, {epochs} epoch(s), {wall:.0f} s; {best_txt}", flush=True)
     if state != "failed" and a.ledger != "none":
-        _append_trial(a, study, trial, cfg, state, vals, best_epoch, epochs, wall, monitor, mode, command)
+        _append_trial(a, study, trial, cfg, state, vals, best_epoch, epochs, wall, monitor, mode, command,
+                      curve)
     return state
 
 
@@ -474,7 +543,8 @@ def _reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {lines[-1][:300] if lines else ''}"
 
 
-def _append_trial(a, study, trial, cfg, state, vals, best_epoch, epochs, wall, monitor, mode, command) -> None:
+def _append_trial(a, study, trial, cfg, state, vals, best_epoch, epochs, wall, monitor, mode, command,
+                  curve) -> None:
     import torch
 
     from hoformer.results import append_ledger, provenance
@@ -486,7 +556,7 @@ def _append_trial(a, study, trial, cfg, state, vals, best_epoch, epochs, wall, m
     row = {"experiment": f"tune/{study.study_name}/trial_{trial.number:03d}", **_describe(cfg), "split": "val",
            "metrics": vals, "params": dict(trial.params), "study": study.study_name, "trial": trial.number,
            "state": state, "objective": monitor, "seed": cfg.get("seed_everything"), "epochs": epochs,
-           "best_epoch": best_epoch, "stopping": stopping, "wall_s": round(wall, 1),
+           "best_epoch": best_epoch, "curve": curve, "stopping": stopping, "wall_s": round(wall, 1),
            **provenance("cpu" if not torch.cuda.is_available() else "cuda", torch.get_num_threads(), command, "tune"),
            "scale": "paper" if "ltsf_cpu" not in " ".join(a.config) else "cpu"}
     append_ledger(row, a.ledger)
