@@ -16,8 +16,9 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# one pytest-xdist worker per core; a test that needs a process of its own runs in its worker's process
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto
 
 test-slow: install
 	$(PY) -m pytest -q -m "slow"
