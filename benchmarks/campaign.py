@@ -11,7 +11,8 @@ unfinished ones exactly, and record every finished run as one line of the result
   baseline; ETTh1 at paper size; AdrenalMNIST3D with the paper's Table 6 search (patch, dropout, weight decay); the
   other MedMNIST3D sets present in the data folder; the rest of the paper grid (``benchmarks/paper_configs.py``; the
   HOBA students, which need their teacher's run first, are recorded with ``benchmarks/hoba_students.py --ledger``).
-  ``--plan etth1_tuned``: the tuned ETTh1 configurations for three seeds; ``--plan losloop``: the Los-loop models.
+  ``--plan etth1_tuned``: the tuned ETTh1 configurations for three seeds; ``--plan losloop``: the Los-loop models;
+  ``--plan volumes``: AdrenalMNIST3D (the CPU-budget volume model, then the paper recipe beside the 3D CNN).
   Each experiment is a ``paper_configs.py`` experiment: the paper's model, optimiser and 100 epochs, the
   best-validation checkpoint tested. On a CPU (:func:`cpu_plan`) the same paper-size ETTh1 models (96->{96, 720, 192,
   336}, HOT product and the spatial baseline) stop early on the validation MAE (patience 10, recorded in the
@@ -98,7 +99,8 @@ class Experiment:
             return self.family
         prefix = self.base.split("/")[:2]
         return {"hot/ltsf": "forecasting", "hot/ltsf_cpu": "forecasting", "hot/ltsf_hot": "forecasting",
-                "hot/medmnist3d": "classification", "hot/ssl4eo_l": "segmentation"}.get(
+                "hot/medmnist3d": "classification", "hot/medmnist3d_cpu": "classification",
+                "hot/ssl4eo_l": "segmentation"}.get(
             "/".join(prefix), {"weaver": "traffic", "hoba": "text"}.get(prefix[0], "other"))
 
     @property
@@ -256,6 +258,21 @@ def etth1_tuned_plan(log=print) -> list[Experiment]:
     return [e for e in plan if data_present(e)]
 
 
+def volumes_plan() -> list[Experiment]:
+    """AdrenalMNIST3D on a CPU: the CPU-budget HOT product model with the imbalanced-class recipe
+    (``hot/medmnist3d_cpu/adrenal_hot_product``: width 64, 2 blocks, 30 epochs, balanced class weights, the best
+    validation balanced accuracy tested; minutes per run), then the paper recipe (HOT product, 100 epochs, about 2 h
+    per run on one thread) beside the 3D CNN, seed by seed (2024-2026)."""
+    plan = []
+    for base in ("hot/medmnist3d_cpu/adrenal_hot_product", "hot/medmnist3d/adrenal_cnn3d",
+                 "hot/medmnist3d/adrenal_hot_product"):
+        for seed in (2024, 2025, 2026):
+            extra = () if seed == SEED else (f"--seed_everything={seed}",)
+            plan.append(Experiment(base + ("" if seed == SEED else f"+s{seed}"), base, extra,
+                                   scale="cpu" if "_cpu/" in base else "paper"))
+    return [e for e in plan if data_present(e)]
+
+
 def losloop_plan() -> list[Experiment]:
     """Los-loop on a CPU (``configs/weaver/los_loop_cpu.yaml``: E=32, 8 epochs, the paper's optimiser, best validation
     MAE tested): every ``weaver/los_loop_cpu_*`` experiment of ``paper_configs.py`` (Weaver T / NT with the Tanimoto,
@@ -300,6 +317,7 @@ def cpu_variants_plan() -> list[Experiment]:
 
 PLANS = {"paper": paper_plan, "cpu": cpu_plan, "precision": precision_plan, "protocols": protocol_plan,
          "protocols_paper": protocols_paper_plan, "etth1_tuned": etth1_tuned_plan, "losloop": losloop_plan,
+         "volumes": volumes_plan,
          "cpu_variants": cpu_variants_plan}
 
 
