@@ -512,7 +512,8 @@ def test_analyze_forecast_hoba_slice_and_run_files(tmp_path, monkeypatch):
 def test_analyze_model_args_and_datamodule_sources(tmp_path):
     import yaml
 
-    from hoformer.analysis import build_datamodule, load_checkpoint
+    from hoformer.checkpoint import load_checkpoint
+    from hoformer.inference import build_datamodule
 
     # a checkpoint whose stored model_kwargs no longer describe its weights (a default changed): --model-args
     model = create_model("hot_forecaster", **{**_MODEL, "mlp_ratio": 2.0})

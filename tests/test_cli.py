@@ -640,7 +640,7 @@ def test_composed_configs_add_to_the_shared_callbacks_instead_of_repeating_them(
 
 
 def test_build_datamodule_reads_a_config_with_its_bases():
-    from hoformer.config import build_datamodule
+    from hoformer.inference import build_datamodule
 
     dm = build_datamodule(config=REPO / "configs/hot/ltsf/etth1_96_96_hot_product.yaml", data_args={"synthetic": True})
     assert (type(dm).__name__, dm.seq_len, dm.pred_len) == ("LTSFDataModule", 96, 96)

@@ -178,9 +178,9 @@ def test_checkpoints_of_the_earlier_task_layout_load(tmp_path):
     """``load_checkpoint`` (used by analyze, forecast and the Python API) rebuilds the model and its data from a
     checkpoint whose task recorded ``model_name`` / ``model_kwargs``; the forecast command reads it too."""
     from hoformer.checkpoint import load_checkpoint
-    from hoformer.config import checkpoint_datamodule
+    from hoformer.inference import checkpoint_datamodule
     from hoformer.models import create_model
-    from hoformer.train.forecast import forecast_checkpoint, forecast_series
+    from hoformer.inference import forecast_checkpoint, forecast_series
 
     kwargs = dict(seq_len=16, pred_len=8, num_variates=3, dim=16, num_heads=2, depth=1, patch_size=8)
     data = dict(synthetic=True, synthetic_length=300, seq_len=16, pred_len=8, num_variates=3, batch_size=16)

@@ -11,7 +11,7 @@ import torch
 from hoformer.data import LTSFDataModule
 from hoformer.data.ltsf import write_synthetic_ltsf_csv
 from hoformer.models import create_model
-from hoformer.train.forecast import forecast_checkpoint, forecast_main, forecast_series
+from hoformer.inference import forecast_checkpoint, forecast_main, forecast_series
 
 
 class Persistence(torch.nn.Module):
@@ -230,7 +230,7 @@ def test_hoformer_forecast_from_a_plain_fit_checkpoint(tmp_path, capsys):
 def test_hoformer_forecast_is_a_cli_command(capsys):
     from hoformer.cli import HOOKS, main
 
-    assert HOOKS["forecast"][0] == "hoformer.train.forecast:forecast_main"
+    assert HOOKS["forecast"][0] == "hoformer.inference:forecast_main"
     assert main(["--help"]) == 0
     assert any(line.split()[:1] == ["forecast"] for line in capsys.readouterr().out.splitlines())
 

@@ -1211,7 +1211,7 @@ def test_forecast_and_analyze_refuse_a_checkpoint_on_other_data(signed_ckpt):
     """hoformer forecast / analyze build the checkpoint's datamodule through checkpoint_datamodule, which refuses
     data whose signature differs (--allow-data-mismatch: a warning)."""
     from hoformer.checkpoint import load_checkpoint
-    from hoformer.config import checkpoint_datamodule
+    from hoformer.inference import checkpoint_datamodule
 
     _, info = load_checkpoint(signed_ckpt)
     other = {"signature": {"file": "b.csv", "num_variates": 4}}
