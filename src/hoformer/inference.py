@@ -72,8 +72,8 @@ def _instantiate(class_path: str, init_args: dict):
 def build_datamodule(*, config=None, data: str | None = None, data_args: dict | None = None,
                      stored: dict | None = None):
     """A datamodule from a LightningCLI YAML ``config`` (its ``data`` section, resolved by
-    :func:`hoformer.config.resolve_config` as ``hoformer fit`` resolves it), a class path ``data`` with ``data_args``, or
-    the ``datamodule_hyper_parameters`` stored in a checkpoint (with ``_class_path``)."""
+    :func:`hoformer.config.resolve_config` as ``hoformer fit`` resolves it), a class path ``data`` with
+    ``data_args``, or the ``datamodule_hyper_parameters`` stored in a checkpoint (with ``_class_path``)."""
     overrides = dict(data_args or {})
     if config is not None:
         sec = resolve_config(config, partial=True).get("data")  # the bases it extends included, as `hoformer fit` reads it
@@ -91,11 +91,12 @@ def build_datamodule(*, config=None, data: str | None = None, data_args: dict | 
 
 def checkpoint_datamodule(info: dict, *, config=None, data: str | None = None, data_args: dict | None = None,
                           allow_data_mismatch: bool = False, override: str = "pass allow_data_mismatch=True"):
-    """The datamodule of a checkpoint loaded by :func:`hoformer.checkpoint.load_checkpoint`: from ``config`` / ``data`` when given, else
-    the hyper-parameters stored in a Lightning checkpoint, else the ``config.yaml`` LightningCLI saved in its run
-    folder; with the state the checkpoint stored for it (e.g. the tokenizer the model was trained with). Data other
-    than the checkpoint's (its ``data_signature``) are refused unless ``allow_data_mismatch`` (then a warning);
-    ``override`` names how the caller's user sets it (:func:`check_checkpoint_data`)."""
+    """The datamodule of a checkpoint loaded by :func:`hoformer.checkpoint.load_checkpoint`: from ``config`` /
+    ``data`` when given, else the hyper-parameters stored in a Lightning checkpoint, else the ``config.yaml``
+    LightningCLI saved in its run folder; with the state the checkpoint stored for it (e.g. the tokenizer the model
+    was trained with). Data other than the checkpoint's (its ``data_signature``) are refused unless
+    ``allow_data_mismatch`` (then a warning); ``override`` names how the caller's user sets it
+    (:func:`~hoformer.checkpoint.check_checkpoint_data`)."""
     stored = info["datamodule"]
     if config is None and data is None and not (stored or {}).get("_class_path"):
         config = find_run_file(info["run_dir"], "config.yaml") if info["kind"] == "ckpt" else None
@@ -120,7 +121,8 @@ def find_run_file(run_dir: Path | None, name: str, accept=None) -> Path | None:
 
 
 def data_config_scaler(data: dict):
-    """The :class:`~hoformer.data.StandardScaler` recorded in a :func:`hoformer.checkpoint.read_data_config` dict, or ``None``."""
+    """The :class:`~hoformer.data.StandardScaler` recorded in a :func:`hoformer.checkpoint.read_data_config` dict,
+    or ``None``."""
     sc = (data or {}).get("scaler")
     if not sc:
         return None

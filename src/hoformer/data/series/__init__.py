@@ -58,8 +58,9 @@ from .calendar import time_features
 from .datamodule import Series, SeriesDataModule
 from .reading import check_series_frame, check_time_order, read_series_table
 from .scaler import StandardScaler, unscale
-from .splits import (PROTOCOL_NAMES, ROW_PROTOCOLS, SPLITS, WINDOW_PROTOCOLS, chronological_split, ltsf_borders,  # noqa: F401
-                     split_windows, window_starts)
+from .splits import (  # noqa: F401 (PROTOCOL_NAMES, SPLITS: importable, not exported)
+    PROTOCOL_NAMES, ROW_PROTOCOLS, SPLITS, WINDOW_PROTOCOLS, chronological_split, ltsf_borders, split_windows,
+    window_starts)
 from .windows import SeriesWindows, WindowBatches  # noqa: F401 (WindowBatches: the on-device loader)
 
 __all__ = [

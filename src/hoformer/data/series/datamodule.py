@@ -181,7 +181,8 @@ class SeriesDataModule(SplitDataModule):
         """What a model trained on this data depends on, as a JSON-able dict: ``data`` (the file name or generator),
         ``columns`` (the series' names, in the model's order), ``num_series``, ``targets`` (the forecast series),
         ``lookback``, ``horizon`` and ``scaler`` (a digest of the training statistics, ``None`` unscaled). Store it
-        with a checkpoint; :func:`check_data_signature` compares it with the data a checkpoint is later used on."""
+        with a checkpoint; :func:`hoformer.checkpoint.check_data_signature` compares it with the data a checkpoint
+        is later used on."""
         series = self._built()
         columns = list(series.columns)
         return {"data": Path(series.source).name, "columns": columns, "num_series": len(columns),

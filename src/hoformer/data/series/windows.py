@@ -19,7 +19,8 @@ class SeriesWindows(Dataset):
         data: scaled series (float32 tensor or array).
         starts: window start rows (absolute rows of ``data``).
         window, horizon: ``P`` and ``Q``.
-        mean, std: scaler statistics ``(C,)`` (``std`` with the scaler's ``eps`` added); for the target channels.
+        mean, std: scaler statistics ``(C,)`` (``std`` with the scaler's ``eps`` added), carried by every item for the
+            target channels in ``data``'s dtype (:func:`~hoformer.data.unscale` undoes the scaling with them).
         mask: observed entries of ``data`` (bool), or ``None`` (complete).
         time: time features ``(T, F)`` of the rows, or ``None``.
         label_len: known steps before the horizon returned as ``y_known``.
@@ -33,8 +34,8 @@ class SeriesWindows(Dataset):
         self.starts = np.asarray(starts, dtype=np.int64)
         self.start_rows = torch.from_numpy(self.starts)  # the starts as a tensor, on the series' device after .to()
         self.window, self.horizon, self.label_len, self.target_last = window, horizon, label_len, target_last
-        mean, std = torch.as_tensor(np.asarray(mean), dtype=torch.float32), torch.as_tensor(np.asarray(std),
-                                                                                             dtype=torch.float32)
+        dtype = self.data.dtype if self.data.is_floating_point() else torch.float32  # float32 from the datamodule
+        mean, std = (torch.as_tensor(np.asarray(t), dtype=dtype) for t in (mean, std))
         self.target_mean, self.target_std = (mean[-1:], std[-1:]) if target_last else (mean, std)
         self.mask = None if mask is None else torch.as_tensor(mask)
         self.time = None if time is None else torch.as_tensor(time)
