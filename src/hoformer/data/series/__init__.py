@@ -52,7 +52,7 @@ Modules
 (:func:`time_features`), ``splits`` (the split protocols), ``windows`` (:class:`SeriesWindows`, the on-device
 :class:`WindowBatches`), ``datamodule`` (:class:`Series`, :class:`SeriesDataModule`).
 """
-from hoformer.checkpoint import DataMismatchError, check_data_signature
+from hoformer.checkpoint import DataMismatchError, check_data_signature  # noqa: F401 (documented there)
 
 from .calendar import time_features
 from .datamodule import Series, SeriesDataModule
@@ -77,8 +77,6 @@ __all__ = [
     "SeriesWindows",
     "Series",
     "SeriesDataModule",
-    "DataMismatchError",
-    "check_data_signature",
     "ROW_PROTOCOLS",
     "WINDOW_PROTOCOLS",
 ]
