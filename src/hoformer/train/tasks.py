@@ -107,8 +107,8 @@ class ForecastingTask(_HotTask):
         model, optim: see :class:`~hoformer.train.base.TaskModule` (paper: Adam, lr 2e-4, weight decay in {0.01, 0.1,
             0.3, 0.5}).
         loss: ``"mse"`` (the paper's L2 loss) or ``"mae"``.
-        original_scale: also log ``{val,test}/{mse,mae}_orig`` on the original scale (``y * std + mean`` with the
-            scaler statistics every batch carries).
+        original_scale: also log ``{val,test}/{mse,mae}_orig`` on the original scale (:func:`hoformer.data.unscale`
+            with the scaler statistics every batch carries).
         plot_variates: number of variates drawn in the test forecast PNG (0 disables it).
         variate_names: the data's column names in the model's variate order (``OT``, ``HUFL``, ...), the labels of
             the forecast PNG's panels (default ``variate <j>``).

@@ -27,8 +27,8 @@ key             shape                       meaning
 ``x``           ``(B, P, *space, C)``       inputs on the model's scale (standardised; missing entries 0), float32
 ``y``           ``(B, Q, *space, C_y)``     targets on the model's scale, float32 (``C_y = C``, or 1: one target
                                             channel, the last input channel, TSLib's ``features="MS"``)
-``mean``        ``(B, C_y)``                scaler statistics of the target channels: the original scale is
-``std``         ``(B, C_y)``                ``y * std + mean`` (the same for predictions), float32
+``mean``        ``(B, C_y)``                scaler statistics of the target channels (``std`` with the scaler's
+``std``         ``(B, C_y)``                ``eps``), float32: :func:`unscale` gives the original scale
 ``mask``        ``(B, P, *space, C)``       observed inputs (bool); only for series with missing values (traffic:
 ``y_mask``      ``(B, Q, *space, C_y)``     zeros are missing); absent: every entry is observed
 ``time``        ``(B, P, F)``               time features of the input steps (when asked for and known)
@@ -37,8 +37,9 @@ key             shape                       meaning
                                             when ``label_len > 0``), model scale
 ==============  ==========================  ====================================================================
 
-A task needs nothing else: metrics on the original scale come from ``mean`` / ``std``, masked metrics from
-``y_mask``.
+A task needs nothing else: metrics on the original scale come from ``unscale(values, batch)`` (``values * std +
+mean``, each sample's statistics broadcast over its steps and space; the one inverse of the scaling, used by every
+task, metric, plot and ``hoformer forecast``), masked metrics from ``y_mask``.
 
 Data signature
 --------------
