@@ -608,7 +608,7 @@ def test_full_attention_zeroes_fully_masked_rows_whatever_sdpa_gives(monkeypatch
     ``full_attention``."""
     import torch.nn.functional as F
 
-    import hoformer.functional.kronecker as kr
+    import hoformer.functional.dense as dense
     from hoformer.functional import full_attention
 
     real = F.scaled_dot_product_attention
@@ -617,14 +617,14 @@ def test_full_attention_zeroes_fully_masked_rows_whatever_sdpa_gives(monkeypatch
         y = real(q, k, v, attn_mask=attn_mask, **kw)
         return y if attn_mask is None else y.masked_fill(~attn_mask.any(-1, keepdim=True), float("nan"))
 
-    monkeypatch.setattr(kr.F, "scaled_dot_product_attention", nan_rows)
+    monkeypatch.setattr(dense.F, "scaled_dot_product_attention", nan_rows)
     q, k, v = (torch.randn(2, 2, 3, 2, 4, dtype=f64) for _ in range(3))
     mask = torch.ones(6, 6, dtype=torch.bool)
     mask[3] = False
     y = full_attention(q, k, v, mask=mask)
     assert torch.isfinite(y).all()
     assert (y.reshape(2, 2, 6, 4)[:, :, 3] == 0).all()
-    y2 = kr.sdpa(q.reshape(2, 2, 6, 4), k.reshape(2, 2, 6, 4), v.reshape(2, 2, 6, 4), mask=mask)
+    y2 = dense.sdpa(q.reshape(2, 2, 6, 4), k.reshape(2, 2, 6, 4), v.reshape(2, 2, 6, 4), mask=mask)
     torch.testing.assert_close(y2, y.reshape(2, 2, 6, 4))
 
 
