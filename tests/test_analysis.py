@@ -512,7 +512,8 @@ def test_analyze_forecast_hoba_slice_and_run_files(tmp_path, monkeypatch):
 def test_analyze_model_args_and_datamodule_sources(tmp_path):
     import yaml
 
-    from hoformer.analysis import build_datamodule, load_checkpoint
+    from hoformer.checkpoint import load_checkpoint
+    from hoformer.inference import build_datamodule
 
     # a checkpoint whose stored model_kwargs no longer describe its weights (a default changed): --model-args
     model = create_model("hot_forecaster", **{**_MODEL, "mlp_ratio": 2.0})
@@ -689,3 +690,21 @@ def test_task_forecast_png_labels_panels_with_column_names(tmp_path, monkeypatch
     assert seen["names"] == ["OT"]
     plot_forecast(x, y, y, tmp_path / "f.png")
     assert seen["names"] == ["variate 0", "variate 1", "variate 2", "variate 3"]
+
+
+def test_names_of_0_1_0_resolve_with_a_deprecation_warning():
+    """``hoformer.analysis`` exported the checkpoint reader and the datamodule builders in 0.1.0: the names still
+    resolve, to the one implementation, with a warning naming its module."""
+    import importlib
+
+    import hoformer.analysis as analysis
+    import hoformer.checkpoint
+    import hoformer.inference
+
+    for name, module in (("load_checkpoint", hoformer.checkpoint), ("build_datamodule", hoformer.inference),
+                         ("checkpoint_datamodule", hoformer.inference)):
+        with pytest.warns(DeprecationWarning, match=f"hoformer.analysis.{name} is {module.__name__}.{name}"):
+            assert getattr(analysis, name) is getattr(module, name)
+        assert name not in importlib.import_module("hoformer.analysis.analyze").__all__  # not a documented home
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        analysis.nothing  # noqa: B018

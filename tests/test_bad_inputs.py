@@ -464,7 +464,7 @@ def _io_load(path, **kw):
 
 
 def _analysis_load(path):
-    from hoformer.analysis import load_checkpoint
+    from hoformer.checkpoint import load_checkpoint
 
     return load_checkpoint(path)
 
@@ -739,7 +739,7 @@ def test_a_write_that_runs_out_of_space_names_the_file_and_the_cause(tmp_path, m
 
 
 def test_a_generated_forecast_far_beyond_the_trained_horizon_is_warned_about():
-    from hoformer.train.forecast import HORIZON_WARN_FACTOR, _horizon
+    from hoformer.inference import HORIZON_WARN_FACTOR, _horizon
 
     model = create_model("hot_causal_forecaster", seq_len=32, num_variates=3, dim=16, num_heads=2, depth=1,
                          patch_size=8)

@@ -13,7 +13,7 @@ from hoformer.data import LTSFDataModule
 from hoformer.models import create_model, from_pretrained
 from hoformer.models.causal_forecaster import HOTCausalForecaster
 from hoformer.train import ForecastingTask
-from hoformer.train.forecast import forecast_checkpoint, forecast_main, forecast_series
+from hoformer.inference import forecast_checkpoint, forecast_main, forecast_series
 
 from _trainer import quiet_trainer
 

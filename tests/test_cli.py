@@ -557,43 +557,46 @@ def test_ckpt_path_best_falls_back_to_the_newest_best_checkpoint(tmp_path):
 #: forecaster, the attention settings, the forecasting task's protocol "tslib") and the HOBA configs' warm-up given as
 #: warmup_ratio 0.1 instead of the step count it was computed from (10 % of the run's optimiser steps); the forecaster's
 #: `pool` named `head` (the CPU-budget configs keep the flattened head, the paper configs take the paper's time-mean
-#: head). A changed digest means a committed run changes.
+#: head); the run's callbacks named by their modules (``hoformer.train.callbacks.ExportPretrained`` /
+#: ``SavePredictions``, ``hoformer.train.checkpoint_io.AtomicCheckpointIO``, the same classes as the
+#: ``hoformer.train.tasks.*`` names they replace: with those names back every digest is the earlier one). A changed
+#: digest means a committed run changes.
 RESOLVED_DIGESTS = {
-    "configs/hoba/cpu_sst2_hoba.yaml": "bb7518296d956f1f",
-    "configs/hoba/cpu_sst2_teacher.yaml": "215beb6af0a574a8",
-    "configs/hoba/cpu_student.yaml": "d2fd6c9d55dd19ce",  # names no teacher run (--teacher_run)
-    "configs/hoba/cpu_teacher.yaml": "702fe3e3e25ba464",
-    "configs/hoba/cpu_trec_hoba.yaml": "12466227ef254efd",
-    "configs/hoba/cpu_trec_teacher.yaml": "702fe3e3e25ba464",
-    "configs/hoba/paper_student.yaml": "a850fcca32ac82d3",
-    "configs/hoba/paper_teacher.yaml": "7906c2b51e067fb0",
-    "configs/hoba/sst2_hoba_3l_b16.yaml": "a850fcca32ac82d3",
-    "configs/hot/ltsf.yaml": "9a1879e05b9d2416",
-    "configs/hot/ltsf/etth1_96_96_full.yaml": "77dd8e34df4b9018",
-    "configs/hot/ltsf/etth1_96_96_hot_product.yaml": "9a1879e05b9d2416",
-    "configs/hot/ltsf/etth1_96_96_hot_sum.yaml": "23161c02252f7782",
-    "configs/hot/ltsf/etth1_96_96_spatial.yaml": "d080dd8ca4693c26",
-    "configs/hot/ltsf/etth1_96_96_temporal.yaml": "f3180960deb207e9",
-    "configs/hot/ltsf/weather_96_336_hot_sum.yaml": "93146e7d03133dfa",
-    "configs/hot/ltsf/weather_96_96_hot_sum.yaml": "e3eaa26303918a8e",
-    "configs/hot/ltsf_cpu.yaml": "fa1025ee62fe499d",
-    "configs/hot/ltsf_cpu/etth1_96_720_joint.yaml": "c095339795bafe51",
-    "configs/hot/ltsf_cpu/etth1_96_720_official.yaml": "a31e2eb5253cc11d",
-    "configs/hot/ltsf_cpu/etth1_96_96_hot_product.yaml": "fa1025ee62fe499d",
-    "configs/hot/ltsf_cpu/etth1_96_96_spatial.yaml": "3acd8118bc0f2929",
-    "configs/hot/ltsf_cpu/etth1_96_causal.yaml": "a6ce99959cdf83b1",
-    "configs/hot/ltsf_hot.yaml": "15dc299196341ab6",
-    "configs/hot/medmnist3d.yaml": "c72516612181fa64",
-    "configs/hot/medmnist3d/adrenal_cnn3d.yaml": "621be2ba0abfb924",
-    "configs/hot/medmnist3d/adrenal_hot_product.yaml": "c72516612181fa64",
-    "configs/hot/medmnist3d/adrenal_hot_product_cpu.yaml": "55c51d0228967bc5",
-    "configs/hot/medmnist3d/adrenal_hot_sum.yaml": "751714f12ba0d791",
-    "configs/hot/ssl4eo_l.yaml": "c973fab0f4833224",
-    "configs/weaver/los_loop_cpu.yaml": "378d181205532064",
-    "configs/weaver/los_loop_cpu_weaver_nt.yaml": "6b911a1bebdd14ed",
-    "configs/weaver/los_loop_t.yaml": "44c05e2a7dc21f29",
-    "configs/weaver/metr_la_nt.yaml": "fcffc3215aec519f",
-    "configs/weaver/paper.yaml": "10f71fc5149de039",
+    "configs/hoba/cpu_sst2_hoba.yaml": "f7d9dabde8cec069",
+    "configs/hoba/cpu_sst2_teacher.yaml": "3a8c1fc36d18e758",
+    "configs/hoba/cpu_student.yaml": "325b2f7d19304ca9",  # names no teacher run (--teacher_run)
+    "configs/hoba/cpu_teacher.yaml": "36007f8f6905d033",
+    "configs/hoba/cpu_trec_hoba.yaml": "f6525cb7d0f2c566",
+    "configs/hoba/cpu_trec_teacher.yaml": "36007f8f6905d033",
+    "configs/hoba/paper_student.yaml": "0732393028c704ee",
+    "configs/hoba/paper_teacher.yaml": "82f5c1e98a1b3c3c",
+    "configs/hoba/sst2_hoba_3l_b16.yaml": "0732393028c704ee",
+    "configs/hot/ltsf.yaml": "b4661cd276af87a4",
+    "configs/hot/ltsf/etth1_96_96_full.yaml": "b541caabee0093ad",
+    "configs/hot/ltsf/etth1_96_96_hot_product.yaml": "b4661cd276af87a4",
+    "configs/hot/ltsf/etth1_96_96_hot_sum.yaml": "0e8c03eec3b8a0a7",
+    "configs/hot/ltsf/etth1_96_96_spatial.yaml": "2fbb4f685f4aca93",
+    "configs/hot/ltsf/etth1_96_96_temporal.yaml": "c14f0ffba5626d16",
+    "configs/hot/ltsf/weather_96_336_hot_sum.yaml": "bfd1af110c995959",
+    "configs/hot/ltsf/weather_96_96_hot_sum.yaml": "72179d93c3b4475b",
+    "configs/hot/ltsf_cpu.yaml": "b1be8266531d3ade",
+    "configs/hot/ltsf_cpu/etth1_96_720_joint.yaml": "69c7336df6566e16",
+    "configs/hot/ltsf_cpu/etth1_96_720_official.yaml": "cc6e035bacd9c15a",
+    "configs/hot/ltsf_cpu/etth1_96_96_hot_product.yaml": "b1be8266531d3ade",
+    "configs/hot/ltsf_cpu/etth1_96_96_spatial.yaml": "e2395fac55b28883",
+    "configs/hot/ltsf_cpu/etth1_96_causal.yaml": "5a62e3b0df337a3b",
+    "configs/hot/ltsf_hot.yaml": "58bf4e793e981bab",
+    "configs/hot/medmnist3d.yaml": "910f7e62ac2098fb",
+    "configs/hot/medmnist3d/adrenal_cnn3d.yaml": "47438139211bfb81",
+    "configs/hot/medmnist3d/adrenal_hot_product.yaml": "910f7e62ac2098fb",
+    "configs/hot/medmnist3d/adrenal_hot_product_cpu.yaml": "32a0bec757834e46",
+    "configs/hot/medmnist3d/adrenal_hot_sum.yaml": "974109af0c72e33a",
+    "configs/hot/ssl4eo_l.yaml": "c75ccbccf0cae44f",
+    "configs/weaver/los_loop_cpu.yaml": "9e96fb3b42aa56a1",
+    "configs/weaver/los_loop_cpu_weaver_nt.yaml": "bb078e2d499bded8",
+    "configs/weaver/los_loop_t.yaml": "f0f9ec2647299618",
+    "configs/weaver/metr_la_nt.yaml": "518ed09d9fe6387a",
+    "configs/weaver/paper.yaml": "da081ce29467bda4",
 }
 
 
@@ -640,7 +643,7 @@ def test_composed_configs_add_to_the_shared_callbacks_instead_of_repeating_them(
 
 
 def test_build_datamodule_reads_a_config_with_its_bases():
-    from hoformer.config import build_datamodule
+    from hoformer.inference import build_datamodule
 
     dm = build_datamodule(config=REPO / "configs/hot/ltsf/etth1_96_96_hot_product.yaml", data_args={"synthetic": True})
     assert (type(dm).__name__, dm.seq_len, dm.pred_len) == ("LTSFDataModule", 96, 96)

@@ -178,9 +178,9 @@ def test_checkpoints_of_the_earlier_task_layout_load(tmp_path):
     """``load_checkpoint`` (used by analyze, forecast and the Python API) rebuilds the model and its data from a
     checkpoint whose task recorded ``model_name`` / ``model_kwargs``; the forecast command reads it too."""
     from hoformer.checkpoint import load_checkpoint
-    from hoformer.config import checkpoint_datamodule
+    from hoformer.inference import checkpoint_datamodule
     from hoformer.models import create_model
-    from hoformer.train.forecast import forecast_checkpoint, forecast_series
+    from hoformer.inference import forecast_checkpoint, forecast_series
 
     kwargs = dict(seq_len=16, pred_len=8, num_variates=3, dim=16, num_heads=2, depth=1, patch_size=8)
     data = dict(synthetic=True, synthetic_length=300, seq_len=16, pred_len=8, num_variates=3, batch_size=16)
@@ -320,3 +320,71 @@ def test_window_batches_are_gathered_where_the_windows_are():
     assert batch["x"].shape == (3, 24, 7) and batch["mean"].shape == (3, 7)
     with pytest.raises(ValueError, match=r"LTSFDataModule: on_device=True .* got num_workers=2"):
         _ltsf(on_device=True, num_workers=2)
+
+
+@pytest.mark.parametrize("fmt", ["ltsf", "ltsf_target_last", "traffic", "traffic_missing"])
+def test_unscale_inverts_the_scaling_of_every_batch_format_in_float64(fmt):
+    """``unscale(values, batch)`` gives the series back on its original scale for every batch format (LTSF ``(B, Q,
+    C)``, one target channel ``(B, Q, 1)`` with ``y_known``, traffic ``(B, Q, N, C)`` with and without missing
+    entries), for items collated by the DataLoader and batches gathered by ``SeriesWindows.batch`` alike, tensors and
+    arrays alike, in float64 to rounding; ``StandardScaler.inverse_transform`` is the same function."""
+    from torch.utils.data import default_collate
+
+    from hoformer.data import unscale
+
+    g = np.random.default_rng(0)
+    shape = (200, 4) if fmt.startswith("ltsf") else (200, 5, 2)
+    values = g.normal(3.0, 2.0, size=shape) * np.arange(1, shape[-1] + 1)  # channels of different scales
+    mask = g.random(shape) > 0.2 if fmt == "traffic_missing" else None
+    scaler = StandardScaler(0.0 if fmt.startswith("ltsf") else 1e-8).fit(values[:140],
+                                                                         None if mask is None else mask[:140])
+    target_last, label_len = fmt == "ltsf_target_last", 6 if fmt.startswith("ltsf") else 0
+    w = SeriesWindows(torch.from_numpy(scaler.transform(values, mask)), np.arange(0, 150, 7), 24, 12, scaler.mean,
+                      scaler.scale, mask=None if mask is None else torch.from_numpy(mask), label_len=label_len,
+                      target_last=target_last)
+    c = slice(-1, None) if target_last else slice(None)
+    rows_p = w.starts[:, None] + np.arange(24)
+    rows_q = w.starts[:, None] + 24 + np.arange(12)
+    observed = np.ones(values.shape, bool) if mask is None else mask
+    collated = default_collate([w[i] for i in range(len(w))])
+    gathered = w.batch(torch.arange(len(w)))
+    for batch in (collated, gathered):
+        assert batch["y"].dtype == batch["mean"].dtype == batch["std"].dtype == torch.float64
+        assert batch["mean"].shape == (len(w), 1 if target_last else shape[-1])
+        got = unscale(batch["y"], batch)
+        assert got.dtype == torch.float64 and got.shape == batch["y"].shape
+        seen = observed[rows_q][..., c]
+        np.testing.assert_allclose(got.numpy()[seen], values[rows_q][..., c][seen], rtol=1e-12, atol=1e-12)
+        np.testing.assert_array_equal(unscale(batch["y"].numpy(), batch), got.numpy())  # an array: the same values
+        if not target_last:  # the inputs have the target's channels
+            seen = observed[rows_p]
+            np.testing.assert_allclose(unscale(batch["x"], batch).numpy()[seen], values[rows_p][seen], rtol=1e-12,
+                                       atol=1e-12)
+        if label_len:
+            rows_k = w.starts[:, None] + 24 - label_len + np.arange(label_len)
+            np.testing.assert_allclose(unscale(batch["y_known"], batch).numpy(), values[rows_k][..., c], rtol=1e-12,
+                                       atol=1e-12)
+    for key in collated:
+        assert torch.equal(collated[key], gathered[key]), key  # one gatherer: items and batches agree
+    target = scaler.channels(c) if target_last else scaler
+    np.testing.assert_array_equal(target.inverse_transform(gathered["y"][3]).numpy(),
+                                  unscale(gathered["y"], gathered)[3].numpy())
+    np.testing.assert_array_equal(target.inverse_transform(gathered["y"][3].numpy()),
+                                  unscale(gathered["y"], gathered)[3].numpy())
+
+
+def test_unscale_names_what_the_batch_lacks():
+    from hoformer.data import unscale
+
+    y = torch.zeros(2, 3, 4)
+    with pytest.raises(ValueError, match=r"unscale: the batch must carry the scaler statistics 'mean' and 'std'.*"
+                                         r"\['x', 'y'\]"):
+        unscale(y, {"x": y, "y": y})
+    with pytest.raises(ValueError, match=r"values \(2, 3, 4\), mean \(2, 3\), std \(2, 4\)"):
+        unscale(y, {"mean": torch.zeros(2, 3), "std": torch.ones(2, 4)})
+    with pytest.raises(ValueError, match=r"values \(4,\)"):
+        unscale(torch.zeros(4), {"mean": torch.zeros(1, 4), "std": torch.ones(1, 4)})
+    # float32 statistics keep float32 values float32 (the batches' format) and make bf16 values float32
+    stats = {"mean": torch.full((2, 4), 1.5), "std": torch.full((2, 4), 2.0)}
+    assert unscale(y, stats).dtype == torch.float32 and torch.equal(unscale(y, stats), torch.full_like(y, 1.5))
+    assert unscale(y.bfloat16(), stats).dtype == torch.float32

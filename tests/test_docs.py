@@ -1,6 +1,6 @@
 """The documentation is executable: the Python blocks of every tutorial and of the concepts page run as written (on the small synthetic data the
-pages make themselves), and the site builds with ``mkdocs build --strict`` (a broken link, anchor or API reference
-fails)."""
+pages make themselves), the site builds with ``mkdocs build --strict`` (a broken link, anchor or API reference
+fails), the commands of README.md, CONTRIBUTING.md and the pages parse, and what they name exists."""
 
 from __future__ import annotations
 
@@ -56,9 +56,33 @@ def test_docs_site_builds_strict(tmp_path):
     assert (tmp_path / "site" / "api" / "functional" / "index.html").is_file()
 
 
+#: top-level modules without an API page: the command line (its --help and the pages document it) and the shims
+#: over versions of Lightning and PyTorch
+NO_API_PAGE = {"cli", "lightning_cli", "compat"}
+
+
+def test_api_reference_lists_each_public_module_once():
+    """The API pages of ``mkdocs.yml``: each public module of the package once in the navigation and once in a
+    ``::: module`` directive, every public top-level module or subpackage with its page."""
+    nav = re.findall(r"^ +- (hoformer[\w.]*): (api/[\w/]+\.md)$", (ROOT / "mkdocs.yml").read_text(), flags=re.M)
+    titles, pages = [t for t, _ in nav], [p for _, p in nav]
+    assert len(set(titles)) == len(titles) and len(set(pages)) == len(pages), f"listed twice: {nav}"
+    directives = [d for page in sorted((ROOT / "docs").rglob("*.md"))
+                  for d in re.findall(r"^::: ([\w.]+)$", page.read_text(), flags=re.M)]
+    assert len(set(directives)) == len(directives), sorted(d for d in directives if directives.count(d) > 1)
+    package = ROOT / "src" / "hoformer"
+    public = {p.stem for p in package.glob("*.py") if not p.name.startswith("_")}
+    public |= {p.name for p in package.iterdir() if (p / "__init__.py").is_file() and not p.name.startswith("_")}
+    missing = sorted(f"hoformer.{m}" for m in public - NO_API_PAGE if f"hoformer.{m}" not in titles)
+    assert not missing, f"public modules without an API page in mkdocs.yml: {missing}"
+    for title, page in nav:
+        assert f"::: {title}" in (ROOT / "docs" / page).read_text(), (title, page)
+
+
 # ------------------------------------------------------------------------------ what the pages name must exist
 #: every page a reader follows commands from (the changelog is history: the paths it names may be gone)
-PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if p.name != "changelog.md")]
+PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md",
+         *sorted(p for p in (ROOT / "docs").rglob("*.md") if p.name != "changelog.md")]
 #: a repository path: configs/..., benchmarks/..., tests/..., docs/... (shell-style `*`, `{a,b}`, `<placeholder>` and
 #: shell variables `$x` / `${x}` stand for any text)
 _PATH = re.compile(r"(?<![\w./$-])((?:configs|benchmarks|tests|docs)/(?:[\w./*<>{},-]|\$\{?\w+\}?)*[\w*>}/])")
@@ -131,6 +155,68 @@ def test_named_files_and_experiments_exist():
     bad = {k: v for k, v in bad.items() if v}
     assert not bad, "pages name files, configs or experiments that do not exist:\n" + "\n".join(
         f"{page}: {line}" for page, lines in bad.items() for line in lines)
+
+
+#: a path of the package or of the results (`src/hoformer/data/series/`, `results/ledger.jsonl`)
+_SOURCE = re.compile(r"(?<![\w./$-])((?:src|results)/[\w./*-]*[\w*/])")
+#: a dotted name of the package: a module, or an attribute of one (`hoformer.data.unscale`)
+_DOTTED = re.compile(r"(?<![\w./-])(hoformer(?:\.[A-Za-z_]\w*)+)")
+
+
+def dangling_names(text: str) -> list[str]:
+    """What ``text`` names of the package and its results that does not exist: a ``src/...`` or ``results/...`` path
+    that matches no file, a ``hoformer.x.y`` that is neither a module nor an attribute of one (or only a deprecated
+    one)."""
+    import importlib
+    import warnings
+
+    text = re.sub(r"<!-- (ledger|paper):[\w./:-]+ -->", "", text)  # a generated table's name, a paper reference
+    bad = [f"{ref}: no such file" for ref in sorted(set(_SOURCE.findall(text))) if not any(ROOT.glob(ref.rstrip("/")))]
+    for ref in sorted(set(_DOTTED.findall(text))):
+        parts = ref.split(".")
+        for i in range(len(parts), 0, -1):  # the longest prefix that is a module, then attributes
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+                break
+            except ImportError:
+                continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", DeprecationWarning)
+                for name in parts[i:]:
+                    obj = getattr(obj, name)
+        except (AttributeError, DeprecationWarning):
+            bad.append(f"{ref}: no such module or attribute")
+    return bad
+
+
+def test_named_modules_and_sources_exist():
+    bad = {p.relative_to(ROOT).as_posix(): dangling_names(p.read_text()) for p in PAGES}
+    bad = {k: v for k, v in bad.items() if v}
+    assert not bad, "pages name modules or files of the package that do not exist:\n" + "\n".join(
+        f"{page}: {line}" for page, lines in bad.items() for line in lines)
+
+
+def test_dangling_name_is_caught():
+    assert dangling_names("`hoformer.data.unscale`, `hoformer.inference`, `src/hoformer/data/series/`, "
+                          "`results/ledger.jsonl`, <!-- ledger:results/overview -->") == []
+    for text in ("hoformer.config.build_datamodule", "hoformer.data.nothing", "src/hoformer/data/series.py",
+                 "results/nothing.jsonl", "hoformer.analysis.load_checkpoint"):  # the last: a deprecated alias
+        assert dangling_names(text), text
+
+
+def test_contributing_names_the_layout():
+    """CONTRIBUTING.md describes every part of the repository and how to add a model, a dataset and a ledger
+    experiment, with the commands that do it."""
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    for part in ("functional/", "layers/", "models/", "data/", "train/", "analysis/", "cli.py", "configs/",
+                 "benchmarks/", "tests/", "docs/"):
+        assert part in text, part
+    for words in ("## Adding a model", "register_model", "create_model", "## Adding a dataset", "unscale",
+                  "## Adding a ledger experiment", "benchmarks/paper_configs.py", "campaign.py --plan",
+                  "results/ledger.jsonl", "campaign.py --tables", "make install", "make test", "make test-slow",
+                  "make docs"):
+        assert words in text, words
 
 
 def test_dangling_reference_is_caught():

@@ -11,7 +11,7 @@ import torch
 from hoformer.data import LTSFDataModule
 from hoformer.data.ltsf import write_synthetic_ltsf_csv
 from hoformer.models import create_model
-from hoformer.train.forecast import forecast_checkpoint, forecast_main, forecast_series
+from hoformer.inference import forecast_checkpoint, forecast_main, forecast_series
 
 
 class Persistence(torch.nn.Module):
@@ -230,7 +230,7 @@ def test_hoformer_forecast_from_a_plain_fit_checkpoint(tmp_path, capsys):
 def test_hoformer_forecast_is_a_cli_command(capsys):
     from hoformer.cli import HOOKS, main
 
-    assert HOOKS["forecast"][0] == "hoformer.train.forecast:forecast_main"
+    assert HOOKS["forecast"][0] == "hoformer.inference:forecast_main"
     assert main(["--help"]) == 0
     assert any(line.split()[:1] == ["forecast"] for line in capsys.readouterr().out.splitlines())
 
@@ -295,3 +295,41 @@ def test_forecast_checkpoint_reads_a_history_file_as_the_training_file(tmp_path)
     assert not want.equals(forecast_checkpoint(ckpt))  # the training file's end is another lookback
     with pytest.raises(FileNotFoundError, match="missing.txt"):
         forecast_checkpoint(ckpt, history=tmp_path / "missing.txt")
+
+
+@pytest.mark.parametrize("features", ["M", "MS"])
+def test_hoformer_forecast_writes_the_task_s_unscaled_predictions(tmp_path, features):
+    """``hoformer forecast --end`` at a test window writes what the :class:`ForecastingTask` predicts for that window
+    on the original scale (``unscale`` of its prediction with the batch's statistics, what its ``*_orig`` metrics
+    score): the command and the task invert the scaling with the one function."""
+    from torch.utils.data import default_collate
+
+    from hoformer.data import unscale
+    from hoformer.train import ForecastingTask
+
+    data = {**_DATA, "features": features}
+    model = create_model("hot_forecaster", **_MODEL)
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    ckpt.parent.mkdir(parents=True)
+    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+                "hyper_parameters": {"model_name": "hot_forecaster", "model_kwargs": _MODEL},
+                "datamodule_hyper_parameters": {"_class_path": "hoformer.data.LTSFDataModule", **data}}, ckpt)
+    dm = LTSFDataModule(**data)
+    dm.setup()
+    test = dm.dataset("test")
+    task = ForecastingTask(model, original_scale=True, plot_variates=0).eval()
+    for i in (0, len(test) - 1):
+        batch = default_collate([test[i]])
+        with torch.no_grad():
+            pred = task.predict_step(batch, 0)
+        pred = pred[..., -batch["y"].shape[-1]:]  # "MS": the target, the last channel (as the task scores it)
+        want = unscale(pred, batch)[0].numpy()
+        out = tmp_path / f"forecast_{i}.csv"
+        end = int(test.starts[i]) + _DATA["seq_len"]
+        assert forecast_main(["--checkpoint", str(ckpt), "--end", str(end), "--output", str(out)]) == 0
+        got = pd.read_csv(out)
+        assert list(got.columns)[1:] == (["OT"] if features == "MS" else dm.variate_names)
+        np.testing.assert_allclose(got.iloc[:, 1:].to_numpy(), want, rtol=1e-5, atol=1e-5)
+        # the truth of that window, unscaled the same way, is the file's own rows
+        truth = dm.history().iloc[end:end + _DATA["pred_len"], 1:].to_numpy()[:, -want.shape[1]:]
+        np.testing.assert_allclose(unscale(batch["y"], batch)[0].numpy(), truth, rtol=1e-5, atol=1e-5)

@@ -1,4 +1,5 @@
-"""The ``hoformer`` package has no import cycle, and no module imports another subpackage's private names.
+"""The ``hoformer`` package has no import cycle (among its modules, nor among its subpackages), no module imports
+another subpackage's private names, and the data packages' modules stay small (one job each).
 
 Every module's imports inside the package are read with :mod:`ast` (module level and inside functions alike: a
 deferred import is still a dependency; only ``if TYPE_CHECKING:`` blocks, which never run, are skipped) and the
@@ -176,3 +177,57 @@ def test_private_import_finder_sees_a_private_import(tmp_path, monkeypatch):
     (tmp_path / PKG / "layers" / "a.py").write_text("from hoformer.functional.k import _x\nfrom ..functional import k\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path / PKG)
     assert private_imports() == ["hoformer/layers/a.py:1: _x from hoformer.functional.k"]
+
+
+# ------------------------------------------------------------------------------------------------- subpackages
+def subpackage_graph(graph: dict[str, set[str]] | None = None) -> dict[str, set[str]]:
+    """The import graph with one node per top-level subpackage or module of ``hoformer`` (``hoformer.train``,
+    ``hoformer.config``, ...): an edge ``A -> B`` when a module of ``A`` imports a module of ``B``. The package root
+    (``hoformer/__init__.py``) is no node: it re-exports its subpackages."""
+    graph = import_graph() if graph is None else graph
+
+    def top(name: str) -> str:
+        return ".".join(name.split(".")[:2])
+
+    out: dict[str, set[str]] = {}
+    for name, deps in graph.items():
+        if name == PKG:
+            continue
+        out.setdefault(top(name), set()).update(top(d) for d in deps if d != PKG and top(d) != top(name))
+    for deps in list(out.values()):
+        for d in deps:
+            out.setdefault(d, set())
+    return out
+
+
+def test_subpackage_graph_reports_a_cycle_through_modules():
+    """A cycle made of different modules of the subpackages (the ``train -> config -> lightning_cli -> train`` kind)
+    is a cycle of the subpackage graph even though the module graph has none."""
+    modules = {"hoformer.train.forecast": {"hoformer.config"}, "hoformer.config": {"hoformer.lightning_cli"},
+               "hoformer.lightning_cli": {"hoformer.train.tasks"}, "hoformer.train.tasks": set(),
+               "hoformer.data.series": {"hoformer.checkpoint"}, "hoformer.checkpoint": set(), "hoformer.data": set(),
+               PKG: {"hoformer.data"}}
+    assert cycles(modules) == []
+    assert cycles(subpackage_graph(modules)) == [["hoformer.config", "hoformer.lightning_cli", "hoformer.train"]]
+
+
+def test_no_cycle_among_subpackages():
+    graph = subpackage_graph()
+    assert {"hoformer.train", "hoformer.data", "hoformer.config", "hoformer.inference"} <= set(graph)
+    found = cycles(graph)
+    detail = "\n".join(" <-> ".join(c) + ": " + "; ".join(f"{m} -> {sorted(graph[m] & set(c))}" for m in c)
+                       for c in found)
+    assert not found, f"import cycles among the subpackages of {PKG}:\n{detail}"
+
+
+#: the packages whose modules each do one job, and the most lines a module of theirs may have
+SMALL_MODULE_PACKAGES = ("data/series", "data/text")
+MAX_MODULE_LINES = 400
+
+
+def test_data_packages_have_small_modules():
+    sizes = {f"{p}/{f.name}": len(f.read_text(encoding="utf-8").splitlines())
+             for p in SMALL_MODULE_PACKAGES for f in sorted((ROOT / p).glob("*.py"))}
+    assert len(sizes) >= 8, sizes  # the packages exist (series: 7 modules, text: 5)
+    big = {k: v for k, v in sizes.items() if v > MAX_MODULE_LINES}
+    assert not big, f"modules over {MAX_MODULE_LINES} lines (split them by job): {big}"

@@ -608,7 +608,7 @@ def test_full_attention_zeroes_fully_masked_rows_whatever_sdpa_gives(monkeypatch
     ``full_attention``."""
     import torch.nn.functional as F
 
-    import hoformer.functional.kronecker as kr
+    import hoformer.functional.dense as dense
     from hoformer.functional import full_attention
 
     real = F.scaled_dot_product_attention
@@ -617,14 +617,14 @@ def test_full_attention_zeroes_fully_masked_rows_whatever_sdpa_gives(monkeypatch
         y = real(q, k, v, attn_mask=attn_mask, **kw)
         return y if attn_mask is None else y.masked_fill(~attn_mask.any(-1, keepdim=True), float("nan"))
 
-    monkeypatch.setattr(kr.F, "scaled_dot_product_attention", nan_rows)
+    monkeypatch.setattr(dense.F, "scaled_dot_product_attention", nan_rows)
     q, k, v = (torch.randn(2, 2, 3, 2, 4, dtype=f64) for _ in range(3))
     mask = torch.ones(6, 6, dtype=torch.bool)
     mask[3] = False
     y = full_attention(q, k, v, mask=mask)
     assert torch.isfinite(y).all()
     assert (y.reshape(2, 2, 6, 4)[:, :, 3] == 0).all()
-    y2 = kr.sdpa(q.reshape(2, 2, 6, 4), k.reshape(2, 2, 6, 4), v.reshape(2, 2, 6, 4), mask=mask)
+    y2 = dense.sdpa(q.reshape(2, 2, 6, 4), k.reshape(2, 2, 6, 4), v.reshape(2, 2, 6, 4), mask=mask)
     torch.testing.assert_close(y2, y.reshape(2, 2, 6, 4))
 
 
@@ -652,7 +652,7 @@ def _naive_sdpa(q, k, v, mask=None):
 def test_sdpa_with_more_than_two_batch_dims_matches_naive_attention(mask_shape):
     """``sdpa`` on 5-D inputs (two heads-like batch dims, as the axial layers give: permuted, non-contiguous) with
     masks broadcast over any of them, a fully masked row and ``Lk != Lq``, against the naive float64 formula."""
-    from hoformer.functional.kronecker import sdpa
+    from hoformer.functional.dense import sdpa
 
     q = torch.randn(2, 3, 4, 5, 6, dtype=f64).movedim(2, -2)  # (2, 3, 5, 4, 6)
     k, v = (torch.randn(2, 3, 4, 5, 6, dtype=f64).movedim(2, -2) for _ in range(2))
@@ -673,7 +673,7 @@ def test_sdpa_on_permuted_5d_inputs_compiles_to_the_eager_result():
     attention along a mode of ``(B, H, N1, N2, E)``) as the 4-D ``transpose(1, 2)`` one, attending along the wrong
     mode with a wrong output shape (with a mask: a graph that fails to compile); through ``sdpa`` the compiled result
     is eager's."""
-    from hoformer.functional.kronecker import sdpa
+    from hoformer.functional.dense import sdpa
 
     def along_first_mode(q, k, v, mask):
         q, k, v = (t.movedim(2, -2) for t in (q, k, v))  # (b, h, n2, n1, e): attend along n1

@@ -130,14 +130,14 @@ def test_forecast_from_the_pretrained_folder_says_what_it_does(fitted, tmp_path,
     # with a history the folder's own data.json (scaler, columns) is enough: the training data are not read
     import pandas as pd
 
-    import hoformer.config
+    import hoformer.inference
 
     future = pd.read_csv(tmp_path / "f.csv")
     history = tmp_path / "history.csv"
     from hoformer.data import LTSFDataModule
 
     LTSFDataModule(synthetic=True, synthetic_length=300, seq_len=32, pred_len=16).history().to_csv(history, index=False)
-    monkeypatch.setattr(hoformer.config, "checkpoint_datamodule", lambda *a, **k: pytest.fail("read the data"))
+    monkeypatch.setattr(hoformer.inference, "checkpoint_datamodule", lambda *a, **k: pytest.fail("read the data"))
     code, text = _run(["forecast", "--checkpoint", str(root / "pretrained"), "--history", str(history),
                        "--output", str(tmp_path / "g.csv")])
     assert code == 0 and "the training data's scaler and columns from" in text, text

@@ -1211,7 +1211,7 @@ def test_forecast_and_analyze_refuse_a_checkpoint_on_other_data(signed_ckpt):
     """hoformer forecast / analyze build the checkpoint's datamodule through checkpoint_datamodule, which refuses
     data whose signature differs (--allow-data-mismatch: a warning)."""
     from hoformer.checkpoint import load_checkpoint
-    from hoformer.config import checkpoint_datamodule
+    from hoformer.inference import checkpoint_datamodule
 
     _, info = load_checkpoint(signed_ckpt)
     other = {"signature": {"file": "b.csv", "num_variates": 4}}
@@ -1287,3 +1287,22 @@ def test_a_run_off_a_terminal_prints_one_line_per_epoch_and_no_advertisement(tmp
     lines = [ln for ln in out.stderr.splitlines() if ln.startswith("epoch ")]
     assert len(lines) == 2 and lines[0].startswith("epoch 0/1: ") and "train/loss" in lines[0] and "val/mae" in lines[0]
     assert "Tip" not in out.stderr + out.stdout and "LeafSpec" not in out.stderr, out.stderr[-2000:]
+
+
+def test_callbacks_keep_the_class_paths_of_saved_configs():
+    """The configs name the callbacks by their module (``hoformer.train.callbacks.ExportPretrained``,
+    ``hoformer.train.checkpoint_io.AtomicCheckpointIO``); a config or run folder saved by 0.1.0 names them
+    ``hoformer.train.tasks.X``, which stays the same class."""
+    import hoformer.train as train
+    import hoformer.train.callbacks as callbacks
+    import hoformer.train.checkpoint_io as checkpoint_io
+    import hoformer.train.tasks as tasks
+
+    for name in ("ExportPretrained", "SavePredictions", "CompileModel", "checkpoint_callbacks"):
+        assert getattr(tasks, name) is getattr(callbacks, name) is getattr(train, name), name
+    for name in ("AtomicCheckpointIO", "install_checkpoint_io"):
+        assert getattr(tasks, name) is getattr(checkpoint_io, name) is getattr(train, name), name
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    named = {line.split("class_path:")[1].strip() for cfg in sorted(configs.rglob("*.yaml"))
+             for line in cfg.read_text().splitlines() if "class_path: hoformer.train." in line}
+    assert "hoformer.train.callbacks.ExportPretrained" in named and not any(".tasks." in c for c in named), named

@@ -15,11 +15,16 @@ tasks' resumes, the CLI, ``hoformer analyze`` / ``forecast`` / ``export`` and th
   and ``model_config`` (tasks given a model instance: its ``config``, ``{"name", "kwargs"}``).
 * :func:`check_model_state`, :func:`check_checkpoint_data` - refuse a restore into another model configuration, or
   onto data other than the checkpoint's (its ``data_signature``).
+* :func:`check_data_signature` - the comparison of a stored data signature
+  (:meth:`~hoformer.data.SeriesDataModule.data_signature`) with the current one, naming every difference
+  (:class:`DataMismatchError`); ``hoformer.data`` exports both too.
 
-The datamodule a checkpoint was trained on is built by :mod:`hoformer.config` (``checkpoint_datamodule``).
+The datamodule a checkpoint was trained on is built by :mod:`hoformer.inference` (``checkpoint_datamodule``).
 """
 from __future__ import annotations
 
+import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +34,8 @@ from hoformer._io import CheckpointError, MissingCheckpointError, check_device, 
 
 __all__ = ["CheckpointError", "MissingCheckpointError", "check_device", "read_checkpoint", "read_lightning_checkpoint",
            "model_state", "load_checkpoint", "model_spec", "check_model_state", "data_signature",
-           "check_checkpoint_data", "save_data_config", "read_data_config"]
+           "check_checkpoint_data", "save_data_config", "read_data_config", "DataMismatchError",
+           "check_data_signature"]
 
 #: the key under which a task stores its datamodule's ``data_signature()`` in a checkpoint
 DATA_SIGNATURE_KEY = "hoformer_data_signature"
@@ -43,7 +49,6 @@ def save_data_config(directory, datamodule) -> Path | None:
     absolute), its ``data_signature()``, and, when it has one, the fitted scaler (``mean``, ``std``, ``eps``), the
     column names and the lookback / horizon / features. Tied to the weights by ``config.json``'s ``save_id``. Returns
     the path, or ``None`` for a datamodule without hyper-parameters (nothing to record)."""
-    import json
     import os
 
     import numpy as np
@@ -77,9 +82,6 @@ def read_data_config(directory) -> dict | None:
     """``directory/data.json`` (:func:`save_data_config`) as a dict, or ``None`` when there is none; a file of another
     save than the folder's weights (its ``save_id`` differs from ``config.json``'s: written for an earlier model) is
     ignored with a warning naming it, and an unreadable one is an error naming it."""
-    import json
-    import warnings
-
     d = Path(directory)
     path = d / DATA_CONFIG_NAME
     if not path.is_file():
@@ -96,20 +98,6 @@ def read_data_config(directory) -> dict | None:
                       UserWarning, stacklevel=3)
         return None
     return data
-
-
-def data_config_scaler(data: dict):
-    """The :class:`~hoformer.data.StandardScaler` recorded in a :func:`read_data_config` dict, or ``None``."""
-    sc = (data or {}).get("scaler")
-    if not sc:
-        return None
-    import numpy as np
-
-    from hoformer.data import StandardScaler
-
-    scaler = StandardScaler(sc.get("eps", 0.0))
-    scaler.mean, scaler.std = np.asarray(sc["mean"], np.float64), np.asarray(sc["std"], np.float64)
-    return scaler
 
 
 def read_lightning_checkpoint(path, map_location: Any = "cpu", *, fn: str = "read_checkpoint",
@@ -246,15 +234,11 @@ def data_signature(datamodule) -> dict | None:
 def check_checkpoint_data(saved: dict | None, datamodule, *, where: str = "checkpoint", allow_mismatch: bool = False,
                           override: str = "pass allow_mismatch=True") -> None:
     """Refuse ``datamodule`` when its ``data_signature()`` differs from the signature ``saved`` in a checkpoint
-    (``hoformer.data.check_data_signature``); nothing to compare (an older checkpoint, a datamodule without a
+    (:func:`check_data_signature`); nothing to compare (an older checkpoint, a datamodule without a
     signature): no check. ``allow_mismatch`` warns instead; ``override`` names how the caller's user sets it."""
     current = data_signature(datamodule) if saved is not None else None
     if saved is None or current is None:
         return
-    import warnings
-
-    from hoformer.data import check_data_signature
-
     with warnings.catch_warnings():  # the differences only; the message below names the checkpoint and the override
         warnings.simplefilter("ignore")
         diffs = check_data_signature(saved, current, allow_mismatch=True)
@@ -266,3 +250,54 @@ def check_checkpoint_data(saved: dict | None, datamodule, *, where: str = "check
         return
     raise CheckpointError(f"{msg}. Use the data the checkpoint was trained on, or, to evaluate it on these data "
                           f"anyway, {override}")
+
+
+# ------------------------------------------------------------------------------------------------- signature
+class DataMismatchError(ValueError):
+    """A checkpoint is used on data other than the data it was trained on."""
+
+
+def _show(v) -> str:
+    if isinstance(v, list) and len(v) > 8:
+        return f"[{', '.join(map(repr, v[:3]))}, ... {len(v)} names]"
+    return repr(v)
+
+
+def _differences(saved: dict, current: dict) -> list[str]:
+    saved, current = json.loads(json.dumps(saved)), json.loads(json.dumps(current))  # tuples -> lists
+    out = []
+    for key in saved:
+        if key not in current or saved[key] == current[key]:
+            continue
+        a, b = saved[key], current[key]
+        line = f"{key}: trained on {_show(a)}, now {_show(b)}"
+        if isinstance(a, list) and isinstance(b, list):
+            only_a, only_b = [x for x in a if x not in b], [x for x in b if x not in a]
+            if only_a or only_b:
+                parts = [f"only in training: {_show(only_a)}" if only_a else "", f"only now: {_show(only_b)}" if only_b
+                         else ""]
+                line += f" ({'; '.join(p for p in parts if p)})"
+            else:
+                line += " (the same names in another order)"
+        out.append(line)
+    return out
+
+
+def check_data_signature(saved: dict | None, current: dict | None, *, allow_mismatch: bool = False,
+                         override: str = "allow_mismatch=True") -> list[str]:
+    """Compare the :meth:`~SeriesDataModule.data_signature` stored with a checkpoint (``saved``) with the one of the
+    data it is now used on (``current``) -> the list of differences (empty: the same data).
+
+    A difference raises :class:`DataMismatchError` (a ``ValueError``) naming every key that differs (trained on
+    what, given what) and how to proceed anyway (``override``: the text of the override, e.g. the CLI flag);
+    with ``allow_mismatch=True`` it is a warning instead. Keys present on one side only are not compared, and a
+    ``saved`` of ``None`` or ``{}`` (a checkpoint that recorded no signature) checks nothing."""
+    if not saved or not current:
+        return []
+    diffs = _differences(saved, current)
+    if diffs:
+        msg = ("the checkpoint was trained on other data than the data it is now used on:\n  " + "\n  ".join(diffs))
+        if not allow_mismatch:
+            raise DataMismatchError(f"{msg}\nUse the data it was trained on, or pass {override} to use it anyway.")
+        warnings.warn(f"{msg}\n(used anyway: {override})", stacklevel=2)
+    return diffs

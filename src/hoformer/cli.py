@@ -4,7 +4,7 @@
 :class:`lightning.pytorch.cli.LightningCLI` in subclass mode for both the model (any
 :class:`hoformer.train.TaskModule`) and the data (any ``LightningDataModule``); callbacks (best-validation
 checkpoint, early stopping, ``save_pretrained`` export) and loggers are configured in the YAML files under
-``configs/``. Checkpoints are written atomically (:class:`hoformer.train.tasks.AtomicCheckpointIO`, set by the
+``configs/``. Checkpoints are written atomically (:class:`hoformer.train.checkpoint_io.AtomicCheckpointIO`, set by the
 configs and, when a config does not, by the CLI itself).
 
 Extra sub-commands are plain functions ``fn(argv) -> exit code``: ``hoformer demo`` is registered here with
@@ -41,7 +41,7 @@ HOOKS: dict[str, tuple[str, str]] = {
                 "figures of a checkpoint on a data split: attention maps, stable ranks, forecast"),
     "bench": ("hoformer.analysis.bench:bench_main", "attention / model scaling benchmark: time, memory, FLOPs"),
     "export": ("hoformer.export:export_main", "export a checkpoint as a torch.export program (.pt2) or ONNX file"),
-    "forecast": ("hoformer.train.forecast:forecast_main",
+    "forecast": ("hoformer.inference:forecast_main",
                  "forecast the steps after the end of a series with a trained forecaster (CSV out)"),
     "tune": ("hoformer.tune:tune_main", "hyper-parameter search of an experiment with Optuna (pruned, resumable)"),
 }
@@ -259,7 +259,9 @@ def demo(argv: list[str]) -> int:
     from hoformer.data import LTSFDataModule
     from hoformer.models import create_model
     from hoformer.train import Optimization
-    from hoformer.train.tasks import AtomicCheckpointIO, ExportPretrained, ForecastingTask, checkpoint_callbacks
+    from hoformer.train.callbacks import ExportPretrained, checkpoint_callbacks
+    from hoformer.train.checkpoint_io import AtomicCheckpointIO
+    from hoformer.train.tasks import ForecastingTask
 
     torch.set_num_threads(a.threads)
     pl.seed_everything(a.seed, verbose=False)

@@ -1,5 +1,4 @@
-"""Configs: the one reader of ``hoformer`` configs (:func:`resolve_config`, composition included) and the datamodules
-they describe.
+"""Configs: the one reader of ``hoformer`` configs (:func:`resolve_config`, composition included).
 
 * :func:`expand_configs` - ``--config X`` -> ``--config BASE ... --config X`` for the configs ``X`` extends (its
   leading ``# extends: <relative path>`` lines), as LightningCLI reads several ``--config`` files: later values
@@ -7,20 +6,17 @@ they describe.
   distilled student's ``teacher_run`` -> the teacher, logits cache, embeddings and tokenizer it links.
 * :func:`resolve_config` - the effective configuration of ``hoformer fit --config X [overrides]``, resolved by the
   very parser of the commands; every command that takes a config reads it here.
-* :func:`build_datamodule`, :func:`checkpoint_datamodule` - the datamodule of a config, a class path, or a checkpoint
-  (what it stored, or its run folder's ``config.yaml``), refused when it is not the data the checkpoint was trained
-  on (:func:`hoformer.checkpoint.check_checkpoint_data`).
+
+The datamodule a config or a checkpoint describes is built by :mod:`hoformer.inference` (``build_datamodule``,
+``checkpoint_datamodule``).
 """
 from __future__ import annotations
 
-import importlib
 import os
 from pathlib import Path
 from typing import Sequence
 
-from hoformer.checkpoint import check_checkpoint_data
-
-__all__ = ["expand_configs", "resolve_config", "build_datamodule", "checkpoint_datamodule", "find_run_file"]
+__all__ = ["expand_configs", "resolve_config"]
 
 
 def _check_yaml(path: Path, data: bytes) -> None:
@@ -173,62 +169,3 @@ def resolve_config(config, overrides: Sequence[str] = (), *, partial: bool = Fal
     for key in ("config", "ckpt_path", "weights_only", "overwrite", "allow_data_mismatch", "teacher_run"):
         out.pop(key, None)
     return out
-
-
-def _instantiate(class_path: str, init_args: dict):
-    mod, _, name = class_path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(mod), name)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise ValueError(f"build_datamodule: cannot import datamodule class {class_path!r} ({e})") from e
-    return cls(**{k: v for k, v in init_args.items() if not k.startswith("_")})
-
-
-def build_datamodule(*, config=None, data: str | None = None, data_args: dict | None = None,
-                     stored: dict | None = None):
-    """A datamodule from a LightningCLI YAML ``config`` (its ``data`` section, resolved by
-    :func:`resolve_config` as ``hoformer fit`` resolves it), a class path ``data`` with ``data_args``, or
-    the ``datamodule_hyper_parameters`` stored in a checkpoint (with ``_class_path``)."""
-    overrides = dict(data_args or {})
-    if config is not None:
-        sec = resolve_config(config, partial=True).get("data")  # the bases it extends included, as `hoformer fit` reads it
-        if not isinstance(sec, dict) or not sec.get("class_path"):
-            raise ValueError(f"build_datamodule: config {str(config)!r} has no `data: {{class_path: ..., init_args: "
-                             "...}` section (nor do the configs it extends)")
-        return _instantiate(sec["class_path"], {**(sec.get("init_args") or {}), **overrides})
-    if data is not None:
-        return _instantiate(data, overrides)
-    if stored and stored.get("_class_path"):
-        return _instantiate(stored["_class_path"], {**stored, **overrides})
-    raise ValueError("build_datamodule: no data given: pass --config CONFIG.yaml (LightningCLI config with a `data` "
-                     "section) or --data CLASS_PATH [--data-args JSON]; the checkpoint stores no datamodule class")
-
-
-def checkpoint_datamodule(info: dict, *, config=None, data: str | None = None, data_args: dict | None = None,
-                          allow_data_mismatch: bool = False, override: str = "pass allow_data_mismatch=True"):
-    """The datamodule of a checkpoint loaded by :func:`load_checkpoint`: from ``config`` / ``data`` when given, else
-    the hyper-parameters stored in a Lightning checkpoint, else the ``config.yaml`` LightningCLI saved in its run
-    folder; with the state the checkpoint stored for it (e.g. the tokenizer the model was trained with). Data other
-    than the checkpoint's (its ``data_signature``) are refused unless ``allow_data_mismatch`` (then a warning);
-    ``override`` names how the caller's user sets it (:func:`check_checkpoint_data`)."""
-    stored = info["datamodule"]
-    if config is None and data is None and not (stored or {}).get("_class_path"):
-        config = find_run_file(info["run_dir"], "config.yaml") if info["kind"] == "ckpt" else None
-    dm = build_datamodule(config=config, data=data, data_args=data_args, stored=stored)
-    state = info["states"].get(type(dm).__qualname__)
-    if state and hasattr(dm, "load_state_dict"):  # before setup
-        dm.load_state_dict(state)
-    check_checkpoint_data(info.get("data_signature"), dm, where=f"checkpoint {str(info['path'])!r}",
-                          allow_mismatch=allow_data_mismatch, override=override)
-    return dm
-
-
-def find_run_file(run_dir: Path | None, name: str, accept=None) -> Path | None:
-    """Newest ``name`` under a run folder (LightningCLI writes ``config.yaml`` and CSVLogger ``metrics.csv`` into
-    ``<run>/logs/version_*``) for which ``accept(path)`` holds."""
-    if run_dir is None or not Path(run_dir).is_dir():
-        return None
-    found = [f for depth in range(4) for f in Path(run_dir).glob("/".join(["*"] * depth + [name]))]
-    found = [f for f in found if accept is None or accept(f)]
-    found.sort(key=lambda p: p.stat().st_mtime)
-    return found[-1] if found else None

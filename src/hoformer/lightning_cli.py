@@ -332,17 +332,18 @@ class HoformerCLI(LightningCLI):
         """Everything a run writes lives under ``trainer.default_root_dir`` (the one output setting): without a
         ``logger`` in the config, a CSV logger (``<root>/logs``) and, when TensorBoard is installed, a TensorBoard
         logger (``<root>/tb``); without a ``ModelCheckpoint``, the best checkpoint by the task's model-selection
-        metric (``selection``) and ``last.ckpt`` after every epoch (:func:`~hoformer.train.tasks.checkpoint_callbacks`);
+        metric (``selection``) and ``last.ckpt`` after every epoch (:func:`~hoformer.train.callbacks.checkpoint_callbacks`);
         a ``ModelCheckpoint`` without ``dirpath`` writes to ``<root>/checkpoints``.
         Checkpoints are written atomically and read weights-only whatever the config says
-        (:func:`~hoformer.train.tasks.install_checkpoint_io`: a plain ``TorchCheckpointIO`` is replaced by
-        :class:`~hoformer.train.tasks.AtomicCheckpointIO`; a custom checkpoint IO of the user's keeps its saves)."""
+        (:func:`~hoformer.train.checkpoint_io.install_checkpoint_io`: a plain ``TorchCheckpointIO`` is replaced by
+        :class:`~hoformer.train.checkpoint_io.AtomicCheckpointIO`; a custom checkpoint IO of the user's keeps its saves)."""
         import importlib.util
 
         from lightning.pytorch.callbacks import ModelCheckpoint
         from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
-        from hoformer.train.tasks import checkpoint_callbacks, install_checkpoint_io
+        from hoformer.train.callbacks import checkpoint_callbacks
+        from hoformer.train.checkpoint_io import install_checkpoint_io
 
         cfg = self._get(self.config_init, "trainer", default={})
         root = cfg.get("default_root_dir") or os.getcwd()

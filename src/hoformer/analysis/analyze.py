@@ -31,7 +31,8 @@ import torch
 from hoformer.functional.triplet import triplet_windows
 
 from hoformer.checkpoint import load_checkpoint
-from hoformer.config import build_datamodule, checkpoint_datamodule, find_run_file
+from hoformer.data import unscale
+from hoformer.inference import checkpoint_datamodule, find_run_file
 
 from .maps import AttentionRecord, batch_mean_maps, recording, split_batch
 from .plots import (
@@ -43,8 +44,7 @@ from .plots import (
     require_matplotlib,
 )
 
-__all__ = ["analyze_checkpoint", "analyze_main", "load_checkpoint", "build_datamodule", "checkpoint_datamodule",
-           "MODE_NAMES"]
+__all__ = ["analyze_checkpoint", "analyze_main", "MODE_NAMES"]
 
 #: axis names of each model family's modes (figure labels)
 MODE_NAMES = {
@@ -210,8 +210,7 @@ def _forecast(pred, args, target, batch, out: Path, name: str, sample: int, colu
                                        title=f"{name}: sample {s}", scale="standardised")]
     if pred.ndim == 4 and target.shape == pred.shape and x.ndim == 4:  # traffic (B, Q, N, C)
         if isinstance(batch, dict) and "mean" in batch and "std" in batch:  # the original scale
-            pred, x, target = (t * batch["std"][:, None, None, :].to(t) + batch["mean"][:, None, None, :].to(t)
-                               for t in (pred, x, target))
+            pred, x, target = (unscale(t, batch) for t in (pred, x, target))
         s = min(sample, x.shape[0] - 1)
         return [plot_forecast_vs_truth(x[s, :, :3, 0], target[s, :, :3, 0], pred[s, :, :3, 0], out / "forecast.png",
                                        channels=range(min(3, x.shape[2])),

@@ -8,3 +8,4 @@ from .traffic import *  # noqa: F401,F403
 from .text import *  # noqa: F401,F403
 from .text_csv import *  # noqa: F401,F403
 from .datamodules import *  # noqa: F401,F403
+from hoformer.checkpoint import DataMismatchError, check_data_signature  # noqa: F401,E402 (documented there)

@@ -157,7 +157,7 @@ class LTSFDataModule(SeriesDataModule):
     Batches are the dicts of :mod:`hoformer.data.series` (``x (B, seq_len, C)``, ``y (B, pred_len, C or 1)``,
     ``mean`` / ``std``, and ``time`` / ``y_time`` with ``time_features``, ``y_known`` with ``label_len``). After
     ``setup``: :attr:`scaler` (its ``inverse_transform`` maps model-scale values back), :attr:`variate_names`,
-    :meth:`history` (the file as a DataFrame, for :func:`~hoformer.train.forecast.forecast_series`) and
+    :meth:`history` (the file as a DataFrame, for :func:`~hoformer.inference.forecast_series`) and
     :meth:`data_signature`.
     """
 
@@ -270,7 +270,7 @@ class LTSFDataModule(SeriesDataModule):
         """The series on the original scale as a ``pandas.DataFrame``: a ``date`` column (when the data has
         timestamps), then :attr:`variate_names`; of the datamodule's file, or of ``path`` (e.g. the same series with
         newer rows) read and checked the same way. The ``history`` of
-        :func:`~hoformer.train.forecast.forecast_series`."""
+        :func:`~hoformer.inference.forecast_series`."""
         import pandas as pd
 
         series = self._built()

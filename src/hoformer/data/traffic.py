@@ -4,8 +4,8 @@ Protocol (DCRNN / torch-spatiotemporal, Weaver section 6.1): zeros are missing v
 and ``Q`` horizon steps with stride 1; chronological 70/10/20 split of the windows; a per-channel standard
 scaler fitted on the *observed* values of the time steps covered by the training windows (eqs 62-63); missing
 entries are 0 after scaling; every sample carries its observation masks and the scaler statistics, so metrics are
-computed on the original scale (``y * std + mean``). Splitting, scaling, windows and the batch format are those of
-every windowed series (:mod:`hoformer.data.series`; mode order ``(time, sensors, channels)``).
+computed on the original scale (:func:`~hoformer.data.unscale`). Splitting, scaling, windows and the batch format
+are those of every windowed series (:mod:`hoformer.data.series`; mode order ``(time, sensors, channels)``).
 
 File formats
 ------------

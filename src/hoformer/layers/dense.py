@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from hoformer._checks import check_int
-from hoformer.functional.kronecker import kron_dense, sdpa
+from hoformer.functional.dense import sdpa
+from hoformer.functional.kronecker import kron_dense
 from hoformer.functional.dropout_bits import dropout
 from hoformer.functional import unchecked
 

@@ -6,6 +6,8 @@ from .base import TaskModule  # noqa: F401
 from .optim import Optimization  # noqa: F401
 from .metrics import *  # noqa: F401,F403
 from .tasks import *  # noqa: F401,F403
+from .callbacks import *  # noqa: F401,F403
+from .checkpoint_io import AtomicCheckpointIO, install_checkpoint_io  # noqa: F401
 from .traffic import *  # noqa: F401,F403
 from .text import *  # noqa: F401,F403
 from .class_balance import *  # noqa: F401,F403

@@ -78,7 +78,7 @@ class TaskModule(L.LightningModule):
     (:func:`hoformer.checkpoint.check_checkpoint_data`) unless :attr:`allow_data_mismatch` is set.
 
     Checkpoints load weights-only whoever builds the ``Trainer``: :meth:`setup` (which Lightning runs before any
-    restore) installs :class:`~hoformer.train.tasks.AtomicCheckpointIO` (:func:`~hoformer.train.tasks.install_checkpoint_io`);
+    restore) installs :class:`~hoformer.train.checkpoint_io.AtomicCheckpointIO` (:func:`~hoformer.train.checkpoint_io.install_checkpoint_io`);
     a subclass that overrides ``setup`` calls ``super().setup(stage)``.
     """
 

@@ -336,7 +336,7 @@ class TextClassificationTask(ClassWeighting, TaskModule):
             (:mod:`hoformer.train.class_balance`); ``{stage}/bacc`` (balanced accuracy) is logged beside
             ``{stage}/acc`` either way.
 
-    The trained model with its tokenizer is exported by the :class:`~hoformer.train.tasks.ExportPretrained` callback.
+    The trained model with its tokenizer is exported by the :class:`~hoformer.train.callbacks.ExportPretrained` callback.
     """
 
     selection = ("val/acc", "max")

@@ -2,12 +2,14 @@
 logged over all horizon steps and at steps 3 / 6 / 12 (15 / 30 / 60 minutes).
 
 Batches are the windowed-series dicts of :mod:`hoformer.data.series` (``x``, ``y`` on the model's scale, ``mask`` /
-``y_mask``, ``time``, ``mean`` / ``std``); loss and metrics are computed on the original scale ``y * std + mean``.
+``y_mask``, ``time``, ``mean`` / ``std``); loss and metrics are computed on the original scale
+(:func:`hoformer.data.unscale`).
 """
 from __future__ import annotations
 
 import torch
 
+from hoformer.data import unscale
 from hoformer.models import HoformerModel
 
 from .base import TaskModule
@@ -16,16 +18,14 @@ from .metrics import MaskedMAE, forecasting_metrics, masked_mae
 
 __all__ = ["TrafficForecastingTask", "forecast", "original_scale"]
 
-
-def original_scale(t: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """``t (B, Q, N, C)`` on the model's scale -> the original scale, with the batch's scaler statistics."""
-    return t * batch["std"][:, None, None, :] + batch["mean"][:, None, None, :]
+#: :func:`hoformer.data.unscale` under the name ``hoformer.train`` exports it by
+original_scale = unscale
 
 
 def forecast(model: torch.nn.Module, batch: dict[str, torch.Tensor], use_time: bool = True) -> torch.Tensor:
     """Run ``model`` on a batch and return predictions on the original scale ``(B, Q, N, C)``."""
     out = model(batch["x"], time=batch.get("time") if use_time else None, mask=batch.get("mask"))
-    return original_scale(out, batch)
+    return unscale(out, batch)
 
 
 class TrafficForecastingTask(TaskModule):
@@ -53,7 +53,7 @@ class TrafficForecastingTask(TaskModule):
 
     def shared_step(self, batch, stage: str):
         pred = forecast(self.model, batch, self.use_time)
-        y, m = original_scale(batch["y"], batch), batch["y_mask"]
+        y, m = unscale(batch["y"], batch), batch["y_mask"]
         loss = masked_mae(pred, y, m, allow_empty=True)  # 0 for an all-missing batch (only drop_empty_windows=False)
         bs = y.shape[0]
         if stage == "train":

@@ -1,5 +1,18 @@
-"""``hoformer forecast``: the steps after the end of the data, from a trained forecaster, as a CSV.
+"""Using a trained model on data, without Lightning: the datamodule a checkpoint or a config describes, and
+``hoformer forecast``.
 
+* :func:`build_datamodule`, :func:`checkpoint_datamodule` - the datamodule of a config, a class path, or a checkpoint
+  (what it stored, or its run folder's ``config.yaml``), refused when it is not the data the checkpoint was trained
+  on (:func:`hoformer.checkpoint.check_checkpoint_data`); :func:`find_run_file` finds a run folder's files;
+  :func:`data_config_scaler` the training scaler a ``save_pretrained`` folder records.
+* :func:`forecast_series`, :func:`forecast_checkpoint`, :func:`forecast_main` - ``hoformer forecast``: the steps
+  after the end of the data, from a trained forecaster, as a CSV (described below).
+
+Checkpoints are read by :mod:`hoformer.checkpoint`, configs resolved by :mod:`hoformer.config`; deployable files of
+a model are written by :mod:`hoformer.export`.
+
+Forecasting
+-----------
 ``hoformer test`` scores windows whose future is known; a user of a forecaster wants the future that is not. Given a
 checkpoint (a Lightning ``.ckpt`` of a :class:`~hoformer.train.ForecastingTask` or a ``save_pretrained`` folder) and
 its LTSF data (the datamodule stored in the checkpoint, the run's ``config.yaml``, or ``--config``), this reads the
@@ -22,6 +35,7 @@ history) and :func:`forecast_checkpoint` (a checkpoint).
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
 import json
 import sys
@@ -34,14 +48,90 @@ import torch
 
 from hoformer._checks import is_int
 from hoformer._io import atomic_write
-from hoformer.data import LTSFDataModule, read_series_table
+from hoformer.checkpoint import check_checkpoint_data
+from hoformer.config import resolve_config
+from hoformer.data import LTSFDataModule, StandardScaler, read_series_table, unscale
 
-__all__ = ["forecast_series", "forecast_checkpoint", "forecast_main", "HORIZON_WARN_FACTOR"]
+__all__ = ["build_datamodule", "checkpoint_datamodule", "find_run_file", "data_config_scaler", "forecast_series",
+           "forecast_checkpoint", "forecast_main", "HORIZON_WARN_FACTOR"]
 
 #: a generated forecast longer than this multiple of the trained horizon (``pred_len``) is warned about
 HORIZON_WARN_FACTOR = 4
 
 
+# ---------------------------------------------------------------------------------------------- datamodules
+def _instantiate(class_path: str, init_args: dict):
+    mod, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(mod), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ValueError(f"build_datamodule: cannot import datamodule class {class_path!r} ({e})") from e
+    return cls(**{k: v for k, v in init_args.items() if not k.startswith("_")})
+
+
+def build_datamodule(*, config=None, data: str | None = None, data_args: dict | None = None,
+                     stored: dict | None = None):
+    """A datamodule from a LightningCLI YAML ``config`` (its ``data`` section, resolved by
+    :func:`hoformer.config.resolve_config` as ``hoformer fit`` resolves it), a class path ``data`` with
+    ``data_args``, or the ``datamodule_hyper_parameters`` stored in a checkpoint (with ``_class_path``)."""
+    overrides = dict(data_args or {})
+    if config is not None:
+        sec = resolve_config(config, partial=True).get("data")  # the bases it extends included, as `hoformer fit` reads it
+        if not isinstance(sec, dict) or not sec.get("class_path"):
+            raise ValueError(f"build_datamodule: config {str(config)!r} has no `data: {{class_path: ..., init_args: "
+                             "...}` section (nor do the configs it extends)")
+        return _instantiate(sec["class_path"], {**(sec.get("init_args") or {}), **overrides})
+    if data is not None:
+        return _instantiate(data, overrides)
+    if stored and stored.get("_class_path"):
+        return _instantiate(stored["_class_path"], {**stored, **overrides})
+    raise ValueError("build_datamodule: no data given: pass --config CONFIG.yaml (LightningCLI config with a `data` "
+                     "section) or --data CLASS_PATH [--data-args JSON]; the checkpoint stores no datamodule class")
+
+
+def checkpoint_datamodule(info: dict, *, config=None, data: str | None = None, data_args: dict | None = None,
+                          allow_data_mismatch: bool = False, override: str = "pass allow_data_mismatch=True"):
+    """The datamodule of a checkpoint loaded by :func:`hoformer.checkpoint.load_checkpoint`: from ``config`` /
+    ``data`` when given, else the hyper-parameters stored in a Lightning checkpoint, else the ``config.yaml``
+    LightningCLI saved in its run folder; with the state the checkpoint stored for it (e.g. the tokenizer the model
+    was trained with). Data other than the checkpoint's (its ``data_signature``) are refused unless
+    ``allow_data_mismatch`` (then a warning); ``override`` names how the caller's user sets it
+    (:func:`~hoformer.checkpoint.check_checkpoint_data`)."""
+    stored = info["datamodule"]
+    if config is None and data is None and not (stored or {}).get("_class_path"):
+        config = find_run_file(info["run_dir"], "config.yaml") if info["kind"] == "ckpt" else None
+    dm = build_datamodule(config=config, data=data, data_args=data_args, stored=stored)
+    state = info["states"].get(type(dm).__qualname__)
+    if state and hasattr(dm, "load_state_dict"):  # before setup
+        dm.load_state_dict(state)
+    check_checkpoint_data(info.get("data_signature"), dm, where=f"checkpoint {str(info['path'])!r}",
+                          allow_mismatch=allow_data_mismatch, override=override)
+    return dm
+
+
+def find_run_file(run_dir: Path | None, name: str, accept=None) -> Path | None:
+    """Newest ``name`` under a run folder (LightningCLI writes ``config.yaml`` and CSVLogger ``metrics.csv`` into
+    ``<run>/logs/version_*``) for which ``accept(path)`` holds."""
+    if run_dir is None or not Path(run_dir).is_dir():
+        return None
+    found = [f for depth in range(4) for f in Path(run_dir).glob("/".join(["*"] * depth + [name]))]
+    found = [f for f in found if accept is None or accept(f)]
+    found.sort(key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+def data_config_scaler(data: dict):
+    """The :class:`~hoformer.data.StandardScaler` recorded in a :func:`hoformer.checkpoint.read_data_config` dict,
+    or ``None``."""
+    sc = (data or {}).get("scaler")
+    if not sc:
+        return None
+    scaler = StandardScaler(sc.get("eps", 0.0))
+    scaler.mean, scaler.std = np.asarray(sc["mean"], np.float64), np.asarray(sc["std"], np.float64)
+    return scaler
+
+
+# ----------------------------------------------------------------------------------------------- forecasting
 def forecast_series(model, scaler, columns, history, *, seq_len: int | None = None, pred_len: int | None = None,
                     features: str = "M", end: int | None = None, horizon: int | None = None):
     """Forecast the ``horizon`` (default ``pred_len``) steps that follow row ``end`` of ``history``, on the
@@ -113,8 +203,9 @@ def forecast_series(model, scaler, columns, history, *, seq_len: int | None = No
     if features == "MS" and pred.shape[1] > 1:
         pred = pred[:, -1:]  # all variates in, the target (last column) out
     names = columns if pred.shape[1] == len(columns) else columns[-1:]
-    if scaler is not None:
-        pred = (scaler if pred.shape[1] == len(columns) else scaler.channels(slice(-1, None))).inverse_transform(pred)
+    if scaler is not None:  # the statistics of the forecast channels, as a batch carries them (float32)
+        stats = (scaler if pred.shape[1] == len(columns) else scaler.channels(slice(-1, None))).statistics(pred)
+        pred = unscale(pred[None], stats)[0]
     df = pd.DataFrame(pred.numpy(), columns=names)
     when = _future_dates(dates, end, steps, tz)
     df.insert(0, "date" if when is not None else "step", when if when is not None else np.arange(1, steps + 1))
@@ -274,8 +365,7 @@ def forecast_checkpoint(checkpoint, *, config=None, data: str | None = None, dat
     ``allow_data_mismatch``. ``progress``: a function called with a line at each step (loading, reading the data)."""
     import time
 
-    from hoformer.checkpoint import data_config_scaler, load_checkpoint
-    from hoformer.config import checkpoint_datamodule
+    from hoformer.checkpoint import load_checkpoint
 
     say = progress or (lambda line: None)
     t0 = time.time()
@@ -314,7 +404,7 @@ def forecast_main(argv: Sequence[str] | None = None) -> int:
     """``hoformer forecast``: forecast the steps after the end of a series with a trained forecaster (CSV out)."""
     import re
 
-    text = __doc__.split("\n\n")[1].replace("::", ":")
+    text = __doc__.split("Forecasting\n-----------\n", 1)[1].split("\n\n")[0].replace("::", ":")
     text = re.sub(r":\w+:`~?([^`]+)`", r"\1", text).replace("``", "")  # reST roles and literals as plain text
     p = argparse.ArgumentParser(prog="hoformer forecast", description=text,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
