@@ -36,7 +36,7 @@ HORIZONS, SEEDS5, NO_RUNS = (96, 192, 336, 720), [2024, 2025, 2026, 2027, 2028],
 LABELS = {"hot_product": "HOT (product)", "hot_sum": "HOT (sum)", "full": "Transformer (non-factorized)",
           "spatial": "Transformer (spatial)", "temporal": "Transformer (temporal)", "hot_causal": "causal HOT product",
           "kronecker_product": "Kronecker product", "kronecker_sum": "Kronecker sum", "axial": "axial",
-          "kronecker_linear": "Kronecker linear (FAVOR+)", "divided": "divided"}
+          "kronecker_linear": "Kronecker linear (FAVOR+)", "divided": "divided", "cnn3d": "3D CNN"}
 
 
 def read_ledger(path: Path = LEDGER) -> list[dict]:
@@ -110,17 +110,35 @@ def mean_std(vals: list[float], digits: int = 3) -> str:
     return f"{mean(vals):.{digits}f} ± {s:.{digits if round(s, digits) else digits + 1}f}"
 
 
+def interval(diffs: list[float]) -> tuple[float, float]:
+    """The 95 % Student-t interval of the mean of ``diffs`` (two or more; a zero spread: the mean itself)."""
+    from scipy import stats
+
+    ci = stats.ttest_1samp(diffs, 0.0).confidence_interval(0.95)
+    return (float(ci.low), float(ci.high)) if statistics.pstdev(diffs) else (mean(diffs), mean(diffs))
+
+
 def paired(diffs: list[float], digits: int = 3) -> str:
     """The paired difference over seeds: mean and its 95 % Student-t interval, ``within noise`` when it covers 0."""
     if not diffs:
         return "-"
     if len(diffs) == 1:
         return f"{diffs[0]:.{digits}f} (1 seed, no interval)"
-    from scipy import stats
-
-    ci = stats.ttest_1samp(diffs, 0.0).confidence_interval(0.95)
-    lo, hi = (float(ci.low), float(ci.high)) if statistics.pstdev(diffs) else (mean(diffs), mean(diffs))
+    lo, hi = interval(diffs)
     return f"{mean(diffs):.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]" + (" within noise" if lo <= 0 <= hi else "")
+
+
+def verdict(diffs: list[float], lower_is_better: bool = True) -> str:
+    """In words, from the paired differences (model minus reference) over seeds: ``ahead`` / ``behind`` when the
+    95 % interval excludes 0, ``level (within noise)`` when it covers 0; one seed gives no verdict."""
+    if not diffs:
+        return "not run yet"
+    if len(diffs) == 1:
+        return "1 seed: no verdict"
+    lo, hi = interval(diffs)
+    if lo <= 0 <= hi:
+        return "level (within noise)"
+    return "ahead" if (hi < 0) == lower_is_better else "behind"
 
 
 def vs(a: dict, b: dict, digits: int = 3) -> str:
@@ -269,9 +287,23 @@ def helpers(lg: Ledger) -> dict:
         n = len(set(a) & set(b))
         return "no runs yet" if not n else f"{vs(a, b)} ({n} seed{'s' if n > 1 else ''})"
 
+    def per_seed(spec, model, name, horizon=None):
+        """``{seed: value}`` of ``model``; ``horizon="avg"``: each seed's mean over the four horizons."""
+        if horizon != "avg":
+            return seedwise(spec, model, name, horizon)
+        rs = [r for r in lg.sel(spec) if r["model"] == model]
+        return {s: v for s in seeds_of(rs) if (v := horizon_average(rs, s, name)) is not None}
+
+    def judged(spec, model, reference, name="test/mse", horizon=None, lower_is_better=True):
+        """``[paired difference, seeds, verdict]`` of ``model`` against ``reference`` (:func:`vs`, :func:`verdict`)
+        on their common seeds; ``horizon="avg"``: the four-horizon mean of each seed."""
+        a, b = per_seed(spec, model, name, horizon), per_seed(spec, reference, name, horizon)
+        diffs = [a[s] - b[s] for s in sorted(set(a) & set(b), key=str)]
+        return [vs(a, b) if diffs else "-", len(diffs) or "-", verdict(diffs, lower_is_better)]
+
     return dict(
         L=lg.sel, f=f, rng=rng, paper=paper, SEEDS5=SEEDS5, col=col, avg=avg, havg=havg, per_model_avg=per_model_avg,
-        versus=versus, cell=lambda spec, model, name, h=None: mean_std(list(seedwise(spec, model, name, h).values())),
+        versus=versus, judged=judged, cell=lambda spec, model, name, h=None: mean_std(list(seedwise(spec, model, name, h).values())),
         mean=lambda spec, name, scale=1: mean(col(spec, name, scale)), hw=lambda spec: hardware_short(lg.sel(spec)),
         walls=lambda spec: " / ".join(duration(r["wall_s"]) for r in lg.sel(spec)),
         epochs=lambda spec: ", ".join(dict.fromkeys(str(r["epochs"]) for r in lg.sel(spec))) or "-",
@@ -321,6 +353,24 @@ def r_rows(lg: Ledger, head: list[str], rows: list[list], prefix: str = "", seed
         else:
             body.append(cells)
     return md(head, body)
+
+
+def r_verdicts(lg: Ledger, rows: list[dict], prefix: str = "") -> str:
+    """HOT against its baselines, one row per comparison (``what``: dataset, protocol, budget; ``lines``: a selector;
+    ``model`` against ``reference`` on ``metric`` at ``horizon``, ``"avg"``: each seed's four-horizon mean): the
+    paired difference over their common seeds with its 95 % Student-t interval, the seeds, the verdict in words;
+    ``prefix``: the page the ``how`` anchors are on."""
+    judged, body = helpers(lg)["judged"], []
+    for r in rows:
+        name, lower = r.get("metric", "test/mse"), r.get("lower_is_better", True)
+        label = r.get("label") or f"{name.removeprefix('test/')}" + (f" @{r['horizon']}" if r.get("horizon") not in
+                                                                      (None, "avg") else "")
+        diff, n, word = judged(r["lines"], r["model"], r["reference"], name, r.get("horizon"), lower)
+        body.append([r["what"], f"{LABELS.get(r['model'], r['model'])} - {LABELS.get(r['reference'], r['reference'])}",
+                     label + (" (lower is better)" if lower else " (higher is better)"), diff, n, word,
+                     f"[details]({prefix}{r['how']})"])
+    return md(["comparison", "model - reference", "metric", "paired difference [95 % CI]", "seeds", "verdict",
+               "how"], body)
 
 
 # ------------------------------------------------------------------------------------------ comparison tables

@@ -169,6 +169,24 @@ def test_tuned_etth1_table_pairs_hot_with_spatial_per_horizon():
     assert "(1 seed, no interval)" in one and not re.search(r"\[-?\d+\.\d+, ", one)
 
 
+def test_verdicts_follow_the_paired_interval_and_say_nothing_of_one_seed():
+    """The verdict table: behind / ahead when the paired interval excludes 0 (on the metric's own direction), level
+    when it covers 0, no verdict from one seed, 'not run yet' without the model's lines."""
+    mse = {("spatial", 96): (0.40, 0.41, 0.42), ("hot_product", 96): (0.43, 0.445, 0.45),
+           ("spatial", 720): (0.50, 0.52, 0.51), ("hot_product", 720): (0.51, 0.50, 0.53)}
+    rows = [_tuned(m, h, s, v[i]) for (m, h), v in mse.items() for i, s in enumerate((2024, 2025, 2026))]
+    table = ledger.tables(rows)["hot/verdict"]
+    row = lambda h: next(ln for ln in table.splitlines() if f"96 -> {h}, paper size, Table 6-tuned" in ln)
+    d96 = [a - b for a, b in zip(mse["hot_product", 96], mse["spatial", 96])]
+    assert f"| {ledger.paired(d96)} " in row(96) and row(96).rstrip(" |").split("|")[-2].strip() == "behind"
+    assert "| level (within noise) " in row(720)
+    assert ledger.verdict([-0.02, -0.03, -0.025]) == "ahead" and ledger.verdict([0.02, 0.03, 0.025], False) == "ahead"
+    assert ledger.verdict([0.01]) == "1 seed: no verdict" and ledger.verdict([]) == "not run yet"
+    assert "| not run yet " in next(ln for ln in table.splitlines() if ln.startswith("| Weather"))
+    one = ledger.tables([r for r in rows if r["seed"] == 2024])["hot/verdict"]
+    assert "1 seed: no verdict" in one and "behind" not in one
+
+
 def test_weather_protocol_table_reads_the_four_horizons_of_one_line_per_seed():
     def line(model, seed, base):
         m = {f"test/{n}@{h}": base + h / 10000 + (n == "mae") * 0.01 for n in ("mse", "mae") for h in ledger.HORIZONS}
