@@ -172,13 +172,19 @@ _DATA = dict(synthetic=True, seq_len=16, pred_len=8, num_variates=3, synthetic_l
 _MODEL = dict(seq_len=16, pred_len=8, num_variates=3, dim=16, depth=1, num_heads=2, patch_size=4)
 
 
-def test_hoformer_forecast_from_ckpt_and_pretrained(tmp_path, capsys):
+def _checkpoint(tmp_path, data: dict):
+    """A tiny forecaster's Lightning checkpoint whose datamodule is ``LTSFDataModule(**data)``: (model, path)."""
     model = create_model("hot_forecaster", **_MODEL)
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
     ckpt.parent.mkdir(parents=True)
     torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
                 "hyper_parameters": {"model_name": "hot_forecaster", "model_kwargs": _MODEL},
-                "datamodule_hyper_parameters": {"_class_path": "hoformer.data.LTSFDataModule", **_DATA}}, ckpt)
+                "datamodule_hyper_parameters": {"_class_path": "hoformer.data.LTSFDataModule", **data}}, ckpt)
+    return model, ckpt
+
+
+def test_hoformer_forecast_from_ckpt_and_pretrained(tmp_path, capsys):
+    model, ckpt = _checkpoint(tmp_path, _DATA)
     out = tmp_path / "out" / "forecast.csv"
     assert forecast_main(["--checkpoint", str(ckpt), "--output", str(out)]) == 0
     assert "hoformer forecast: 8 steps (2020-01-13 12:00:00 .. 2020-01-13 19:00:00) x 3 column(s)" in \
@@ -308,12 +314,7 @@ def test_hoformer_forecast_writes_the_task_s_unscaled_predictions(tmp_path, feat
     from hoformer.train import ForecastingTask
 
     data = {**_DATA, "features": features}
-    model = create_model("hot_forecaster", **_MODEL)
-    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
-    ckpt.parent.mkdir(parents=True)
-    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-                "hyper_parameters": {"model_name": "hot_forecaster", "model_kwargs": _MODEL},
-                "datamodule_hyper_parameters": {"_class_path": "hoformer.data.LTSFDataModule", **data}}, ckpt)
+    model, ckpt = _checkpoint(tmp_path, data)
     dm = LTSFDataModule(**data)
     dm.setup()
     test = dm.dataset("test")
