@@ -188,9 +188,10 @@ def test_configs_compose_from_a_shared_trainer():
 
 def test_paper_experiments_are_all_expressible():
     """benchmarks/paper_configs.py expresses every paper experiment (350 grid entries, and the 45 of the HOT
-    authors' protocol: one model per dataset and attention) as a composed config plus overrides."""
+    authors' protocol: one model per dataset and attention, and the CPU-budget volume model) as a composed config
+    plus overrides."""
     names = set(EXPERIMENTS)
-    assert len(names) == 350 + 45
+    assert len(names) == 350 + 45 + 1 and "hot/medmnist3d_cpu/adrenal_hot_product" in names
     for ds in ("etth1", "etth2", "ettm1", "ettm2", "weather", "electricity", "traffic", "solar"):
         for v in ("hot_product", "hot_sum", "full", "spatial", "temporal"):
             assert f"hot/ltsf_hot/{ds}_96_{v}" in names
