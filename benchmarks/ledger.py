@@ -295,11 +295,11 @@ def helpers(lg: Ledger) -> dict:
         return {s: v for s in seeds_of(rs) if (v := horizon_average(rs, s, name)) is not None}
 
     def judged(spec, model, reference, name="test/mse", horizon=None, lower_is_better=True):
-        """``[paired difference, seeds, verdict]`` of ``model`` against ``reference`` (:func:`vs`, :func:`verdict`)
+        """``[paired difference, seeds, verdict]`` of ``model`` against ``reference`` (:func:`paired`, :func:`verdict`)
         on their common seeds; ``horizon="avg"``: the four-horizon mean of each seed."""
         a, b = per_seed(spec, model, name, horizon), per_seed(spec, reference, name, horizon)
         diffs = [a[s] - b[s] for s in sorted(set(a) & set(b), key=str)]
-        return [vs(a, b) if diffs else "-", len(diffs) or "-", verdict(diffs, lower_is_better)]
+        return [paired(diffs), len(diffs) or "-", verdict(diffs, lower_is_better)]
 
     return dict(
         L=lg.sel, f=f, rng=rng, paper=paper, SEEDS5=SEEDS5, col=col, avg=avg, havg=havg, per_model_avg=per_model_avg,
