@@ -14,7 +14,9 @@ baseline (iTransformer: one token per variate); ``configs/hot/medmnist3d.yaml``:
   ``torch.utils.flop_counter.FlopCounterMode`` (matmuls, convolutions and attention products: what it counts), the
   step's GFLOP/s, the matmul ceiling measured in the same process right before (``benchmarks/attention.py``'s
   ``matmul_fn``: one 2048^3 fp32 product on the CPU; on a GPU 4096^3 products in fp32 and in bf16) and their ratio;
-  the top operators' shares of self CPU time (``torch.profiler``, 3 steps); and the projected wall time of an
+  the step's counted operators alone (:func:`counted_ops_replay`: the same products at the same shapes, nothing
+  else) and the **bound** they set: the fraction of the ceiling the step would reach if all its other work were
+  free, i.e. what the model's own matmul shapes allow; the top operators' shares of self CPU time (``torch.profiler``, 3 steps); and the projected wall time of an
   early-stopped paper-size run (``--epochs`` epochs of the dataset's training steps at this step time; validation not
   included).
 * **Paper layer** (``--no-paper`` skips it): "paper" is the same model with every attention replaced by
@@ -121,6 +123,46 @@ def count_flops(step) -> int:
     return counter.get_total_flops()
 
 
+def counted_ops_replay(step):
+    """The step's counted operators alone: ``(replay, flops)``, where ``replay()`` calls every operator that
+    ``FlopCounterMode`` counts in one call of ``step`` (matmuls, convolutions, attention products) with the same
+    arguments' sizes, strides and dtypes on fresh random tensors (one per distinct layout, reused), in the same order,
+    and nothing else. Timed beside the step, it is what the step would take if all its other work (elementwise
+    operators, copies, reductions, the optimiser, Python) were free: the bound that the matmul shapes of this model,
+    not the 2048^3 product, put on the fraction of the ceiling."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_map
+    from torch.utils.flop_counter import flop_registry
+
+    calls, fresh = [], {}
+
+    def like(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        key = (tuple(t.shape), t.stride(), t.dtype, t.device)
+        if key not in fresh:
+            buf = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+            fresh[key] = buf.normal_() if buf.is_floating_point() else buf.zero_()
+        return fresh[key]
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func.overloadpacket in flop_registry:
+                calls.append((func, tree_map(like, args), tree_map(like, kwargs)))
+            return func(*args, **kwargs)
+
+    with Record():
+        step()
+
+    def replay():
+        with torch.no_grad():
+            for func, args, kwargs in calls:
+                func(*args, **kwargs)
+
+    return replay, count_flops(replay)
+
+
 def top_operators(step, n: int = 6, steps: int = 3) -> list[tuple[str, float]]:
     """The ``n`` operators with the largest share of self CPU time over ``steps`` calls (``torch.profiler``)."""
     from torch.profiler import ProfilerActivity, profile
@@ -141,18 +183,23 @@ def ceiling_case(case: str, step, device, a, batch: int) -> dict:
     ceilings = {"fp32": attention_bench.matmul_fn(device, torch.float32)}
     if device.type == "cuda":
         ceilings["bf16"] = attention_bench.matmul_fn(device, torch.bfloat16)
-    fns = {"step": step, **{f"mm {k}": v[0] for k, v in ceilings.items()}}
+    replay, replay_flops = counted_ops_replay(step)
+    fns = {"step": step, "counted ops": replay, **{f"mm {k}": v[0] for k, v in ceilings.items()}}
     best = timing.interleaved_times(fns, device, a.reps, warmup=1)
-    step_s = best["step"]
+    step_s, ops_s = best["step"], best["counted ops"]
     peak = {k: v[1] / best[f"mm {k}"] / 1e9 for k, v in ceilings.items()}
     ceiling = peak["bf16" if a.precision == "bf16" and "bf16" in peak else "fp32"]
     gflops = flops / step_s / 1e9
     ops = top_operators(step) if device.type == "cpu" else []
     run_h = step_s * steps_per_epoch * a.epochs / 3600
+    bound = flops / ops_s / 1e9 / ceiling  # the fraction of the ceiling if everything but the counted ops were free
     print(f"| {case} | {step_s * 1e3:.1f} | {flops / 1e9:.2f} | {gflops:.1f} | {ceiling:.1f} | **{gflops / ceiling:.0%}** | "
-          f"{run_h:.2f} | " + ", ".join(f"{k} {v:.0%}" for k, v in ops) + " |", flush=True)
+          f"{ops_s * 1e3:.1f} | {bound:.0%} | {run_h:.2f} | " + ", ".join(f"{k} {v:.0%}" for k, v in ops) + " |",
+          flush=True)
     m = {"step_ms": round(step_s * 1e3, 2), "gflop": round(flops / 1e9, 3), "gflops": round(gflops, 2),
          **{f"ceiling_gflops_{k}": round(v, 2) for k, v in peak.items()}, "fraction_of_ceiling": round(gflops / ceiling, 4),
+         "counted_ops_ms": round(ops_s * 1e3, 2), "counted_ops_flop_ratio": round(replay_flops / flops, 4),
+         "bound_fraction": round(bound, 4),
          "steps_per_epoch": steps_per_epoch, "projected_run_h": round(run_h, 3)}
     prec = "bf16" if a.precision == "bf16" else "fp32"
     return dict(experiment=f"bench/train_step/{case}/ceiling{ledger.device_suffix(str(device), prec)}",
@@ -160,7 +207,9 @@ def ceiling_case(case: str, step, device, a, batch: int) -> dict:
                 top_ops=[list(o) for o in ops], projected_epochs=a.epochs,
                 note=f"minimum of {a.reps} round-robin rounds of the step and of the matmul ceiling "
                      f"({ceilings['fp32'][2]} fp32{' and bf16' if 'bf16' in peak else ''}), measured in the same "
-                     "process; FLOPs counted by torch.utils.flop_counter.FlopCounterMode; top_ops: shares of self "
+                     "process; FLOPs counted by torch.utils.flop_counter.FlopCounterMode; counted_ops_ms: the step's "
+                     "counted operators alone, replayed with the same layouts on fresh tensors (bound_fraction: the "
+                     "step's fraction of the ceiling if all else were free); top_ops: shares of self "
                      f"CPU time over 3 steps (torch.profiler); projected run: {a.epochs} epochs x {steps_per_epoch} "
                      "steps, validation not included")
 
@@ -238,8 +287,9 @@ def main(argv=None) -> int:
     print(f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}), "
           f"threads {torch.get_num_threads()}, precision {a.precision}, reps {a.reps}, torch {torch.__version__}, "
           f"large blocks {'kept on the heap' if heap else 'from the system allocator'}")
-    print("\n| case | ms/step | GFLOP | GFLOP/s | matmul GFLOP/s | of the ceiling | projected run (h) | top operators |")
-    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    print("\n| case | ms/step | GFLOP | GFLOP/s | matmul GFLOP/s | of the ceiling | counted ops alone (ms) | "
+          "bound | projected run (h) | top operators |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     entries, models = [], {}
     for case in a.cases:
         name, kw, batch, _ = CASES[case]
