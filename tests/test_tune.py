@@ -84,7 +84,8 @@ def test_a_study_is_stored_pruned_resumed_recorded_and_exported(study_dir, capsy
     assert first["command"].startswith("hoformer fit --config experiment.yaml") and f"--{HEADS}=1" in first["command"]
     assert first["task"] == "forecasting" and first["dataset"] == "synthetic" and first["protocol"] == "tslib"
     assert first["stopping"]["pruner"] == "median" and first["epochs"] == 4
-    # resumed: the numbering goes on
+    # resumed: the numbering goes on (with values no trial has, so that the sampler's draw is not replaced)
+    optuna.load_study(study_name="s", storage=storage).enqueue_trial({LR: 0.000001, HEADS: 4})
     assert _tune("--trials", "1") == 0
     assert [t.number for t in optuna.load_study(study_name="s", storage=storage).trials] == [0, 1, 2, 3, 4]
     assert len(Path("ledger.jsonl").read_text().splitlines()) == 5
@@ -160,3 +161,25 @@ def test_search_spaces_and_arguments_are_checked(study_dir, capsys):
     Path("bad.yaml").write_text("model.init_args.nope: {choices: [1]}")
     assert main(["tune", "--config", "experiment.yaml", "--space", "bad.yaml", "--trials", "1"]) == 2
     assert "not an argument of the experiment" in capsys.readouterr().err
+
+
+def test_a_configuration_already_finished_is_not_trained_again(study_dir, capsys):
+    """A finite space's sampler can draw a finished trial's values again (TPE does once it has seen the best); that
+    draw is told failed (``duplicate_of``, no ledger line) and a configuration no finished trial has is trained
+    instead. When the whole space has been tried, the call stops and says so."""
+    storage = "sqlite:///runs/tune/s.db"
+    Path("runs/tune").mkdir(parents=True)
+    study = optuna.create_study(study_name="s", storage=storage)
+    for _ in range(2):
+        study.enqueue_trial({LR: 0.01, HEADS: 2})
+    assert _tune("--trials", "2") == 0
+    assert "trial 1: the sampler drew trial 0's values again" in capsys.readouterr().out
+    trials = optuna.load_study(study_name="s", storage=storage).trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "FAIL", "COMPLETE"]
+    assert trials[1].user_attrs["duplicate_of"] == 0 and trials[2].params != trials[0].params
+    rows = [json.loads(line) for line in Path("ledger.jsonl").read_text().splitlines()]
+    assert [r["trial"] for r in rows] == [0, 2]
+    Path("one.yaml").write_text(f"{LR}: {{choices: [0.01]}}\n{HEADS}: {{choices: [2]}}\n")
+    assert main(["tune", "--config", "experiment.yaml", "--space", "one.yaml", "--study", "one", "--storage",
+                 storage, "--ledger", "ledger.jsonl", "--trials", "3"]) == 0
+    assert "every configuration of the space has been tried; 1 trial(s) run" in capsys.readouterr().out

@@ -14,7 +14,10 @@
   the pruner (``--pruner median``: Optuna's ``MedianPruner``; ``halving``: ``SuccessiveHalvingPruner``) stops a trial
   whose metric is worse than the median of the earlier trials at the same epoch.
 * **Search space**: a YAML file (``--space``, several are merged) mapping an override key to its values (the HOT
-  paper's Table 6: ``configs/tune/hot_table6.yaml``; :func:`read_space`).
+  paper's Table 6: ``configs/tune/hot_table6.yaml``; :func:`read_space`). A configuration that a finished trial
+  already has is not trained again: in a finite space TPE draws the best values again once it has seen them, and a
+  second fit would only reproduce their number; such a draw is told failed (``duplicate_of``) and a configuration
+  no finished trial has is tried instead (the call stops once every configuration has been tried).
 * **Storage**: the study lives in a database (``--storage``: any SQLAlchemy URL; default
   ``sqlite:///<--out>/<study>.db``), so calling the command again continues the study (trial numbers go on), and
   several processes or machines can work on one study. A trial whose process died (its ``pid`` on this host is gone)
@@ -33,6 +36,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import itertools
+import json
 import math
 import os
 import shlex
@@ -193,6 +198,54 @@ def _recover_dead_trials(study, log) -> None:
             study.tell(t.number, state=optuna.trial.TrialState.FAIL)
             study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
             log(f"trial {t.number}: its process ({pid}) is gone; marked failed, its values will be tried again")
+
+
+def _finite_values(dist) -> list | None:
+    """The values of a distribution with finitely many (categorical or stepped integer), else None."""
+    if hasattr(dist, "choices"):
+        return list(dist.choices)
+    if isinstance(getattr(dist, "step", None), int) and not getattr(dist, "log", False):
+        return list(range(dist.low, dist.high + 1, dist.step))
+    return None
+
+
+def _ask_unseen(study, dists: dict, seed: int):
+    """``study.ask(dists)``, except that a configuration a finished (complete or pruned) trial already has is not
+    trained again: a finite space's sampler can draw the best values again once it has seen them (TPE does), and a
+    second fit of them only reproduces the first's number at the cost of a whole fit. Such a draw is told failed
+    (user attribute ``duplicate_of``; no ledger line, as for any failed trial) and a configuration no finished trial
+    has, drawn at random (seeded by ``seed`` and the trial number), is asked instead. None when the space is finite
+    and every configuration has been tried."""
+    import random
+
+    import optuna
+
+    finished = {json.dumps(t.params, sort_keys=True): t.number
+                for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
+                                                                  optuna.trial.TrialState.PRUNED))}
+    trial = study.ask(dists)
+    dup = finished.get(json.dumps(trial.params, sort_keys=True))
+    if dup is None:
+        return trial
+    trial.set_user_attr("duplicate_of", dup)
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    values = {k: _finite_values(d) for k, d in dists.items()}
+    if any(v is None for v in values.values()):  # a continuous dimension: a second draw differs almost surely
+        return study.ask(dists)
+    rng = random.Random(seed + trial.number)
+    if math.prod(len(v) for v in values.values()) <= 100_000:
+        unseen = [c for c in (dict(zip(values, combo)) for combo in itertools.product(*values.values()))
+                  if json.dumps(c, sort_keys=True) not in finished]
+    else:  # too many to list: random configurations, almost all unseen
+        unseen = [c for c in ({k: rng.choice(v) for k, v in values.items()} for _ in range(1000))
+                  if json.dumps(c, sort_keys=True) not in finished]
+    if not unseen:
+        return None
+    fresh = rng.choice(unseen)
+    print(f"trial {trial.number}: the sampler drew trial {dup}'s values again; not trained (told failed), a "
+          "configuration no trial has finished is tried instead", flush=True)
+    study.enqueue_trial(fresh, user_attrs={"replaces_duplicate": trial.number}, skip_if_exists=False)
+    return study.ask(dists)
 
 
 def _in_space(dist, value) -> bool:
@@ -444,7 +497,10 @@ def tune_main(argv: list[str]) -> int:
         if a.timeout_min is not None and time.time() - t_start > a.timeout_min * 60:
             print(f"hoformer tune: --timeout-min {a.timeout_min:g} reached; {i} trial(s) run", flush=True)
             break
-        trial = study.ask(dists)
+        trial = _ask_unseen(study, dists, a.seed)
+        if trial is None:
+            print(f"hoformer tune: every configuration of the space has been tried; {i} trial(s) run", flush=True)
+            break
         trial.set_user_attr("pid", os.getpid())
         trial.set_user_attr("host", socket.gethostname())
         try:
