@@ -220,9 +220,10 @@ def _ask_unseen(study, dists: dict, seed: int):
 
     import optuna
 
-    finished = {json.dumps(t.params, sort_keys=True): t.number
-                for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
-                                                                  optuna.trial.TrialState.PRUNED))}
+    finished = {}  # a configuration -> the first finished trial that has it
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
+                                                      optuna.trial.TrialState.PRUNED)):
+        finished.setdefault(json.dumps(t.params, sort_keys=True), t.number)
     trial = study.ask(dists)
     dup = finished.get(json.dumps(trial.params, sort_keys=True))
     if dup is None:
