@@ -19,6 +19,7 @@ import json
 import math
 import re
 import statistics
+import string
 import sys
 from pathlib import Path
 
@@ -71,6 +72,11 @@ def _match(value, want) -> bool:
     return value == want
 
 
+def matches(r: dict, spec: dict) -> bool:
+    """Whether the line ``r`` matches the selector ``spec`` ({field: value, glob or list})."""
+    return all(_match(r.get(k), v) for k, v in spec.items())
+
+
 class Ledger:
     """The loaded ledger: :meth:`sel` picks the newest lines matching a selector; ``history``: every line."""
 
@@ -80,7 +86,7 @@ class Ledger:
 
     def sel(self, spec=None, **more) -> list[dict]:
         spec = {**(self.selectors[spec] if isinstance(spec, str) else spec or {}), **more}
-        mask = self.df["line"].map(lambda r: all(_match(r.get(k), v) for k, v in spec.items()))
+        mask = self.df["line"].map(lambda r: matches(r, spec))
         return list(self.df["line"][mask])
 
 
@@ -570,51 +576,145 @@ def r_tune(lg: Ledger, select: dict) -> str:
 
 
 # ------------------------------------------------------------------------------------ benchmarks and analysis
-def bench(lg: Ledger, prefix: str, suffix: str = "") -> list[dict]:
-    """The benchmark lines named ``prefix...`` measured as ``suffix`` says (``+cuda``, ``+cuda-bf16``; ``""``: CPU,
-    fp32): a GPU line never stands in a CPU table, nor a CPU line in a GPU one."""
-    return [r for r in lg.sel(task="benchmark", experiment=prefix + "*" + suffix)
-            if "+" not in r["experiment"][:len(r["experiment"]) - len(suffix)]]
+def device_of(r: dict) -> str:
+    """What a benchmark line was measured on: its name from the first ``+`` (``+cuda``, ``+cuda-bf16``; ``""``:
+    CPU, fp32)."""
+    return r["experiment"][r["experiment"].find("+"):] if "+" in r["experiment"] else ""
 
 
-shape = lambda s: "(" + ",".join(map(str, s)) + ")"
-ATTN = ("paper_product", "paper_sum", "kron_product", "kron_sum", "kron_linear", "kron_linear_sum", "kron_linear_assoc",
-        "full", "axial")
+def bench(lg: Ledger, lines: str, device: str = "") -> list[dict]:
+    """The benchmark lines of the experiment glob ``lines`` measured on ``device``: a GPU line never stands in a CPU
+    table, nor a CPU line in a GPU one."""
+    return [r for r in lg.sel(task="benchmark", experiment=lines + device) if device_of(r) == device]
 
 
-def _by_shape(rs: list[dict]) -> dict:
+FORMATS = {  # the named formats of a column template ("{shape:shape}"); any other format is a Python format spec
+    "shape": lambda v: "(" + ",".join(map(str, v)) + ")",
+    "ms": lambda v: f"{v:.0f}" if v >= 100 else f"{v:.1f}",
+    "last_word": lambda v: v.rsplit("_", 1)[-1],
+    "setup": lambda v: v.split(", pooled")[0],
+    "precision": lambda v: v.rsplit(", ", 1)[-1],
+    "top_ops": lambda v: ", ".join(f"`{op.removeprefix('aten::')}` {share:.0%}" for op, share in v),
+}
+
+
+class Cell(string.Formatter):
+    """Fills a column template of ``results/tables.yaml``: ``{NAME:FORMAT}`` is a field, metric or ratio of the line
+    (in a pivot: ``{COLUMN[NAME]}``, of the row's line in that column), FORMAT a name of :data:`FORMATS` or a Python
+    format spec. A cell missing a value is ``-``."""
+
+    def format_field(self, value, spec: str) -> str:
+        return FORMATS[spec](value) if spec in FORMATS else format(value, spec)
+
+    def __call__(self, template: str, values: dict) -> str:
+        try:
+            return self.vformat(template, (), values)
+        except KeyError:
+            return "-"
+
+
+def values(r: dict, ratios: dict) -> dict:
+    """A line's fields and metrics in one dict, with ``ratios`` ({NAME: [numerator, denominator]} of its metrics;
+    a line without both keeps its own NAME); no None."""
+    v = {**r, **r["metrics"]}
+    v.update({name: v[a] / v[b] for name, (a, b) in ratios.items() if v.get(a) is not None and v.get(b)})
+    return {k: x for k, x in v.items() if x is not None}
+
+
+def pivot(lines: list[dict], row: str, column: str) -> list[dict]:
+    """One dict per value of the field ``row`` (in order of first appearance): ``{row: value, COLUMN VALUE: its
+    line, ...}`` (the last line of each)."""
     out: dict = {}
-    for r in rs:
-        out.setdefault(tuple(r["shape"]), {})[r["model"]] = r["metrics"]
-    return out
+    for v in lines:
+        out.setdefault(str(v[row]), {row: v[row]})[v[column]] = v
+    return list(out.values())
 
 
-def r_attention(lg: Ledger, suffix: str = "") -> str:
-    rs = [r for r in bench(lg, "bench/attention/", suffix) if not r["experiment"].startswith("bench/attention/core/")]
-    body = [[shape(s), n, f"{m['fwd_bwd_ms']:.1f}", f"{m['peak_mib']:.1f}", f"**{m['t/paper']:.2f}**" if n in
-             ("kron_product", "kron_sum") else f"{m['t/paper']:.2f}", f"{m['mem/paper']:.2f}", f(m.get("flop/paper"), 2)]
-            for s, by in _by_shape(rs).items() for n in sorted(by, key=lambda v: ATTN.index(v) if v in ATTN else 99)
-            if n not in ("kron_linear_sum", "kron_linear_assoc") for m in [by[n]]]
-    table = md(["shape", "attention", "fwd+bwd ms", "peak MiB", "t/paper", "mem/paper", "flop/paper"], body)
-    kron = [r["metrics"] for r in rs if r["model"] in ("kron_product", "kron_sum")]
-    if not kron:
+def r_lines(lg: Ledger, lines: str, columns: dict, device: str | list = "", where: dict | None = None,
+            hide: dict | None = None, by: list | None = None, require=(), group: str | None = None,
+            order: dict | None = None, sort: str | None = None, ratios: dict | None = None,
+            bold: dict | None = None, optional=(), notes: str | None = None, bullets: bool = True) -> str:
+    """A benchmark table declared as data: one row per line of :func:`bench` (``lines`` on ``device``, or on each of
+    a list), matching the selector ``where``, shown unless it matches ``hide``; with ``by: [ROW, COLUMN]``, one row
+    per value of the field ROW that has a line for each COLUMN value of ``require``.
+
+    Rows keep ledger order within the first appearances of ``group``, the listed values of ``order`` ({field:
+    [value, ...]}) and the values of ``sort``. ``columns``: {label: template} (:class:`Cell`; ``ratios``: see
+    :func:`values`); ``bold``: {label: selector} of the lines whose cell there is bold; ``optional``: labels
+    left out when no row has a value. Below the table the lines of ``NOTES[notes]`` (given every selected line;
+    None: the table alone) and where the lines come from, as bullets when ``bullets``."""
+    devices = [device] if isinstance(device, str) else device
+    rs = [r for d in devices for r in bench(lg, lines, d) if matches(r, where or {})]
+    vs = [values(r, ratios or {}) for r in rs]
+    shown = [v for v in vs if not (hide and matches(v, hide))]
+    first: dict = {}
+    for v in shown:
+        first.setdefault(str(v.get(group)), len(first))
+    rank = lambda v: (first[str(v.get(group))], *(o.index(v[k]) if v.get(k) in o else len(o) for k, o in
+                                                  (order or {}).items()), v[sort] if sort else 0)
+    shown.sort(key=rank)
+    if by:
+        shown = [p for p in pivot(shown, *by) if all(c in p for c in require)]
+    cell, bold = Cell(), bold or {}
+    body = [[f"**{c}**" if label in bold and c != "-" and matches(v, bold[label]) else c
+             for label, template in columns.items() for c in [cell(template, v)]] for v in shown]
+    keep = [i for i, label in enumerate(columns) if label not in optional or any(row[i] != "-" for row in body)]
+    table = md([list(columns)[i] for i in keep], [[row[i] for i in keep] for row in body])
+    below = (NOTES[notes](vs) if notes else []) if rs else None
+    if below is None:
         return table
-    full = [f"{shape(s)} {b['full']['fwd_bwd_ms'] / b['kron_product']['fwd_bwd_ms']:.1f}x / "
-            f"{b['full']['fwd_bwd_ms'] / b['kron_sum']['fwd_bwd_ms']:.1f}x"
-            for s, b in _by_shape(rs).items() if {"full", "kron_product", "kron_sum"} <= set(b)]
-    flops = [m["flop/paper"] for m in kron if "flop/paper" in m]
-    return "\n".join([table, "", f"* **Kronecker product and sum against the paper's equations**: {rng([m['t/paper'] for m in kron])}x "
-                      f"the time, {rng([m['mem/paper'] for m in kron])}x the peak memory" + (f", {rng(flops)}x the FLOPs." if flops else "."),
-                      *([f"* **Full / Kronecker time** (product / sum): {'; '.join(full)}."] if full else []),
-                      f"* {provenance_note(rs, f'bench/attention/*{suffix}')}"])
+    source = provenance_note(rs, *(lines + d for d in devices))
+    return "\n".join([table, "", *below, f"* {source}" if bullets else source])
+
+
+def note_attention(lines: list[dict]) -> list[str] | None:
+    kron = [v for v in lines if v["model"] in ("kron_product", "kron_sum")]
+    if not kron:
+        return None
+    ms = lambda b, model: b[model]["fwd_bwd_ms"]
+    full = [f"{FORMATS['shape'](b['shape'])} {ms(b, 'full') / ms(b, 'kron_product'):.1f}x / "
+            f"{ms(b, 'full') / ms(b, 'kron_sum'):.1f}x"
+            for b in pivot(lines, "shape", "model") if {"full", "kron_product", "kron_sum"} <= set(b)]
+    flops = [v["flop/paper"] for v in kron if "flop/paper" in v]
+    return [f"* **Kronecker product and sum against the paper's equations**: {rng([v['t/paper'] for v in kron])}x "
+            f"the time, {rng([v['mem/paper'] for v in kron])}x the peak memory"
+            + (f", {rng(flops)}x the FLOPs." if flops else "."),
+            *([f"* **Full / Kronecker time** (product / sum): {'; '.join(full)}."] if full else [])]
+
+
+def note_compile(lines: list[dict]) -> list[str] | None:
+    ratios = [v["compiled/eager"] for v in lines if v["variant"] == "compiled"]
+    plain = [v["compiled/eager"] for v in lines if v["variant"] == "compiled-plain"]
+    return None if not ratios else [
+        f"* **Compiled / eager step time: {rng(ratios)}x** with `CompileModel`'s arguments"
+        + (f", {rng(plain)}x with plain `torch.compile`." if plain else ".")]
+
+
+def note_triplet_scaling(lines: list[dict], up_to: int = 1024) -> list[str]:
+    """Where HOBA's linear operation count and 2D attention's quadratic one cross, and where the measured times do."""
+    lines = sorted(lines, key=lambda v: v["length"])
+    last = lines[-1]
+    cross = last["hoba_gflop"] / max(last["full2d_gflop"], 1e-12) * last["length"]  # c1 L = c2 L^2
+    times = [(v["length"], v["hoba_ms"] / v["full2d_ms"]) for v in lines]
+    after = [i for i, (_, x) in enumerate(times) if x < 1]
+    cross_t = (f"between L = {times[after[0] - 1][0]} and L = {times[after[0]][0]}" if after and after[0] > 0
+               else f"not up to L = {times[-1][0]}" if not after else f"below L = {times[0][0]}")
+    short = [x for L, x in times if L <= up_to]
+    return [f"* HOBA's operation count grows linearly with L and 2D attention's quadratically: they cross near "
+            f"L = {round(cross, -2):.0f}, the measured times {cross_t}."
+            + (f" Up to L = {up_to} HOBA attention takes {min(short):.0f}-{max(short):.0f}x the time of 2D "
+               "attention." if short else "")]
+
+
+NOTES = {k.removeprefix("note_"): v for k, v in dict(globals()).items() if k.startswith("note_")}
 
 
 def r_attention_linear(lg: Ledger) -> str:
-    rs = [r for r in bench(lg, "bench/attention/") if not r["experiment"].startswith("bench/attention/core/")]
+    rs = [r for r in bench(lg, "bench/attention/*") if not r["experiment"].startswith("bench/attention/core/")]
     body, lin = [], []
-    for s, by in _by_shape(rs).items():
+    for by in pivot([values(r, {}) for r in rs], "shape", "model"):
         if {"paper_product", "kron_product", "kron_linear", "kron_linear_assoc"} <= set(by):
-            body.append([shape(s), f"{by['paper_product']['fwd_bwd_ms']:.1f}", *(
+            body.append([FORMATS["shape"](by["shape"]), f"{by['paper_product']['fwd_bwd_ms']:.1f}", *(
                 f"{m['t/paper']:.2f}x t, {m['mem/paper']:.2f}x mem" if (m := by.get(n)) else "-"
                 for n in ("kron_product", "kron_linear", "kron_linear_sum", "kron_linear_assoc")),
                 f"{by['kron_linear_assoc']['fwd_bwd_ms'] / by['kron_linear']['fwd_bwd_ms']:.2f}x"])
@@ -628,70 +728,12 @@ def r_attention_linear(lg: Ledger) -> str:
         "memory; the extra memory is the random-feature maps).", "", provenance_note(rs, "bench/attention/*")])
 
 
-def r_attention_core(lg: Ledger) -> str:
-    rs = bench(lg, "bench/attention/core/")
-    table = md(["combine", "shape", "ms", "useful GFLOP/s", "of the matmul's", "executed GFLOP/s", "matmul GFLOP/s"],
-               [[r["model"].rsplit("_", 1)[-1], f"{shape(r['shape'])}, {r['split'].split(', pooled')[0]}",
-                 f"{m['ms']:.1f}", f"{m['useful_gflops']:.1f}", f"{100 * m['useful/peak']:.0f}%",
-                 f"{m['executed_gflops']:.1f}", f"{m['matmul_gflops']:.1f}"] for r in rs for m in [r["metrics"]]])
-    return "\n".join([table, "", provenance_note(rs, "bench/attention/core/*")]).rstrip()
-
-
-def r_compile(lg: Ledger) -> str:
-    rs = bench(lg, "bench/compile/")
-    ratio = lambda m: m["compiled_ms"] / m["eager_ms"] if {"compiled_ms", "eager_ms"} <= set(m) else m.get("compiled/eager")
-    by: dict = {}
-    for r in rs:
-        by.setdefault(r["case"], {})[r["variant"]] = r["metrics"]
-    body, ratios, plain = [], [], []
-    for case, v in by.items():
-        if "compiled" in v:
-            m, p = v["compiled"], v.get("compiled-plain")
-            ratios.append(ratio(m))
-            plain += [ratio(p)] if p else []
-            body.append([case, f"{m['eager_ms']:.1f}", f"{m['compiled_ms']:.1f}", f"**{ratios[-1]:.2f}**",
-                         f(p and ratio(p), 2), f(m.get("compile_s"), 0)])
-    table = md(["model", "eager ms/step", "compiled ms/step (CompileModel)", "compiled / eager",
-                "plain `torch.compile` / eager", "compile s"], body)
-    return table if not ratios else "\n".join([
-        table, "", f"* **Compiled / eager step time: {rng(ratios)}x** with `CompileModel`'s arguments" +
-        (f", {rng(plain)}x with plain `torch.compile`." if plain else "."), f"* {provenance_note(rs, 'bench/compile/*')}"])
-
-
-def r_train_step(lg: Ledger, suffixes=("",)) -> str:
-    rs = [r for s in suffixes for r in bench(lg, "bench/train_step/", s) if "variant" in r]  # not the ceiling lines
-    prec = lambda r: r["split"].rsplit(", ", 1)[-1]
-    ms = lambda v: f"{v:.0f}" if v >= 100 else f"{v:.1f}"
-    memory = any("hoformer_mib" in r["metrics"] for r in rs)
-    # against the eager step measured in the same run (the line's own ratio), never one of another run or machine
-    body = [[r["case"], prec(r), r["variant"], ms(m["hoformer_ms"]), ms(m["paper_ms"]), f"**{m['hoformer_ms'] / m['paper_ms']:.2f}**",
-             f"{m['compiled/eager']:.2f}" if "compiled/eager" in m else "-",
-             *([f(m.get("hoformer_mib"), 0), f(m.get("paper_mib"), 0)] if memory else [])] for r in rs for m in [r["metrics"]]]
-    table = md(["case", "precision", "variant", "hoformer ms/step", "paper ms/step", "hoformer / paper",
-                "hoformer / its eager step", *(["hoformer MiB", "paper MiB"] if memory else [])], body)
-    return "\n".join([table, "", provenance_note(rs, *(f"bench/train_step/*{s}" for s in suffixes))]).rstrip()
-
-
-def r_train_step_ceiling(lg: Ledger, suffix: str = "") -> str:
-    """Each case's training step against the matmul ceiling measured in the same process (``train_step.py``'s
-    ``ceiling`` lines): counted FLOPs, GFLOP/s, the ceiling, their ratio, the top operators, the projected run."""
-    rs = [r for r in bench(lg, "bench/train_step/", suffix) if r["experiment"].split("/")[-1].startswith("ceiling")]
-    body = [[r["case"], f"{m['step_ms']:.0f}" if m["step_ms"] >= 100 else f"{m['step_ms']:.1f}", f"{m['gflop']:.2f}",
-             f"{m['gflops']:.1f}", f"{m['ceiling_gflops_fp32']:.0f}", f"**{m['fraction_of_ceiling']:.0%}**",
-             f"{m['projected_run_h']:.2f} h ({r.get('projected_epochs')} x {m['steps_per_epoch']} steps)",
-             ", ".join(f"`{k.removeprefix('aten::')}` {v:.0%}" for k, v in r.get("top_ops") or [])]
-            for r in rs for m in [r["metrics"]]]
-    table = md(["case", "ms / step", "GFLOP / step", "GFLOP/s", "matmul ceiling GFLOP/s", "of the ceiling",
-                "projected early-stopped run", "top operators (self CPU time)"], body)
-    return "\n".join([table, "", provenance_note(rs, f"bench/train_step/*/ceiling{suffix}")]).rstrip()
-
-
 def r_decode(lg: Ledger, suffix: str = "") -> str:
     """Per attention type and past steps: the newest full measurement and the speed-ups of the other runs of that
     experiment on the same hardware (``history``: every line)."""
     speed = lambda m: m["full_ms"] / m["step_ms"] if "step_ms" in m else m["speedup"]
     hist = [r for r in lg.history if r["task"] == "benchmark" and r["experiment"].startswith("bench/decode/")
-            and r["experiment"].endswith(suffix) and "+" not in r["experiment"][:len(r["experiment"]) - len(suffix)]]
+            and device_of(r) == suffix]
     mains = []
     for e in dict.fromkeys(r["experiment"] for r in hist):
         runs = [r for r in hist if r["experiment"] == e]
@@ -714,11 +756,11 @@ def r_decode(lg: Ledger, suffix: str = "") -> str:
 
 
 def r_accelerator_chunk(lg: Ledger) -> str:
-    rs = bench(lg, "bench/accelerator_chunk/", "+cuda")
+    rs = bench(lg, "bench/accelerator_chunk/*", "+cuda")
     cell = lambda m, k: f"{m[k + '_ms']:.1f} ms, {m[k + '_mib']:.0f} MiB"
     chunk = ", ".join(dict.fromkeys(f"{r['chunk_mib']} MiB" for r in rs)) or "bounded"
     table = md(["shape, batch", "combine", "paper layer", "Kronecker layer, one chunk", f"Kronecker layer, {chunk} chunks"],
-               [[f"{shape(r['shape']).replace(',', ', ')}, {r['batch']}", r["model"].removeprefix("kron_"),
+               [[f"{FORMATS['shape'](r['shape']).replace(',', ', ')}, {r['batch']}", r["model"].removeprefix("kron_"),
                  cell(r["metrics"], "paper"), cell(r["metrics"], "one_chunk"), f"**{cell(r['metrics'], 'chunked')}**"] for r in rs])
     if not rs:
         return table
@@ -733,7 +775,7 @@ def r_accelerator_chunk(lg: Ledger) -> str:
 
 
 def r_weaver(lg: Ledger) -> str:
-    rs = bench(lg, "bench/weaver/")
+    rs = bench(lg, "bench/weaver/*")
     by = {r["experiment"].removeprefix("bench/weaver/"): r for r in rs}
     kmv, dense, weaver, full = (by.get(k) for k in ("p2_kmv/kmv", "p2_kmv/dense", "step/weaver", "step/traffic_full_attention"))
     body, notes = [], []
@@ -774,30 +816,6 @@ def r_triplet_target(lg: Ledger) -> str:
                         f"keeps {m['fast_saved_mib']:.0f} MiB plus one tile).")
     return "\n".join([md(["candidate", "fwd+bwd CPU time (s)", "peak memory (MiB)", "saved for backward (MiB)",
                           "GFLOP (fwd+bwd)"], body), "", *notes, f"* {provenance_note(rs, 'bench/triplet/target')}"])
-
-
-def r_triplet_scaling(lg: Ledger, up_to: int = 1024) -> str:
-    rs = sorted(bench(lg, "bench/triplet/scaling/"), key=lambda r: r["length"])
-    memr = lambda m: m["hoba_peak_mib"] / m["full2d_peak_mib"] if "full2d_peak_mib" in m else None
-    table = md(["L", "HOBA CPU ms", "2D CPU ms", "time HOBA/2D", "HOBA peak MiB", "2D peak MiB", "mem HOBA/2D",
-                "GFLOP HOBA", "GFLOP 2D"],
-               [[r["length"], f"{m['hoba_ms']:.1f}", f"{m['full2d_ms']:.1f}", f"{m['hoba_ms'] / m['full2d_ms']:.1f}",
-                 f(m.get("hoba_peak_mib"), 1), f(m.get("full2d_peak_mib"), 1), f(memr(m), 1), f"{m['hoba_gflop']:.2f}",
-                 f"{m['full2d_gflop']:.2f}"] for r in rs for m in [r["metrics"]]])
-    if not rs:
-        return table
-    last = rs[-1]["metrics"]
-    cross = last["hoba_gflop"] / max(last["full2d_gflop"], 1e-12) * rs[-1]["length"]  # c1 L = c2 L^2
-    times = [(r["length"], r["metrics"]["hoba_ms"] / r["metrics"]["full2d_ms"]) for r in rs]
-    after = [i for i, (_, x) in enumerate(times) if x < 1]
-    cross_t = (f"between L = {times[after[0] - 1][0]} and L = {times[after[0]][0]}" if after and after[0] > 0
-               else f"not up to L = {times[-1][0]}" if not after else f"below L = {times[0][0]}")
-    short = [x for L, x in times if L <= up_to]
-    return "\n".join([table, "", f"* HOBA's operation count grows linearly with L and 2D attention's quadratically: they "
-                      f"cross near L = {round(cross, -2):.0f}, the measured times {cross_t}." +
-                      (f" Up to L = {up_to} HOBA attention takes {min(short):.0f}-{max(short):.0f}x the time of 2D "
-                       "attention." if short else ""), f"* {provenance_note(rs, 'bench/triplet/scaling/*')}"])
-
 
 sr = lambda v: "" if v is None else f"{v:.4g}"  # a logged stable rank as recorded (4 significant digits at most)
 
@@ -929,12 +947,13 @@ def r_flops(lg: Ledger) -> str:
 RENDER = {k.removeprefix("r_"): v for k, v in dict(globals()).items() if k.startswith("r_")}
 
 
-def tables(rows: list[dict]) -> dict:
-    """``{NAME: body}`` of every table of ``results/tables.yaml`` rendered from the ledger lines ``rows``."""
+def tables(rows: list[dict], names=None) -> dict:
+    """``{NAME: body}`` of the tables ``names`` (None: every table) of ``results/tables.yaml`` rendered from the
+    ledger lines ``rows``."""
     spec = _yaml("tables.yaml")
     lg = Ledger(rows, spec["selectors"])
     return {name: RENDER[t["render"]](lg, **{k: v for k, v in t.items() if k != "render"})
-            for name, t in spec["tables"].items()}
+            for name, t in spec["tables"].items() if names is None or name in names}
 
 
 TABLES = _yaml("tables.yaml")["tables"]
