@@ -180,7 +180,8 @@ def epochs_best(r: dict) -> str:
     if r.get("epochs") is None:
         return "-"
     best = "" if r.get("best_epoch") is None else f" ({r['best_epoch']})"
-    return r["epochs"].__str__() + best + (", stopped by hand" if (r.get("stopping") or {}).get("stopped_by_hand") else "")
+    by_hand = (r.get("stopping") or {}).get("stopped_by_hand")
+    return f"{r['epochs']}{best}" + (", stopped by hand" if by_hand else "")
 
 
 def metric(r: dict, names, horizon: int | None = None):
@@ -250,7 +251,8 @@ def traffic_runs(lg: Ledger, dataset: str = "los_loop") -> list[dict]:
         if not lines:
             out += [dict(r, lines=[r]) for r in mine]
             continue
-        vals = {k: [r["metrics"][k] for r in lines] for k in lines[0]["metrics"] if all(k in r["metrics"] for r in lines)}
+        vals = {k: [r["metrics"][k] for r in lines] for k in lines[0]["metrics"]
+                if all(k in r["metrics"] for r in lines)}
         out.append(dict(lines[-1], metrics={k: mean(v) for k, v in vals.items()}, seed=[r["seed"] for r in lines],
                         metrics_std={k: statistics.stdev(v) for k, v in vals.items()} if len(lines) > 1 else {},
                         wall_s=mean([r["wall_s"] for r in lines]), lines=lines))
@@ -260,10 +262,11 @@ def traffic_runs(lg: Ledger, dataset: str = "los_loop") -> list[dict]:
 def helpers(lg: Ledger) -> dict:
     """The functions the table templates of ``results/tables.yaml`` call (a selector: a name or a dict)."""
     col = lambda spec, name, scale=1: [scale * v for r in lg.sel(spec) if (v := metric(r, name)) is not None]
-    text = lambda ds, m: mean([100 * r["metrics"]["test/acc"] for r in lg.sel(task="text", dataset=ds, model=m, role="student")])
+    text = lambda ds, m: mean([100 * r["metrics"]["test/acc"]
+                               for r in lg.sel(task="text", dataset=ds, model=m, role="student")])
     traffic = {r["model"]: r for r in traffic_runs(lg)}
-    base = sorted((r for r in traffic.values() if not r["model"].startswith("weaver")), key=lambda r: r["metrics"]["test/mae@30m"])
-    ratio = lambda m, k: m[f"fast_{k}"] / m[f"naive_{k}"]
+    base = sorted((r for r in traffic.values() if not r["model"].startswith("weaver")),
+                  key=lambda r: r["metrics"]["test/mae@30m"])
     attn16 = {r["model"]: r["metrics"]["fwd_bwd_ms"] for r in lg.sel("attention_16")}
 
     def avg(spec, name="test/mse", seeds=None):
@@ -285,7 +288,8 @@ def helpers(lg: Ledger) -> dict:
         return "; ".join(parts) or NO_RUNS
 
     def seedwise(spec, model, name, horizon=None):
-        return {r["seed"]: v for r in lg.sel(spec) if r["model"] == model and (v := metric(r, name, horizon)) is not None}
+        return {r["seed"]: v for r in lg.sel(spec)
+                if r["model"] == model and (v := metric(r, name, horizon)) is not None}
 
     def versus(spec, model, reference, name="test/mse", horizon=None):
         """``model``'s paired difference against ``reference`` on ``name`` (at ``horizon``), with its seeds."""
@@ -309,7 +313,8 @@ def helpers(lg: Ledger) -> dict:
 
     return dict(
         L=lg.sel, f=f, rng=rng, paper=paper, SEEDS5=SEEDS5, col=col, avg=avg, havg=havg, per_model_avg=per_model_avg,
-        versus=versus, judged=judged, cell=lambda spec, model, name, h=None: mean_std(list(seedwise(spec, model, name, h).values())),
+        versus=versus, judged=judged,
+        cell=lambda spec, model, name, h=None: mean_std(list(seedwise(spec, model, name, h).values())),
         mean=lambda spec, name, scale=1: mean(col(spec, name, scale)), hw=lambda spec: hardware_short(lg.sel(spec)),
         walls=lambda spec: " / ".join(duration(r["wall_s"]) for r in lg.sel(spec)),
         epochs=lambda spec: ", ".join(dict.fromkeys(str(r["epochs"]) for r in lg.sel(spec))) or "-",
@@ -319,12 +324,12 @@ def helpers(lg: Ledger) -> dict:
         best_2d=lambda ds: max(filter(None, (text(ds, m) for m in ("block2d", "full2d"))), default=None),
         text_means=lambda ds: " / ".join(f(text(ds, m), 1) for m in ("hoba", "block2d", "full2d")),
         full_speedup=lambda: f"{attn16['full'] / attn16['kron_product']:.0f}" if len(attn16) == 2 else "-",
-        triplet=lambda k: f"{ratio(lg.sel('triplet')[-1]['metrics'], k):.2f}" if lg.sel("triplet") else "-",
+        triplet=lambda k: f"{fast_over_naive(lg.sel('triplet')[-1]['metrics'], k):.2f}" if lg.sel("triplet") else "-",
         same_windows=lambda spec: mean([v for h in HORIZONS for r in lg.sel(spec)
                                         if (v := metric(r, ("test_2161/mse", "test/mse"), h)) is not None]),
         avg_cell=lambda spec, seeds=None: " / ".join(f(avg(spec, n, seeds)) for n in ("test/mse", "test/mae")),
-        per_line=lambda spec: " and ".join(f"{100 * r['metrics']['test/auc']:.1f} / {100 * r['metrics']['test/acc']:.1f}"
-                                           for r in lg.sel(spec)),
+        per_line=lambda spec: " and ".join(
+            f"{100 * r['metrics']['test/auc']:.1f} / {100 * r['metrics']['test/acc']:.1f}" for r in lg.sel(spec)),
     )
 
 
@@ -353,7 +358,8 @@ def r_rows(lg: Ledger, head: list[str], rows: list[list], prefix: str = "", seed
                 cells.append((", ".join(map(str, seeds)) or "-") if seed_list else str(len(seeds)) if seeds else "-")
                 cells += [hardware_short(rs) if rs else "-"] * ("hardware" in head)
             elif "how" in head and c is row[-1] and len(cells) == len(head) - 1:
-                cells.append(f"[{'details' if c.startswith('#') else 'command'}]({'' if c.startswith('#') else prefix}{c})")
+                anchor = c.startswith("#")
+                cells.append(f"[{'details' if anchor else 'command'}]({'' if anchor else prefix}{c})")
             else:
                 cells.append(t(c))
         else:
@@ -392,19 +398,21 @@ def r_seeds(lg: Ledger, groups: dict, seeds: list, paper: dict | None = None, re
         vals = [horizon_average(rs, s) for s in seeds]
         if rs and None not in vals:
             by[label] = dict(zip(seeds, vals))
-            body.append([label, " / ".join(map(f, vals)), mean_std(vals), *([t(paper.get(label, "-"))] if paper else [])])
+            body.append([label, " / ".join(map(f, vals)), mean_std(vals),
+                         *([t(paper.get(label, "-"))] if paper else [])])
     for row in body if reference else ():
         row.append("reference" if row[0] == reference else vs(by[row[0]], by[reference]) if reference in by else "-")
     head = ["model", f"per seed ({' / '.join(map(str, seeds))})", f"mean ± std, {len(seeds)} seeds"]
     return md(head + ["paper"] * bool(paper) + [_ref_head(reference, "MSE")] * bool(reference), body)
 
 
-EXTRA = {"fits": ("fits, wall-clock per fit", lambda rs, t: f"{len(rs)}: " + " / ".join(duration(r["wall_s"]) for r in rs)),
-         "count": ("fits", lambda rs, t: str(len(rs))),
-         "epochs": ("epochs run (best)", lambda rs, t: "-" if all(r.get("epochs") is None for r in rs) else
-                    " / ".join(map(epochs_best, rs))),
-         "paper_avg": ("paper avg", lambda rs, t: paper({"spatial": "weather/spatial", "temporal": "weather/temporal"}
-                                                        .get(rs[0]["model"], "weather/hot"), "avg"))}
+EXTRA = {  # the extra columns of r_horizons: {name: (head, cell of the group's lines)}
+    "fits": ("fits, wall-clock per fit", lambda rs: f"{len(rs)}: " + " / ".join(duration(r["wall_s"]) for r in rs)),
+    "count": ("fits", lambda rs: str(len(rs))),
+    "epochs": ("epochs run (best)", lambda rs: "-" if all(r.get("epochs") is None for r in rs) else
+               " / ".join(map(epochs_best, rs))),
+    "paper_avg": ("paper avg", lambda rs: paper({"spatial": "weather/spatial", "temporal": "weather/temporal"}
+                                                .get(rs[0]["model"], "weather/hot"), "avg"))}
 
 
 def r_horizons(lg: Ledger, groups: dict, metrics=("test/mse", "test/mae"), horizons=HORIZONS, extra=()) -> str:
@@ -424,7 +432,7 @@ def r_horizons(lg: Ledger, groups: dict, metrics=("test/mse", "test/mae"), horiz
                     means[i].append(mean(vals))
             cells.append(" / ".join(parts) or "-")
         cells.append(" / ".join(f"{mean(v):.3f}" for v in means.values() if len(v) == len(horizons)) or "-")
-        body.append([label, *cells, *(EXTRA[e][1](rs, None) for e in extra)])
+        body.append([label, *cells, *(EXTRA[e][1](rs) for e in extra)])
     return md(["model", *map(str, horizons), "avg", *(EXTRA[e][0] for e in extra)], body)
 
 
@@ -456,7 +464,7 @@ def r_classification(lg: Ledger, groups: dict, mean_of: list | None = None, pape
             auc.setdefault(label, {})[r["seed"]] = 100 * r["metrics"]["test/auc"]
             body.append([label, r["seed"], r["epochs"], f"{f(val and 100 * val, 1)} ({r['best_epoch']})",
                          f(100 * r["metrics"]["test/auc"], 1), f(100 * r["metrics"]["test/acc"], 1),
-                         duration(r["wall_s"]) + (f", {th.group(1)} thread" + "s" * (th.group(1) != "1") if th else "")])
+                         duration(r["wall_s"]) + (f", {th[1]} thread" + "s" * (th[1] != "1") if th else "")])
     if mean_of and (rs := lg.sel(groups[mean_of[0]])):
         body.append([f"**{mean_of[1]}**", ", ".join(map(str, seeds_of(rs))), rs[0]["epochs"], "",
                      f"**{mean([100 * r['metrics']['test/auc'] for r in rs]):.1f}**",
@@ -480,17 +488,18 @@ def r_forecast(lg: Ledger, select: dict, reference: str | None = None, paper_row
     for m in dict.fromkeys(r["model"] for r in sel):
         rs, cells, means = [r for r in sel if r["model"] == m], [], []
         for h in horizons:
-            pts = {n: {r["seed"]: v for r in rs if (v := metric(r, f"test/{n}", h)) is not None} for n in ("mse", "mae")}
+            pts = {n: {r["seed"]: v for r in rs if (v := metric(r, f"test/{n}", h)) is not None}
+                   for n in ("mse", "mae")}
             by[m, h] = pts
-            cells.append(f"{mean_std(list(pts['mse'].values()))} / {mean_std(list(pts['mae'].values()))}" if pts["mse"] else "-")
+            cells.append(" / ".join(mean_std(list(pts[n].values())) for n in ("mse", "mae")) if pts["mse"] else "-")
             means += [(mean(list(pts["mse"].values())), mean(list(pts["mae"].values())))] if pts["mse"] else []
         if average:
             by[m, "avg"] = {n: {s: mean([by[m, h][n][s] for h in horizons]) for s in by[m, horizons[0]][n]
                                 if all(s in by[m, h][n] for h in horizons)} for n in ("mse", "mae")}
             cells.append(f"**{mean([a for a, _ in means]):.3f} / {mean([b for _, b in means]):.3f}**"
                          if len(means) == len(horizons) else "-")
-        body.append([LABELS.get(m, m), *cells, ", ".join(epochs_best(r) for h in horizons for r in rs
-                                                         if r.get("horizon") == h), str(len(seeds_of(rs))), hardware_short(rs)])
+        epochs = ", ".join(epochs_best(r) for h in horizons for r in rs if r.get("horizon") == h)
+        body.append([LABELS.get(m, m), *cells, epochs, str(len(seeds_of(rs))), hardware_short(rs)])
     for label, key in (paper_rows or {}).items() if body else ():
         vals = PAPER[key]["values"]
         body.append([label, *(paper(key, h) if h in vals else "-" for h in horizons),
@@ -511,15 +520,16 @@ def r_forecast(lg: Ledger, select: dict, reference: str | None = None, paper_row
 def r_runs(lg: Ledger, select: dict) -> str:
     """One row per ledger line matching ``select``: experiment, seed, metrics, epochs, wall time, hardware, commit
     (a transcribed line: the document and commit its number was copied from)."""
-    body = [[f"`{r['experiment']}`", r["seed"], ", ".join(f"{k.split('/', 1)[1]} {v:.4f}" for k, v in r["metrics"].items()
-                                                        if not k.endswith(("_orig", "/loss"))),
+    scores = lambda r: ", ".join(f"{k.split('/', 1)[1]} {v:.4f}" for k, v in r["metrics"].items()
+                                 if not k.endswith(("_orig", "/loss")))
+    body = [[f"`{r['experiment']}`", r["seed"], scores(r),
              epochs_best(r), duration(r["wall_s"]), r["hardware"], r["commit"] if r["record"] != "transcribed" else
              f"transcribed from {r['source']['file']} at {r['source']['commit']}"] for r in lg.sel(select)]
     return md(["experiment", "seed", "test metrics", "epochs (best)", "wall", "hardware", "commit"], body)
 
 
-TRAFFIC = [("MAE 15m", "test/mae@15m"), ("MAE 30m", "test/mae@30m"), ("MAE 60m", "test/mae@60m"), ("MAE all", "test/mae"),
-           ("MAPE all %", "test/mape"), ("RMSE all", "test/rmse")]
+TRAFFIC = [("MAE 15m", "test/mae@15m"), ("MAE 30m", "test/mae@30m"), ("MAE 60m", "test/mae@60m"),
+           ("MAE all", "test/mae"), ("MAPE all %", "test/mape"), ("RMSE all", "test/rmse")]
 
 
 def r_traffic(lg: Ledger, dataset: str = "los_loop", reference: str | None = None) -> str:
@@ -557,8 +567,9 @@ def r_text(lg: Ledger, students: dict, reference: str | None = None,
         body.append(row)
     row = ["*teacher (2D, 4 layers)*"]
     for _, ds in datasets:
-        row += [", ".join(f"*{100 * r['metrics']['test/acc']:.1f}*" for r in lg.sel(task="text", dataset=ds, role="teacher"))
-                or "-", "", *[""] * bool(reference)]
+        teacher = lg.sel(task="text", dataset=ds, role="teacher")
+        row += [", ".join(f"*{100 * r['metrics']['test/acc']:.1f}*" for r in teacher) or "-", "",
+                *[""] * bool(reference)]
     return md(head, body + [row])
 
 
@@ -567,10 +578,10 @@ def r_tune(lg: Ledger, select: dict) -> str:
     body = []
     for study in dict.fromkeys(r["study"] for r in lg.sel(select)):
         rs = lg.sel(select, study=study)
-        done = [r for r in rs if r["state"] == "complete" and r["metrics"].get(r.get("objective", "val/mae")) is not None]
-        best = min(done, key=lambda r: r["metrics"][r.get("objective", "val/mae")]) if done else None
+        score = lambda r: r["metrics"].get(r.get("objective", "val/mae"))
+        best = min((r for r in rs if r["state"] == "complete" and score(r) is not None), key=score, default=None)
         body.append([f"`{study}`", len(rs), sum(r["state"] == "pruned" for r in rs),
-                     f"{best['metrics'][best.get('objective', 'val/mae')]:.4f} (trial {best['trial']})" if best else "-",
+                     f"{score(best):.4f} (trial {best['trial']})" if best else "-",
                      ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in best["params"].items()) if best else "-"])
     return md(["study", "trials", "pruned", "best validation objective (trial)", "its parameters"], body)
 
@@ -710,17 +721,19 @@ NOTES = {k.removeprefix("note_"): v for k, v in dict(globals()).items() if k.sta
 
 
 def r_attention_linear(lg: Ledger) -> str:
+    """Per shape, the random-feature (FAVOR+) kernels against the softmax one and the paper baseline."""
     rs = [r for r in bench(lg, "bench/attention/*") if not r["experiment"].startswith("bench/attention/core/")]
+    against = lambda m: f"{m['t/paper']:.2f}x t, {m['mem/paper']:.2f}x mem"
+    kernels = ("kron_product", "kron_linear", "kron_linear_sum", "kron_linear_assoc")
     body, lin = [], []
     for by in pivot([values(r, {}) for r in rs], "shape", "model"):
-        if {"paper_product", "kron_product", "kron_linear", "kron_linear_assoc"} <= set(by):
-            body.append([FORMATS["shape"](by["shape"]), f"{by['paper_product']['fwd_bwd_ms']:.1f}", *(
-                f"{m['t/paper']:.2f}x t, {m['mem/paper']:.2f}x mem" if (m := by.get(n)) else "-"
-                for n in ("kron_product", "kron_linear", "kron_linear_sum", "kron_linear_assoc")),
-                f"{by['kron_linear_assoc']['fwd_bwd_ms'] / by['kron_linear']['fwd_bwd_ms']:.2f}x"])
-            lin.append(by["kron_linear"]["fwd_bwd_ms"] / by["kron_product"]["fwd_bwd_ms"])
-    table = md(["shape", "paper_product ms", "kron_product", "kron_linear", "kron_linear_sum", "kron_linear_assoc",
-                "linear: assoc / formed time"], body)
+        ms = {n: v["fwd_bwd_ms"] for n, v in by.items() if n != "shape"}
+        if {"paper_product", "kron_product", "kron_linear", "kron_linear_assoc"} <= set(ms):
+            body.append([FORMATS["shape"](by["shape"]), f"{ms['paper_product']:.1f}",
+                         *(against(by[n]) if n in by else "-" for n in kernels),
+                         f"{ms['kron_linear_assoc'] / ms['kron_linear']:.2f}x"])
+            lin.append(ms["kron_linear"] / ms["kron_product"])
+    table = md(["shape", "paper_product ms", *kernels, "linear: assoc / formed time"], body)
     used = [r["metrics"] for r in rs if r["model"] in ("kron_linear", "kron_linear_sum")]
     return table if not lin else "\n".join([
         table, "", f"The linear kernel takes {rng(lin)}x the softmax kernel's time at these shapes and "
@@ -740,44 +753,53 @@ def r_decode(lg: Ledger, suffix: str = "") -> str:
         if full := [r for r in runs if "step_ms" in r["metrics"]]:
             mains.append((full[-1], [r for r in runs if r is not full[-1] and r["hardware"] == full[-1]["hardware"]]))
     mains.sort(key=lambda x: x[0]["past"])
-    head = ["attention", "past steps", "ms / step, min (median)", "full causal forward ms", "speed-up", "speed-up, other runs"]
+    head = ["attention", "past steps", "ms / step, min (median)", "full causal forward ms", "speed-up",
+            "speed-up, other runs"]
     if not mains:
         return md(head, [])
     longest = max(r["past"] for r, _ in mains)
     body = [[f"`{r['model']}`", r["past"], f"{m['step_ms']:.2f} ({m['step_median_ms']:.2f})", f"{m['full_ms']:.0f}",
              f"**{speed(m):.0f}x**" if r["past"] == longest else f"{speed(m):.0f}x",
-             ", ".join(f"{speed(o['metrics']):.0f}x" for o in others) or "-"] for r, others in mains for m in [r["metrics"]]]
+             ", ".join(f"{speed(o['metrics']):.0f}x" for o in others) or "-"]
+            for r, others in mains for m in [r["metrics"]]]
     steps = [r["metrics"]["step_ms"] for r, _ in mains]
     slow = max((r for r, _ in mains if r["past"] == longest), key=lambda r: r["metrics"]["full_ms"])
-    return "\n".join([md(head, body), "", f"* **The cached step stays at {min(steps):.0f}-{max(steps):.0f} ms from "
-                      f"{min(r['past'] for r, _ in mains)} to {longest} past steps** while the full causal forward grows "
-                      f"with the sequence (`{slow['model']}`: {slow['metrics']['full_ms'] / 1e3:.0f} s at {longest} past steps).",
-                      f"* {provenance_note([x for m, os in mains for x in (m, *os)], f'bench/decode/*{suffix}')}"])
+    return "\n".join([
+        md(head, body), "", f"* **The cached step stays at {min(steps):.0f}-{max(steps):.0f} ms from "
+        f"{min(r['past'] for r, _ in mains)} to {longest} past steps** while the full causal forward grows with the "
+        f"sequence (`{slow['model']}`: {slow['metrics']['full_ms'] / 1e3:.0f} s at {longest} past steps).",
+        f"* {provenance_note([x for m, os in mains for x in (m, *os)], f'bench/decode/*{suffix}')}"])
 
 
 def r_accelerator_chunk(lg: Ledger) -> str:
+    """The paper layer against the Kronecker layer in one chunk and in bounded chunks, on the GPU."""
     rs = bench(lg, "bench/accelerator_chunk/*", "+cuda")
-    cell = lambda m, k: f"{m[k + '_ms']:.1f} ms, {m[k + '_mib']:.0f} MiB"
+    timed = lambda m, k: f"{m[k + '_ms']:.1f} ms, {m[k + '_mib']:.0f} MiB"
     chunk = ", ".join(dict.fromkeys(f"{r['chunk_mib']} MiB" for r in rs)) or "bounded"
-    table = md(["shape, batch", "combine", "paper layer", "Kronecker layer, one chunk", f"Kronecker layer, {chunk} chunks"],
-               [[f"{FORMATS['shape'](r['shape']).replace(',', ', ')}, {r['batch']}", r["model"].removeprefix("kron_"),
-                 cell(r["metrics"], "paper"), cell(r["metrics"], "one_chunk"), f"**{cell(r['metrics'], 'chunked')}**"] for r in rs])
+    table = md(["shape, batch", "combine", "paper layer", "Kronecker layer, one chunk",
+                f"Kronecker layer, {chunk} chunks"],
+               [[f"({', '.join(map(str, r['shape']))}), {r['batch']}", r["model"].removeprefix("kron_"),
+                 timed(m, "paper"), timed(m, "one_chunk"), f"**{timed(m, 'chunked')}**"]
+                for r in rs for m in [r["metrics"]]])
     if not rs:
         return table
     ms = [r["metrics"] for r in rs]
+    faster = [m["paper_ms"] / m[k] for m in ms for k in ("one_chunk_ms", "chunked_ms")]
     cut = [100 * (1 - m["chunked_mib"] / m["one_chunk_mib"]) for m in ms]
     more = max(100 * (m["chunked_ms"] / m["one_chunk_ms"] - 1) for m in ms)
-    return "\n".join([table, "", f"* At this size the Kronecker layer is **{rng([m['paper_ms'] / m[k] for m in ms for k in ('one_chunk_ms', 'chunked_ms')], 1)}"
-                      f"x faster than the paper layer**; the bounded chunk cuts its peak memory by {min(cut):.0f}-{max(cut):.0f}% "
-                      f"against one chunk for at most {max(more, 0):.0f}% more time, leaving it at "
-                      f"{rng([m['chunked_mib'] / m['paper_mib'] for m in ms])}x the paper layer's memory.",
-                      f"* {provenance_note(rs, 'bench/accelerator_chunk/*')}"])
+    return "\n".join([
+        table, "", f"* At this size the Kronecker layer is **{rng(faster, 1)}x faster than the paper layer**; the "
+        f"bounded chunk cuts its peak memory by {min(cut):.0f}-{max(cut):.0f}% against one chunk for at most "
+        f"{max(more, 0):.0f}% more time, leaving it at {rng([m['chunked_mib'] / m['paper_mib'] for m in ms])}x the "
+        "paper layer's memory.", f"* {provenance_note(rs, 'bench/accelerator_chunk/*')}"])
 
 
 def r_weaver(lg: Ledger) -> str:
+    """P^2-KMV against forming the Kronecker matrix; Weaver's training step against one full attention layer's."""
     rs = bench(lg, "bench/weaver/*")
     by = {r["experiment"].removeprefix("bench/weaver/"): r for r in rs}
-    kmv, dense, weaver, full = (by.get(k) for k in ("p2_kmv/kmv", "p2_kmv/dense", "step/weaver", "step/traffic_full_attention"))
+    kmv, dense, weaver, full = map(by.get, ("p2_kmv/kmv", "p2_kmv/dense", "step/weaver",
+                                            "step/traffic_full_attention"))
     body, notes = [], []
     if kmv and dense:
         k, d = kmv["metrics"], dense["metrics"]
@@ -787,7 +809,8 @@ def r_weaver(lg: Ledger) -> str:
                   f"{d['peak_mib']:,.0f} MiB for a chunk of {dense['dense_chunk']} ({x('peak_mib')})"]]
         notes += [f"* max |dense - KMV| = {d['max_abs_err']:.1e} in float32."] if "max_abs_err" in d else []
     if weaver and full:
-        body += [[f"`weaver` training step (Table 3 defaults, {weaver['params']:,} parameters)", f"**{weaver['metrics']['step_s']:.2f} s**", ""],
+        body += [[f"`weaver` training step (Table 3 defaults, {weaver['params']:,} parameters)",
+                  f"**{weaver['metrics']['step_s']:.2f} s**", ""],
                  ["`traffic_full_attention` training step (one layer, softmax SDPA over the P N tokens, "
                   f"{full['params']:,} parameters)", f"{full['metrics']['step_s']:.2f} s", ""]]
         x = full["metrics"]["step_s"] / weaver["metrics"]["step_s"]
@@ -797,18 +820,24 @@ def r_weaver(lg: Ledger) -> str:
     return "\n".join([table, "", *notes, f"* {provenance_note(rs, 'bench/weaver/*')}"]) if rs else table
 
 
+def fast_over_naive(m: dict, k: str) -> float | None:
+    """The triplet kernel's metric ``k`` over Algorithm 1's (the metrics ``fast_k`` / ``naive_k`` of one line)."""
+    return m[f"fast_{k}"] / m[f"naive_{k}"] if f"fast_{k}" in m and f"naive_{k}" in m else None
+
+
 def r_triplet_target(lg: Ledger) -> str:
+    """The triplet kernel against Algorithm 1 at the target size, and whether it meets the time and memory goals."""
     rs = bench(lg, "bench/triplet/target")
     if not rs:
         return md(["candidate", "fwd+bwd CPU time (s)", "peak memory (MiB)"], [])
     m, target = rs[-1]["metrics"], float(paper("triplet/target", "time"))
-    ratio = lambda k: m[f"fast_{k}"] / m[f"naive_{k}"] if f"fast_{k}" in m and f"naive_{k}" in m else None
     goal = lambda v, t: f"(target <= {t:g}: {'met' if v <= t else 'not met'})"
-    t, mem = ratio("s"), ratio("peak_mib")
+    t, mem = fast_over_naive(m, "s"), fast_over_naive(m, "peak_mib")
     body = [[name, f"{m[f'{k}_s']:.3f}", *(f(m.get(f"{k}_{n}"), 1) for n in ("peak_mib", "saved_mib", "gflop"))]
             for name, k in (("naive (Algorithm 1)", "naive"), ("fast `triplet_attention`", "fast"))]
-    body.append(["**ratio fast / naive**", f"**{t:.2f}** {goal(t, target)}", "-" if mem is None else
-                 f"**{mem:.2f}** {goal(mem, 0.2)}", f(ratio("saved_mib"), 3), f(ratio("gflop"), 2)])
+    body.append(["**ratio fast / naive**", f"**{t:.2f}** {goal(t, target)}",
+                 "-" if mem is None else f"**{mem:.2f}** {goal(mem, 0.2)}", f(fast_over_naive(m, "saved_mib"), 3),
+                 f(fast_over_naive(m, "gflop"), 2)])
     notes = [f"* **Time: {t:.2f}x** the naive algorithm's {goal(t, target)}."]
     if mem is not None and "naive_saved_mib" in m:
         notes.insert(0, f"* **Peak memory: {mem:.2f}x** (the naive algorithm keeps every window's score cube, softmax "
@@ -817,6 +846,7 @@ def r_triplet_target(lg: Ledger) -> str:
     return "\n".join([md(["candidate", "fwd+bwd CPU time (s)", "peak memory (MiB)", "saved for backward (MiB)",
                           "GFLOP (fwd+bwd)"], body), "", *notes, f"* {provenance_note(rs, 'bench/triplet/target')}"])
 
+
 sr = lambda v: "" if v is None else f"{v:.4g}"  # a logged stable rank as recorded (4 significant digits at most)
 
 
@@ -824,31 +854,37 @@ def span(vals, fmt=sr) -> str:
     return fmt(min(vals)) if fmt(min(vals)) == fmt(max(vals)) else f"{fmt(min(vals))}-{fmt(max(vals))}"
 
 
+def short_label(model: str) -> str:
+    """The name of an attention type in the analysis tables: ``HOT product``, ``full attention``, ..."""
+    label = LABELS.get(model, model)
+    return {"Transformer (non-factorized)": "full attention", "HOT (product)": "HOT product",
+            "HOT (sum)": "HOT sum"}.get(label, label)
+
+
 def r_stable_ranks(lg: Ledger, dataset: str, modes: list[str], val: list[str]) -> str:
     """Validation metric and stable ranks of ``analysis/stable_rank/DATASET/*``; eq 11 checked from the lines and
     the Kronecker sum's stable rank against the product's."""
     rs = lg.sel(experiment=f"analysis/stable_rank/{dataset}/*")
     heads = {f"val/sr/mode{i}": f"sr {m}" for i, m in enumerate(modes)}
-    cols = [c for c in [*heads, "val/sr/product", "val/sr/sum", "val/sr/full"] if any(c in r["metrics"] for r in rs)] \
-        or [*heads, "val/sr/product", "val/sr/sum", "val/sr/full"]
+    every = [*heads, "val/sr/product", "val/sr/sum", "val/sr/full"]
+    cols = [c for c in every if any(c in r["metrics"] for r in rs)] or every
     table = md(["run", val[1], *(heads.get(c, "sr " + c.rsplit("/", 1)[1]) for c in cols)],
-               [[LABELS.get(r["model"], r["model"]).replace("HOT (product)", "HOT product").replace("HOT (sum)", "HOT sum")
-                 .replace("Transformer (non-factorized)", "full attention"), f(r["metrics"].get(val[0])),
-                 *(sr(r["metrics"].get(c)) for c in cols)] for r in rs])
+               [[short_label(r["model"]), f(r["metrics"].get(val[0])), *(sr(r["metrics"].get(c)) for c in cols)]
+                for r in rs])
     if not rs:
         return table
-    out, kron = [table, ""], [r for r in rs if {*heads, "val/sr/product"} <= set(r["metrics"])]
-    name = lambda r: {"hot_product": "HOT product", "hot_sum": "HOT sum"}.get(r["model"], r["model"])
+    out, kron = [table, ""], [r["metrics"] | {"model": r["model"]} for r in rs
+                              if {*heads, "val/sr/product"} <= set(r["metrics"])]
     if kron:
         out.append("* **Product of the mode-wise stable ranks** (eq 11): " + "; ".join(
-            f"{name(r)} {' x '.join(sr(r['metrics'][c]) for c in heads)} = {math.prod(r['metrics'][c] for c in heads):.3f} "
-            f"(logged {sr(r['metrics']['val/sr/product'])})" for r in kron) + ". The logged values are means over batch, "
+            f"{short_label(m['model'])} {' x '.join(sr(m[c]) for c in heads)} = {math.prod(m[c] for c in heads):.3f} "
+            f"(logged {sr(m['val/sr/product'])})" for m in kron) + ". The logged values are means over batch, "
             "heads and layers, so the two agree up to that averaging.")
-        if both := [r["metrics"] for r in kron if "val/sr/sum" in r["metrics"]]:
+        if both := [m for m in kron if "val/sr/sum" in m]:
             full = [r["metrics"]["val/sr/full"] for r in rs if "val/sr/full" in r["metrics"]]
-            out.append(f"* **Kronecker sum against product** (same factors): sum {span([m['val/sr/sum'] for m in both])}, "
-                       f"product {span([m['val/sr/product'] for m in both])}, i.e. "
-                       f"{span([m['val/sr/sum'] / m['val/sr/product'] for m in both], lambda v: f'{v:.1f}')}x"
+            out.append(f"* **Kronecker sum against product** (same factors): sum "
+                       f"{span([m['val/sr/sum'] for m in both])}, product {span([m['val/sr/product'] for m in both])}, "
+                       f"i.e. {span([m['val/sr/sum'] / m['val/sr/product'] for m in both], lambda v: f'{v:.1f}')}x"
                        + (f"; full attention {span(full)}." if full else "."))
     return "\n".join([*out, f"* {provenance_note(rs, f'analysis/stable_rank/{dataset}/*')}"])
 
@@ -856,16 +892,16 @@ def r_stable_ranks(lg: Ledger, dataset: str, modes: list[str], val: list[str]) -
 def r_heads(lg: Ledger) -> str:
     """Validation MSE per number of heads and attention of ``analysis/heads/etth1/*``; the range of each row and all."""
     rs = lg.sel(experiment="analysis/heads/etth1/*")
-    counts = sorted({r["heads"] for r in rs})
+    counts, four = sorted({r["heads"] for r in rs}), lambda v: f"{v:.4f}"
     body = []
     for model in dict.fromkeys(r["model"] for r in rs):
         by = {r["heads"]: r["metrics"]["val/mse"] for r in rs if r["model"] == model}
-        body.append([LABELS.get(model, model), *(f(by.get(h), 4) for h in counts), span(list(by.values()), lambda v: f"{v:.4f}")])
+        body.append([LABELS.get(model, model), *(f(by.get(h), 4) for h in counts), span(list(by.values()), four)])
     table = md(["attention", *(f"{h} head{'s' * (h != 1)}" for h in counts), "range"], body)
     if not rs:
         return table
     v = [r["metrics"]["val/mse"] for r in rs]
-    return "\n".join([table, "", f"* All {len(rs)} runs: validation MSE {span(v, lambda x: f'{x:.4f}')}, a spread of "
+    return "\n".join([table, "", f"* All {len(rs)} runs: validation MSE {span(v, four)}, a spread of "
                       f"{max(v) - min(v):.4f} ({100 * (max(v) - min(v)) / mean(v):.1f}% of their mean).",
                       f"* {provenance_note(rs, 'analysis/heads/etth1/*')}"])
 
@@ -880,10 +916,10 @@ def r_growth(lg: Ledger) -> str:
     change between runs of the same command (``history``: every line); the time per sample at the recorded sizes."""
     lines = [r for r in lg.history if r["task"] == "benchmark" and r["experiment"].startswith("bench/growth/")]
     full = {r["model"]: r for r in lines if all(k in r["metrics"] for k, _ in GROWTH)}
-    label = lambda a: LABELS.get(a, a).replace("Transformer (non-factorized)", "full attention")
+    assoc = lambda a: "every factor by associativity" in full[a].get("metrics_note", "")
     table = md(["attention", *(h for _, h in GROWTH)], [
-        [label(a) + (", every factor by associativity (see below)" if "every factor by associativity" in
-                     full[a].get("metrics_note", "") else ""), *(f"{full[a]['metrics'][k]:.2f}" for k, _ in GROWTH)]
+        [short_label(a) + (", every factor by associativity (see below)" if assoc(a) else ""),
+         *(f"{full[a]['metrics'][k]:.2f}" for k, _ in GROWTH)]
         for a in sorted(full, key=lambda a: BENCH_ATTN.index(a) if a in BENCH_ATTN else 99)])
     if not lines:
         return table
@@ -893,13 +929,16 @@ def r_growth(lg: Ledger) -> str:
     runs, keys = list(runs.values()), ("exp_fwd", "exp_fwdbwd")
     if len(runs) > 1:
         common = [a for a in BENCH_ATTN if all(a in run and all(k in run[a] for k in keys) for run in runs)]
-        d, who, k = max((max(v) - min(v), label(a), k) for a in common for k in keys for v in [[run[a][k] for run in runs]])
+        d, who, k = max((max(v) - min(v), short_label(a), k) for a in common for k in keys
+                        for v in [[run[a][k] for run in runs]])
         same = all(len({tuple(sorted(common, key=lambda a: run[a][k])) for run in runs}) == 1 for k in keys)
-        out.append(f"* **Run to run** ({len(runs)} runs of the same command), forward / forward+backward exponents: " +
-                   "; ".join(f"run {i + 1}: " + ", ".join(f"{run[a]['exp_fwd']:.2f} / {run[a]['exp_fwdbwd']:.2f} ({label(a)})"
-                                                          for a in common) for i, run in enumerate(runs)) +
-                   f". The largest change between runs is {d:.2f} ({who}, {'forward' if k == 'exp_fwd' else 'forward+backward'}); "
-                   f"the order of the types by exponent {'is the same in every run' if same else 'changes between runs'}.")
+        per_run = "; ".join(f"run {i + 1}: " + ", ".join(
+            f"{run[a]['exp_fwd']:.2f} / {run[a]['exp_fwdbwd']:.2f} ({short_label(a)})" for a in common)
+            for i, run in enumerate(runs))
+        out.append(f"* **Run to run** ({len(runs)} runs of the same command), forward / forward+backward exponents: "
+                   f"{per_run}. The largest change between runs is {d:.2f} ({who}, "
+                   f"{'forward' if k == 'exp_fwd' else 'forward+backward'}); the order of the types by exponent "
+                   f"{'is the same in every run' if same else 'changes between runs'}.")
     timed: dict = {}
     for r in lines:
         for k, v in r["metrics"].items():
@@ -907,7 +946,7 @@ def r_growth(lg: Ledger) -> str:
                 timed.setdefault(int(k.split("@")[1]), {})[r["model"]] = v
     for tokens, by in sorted(timed.items()):
         out.append(f"* **At {tokens:,} tokens**, forward+backward per sample: "
-                   f"{' vs '.join(f'{by[a]:.0f} ms ({label(a)})' for a in BENCH_ATTN if a in by)}" +
+                   f"{' vs '.join(f'{by[a]:.0f} ms ({short_label(a)})' for a in BENCH_ATTN if a in by)}" +
                    (f": full attention takes {by['full'] / by['kronecker_product']:.0f}x the Kronecker product's time"
                     if {"full", "kronecker_product"} <= set(by) else "") + ".")
     return "\n".join([*out, f"* {provenance_note(lines, 'bench/growth/*')}"])
@@ -919,13 +958,14 @@ def r_flops(lg: Ledger) -> str:
     lines = lg.sel(task="benchmark", experiment="bench/flops/*")
     patches = sorted({r["patch"] for r in lines})
     tokens = {p: next((r["shape"][0] // p) ** len(r["shape"]) for r in lines if r["patch"] == p) for p in patches}
-    pcell = {"kronecker_product": f"{paper('hot/flops_224', 'kronecker')} (Kronecker)", "full": paper("hot/flops_224", "full"),
-             "kronecker_sum": f"{paper('hot/flops_224', 'kronecker')} (Kronecker)", "divided": paper("hot/flops_224", "divided")}
-    body = [[LABELS.get(a, a).replace("Transformer (non-factorized)", "full attention"),
-             *(f"{by[p]:,g}" if p in by else "-" for p in patches), pcell.get(a, "-")]
-            for a in BENCH_ATTN for by in [{r["patch"]: r["metrics"]["gflops"] for r in lines if r["model"] == a}] if by]
-    table = md(["attention, GFLOPs per sample", *(f"patch {p} ({round(tokens[p] ** (1 / 3))}^3 = {tokens[p]:,} tokens)"
-                                                  for p in patches), "paper (configuration not stated)"], body)
+    kron_paper = f"{paper('hot/flops_224', 'kronecker')} (Kronecker)"
+    pcell = {"kronecker_product": kron_paper, "kronecker_sum": kron_paper, "full": paper("hot/flops_224", "full"),
+             "divided": paper("hot/flops_224", "divided")}
+    body = [[short_label(a), *(f"{by[p]:,g}" if p in by else "-" for p in patches), pcell.get(a, "-")]
+            for a in BENCH_ATTN for by in [{r["patch"]: r["metrics"]["gflops"] for r in lines if r["model"] == a}]
+            if by]
+    heads = [f"patch {p} ({round(tokens[p] ** (1 / 3))}^3 = {tokens[p]:,} tokens)" for p in patches]
+    table = md(["attention, GFLOPs per sample", *heads, "paper (configuration not stated)"], body)
     if not lines:
         return table
     out = [table, ""]
