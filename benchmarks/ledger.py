@@ -11,6 +11,9 @@ selectors of ledger lines); a paper's number in the text sits in ``<!-- paper:KE
 on a stale one. The ledger is loaded once into a pandas DataFrame (:func:`frame`): **the newest line of each
 experiment and seed** stands for it (a re-measurement supersedes the earlier line); only the run-to-run cells of
 the decoding and growth tables read every line (``history``). Markdown is written by ``DataFrame.to_markdown``.
+
+A table of one row per benchmark line (or per value of a field) is declared as data: ``render: lines`` and its
+columns as templates (:func:`r_lines`); a table of another shape has a renderer ``r_NAME`` of its own.
 """
 from __future__ import annotations
 
@@ -333,18 +336,19 @@ def helpers(lg: Ledger) -> dict:
     )
 
 
-def _env(lg: Ledger, **more):
+def _env(lg: Ledger):
+    """Renders a cell of ``results/tables.yaml`` written as a Jinja2 template over :func:`helpers`."""
     import jinja2
 
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
-    env.globals.update(helpers(lg), **more)
+    env.globals.update(helpers(lg))
     return lambda s: env.from_string(s).render() if isinstance(s, str) and "{" in s else s
 
 
 def r_rows(lg: Ledger, head: list[str], rows: list[list], prefix: str = "", seed_list: bool = False) -> str:
     """One row per entry: its template cells; a ``{lines, seeds, needs}`` cell gives the seeds (and hardware) of
     the lines behind the row (no row when a ``needs`` selector has no lines); a last link cell the ``how`` link."""
-    t, body = _env(lg, prefix=prefix), []
+    t, body = _env(lg), []
     for row in rows:
         cells = []
         for c in row:
@@ -390,6 +394,11 @@ def _ref_head(reference: str, what: str) -> str:
     return f"{what} − {reference}, paired over seeds (95 % CI)"
 
 
+def paired_cell(label: str, reference: str, by: dict, digits: int = 3) -> str:
+    """``label``'s cell in the column of paired differences against ``reference`` (``by``: {label: {seed: value}})."""
+    return "reference" if label == reference else vs(by[label], by[reference], digits) if reference in by else "-"
+
+
 def r_seeds(lg: Ledger, groups: dict, seeds: list, paper: dict | None = None, reference: str | None = None) -> str:
     """Four-horizon average test MSE per seed, its mean ± std and, against ``reference``, the paired difference."""
     t, body, by = _env(lg), [], {}
@@ -401,7 +410,7 @@ def r_seeds(lg: Ledger, groups: dict, seeds: list, paper: dict | None = None, re
             body.append([label, " / ".join(map(f, vals)), mean_std(vals),
                          *([t(paper.get(label, "-"))] if paper else [])])
     for row in body if reference else ():
-        row.append("reference" if row[0] == reference else vs(by[row[0]], by[reference]) if reference in by else "-")
+        row.append(paired_cell(row[0], reference, by))
     head = ["model", f"per seed ({' / '.join(map(str, seeds))})", f"mean ± std, {len(seeds)} seeds"]
     return md(head + ["paper"] * bool(paper) + [_ref_head(reference, "MSE")] * bool(reference), body)
 
@@ -448,7 +457,7 @@ def r_per_seed(lg: Ledger, groups: dict, seeds: list, first: str, reference: str
                          mean_std([metric(r, "test/mse") for r in rs]), mean_std([metric(r, "test/mae") for r in rs]),
                          " / ".join(duration(r["wall_s"]) for r in rs)])
     for row in body if reference else ():
-        row.append("reference" if row[0] == reference else vs(by[row[0]], by[reference]) if reference in by else "-")
+        row.append(paired_cell(row[0], reference, by))
     return md([first, *(f"seed {s}" for s in seeds), f"MSE, {len(seeds)} seeds", f"MAE, {len(seeds)} seeds",
                "fit wall-clock per seed", *[_ref_head(reference, "MSE")] * bool(reference)], body)
 
@@ -541,8 +550,7 @@ def r_traffic(lg: Ledger, dataset: str = "los_loop", reference: str | None = Non
     cell = lambda r, k: "-" if (v := r["metrics"].get(k)) is None else f"{v:.3f}" + (
         "" if (s := r.get("metrics_std", {}).get(k)) is None else f" ± {s:.3f}")
     body = [[f"`{r['model']}`", r.get("params", "-"), *(cell(r, k) for _, k in TRAFFIC), f(r["wall_s"], 0),
-             ", ".join(map(str, seeds_of([r]))), *([("reference" if r["model"] == reference else
-                                                    vs(per[r["model"]], per[reference]))] if reference in per else [])]
+             ", ".join(map(str, seeds_of([r]))), *[paired_cell(r["model"], reference, per)] * (reference in per)]
             for r in runs]
     return md(["model", "params", *(h for h, _ in TRAFFIC), "s/run", "seeds",
                *[_ref_head(f"`{reference}`", "MAE all")] * (reference in per)], body)
@@ -562,8 +570,8 @@ def r_text(lg: Ledger, students: dict, reference: str | None = None,
         for _, ds in datasets:
             a = acc(ds, model)
             row += [mean_std(list(a.values()), 1), " / ".join(f"{v:.1f}" for v in a.values()) +
-                    f" (seeds {', '.join(map(str, a))})", *[("reference" if model == reference else
-                                                            vs(a, acc(ds, reference), 1))] * bool(reference)]
+                    f" (seeds {', '.join(map(str, a))})",
+                    *[paired_cell(model, reference, {model: a, reference: acc(ds, reference)}, 1)] * bool(reference)]
         body.append(row)
     row = ["*teacher (2D, 4 layers)*"]
     for _, ds in datasets:
@@ -600,11 +608,11 @@ def bench(lg: Ledger, lines: str, device: str = "") -> list[dict]:
 
 
 FORMATS = {  # the named formats of a column template ("{shape:shape}"); any other format is a Python format spec
-    "shape": lambda v: "(" + ",".join(map(str, v)) + ")",
-    "ms": lambda v: f"{v:.0f}" if v >= 100 else f"{v:.1f}",
-    "last_word": lambda v: v.rsplit("_", 1)[-1],
-    "setup": lambda v: v.split(", pooled")[0],
-    "precision": lambda v: v.rsplit(", ", 1)[-1],
+    "shape": lambda v: "(" + ",".join(map(str, v)) + ")",  # [16, 16, 16] -> (16,16,16)
+    "ms": lambda v: f"{v:.0f}" if v >= 100 else f"{v:.1f}",  # a time: one decimal below 100
+    "last_word": lambda v: v.rsplit("_", 1)[-1],  # kronecker_attention_sum -> sum
+    "setup": lambda v: v.split(", pooled")[0],  # a split without the note on its inputs
+    "precision": lambda v: v.rsplit(", ", 1)[-1],  # "training step, B=32, bf16" -> bf16
     "top_ops": lambda v: ", ".join(f"`{op.removeprefix('aten::')}` {share:.0%}" for op, share in v),
 }
 
@@ -656,13 +664,16 @@ def r_lines(lg: Ledger, lines: str, columns: dict, device: str | list = "", wher
     None: the table alone) and where the lines come from, as bullets when ``bullets``."""
     devices = [device] if isinstance(device, str) else device
     rs = [r for d in devices for r in bench(lg, lines, d) if matches(r, where or {})]
-    vs = [values(r, ratios or {}) for r in rs]
-    shown = [v for v in vs if not (hide and matches(v, hide))]
+    every = [values(r, ratios or {}) for r in rs]
+    shown = [v for v in every if not (hide and matches(v, hide))]
     first: dict = {}
     for v in shown:
         first.setdefault(str(v.get(group)), len(first))
-    rank = lambda v: (first[str(v.get(group))], *(o.index(v[k]) if v.get(k) in o else len(o) for k, o in
-                                                  (order or {}).items()), v[sort] if sort else 0)
+
+    def rank(v: dict) -> tuple:
+        listed = [o.index(v[k]) if v.get(k) in o else len(o) for k, o in (order or {}).items()]
+        return (first[str(v.get(group))], *listed, v[sort] if sort else 0)
+
     shown.sort(key=rank)
     if by:
         shown = [p for p in pivot(shown, *by) if all(c in p for c in require)]
@@ -671,7 +682,7 @@ def r_lines(lg: Ledger, lines: str, columns: dict, device: str | list = "", wher
              for label, template in columns.items() for c in [cell(template, v)]] for v in shown]
     keep = [i for i, label in enumerate(columns) if label not in optional or any(row[i] != "-" for row in body)]
     table = md([list(columns)[i] for i in keep], [[row[i] for i in keep] for row in body])
-    below = (NOTES[notes](vs) if notes else []) if rs else None
+    below = (NOTES[notes](every) if notes else []) if rs else None
     if below is None:
         return table
     source = provenance_note(rs, *(lines + d for d in devices))

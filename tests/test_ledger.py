@@ -342,6 +342,33 @@ def _write(entries: list[dict], path: Path, script: str, argv: list[str], device
     return new
 
 
+def test_a_table_declared_as_data_fills_its_columns_from_the_lines():
+    """``render: lines`` (``r_lines``): one row per benchmark line of the device asked for, each column a template
+    (a named format, a ratio of two metrics, ``-`` for a missing value, bold where a selector says), rows grouped and
+    ordered as declared, an optional column left out when empty; with ``by``, one row per value of a field."""
+    def line(name, model, shape, **metrics):
+        return {**GOOD, "experiment": f"bench/t/{name}", "task": "benchmark", "record": "benchmark", "model": model,
+                "shape": shape, "metrics": metrics}
+
+    rows = [line("a/y", "y", [2, 3], ms=30.0, ref=10.0), line("b/x", "x", [4], ms=200.0, ref=100.0),
+            line("a/x", "x", [2, 3], ms=5.0), line("a/x+cuda", "x", [2, 3], ms=1.0, ref=4.0)]
+    columns = {"shape": "{shape:shape}", "model": "{model}", "ms": "{ms:ms}", "ms / ref": "{ms/ref:.2f}",
+               "empty": "{nothing}"}
+    spread = lambda table: [re.sub(r" +", " ", ln) for ln in table.splitlines()]
+    table = spread(ledger.r_lines(lg(rows), "bench/t/*", columns, group="shape", order={"model": ["x", "y"]},
+                                  ratios={"ms/ref": ["ms", "ref"]}, bold={"ms": {"model": "y"}}, optional=["empty"]))
+    assert table[0] == "| shape | model | ms | ms / ref |"
+    assert table[2:5] == ["| (2,3) | x | 5.0 | - |", "| (2,3) | y | **30.0** | 3.00 |", "| (4) | x | 200 | 2.00 |"]
+    assert table[5] == "" and table[6].startswith("* Measured with `hoformer fit` at commit abc on CPU")
+    gpu = spread(ledger.r_lines(lg(rows), "bench/t/*", columns, device="+cuda", ratios={"ms/ref": ["ms", "ref"]}))
+    assert gpu[2:4] == ["| (2,3) | x | 1.0 | 0.25 | - |", ""]
+    pivot = {"shape": "{shape:shape}", "y / x": "{y[ms]:.0f} / {x[ms]:.0f}"}
+    assert spread(ledger.r_lines(lg(rows), "bench/t/*", pivot, by=["shape", "model"], require=["x"]))[2:4] == [
+        "| (2,3) | 30 / 5 |", "| (4) | - |"]
+    assert ledger.r_lines(lg(rows), "bench/t/*", pivot, by=["shape", "model"], require=["x", "y"]).count("\n| (") == 1
+    assert ledger.NO_RUNS in ledger.r_lines(lg(rows), "bench/none/*", columns)
+
+
 def test_benchmark_lines_from_attention_py_render_the_kernel_tables(tmp_path, monkeypatch):
     """``benchmarks/attention.py --ledger FILE`` appends one line per shape and variant with its provenance and the
     command without the file; the tables use the newest line of each experiment, so a re-measurement replaces the
