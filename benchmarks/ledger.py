@@ -632,12 +632,24 @@ class Cell(string.Formatter):
             return "-"
 
 
-def values(r: dict, ratios: dict) -> dict:
-    """A line's fields and metrics in one dict, with ``ratios`` ({NAME: [numerator, denominator]} of its metrics;
-    a line without both keeps its own NAME); no None."""
-    v = {**r, **r["metrics"]}
-    v.update({name: v[a] / v[b] for name, (a, b) in ratios.items() if v.get(a) is not None and v.get(b)})
-    return {k: x for k, x in v.items() if x is not None}
+def values(r: dict) -> dict:
+    """A line's fields and metrics in one dict, without the None ones."""
+    return {k: v for k, v in {**r, **r["metrics"]}.items() if v is not None}
+
+
+def lookup(v: dict, name: str):
+    """The value ``name`` of a line's :func:`values`, or ``COLUMN[NAME]`` of a pivot row (:func:`pivot`)."""
+    column, _, key = name.partition("[")
+    return (v.get(column) or {}).get(key[:-1]) if key else v.get(name)
+
+
+def with_ratios(v: dict, ratios: dict) -> dict:
+    """``v`` with ``ratios`` ({NAME: [numerator, denominator]}, names for :func:`lookup`) where it has both (else it
+    keeps its own NAME: a ratio the line recorded itself)."""
+    for name, (a, b) in ratios.items():
+        if lookup(v, a) is not None and lookup(v, b):
+            v[name] = lookup(v, a) / lookup(v, b)
+    return v
 
 
 def pivot(lines: list[dict], row: str, column: str) -> list[dict]:
@@ -664,7 +676,7 @@ def r_lines(lg: Ledger, lines: str, columns: dict, device: str | list = "", wher
     None: the table alone) and where the lines come from, as bullets when ``bullets``."""
     devices = [device] if isinstance(device, str) else device
     rs = [r for d in devices for r in bench(lg, lines, d) if matches(r, where or {})]
-    every = [values(r, ratios or {}) for r in rs]
+    every = [with_ratios(values(r), ratios or {}) for r in rs]
     shown = [v for v in every if not (hide and matches(v, hide))]
     first: dict = {}
     for v in shown:
@@ -676,20 +688,20 @@ def r_lines(lg: Ledger, lines: str, columns: dict, device: str | list = "", wher
 
     shown.sort(key=rank)
     if by:
-        shown = [p for p in pivot(shown, *by) if all(c in p for c in require)]
+        shown = [with_ratios(p, ratios or {}) for p in pivot(shown, *by) if all(c in p for c in require)]
     cell, bold = Cell(), bold or {}
     body = [[f"**{c}**" if label in bold and c != "-" and matches(v, bold[label]) else c
              for label, template in columns.items() for c in [cell(template, v)]] for v in shown]
     keep = [i for i, label in enumerate(columns) if label not in optional or any(row[i] != "-" for row in body)]
     table = md([list(columns)[i] for i in keep], [[row[i] for i in keep] for row in body])
-    below = (NOTES[notes](every) if notes else []) if rs else None
+    below = (NOTES[notes](every, shown) if notes else []) if rs else None
     if below is None:
         return table
     source = provenance_note(rs, *(lines + d for d in devices))
     return "\n".join([table, "", *below, f"* {source}" if bullets else source])
 
 
-def note_attention(lines: list[dict]) -> list[str] | None:
+def note_attention(lines: list[dict], rows: list[dict]) -> list[str] | None:
     kron = [v for v in lines if v["model"] in ("kron_product", "kron_sum")]
     if not kron:
         return None
@@ -704,7 +716,17 @@ def note_attention(lines: list[dict]) -> list[str] | None:
             *([f"* **Full / Kronecker time** (product / sum): {'; '.join(full)}."] if full else [])]
 
 
-def note_compile(lines: list[dict]) -> list[str] | None:
+def note_attention_linear(lines: list[dict], rows: list[dict]) -> list[str] | None:
+    """The random-feature (FAVOR+) kernels against the softmax kernel (at the table's shapes) and the paper's."""
+    lin = [row["kron_linear"]["fwd_bwd_ms"] / row["kron_product"]["fwd_bwd_ms"] for row in rows]
+    used = [v for v in lines if v["model"] in ("kron_linear", "kron_linear_sum")]
+    return None if not lin else [
+        f"The linear kernel takes {rng(lin)}x the softmax kernel's time at these shapes and "
+        f"{rng([v['t/paper'] for v in used])}x the paper baseline's ({rng([v['mem/paper'] for v in used])}x its "
+        "peak memory; the extra memory is the random-feature maps).", ""]
+
+
+def note_compile(lines: list[dict], rows: list[dict]) -> list[str] | None:
     ratios = [v["compiled/eager"] for v in lines if v["variant"] == "compiled"]
     plain = [v["compiled/eager"] for v in lines if v["variant"] == "compiled-plain"]
     return None if not ratios else [
@@ -712,7 +734,7 @@ def note_compile(lines: list[dict]) -> list[str] | None:
         + (f", {rng(plain)}x with plain `torch.compile`." if plain else ".")]
 
 
-def note_triplet_scaling(lines: list[dict], up_to: int = 1024) -> list[str]:
+def note_triplet_scaling(lines: list[dict], rows: list[dict], up_to: int = 1024) -> list[str]:
     """Where HOBA's linear operation count and 2D attention's quadratic one cross, and where the measured times do."""
     lines = sorted(lines, key=lambda v: v["length"])
     last = lines[-1]
@@ -729,27 +751,6 @@ def note_triplet_scaling(lines: list[dict], up_to: int = 1024) -> list[str]:
 
 
 NOTES = {k.removeprefix("note_"): v for k, v in dict(globals()).items() if k.startswith("note_")}
-
-
-def r_attention_linear(lg: Ledger) -> str:
-    """Per shape, the random-feature (FAVOR+) kernels against the softmax one and the paper baseline."""
-    rs = [r for r in bench(lg, "bench/attention/*") if not r["experiment"].startswith("bench/attention/core/")]
-    against = lambda m: f"{m['t/paper']:.2f}x t, {m['mem/paper']:.2f}x mem"
-    kernels = ("kron_product", "kron_linear", "kron_linear_sum", "kron_linear_assoc")
-    body, lin = [], []
-    for by in pivot([values(r, {}) for r in rs], "shape", "model"):
-        ms = {n: v["fwd_bwd_ms"] for n, v in by.items() if n != "shape"}
-        if {"paper_product", "kron_product", "kron_linear", "kron_linear_assoc"} <= set(ms):
-            body.append([FORMATS["shape"](by["shape"]), f"{ms['paper_product']:.1f}",
-                         *(against(by[n]) if n in by else "-" for n in kernels),
-                         f"{ms['kron_linear_assoc'] / ms['kron_linear']:.2f}x"])
-            lin.append(ms["kron_linear"] / ms["kron_product"])
-    table = md(["shape", "paper_product ms", *kernels, "linear: assoc / formed time"], body)
-    used = [r["metrics"] for r in rs if r["model"] in ("kron_linear", "kron_linear_sum")]
-    return table if not lin else "\n".join([
-        table, "", f"The linear kernel takes {rng(lin)}x the softmax kernel's time at these shapes and "
-        f"{rng([m['t/paper'] for m in used])}x the paper baseline's ({rng([m['mem/paper'] for m in used])}x its peak "
-        "memory; the extra memory is the random-feature maps).", "", provenance_note(rs, "bench/attention/*")])
 
 
 def r_decode(lg: Ledger, suffix: str = "") -> str:

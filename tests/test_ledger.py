@@ -395,7 +395,7 @@ def test_benchmark_lines_from_attention_py_render_the_kernel_tables(tmp_path, mo
     assert "0.30-0.40x the time, 0.40-0.50x the peak memory, 0.50-0.50x the FLOPs" in table
     assert "(16,16,16) 10.0x / 13.3x" in table and "kron_linear_assoc" not in table
     assert "Measured with `python benchmarks/attention.py --reps 2`" in table
-    linear = ledger.r_attention_linear(lg(rows))
+    linear = table_of(rows, "bench/attention_linear")
     assert re.search(r"\| \(16,16,16\) +\| 100.0 +\| 0.40x t, 0.40x mem +\| 0.60x t, 0.90x mem +\| 0.50x t, 0.90x mem +\| "
                      r"0.90x t, 1.60x mem +\| 1.50x +\|", linear)
     assert results.device_suffix("cuda:0") == "+cuda" and results.device_suffix("cpu", "bf16") == "+bf16"
