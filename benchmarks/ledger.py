@@ -399,7 +399,7 @@ def paired_cell(label: str, reference: str, by: dict, digits: int = 3) -> str:
     return "reference" if label == reference else vs(by[label], by[reference], digits) if reference in by else "-"
 
 
-def r_seeds(lg: Ledger, groups: dict, seeds: list, paper: dict | None = None, reference: str | None = None) -> str:
+def r_seeds(lg: Ledger, groups: dict, seeds: list, papers: dict | None = None, reference: str | None = None) -> str:
     """Four-horizon average test MSE per seed, its mean ± std and, against ``reference``, the paired difference."""
     t, body, by = _env(lg), [], {}
     for label, spec in groups.items():
@@ -408,11 +408,11 @@ def r_seeds(lg: Ledger, groups: dict, seeds: list, paper: dict | None = None, re
         if rs and None not in vals:
             by[label] = dict(zip(seeds, vals))
             body.append([label, " / ".join(map(f, vals)), mean_std(vals),
-                         *([t(paper.get(label, "-"))] if paper else [])])
+                         *([t(papers.get(label, "-"))] if papers else [])])
     for row in body if reference else ():
         row.append(paired_cell(row[0], reference, by))
     head = ["model", f"per seed ({' / '.join(map(str, seeds))})", f"mean ± std, {len(seeds)} seeds"]
-    return md(head + ["paper"] * bool(paper) + [_ref_head(reference, "MSE")] * bool(reference), body)
+    return md(head + ["paper"] * bool(papers) + [_ref_head(reference, "MSE")] * bool(reference), body)
 
 
 EXTRA = {  # the extra columns of r_horizons: {name: (head, cell of the group's lines)}
@@ -625,9 +625,9 @@ class Cell(string.Formatter):
     def format_field(self, value, spec: str) -> str:
         return FORMATS[spec](value) if spec in FORMATS else format(value, spec)
 
-    def __call__(self, template: str, values: dict) -> str:
+    def __call__(self, template: str, row: dict) -> str:
         try:
-            return self.vformat(template, (), values)
+            return self.vformat(template, (), row)
         except KeyError:
             return "-"
 
@@ -1011,7 +1011,7 @@ def tables(rows: list[dict], names=None) -> dict:
 TABLES = _yaml("tables.yaml")["tables"]
 
 
-def check_markers(f: Path, text: str) -> None:
+def check_markers(page: Path, text: str) -> None:
     """Every ``<!-- ledger:NAME -->`` / ``<!-- paper:... -->`` opening closed by its end marker before the next
     opening; else a :class:`LedgerError` naming the file and the line."""
     open_ = None
@@ -1019,34 +1019,34 @@ def check_markers(f: Path, text: str) -> None:
         line, tag = text.count("\n", 0, m.start()) + 1, m.group(1)
         if tag.startswith(("ledger:", "paper:")):
             if open_:
-                raise LedgerError(f"{f}:{open_[0]}: <!-- {open_[1]} --> has no end marker before line {line}")
+                raise LedgerError(f"{page}:{open_[0]}: <!-- {open_[1]} --> has no end marker before line {line}")
             open_ = (line, tag)
         elif not open_ or open_[1].split(":")[0] != tag[1:]:
-            raise LedgerError(f"{f}:{line}: <!-- {tag} --> closes no open block"
+            raise LedgerError(f"{page}:{line}: <!-- {tag} --> closes no open block"
                               + (f" (line {open_[0]} opened <!-- {open_[1]} -->)" if open_ else ""))
         else:
             open_ = None
     if open_:
-        raise LedgerError(f"{f}:{open_[0]}: <!-- {open_[1]} --> has no end marker (<!-- /{open_[1].split(':')[0]} -->)")
+        raise LedgerError(f"{page}:{open_[0]}: <!-- {open_[1]} --> has no end marker (<!-- /{open_[1].split(':')[0]} -->)")
 
 
 def render_tables(files: list[Path], rows: list[dict], write: bool) -> list[Path]:
     """Replace the body of every ledger block and inline paper reference of ``files`` by what the ledger and the
     paper numbers give. Returns the files whose content differs (written when ``write``)."""
     bodies, changed = tables(rows), []
-    for f in files:
-        text = f.read_text()
-        check_markers(f, text)
+    for page in files:
+        text = page.read_text()
+        check_markers(page, text)
         for m in TABLE_RE.finditer(text):
             if m.group("name") not in bodies:
-                raise LedgerError(f"{f}:{text.count(chr(10), 0, m.start()) + 1}: unknown ledger table "
+                raise LedgerError(f"{page}:{text.count(chr(10), 0, m.start()) + 1}: unknown ledger table "
                                   f"{m.group('name')!r} (results/tables.yaml has {sorted(bodies)})")
         new = TABLE_RE.sub(lambda m: m.group(1) + bodies[m.group("name")].rstrip("\n") + "\n" + m.group(4), text)
         new = PAPER_RE.sub(lambda m: m.group(1) + paper(m.group("key"), m.group("value")) + m.group(5), new)
         if new != text:
-            changed.append(f)
+            changed.append(page)
             if write:
-                f.write_text(new)
+                page.write_text(new)
     return changed
 
 
