@@ -671,9 +671,9 @@ def r_lines(lg: Ledger, lines: str, columns: dict, device: str | list = "", wher
 
     Rows keep ledger order within the first appearances of ``group``, the listed values of ``order`` ({field:
     [value, ...]}) and the values of ``sort``. ``columns``: {label: template} (:class:`Cell`; ``ratios``: see
-    :func:`values`); ``bold``: {label: selector} of the lines whose cell there is bold; ``optional``: labels
-    left out when no row has a value. Below the table the lines of ``NOTES[notes]`` (given every selected line;
-    None: the table alone) and where the lines come from, as bullets when ``bullets``."""
+    :func:`with_ratios`); ``bold``: {label: selector} of the lines whose cell there is bold; ``optional``: labels
+    left out when no row has a value. Below the table the lines of ``NOTES[notes]`` (given every selected line and
+    the rows; None: the table alone) and where the lines come from, as bullets when ``bullets``."""
     devices = [device] if isinstance(device, str) else device
     rs = [r for d in devices for r in bench(lg, lines, d) if matches(r, where or {})]
     every = [with_ratios(values(r), ratios or {}) for r in rs]
@@ -702,6 +702,7 @@ def r_lines(lg: Ledger, lines: str, columns: dict, device: str | list = "", wher
 
 
 def note_attention(lines: list[dict], rows: list[dict]) -> list[str] | None:
+    """The Kronecker kernels against the paper's equations, and full attention's time against theirs per shape."""
     kron = [v for v in lines if v["model"] in ("kron_product", "kron_sum")]
     if not kron:
         return None
@@ -727,6 +728,7 @@ def note_attention_linear(lines: list[dict], rows: list[dict]) -> list[str] | No
 
 
 def note_compile(lines: list[dict], rows: list[dict]) -> list[str] | None:
+    """The range of the compiled / eager step times, with CompileModel's arguments and with plain torch.compile."""
     ratios = [v["compiled/eager"] for v in lines if v["variant"] == "compiled"]
     plain = [v["compiled/eager"] for v in lines if v["variant"] == "compiled-plain"]
     return None if not ratios else [
@@ -735,11 +737,11 @@ def note_compile(lines: list[dict], rows: list[dict]) -> list[str] | None:
 
 
 def note_triplet_scaling(lines: list[dict], rows: list[dict], up_to: int = 1024) -> list[str]:
-    """Where HOBA's linear operation count and 2D attention's quadratic one cross, and where the measured times do."""
-    lines = sorted(lines, key=lambda v: v["length"])
-    last = lines[-1]
+    """Where HOBA's linear operation count and 2D attention's quadratic one cross, and where the measured times do
+    (``rows``: by length)."""
+    last = rows[-1]
     cross = last["hoba_gflop"] / max(last["full2d_gflop"], 1e-12) * last["length"]  # c1 L = c2 L^2
-    times = [(v["length"], v["hoba_ms"] / v["full2d_ms"]) for v in lines]
+    times = [(v["length"], v["hoba_ms"] / v["full2d_ms"]) for v in rows]
     after = [i for i, (_, x) in enumerate(times) if x < 1]
     cross_t = (f"between L = {times[after[0] - 1][0]} and L = {times[after[0]][0]}" if after and after[0] > 0
                else f"not up to L = {times[-1][0]}" if not after else f"below L = {times[0][0]}")
