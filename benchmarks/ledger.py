@@ -1029,7 +1029,8 @@ def check_markers(page: Path, text: str) -> None:
         else:
             open_ = None
     if open_:
-        raise LedgerError(f"{page}:{open_[0]}: <!-- {open_[1]} --> has no end marker (<!-- /{open_[1].split(':')[0]} -->)")
+        end = open_[1].split(":")[0]
+        raise LedgerError(f"{page}:{open_[0]}: <!-- {open_[1]} --> has no end marker (<!-- /{end} -->)")
 
 
 def render_tables(files: list[Path], rows: list[dict], write: bool) -> list[Path]:
