@@ -278,6 +278,8 @@ def helpers(lg: Ledger) -> dict:
         return None if not vals or None in vals else mean(vals)
 
     def havg(spec, name):
+        """The mean of ``name`` (or the first of several names a line has) over the four horizons; None unless the
+        lines give four values, one per horizon."""
         vals = [v for h in HORIZONS for r in lg.sel(spec) if (v := metric(r, name, h)) is not None]
         return mean(vals) if len(vals) == len(HORIZONS) else None
 
@@ -294,12 +296,6 @@ def helpers(lg: Ledger) -> dict:
         return {r["seed"]: v for r in lg.sel(spec)
                 if r["model"] == model and (v := metric(r, name, horizon)) is not None}
 
-    def versus(spec, model, reference, name="test/mse", horizon=None):
-        """``model``'s paired difference against ``reference`` on ``name`` (at ``horizon``), with its seeds."""
-        a, b = seedwise(spec, model, name, horizon), seedwise(spec, reference, name, horizon)
-        n = len(set(a) & set(b))
-        return "no runs yet" if not n else f"{vs(a, b)} ({n} seed{'s' if n > 1 else ''})"
-
     def per_seed(spec, model, name, horizon=None):
         """``{seed: value}`` of ``model``; ``horizon="avg"``: each seed's mean over the four horizons."""
         if horizon != "avg":
@@ -313,6 +309,11 @@ def helpers(lg: Ledger) -> dict:
         a, b = per_seed(spec, model, name, horizon), per_seed(spec, reference, name, horizon)
         diffs = [a[s] - b[s] for s in sorted(set(a) & set(b), key=str)]
         return [paired(diffs), len(diffs) or "-", verdict(diffs, lower_is_better)]
+
+    def versus(spec, model, reference, name="test/mse", horizon=None):
+        """``model``'s paired difference against ``reference`` on ``name`` (at ``horizon``), with its seeds."""
+        diff, n, _ = judged(spec, model, reference, name, horizon)
+        return NO_RUNS if n == "-" else f"{diff} ({n} seed{'s' if n > 1 else ''})"
 
     return dict(
         L=lg.sel, f=f, rng=rng, paper=paper, SEEDS5=SEEDS5, col=col, avg=avg, havg=havg, per_model_avg=per_model_avg,
@@ -328,8 +329,7 @@ def helpers(lg: Ledger) -> dict:
         text_means=lambda ds: " / ".join(f(text(ds, m), 1) for m in ("hoba", "block2d", "full2d")),
         full_speedup=lambda: f"{attn16['full'] / attn16['kron_product']:.0f}" if len(attn16) == 2 else "-",
         triplet=lambda k: f"{fast_over_naive(lg.sel('triplet')[-1]['metrics'], k):.2f}" if lg.sel("triplet") else "-",
-        same_windows=lambda spec: mean([v for h in HORIZONS for r in lg.sel(spec)
-                                        if (v := metric(r, ("test_2161/mse", "test/mse"), h)) is not None]),
+        same_windows=lambda spec: havg(spec, ("test_2161/mse", "test/mse")),
         avg_cell=lambda spec, seeds=None: " / ".join(f(avg(spec, n, seeds)) for n in ("test/mse", "test/mae")),
         per_line=lambda spec: " and ".join(
             f"{100 * r['metrics']['test/auc']:.1f} / {100 * r['metrics']['test/acc']:.1f}" for r in lg.sel(spec)),
