@@ -262,11 +262,16 @@ def traffic_runs(lg: Ledger, dataset: str = "los_loop") -> list[dict]:
     return out
 
 
+def student_acc(lg: Ledger, dataset: str, model: str) -> dict:
+    """``{seed: test accuracy in %}`` of a distilled text student, by seed."""
+    rs = sorted(lg.sel(task="text", dataset=dataset, model=model, role="student"), key=lambda r: r["seed"])
+    return {r["seed"]: 100 * r["metrics"]["test/acc"] for r in rs}
+
+
 def helpers(lg: Ledger) -> dict:
     """The functions the table templates of ``results/tables.yaml`` call (a selector: a name or a dict)."""
     col = lambda spec, name, scale=1: [scale * v for r in lg.sel(spec) if (v := metric(r, name)) is not None]
-    text = lambda ds, m: mean([100 * r["metrics"]["test/acc"]
-                               for r in lg.sel(task="text", dataset=ds, model=m, role="student")])
+    text = lambda ds, m: mean(list(student_acc(lg, ds, m).values()))
     traffic = {r["model"]: r for r in traffic_runs(lg)}
     base = sorted((r for r in traffic.values() if not r["model"].startswith("weaver")),
                   key=lambda r: r["metrics"]["test/mae@30m"])
@@ -560,18 +565,16 @@ def r_text(lg: Ledger, students: dict, reference: str | None = None,
            datasets=(("TREC test", "trec"), ("SST-2 dev", "sst2"))) -> str:
     """Test accuracy (%) of the distilled students: mean ± std over seeds, per seed, and the paired difference
     against the ``reference`` student (same seeds); the teacher's single run."""
-    acc = lambda ds, m: {r["seed"]: 100 * r["metrics"]["test/acc"] for r in
-                         sorted(lg.sel(task="text", dataset=ds, model=m, role="student"), key=lambda r: r["seed"])}
     head, body = ["student"], []
     for name, _ in datasets:
         head += [f"{name} acc (%)", f"{name} per seed", *[f"{name}: " + _ref_head(reference, "acc")] * bool(reference)]
     for label, model in students.items():
         row = [label]
         for _, ds in datasets:
-            a = acc(ds, model)
+            by = {m: student_acc(lg, ds, m) for m in (model, reference)}
+            a = by[model]
             row += [mean_std(list(a.values()), 1), " / ".join(f"{v:.1f}" for v in a.values()) +
-                    f" (seeds {', '.join(map(str, a))})",
-                    *[paired_cell(model, reference, {model: a, reference: acc(ds, reference)}, 1)] * bool(reference)]
+                    f" (seeds {', '.join(map(str, a))})", *[paired_cell(model, reference, by, 1)] * bool(reference)]
         body.append(row)
     row = ["*teacher (2D, 4 layers)*"]
     for _, ds in datasets:
