@@ -11,6 +11,9 @@ selectors of ledger lines); a paper's number in the text sits in ``<!-- paper:KE
 on a stale one. The ledger is loaded once into a pandas DataFrame (:func:`frame`): **the newest line of each
 experiment and seed** stands for it (a re-measurement supersedes the earlier line); only the run-to-run cells of
 the decoding and growth tables read every line (``history``). Markdown is written by ``DataFrame.to_markdown``.
+
+A table of one row per benchmark line (or per value of a field) is declared as data: ``render: lines`` and its
+columns as templates (:func:`r_lines`); a table of another shape has a renderer ``r_NAME`` of its own.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import json
 import math
 import re
 import statistics
+import string
 import sys
 from pathlib import Path
 
@@ -71,6 +75,11 @@ def _match(value, want) -> bool:
     return value == want
 
 
+def matches(r: dict, spec: dict) -> bool:
+    """Whether the line ``r`` matches the selector ``spec`` ({field: value, glob or list})."""
+    return all(_match(r.get(k), v) for k, v in spec.items())
+
+
 class Ledger:
     """The loaded ledger: :meth:`sel` picks the newest lines matching a selector; ``history``: every line."""
 
@@ -80,7 +89,7 @@ class Ledger:
 
     def sel(self, spec=None, **more) -> list[dict]:
         spec = {**(self.selectors[spec] if isinstance(spec, str) else spec or {}), **more}
-        mask = self.df["line"].map(lambda r: all(_match(r.get(k), v) for k, v in spec.items()))
+        mask = self.df["line"].map(lambda r: matches(r, spec))
         return list(self.df["line"][mask])
 
 
@@ -174,7 +183,8 @@ def epochs_best(r: dict) -> str:
     if r.get("epochs") is None:
         return "-"
     best = "" if r.get("best_epoch") is None else f" ({r['best_epoch']})"
-    return r["epochs"].__str__() + best + (", stopped by hand" if (r.get("stopping") or {}).get("stopped_by_hand") else "")
+    by_hand = (r.get("stopping") or {}).get("stopped_by_hand")
+    return f"{r['epochs']}{best}" + (", stopped by hand" if by_hand else "")
 
 
 def metric(r: dict, names, horizon: int | None = None):
@@ -244,20 +254,27 @@ def traffic_runs(lg: Ledger, dataset: str = "los_loop") -> list[dict]:
         if not lines:
             out += [dict(r, lines=[r]) for r in mine]
             continue
-        vals = {k: [r["metrics"][k] for r in lines] for k in lines[0]["metrics"] if all(k in r["metrics"] for r in lines)}
+        vals = {k: [r["metrics"][k] for r in lines] for k in lines[0]["metrics"]
+                if all(k in r["metrics"] for r in lines)}
         out.append(dict(lines[-1], metrics={k: mean(v) for k, v in vals.items()}, seed=[r["seed"] for r in lines],
                         metrics_std={k: statistics.stdev(v) for k, v in vals.items()} if len(lines) > 1 else {},
                         wall_s=mean([r["wall_s"] for r in lines]), lines=lines))
     return out
 
 
+def student_acc(lg: Ledger, dataset: str, model: str) -> dict:
+    """``{seed: test accuracy in %}`` of a distilled text student, by seed."""
+    rs = sorted(lg.sel(task="text", dataset=dataset, model=model, role="student"), key=lambda r: r["seed"])
+    return {r["seed"]: 100 * r["metrics"]["test/acc"] for r in rs}
+
+
 def helpers(lg: Ledger) -> dict:
     """The functions the table templates of ``results/tables.yaml`` call (a selector: a name or a dict)."""
     col = lambda spec, name, scale=1: [scale * v for r in lg.sel(spec) if (v := metric(r, name)) is not None]
-    text = lambda ds, m: mean([100 * r["metrics"]["test/acc"] for r in lg.sel(task="text", dataset=ds, model=m, role="student")])
+    text = lambda ds, m: mean(list(student_acc(lg, ds, m).values()))
     traffic = {r["model"]: r for r in traffic_runs(lg)}
-    base = sorted((r for r in traffic.values() if not r["model"].startswith("weaver")), key=lambda r: r["metrics"]["test/mae@30m"])
-    ratio = lambda m, k: m[f"fast_{k}"] / m[f"naive_{k}"]
+    base = sorted((r for r in traffic.values() if not r["model"].startswith("weaver")),
+                  key=lambda r: r["metrics"]["test/mae@30m"])
     attn16 = {r["model"]: r["metrics"]["fwd_bwd_ms"] for r in lg.sel("attention_16")}
 
     def avg(spec, name="test/mse", seeds=None):
@@ -266,6 +283,8 @@ def helpers(lg: Ledger) -> dict:
         return None if not vals or None in vals else mean(vals)
 
     def havg(spec, name):
+        """The mean of ``name`` (or the first of several names a line has) over the four horizons; None unless the
+        lines give four values, one per horizon."""
         vals = [v for h in HORIZONS for r in lg.sel(spec) if (v := metric(r, name, h)) is not None]
         return mean(vals) if len(vals) == len(HORIZONS) else None
 
@@ -279,13 +298,8 @@ def helpers(lg: Ledger) -> dict:
         return "; ".join(parts) or NO_RUNS
 
     def seedwise(spec, model, name, horizon=None):
-        return {r["seed"]: v for r in lg.sel(spec) if r["model"] == model and (v := metric(r, name, horizon)) is not None}
-
-    def versus(spec, model, reference, name="test/mse", horizon=None):
-        """``model``'s paired difference against ``reference`` on ``name`` (at ``horizon``), with its seeds."""
-        a, b = seedwise(spec, model, name, horizon), seedwise(spec, reference, name, horizon)
-        n = len(set(a) & set(b))
-        return "no runs yet" if not n else f"{vs(a, b)} ({n} seed{'s' if n > 1 else ''})"
+        return {r["seed"]: v for r in lg.sel(spec)
+                if r["model"] == model and (v := metric(r, name, horizon)) is not None}
 
     def per_seed(spec, model, name, horizon=None):
         """``{seed: value}`` of ``model``; ``horizon="avg"``: each seed's mean over the four horizons."""
@@ -301,9 +315,15 @@ def helpers(lg: Ledger) -> dict:
         diffs = [a[s] - b[s] for s in sorted(set(a) & set(b), key=str)]
         return [paired(diffs), len(diffs) or "-", verdict(diffs, lower_is_better)]
 
+    def versus(spec, model, reference, name="test/mse", horizon=None):
+        """``model``'s paired difference against ``reference`` on ``name`` (at ``horizon``), with its seeds."""
+        diff, n, _ = judged(spec, model, reference, name, horizon)
+        return NO_RUNS if n == "-" else f"{diff} ({n} seed{'s' if n > 1 else ''})"
+
     return dict(
         L=lg.sel, f=f, rng=rng, paper=paper, SEEDS5=SEEDS5, col=col, avg=avg, havg=havg, per_model_avg=per_model_avg,
-        versus=versus, judged=judged, cell=lambda spec, model, name, h=None: mean_std(list(seedwise(spec, model, name, h).values())),
+        versus=versus, judged=judged,
+        cell=lambda spec, model, name, h=None: mean_std(list(seedwise(spec, model, name, h).values())),
         mean=lambda spec, name, scale=1: mean(col(spec, name, scale)), hw=lambda spec: hardware_short(lg.sel(spec)),
         walls=lambda spec: " / ".join(duration(r["wall_s"]) for r in lg.sel(spec)),
         epochs=lambda spec: ", ".join(dict.fromkeys(str(r["epochs"]) for r in lg.sel(spec))) or "-",
@@ -313,27 +333,27 @@ def helpers(lg: Ledger) -> dict:
         best_2d=lambda ds: max(filter(None, (text(ds, m) for m in ("block2d", "full2d"))), default=None),
         text_means=lambda ds: " / ".join(f(text(ds, m), 1) for m in ("hoba", "block2d", "full2d")),
         full_speedup=lambda: f"{attn16['full'] / attn16['kron_product']:.0f}" if len(attn16) == 2 else "-",
-        triplet=lambda k: f"{ratio(lg.sel('triplet')[-1]['metrics'], k):.2f}" if lg.sel("triplet") else "-",
-        same_windows=lambda spec: mean([v for h in HORIZONS for r in lg.sel(spec)
-                                        if (v := metric(r, ("test_2161/mse", "test/mse"), h)) is not None]),
+        triplet=lambda k: f"{fast_over_naive(lg.sel('triplet')[-1]['metrics'], k):.2f}" if lg.sel("triplet") else "-",
+        same_windows=lambda spec: havg(spec, ("test_2161/mse", "test/mse")),
         avg_cell=lambda spec, seeds=None: " / ".join(f(avg(spec, n, seeds)) for n in ("test/mse", "test/mae")),
-        per_line=lambda spec: " and ".join(f"{100 * r['metrics']['test/auc']:.1f} / {100 * r['metrics']['test/acc']:.1f}"
-                                           for r in lg.sel(spec)),
+        per_line=lambda spec: " and ".join(
+            f"{100 * r['metrics']['test/auc']:.1f} / {100 * r['metrics']['test/acc']:.1f}" for r in lg.sel(spec)),
     )
 
 
-def _env(lg: Ledger, **more):
+def _env(lg: Ledger):
+    """Renders a cell of ``results/tables.yaml`` written as a Jinja2 template over :func:`helpers`."""
     import jinja2
 
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
-    env.globals.update(helpers(lg), **more)
+    env.globals.update(helpers(lg))
     return lambda s: env.from_string(s).render() if isinstance(s, str) and "{" in s else s
 
 
 def r_rows(lg: Ledger, head: list[str], rows: list[list], prefix: str = "", seed_list: bool = False) -> str:
     """One row per entry: its template cells; a ``{lines, seeds, needs}`` cell gives the seeds (and hardware) of
     the lines behind the row (no row when a ``needs`` selector has no lines); a last link cell the ``how`` link."""
-    t, body = _env(lg, prefix=prefix), []
+    t, body = _env(lg), []
     for row in rows:
         cells = []
         for c in row:
@@ -347,7 +367,8 @@ def r_rows(lg: Ledger, head: list[str], rows: list[list], prefix: str = "", seed
                 cells.append((", ".join(map(str, seeds)) or "-") if seed_list else str(len(seeds)) if seeds else "-")
                 cells += [hardware_short(rs) if rs else "-"] * ("hardware" in head)
             elif "how" in head and c is row[-1] and len(cells) == len(head) - 1:
-                cells.append(f"[{'details' if c.startswith('#') else 'command'}]({'' if c.startswith('#') else prefix}{c})")
+                anchor = c.startswith("#")
+                cells.append(f"[{'details' if anchor else 'command'}]({'' if anchor else prefix}{c})")
             else:
                 cells.append(t(c))
         else:
@@ -378,7 +399,12 @@ def _ref_head(reference: str, what: str) -> str:
     return f"{what} − {reference}, paired over seeds (95 % CI)"
 
 
-def r_seeds(lg: Ledger, groups: dict, seeds: list, paper: dict | None = None, reference: str | None = None) -> str:
+def paired_cell(label: str, reference: str, by: dict, digits: int = 3) -> str:
+    """``label``'s cell in the column of paired differences against ``reference`` (``by``: {label: {seed: value}})."""
+    return "reference" if label == reference else vs(by[label], by[reference], digits) if reference in by else "-"
+
+
+def r_seeds(lg: Ledger, groups: dict, seeds: list, papers: dict | None = None, reference: str | None = None) -> str:
     """Four-horizon average test MSE per seed, its mean ± std and, against ``reference``, the paired difference."""
     t, body, by = _env(lg), [], {}
     for label, spec in groups.items():
@@ -386,19 +412,21 @@ def r_seeds(lg: Ledger, groups: dict, seeds: list, paper: dict | None = None, re
         vals = [horizon_average(rs, s) for s in seeds]
         if rs and None not in vals:
             by[label] = dict(zip(seeds, vals))
-            body.append([label, " / ".join(map(f, vals)), mean_std(vals), *([t(paper.get(label, "-"))] if paper else [])])
+            body.append([label, " / ".join(map(f, vals)), mean_std(vals),
+                         *([t(papers.get(label, "-"))] if papers else [])])
     for row in body if reference else ():
-        row.append("reference" if row[0] == reference else vs(by[row[0]], by[reference]) if reference in by else "-")
+        row.append(paired_cell(row[0], reference, by))
     head = ["model", f"per seed ({' / '.join(map(str, seeds))})", f"mean ± std, {len(seeds)} seeds"]
-    return md(head + ["paper"] * bool(paper) + [_ref_head(reference, "MSE")] * bool(reference), body)
+    return md(head + ["paper"] * bool(papers) + [_ref_head(reference, "MSE")] * bool(reference), body)
 
 
-EXTRA = {"fits": ("fits, wall-clock per fit", lambda rs, t: f"{len(rs)}: " + " / ".join(duration(r["wall_s"]) for r in rs)),
-         "count": ("fits", lambda rs, t: str(len(rs))),
-         "epochs": ("epochs run (best)", lambda rs, t: "-" if all(r.get("epochs") is None for r in rs) else
-                    " / ".join(map(epochs_best, rs))),
-         "paper_avg": ("paper avg", lambda rs, t: paper({"spatial": "weather/spatial", "temporal": "weather/temporal"}
-                                                        .get(rs[0]["model"], "weather/hot"), "avg"))}
+EXTRA = {  # the extra columns of r_horizons: {name: (head, cell of the group's lines)}
+    "fits": ("fits, wall-clock per fit", lambda rs: f"{len(rs)}: " + " / ".join(duration(r["wall_s"]) for r in rs)),
+    "count": ("fits", lambda rs: str(len(rs))),
+    "epochs": ("epochs run (best)", lambda rs: "-" if all(r.get("epochs") is None for r in rs) else
+               " / ".join(map(epochs_best, rs))),
+    "paper_avg": ("paper avg", lambda rs: paper({"spatial": "weather/spatial", "temporal": "weather/temporal"}
+                                                .get(rs[0]["model"], "weather/hot"), "avg"))}
 
 
 def r_horizons(lg: Ledger, groups: dict, metrics=("test/mse", "test/mae"), horizons=HORIZONS, extra=()) -> str:
@@ -418,7 +446,7 @@ def r_horizons(lg: Ledger, groups: dict, metrics=("test/mse", "test/mae"), horiz
                     means[i].append(mean(vals))
             cells.append(" / ".join(parts) or "-")
         cells.append(" / ".join(f"{mean(v):.3f}" for v in means.values() if len(v) == len(horizons)) or "-")
-        body.append([label, *cells, *(EXTRA[e][1](rs, None) for e in extra)])
+        body.append([label, *cells, *(EXTRA[e][1](rs) for e in extra)])
     return md(["model", *map(str, horizons), "avg", *(EXTRA[e][0] for e in extra)], body)
 
 
@@ -434,7 +462,7 @@ def r_per_seed(lg: Ledger, groups: dict, seeds: list, first: str, reference: str
                          mean_std([metric(r, "test/mse") for r in rs]), mean_std([metric(r, "test/mae") for r in rs]),
                          " / ".join(duration(r["wall_s"]) for r in rs)])
     for row in body if reference else ():
-        row.append("reference" if row[0] == reference else vs(by[row[0]], by[reference]) if reference in by else "-")
+        row.append(paired_cell(row[0], reference, by))
     return md([first, *(f"seed {s}" for s in seeds), f"MSE, {len(seeds)} seeds", f"MAE, {len(seeds)} seeds",
                "fit wall-clock per seed", *[_ref_head(reference, "MSE")] * bool(reference)], body)
 
@@ -450,7 +478,7 @@ def r_classification(lg: Ledger, groups: dict, mean_of: list | None = None, pape
             auc.setdefault(label, {})[r["seed"]] = 100 * r["metrics"]["test/auc"]
             body.append([label, r["seed"], r["epochs"], f"{f(val and 100 * val, 1)} ({r['best_epoch']})",
                          f(100 * r["metrics"]["test/auc"], 1), f(100 * r["metrics"]["test/acc"], 1),
-                         duration(r["wall_s"]) + (f", {th.group(1)} thread" + "s" * (th.group(1) != "1") if th else "")])
+                         duration(r["wall_s"]) + (f", {th[1]} thread" + "s" * (th[1] != "1") if th else "")])
     if mean_of and (rs := lg.sel(groups[mean_of[0]])):
         body.append([f"**{mean_of[1]}**", ", ".join(map(str, seeds_of(rs))), rs[0]["epochs"], "",
                      f"**{mean([100 * r['metrics']['test/auc'] for r in rs]):.1f}**",
@@ -474,17 +502,18 @@ def r_forecast(lg: Ledger, select: dict, reference: str | None = None, paper_row
     for m in dict.fromkeys(r["model"] for r in sel):
         rs, cells, means = [r for r in sel if r["model"] == m], [], []
         for h in horizons:
-            pts = {n: {r["seed"]: v for r in rs if (v := metric(r, f"test/{n}", h)) is not None} for n in ("mse", "mae")}
+            pts = {n: {r["seed"]: v for r in rs if (v := metric(r, f"test/{n}", h)) is not None}
+                   for n in ("mse", "mae")}
             by[m, h] = pts
-            cells.append(f"{mean_std(list(pts['mse'].values()))} / {mean_std(list(pts['mae'].values()))}" if pts["mse"] else "-")
+            cells.append(" / ".join(mean_std(list(pts[n].values())) for n in ("mse", "mae")) if pts["mse"] else "-")
             means += [(mean(list(pts["mse"].values())), mean(list(pts["mae"].values())))] if pts["mse"] else []
         if average:
             by[m, "avg"] = {n: {s: mean([by[m, h][n][s] for h in horizons]) for s in by[m, horizons[0]][n]
                                 if all(s in by[m, h][n] for h in horizons)} for n in ("mse", "mae")}
             cells.append(f"**{mean([a for a, _ in means]):.3f} / {mean([b for _, b in means]):.3f}**"
                          if len(means) == len(horizons) else "-")
-        body.append([LABELS.get(m, m), *cells, ", ".join(epochs_best(r) for h in horizons for r in rs
-                                                         if r.get("horizon") == h), str(len(seeds_of(rs))), hardware_short(rs)])
+        epochs = ", ".join(epochs_best(r) for h in horizons for r in rs if r.get("horizon") == h)
+        body.append([LABELS.get(m, m), *cells, epochs, str(len(seeds_of(rs))), hardware_short(rs)])
     for label, key in (paper_rows or {}).items() if body else ():
         vals = PAPER[key]["values"]
         body.append([label, *(paper(key, h) if h in vals else "-" for h in horizons),
@@ -505,15 +534,16 @@ def r_forecast(lg: Ledger, select: dict, reference: str | None = None, paper_row
 def r_runs(lg: Ledger, select: dict) -> str:
     """One row per ledger line matching ``select``: experiment, seed, metrics, epochs, wall time, hardware, commit
     (a transcribed line: the document and commit its number was copied from)."""
-    body = [[f"`{r['experiment']}`", r["seed"], ", ".join(f"{k.split('/', 1)[1]} {v:.4f}" for k, v in r["metrics"].items()
-                                                        if not k.endswith(("_orig", "/loss"))),
+    scores = lambda r: ", ".join(f"{k.split('/', 1)[1]} {v:.4f}" for k, v in r["metrics"].items()
+                                 if not k.endswith(("_orig", "/loss")))
+    body = [[f"`{r['experiment']}`", r["seed"], scores(r),
              epochs_best(r), duration(r["wall_s"]), r["hardware"], r["commit"] if r["record"] != "transcribed" else
              f"transcribed from {r['source']['file']} at {r['source']['commit']}"] for r in lg.sel(select)]
     return md(["experiment", "seed", "test metrics", "epochs (best)", "wall", "hardware", "commit"], body)
 
 
-TRAFFIC = [("MAE 15m", "test/mae@15m"), ("MAE 30m", "test/mae@30m"), ("MAE 60m", "test/mae@60m"), ("MAE all", "test/mae"),
-           ("MAPE all %", "test/mape"), ("RMSE all", "test/rmse")]
+TRAFFIC = [("MAE 15m", "test/mae@15m"), ("MAE 30m", "test/mae@30m"), ("MAE 60m", "test/mae@60m"),
+           ("MAE all", "test/mae"), ("MAPE all %", "test/mape"), ("RMSE all", "test/rmse")]
 
 
 def r_traffic(lg: Ledger, dataset: str = "los_loop", reference: str | None = None) -> str:
@@ -525,8 +555,7 @@ def r_traffic(lg: Ledger, dataset: str = "los_loop", reference: str | None = Non
     cell = lambda r, k: "-" if (v := r["metrics"].get(k)) is None else f"{v:.3f}" + (
         "" if (s := r.get("metrics_std", {}).get(k)) is None else f" ± {s:.3f}")
     body = [[f"`{r['model']}`", r.get("params", "-"), *(cell(r, k) for _, k in TRAFFIC), f(r["wall_s"], 0),
-             ", ".join(map(str, seeds_of([r]))), *([("reference" if r["model"] == reference else
-                                                    vs(per[r["model"]], per[reference]))] if reference in per else [])]
+             ", ".join(map(str, seeds_of([r]))), *[paired_cell(r["model"], reference, per)] * (reference in per)]
             for r in runs]
     return md(["model", "params", *(h for h, _ in TRAFFIC), "s/run", "seeds",
                *[_ref_head(f"`{reference}`", "MAE all")] * (reference in per)], body)
@@ -536,23 +565,22 @@ def r_text(lg: Ledger, students: dict, reference: str | None = None,
            datasets=(("TREC test", "trec"), ("SST-2 dev", "sst2"))) -> str:
     """Test accuracy (%) of the distilled students: mean ± std over seeds, per seed, and the paired difference
     against the ``reference`` student (same seeds); the teacher's single run."""
-    acc = lambda ds, m: {r["seed"]: 100 * r["metrics"]["test/acc"] for r in
-                         sorted(lg.sel(task="text", dataset=ds, model=m, role="student"), key=lambda r: r["seed"])}
     head, body = ["student"], []
     for name, _ in datasets:
         head += [f"{name} acc (%)", f"{name} per seed", *[f"{name}: " + _ref_head(reference, "acc")] * bool(reference)]
     for label, model in students.items():
         row = [label]
         for _, ds in datasets:
-            a = acc(ds, model)
+            by = {m: student_acc(lg, ds, m) for m in (model, reference)}
+            a = by[model]
             row += [mean_std(list(a.values()), 1), " / ".join(f"{v:.1f}" for v in a.values()) +
-                    f" (seeds {', '.join(map(str, a))})", *[("reference" if model == reference else
-                                                            vs(a, acc(ds, reference), 1))] * bool(reference)]
+                    f" (seeds {', '.join(map(str, a))})", *[paired_cell(model, reference, by, 1)] * bool(reference)]
         body.append(row)
     row = ["*teacher (2D, 4 layers)*"]
     for _, ds in datasets:
-        row += [", ".join(f"*{100 * r['metrics']['test/acc']:.1f}*" for r in lg.sel(task="text", dataset=ds, role="teacher"))
-                or "-", "", *[""] * bool(reference)]
+        teacher = lg.sel(task="text", dataset=ds, role="teacher")
+        row += [", ".join(f"*{100 * r['metrics']['test/acc']:.1f}*" for r in teacher) or "-", "",
+                *[""] * bool(reference)]
     return md(head, body + [row])
 
 
@@ -561,129 +589,173 @@ def r_tune(lg: Ledger, select: dict) -> str:
     body = []
     for study in dict.fromkeys(r["study"] for r in lg.sel(select)):
         rs = lg.sel(select, study=study)
-        done = [r for r in rs if r["state"] == "complete" and r["metrics"].get(r.get("objective", "val/mae")) is not None]
-        best = min(done, key=lambda r: r["metrics"][r.get("objective", "val/mae")]) if done else None
+        score = lambda r: r["metrics"].get(r.get("objective", "val/mae"))
+        best = min((r for r in rs if r["state"] == "complete" and score(r) is not None), key=score, default=None)
         body.append([f"`{study}`", len(rs), sum(r["state"] == "pruned" for r in rs),
-                     f"{best['metrics'][best.get('objective', 'val/mae')]:.4f} (trial {best['trial']})" if best else "-",
+                     f"{score(best):.4f} (trial {best['trial']})" if best else "-",
                      ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in best["params"].items()) if best else "-"])
     return md(["study", "trials", "pruned", "best validation objective (trial)", "its parameters"], body)
 
 
 # ------------------------------------------------------------------------------------ benchmarks and analysis
-def bench(lg: Ledger, prefix: str, suffix: str = "") -> list[dict]:
-    """The benchmark lines named ``prefix...`` measured as ``suffix`` says (``+cuda``, ``+cuda-bf16``; ``""``: CPU,
-    fp32): a GPU line never stands in a CPU table, nor a CPU line in a GPU one."""
-    return [r for r in lg.sel(task="benchmark", experiment=prefix + "*" + suffix)
-            if "+" not in r["experiment"][:len(r["experiment"]) - len(suffix)]]
+def device_of(r: dict) -> str:
+    """What a benchmark line was measured on: its name from the first ``+`` (``+cuda``, ``+cuda-bf16``; ``""``:
+    CPU, fp32)."""
+    return r["experiment"][r["experiment"].find("+"):] if "+" in r["experiment"] else ""
 
 
-shape = lambda s: "(" + ",".join(map(str, s)) + ")"
-ATTN = ("paper_product", "paper_sum", "kron_product", "kron_sum", "kron_linear", "kron_linear_sum", "kron_linear_assoc",
-        "full", "axial")
+def bench(lg: Ledger, lines: str, device: str = "") -> list[dict]:
+    """The benchmark lines of the experiment glob ``lines`` measured on ``device``: a GPU line never stands in a CPU
+    table, nor a CPU line in a GPU one."""
+    return [r for r in lg.sel(task="benchmark", experiment=lines + device) if device_of(r) == device]
 
 
-def _by_shape(rs: list[dict]) -> dict:
+FORMATS = {  # the named formats of a column template ("{shape:shape}"); any other format is a Python format spec
+    "shape": lambda v: "(" + ",".join(map(str, v)) + ")",  # [16, 16, 16] -> (16,16,16)
+    "ms": lambda v: f"{v:.0f}" if v >= 100 else f"{v:.1f}",  # a time: one decimal below 100
+    "last_word": lambda v: v.rsplit("_", 1)[-1],  # kronecker_attention_sum -> sum
+    "setup": lambda v: v.split(", pooled")[0],  # a split without the note on its inputs
+    "precision": lambda v: v.rsplit(", ", 1)[-1],  # "training step, B=32, bf16" -> bf16
+    "top_ops": lambda v: ", ".join(f"`{op.removeprefix('aten::')}` {share:.0%}" for op, share in v),
+}
+
+
+class Cell(string.Formatter):
+    """Fills a column template of ``results/tables.yaml``: ``{NAME:FORMAT}`` is a field, metric or ratio of the line
+    (in a pivot: ``{COLUMN[NAME]}``, of the row's line in that column), FORMAT a name of :data:`FORMATS` or a Python
+    format spec. A cell missing a value is ``-``."""
+
+    def format_field(self, value, spec: str) -> str:
+        return FORMATS[spec](value) if spec in FORMATS else format(value, spec)
+
+    def __call__(self, template: str, row: dict) -> str:
+        try:
+            return self.vformat(template, (), row)
+        except KeyError:
+            return "-"
+
+
+def values(r: dict) -> dict:
+    """A line's fields and metrics in one dict, without the None ones."""
+    return {k: v for k, v in {**r, **r["metrics"]}.items() if v is not None}
+
+
+def lookup(v: dict, name: str):
+    """The value ``name`` of a line's :func:`values`, or ``COLUMN[NAME]`` of a pivot row (:func:`pivot`)."""
+    column, _, key = name.partition("[")
+    return (v.get(column) or {}).get(key[:-1]) if key else v.get(name)
+
+
+def with_ratios(v: dict, ratios: dict) -> dict:
+    """``v`` with ``ratios`` ({NAME: [numerator, denominator]}, names for :func:`lookup`) where it has both (else it
+    keeps its own NAME: a ratio the line recorded itself)."""
+    for name, (a, b) in ratios.items():
+        if lookup(v, a) is not None and lookup(v, b):
+            v[name] = lookup(v, a) / lookup(v, b)
+    return v
+
+
+def pivot(lines: list[dict], row: str, column: str) -> list[dict]:
+    """One dict per value of the field ``row`` (in order of first appearance): ``{row: value, COLUMN VALUE: its
+    line, ...}`` (the last line of each)."""
     out: dict = {}
-    for r in rs:
-        out.setdefault(tuple(r["shape"]), {})[r["model"]] = r["metrics"]
-    return out
+    for v in lines:
+        out.setdefault(str(v[row]), {row: v[row]})[v[column]] = v
+    return list(out.values())
 
 
-def r_attention(lg: Ledger, suffix: str = "") -> str:
-    rs = [r for r in bench(lg, "bench/attention/", suffix) if not r["experiment"].startswith("bench/attention/core/")]
-    body = [[shape(s), n, f"{m['fwd_bwd_ms']:.1f}", f"{m['peak_mib']:.1f}", f"**{m['t/paper']:.2f}**" if n in
-             ("kron_product", "kron_sum") else f"{m['t/paper']:.2f}", f"{m['mem/paper']:.2f}", f(m.get("flop/paper"), 2)]
-            for s, by in _by_shape(rs).items() for n in sorted(by, key=lambda v: ATTN.index(v) if v in ATTN else 99)
-            if n not in ("kron_linear_sum", "kron_linear_assoc") for m in [by[n]]]
-    table = md(["shape", "attention", "fwd+bwd ms", "peak MiB", "t/paper", "mem/paper", "flop/paper"], body)
-    kron = [r["metrics"] for r in rs if r["model"] in ("kron_product", "kron_sum")]
-    if not kron:
+def r_lines(lg: Ledger, lines: str, columns: dict, device: str | list = "", where: dict | None = None,
+            hide: dict | None = None, by: list | None = None, require=(), group: str | None = None,
+            order: dict | None = None, sort: str | None = None, ratios: dict | None = None,
+            bold: dict | None = None, optional=(), notes: str | None = None, bullets: bool = True) -> str:
+    """A benchmark table declared as data: one row per line of :func:`bench` (``lines`` on ``device``, or on each of
+    a list), matching the selector ``where``, shown unless it matches ``hide``; with ``by: [ROW, COLUMN]``, one row
+    per value of the field ROW that has a line for each COLUMN value of ``require``.
+
+    Rows keep ledger order within the first appearances of ``group``, the listed values of ``order`` ({field:
+    [value, ...]}) and the values of ``sort``. ``columns``: {label: template} (:class:`Cell`; ``ratios``: see
+    :func:`with_ratios`); ``bold``: {label: selector} of the lines whose cell there is bold; ``optional``: labels
+    left out when no row has a value. Below the table the lines of ``NOTES[notes]`` (given every selected line and
+    the rows; None: the table alone) and where the lines come from, as bullets when ``bullets``."""
+    devices = [device] if isinstance(device, str) else device
+    rs = [r for d in devices for r in bench(lg, lines, d) if matches(r, where or {})]
+    every = [with_ratios(values(r), ratios or {}) for r in rs]
+    shown = [v for v in every if not (hide and matches(v, hide))]
+    first: dict = {}
+    for v in shown:
+        first.setdefault(str(v.get(group)), len(first))
+
+    def rank(v: dict) -> tuple:
+        listed = [o.index(v[k]) if v.get(k) in o else len(o) for k, o in (order or {}).items()]
+        return (first[str(v.get(group))], *listed, v[sort] if sort else 0)
+
+    shown.sort(key=rank)
+    if by:
+        shown = [with_ratios(p, ratios or {}) for p in pivot(shown, *by) if all(c in p for c in require)]
+    cell, bold = Cell(), bold or {}
+    body = [[f"**{c}**" if label in bold and c != "-" and matches(v, bold[label]) else c
+             for label, template in columns.items() for c in [cell(template, v)]] for v in shown]
+    keep = [i for i, label in enumerate(columns) if label not in optional or any(row[i] != "-" for row in body)]
+    table = md([list(columns)[i] for i in keep], [[row[i] for i in keep] for row in body])
+    below = (NOTES[notes](every, shown) if notes else []) if rs else None
+    if below is None:
         return table
-    full = [f"{shape(s)} {b['full']['fwd_bwd_ms'] / b['kron_product']['fwd_bwd_ms']:.1f}x / "
-            f"{b['full']['fwd_bwd_ms'] / b['kron_sum']['fwd_bwd_ms']:.1f}x"
-            for s, b in _by_shape(rs).items() if {"full", "kron_product", "kron_sum"} <= set(b)]
-    flops = [m["flop/paper"] for m in kron if "flop/paper" in m]
-    return "\n".join([table, "", f"* **Kronecker product and sum against the paper's equations**: {rng([m['t/paper'] for m in kron])}x "
-                      f"the time, {rng([m['mem/paper'] for m in kron])}x the peak memory" + (f", {rng(flops)}x the FLOPs." if flops else "."),
-                      *([f"* **Full / Kronecker time** (product / sum): {'; '.join(full)}."] if full else []),
-                      f"* {provenance_note(rs, f'bench/attention/*{suffix}')}"])
+    source = provenance_note(rs, *(lines + d for d in devices))
+    return "\n".join([table, "", *below, f"* {source}" if bullets else source])
 
 
-def r_attention_linear(lg: Ledger) -> str:
-    rs = [r for r in bench(lg, "bench/attention/") if not r["experiment"].startswith("bench/attention/core/")]
-    body, lin = [], []
-    for s, by in _by_shape(rs).items():
-        if {"paper_product", "kron_product", "kron_linear", "kron_linear_assoc"} <= set(by):
-            body.append([shape(s), f"{by['paper_product']['fwd_bwd_ms']:.1f}", *(
-                f"{m['t/paper']:.2f}x t, {m['mem/paper']:.2f}x mem" if (m := by.get(n)) else "-"
-                for n in ("kron_product", "kron_linear", "kron_linear_sum", "kron_linear_assoc")),
-                f"{by['kron_linear_assoc']['fwd_bwd_ms'] / by['kron_linear']['fwd_bwd_ms']:.2f}x"])
-            lin.append(by["kron_linear"]["fwd_bwd_ms"] / by["kron_product"]["fwd_bwd_ms"])
-    table = md(["shape", "paper_product ms", "kron_product", "kron_linear", "kron_linear_sum", "kron_linear_assoc",
-                "linear: assoc / formed time"], body)
-    used = [r["metrics"] for r in rs if r["model"] in ("kron_linear", "kron_linear_sum")]
-    return table if not lin else "\n".join([
-        table, "", f"The linear kernel takes {rng(lin)}x the softmax kernel's time at these shapes and "
-        f"{rng([m['t/paper'] for m in used])}x the paper baseline's ({rng([m['mem/paper'] for m in used])}x its peak "
-        "memory; the extra memory is the random-feature maps).", "", provenance_note(rs, "bench/attention/*")])
+def note_attention(lines: list[dict], rows: list[dict]) -> list[str] | None:
+    """The Kronecker kernels against the paper's equations, and full attention's time against theirs per shape."""
+    kron = [v for v in lines if v["model"] in ("kron_product", "kron_sum")]
+    if not kron:
+        return None
+    ms = lambda b, model: b[model]["fwd_bwd_ms"]
+    full = [f"{FORMATS['shape'](b['shape'])} {ms(b, 'full') / ms(b, 'kron_product'):.1f}x / "
+            f"{ms(b, 'full') / ms(b, 'kron_sum'):.1f}x"
+            for b in pivot(lines, "shape", "model") if {"full", "kron_product", "kron_sum"} <= set(b)]
+    flops = [v["flop/paper"] for v in kron if "flop/paper" in v]
+    return [f"* **Kronecker product and sum against the paper's equations**: {rng([v['t/paper'] for v in kron])}x "
+            f"the time, {rng([v['mem/paper'] for v in kron])}x the peak memory"
+            + (f", {rng(flops)}x the FLOPs." if flops else "."),
+            *([f"* **Full / Kronecker time** (product / sum): {'; '.join(full)}."] if full else [])]
 
 
-def r_attention_core(lg: Ledger) -> str:
-    rs = bench(lg, "bench/attention/core/")
-    table = md(["combine", "shape", "ms", "useful GFLOP/s", "of the matmul's", "executed GFLOP/s", "matmul GFLOP/s"],
-               [[r["model"].rsplit("_", 1)[-1], f"{shape(r['shape'])}, {r['split'].split(', pooled')[0]}",
-                 f"{m['ms']:.1f}", f"{m['useful_gflops']:.1f}", f"{100 * m['useful/peak']:.0f}%",
-                 f"{m['executed_gflops']:.1f}", f"{m['matmul_gflops']:.1f}"] for r in rs for m in [r["metrics"]]])
-    return "\n".join([table, "", provenance_note(rs, "bench/attention/core/*")]).rstrip()
+def note_attention_linear(lines: list[dict], rows: list[dict]) -> list[str] | None:
+    """The random-feature (FAVOR+) kernels against the softmax kernel (at the table's shapes) and the paper's."""
+    lin = [row["kron_linear"]["fwd_bwd_ms"] / row["kron_product"]["fwd_bwd_ms"] for row in rows]
+    used = [v for v in lines if v["model"] in ("kron_linear", "kron_linear_sum")]
+    return None if not lin else [
+        f"The linear kernel takes {rng(lin)}x the softmax kernel's time at these shapes and "
+        f"{rng([v['t/paper'] for v in used])}x the paper baseline's ({rng([v['mem/paper'] for v in used])}x its "
+        "peak memory; the extra memory is the random-feature maps).", ""]
 
 
-def r_compile(lg: Ledger) -> str:
-    rs = bench(lg, "bench/compile/")
-    ratio = lambda m: m["compiled_ms"] / m["eager_ms"] if {"compiled_ms", "eager_ms"} <= set(m) else m.get("compiled/eager")
-    by: dict = {}
-    for r in rs:
-        by.setdefault(r["case"], {})[r["variant"]] = r["metrics"]
-    body, ratios, plain = [], [], []
-    for case, v in by.items():
-        if "compiled" in v:
-            m, p = v["compiled"], v.get("compiled-plain")
-            ratios.append(ratio(m))
-            plain += [ratio(p)] if p else []
-            body.append([case, f"{m['eager_ms']:.1f}", f"{m['compiled_ms']:.1f}", f"**{ratios[-1]:.2f}**",
-                         f(p and ratio(p), 2), f(m.get("compile_s"), 0)])
-    table = md(["model", "eager ms/step", "compiled ms/step (CompileModel)", "compiled / eager",
-                "plain `torch.compile` / eager", "compile s"], body)
-    return table if not ratios else "\n".join([
-        table, "", f"* **Compiled / eager step time: {rng(ratios)}x** with `CompileModel`'s arguments" +
-        (f", {rng(plain)}x with plain `torch.compile`." if plain else "."), f"* {provenance_note(rs, 'bench/compile/*')}"])
+def note_compile(lines: list[dict], rows: list[dict]) -> list[str] | None:
+    """The range of the compiled / eager step times, with CompileModel's arguments and with plain torch.compile."""
+    ratios = [v["compiled/eager"] for v in lines if v["variant"] == "compiled"]
+    plain = [v["compiled/eager"] for v in lines if v["variant"] == "compiled-plain"]
+    return None if not ratios else [
+        f"* **Compiled / eager step time: {rng(ratios)}x** with `CompileModel`'s arguments"
+        + (f", {rng(plain)}x with plain `torch.compile`." if plain else ".")]
 
 
-def r_train_step(lg: Ledger, suffixes=("",)) -> str:
-    rs = [r for s in suffixes for r in bench(lg, "bench/train_step/", s) if "variant" in r]  # not the ceiling lines
-    prec = lambda r: r["split"].rsplit(", ", 1)[-1]
-    ms = lambda v: f"{v:.0f}" if v >= 100 else f"{v:.1f}"
-    memory = any("hoformer_mib" in r["metrics"] for r in rs)
-    # against the eager step measured in the same run (the line's own ratio), never one of another run or machine
-    body = [[r["case"], prec(r), r["variant"], ms(m["hoformer_ms"]), ms(m["paper_ms"]), f"**{m['hoformer_ms'] / m['paper_ms']:.2f}**",
-             f"{m['compiled/eager']:.2f}" if "compiled/eager" in m else "-",
-             *([f(m.get("hoformer_mib"), 0), f(m.get("paper_mib"), 0)] if memory else [])] for r in rs for m in [r["metrics"]]]
-    table = md(["case", "precision", "variant", "hoformer ms/step", "paper ms/step", "hoformer / paper",
-                "hoformer / its eager step", *(["hoformer MiB", "paper MiB"] if memory else [])], body)
-    return "\n".join([table, "", provenance_note(rs, *(f"bench/train_step/*{s}" for s in suffixes))]).rstrip()
+def note_triplet_scaling(lines: list[dict], rows: list[dict], up_to: int = 1024) -> list[str]:
+    """Where HOBA's linear operation count and 2D attention's quadratic one cross, and where the measured times do
+    (``rows``: by length)."""
+    last = rows[-1]
+    cross = last["hoba_gflop"] / max(last["full2d_gflop"], 1e-12) * last["length"]  # c1 L = c2 L^2
+    times = [(v["length"], v["hoba_ms"] / v["full2d_ms"]) for v in rows]
+    after = [i for i, (_, x) in enumerate(times) if x < 1]
+    cross_t = (f"between L = {times[after[0] - 1][0]} and L = {times[after[0]][0]}" if after and after[0] > 0
+               else f"not up to L = {times[-1][0]}" if not after else f"below L = {times[0][0]}")
+    short = [x for L, x in times if L <= up_to]
+    return [f"* HOBA's operation count grows linearly with L and 2D attention's quadratically: they cross near "
+            f"L = {round(cross, -2):.0f}, the measured times {cross_t}."
+            + (f" Up to L = {up_to} HOBA attention takes {min(short):.0f}-{max(short):.0f}x the time of 2D "
+               "attention." if short else "")]
 
 
-def r_train_step_ceiling(lg: Ledger, suffix: str = "") -> str:
-    """Each case's training step against the matmul ceiling measured in the same process (``train_step.py``'s
-    ``ceiling`` lines): counted FLOPs, GFLOP/s, the ceiling, their ratio, the top operators, the projected run."""
-    rs = [r for r in bench(lg, "bench/train_step/", suffix) if r["experiment"].split("/")[-1].startswith("ceiling")]
-    body = [[r["case"], f"{m['step_ms']:.0f}" if m["step_ms"] >= 100 else f"{m['step_ms']:.1f}", f"{m['gflop']:.2f}",
-             f"{m['gflops']:.1f}", f"{m['ceiling_gflops_fp32']:.0f}", f"**{m['fraction_of_ceiling']:.0%}**",
-             f"{m['projected_run_h']:.2f} h ({r.get('projected_epochs')} x {m['steps_per_epoch']} steps)",
-             ", ".join(f"`{k.removeprefix('aten::')}` {v:.0%}" for k, v in r.get("top_ops") or [])]
-            for r in rs for m in [r["metrics"]]]
-    table = md(["case", "ms / step", "GFLOP / step", "GFLOP/s", "matmul ceiling GFLOP/s", "of the ceiling",
-                "projected early-stopped run", "top operators (self CPU time)"], body)
-    return "\n".join([table, "", provenance_note(rs, f"bench/train_step/*/ceiling{suffix}")]).rstrip()
+NOTES = {k.removeprefix("note_"): v for k, v in dict(globals()).items() if k.startswith("note_")}
 
 
 def r_decode(lg: Ledger, suffix: str = "") -> str:
@@ -691,51 +763,60 @@ def r_decode(lg: Ledger, suffix: str = "") -> str:
     experiment on the same hardware (``history``: every line)."""
     speed = lambda m: m["full_ms"] / m["step_ms"] if "step_ms" in m else m["speedup"]
     hist = [r for r in lg.history if r["task"] == "benchmark" and r["experiment"].startswith("bench/decode/")
-            and r["experiment"].endswith(suffix) and "+" not in r["experiment"][:len(r["experiment"]) - len(suffix)]]
+            and device_of(r) == suffix]
     mains = []
     for e in dict.fromkeys(r["experiment"] for r in hist):
         runs = [r for r in hist if r["experiment"] == e]
         if full := [r for r in runs if "step_ms" in r["metrics"]]:
             mains.append((full[-1], [r for r in runs if r is not full[-1] and r["hardware"] == full[-1]["hardware"]]))
     mains.sort(key=lambda x: x[0]["past"])
-    head = ["attention", "past steps", "ms / step, min (median)", "full causal forward ms", "speed-up", "speed-up, other runs"]
+    head = ["attention", "past steps", "ms / step, min (median)", "full causal forward ms", "speed-up",
+            "speed-up, other runs"]
     if not mains:
         return md(head, [])
     longest = max(r["past"] for r, _ in mains)
     body = [[f"`{r['model']}`", r["past"], f"{m['step_ms']:.2f} ({m['step_median_ms']:.2f})", f"{m['full_ms']:.0f}",
              f"**{speed(m):.0f}x**" if r["past"] == longest else f"{speed(m):.0f}x",
-             ", ".join(f"{speed(o['metrics']):.0f}x" for o in others) or "-"] for r, others in mains for m in [r["metrics"]]]
+             ", ".join(f"{speed(o['metrics']):.0f}x" for o in others) or "-"]
+            for r, others in mains for m in [r["metrics"]]]
     steps = [r["metrics"]["step_ms"] for r, _ in mains]
     slow = max((r for r, _ in mains if r["past"] == longest), key=lambda r: r["metrics"]["full_ms"])
-    return "\n".join([md(head, body), "", f"* **The cached step stays at {min(steps):.0f}-{max(steps):.0f} ms from "
-                      f"{min(r['past'] for r, _ in mains)} to {longest} past steps** while the full causal forward grows "
-                      f"with the sequence (`{slow['model']}`: {slow['metrics']['full_ms'] / 1e3:.0f} s at {longest} past steps).",
-                      f"* {provenance_note([x for m, os in mains for x in (m, *os)], f'bench/decode/*{suffix}')}"])
+    return "\n".join([
+        md(head, body), "", f"* **The cached step stays at {min(steps):.0f}-{max(steps):.0f} ms from "
+        f"{min(r['past'] for r, _ in mains)} to {longest} past steps** while the full causal forward grows with the "
+        f"sequence (`{slow['model']}`: {slow['metrics']['full_ms'] / 1e3:.0f} s at {longest} past steps).",
+        f"* {provenance_note([x for m, os in mains for x in (m, *os)], f'bench/decode/*{suffix}')}"])
 
 
 def r_accelerator_chunk(lg: Ledger) -> str:
-    rs = bench(lg, "bench/accelerator_chunk/", "+cuda")
-    cell = lambda m, k: f"{m[k + '_ms']:.1f} ms, {m[k + '_mib']:.0f} MiB"
+    """The paper layer against the Kronecker layer in one chunk and in bounded chunks, on the GPU."""
+    rs = bench(lg, "bench/accelerator_chunk/*", "+cuda")
+    timed = lambda m, k: f"{m[k + '_ms']:.1f} ms, {m[k + '_mib']:.0f} MiB"
     chunk = ", ".join(dict.fromkeys(f"{r['chunk_mib']} MiB" for r in rs)) or "bounded"
-    table = md(["shape, batch", "combine", "paper layer", "Kronecker layer, one chunk", f"Kronecker layer, {chunk} chunks"],
-               [[f"{shape(r['shape']).replace(',', ', ')}, {r['batch']}", r["model"].removeprefix("kron_"),
-                 cell(r["metrics"], "paper"), cell(r["metrics"], "one_chunk"), f"**{cell(r['metrics'], 'chunked')}**"] for r in rs])
+    table = md(["shape, batch", "combine", "paper layer", "Kronecker layer, one chunk",
+                f"Kronecker layer, {chunk} chunks"],
+               [[f"({', '.join(map(str, r['shape']))}), {r['batch']}", r["model"].removeprefix("kron_"),
+                 timed(m, "paper"), timed(m, "one_chunk"), f"**{timed(m, 'chunked')}**"]
+                for r in rs for m in [r["metrics"]]])
     if not rs:
         return table
     ms = [r["metrics"] for r in rs]
+    faster = [m["paper_ms"] / m[k] for m in ms for k in ("one_chunk_ms", "chunked_ms")]
     cut = [100 * (1 - m["chunked_mib"] / m["one_chunk_mib"]) for m in ms]
     more = max(100 * (m["chunked_ms"] / m["one_chunk_ms"] - 1) for m in ms)
-    return "\n".join([table, "", f"* At this size the Kronecker layer is **{rng([m['paper_ms'] / m[k] for m in ms for k in ('one_chunk_ms', 'chunked_ms')], 1)}"
-                      f"x faster than the paper layer**; the bounded chunk cuts its peak memory by {min(cut):.0f}-{max(cut):.0f}% "
-                      f"against one chunk for at most {max(more, 0):.0f}% more time, leaving it at "
-                      f"{rng([m['chunked_mib'] / m['paper_mib'] for m in ms])}x the paper layer's memory.",
-                      f"* {provenance_note(rs, 'bench/accelerator_chunk/*')}"])
+    return "\n".join([
+        table, "", f"* At this size the Kronecker layer is **{rng(faster, 1)}x faster than the paper layer**; the "
+        f"bounded chunk cuts its peak memory by {min(cut):.0f}-{max(cut):.0f}% against one chunk for at most "
+        f"{max(more, 0):.0f}% more time, leaving it at {rng([m['chunked_mib'] / m['paper_mib'] for m in ms])}x the "
+        "paper layer's memory.", f"* {provenance_note(rs, 'bench/accelerator_chunk/*')}"])
 
 
 def r_weaver(lg: Ledger) -> str:
-    rs = bench(lg, "bench/weaver/")
+    """P^2-KMV against forming the Kronecker matrix; Weaver's training step against one full attention layer's."""
+    rs = bench(lg, "bench/weaver/*")
     by = {r["experiment"].removeprefix("bench/weaver/"): r for r in rs}
-    kmv, dense, weaver, full = (by.get(k) for k in ("p2_kmv/kmv", "p2_kmv/dense", "step/weaver", "step/traffic_full_attention"))
+    kmv, dense, weaver, full = map(by.get, ("p2_kmv/kmv", "p2_kmv/dense", "step/weaver",
+                                            "step/traffic_full_attention"))
     body, notes = [], []
     if kmv and dense:
         k, d = kmv["metrics"], dense["metrics"]
@@ -745,7 +826,8 @@ def r_weaver(lg: Ledger) -> str:
                   f"{d['peak_mib']:,.0f} MiB for a chunk of {dense['dense_chunk']} ({x('peak_mib')})"]]
         notes += [f"* max |dense - KMV| = {d['max_abs_err']:.1e} in float32."] if "max_abs_err" in d else []
     if weaver and full:
-        body += [[f"`weaver` training step (Table 3 defaults, {weaver['params']:,} parameters)", f"**{weaver['metrics']['step_s']:.2f} s**", ""],
+        body += [[f"`weaver` training step (Table 3 defaults, {weaver['params']:,} parameters)",
+                  f"**{weaver['metrics']['step_s']:.2f} s**", ""],
                  ["`traffic_full_attention` training step (one layer, softmax SDPA over the P N tokens, "
                   f"{full['params']:,} parameters)", f"{full['metrics']['step_s']:.2f} s", ""]]
         x = full["metrics"]["step_s"] / weaver["metrics"]["step_s"]
@@ -755,18 +837,24 @@ def r_weaver(lg: Ledger) -> str:
     return "\n".join([table, "", *notes, f"* {provenance_note(rs, 'bench/weaver/*')}"]) if rs else table
 
 
+def fast_over_naive(m: dict, k: str) -> float | None:
+    """The triplet kernel's metric ``k`` over Algorithm 1's (the metrics ``fast_k`` / ``naive_k`` of one line)."""
+    return m[f"fast_{k}"] / m[f"naive_{k}"] if f"fast_{k}" in m and f"naive_{k}" in m else None
+
+
 def r_triplet_target(lg: Ledger) -> str:
+    """The triplet kernel against Algorithm 1 at the target size, and whether it meets the time and memory goals."""
     rs = bench(lg, "bench/triplet/target")
     if not rs:
         return md(["candidate", "fwd+bwd CPU time (s)", "peak memory (MiB)"], [])
     m, target = rs[-1]["metrics"], float(paper("triplet/target", "time"))
-    ratio = lambda k: m[f"fast_{k}"] / m[f"naive_{k}"] if f"fast_{k}" in m and f"naive_{k}" in m else None
     goal = lambda v, t: f"(target <= {t:g}: {'met' if v <= t else 'not met'})"
-    t, mem = ratio("s"), ratio("peak_mib")
+    t, mem = fast_over_naive(m, "s"), fast_over_naive(m, "peak_mib")
     body = [[name, f"{m[f'{k}_s']:.3f}", *(f(m.get(f"{k}_{n}"), 1) for n in ("peak_mib", "saved_mib", "gflop"))]
             for name, k in (("naive (Algorithm 1)", "naive"), ("fast `triplet_attention`", "fast"))]
-    body.append(["**ratio fast / naive**", f"**{t:.2f}** {goal(t, target)}", "-" if mem is None else
-                 f"**{mem:.2f}** {goal(mem, 0.2)}", f(ratio("saved_mib"), 3), f(ratio("gflop"), 2)])
+    body.append(["**ratio fast / naive**", f"**{t:.2f}** {goal(t, target)}",
+                 "-" if mem is None else f"**{mem:.2f}** {goal(mem, 0.2)}", f(fast_over_naive(m, "saved_mib"), 3),
+                 f(fast_over_naive(m, "gflop"), 2)])
     notes = [f"* **Time: {t:.2f}x** the naive algorithm's {goal(t, target)}."]
     if mem is not None and "naive_saved_mib" in m:
         notes.insert(0, f"* **Peak memory: {mem:.2f}x** (the naive algorithm keeps every window's score cube, softmax "
@@ -776,29 +864,6 @@ def r_triplet_target(lg: Ledger) -> str:
                           "GFLOP (fwd+bwd)"], body), "", *notes, f"* {provenance_note(rs, 'bench/triplet/target')}"])
 
 
-def r_triplet_scaling(lg: Ledger, up_to: int = 1024) -> str:
-    rs = sorted(bench(lg, "bench/triplet/scaling/"), key=lambda r: r["length"])
-    memr = lambda m: m["hoba_peak_mib"] / m["full2d_peak_mib"] if "full2d_peak_mib" in m else None
-    table = md(["L", "HOBA CPU ms", "2D CPU ms", "time HOBA/2D", "HOBA peak MiB", "2D peak MiB", "mem HOBA/2D",
-                "GFLOP HOBA", "GFLOP 2D"],
-               [[r["length"], f"{m['hoba_ms']:.1f}", f"{m['full2d_ms']:.1f}", f"{m['hoba_ms'] / m['full2d_ms']:.1f}",
-                 f(m.get("hoba_peak_mib"), 1), f(m.get("full2d_peak_mib"), 1), f(memr(m), 1), f"{m['hoba_gflop']:.2f}",
-                 f"{m['full2d_gflop']:.2f}"] for r in rs for m in [r["metrics"]]])
-    if not rs:
-        return table
-    last = rs[-1]["metrics"]
-    cross = last["hoba_gflop"] / max(last["full2d_gflop"], 1e-12) * rs[-1]["length"]  # c1 L = c2 L^2
-    times = [(r["length"], r["metrics"]["hoba_ms"] / r["metrics"]["full2d_ms"]) for r in rs]
-    after = [i for i, (_, x) in enumerate(times) if x < 1]
-    cross_t = (f"between L = {times[after[0] - 1][0]} and L = {times[after[0]][0]}" if after and after[0] > 0
-               else f"not up to L = {times[-1][0]}" if not after else f"below L = {times[0][0]}")
-    short = [x for L, x in times if L <= up_to]
-    return "\n".join([table, "", f"* HOBA's operation count grows linearly with L and 2D attention's quadratically: they "
-                      f"cross near L = {round(cross, -2):.0f}, the measured times {cross_t}." +
-                      (f" Up to L = {up_to} HOBA attention takes {min(short):.0f}-{max(short):.0f}x the time of 2D "
-                       "attention." if short else ""), f"* {provenance_note(rs, 'bench/triplet/scaling/*')}"])
-
-
 sr = lambda v: "" if v is None else f"{v:.4g}"  # a logged stable rank as recorded (4 significant digits at most)
 
 
@@ -806,31 +871,37 @@ def span(vals, fmt=sr) -> str:
     return fmt(min(vals)) if fmt(min(vals)) == fmt(max(vals)) else f"{fmt(min(vals))}-{fmt(max(vals))}"
 
 
+def short_label(model: str) -> str:
+    """The name of an attention type in the analysis tables: ``HOT product``, ``full attention``, ..."""
+    label = LABELS.get(model, model)
+    return {"Transformer (non-factorized)": "full attention", "HOT (product)": "HOT product",
+            "HOT (sum)": "HOT sum"}.get(label, label)
+
+
 def r_stable_ranks(lg: Ledger, dataset: str, modes: list[str], val: list[str]) -> str:
     """Validation metric and stable ranks of ``analysis/stable_rank/DATASET/*``; eq 11 checked from the lines and
     the Kronecker sum's stable rank against the product's."""
     rs = lg.sel(experiment=f"analysis/stable_rank/{dataset}/*")
     heads = {f"val/sr/mode{i}": f"sr {m}" for i, m in enumerate(modes)}
-    cols = [c for c in [*heads, "val/sr/product", "val/sr/sum", "val/sr/full"] if any(c in r["metrics"] for r in rs)] \
-        or [*heads, "val/sr/product", "val/sr/sum", "val/sr/full"]
+    every = [*heads, "val/sr/product", "val/sr/sum", "val/sr/full"]
+    cols = [c for c in every if any(c in r["metrics"] for r in rs)] or every
     table = md(["run", val[1], *(heads.get(c, "sr " + c.rsplit("/", 1)[1]) for c in cols)],
-               [[LABELS.get(r["model"], r["model"]).replace("HOT (product)", "HOT product").replace("HOT (sum)", "HOT sum")
-                 .replace("Transformer (non-factorized)", "full attention"), f(r["metrics"].get(val[0])),
-                 *(sr(r["metrics"].get(c)) for c in cols)] for r in rs])
+               [[short_label(r["model"]), f(r["metrics"].get(val[0])), *(sr(r["metrics"].get(c)) for c in cols)]
+                for r in rs])
     if not rs:
         return table
-    out, kron = [table, ""], [r for r in rs if {*heads, "val/sr/product"} <= set(r["metrics"])]
-    name = lambda r: {"hot_product": "HOT product", "hot_sum": "HOT sum"}.get(r["model"], r["model"])
+    out, kron = [table, ""], [r["metrics"] | {"model": r["model"]} for r in rs
+                              if {*heads, "val/sr/product"} <= set(r["metrics"])]
     if kron:
         out.append("* **Product of the mode-wise stable ranks** (eq 11): " + "; ".join(
-            f"{name(r)} {' x '.join(sr(r['metrics'][c]) for c in heads)} = {math.prod(r['metrics'][c] for c in heads):.3f} "
-            f"(logged {sr(r['metrics']['val/sr/product'])})" for r in kron) + ". The logged values are means over batch, "
+            f"{short_label(m['model'])} {' x '.join(sr(m[c]) for c in heads)} = {math.prod(m[c] for c in heads):.3f} "
+            f"(logged {sr(m['val/sr/product'])})" for m in kron) + ". The logged values are means over batch, "
             "heads and layers, so the two agree up to that averaging.")
-        if both := [r["metrics"] for r in kron if "val/sr/sum" in r["metrics"]]:
+        if both := [m for m in kron if "val/sr/sum" in m]:
             full = [r["metrics"]["val/sr/full"] for r in rs if "val/sr/full" in r["metrics"]]
-            out.append(f"* **Kronecker sum against product** (same factors): sum {span([m['val/sr/sum'] for m in both])}, "
-                       f"product {span([m['val/sr/product'] for m in both])}, i.e. "
-                       f"{span([m['val/sr/sum'] / m['val/sr/product'] for m in both], lambda v: f'{v:.1f}')}x"
+            out.append(f"* **Kronecker sum against product** (same factors): sum "
+                       f"{span([m['val/sr/sum'] for m in both])}, product {span([m['val/sr/product'] for m in both])}, "
+                       f"i.e. {span([m['val/sr/sum'] / m['val/sr/product'] for m in both], lambda v: f'{v:.1f}')}x"
                        + (f"; full attention {span(full)}." if full else "."))
     return "\n".join([*out, f"* {provenance_note(rs, f'analysis/stable_rank/{dataset}/*')}"])
 
@@ -838,16 +909,16 @@ def r_stable_ranks(lg: Ledger, dataset: str, modes: list[str], val: list[str]) -
 def r_heads(lg: Ledger) -> str:
     """Validation MSE per number of heads and attention of ``analysis/heads/etth1/*``; the range of each row and all."""
     rs = lg.sel(experiment="analysis/heads/etth1/*")
-    counts = sorted({r["heads"] for r in rs})
+    counts, four = sorted({r["heads"] for r in rs}), lambda v: f"{v:.4f}"
     body = []
     for model in dict.fromkeys(r["model"] for r in rs):
         by = {r["heads"]: r["metrics"]["val/mse"] for r in rs if r["model"] == model}
-        body.append([LABELS.get(model, model), *(f(by.get(h), 4) for h in counts), span(list(by.values()), lambda v: f"{v:.4f}")])
+        body.append([LABELS.get(model, model), *(f(by.get(h), 4) for h in counts), span(list(by.values()), four)])
     table = md(["attention", *(f"{h} head{'s' * (h != 1)}" for h in counts), "range"], body)
     if not rs:
         return table
     v = [r["metrics"]["val/mse"] for r in rs]
-    return "\n".join([table, "", f"* All {len(rs)} runs: validation MSE {span(v, lambda x: f'{x:.4f}')}, a spread of "
+    return "\n".join([table, "", f"* All {len(rs)} runs: validation MSE {span(v, four)}, a spread of "
                       f"{max(v) - min(v):.4f} ({100 * (max(v) - min(v)) / mean(v):.1f}% of their mean).",
                       f"* {provenance_note(rs, 'analysis/heads/etth1/*')}"])
 
@@ -862,10 +933,10 @@ def r_growth(lg: Ledger) -> str:
     change between runs of the same command (``history``: every line); the time per sample at the recorded sizes."""
     lines = [r for r in lg.history if r["task"] == "benchmark" and r["experiment"].startswith("bench/growth/")]
     full = {r["model"]: r for r in lines if all(k in r["metrics"] for k, _ in GROWTH)}
-    label = lambda a: LABELS.get(a, a).replace("Transformer (non-factorized)", "full attention")
+    assoc = lambda a: "every factor by associativity" in full[a].get("metrics_note", "")
     table = md(["attention", *(h for _, h in GROWTH)], [
-        [label(a) + (", every factor by associativity (see below)" if "every factor by associativity" in
-                     full[a].get("metrics_note", "") else ""), *(f"{full[a]['metrics'][k]:.2f}" for k, _ in GROWTH)]
+        [short_label(a) + (", every factor by associativity (see below)" if assoc(a) else ""),
+         *(f"{full[a]['metrics'][k]:.2f}" for k, _ in GROWTH)]
         for a in sorted(full, key=lambda a: BENCH_ATTN.index(a) if a in BENCH_ATTN else 99)])
     if not lines:
         return table
@@ -875,13 +946,16 @@ def r_growth(lg: Ledger) -> str:
     runs, keys = list(runs.values()), ("exp_fwd", "exp_fwdbwd")
     if len(runs) > 1:
         common = [a for a in BENCH_ATTN if all(a in run and all(k in run[a] for k in keys) for run in runs)]
-        d, who, k = max((max(v) - min(v), label(a), k) for a in common for k in keys for v in [[run[a][k] for run in runs]])
+        d, who, k = max((max(v) - min(v), short_label(a), k) for a in common for k in keys
+                        for v in [[run[a][k] for run in runs]])
         same = all(len({tuple(sorted(common, key=lambda a: run[a][k])) for run in runs}) == 1 for k in keys)
-        out.append(f"* **Run to run** ({len(runs)} runs of the same command), forward / forward+backward exponents: " +
-                   "; ".join(f"run {i + 1}: " + ", ".join(f"{run[a]['exp_fwd']:.2f} / {run[a]['exp_fwdbwd']:.2f} ({label(a)})"
-                                                          for a in common) for i, run in enumerate(runs)) +
-                   f". The largest change between runs is {d:.2f} ({who}, {'forward' if k == 'exp_fwd' else 'forward+backward'}); "
-                   f"the order of the types by exponent {'is the same in every run' if same else 'changes between runs'}.")
+        per_run = "; ".join(f"run {i + 1}: " + ", ".join(
+            f"{run[a]['exp_fwd']:.2f} / {run[a]['exp_fwdbwd']:.2f} ({short_label(a)})" for a in common)
+            for i, run in enumerate(runs))
+        out.append(f"* **Run to run** ({len(runs)} runs of the same command), forward / forward+backward exponents: "
+                   f"{per_run}. The largest change between runs is {d:.2f} ({who}, "
+                   f"{'forward' if k == 'exp_fwd' else 'forward+backward'}); the order of the types by exponent "
+                   f"{'is the same in every run' if same else 'changes between runs'}.")
     timed: dict = {}
     for r in lines:
         for k, v in r["metrics"].items():
@@ -889,7 +963,7 @@ def r_growth(lg: Ledger) -> str:
                 timed.setdefault(int(k.split("@")[1]), {})[r["model"]] = v
     for tokens, by in sorted(timed.items()):
         out.append(f"* **At {tokens:,} tokens**, forward+backward per sample: "
-                   f"{' vs '.join(f'{by[a]:.0f} ms ({label(a)})' for a in BENCH_ATTN if a in by)}" +
+                   f"{' vs '.join(f'{by[a]:.0f} ms ({short_label(a)})' for a in BENCH_ATTN if a in by)}" +
                    (f": full attention takes {by['full'] / by['kronecker_product']:.0f}x the Kronecker product's time"
                     if {"full", "kronecker_product"} <= set(by) else "") + ".")
     return "\n".join([*out, f"* {provenance_note(lines, 'bench/growth/*')}"])
@@ -901,13 +975,14 @@ def r_flops(lg: Ledger) -> str:
     lines = lg.sel(task="benchmark", experiment="bench/flops/*")
     patches = sorted({r["patch"] for r in lines})
     tokens = {p: next((r["shape"][0] // p) ** len(r["shape"]) for r in lines if r["patch"] == p) for p in patches}
-    pcell = {"kronecker_product": f"{paper('hot/flops_224', 'kronecker')} (Kronecker)", "full": paper("hot/flops_224", "full"),
-             "kronecker_sum": f"{paper('hot/flops_224', 'kronecker')} (Kronecker)", "divided": paper("hot/flops_224", "divided")}
-    body = [[LABELS.get(a, a).replace("Transformer (non-factorized)", "full attention"),
-             *(f"{by[p]:,g}" if p in by else "-" for p in patches), pcell.get(a, "-")]
-            for a in BENCH_ATTN for by in [{r["patch"]: r["metrics"]["gflops"] for r in lines if r["model"] == a}] if by]
-    table = md(["attention, GFLOPs per sample", *(f"patch {p} ({round(tokens[p] ** (1 / 3))}^3 = {tokens[p]:,} tokens)"
-                                                  for p in patches), "paper (configuration not stated)"], body)
+    kron_paper = f"{paper('hot/flops_224', 'kronecker')} (Kronecker)"
+    pcell = {"kronecker_product": kron_paper, "kronecker_sum": kron_paper, "full": paper("hot/flops_224", "full"),
+             "divided": paper("hot/flops_224", "divided")}
+    body = [[short_label(a), *(f"{by[p]:,g}" if p in by else "-" for p in patches), pcell.get(a, "-")]
+            for a in BENCH_ATTN for by in [{r["patch"]: r["metrics"]["gflops"] for r in lines if r["model"] == a}]
+            if by]
+    heads = [f"patch {p} ({round(tokens[p] ** (1 / 3))}^3 = {tokens[p]:,} tokens)" for p in patches]
+    table = md(["attention, GFLOPs per sample", *heads, "paper (configuration not stated)"], body)
     if not lines:
         return table
     out = [table, ""]
@@ -929,18 +1004,19 @@ def r_flops(lg: Ledger) -> str:
 RENDER = {k.removeprefix("r_"): v for k, v in dict(globals()).items() if k.startswith("r_")}
 
 
-def tables(rows: list[dict]) -> dict:
-    """``{NAME: body}`` of every table of ``results/tables.yaml`` rendered from the ledger lines ``rows``."""
+def tables(rows: list[dict], names=None) -> dict:
+    """``{NAME: body}`` of the tables ``names`` (None: every table) of ``results/tables.yaml`` rendered from the
+    ledger lines ``rows``."""
     spec = _yaml("tables.yaml")
     lg = Ledger(rows, spec["selectors"])
     return {name: RENDER[t["render"]](lg, **{k: v for k, v in t.items() if k != "render"})
-            for name, t in spec["tables"].items()}
+            for name, t in spec["tables"].items() if names is None or name in names}
 
 
 TABLES = _yaml("tables.yaml")["tables"]
 
 
-def check_markers(f: Path, text: str) -> None:
+def check_markers(page: Path, text: str) -> None:
     """Every ``<!-- ledger:NAME -->`` / ``<!-- paper:... -->`` opening closed by its end marker before the next
     opening; else a :class:`LedgerError` naming the file and the line."""
     open_ = None
@@ -948,34 +1024,35 @@ def check_markers(f: Path, text: str) -> None:
         line, tag = text.count("\n", 0, m.start()) + 1, m.group(1)
         if tag.startswith(("ledger:", "paper:")):
             if open_:
-                raise LedgerError(f"{f}:{open_[0]}: <!-- {open_[1]} --> has no end marker before line {line}")
+                raise LedgerError(f"{page}:{open_[0]}: <!-- {open_[1]} --> has no end marker before line {line}")
             open_ = (line, tag)
         elif not open_ or open_[1].split(":")[0] != tag[1:]:
-            raise LedgerError(f"{f}:{line}: <!-- {tag} --> closes no open block"
+            raise LedgerError(f"{page}:{line}: <!-- {tag} --> closes no open block"
                               + (f" (line {open_[0]} opened <!-- {open_[1]} -->)" if open_ else ""))
         else:
             open_ = None
     if open_:
-        raise LedgerError(f"{f}:{open_[0]}: <!-- {open_[1]} --> has no end marker (<!-- /{open_[1].split(':')[0]} -->)")
+        end = open_[1].split(":")[0]
+        raise LedgerError(f"{page}:{open_[0]}: <!-- {open_[1]} --> has no end marker (<!-- /{end} -->)")
 
 
 def render_tables(files: list[Path], rows: list[dict], write: bool) -> list[Path]:
     """Replace the body of every ledger block and inline paper reference of ``files`` by what the ledger and the
     paper numbers give. Returns the files whose content differs (written when ``write``)."""
     bodies, changed = tables(rows), []
-    for f in files:
-        text = f.read_text()
-        check_markers(f, text)
+    for page in files:
+        text = page.read_text()
+        check_markers(page, text)
         for m in TABLE_RE.finditer(text):
             if m.group("name") not in bodies:
-                raise LedgerError(f"{f}:{text.count(chr(10), 0, m.start()) + 1}: unknown ledger table "
+                raise LedgerError(f"{page}:{text.count(chr(10), 0, m.start()) + 1}: unknown ledger table "
                                   f"{m.group('name')!r} (results/tables.yaml has {sorted(bodies)})")
         new = TABLE_RE.sub(lambda m: m.group(1) + bodies[m.group("name")].rstrip("\n") + "\n" + m.group(4), text)
         new = PAPER_RE.sub(lambda m: m.group(1) + paper(m.group("key"), m.group("value")) + m.group(5), new)
         if new != text:
-            changed.append(f)
+            changed.append(page)
             if write:
-                f.write_text(new)
+                page.write_text(new)
     return changed
 
 

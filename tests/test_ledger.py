@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 ledger = load_benchmark("ledger")
 lg = lambda rows: ledger.Ledger(rows)
+table_of = lambda rows, name: ledger.tables(rows, [name])[name]  # one table of results/tables.yaml
 
 
 GOOD = {"experiment": "e", "task": "forecasting", "dataset": "D", "model": "m", "scale": "cpu", "split": "test",
@@ -341,6 +342,33 @@ def _write(entries: list[dict], path: Path, script: str, argv: list[str], device
     return new
 
 
+def test_a_table_declared_as_data_fills_its_columns_from_the_lines():
+    """``render: lines`` (``r_lines``): one row per benchmark line of the device asked for, each column a template
+    (a named format, a ratio of two metrics, ``-`` for a missing value, bold where a selector says), rows grouped and
+    ordered as declared, an optional column left out when empty; with ``by``, one row per value of a field."""
+    def line(name, model, shape, **metrics):
+        return {**GOOD, "experiment": f"bench/t/{name}", "task": "benchmark", "record": "benchmark", "model": model,
+                "shape": shape, "metrics": metrics}
+
+    rows = [line("a/y", "y", [2, 3], ms=30.0, ref=10.0), line("b/x", "x", [4], ms=200.0, ref=100.0),
+            line("a/x", "x", [2, 3], ms=5.0), line("a/x+cuda", "x", [2, 3], ms=1.0, ref=4.0)]
+    columns = {"shape": "{shape:shape}", "model": "{model}", "ms": "{ms:ms}", "ms / ref": "{ms/ref:.2f}",
+               "empty": "{nothing}"}
+    spread = lambda table: [re.sub(r" +", " ", ln) for ln in table.splitlines()]
+    table = spread(ledger.r_lines(lg(rows), "bench/t/*", columns, group="shape", order={"model": ["x", "y"]},
+                                  ratios={"ms/ref": ["ms", "ref"]}, bold={"ms": {"model": "y"}}, optional=["empty"]))
+    assert table[0] == "| shape | model | ms | ms / ref |"
+    assert table[2:5] == ["| (2,3) | x | 5.0 | - |", "| (2,3) | y | **30.0** | 3.00 |", "| (4) | x | 200 | 2.00 |"]
+    assert table[5] == "" and table[6].startswith("* Measured with `hoformer fit` at commit abc on CPU")
+    gpu = spread(ledger.r_lines(lg(rows), "bench/t/*", columns, device="+cuda", ratios={"ms/ref": ["ms", "ref"]}))
+    assert gpu[2:4] == ["| (2,3) | x | 1.0 | 0.25 | - |", ""]
+    pivot = {"shape": "{shape:shape}", "y / x": "{y[ms]:.0f} / {x[ms]:.0f}"}
+    assert spread(ledger.r_lines(lg(rows), "bench/t/*", pivot, by=["shape", "model"], require=["x"]))[2:4] == [
+        "| (2,3) | 30 / 5 |", "| (4) | - |"]
+    assert ledger.r_lines(lg(rows), "bench/t/*", pivot, by=["shape", "model"], require=["x", "y"]).count("\n| (") == 1
+    assert ledger.NO_RUNS in ledger.r_lines(lg(rows), "bench/none/*", columns)
+
+
 def test_benchmark_lines_from_attention_py_render_the_kernel_tables(tmp_path, monkeypatch):
     """``benchmarks/attention.py --ledger FILE`` appends one line per shape and variant with its provenance and the
     command without the file; the tables use the newest line of each experiment, so a re-measurement replaces the
@@ -362,12 +390,12 @@ def test_benchmark_lines_from_attention_py_render_the_kernel_tables(tmp_path, mo
     attention.write_ledger(SimpleNamespace(ledger=str(path)), entries, "cpu")
     rows = ledger.read_ledger(path)
     assert len(rows) == 10 and {r["command"] for r in rows} == {"python benchmarks/attention.py --reps 2"}
-    table = ledger.r_attention(lg(rows))
+    table = table_of(rows, "bench/attention")
     assert re.search(r"\| \(16,16,16\) +\| kron_product +\| 40.0 +\| 20.0 +\| \*\*0.40\*\* +\| 0.40 +\| 0.50 +\|", table)
     assert "0.30-0.40x the time, 0.40-0.50x the peak memory, 0.50-0.50x the FLOPs" in table
     assert "(16,16,16) 10.0x / 13.3x" in table and "kron_linear_assoc" not in table
     assert "Measured with `python benchmarks/attention.py --reps 2`" in table
-    linear = ledger.r_attention_linear(lg(rows))
+    linear = table_of(rows, "bench/attention_linear")
     assert re.search(r"\| \(16,16,16\) +\| 100.0 +\| 0.40x t, 0.40x mem +\| 0.60x t, 0.90x mem +\| 0.50x t, 0.90x mem +\| "
                      r"0.90x t, 1.60x mem +\| 1.50x +\|", linear)
     assert results.device_suffix("cuda:0") == "+cuda" and results.device_suffix("cpu", "bf16") == "+bf16"
@@ -376,7 +404,7 @@ def test_benchmark_lines_from_attention_py_render_the_kernel_tables(tmp_path, mo
         **entries[2]["metrics"], "t/paper": 0.1})], "cuda", results.device_suffix("cuda"))
     rows = ledger.read_ledger(path)
     assert rows[-1]["experiment"] == "bench/attention/16x16x16/kron_product+cuda"
-    assert ledger.r_attention(lg(rows)) == table and "| kron_product " in ledger.r_attention(lg(rows), "+cuda")
+    assert table_of(rows, "bench/attention") == table and "| kron_product " in table_of(rows, "bench/attention_gpu")
 
 
 def test_train_step_benchmark_runs_and_writes_its_lines(tmp_path, capsys):
@@ -402,7 +430,7 @@ def test_train_step_benchmark_runs_and_writes_its_lines(tmp_path, capsys):
     assert ceiling["top_ops"] and all(0 < share <= 1 for _, share in ceiling["top_ops"])
     assert row["command"] == "python benchmarks/train_step.py --cases etth1 --reps 1 --modes --batch 2"
     assert row["metrics"]["hoformer_ms"] > 0 and row["metrics"]["paper_ms"] > 0
-    table = ledger.r_train_step(lg(rows))
+    table = table_of(rows, "bench/train_step")
     m = row["metrics"]
     assert f"**{m['hoformer_ms'] / m['paper_ms']:.2f}**" in table and "| 1.00 " in table
 
@@ -422,7 +450,7 @@ def test_compile_lines_supersede_the_committed_ones_and_ratios_come_from_the_lin
                      ["--reps", "5"])
     assert line["experiment"] == "bench/compile/hot_forecaster/compiled" and line["variant"] == "compiled"
     rows = committed + [line]
-    table = ledger.r_compile(lg(rows))
+    table = table_of(rows, "bench/compile")
     newest = lg(rows).sel(task="benchmark", experiment="bench/compile/*")
     ratio = lambda m: m["compiled_ms"] / m["eager_ms"] if "eager_ms" in m else m["compiled/eager"]
     plain = next(r for r in newest if r["experiment"] == "bench/compile/hot_forecaster/compiled-plain")
@@ -489,7 +517,7 @@ def test_weaver_and_triplet_lines_supersede_the_committed_ones_and_ratios_come_f
     table = ledger.r_triplet_target(lg(committed + lines))
     assert re.search(r"\| \*\*ratio fast / naive\*\* +\| \*\*0.25\*\* \(target <= 0.3: met\) +\| \*\*0.10\*\* \(target <= "
                      r"0.2: met\) +\| 0.100 +\| 1.20 +\|", table)
-    scaling_table = ledger.r_triplet_scaling(lg(committed + lines))
+    scaling_table = table_of(committed + lines, "bench/triplet_scaling")
     assert re.search(r"\| 256 +\| 100.0 +\| 100.0 +\| 1.0 +\| 20.0 +\| 10.0 +\| 2.0 +\| 2.56 +\| 0.66 +\|", scaling_table)
     assert "cross near L = 1000, the measured times between L = 256 and L = 512" in scaling_table
 
@@ -509,7 +537,7 @@ def test_accelerator_chunk_and_gpu_train_step_lines_fill_the_gpu_tables_only(tmp
     gpu = [dict(base, experiment="bench/train_step/etth1/eager+cuda-bf16", split="training step, B=32, bf16",
                 metrics={"hoformer_ms": 20.0, "paper_ms": 40.0, "compiled/eager": 1.0, "hoformer_mib": 100.0,
                          "paper_mib": 300.0})]
-    assert ledger.r_train_step(lg(committed + gpu)) == ledger.r_train_step(lg(committed))
+    assert table_of(committed + gpu, "bench/train_step") == table_of(committed, "bench/train_step")
     gpu_table = ledger.tables(committed + gpu)["bench/train_step_gpu"]
     assert re.search(r"\| etth1 +\| bf16 +\| eager +\| 20.0 +\| 40.0 +\| \*\*0.50\*\* +\| 1.00 +\| 100 +\| 300 +\|", gpu_table)
 
