@@ -154,6 +154,7 @@ def test_plans_follow_the_priority_list(data_root, tmp_path, monkeypatch, capsys
         for v in ("spatial", "hot_product", "hot_sum")]
     # etth1_tuned: the tuned configs are the lead's to add; without them the plan leaves their experiments out
     monkeypatch.setattr(campaign, "ROOT", tmp_path)
+    monkeypatch.setattr(campaign, "data_present", lambda e: True)  # the plan's shape, with or without ETTh1 here
     assert campaign.etth1_tuned_plan() == []
     assert "configs/hot/tuned/etth1_96_96_spatial.yaml is not in the checkout" in capsys.readouterr().out
     (tmp_path / "configs" / "hot" / "tuned").mkdir(parents=True)
