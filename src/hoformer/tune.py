@@ -220,12 +220,15 @@ def _ask_unseen(study, dists: dict, seed: int):
 
     import optuna
 
+    def key(params: dict) -> str:
+        return json.dumps(params, sort_keys=True)
+
     finished = {}  # a configuration -> the first finished trial that has it
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
                                                       optuna.trial.TrialState.PRUNED)):
-        finished.setdefault(json.dumps(t.params, sort_keys=True), t.number)
+        finished.setdefault(key(t.params), t.number)
     trial = study.ask(dists)
-    dup = finished.get(json.dumps(trial.params, sort_keys=True))
+    dup = finished.get(key(trial.params))
     if dup is None:
         return trial
     trial.set_user_attr("duplicate_of", dup)
@@ -236,10 +239,10 @@ def _ask_unseen(study, dists: dict, seed: int):
     rng = random.Random(seed + trial.number)
     if math.prod(len(v) for v in values.values()) <= 100_000:
         unseen = [c for c in (dict(zip(values, combo)) for combo in itertools.product(*values.values()))
-                  if json.dumps(c, sort_keys=True) not in finished]
+                  if key(c) not in finished]
     else:  # too many to list: random configurations, almost all unseen
         unseen = [c for c in ({k: rng.choice(v) for k, v in values.items()} for _ in range(1000))
-                  if json.dumps(c, sort_keys=True) not in finished]
+                  if key(c) not in finished]
     if not unseen:
         return None
     fresh = rng.choice(unseen)
