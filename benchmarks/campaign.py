@@ -20,6 +20,9 @@ unfinished ones exactly, and record every finished run as one line of the result
   in bf16-mixed and in float32 (:func:`precision_plan`).
 * **Packing**: ``--parallel K`` runs (default 2 on a CPU, one thread each; 4 on a GPU, sharing it) take the next
   pending experiment whenever one ends, as long as the budget leaves time for at least one more epoch and the test.
+  An epoch's time comes from the run itself, its ledger line, its ``--dry-run`` smoke test, or else its closest
+  relative (the same paper experiment with another seed or overrides, then the same model and data at another
+  horizon); an experiment with no such measurement starts only while a quarter of the budget is left.
 * **Deadline**: each fit gets a :class:`hoformer.train.Deadline` callback that stops at the last epoch boundary before
   the budget ends; the run's ``last.ckpt`` is then resumed exactly by the next call (``--ckpt_path last.ckpt``,
   hoformer's per-epoch reseeding). A fit still running at the hard end of the budget is stopped; its last complete
@@ -593,8 +596,49 @@ def _status(exp: Experiment, out: Path, done: set[str]) -> str:
     return "in progress" if (root / "checkpoints" / "last.ckpt").exists() else "pending"
 
 
-def estimate_s(exp: Experiment, out: Path, history: list[dict], step_s: dict[str, dict]) -> tuple[float, float, str]:
-    """``(seconds left to finish, seconds per epoch, where the estimate comes from)``."""
+def _overrides(name: str) -> set[str]:
+    """The ``+`` parts of an experiment's name but its seed (``+s2025``): what it changes of its paper experiment."""
+    return {t for t in name.split("+")[1:] if not re.fullmatch(r"s\d+", t)}
+
+
+def _on(device: str, line: dict) -> bool:
+    """Whether a ledger line was measured on ``device``'s kind (cpu, cuda)."""
+    return str(line.get("device") or "cpu").split(":")[0] == device.split(":")[0]
+
+
+def sibling_epoch_s(exp: Experiment, out: Path, history: list[dict], device: str = "cpu") -> tuple[float, str] | None:
+    """``(seconds per epoch, which run)`` of ``exp``'s closest measured relative, or None: first a run of the same paper
+    experiment (the name before its first ``+``: the same model, data and horizon) in ``out`` or in the ledger, then a
+    ledger run of the same model on the same data, task, scale and protocol (another horizon); among those the one
+    sharing most of ``exp``'s overrides (seeds aside), then the slowest. Ledger lines count only from ``device``'s
+    kind."""
+    head, mine = exp.name.split("+")[0], _overrides(exp.name)
+    cands: list[tuple[int, int, float, str]] = []  # (same paper experiment, shared overrides, epoch s, name)
+    for folder in out.glob(head + "*"):
+        name = folder.relative_to(out).as_posix()
+        epoch = RunState.load(folder).epoch_s() if name.split("+")[0] == head and name != exp.name else None
+        if epoch is not None:
+            cands.append((1, len(mine & _overrides(name)), epoch, name))
+    me = exp.describe()
+    keys = ("task", "model", "dataset", "scale", "protocol")
+    for r in history:
+        name = str(r.get("experiment", ""))
+        if r.get("record") != "run" or not r.get("epochs") or name == exp.name or not _on(device, r):
+            continue
+        same = name.split("+")[0] == head
+        if same or all(r.get(k) == me.get(k) for k in keys):
+            cands.append((int(same), len(mine & _overrides(name)), (r.get("fit_s") or r["wall_s"]) / r["epochs"], name))
+    if not cands:
+        return None
+    best = max(cands)
+    return best[2], best[3]
+
+
+def estimate_s(exp: Experiment, out: Path, history: list[dict], step_s: dict[str, dict],
+               device: str = "cpu") -> tuple[float, float, str]:
+    """``(seconds left to finish, seconds per epoch, where the estimate comes from)``: this run's epochs, its ledger
+    line, its ``--dry-run`` smoke test, else its closest relative's epochs (:func:`sibling_epoch_s`); infinite when
+    none of these exists."""
     root = out / exp.name
     state = RunState.load(root)
     max_epochs = int(exp.value("max_epochs", 100) or 100)
@@ -609,12 +653,16 @@ def estimate_s(exp: Experiment, out: Path, history: list[dict], step_s: dict[str
         epochs = min(max_epochs, (round(sum(bests) / len(bests)) if bests else 5) + exp.patience + 1)
     epoch, source = state.epoch_s(), "this run's epochs"
     if epoch is None:
-        same = [r for r in history if r.get("experiment") == exp.name and r.get("epochs")]
+        same = [r for r in history if r.get("experiment") == exp.name and r.get("epochs") and _on(device, r)]
         if same:
             epoch, source = same[-1]["wall_s"] / same[-1]["epochs"], "ledger"
     if epoch is None and exp.name in step_s:
         s = step_s[exp.name]
         epoch, source = s["step_s"] * s["train_batches"] * 1.15, "the CPU smoke test (+15% validation)"
+    if epoch is None:
+        sibling = sibling_epoch_s(exp, out, history, device)
+        if sibling is not None:
+            epoch, source = sibling[0], f"the epochs of {sibling[1]}"
     if epoch is None:
         return math.inf, math.inf, "unknown (run --dry-run)"
     if state.fitted:  # only the test is left
@@ -622,19 +670,28 @@ def estimate_s(exp: Experiment, out: Path, history: list[dict], step_s: dict[str
     return max(epochs - done_epochs, 0) * epoch + epoch / 2, epoch, source  # + the test, about half an epoch
 
 
+def can_start(left: float, epoch: float, budget_s: float) -> bool:
+    """Whether an experiment may start with ``left`` seconds of a ``budget_s`` budget: one more epoch and the test
+    (1.5 epochs) must fit; one whose epoch time is unknown (no measurement of it or of a relative) starts only while a
+    quarter of the budget, and at least a minute, is left."""
+    if left <= 0:
+        return False
+    return left > (max(60.0, budget_s / 4) if math.isinf(epoch) else 1.5 * epoch)
+
+
 def pack(pending: list[Experiment], est: dict[str, tuple[float, float, str]], budget_s: float,
          parallel: int) -> list[list[tuple[Experiment, float]]]:
-    """Greedy list scheduling in priority order: each slot takes the next pending experiment while at least one more
-    epoch and the test fit in what is left of the budget; an experiment that cannot finish runs until the budget ends
-    (then it is resumed by the next call), and so does one whose duration is unknown (no measurement yet). Returns
-    per slot ``[(experiment, planned seconds)]``."""
+    """Greedy list scheduling in priority order: each slot takes the next pending experiment that may start
+    (:func:`can_start`) in what is left of the budget; an experiment that cannot finish runs until the budget ends
+    (then it is resumed by the next call), and so does one whose duration is unknown. Returns per slot
+    ``[(experiment, planned seconds)]``."""
     slots = [[] for _ in range(parallel)]
     used = [0.0] * parallel
     for exp in pending:
         total, epoch, _ = est[exp.name]
         i = min(range(parallel), key=lambda j: used[j])
         left = budget_s - used[i]
-        if left <= 0 or (not math.isinf(epoch) and left < 1.5 * epoch):
+        if not can_start(left, epoch, budget_s):
             continue
         run = min(total, left)
         slots[i].append((exp, run))
@@ -816,7 +873,7 @@ def _campaign(a: argparse.Namespace, plan: list[Experiment], history: list[dict]
                                               if r["ok"] else f"FAILED {r['error']}"))
         failed = [k for k, v in step_s.items() if not v["ok"]]
         step_s = {k: v for k, v in step_s.items() if v["ok"]}
-    est = {e.name: estimate_s(e, a.out, history, step_s) for e in pending}
+    est = {e.name: estimate_s(e, a.out, history, step_s, a.device) for e in pending}
     if cuda:  # a CPU step time says nothing of a GPU's: plan in priority order, report the CPU figure as a bound
         est = {k: (math.inf, math.inf, f"unknown on the GPU; {v[1] / 60:.1f} min per epoch on this CPU")
                if "CPU smoke test" in v[2] else v for k, v in est.items()}
@@ -852,8 +909,9 @@ def _campaign(a: argparse.Namespace, plan: list[Experiment], history: list[dict]
                 left = deadline - time.time()
                 nxt = None
                 for e in queue:  # the plan's estimates (est): the same rule as pack(), now with the real time left
-                    epoch = est[e.name][1]
-                    if left > 0 and (math.isinf(epoch) or left > 1.5 * epoch):
+                    if math.isinf(est[e.name][1]):  # a relative may have run since the plan was made
+                        est[e.name] = estimate_s(e, a.out, history, step_s, a.device)
+                    if can_start(left, est[e.name][1], budget_s):
                         nxt = e
                         break
                 if nxt is None:

@@ -134,6 +134,42 @@ def test_pack_fills_slots_in_priority_order_within_the_budget():
     assert [(e.name, s) for e, s in slot] == [("e2", 100.0), ("e4", 500.0)]
 
 
+def test_an_experiment_of_unknown_duration_starts_only_with_a_quarter_of_the_budget_left():
+    exps = [campaign.Experiment(f"e{i}", "b") for i in range(2)]
+    inf = float("inf")
+    est = {"e0": (500.0, 50.0, ""), "e1": (inf, inf, "unknown")}
+    (slot,) = campaign.pack(exps, est, budget_s=600, parallel=1)
+    assert [e.name for e, _ in slot] == ["e0"]  # 100 s left < 600 / 4
+    (slot,) = campaign.pack(exps, {**est, "e0": (400.0, 50.0, "")}, budget_s=600, parallel=1)
+    assert [(e.name, s) for e, s in slot] == [("e0", 400.0), ("e1", 200.0)]
+    assert not campaign.can_start(50, inf, 120) and campaign.can_start(61, inf, 120)  # at least a minute
+    assert not campaign.can_start(0, 1.0, 600) and not campaign.can_start(74, 50.0, 600)
+    assert campaign.can_start(76, 50.0, 600)
+
+
+def test_an_epoch_time_comes_from_the_closest_measured_relative(tiny, tmp_path):
+    out = tmp_path / "runs"
+    exp = campaign.Experiment("test/tiny+tuned+s2026", "test/tiny", scale="cpu", family="forecasting")
+    line = {**exp.describe(), "record": "run", "device": "cpu", "epochs": 4}
+    assert campaign.sibling_epoch_s(exp, out, []) is None
+    assert campaign.estimate_s(exp, out, [], {})[2].startswith("unknown")
+    history = [{**line, "experiment": "test/other", "fit_s": 40.0},                      # same model and data
+               {**line, "experiment": "test/other", "fit_s": 80.0, "device": "cuda"},     # another device kind
+               {**line, "experiment": "test/tiny", "fit_s": 8.0, "model": "x"}]          # the same paper experiment
+    assert campaign.sibling_epoch_s(exp, out, history[:2]) == (10.0, "test/other")
+    assert campaign.sibling_epoch_s(exp, out, history[1:2]) is None
+    assert campaign.sibling_epoch_s(exp, out, history[1:2], "cuda:0") == (20.0, "test/other")
+    assert campaign.sibling_epoch_s(exp, out, history) == (2.0, "test/tiny")
+    # a run folder of the same paper experiment that shares the override wins over the ledger's run without it
+    for name, epoch_s in [("test/tiny+tuned+s2025", [3.0, 5.0]), ("test/tiny_2+tuned", [99.0])]:
+        state = campaign.RunState.load(out / name)
+        state.attempts.append({"epoch_s": epoch_s})
+        state.save()
+    assert campaign.sibling_epoch_s(exp, out, history) == (5.0, "test/tiny+tuned+s2025")
+    total, epoch, src = campaign.estimate_s(exp, out, history, {})
+    assert epoch == 5.0 and src == "the epochs of test/tiny+tuned+s2025" and total == 3 * 5.0 + 2.5
+
+
 def test_plans_follow_the_priority_list(data_root, tmp_path, monkeypatch, capsys):
     paper = [e.name for e in campaign.paper_plan()]
     weather = [n for n in paper if n.startswith("hot/ltsf/weather_")]
