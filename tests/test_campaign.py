@@ -98,6 +98,41 @@ def test_early_stopping_is_in_the_command_and_the_ledger(tiny, tmp_path):
     assert len(campaign.read_ledger(tmp_path / "l.jsonl")) == 1
 
 
+def test_a_run_that_early_stopping_and_the_deadline_end_together_is_finished_not_paused(tiny, tmp_path, monkeypatch,
+                                                                                        capsys):
+    """min_delta 1000: the validation MAE never improves after epoch 0, so patience 1 stops after epoch 1, the epoch
+    the deadline stops too (the deadline is checked before early stopping). The run is finished (tested, one ledger
+    line); resuming its last.ckpt trains no further epoch."""
+    from hoformer.cli import main
+    from hoformer.train import Deadline
+
+    def epoch_end(self, trainer, pl_module, _orig=Deadline.on_train_epoch_end):
+        if trainer.current_epoch == 1:
+            self.at = time.time()  # no further epoch fits before the deadline: it stops this one
+        _orig(self, trainer, pl_module)
+
+    monkeypatch.setattr(Deadline, "on_train_epoch_end", epoch_end)
+    stop = ("--trainer.callbacks+=lightning.pytorch.callbacks.EarlyStopping", "--trainer.callbacks.monitor=val/mae",
+            "--trainer.callbacks.patience=1", "--trainer.callbacks.min_delta=1000")
+    exp = campaign.Experiment("test/tiny+es", "test/tiny", extra=stop, scale="cpu", family="forecasting")
+    root = tmp_path / "out" / "test" / "tiny+es"
+    c = campaign.Campaign(tmp_path / "out", tmp_path / "l.jsonl", "cpu", 1, time.time() + 3600, runner=in_process)
+    assert c.run(exp, test_reserve=0) == "done"
+    report = json.loads((root / "deadline.json").read_text())
+    assert report["epochs_done"] == 2 and report["stopped_by_deadline"] is False
+    (line,) = campaign.read_ledger(tmp_path / "l.jsonl")
+    assert line["epochs"] == 2 and line["attempts"] == 1
+    capsys.readouterr()
+    # resumed anyway: the checkpoint's early stopping has ended the run, so no epoch is trained
+    last = root / "checkpoints" / "last.ckpt"
+    before = torch.load(last, weights_only=True)
+    main(["fit", *exp.args(), f"--trainer.default_root_dir={root}", f"--ckpt_path={last}"])
+    after = torch.load(last, weights_only=True)
+    assert after["epoch"] == before["epoch"] == 1 and after["global_step"] == before["global_step"]
+    assert "the resumed checkpoint's early stopping (val/mae) ended this run after epoch 1/2; nothing is left to " \
+           "train" in capsys.readouterr().err
+
+
 def test_the_stopping_rule_is_read_from_the_run_s_saved_config(tmp_path):
     """Early stopping that the config itself adds (the CPU-budget protocol's ``EarlyStopping(patience=3)``) is in the
     line as well as the plan's; the campaign's Deadline is not a stopping rule of the run."""

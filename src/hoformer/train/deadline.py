@@ -108,7 +108,11 @@ class Deadline(pl.Callback):
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.is_global_zero:
-            report = {"stopped_by_deadline": self.stopped, "epochs_done": trainer.current_epoch,
+            from hoformer.train.guards import stopped_early
+
+            # an epoch that both the deadline and early stopping stopped ended the run by itself
+            report = {"stopped_by_deadline": self.stopped and stopped_early(trainer) is None,
+                      "epochs_done": trainer.current_epoch,
                       "epoch_s": [round(s, 2) for s in self.epoch_s], "deadline": self.at,
                       "step_s": round(statistics.median(self.step_s[1:] or self.step_s or [0.0]), 5),
                       "train_batches": self.train_batches}

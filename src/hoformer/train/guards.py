@@ -7,6 +7,8 @@ checkpoint save left behind (checkpoints are read by :mod:`hoformer.checkpoint`,
 * :class:`CleanStaleTempFiles` - at the start of ``fit``, removes the hidden temporary files of interrupted
   checkpoint writes (:func:`hoformer._io.stale_temp_files`: only ``.<name>.ckpt.<8 chars>.tmp``) from the
   checkpoint directories. Every :class:`~hoformer.train.TaskModule` adds one too.
+* :class:`StoppedRunGuard` - a run resumed from a checkpoint whose early stopping had already ended it stops before
+  training another epoch (Lightning would train one more). Every :class:`~hoformer.train.TaskModule` adds one too.
 * :class:`EpochSummary` - what a run did, on stderr: its data (file, split protocol, split sizes; a warning for a
   tiny validation split) when ``fit`` starts, one line per training epoch and a progress line inside long epochs
   when no progress bar is drawn on a terminal (logs, CI, ``nohup``), and why it stopped, with its best checkpoint,
@@ -34,7 +36,7 @@ from hoformer._checks import is_int
 from hoformer._io import pid_alive
 
 __all__ = ["EpochSummary", "hold_run_folder", "RunFolderError", "NonFiniteError", "NonFiniteGuard", "CleanStaleTempFiles",
-           "default_callbacks"]
+           "StoppedRunGuard", "default_callbacks"]
 
 
 # --------------------------------------------------------------------------------------------- non-finite
@@ -320,21 +322,45 @@ class EpochSummary(pl.Callback):
         print(f"hoformer fit: {run_end_report(trainer, self._scores)}", file=sys.stderr, flush=True)
 
 
-def _why_stopped(trainer) -> str:
-    """Why ``trainer``'s fit ended, in words."""
+def stopped_early(trainer):
+    """The ``EarlyStopping`` callback of ``trainer`` that has ended its run (its ``stopped_epoch`` set: this attempt's,
+    or the one a resumed checkpoint holds), else None."""
     from lightning.pytorch.callbacks import EarlyStopping
 
+    return next((cb for cb in trainer.callbacks if isinstance(cb, EarlyStopping) and cb.stopped_epoch > 0), None)
+
+
+class StoppedRunGuard(pl.Callback):
+    """A run resumed from a checkpoint whose ``EarlyStopping`` had already ended it (the ``last.ckpt`` written after
+    the stopping epoch, e.g. when a deadline stopped the same epoch) stops before training another epoch, saying so on stderr.
+    Lightning would train one more epoch and check again: a resumed run would differ from the uninterrupted one (an
+    extra epoch, and a new best checkpoint if that epoch improved). Every :class:`~hoformer.train.TaskModule` adds
+    one."""
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        cb = stopped_early(trainer)  # no epoch of this attempt has run: a stop the resumed checkpoint holds
+        if cb is None:
+            return
+        trainer.should_stop = True
+        if trainer.is_global_zero:
+            print(f"hoformer fit: the resumed checkpoint's early stopping ({cb.monitor}) ended this run after "
+                  f"{EpochSummary._epoch(trainer, cb.stopped_epoch)}; nothing is left to train", file=sys.stderr,
+                  flush=True)
+
+
+def _why_stopped(trainer) -> str:
+    """Why ``trainer``'s fit ended, in words."""
     last = trainer.current_epoch - 1  # current_epoch counts the finished epochs once fit has ended
-    for cb in trainer.callbacks:
-        if isinstance(cb, EarlyStopping) and cb.stopped_epoch > 0:
-            best = cb.stopped_epoch - cb.wait_count if cb.wait_count >= cb.patience else None
-            score = "" if cb.best_score is None else f"{float(cb.best_score):.4g}"
-            at = f" at epoch {best}" if best is not None else ""
-            if cb.wait_count >= cb.patience:
-                why = f"{cb.monitor} did not improve for {cb.patience} epoch(s) (patience {cb.patience})"
-            else:
-                why = f"{cb.monitor} reached a stopping threshold or went non-finite"
-            return f"early stopping after {EpochSummary._epoch(trainer, cb.stopped_epoch)}: {why}; best {cb.monitor} {score}{at}"
+    cb = stopped_early(trainer)
+    if cb is not None:
+        best = cb.stopped_epoch - cb.wait_count if cb.wait_count >= cb.patience else None
+        score = "" if cb.best_score is None else f"{float(cb.best_score):.4g}"
+        at = f" at epoch {best}" if best is not None else ""
+        if cb.wait_count >= cb.patience:
+            why = f"{cb.monitor} did not improve for {cb.patience} epoch(s) (patience {cb.patience})"
+        else:
+            why = f"{cb.monitor} reached a stopping threshold or went non-finite"
+        return f"early stopping after {EpochSummary._epoch(trainer, cb.stopped_epoch)}: {why}; best {cb.monitor} {score}{at}"
     deadline = next((cb for cb in trainer.callbacks if type(cb).__name__ == "Deadline" and getattr(cb, "stopped",
                                                                                                    False)), None)
     if deadline is not None:
@@ -375,10 +401,10 @@ def run_end_report(trainer, scores: dict[int, float] | None = None) -> str:
 
 def default_callbacks(trainer: pl.Trainer | None) -> list[pl.Callback]:
     """The callbacks every :class:`~hoformer.train.TaskModule` adds to its trainer: a :class:`NonFiniteGuard`, a
-    :class:`CleanStaleTempFiles` and an :class:`EpochSummary`, each unless the trainer already has one (the user's
+    :class:`CleanStaleTempFiles`, a :class:`StoppedRunGuard` and an :class:`EpochSummary`, each unless the trainer already has one (the user's
     then applies)."""
     have = list(getattr(trainer, "callbacks", None) or [])
-    return [cls() for cls in (NonFiniteGuard, CleanStaleTempFiles, EpochSummary)
+    return [cls() for cls in (NonFiniteGuard, CleanStaleTempFiles, StoppedRunGuard, EpochSummary)
             if not any(isinstance(c, cls) for c in have)]
 
 
