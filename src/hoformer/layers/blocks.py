@@ -115,8 +115,9 @@ class PatchEmbed(nn.Module):
         bad = [s for s, p in zip(x.shape[2:], self.patch_size) if s % p]
         if bad:
             raise ValueError(f"PatchEmbed: spatial sizes {tuple(x.shape[2:])} must be divisible by patch {self.patch_size}")
-        # channels last in memory too, not a movedim view of the conv's channels-first output (see Block.forward)
-        return self.act(self.proj(x)).movedim(1, -1).contiguous()
+        # channels last in memory too, not a movedim view of the conv's channels-first output (see Block.forward);
+        # the activation after the copy, so that its backward runs on contiguous gradients (the same values)
+        return self.act(self.proj(x).movedim(1, -1).contiguous())
 
 
 def _norm(kind: str, dim: int) -> nn.Module:
