@@ -623,11 +623,12 @@ def sibling_epoch_s(exp: Experiment, out: Path, history: list[dict], device: str
     keys = ("task", "model", "dataset", "scale", "protocol")
     for r in history:
         name = str(r.get("experiment", ""))
-        if r.get("record") != "run" or not r.get("epochs") or name == exp.name or not _on(device, r):
+        wall = r.get("fit_s") or r.get("wall_s")
+        if r.get("record") != "run" or not r.get("epochs") or not wall or name == exp.name or not _on(device, r):
             continue
         same = name.split("+")[0] == head
         if same or all(r.get(k) == me.get(k) for k in keys):
-            cands.append((int(same), len(mine & _overrides(name)), (r.get("fit_s") or r["wall_s"]) / r["epochs"], name))
+            cands.append((int(same), len(mine & _overrides(name)), wall / r["epochs"], name))
     if not cands:
         return None
     best = max(cands)
