@@ -13,8 +13,9 @@ through it (backward); all variants round-robin, the minimum over ``--reps`` rou
 * ``16bit_exact``: a candidate: 16-bit words (four per 64-bit draw) compared with the threshold's high 16 bits,
   the ties (one value in 65,536) decided by 16 more bits, so that an element is kept with probability ``1 - p``
   rounded to ``2^-32``, as with 32-bit words;
-* ``words_32bit`` / ``words_16bit``: the random words alone that the two draw, no mask (the generator's cost: the
-  floor of any mask built from these words);
+* ``words_32bit`` / ``words_16bit``: as many random 64-bit words as a 32-bit / 16-bit mask needs, alone, no mask
+  (the generator's cost: the floor of any mask built from such words; drawn over the full 64-bit range, which costs
+  what hoformer's ``randint`` over ``[-2^63, 2^63 - 1)`` does to within the noise of this machine);
 * ``--compiled``: ``torch.compile`` (Inductor, whose generated code draws its own random numbers) of GELU and
   dropout, against the eager GELU and hoformer's dropout (the same two operations; the compile time not counted).
 

@@ -16,9 +16,9 @@ baseline (iTransformer: one token per variate); ``configs/hot/medmnist3d.yaml``:
   ``matmul_fn``: one 2048^3 fp32 product on the CPU; on a GPU 4096^3 products in fp32 and in bf16) and their ratio;
   the step's counted operators alone (:func:`counted_ops_replay`: the same products at the same shapes, nothing
   else) and the **bound** they set: the fraction of the ceiling the step would reach if all its other work were
-  free, i.e. what the model's own matmul shapes allow; the top operators' shares of self CPU time (``torch.profiler``, 3 steps); and the projected wall time of an
-  early-stopped paper-size run (``--epochs`` epochs of the dataset's training steps at this step time; validation not
-  included).
+  free, i.e. what the model's own matmul shapes allow; the top operators' shares of self CPU time
+  (``torch.profiler``, 3 steps); and the projected wall time of an early-stopped paper-size run (``--epochs`` epochs
+  of the dataset's training steps at this step time; validation not included).
 * **Paper layer** (``--no-paper`` skips it): "paper" is the same model with every attention replaced by
   ``PaperKronecker`` of ``benchmarks/attention.py`` (HOT eqs 5-9 as written: per-mode projections at full resolution,
   sum pooling, one einsum per mode). Compiled variants use the arguments of ``hoformer.train.CompileModel`` (one graph,

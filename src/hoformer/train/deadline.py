@@ -20,6 +20,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 
 from hoformer._io import atomic_write
+from hoformer.train.guards import stopped_early
 
 __all__ = ["Deadline"]
 
@@ -108,8 +109,6 @@ class Deadline(pl.Callback):
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.is_global_zero:
-            from hoformer.train.guards import stopped_early
-
             # an epoch that both the deadline and early stopping stopped ended the run by itself
             report = {"stopped_by_deadline": self.stopped and stopped_early(trainer) is None,
                       "epochs_done": trainer.current_epoch,

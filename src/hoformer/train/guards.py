@@ -332,10 +332,10 @@ def stopped_early(trainer):
 
 class StoppedRunGuard(pl.Callback):
     """A run resumed from a checkpoint whose ``EarlyStopping`` had already ended it (the ``last.ckpt`` written after
-    the stopping epoch, e.g. when a deadline stopped the same epoch) stops before training another epoch, saying so on stderr.
-    Lightning would train one more epoch and check again: a resumed run would differ from the uninterrupted one (an
-    extra epoch, and a new best checkpoint if that epoch improved). Every :class:`~hoformer.train.TaskModule` adds
-    one."""
+    the stopping epoch, e.g. when a deadline stopped the same epoch) stops before training another epoch, saying so
+    on stderr. Lightning would train one more epoch and check again: a resumed run would differ from the
+    uninterrupted one (an extra epoch, and a new best checkpoint if that epoch improved). Every
+    :class:`~hoformer.train.TaskModule` adds one."""
 
     def on_train_start(self, trainer, pl_module) -> None:
         cb = stopped_early(trainer)  # no epoch of this attempt has run: a stop the resumed checkpoint holds
@@ -360,7 +360,8 @@ def _why_stopped(trainer) -> str:
             why = f"{cb.monitor} did not improve for {cb.patience} epoch(s) (patience {cb.patience})"
         else:
             why = f"{cb.monitor} reached a stopping threshold or went non-finite"
-        return f"early stopping after {EpochSummary._epoch(trainer, cb.stopped_epoch)}: {why}; best {cb.monitor} {score}{at}"
+        return (f"early stopping after {EpochSummary._epoch(trainer, cb.stopped_epoch)}: {why}; "
+                f"best {cb.monitor} {score}{at}")
     deadline = next((cb for cb in trainer.callbacks if type(cb).__name__ == "Deadline" and getattr(cb, "stopped",
                                                                                                    False)), None)
     if deadline is not None:
@@ -401,8 +402,8 @@ def run_end_report(trainer, scores: dict[int, float] | None = None) -> str:
 
 def default_callbacks(trainer: pl.Trainer | None) -> list[pl.Callback]:
     """The callbacks every :class:`~hoformer.train.TaskModule` adds to its trainer: a :class:`NonFiniteGuard`, a
-    :class:`CleanStaleTempFiles`, a :class:`StoppedRunGuard` and an :class:`EpochSummary`, each unless the trainer already has one (the user's
-    then applies)."""
+    :class:`CleanStaleTempFiles`, a :class:`StoppedRunGuard` and an :class:`EpochSummary`, each unless the trainer
+    already has one (the user's then applies)."""
     have = list(getattr(trainer, "callbacks", None) or [])
     return [cls() for cls in (NonFiniteGuard, CleanStaleTempFiles, StoppedRunGuard, EpochSummary)
             if not any(isinstance(c, cls) for c in have)]
