@@ -531,17 +531,6 @@ def r_forecast(lg: Ledger, select: dict, reference: str | None = None, paper_row
                       md(["model", "horizon", "common seeds", "test MSE difference", "test MAE difference"], rows)])
 
 
-def r_runs(lg: Ledger, select: dict) -> str:
-    """One row per ledger line matching ``select``: experiment, seed, metrics, epochs, wall time, hardware, commit
-    (a transcribed line: the document and commit its number was copied from)."""
-    scores = lambda r: ", ".join(f"{k.split('/', 1)[1]} {v:.4f}" for k, v in r["metrics"].items()
-                                 if not k.endswith(("_orig", "/loss")))
-    body = [[f"`{r['experiment']}`", r["seed"], scores(r),
-             epochs_best(r), duration(r["wall_s"]), r["hardware"], r["commit"] if r["record"] != "transcribed" else
-             f"transcribed from {r['source']['file']} at {r['source']['commit']}"] for r in lg.sel(select)]
-    return md(["experiment", "seed", "test metrics", "epochs (best)", "wall", "hardware", "commit"], body)
-
-
 TRAFFIC = [("MAE 15m", "test/mae@15m"), ("MAE 30m", "test/mae@30m"), ("MAE 60m", "test/mae@60m"),
            ("MAE all", "test/mae"), ("MAPE all %", "test/mape"), ("RMSE all", "test/rmse")]
 
@@ -612,6 +601,9 @@ def bench(lg: Ledger, lines: str, device: str = "") -> list[dict]:
 
 FORMATS = {  # the named formats of a column template ("{shape:shape}"); any other format is a Python format spec
     "shape": lambda v: "(" + ",".join(map(str, v)) + ")",  # [16, 16, 16] -> (16,16,16)
+    "dims": lambda v: ", ".join(map(str, v)),  # [16, 16, 16] -> 16, 16, 16
+    "scores": lambda m: ", ".join(f"{k.split('/', 1)[1]} {v:.4f}" for k, v in m.items()  # test/mse -> mse 0.4000
+                                  if not k.endswith(("_orig", "/loss"))),
     "ms": lambda v: f"{v:.0f}" if v >= 100 else f"{v:.1f}",  # a time: one decimal below 100
     "last_word": lambda v: v.rsplit("_", 1)[-1],  # kronecker_attention_sum -> sum
     "setup": lambda v: v.split(", pooled")[0],  # a split without the note on its inputs
@@ -625,6 +617,9 @@ class Cell(string.Formatter):
     (in a pivot: ``{COLUMN[NAME]}``, of the row's line in that column), FORMAT a name of :data:`FORMATS` or a Python
     format spec. A cell missing a value is ``-``."""
 
+    def get_value(self, key, args, kwargs):
+        return kwargs[str(key)]  # a pivot column named by a number ({8[val/mse]}) is a name, not a position
+
     def format_field(self, value, spec: str) -> str:
         return FORMATS[spec](value) if spec in FORMATS else format(value, spec)
 
@@ -636,8 +631,13 @@ class Cell(string.Formatter):
 
 
 def values(r: dict) -> dict:
-    """A line's fields and metrics in one dict, without the None ones."""
-    return {k: v for k, v in {**r, **r["metrics"]}.items() if v is not None}
+    """A line's fields and metrics in one dict, without the None ones; ``label``: its model's name in the tables,
+    ``epochs (best)``, ``wall``, ``origin`` (commit, or where a transcribed number was copied from)."""
+    origin = r["commit"] if r["record"] != "transcribed" else \
+        f"transcribed from {r['source']['file']} at {r['source']['commit']}"
+    return {k: v for k, v in {**r, **r["metrics"]}.items() if v is not None} | {
+        "label": LABELS.get(r["model"], r["model"]), "epochs (best)": epochs_best(r), "wall": duration(r["wall_s"]),
+        "origin": origin}
 
 
 def lookup(v: dict, name: str):
@@ -657,28 +657,43 @@ def with_ratios(v: dict, ratios: dict) -> dict:
 
 def pivot(lines: list[dict], row: str, column: str) -> list[dict]:
     """One dict per value of the field ``row`` (in order of first appearance): ``{row: value, COLUMN VALUE: its
-    line, ...}`` (the last line of each)."""
+    line, ...}`` (the last line of each; a column value as text)."""
     out: dict = {}
     for v in lines:
-        out.setdefault(str(v[row]), {row: v[row]})[v[column]] = v
+        out.setdefault(str(v[row]), {row: v[row]})[str(v[column])] = v
     return list(out.values())
 
 
-def r_lines(lg: Ledger, lines: str, columns: dict, device: str | list = "", where: dict | None = None,
-            hide: dict | None = None, by: list | None = None, require=(), group: str | None = None,
-            order: dict | None = None, sort: str | None = None, ratios: dict | None = None,
-            bold: dict | None = None, optional=(), notes: str | None = None, bullets: bool = True) -> str:
-    """A benchmark table declared as data: one row per line of :func:`bench` (``lines`` on ``device``, or on each of
-    a list), matching the selector ``where``, shown unless it matches ``hide``; with ``by: [ROW, COLUMN]``, one row
-    per value of the field ROW that has a line for each COLUMN value of ``require``.
+def notes_of(templates: list[str], lines: list[dict], rows: list[dict]) -> list[str] | None:
+    """The sentences under a table: each of ``templates`` (Jinja2 over ``lines``, every selected line, and ``rows``,
+    the table's rows, with :data:`NOTE_HELPERS`) one line, left out when it renders empty (a ``""`` template: a
+    blank line); None when every template rendered empty (the table alone)."""
+    import jinja2
+
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
+    env.globals.update(NOTE_HELPERS, lines=lines, rows=rows)
+    out = [t if t == "" else env.from_string(t).render().strip() for t in templates]
+    return [o for o, t in zip(out, templates) if o or t == ""] if any(o for o in out) else None
+
+
+def r_lines(lg: Ledger, lines: str | None = None, columns: dict | None = None, device: str | list = "",
+            select: dict | None = None, where: dict | None = None, hide: dict | None = None, by: list | None = None,
+            require=(), group: str | None = None, order: dict | None = None, sort: str | None = None,
+            ratios: dict | None = None, bold: dict | None = None, optional=(), notes: list | None = None,
+            bullets: bool = True, source: bool = True) -> str:
+    """A table declared as data: one row per line of :func:`bench` (``lines`` on ``device``, or on each of a list;
+    or the ledger lines of the selector ``select``), matching the selector ``where``, shown unless it matches
+    ``hide``; with ``by: [ROW, COLUMN]``, one row per value of the field ROW that has a line for each COLUMN value of
+    ``require``.
 
     Rows keep ledger order within the first appearances of ``group``, the listed values of ``order`` ({field:
     [value, ...]}) and the values of ``sort``. ``columns``: {label: template} (:class:`Cell`; ``ratios``: see
     :func:`with_ratios`); ``bold``: {label: selector} of the lines whose cell there is bold; ``optional``: labels
-    left out when no row has a value. Below the table the lines of ``NOTES[notes]`` (given every selected line and
-    the rows; None: the table alone) and where the lines come from, as bullets when ``bullets``."""
+    left out when no row has a value. Below the table the sentences of ``notes`` (:func:`notes_of`; without
+    ``notes``: the table alone) and, when ``source``, where the lines come from, as bullets when ``bullets``."""
     devices = [device] if isinstance(device, str) else device
-    rs = [r for d in devices for r in bench(lg, lines, d) if matches(r, where or {})]
+    rs = [r for r in ([r for d in devices for r in bench(lg, lines, d)] if lines else lg.sel(select))
+          if matches(r, where or {})]
     every = [with_ratios(values(r), ratios or {}) for r in rs]
     shown = [v for v in every if not (hide and matches(v, hide))]
     first: dict = {}
@@ -691,71 +706,20 @@ def r_lines(lg: Ledger, lines: str, columns: dict, device: str | list = "", wher
 
     shown.sort(key=rank)
     if by:
-        shown = [with_ratios(p, ratios or {}) for p in pivot(shown, *by) if all(c in p for c in require)]
+        shown = [with_ratios(p, ratios or {}) for p in pivot(shown, *by) if all(str(c) in p for c in require)]
     cell, bold = Cell(), bold or {}
     body = [[f"**{c}**" if label in bold and c != "-" and matches(v, bold[label]) else c
              for label, template in columns.items() for c in [cell(template, v)]] for v in shown]
     keep = [i for i, label in enumerate(columns) if label not in optional or any(row[i] != "-" for row in body)]
     table = md([list(columns)[i] for i in keep], [[row[i] for i in keep] for row in body])
-    below = (NOTES[notes](every, shown) if notes else []) if rs else None
-    if below is None:
+    below = (notes_of(notes, every, shown) if notes is not None else []) if rs else None
+    if below is None or not source:
         return table
-    source = provenance_note(rs, *(lines + d for d in devices))
+    source = provenance_note(rs, *([lines + d for d in devices] if lines else [select["experiment"]]))
     return "\n".join([table, "", *below, f"* {source}" if bullets else source])
 
 
-def note_attention(lines: list[dict], rows: list[dict]) -> list[str] | None:
-    """The Kronecker kernels against the paper's equations, and full attention's time against theirs per shape."""
-    kron = [v for v in lines if v["model"] in ("kron_product", "kron_sum")]
-    if not kron:
-        return None
-    ms = lambda b, model: b[model]["fwd_bwd_ms"]
-    full = [f"{FORMATS['shape'](b['shape'])} {ms(b, 'full') / ms(b, 'kron_product'):.1f}x / "
-            f"{ms(b, 'full') / ms(b, 'kron_sum'):.1f}x"
-            for b in pivot(lines, "shape", "model") if {"full", "kron_product", "kron_sum"} <= set(b)]
-    flops = [v["flop/paper"] for v in kron if "flop/paper" in v]
-    return [f"* **Kronecker product and sum against the paper's equations**: {rng([v['t/paper'] for v in kron])}x "
-            f"the time, {rng([v['mem/paper'] for v in kron])}x the peak memory"
-            + (f", {rng(flops)}x the FLOPs." if flops else "."),
-            *([f"* **Full / Kronecker time** (product / sum): {'; '.join(full)}."] if full else [])]
-
-
-def note_attention_linear(lines: list[dict], rows: list[dict]) -> list[str] | None:
-    """The random-feature (FAVOR+) kernels against the softmax kernel (at the table's shapes) and the paper's."""
-    lin = [row["kron_linear"]["fwd_bwd_ms"] / row["kron_product"]["fwd_bwd_ms"] for row in rows]
-    used = [v for v in lines if v["model"] in ("kron_linear", "kron_linear_sum")]
-    return None if not lin else [
-        f"The linear kernel takes {rng(lin)}x the softmax kernel's time at these shapes and "
-        f"{rng([v['t/paper'] for v in used])}x the paper baseline's ({rng([v['mem/paper'] for v in used])}x its "
-        "peak memory; the extra memory is the random-feature maps).", ""]
-
-
-def note_compile(lines: list[dict], rows: list[dict]) -> list[str] | None:
-    """The range of the compiled / eager step times, with CompileModel's arguments and with plain torch.compile."""
-    ratios = [v["compiled/eager"] for v in lines if v["variant"] == "compiled"]
-    plain = [v["compiled/eager"] for v in lines if v["variant"] == "compiled-plain"]
-    return None if not ratios else [
-        f"* **Compiled / eager step time: {rng(ratios)}x** with `CompileModel`'s arguments"
-        + (f", {rng(plain)}x with plain `torch.compile`." if plain else ".")]
-
-
-def note_triplet_scaling(lines: list[dict], rows: list[dict], up_to: int = 1024) -> list[str]:
-    """Where HOBA's linear operation count and 2D attention's quadratic one cross, and where the measured times do
-    (``rows``: by length)."""
-    last = rows[-1]
-    cross = last["hoba_gflop"] / max(last["full2d_gflop"], 1e-12) * last["length"]  # c1 L = c2 L^2
-    times = [(v["length"], v["hoba_ms"] / v["full2d_ms"]) for v in rows]
-    after = [i for i, (_, x) in enumerate(times) if x < 1]
-    cross_t = (f"between L = {times[after[0] - 1][0]} and L = {times[after[0]][0]}" if after and after[0] > 0
-               else f"not up to L = {times[-1][0]}" if not after else f"below L = {times[0][0]}")
-    short = [x for L, x in times if L <= up_to]
-    return [f"* HOBA's operation count grows linearly with L and 2D attention's quadratically: they cross near "
-            f"L = {round(cross, -2):.0f}, the measured times {cross_t}."
-            + (f" Up to L = {up_to} HOBA attention takes {min(short):.0f}-{max(short):.0f}x the time of 2D "
-               "attention." if short else "")]
-
-
-NOTES = {k.removeprefix("note_"): v for k, v in dict(globals()).items() if k.startswith("note_")}
+NOTE_HELPERS = {"f": f, "rng": rng, "pivot": pivot, "shape": lambda v: FORMATS["shape"](v)}
 
 
 def r_decode(lg: Ledger, suffix: str = "") -> str:
@@ -786,29 +750,6 @@ def r_decode(lg: Ledger, suffix: str = "") -> str:
         f"{min(r['past'] for r, _ in mains)} to {longest} past steps** while the full causal forward grows with the "
         f"sequence (`{slow['model']}`: {slow['metrics']['full_ms'] / 1e3:.0f} s at {longest} past steps).",
         f"* {provenance_note([x for m, os in mains for x in (m, *os)], f'bench/decode/*{suffix}')}"])
-
-
-def r_accelerator_chunk(lg: Ledger) -> str:
-    """The paper layer against the Kronecker layer in one chunk and in bounded chunks, on the GPU."""
-    rs = bench(lg, "bench/accelerator_chunk/*", "+cuda")
-    timed = lambda m, k: f"{m[k + '_ms']:.1f} ms, {m[k + '_mib']:.0f} MiB"
-    chunk = ", ".join(dict.fromkeys(f"{r['chunk_mib']} MiB" for r in rs)) or "bounded"
-    table = md(["shape, batch", "combine", "paper layer", "Kronecker layer, one chunk",
-                f"Kronecker layer, {chunk} chunks"],
-               [[f"({', '.join(map(str, r['shape']))}), {r['batch']}", r["model"].removeprefix("kron_"),
-                 timed(m, "paper"), timed(m, "one_chunk"), f"**{timed(m, 'chunked')}**"]
-                for r in rs for m in [r["metrics"]]])
-    if not rs:
-        return table
-    ms = [r["metrics"] for r in rs]
-    faster = [m["paper_ms"] / m[k] for m in ms for k in ("one_chunk_ms", "chunked_ms")]
-    cut = [100 * (1 - m["chunked_mib"] / m["one_chunk_mib"]) for m in ms]
-    more = max(100 * (m["chunked_ms"] / m["one_chunk_ms"] - 1) for m in ms)
-    return "\n".join([
-        table, "", f"* At this size the Kronecker layer is **{rng(faster, 1)}x faster than the paper layer**; the "
-        f"bounded chunk cuts its peak memory by {min(cut):.0f}-{max(cut):.0f}% against one chunk for at most "
-        f"{max(more, 0):.0f}% more time, leaving it at {rng([m['chunked_mib'] / m['paper_mib'] for m in ms])}x the "
-        "paper layer's memory.", f"* {provenance_note(rs, 'bench/accelerator_chunk/*')}"])
 
 
 def r_weaver(lg: Ledger) -> str:

@@ -562,7 +562,7 @@ def test_accelerator_chunk_and_gpu_train_step_lines_fill_the_gpu_tables_only(tmp
     entries = [chunk.ledger_entry(s, b, c, res, 256, "cuda", 10) for s, b in chunk.SHAPES for c in ("product", "sum")]
     assert {e["experiment"] for e in entries} == _names(committed, "bench/accelerator_chunk/")
     (line,) = _write(entries[:1], tmp_path / "l.jsonl", "accelerator_chunk.py", [], device="cuda")
-    table = ledger.r_accelerator_chunk(lg(committed + [line]))
+    table = table_of(committed + [line], "bench/accelerator_chunk")
     assert re.search(r"\| \(64, 64\), 256 +\| product +\| 30.0 ms, 3000 MiB +\| 15.0 ms, 6000 MiB +\| "
                      r"\*\*20.0 ms, 4500 MiB\*\* +\|", table)
     base = next(r for r in committed if r["experiment"] == "bench/train_step/etth1/eager")
