@@ -369,6 +369,26 @@ def test_a_table_declared_as_data_fills_its_columns_from_the_lines():
     assert ledger.NO_RUNS in ledger.r_lines(lg(rows), "bench/none/*", columns)
 
 
+def test_a_declared_table_says_its_notes_and_reads_any_selector():
+    """``notes``: Jinja2 templates over the selected lines and the table's rows, one line each, a template that
+    renders empty left out, ``""`` a blank line; every template empty: the table alone, without provenance;
+    ``select``: lines of any task; a numbered pivot column (``{8[ms]}``) is a name; ``source: false``."""
+    rows = [{**GOOD, "experiment": f"analysis/t/h{h}", "task": "analysis", "model": "m", "heads": h,
+             "metrics": {"ms": float(h)}} for h in (1, 8)]
+    columns = {"model": "{model}", "1 head": "{1[ms]:.1f}", "8 heads": "{8[ms]:.1f}"}
+    notes = ["* {{ lines | length }} lines, the slowest {{ f(lines | map(attribute='ms') | max, 1) }} ms.", "",
+             "{% if rows | length > 5 %}never{% endif %}", "{{ rows[0].model }} done"]
+    table = ledger.r_lines(lg(rows), select={"experiment": "analysis/t/*"}, columns=columns, by=["model", "heads"],
+                           notes=notes).splitlines()
+    assert [re.sub(r" +", " ", ln) for ln in table[:3:2]] == ["| model | 1 head | 8 heads |", "| m | 1.0 | 8.0 |"]
+    assert table[3:7] == ["", "* 2 lines, the slowest 8.0 ms.", "", "m done"]
+    assert table[7].startswith("* Measured with") and "ledger lines `analysis/t/*`" in table[7]
+    quiet = ledger.r_lines(lg(rows), select={"experiment": "analysis/t/*"}, columns=columns, notes=["{{ '' }}"])
+    assert quiet.splitlines()[-1].startswith("| m ") and "Measured" not in quiet
+    assert "Measured" not in ledger.r_lines(lg(rows), select={"experiment": "analysis/t/*"}, columns=columns,
+                                             source=False)
+
+
 def test_benchmark_lines_from_attention_py_render_the_kernel_tables(tmp_path, monkeypatch):
     """``benchmarks/attention.py --ledger FILE`` appends one line per shape and variant with its provenance and the
     command without the file; the tables use the newest line of each experiment, so a re-measurement replaces the
