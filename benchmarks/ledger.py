@@ -318,7 +318,7 @@ def helpers(lg: Ledger) -> dict:
     def versus(spec, model, reference, name="test/mse", horizon=None):
         """``model``'s paired difference against ``reference`` on ``name`` (at ``horizon``), with its seeds."""
         diff, n, _ = judged(spec, model, reference, name, horizon)
-        return NO_RUNS if n == "-" else f"{diff} ({n} seed{'s' if n > 1 else ''})"
+        return NO_RUNS if n == "-" else diff if n == 1 else f"{diff} ({n} seeds)"  # one seed: said by paired
 
     return dict(
         L=lg.sel, f=f, rng=rng, paper=paper, SEEDS5=SEEDS5, col=col, avg=avg, havg=havg, per_model_avg=per_model_avg,
