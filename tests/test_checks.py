@@ -146,6 +146,7 @@ def test_a_model_forward_runs_as_many_checks_at_any_depth(name, depth_arg, kw, m
                 model(*args, **kwargs)
             seen[depth, mode] = dict(counts)
     for mode in ("train", "eval"):
+        assert seen[1, mode], f"{mode}: no check ran"  # an empty count would make the comparison vacuous
         assert seen[1, mode] == seen[6, mode], (mode, seen[1, mode], seen[6, mode])
         assert not {k for k in seen[6, mode] if k.endswith(("_check_rope_modes", "_check_causal_range"))}
 

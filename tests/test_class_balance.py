@@ -34,16 +34,20 @@ def _naive_balanced_accuracy(pred, y):
     return sum(((pred == y) & (y == c)).sum().item() / (y == c).sum().item() for c in y.unique()) / len(y.unique())
 
 
-@pytest.mark.parametrize("num_classes", [2, 4])
-def test_balanced_accuracy_is_the_mean_recall_over_present_classes(num_classes):
+@pytest.mark.parametrize("num_classes,present", [(2, 2), (3, 2), (4, 3)])
+def test_balanced_accuracy_is_the_mean_recall_over_present_classes(num_classes, present):
+    """Binary (scores of the positive class) and multi-class; a class that never occurs (``present <
+    num_classes``) is left out of the mean."""
     g = torch.Generator().manual_seed(0)
-    y = torch.randint(0, num_classes - 1, (50,), generator=g)  # the last class never occurs
+    y = torch.randint(0, present, (50,), generator=g)
+    assert len(y.unique()) == present
     scores = torch.randn(50, num_classes, generator=g)
     m = BalancedAccuracy(num_classes)
     for i in range(0, 50, 7):
         m.update(scores[i:i + 7] if num_classes > 2 else scores[i:i + 7].softmax(-1)[:, 1], y[i:i + 7])
     pred = scores.argmax(-1)
     assert m.compute().item() == pytest.approx(_naive_balanced_accuracy(pred, y), abs=1e-6)
+    assert _naive_balanced_accuracy(pred, y) != pytest.approx((pred == y).float().mean().item())  # not accuracy
     majority = BalancedAccuracy(num_classes)
     majority.update(F.one_hot(torch.zeros(50, dtype=torch.long), num_classes).float(), y)
     assert majority.compute().item() == pytest.approx(1 / len(y.unique()))

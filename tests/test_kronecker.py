@@ -113,7 +113,9 @@ def test_scale_keyword_and_signed_score_fn():
     y, fs = kronecker_attention(q, k, v, scale=0.1, return_factors=True)
     torch.testing.assert_close(fs[0], torch.softmax(q[0] @ k[0].transpose(-1, -2) * 0.1, -1))
     y, fs = kronecker_attention(q, k, v, score_fn=tanimoto_scores, return_factors=True)
-    torch.testing.assert_close(fs[1], tanimoto_scores(q[1], k[1]))
+    qk = torch.einsum("...nd,...md->...nm", q[1], k[1])  # Weaver eq 29, written out: qk / (|q|^2 + |k|^2 - qk)
+    tanimoto = qk / (q[1].square().sum(-1)[..., :, None] + k[1].square().sum(-1)[..., None, :] - qk)
+    torch.testing.assert_close(fs[1], tanimoto, rtol=1e-5, atol=1e-6)  # the scores' eps = 1e-6 in the denominator
     torch.testing.assert_close(y, _dense_apply(kron_dense(fs), v))
 
 

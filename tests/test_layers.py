@@ -88,6 +88,9 @@ def test_layer_output_reproduced_from_recorded_factors(combine, kernel):
     for f in fs:
         assert (f >= 0).all()
         torch.testing.assert_close(f.sum(-1), torch.ones_like(f.sum(-1)))
+    if kernel == "softmax":  # each factor is softmax(q_i k_i^T / sqrt(e)) of the layer's mode queries and keys
+        for f, q, k in zip(fs, *att.mode_qk(x)):
+            torch.testing.assert_close(f, torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, -1))
     v = att.to_v(x).view(2, 60, 2, 8)  # (b, N, h, e), tokens row-major
     z = torch.empty_like(v)
     for b, h in itertools.product(range(2), range(2)):

@@ -358,7 +358,8 @@ def test_forward_backward_every_param_gets_grad(name):
     for t in outs:
         assert torch.isfinite(t).all(), f"{name}: non-finite output"
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    if not params:  # parameter-free baselines (e.g. last value)
+    if not params:  # parameter-free baselines (e.g. last value): nothing to train, no output asks for a gradient
+        assert not any(t.requires_grad for t in outs), f"{name}: output requires grad without trainable parameters"
         return
     loss = sum(t.float().square().mean() for t in outs if t.requires_grad)
     loss.backward()

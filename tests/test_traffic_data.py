@@ -207,8 +207,10 @@ def _last_value_reference(values: np.ndarray, window: int = 12, horizon: int = 1
     observed target (all steps and steps 3 / 6 / 12; the loss is the pooled MAE too), and the number of test windows
     (windows with no observed target are dropped)."""
     v = values.astype(np.float64)
-    starts = window_starts(len(v), window, horizon)
-    tr, _, te = split_windows(len(starts))
+    starts = np.arange(len(v) - window - horizon + 1)  # every window start, written out (not window_starts)
+    n = len(starts)
+    n_train, n_test = round(0.7 * n), round(0.2 * n)  # DCRNN: train and test sizes rounded, validation the rest
+    tr, te = np.arange(n_train), np.arange(n - n_test, n)
     span = v[: starts[tr[-1]] + window + horizon]
     mean = span[span != 0].mean()
     preds, ys = [], []
