@@ -236,6 +236,98 @@ def test_causal_kronecker_attention_matches_naive_reference(sizes, causal_mode, 
         assert factors[i].shape == (b, h, T, sizes[i], sizes[i])
 
 
+def _inputs(sizes, c, b=2, h=2, e=3, dv=4, seed=0):
+    torch.manual_seed(seed)
+    T = sizes[c]
+    q = [torch.randn(b, h, T, e, dtype=F64) if i == c else torch.randn(b, h, T, n, e, dtype=F64)
+         for i, n in enumerate(sizes)]
+    return q, [torch.randn_like(t) for t in q], torch.randn(b, h, *sizes, dv, dtype=F64)
+
+
+@pytest.mark.parametrize("combine", ["product", "sum"])
+@pytest.mark.parametrize("kernel", ["softmax", "linear"])
+@pytest.mark.parametrize("sizes,causal_mode", [((4, 3), 0), ((3, 2, 4), 2)])
+def test_a_mask_on_the_causal_mode_and_per_head_masks_match_the_reference(sizes, causal_mode, combine, kernel):
+    """A mask on the causal mode itself (combined with the triangle; one query row left with no key: a zero row) and
+    a per-sample, per-head mask ``(B, H, n, n)`` on another mode, against the loop reference run per ``(b, h)``."""
+    q, k, v = _inputs(sizes, causal_mode)
+    T, b, h = sizes[causal_mode], v.shape[0], v.shape[1]
+    mc = (torch.rand(T, T) < 0.6) | torch.eye(T, dtype=torch.bool)
+    mc[1] = False  # query 1 may attend nothing
+    other = next(i for i in range(len(sizes)) if i != causal_mode)
+    n = sizes[other]
+    mo = (torch.rand(b, h, n, n) < 0.5) | torch.eye(n, dtype=torch.bool)
+    masks = [None] * len(sizes)
+    masks[causal_mode], masks[other] = mc, mo
+    y = causal_kronecker_attention(q, k, v, causal_mode=causal_mode, combine=combine, kernel=kernel, masks=masks)
+    for bi, hi in itertools.product(range(b), range(h)):
+        one = lambda t: t[bi:bi + 1, hi:hi + 1]
+        per = [m if i != other else mo[bi, hi] for i, m in enumerate(masks)]
+        ref = _naive_causal([one(t) for t in q], [one(t) for t in k], one(v), causal_mode, combine, kernel, per)
+        torch.testing.assert_close(one(y), ref)
+    assert (y.select(2 + causal_mode, 1) == 0).all() if combine == "product" else True  # no key: no causal term
+
+
+def _apply_factors(factors, v, c, combine):
+    """Float64 loops: the causal output from given factors (the causal mode's ``(B, H, T, T)`` and every other
+    mode's ``(B, H, T, Ni, Ni)``, mode order), as in :func:`_naive_causal`."""
+    nm, T = v.ndim - 3, v.shape[2 + c]
+    rest = [i for i in range(nm) if i != c]
+    vp = v.movedim(2 + c, 2)
+    y = torch.zeros_like(vp)
+    for b, h, t in itertools.product(range(v.shape[0]), range(v.shape[1]), range(T)):
+        z = sum(factors[c][b, h, t, tp] * vp[b, h, tp].reshape(-1, v.shape[-1]) for tp in range(T))
+        s_rest = [factors[i][b, h, t] for i in rest]
+        if combine == "product":
+            out = kron_dense(s_rest) @ z if rest else z
+        else:
+            out = (z + (kron_sum_dense(s_rest) @ vp[b, h, t].reshape(-1, v.shape[-1]) if rest else 0)) / nm
+        y[b, h, t] = out.view(vp.shape[3:])
+    return y.movedim(2, 2 + c)
+
+
+@pytest.mark.parametrize("combine", ["product", "sum"])
+@pytest.mark.parametrize("sizes,causal_mode", [((4, 3), 0), ((3, 2, 4), 2)])
+def test_causal_dropout_drops_the_returned_factors_and_keeps_causality(sizes, causal_mode, combine):
+    """``dropout_p > 0``: the output is that of the returned (undropped) factors after hoformer's dropout, drawn in
+    the kernel's order (the causal mode's factor, then the others in mode order) from the same seed; outputs at
+    query ``t`` still get no gradient from values after ``t``."""
+    from hoformer.functional import dropout
+
+    q, k, v = _inputs(sizes, causal_mode)
+    v.requires_grad_(True)
+    torch.manual_seed(7)
+    y, factors = causal_kronecker_attention(q, k, v, causal_mode=causal_mode, combine=combine, dropout_p=0.3,
+                                            return_factors=True)
+    torch.manual_seed(7)
+    order = [causal_mode] + [i for i in range(len(sizes)) if i != causal_mode]
+    dropped = dict(zip(order, (dropout(factors[i].detach(), p=0.3) for i in order)))
+    assert any((dropped[i] == 0).any() and (factors[i] > 0).all() for i in order[1:]) or len(sizes) == 1
+    torch.testing.assert_close(y, _apply_factors([dropped[i] for i in range(len(sizes))], v, causal_mode, combine))
+    t = 1
+    y.select(2 + causal_mode, t).sum().backward()
+    assert (v.grad.narrow(2 + causal_mode, t + 1, sizes[causal_mode] - t - 1) == 0).all()
+
+
+@pytest.mark.parametrize("combine", ["product", "sum"])
+@pytest.mark.parametrize("kernel", ["softmax", "linear"])
+@pytest.mark.parametrize("sizes,causal_mode", [((3, 2), 0), ((2, 3, 2), 1)])
+def test_causal_kronecker_attention_gradcheck(sizes, causal_mode, combine, kernel):
+    """Gradients of queries, keys and values (the linear kernel's detached stabilisers included) by finite
+    differences, float64, with a static mask on another mode."""
+    q, k, v = _inputs(sizes, causal_mode, b=1, h=2, e=2, dv=2)
+    other = next(i for i in range(len(sizes)) if i != causal_mode)
+    masks = [None] * len(sizes)
+    masks[other] = torch.eye(sizes[other], dtype=torch.bool) | (torch.rand(sizes[other], sizes[other]) < 0.5)
+    m = len(sizes)
+
+    def f(*ts):
+        return causal_kronecker_attention(list(ts[:m]), list(ts[m:2 * m]), ts[-1], causal_mode=causal_mode,
+                                          combine=combine, kernel=kernel, masks=masks)
+
+    assert torch.autograd.gradcheck(f, [t.requires_grad_(True) for t in (*q, *k, v)])
+
+
 def test_causal_kronecker_attention_checks_its_inputs():
     v = torch.randn(1, 2, 4, 3, 5)
     q = [torch.randn(1, 2, 4, 5), torch.randn(1, 2, 4, 3, 5)]

@@ -150,6 +150,13 @@ def test_masks_and_fully_masked_rows():
         assert (fs[1].triu(1) == 0).all() and (fs[0][0, :, 1] == 0).all(), score_fn.__name__
         torch.testing.assert_close(y, _dense_apply(kron_dense(ref), v), rtol=1e-12, atol=1e-12)
         assert (y[0, :, 1] == 0).all()
+    # the Kronecker sum with the same masks: (1/k) sum of I (x) S_m (x) I over the masked softmax / signed factors
+    ref1 = torch.softmax((q[1] @ k[1].transpose(-1, -2) / 2).masked_fill(~causal, float("-inf")), -1)
+    for score_fn, want in ((None, [ref0, ref1]),
+                           (tanimoto_scores, [torch.where(m, tanimoto_scores(qi, ki), 0.0)
+                                              for qi, ki, m in zip(q, k, (pad, causal))])):
+        y = kronecker_attention(q, k, v, masks=[pad, causal], combine="sum", score_fn=score_fn)
+        torch.testing.assert_close(y, _dense_apply(kron_sum_dense(want, normalize=True), v), rtol=1e-12, atol=1e-12)
 
 
 def _linear_ref(q, k, masks):
@@ -419,7 +426,7 @@ def test_kron_apply_custom_backward_partial_grads_and_autocast():
 # (a short last chunk) / everything in one chunk
 @pytest.mark.parametrize("rotates", [False, True], ids=["in-place-layout", "rotating-layout"])
 @pytest.mark.parametrize("pairs", [1, 3, 8, 1 << 20])
-@pytest.mark.parametrize("sizes", [(3, 5), (2, 3, 4), (2, 7), (2, 3, 7)])  # 7 > 2 d: the unfolded mode product
+@pytest.mark.parametrize("sizes", [(3, 5), (2, 3, 4), (2, 7), (2, 3, 7), (2, 3, 2, 3)])  # 7 > 2 d: unfolded
 def test_cache_blocked_chunks_match_dense_with_strided_values(monkeypatch, pairs, sizes, rotates):
     """The cache blocking (chunks of (batch, head) pairs) is invisible: values and all gradients equal the dense
     Kronecker product / sum for every chunk size, with a head-split (strided) value view and broadcast factors; the
