@@ -116,3 +116,73 @@ def test_demo_honours_omp_num_threads(tmp_path, monkeypatch):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def _series_csv(path: Path, rows: int = 600) -> Path:
+    import numpy as np
+    import pandas as pd
+
+    t = np.arange(rows)
+    pd.DataFrame({"date": pd.date_range("2020-01-01", periods=rows, freq="h").astype(str),
+                  "a": np.sin(t / 10), "b": np.cos(t / 7), "OT": np.sin(t / 5) + 0.1 * t / rows}).to_csv(path,
+                                                                                                  index=False)
+    return path
+
+
+def _fit_argv(tmp_path, *more) -> list[str]:
+    return ["hoformer", "fit", "--config", str(REPO / "configs/hot/ltsf_cpu/etth1_96_96_hot_product.yaml"),
+            "--data.init_args.root", str(tmp_path), "--data.init_args.name", "my_series.csv",
+            "--data.init_args.seq_len", "48", "--data.init_args.pred_len", "24",
+            "--trainer.default_root_dir", str(tmp_path / "run"), "--trainer.limit_train_batches=2",
+            "--trainer.limit_val_batches=1", "--trainer.enable_progress_bar=false", *more]
+
+
+@pytest.mark.parametrize("more,says", [
+    (["--data.init_args.batch_size", "0"], "LTSFDataModule: `batch_size` must be an int >= 1, got 0"),
+    (["--data.init_args.name", "my_seris.csv"], "Did you mean 'my_series.csv'"),
+    (["--data.init_args.seq_len", "400", "--data.init_args.pred_len", "200"], "--data.init_args.seq_len"),
+    (["--trainer.max_epochs=-2"], "`max_epochs` must be a non-negative integer or -1"),
+    (["--trainer.max_epochs=0"], "ExportPretrained: the fit ran no training step"),
+])
+def test_an_input_error_of_fit_is_one_line_from_the_command_line(tmp_path, monkeypatch, capsys, more, says):
+    """However deep jsonargparse and Lightning wrap an input check's error (a constructor's, a link's, the
+    trainer's), ``hoformer fit`` from the command line prints it as one ``error:`` line and returns 2; a run that
+    trained nothing writes no ``pretrained/``; ``HOFORMER_TRACEBACK=1`` gives the traceback."""
+    _series_csv(tmp_path / "my_series.csv")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv("HOFORMER_TRACEBACK", raising=False)
+    monkeypatch.setattr("sys.argv", _fit_argv(tmp_path, *more))
+    assert cli.main() == 2
+    err = capsys.readouterr().err
+    line = next(ln for ln in err.splitlines() if ln.startswith("error: hoformer fit: "))
+    assert says in line and "Traceback" not in err, err[-2000:]
+    assert not (tmp_path / "run" / "pretrained").exists()
+    if more == ["--data.init_args.batch_size", "0"]:
+        monkeypatch.setenv("HOFORMER_TRACEBACK", "1")
+        with pytest.raises(Exception, match="batch_size"):
+            cli.main()
+
+
+def test_a_library_error_keeps_its_traceback(tmp_path, monkeypatch):
+    """An exception that is not an input check's (here a KeyError from inside the data read) is not shortened."""
+    import hoformer.data.ltsf as ltsf
+
+    _series_csv(tmp_path / "my_series.csv")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setattr(ltsf.LTSFDataModule, "_path", lambda self: {}["bug"])
+    monkeypatch.setattr("sys.argv", _fit_argv(tmp_path))
+    with pytest.raises(Exception) as info:
+        cli.main()
+    e = info.value
+    while e.__cause__ is not None:
+        e = e.__cause__
+    assert isinstance(e, KeyError)
+
+
+def test_create_model_names_the_closest_model_and_argument():
+    from hoformer.models import create_model
+
+    with pytest.raises(ValueError, match=r"unknown model name 'hot_forcaster' \(did you mean 'hot_forecaster'"):
+        create_model("hot_forcaster")
+    with pytest.raises(TypeError, match=r"has no argument 'num_varites' \(did you mean 'num_variates'\?\)"):
+        create_model("hot_forecaster", seq_len=16, pred_len=8, num_varites=3)

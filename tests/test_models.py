@@ -125,7 +125,8 @@ def test_is_model_list_models_create_model(registry):
     assert registry.list_models("no_such_*") == []
     with pytest.raises(TypeError, match="`pattern` must be a str"):
         registry.list_models(None)
-    with pytest.raises(ValueError, match=r"create_model: unknown model name 'tiny_x_3'; available: \[.*'tiny_x_1'"):
+    with pytest.raises(ValueError, match=r"create_model: unknown model name 'tiny_x_3' \(did you mean 'tiny_x_2' or "
+                                         r"'tiny_x_1'\?\); available: \[.*'tiny_x_1'"):
         registry.create_model("tiny_x_3")
     with pytest.raises(ValueError, match="unknown model name 3"):
         registry.create_model(3)

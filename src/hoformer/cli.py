@@ -131,6 +131,24 @@ def _misplaced_config(argv: list[str]) -> str | None:
     return None
 
 
+def _input_error(e: BaseException) -> BaseException | None:
+    """The innermost exception of ``e``'s ``raise ... from`` chain (jsonargparse and Lightning wrap a constructor's
+    error in their own) when it is an input check's: a ``ValueError`` / ``TypeError`` / ``OSError`` raised by
+    hoformer's own code, or Lightning's ``MisconfigurationException``; None for anything else (a traceback is due)."""
+    import traceback
+
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    while e.__cause__ is not None:
+        e = e.__cause__
+    if isinstance(e, MisconfigurationException):
+        return e
+    frames = traceback.extract_tb(e.__traceback__)
+    package = Path(__file__).resolve().parent  # the hoformer package's folder
+    ours = bool(frames) and Path(frames[-1].filename).resolve().is_relative_to(package)
+    return e if ours and isinstance(e, (ValueError, TypeError, OSError)) else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hoformer`` console script."""
     from_command_line = argv is None
@@ -188,6 +206,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not from_command_line:
                 raise
             print(f"error: {e}", file=sys.stderr)
+            return 2
+        except Exception as e:  # noqa: BLE001 - an input check's error, however deep Lightning wrapped it: one line
+            cause = _input_error(e)
+            if not from_command_line or cause is None or os.environ.get("HOFORMER_TRACEBACK"):
+                raise
+            print(f"error: hoformer {cmd}: {cause}\n(the full traceback: HOFORMER_TRACEBACK=1 hoformer {cmd} ...)",
+                  file=sys.stderr)
             return 2
         return 0
     print(f"hoformer: unknown command {cmd!r}\n\n{_usage()}", file=sys.stderr)

@@ -51,6 +51,20 @@ _BUNDLE_HINT = ("It is part of the Autoformer / Time-Series-Library dataset bund
                 "this path.")
 
 
+def _nearby_csv(path: Path) -> str:
+    """What the folder of a missing CSV holds: the closest file names, or its CSV files, or that it does not exist."""
+    import difflib
+
+    folder = path.resolve().parent
+    if not folder.is_dir():
+        return f"The folder {folder} does not exist."
+    csvs = sorted(p.name for p in folder.glob("*.csv"))
+    close = difflib.get_close_matches(path.name, csvs, n=3)
+    if close:
+        return f"Did you mean {' or '.join(map(repr, close))} (in {folder})?"
+    return f"{folder} holds the CSV files {csvs[:10]}." if csvs else f"{folder} holds no CSV file."
+
+
 @dataclass(frozen=True)
 class LTSFSpec:
     """A known LTSF dataset: ``path`` relative to the LTSF root, split ``protocol`` ("etth" | "ettm" | "custom" |
@@ -205,8 +219,8 @@ class LTSFDataModule(SeriesDataModule):
                 download_url(spec.url, path, sha256=spec.sha256 if h.verify else None)
             else:
                 hint = (f"Pass download=True to fetch it from {spec.url}." if spec.url else
-                        _BUNDLE_HINT if spec.channels > 0 else "")
-                raise FileNotFoundError(f"LTSF file for {label!r} not found: {path}. {hint}".strip())
+                        _BUNDLE_HINT if spec.channels > 0 else _nearby_csv(path))
+                raise FileNotFoundError(f"LTSF file for {label!r} not found: {path.resolve()}. {hint}".strip())
         if h.verify and spec.sha256:
             verify_file(path, sha256=spec.sha256, hint=VERIFY_HINT)
         return label, path

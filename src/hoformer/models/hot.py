@@ -161,7 +161,8 @@ def _window_stats(x: torch.Tensor, detach: bool = True) -> tuple[torch.Tensor, t
 
 def _grid(sizes, patch: int, fn: str, what: str = "input_size") -> tuple[int, ...]:
     if not is_int(patch) or patch <= 0 or any(s % patch for s in sizes):
-        raise ValueError(f"{fn}: `{what}` {tuple(sizes)} must be divisible by `patch_size` (a positive int), "
+        shown = sizes[0] if len(sizes) == 1 else tuple(sizes)
+        raise ValueError(f"{fn}: `{what}` {shown} must be divisible by `patch_size` (a positive int), "
                          f"got patch_size={patch!r}")
     return tuple(s // patch for s in sizes)
 

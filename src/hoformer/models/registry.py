@@ -8,6 +8,7 @@ configuration (``self.record_config(locals())``, :mod:`hoformer.models.base`), n
 """
 from __future__ import annotations
 
+import difflib
 import fnmatch
 from typing import Any, NamedTuple
 
@@ -81,7 +82,10 @@ def list_models(pattern: str = "*") -> list[str]:
 def model_entry(name: str) -> ModelEntry:
     """The class and preset arguments registered under ``name``."""
     if not is_model(name):
-        raise ValueError(f"create_model: unknown model name {name!r}; available: {list_models()}")
+        close = difflib.get_close_matches(str(name), list_models(), n=3)
+        raise ValueError(f"create_model: unknown model name {name!r}"
+                         + (f" (did you mean {' or '.join(map(repr, close))}?)" if close else "")
+                         + f"; available: {list_models()}")
     return _REGISTRY[name]
 
 
@@ -94,6 +98,15 @@ def create_model(name: str, **kwargs: Any) -> HoformerModel:
     if clash:
         raise ValueError(f"create_model: {name!r} is {cls.__name__} with {preset}; it cannot take {clash} "
                          f"(build {cls.__module__}.{cls.__name__} directly for other values)")
+    params = constructor_signature(cls).parameters
+    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        unknown = [k for k in kwargs if k not in params or k == "self"]
+        if unknown:
+            names = [p for p in params if p != "self"]
+            said = [f"{k!r}" + (f" (did you mean {h[0]!r}?)" if (h := difflib.get_close_matches(k, names, n=1)) else "")
+                    for k in unknown]
+            raise TypeError(f"create_model: {name!r} ({cls.__name__}) has no argument {', '.join(said)}; its "
+                            f"arguments: {names}")
     model = cls(**{**preset, **kwargs})
     if not isinstance(getattr(model, "config", None), dict):
         raise TypeError(f"create_model: {cls.__name__} recorded no configuration: its __init__ must call "

@@ -53,6 +53,11 @@ class ExportPretrained(pl.Callback):
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.is_global_zero:
             return
+        if trainer.global_step == 0:  # not one optimiser step in this attempt or any resumed one
+            raise ValueError(
+                f"ExportPretrained: the fit ran no training step (max_epochs={trainer.max_epochs}, "
+                f"limit_train_batches={trainer.limit_train_batches}, {trainer.num_training_batches} training "
+                "batch(es) per epoch): the weights are untrained, so no save_pretrained folder was written")
         from hoformer.models import model_from_config
 
         model = pl_module.model

@@ -368,7 +368,8 @@ def _why_stopped(trainer) -> str:
         return (f"stopped by the deadline after {EpochSummary._epoch(trainer, max(last, 0))} (the next epoch would not end before "
                 "it); resume with --ckpt_path <run>/checkpoints/last.ckpt")
     if trainer.max_epochs is not None and trainer.max_epochs > 0 and trainer.current_epoch >= trainer.max_epochs:
-        return f"finished all {trainer.max_epochs} epochs (max_epochs)"
+        n = trainer.max_epochs
+        return f"finished all {n} epochs (max_epochs)" if n != 1 else "finished its 1 epoch (max_epochs)"
     if trainer.max_steps is not None and trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
         return f"reached max_steps={trainer.max_steps} in {EpochSummary._epoch(trainer)}"
     return f"stopped after {EpochSummary._epoch(trainer, max(last, 0))}"
@@ -396,7 +397,7 @@ def run_end_report(trainer, scores: dict[int, float] | None = None) -> str:
         parts.append(f"last {os.path.join(last.dirpath, 'last.ckpt')}")
     export = next((cb for cb in trainer.callbacks if type(cb).__name__ == "ExportPretrained"), None)
     if export is not None and getattr(export, "path", None):
-        parts.append(f"save_pretrained {export.path}")
+        parts.append(f"save_pretrained {os.path.abspath(export.path)}")
     return "; ".join(parts)
 
 

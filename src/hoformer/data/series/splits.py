@@ -106,7 +106,10 @@ def chronological_split(protocol: str, num_steps: int, window: int, horizon: int
             n = b2[i] - b1[i] - window - horizon + 1
             if n < 1:
                 raise ValueError(f"the {s} slice has {b2[i] - b1[i]} rows (incl. the {window if i else 0}-row "
-                                 f"lookback), too few for seq_len={window} + pred_len={horizon}")
+                                 f"lookback), too few for seq_len={window} + pred_len={horizon}: give a shorter "
+                                 f"lookback or horizon (the datamodule's seq_len / pred_len, on the command line "
+                                 f"--data.init_args.seq_len / --data.init_args.pred_len; the model takes both from "
+                                 f"the data) or a longer series")
             out[s] = b1[i] + np.arange(n)
         return out, b2[0]
     if protocol not in WINDOW_PROTOCOLS:
