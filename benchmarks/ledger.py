@@ -37,6 +37,7 @@ TABLE_RE = re.compile(r"(<!-- ledger:(?P<name>[\w./-]+) -->\n)(?P<body>.*?)(<!--
 PAPER_RE = re.compile(r"(<!-- paper:(?P<key>[\w./-]+):(?P<value>\w+) -->)(?P<body>.*?)(<!-- /paper -->)")
 MARK_RE = re.compile(r"<!-- (ledger:[\w./-]+|/ledger|paper:[\w./:-]+|/paper) -->")
 HORIZONS, SEEDS5, NO_RUNS = (96, 192, 336, 720), [2024, 2025, 2026, 2027, 2028], "no runs yet"
+VERDICT_SEEDS = 3  # the fewest seeds a verdict is drawn from
 LABELS = {"hot_product": "HOT (product)", "hot_sum": "HOT (sum)", "full": "Transformer (non-factorized)",
           "spatial": "Transformer (spatial)", "temporal": "Transformer (temporal)", "hot_causal": "causal HOT product",
           "kronecker_product": "Kronecker product", "kronecker_sum": "Kronecker sum", "axial": "axial",
@@ -139,11 +140,13 @@ def paired(diffs: list[float], digits: int = 3) -> str:
 
 def verdict(diffs: list[float], lower_is_better: bool = True) -> str:
     """In words, from the paired differences (model minus reference) over seeds: ``ahead`` / ``behind`` when the
-    95 % interval excludes 0, ``level (within noise)`` when it covers 0; one seed gives no verdict."""
+    95 % interval excludes 0, ``level (within noise)`` when it covers 0; fewer than :data:`VERDICT_SEEDS` seeds
+    give no verdict (two seeds' interval rests on one degree of freedom: two nearly equal differences give a narrow
+    interval by chance)."""
     if not diffs:
         return "not run yet"
-    if len(diffs) == 1:
-        return "1 seed: no verdict"
+    if len(diffs) < VERDICT_SEEDS:
+        return f"{len(diffs)} seed{'s' * (len(diffs) > 1)}: no verdict"
     lo, hi = interval(diffs)
     if lo <= 0 <= hi:
         return "level (within noise)"

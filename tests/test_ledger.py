@@ -183,6 +183,7 @@ def test_verdicts_follow_the_paired_interval_and_say_nothing_of_one_seed():
     assert "| level (within noise) " in row(720)
     assert ledger.verdict([-0.02, -0.03, -0.025]) == "ahead" and ledger.verdict([0.02, 0.03, 0.025], False) == "ahead"
     assert ledger.verdict([0.01]) == "1 seed: no verdict" and ledger.verdict([]) == "not run yet"
+    assert ledger.verdict([0.0330, 0.0331]) == "2 seeds: no verdict"  # a narrow interval of 2 seeds is chance
     assert "| not run yet " in next(ln for ln in table.splitlines() if ln.startswith("| Weather"))
     one = ledger.tables([r for r in rows if r["seed"] == 2024])["hot/verdict"]
     assert "1 seed: no verdict" in one and "behind" not in one
