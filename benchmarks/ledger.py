@@ -634,13 +634,12 @@ class Cell(string.Formatter):
 
 
 def values(r: dict) -> dict:
-    """A line's fields and metrics in one dict, without the None ones; ``label``: its model's name in the tables,
-    ``epochs (best)``, ``wall``, ``origin`` (commit, or where a transcribed number was copied from)."""
+    """A line's fields and metrics in one dict, without the None ones, and ``epochs (best)``, ``wall``, ``origin``
+    (commit, or where a transcribed number was copied from)."""
     origin = r["commit"] if r["record"] != "transcribed" else \
         f"transcribed from {r['source']['file']} at {r['source']['commit']}"
     return {k: v for k, v in {**r, **r["metrics"]}.items() if v is not None} | {
-        "label": LABELS.get(r["model"], r["model"]), "epochs (best)": epochs_best(r), "wall": duration(r["wall_s"]),
-        "origin": origin}
+        "epochs (best)": epochs_best(r), "wall": duration(r["wall_s"]), "origin": origin}
 
 
 def lookup(v: dict, name: str):
@@ -722,7 +721,7 @@ def r_lines(lg: Ledger, lines: str | None = None, columns: dict | None = None, d
     return "\n".join([table, "", *below, f"* {source}" if bullets else source])
 
 
-NOTE_HELPERS = {"f": f, "rng": rng, "pivot": pivot, "shape": lambda v: FORMATS["shape"](v)}
+NOTE_HELPERS = {"f": f, "rng": rng, "pivot": pivot, "shape": FORMATS["shape"]}
 
 
 def r_decode(lg: Ledger, suffix: str = "") -> str:

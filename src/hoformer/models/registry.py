@@ -98,11 +98,11 @@ def create_model(name: str, **kwargs: Any) -> HoformerModel:
     if clash:
         raise ValueError(f"create_model: {name!r} is {cls.__name__} with {preset}; it cannot take {clash} "
                          f"(build {cls.__module__}.{cls.__name__} directly for other values)")
-    params = constructor_signature(cls).parameters
+    params = constructor_signature(cls).parameters  # without self
     if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
-        unknown = [k for k in kwargs if k not in params or k == "self"]
+        unknown = [k for k in kwargs if k not in params]
         if unknown:
-            names = [p for p in params if p != "self"]
+            names = list(params)
             said = [f"{k!r}" + (f" (did you mean {h[0]!r}?)" if (h := difflib.get_close_matches(k, names, n=1)) else "")
                     for k in unknown]
             raise TypeError(f"create_model: {name!r} ({cls.__name__}) has no argument {', '.join(said)}; its "
