@@ -212,6 +212,42 @@ def horizon_average(rs: list[dict], seed, name: str = "test/mse", horizons=HORIZ
     return whole[0] if len(whole) == 1 and whole[0] is not None else None
 
 
+def by_seed(rs: list[dict], name: str = "test/mse", horizon=None) -> dict:
+    """``{seed: value}`` of ``name`` (at ``horizon``; ``"avg"``: each seed's mean over the four horizons) of ``rs``."""
+    if horizon == "avg":
+        return {s: v for s in seeds_of(rs) if (v := horizon_average(rs, s, name)) is not None}
+    return {r["seed"]: v for r in rs if (v := metric(r, name, horizon)) is not None}
+
+
+def at_seeds(values: dict, seeds: list) -> dict | None:
+    """``values`` ({seed: value}) at ``seeds``; None unless it has every one of them."""
+    return {s: values[s] for s in seeds} if all(s in values for s in seeds) else None
+
+
+def per_seed_lines(rs: list[dict], seeds: list) -> list[dict] | None:
+    """The line of each of ``seeds``; None unless each has exactly one."""
+    out = [[r for r in rs if r["seed"] == s] for s in seeds]
+    return [o[0] for o in out] if all(len(o) == 1 for o in out) else None
+
+
+def against(values: dict, reference: dict | None, digits: int = 3) -> str:
+    """:func:`vs` of ``values`` against ``reference``; ``-`` without a reference."""
+    return "-" if reference is None else vs(values, reference, digits)
+
+
+def horizon_cell(rs: list[dict], horizon: int, metrics: list) -> str:
+    """``metrics`` (each a name or alternative names) at ``horizon``: mean ± std over the lines, ``/`` between."""
+    values = [[v for r in rs if (v := metric(r, name, horizon)) is not None] for name in metrics]
+    return " / ".join(mean_std(vals) for vals in values if vals) or "-"
+
+
+def horizons_mean(rs: list[dict], metrics: list, horizons=HORIZONS) -> str:
+    """The mean over ``horizons`` of each of ``metrics`` that every horizon has."""
+    means = [[mean(vals) for h in horizons if (vals := [v for r in rs if (v := metric(r, name, h)) is not None])]
+             for name in metrics]
+    return " / ".join(f"{mean(m):.3f}" for m in means if len(m) == len(horizons)) or "-"
+
+
 def provenance_note(rs: list[dict], *names: str) -> str:
     """Where a table's lines come from: measured (command, commit) or transcribed (file, commit), hardware, torch,
     dates and the ledger ``names``."""
@@ -324,6 +360,9 @@ def helpers(lg: Ledger) -> dict:
         return NO_RUNS if n == "-" else diff if n == 1 else f"{diff} ({n} seeds)"  # one seed: said by paired
 
     return dict(
+        mean_std=mean_std, paired=paired, verdict=verdict, vs=vs, against=against, duration=duration,
+        epochs_best=epochs_best, metric=metric, LABELS=LABELS, by_seed=by_seed, at_seeds=at_seeds,
+        per_seed_lines=per_seed_lines, horizon_cell=horizon_cell, horizons_mean=horizons_mean,
         L=lg.sel, f=f, rng=rng, paper=paper, SEEDS5=SEEDS5, col=col, avg=avg, havg=havg, per_model_avg=per_model_avg,
         versus=versus, judged=judged,
         cell=lambda spec, model, name, h=None: mean_std(list(seedwise(spec, model, name, h).values())),
@@ -344,13 +383,50 @@ def helpers(lg: Ledger) -> dict:
     )
 
 
-def _env(lg: Ledger):
-    """Renders a cell of ``results/tables.yaml`` written as a Jinja2 template over :func:`helpers`."""
+def jinja(lg: Ledger):
+    """The Jinja2 environment of the templates of ``results/tables.yaml``: :func:`helpers` as globals and filters."""
     import jinja2
 
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
-    env.globals.update(helpers(lg))
+    if getattr(lg, "env", None) is None:
+        lg.env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
+        lg.env.globals.update(helpers(lg))
+        lg.env.filters.update({k: v for k, v in lg.env.globals.items() if callable(v)})
+    return lg.env
+
+
+def _env(lg: Ledger):
+    """Renders a cell of ``results/tables.yaml`` written as a Jinja2 template over :func:`helpers`."""
+    env = jinja(lg)
     return lambda s: env.from_string(s).render() if isinstance(s, str) and "{" in s else s
+
+
+def r_groups(lg: Ledger, columns: dict, groups: dict | None = None, rows=None, each: str | None = None,
+             select=None, let: dict | None = None, keep: str | None = None, **args) -> str:
+    """A table of one row per group of lines, declared as data. The rows: ``groups`` ({label: selector}; the
+    variables ``label`` and ``rs``, its lines), ``each`` (a field: one row per value of it among the lines of
+    ``select``, first appearance first; that field and ``rs``) or ``rows`` (dicts of variables; a list instead is
+    a row of template cells, left out when its first cell renders empty). ``let``: {name: Jinja2 expression}
+    evaluated per row, ``keep``: an expression a row must satisfy. ``columns``: {head: Jinja2 template} over the
+    row's variables, the table's other arguments and :func:`helpers` (a None template: no such column)."""
+    env, columns = jinja(lg), {head: t for head, t in columns.items() if t is not None}
+    render = lambda template, v: env.from_string(str(template)).render(v)
+    if groups is not None:
+        rows = [{"label": label, "rs": lg.sel(spec)} for label, spec in groups.items()]
+    elif each is not None:
+        rs = lg.sel(select)
+        rows = [{each: v, "rs": [r for r in rs if r.get(each) == v]} for v in dict.fromkeys(r.get(each) for r in rs)]
+    body = []
+    for row in rows:
+        if isinstance(row, list):
+            cells = [render(c, {**args, "rows": body}) for c in row]
+            body += [cells] if cells[0] else []
+            continue
+        v = {**args, "groups": groups, **row}
+        for name, expression in (let or {}).items():
+            v[name] = env.compile_expression(expression)(**v)
+        if keep is None or env.compile_expression(keep)(**v):
+            body.append([render(t, v) for t in columns.values()])
+    return md([render(h, args) for h in columns], body)
 
 
 def r_rows(lg: Ledger, head: list[str], rows: list[list], prefix: str = "", seed_list: bool = False) -> str:
@@ -379,24 +455,6 @@ def r_rows(lg: Ledger, head: list[str], rows: list[list], prefix: str = "", seed
     return md(head, body)
 
 
-def r_verdicts(lg: Ledger, rows: list[dict], prefix: str = "") -> str:
-    """HOT against its baselines, one row per comparison (``what``: dataset, protocol, budget; ``lines``: a selector;
-    ``model`` against ``reference`` on ``metric`` at ``horizon``, ``"avg"``: each seed's four-horizon mean): the
-    paired difference over their common seeds with its 95 % Student-t interval, the seeds, the verdict in words;
-    ``prefix``: the page the ``how`` anchors are on."""
-    judged, body = helpers(lg)["judged"], []
-    for r in rows:
-        name, lower = r.get("metric", "test/mse"), r.get("lower_is_better", True)
-        label = r.get("label") or f"{name.removeprefix('test/')}" + (f" @{r['horizon']}" if r.get("horizon") not in
-                                                                      (None, "avg") else "")
-        diff, n, word = judged(r["lines"], r["model"], r["reference"], name, r.get("horizon"), lower)
-        body.append([r["what"], f"{LABELS.get(r['model'], r['model'])} - {LABELS.get(r['reference'], r['reference'])}",
-                     label + (" (lower is better)" if lower else " (higher is better)"), diff, n, word,
-                     f"[details]({prefix}{r['how']})"])
-    return md(["comparison", "model - reference", "metric", "paired difference [95 % CI]", "seeds", "verdict",
-               "how"], body)
-
-
 # ------------------------------------------------------------------------------------------ comparison tables
 def _ref_head(reference: str, what: str) -> str:
     return f"{what} − {reference}, paired over seeds (95 % CI)"
@@ -405,69 +463,6 @@ def _ref_head(reference: str, what: str) -> str:
 def paired_cell(label: str, reference: str, by: dict, digits: int = 3) -> str:
     """``label``'s cell in the column of paired differences against ``reference`` (``by``: {label: {seed: value}})."""
     return "reference" if label == reference else vs(by[label], by[reference], digits) if reference in by else "-"
-
-
-def r_seeds(lg: Ledger, groups: dict, seeds: list, papers: dict | None = None, reference: str | None = None) -> str:
-    """Four-horizon average test MSE per seed, its mean ± std and, against ``reference``, the paired difference."""
-    t, body, by = _env(lg), [], {}
-    for label, spec in groups.items():
-        rs = lg.sel(spec)
-        vals = [horizon_average(rs, s) for s in seeds]
-        if rs and None not in vals:
-            by[label] = dict(zip(seeds, vals))
-            body.append([label, " / ".join(map(f, vals)), mean_std(vals),
-                         *([t(papers.get(label, "-"))] if papers else [])])
-    for row in body if reference else ():
-        row.append(paired_cell(row[0], reference, by))
-    head = ["model", f"per seed ({' / '.join(map(str, seeds))})", f"mean ± std, {len(seeds)} seeds"]
-    return md(head + ["paper"] * bool(papers) + [_ref_head(reference, "MSE")] * bool(reference), body)
-
-
-EXTRA = {  # the extra columns of r_horizons: {name: (head, cell of the group's lines)}
-    "fits": ("fits, wall-clock per fit", lambda rs: f"{len(rs)}: " + " / ".join(duration(r["wall_s"]) for r in rs)),
-    "count": ("fits", lambda rs: str(len(rs))),
-    "epochs": ("epochs run (best)", lambda rs: "-" if all(r.get("epochs") is None for r in rs) else
-               " / ".join(map(epochs_best, rs))),
-    "paper_avg": ("paper avg", lambda rs: paper({"spatial": "weather/spatial", "temporal": "weather/temporal"}
-                                                .get(rs[0]["model"], "weather/hot"), "avg"))}
-
-
-def r_horizons(lg: Ledger, groups: dict, metrics=("test/mse", "test/mae"), horizons=HORIZONS, extra=()) -> str:
-    """One row per group, one column per horizon: the metrics (or tuples of alternative names), mean ± std over the
-    group's lines when several; the mean over the horizons for the metrics every horizon has; ``extra`` columns."""
-    body = []
-    for label, spec in groups.items():
-        rs = lg.sel(spec)
-        if not rs:
-            continue
-        cells, means = [], {i: [] for i in range(len(metrics))}
-        for h in horizons:
-            parts = []
-            for i, name in enumerate(metrics):
-                if vals := [v for r in rs if (v := metric(r, name, h)) is not None]:
-                    parts.append(mean_std(vals))
-                    means[i].append(mean(vals))
-            cells.append(" / ".join(parts) or "-")
-        cells.append(" / ".join(f"{mean(v):.3f}" for v in means.values() if len(v) == len(horizons)) or "-")
-        body.append([label, *cells, *(EXTRA[e][1](rs) for e in extra)])
-    return md(["model", *map(str, horizons), "avg", *(EXTRA[e][0] for e in extra)], body)
-
-
-def r_per_seed(lg: Ledger, groups: dict, seeds: list, first: str, reference: str | None = None) -> str:
-    """Test MSE / MAE of one line per seed, their mean ± std, each fit's wall-clock; the paired MSE difference."""
-    body, by = [], {}
-    for label, spec in groups.items():
-        rs = [lg.sel(spec, seed=s) for s in seeds]
-        if all(len(r) == 1 for r in rs):
-            rs = [r[0] for r in rs]
-            by[label] = {r["seed"]: metric(r, "test/mse") for r in rs}
-            body.append([label, *(f"{f(metric(r, 'test/mse'))} / {f(metric(r, 'test/mae'))}" for r in rs),
-                         mean_std([metric(r, "test/mse") for r in rs]), mean_std([metric(r, "test/mae") for r in rs]),
-                         " / ".join(duration(r["wall_s"]) for r in rs)])
-    for row in body if reference else ():
-        row.append(paired_cell(row[0], reference, by))
-    return md([first, *(f"seed {s}" for s in seeds), f"MSE, {len(seeds)} seeds", f"MAE, {len(seeds)} seeds",
-               "fit wall-clock per seed", *[_ref_head(reference, "MSE")] * bool(reference)], body)
 
 
 def r_classification(lg: Ledger, groups: dict, mean_of: list | None = None, paper_row: list | None = None,
@@ -952,8 +947,12 @@ def tables(rows: list[dict], names=None) -> dict:
     ledger lines ``rows``."""
     spec = _yaml("tables.yaml")
     lg = Ledger(rows, spec["selectors"])
-    return {name: RENDER[t["render"]](lg, **{k: v for k, v in t.items() if k != "render"})
-            for name, t in spec["tables"].items() if names is None or name in names}
+    return {name: render(lg, t) for name, t in spec["tables"].items() if names is None or name in names}
+
+
+def render(lg: Ledger, table: dict) -> str:
+    """The body of the table declaration ``table`` (an entry of ``results/tables.yaml``)."""
+    return RENDER[table["render"]](lg, **{k: v for k, v in table.items() if k != "render"})
 
 
 TABLES = _yaml("tables.yaml")["tables"]

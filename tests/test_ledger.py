@@ -21,6 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 ledger = load_benchmark("ledger")
 lg = lambda rows: ledger.Ledger(rows)
 table_of = lambda rows, name: ledger.tables(rows, [name])[name]  # one table of results/tables.yaml
+# a table of results/tables.yaml with some of its arguments replaced
+declared = lambda rows, name, **args: ledger.render(lg(rows), {**ledger.TABLES[name], **args})
 
 
 GOOD = {"experiment": "e", "task": "forecasting", "dataset": "D", "model": "m", "scale": "cpu", "split": "test",
@@ -127,16 +129,18 @@ def test_seed_table_averages_horizons_then_seeds_and_pairs_them_with_the_referen
     rows = [_line("m", 1, hz, v) for hz, v in zip(h, (0.1, 0.2, 0.3, 0.4))]  # seed 1: mean 0.25
     rows.append(_line("m", 2, list(h), 0.35))  # seed 2: only its four-horizon average was recorded
     rows += [_line("r", s, list(h), v) for s, v in ((1, 0.2), (2, 0.4))]
-    table = ledger.r_seeds(lg(rows), {"M": {"model": "m"}, "R": {"model": "r"}}, [1, 2], reference="R")
+    groups = {"M": {"model": "m"}, "R": {"model": "r"}}
+    seeds = lambda rows: declared(rows, "hot/etth1_seed_spread", groups=groups, seeds=[1, 2], reference="R")
+    table = seeds(rows)
     d = [0.25 - 0.2, 0.35 - 0.4]
     ci = stats.t.ppf(0.975, 1) * statistics.stdev(d) / 2 ** 0.5
     assert re.search(rf"\| M +\| 0.250 / 0.350 +\| 0.300 ± 0.071 +\| {statistics.mean(d):.3f} "
                      rf"\[{statistics.mean(d) - ci:.3f}, {statistics.mean(d) + ci:.3f}\] within noise", table)
     assert re.search(r"\| R +\| 0.200 / 0.400 +\| 0.300 ± 0.141 +\| reference", table)
     rows[0] = dict(rows[0], metrics={"test/mse": 0.5, "test/mae": 0.25})  # one horizon changes: every cell follows
-    assert re.search(r"\| M +\| 0.350 / 0.350 +\| 0.350 ± 0.0000 ", ledger.r_seeds(lg(rows), {"M": {"model": "m"}}, [1, 2]))
+    assert re.search(r"\| M +\| 0.350 / 0.350 +\| 0.350 ± 0.0000 ", seeds(rows))
     # a seed without every horizon (and no average line) is no row rather than a wrong mean
-    assert ledger.NO_RUNS in ledger.r_seeds(lg(rows[1:]), {"M": {"model": "m"}}, [1, 2])
+    assert "| M " not in seeds(rows[1:]) and "| R " in seeds(rows[1:])
 
 
 def test_paired_interval_is_student_t_over_seeds_and_says_within_noise_or_one_seed():
@@ -224,8 +228,8 @@ def test_horizon_table_prefix_metrics_and_same_window_alternatives():
     joint = _line("j", 1, 720, 0.0, metrics={f"test/mse@{h}": h / 1000 for h in ledger.HORIZONS})
     direct = [_line("d", 1, h, h / 1000 + 0.01) for h in ledger.HORIZONS]
     direct[0]["metrics"]["test_2161/mse"] = 0.05
-    table = ledger.r_horizons(lg([joint, *direct]), {"joint": {"model": "j"}, "direct": {"model": "d"}},
-                              metrics=(("test_2161/mse", "test/mse"),))
+    table = declared([joint, *direct], "hot/etth1_same_windows", groups={"joint": {"model": "j"}, "direct": {"model": "d"}},
+                     metrics=[["test_2161/mse", "test/mse"]])
     assert re.search(r"\| joint +\| 0.096 +\| 0.192 +\| 0.336 +\| 0.720 +\| 0.336 +\|", table)
     assert re.search(r"\| direct +\| 0.050 +\| 0.202 +\| 0.346 +\| 0.730 +\| 0.332 +\|", table)
 
