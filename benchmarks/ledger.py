@@ -212,11 +212,35 @@ def horizon_average(rs: list[dict], seed, name: str = "test/mse", horizons=HORIZ
     return whole[0] if len(whole) == 1 and whole[0] is not None else None
 
 
-def by_seed(rs: list[dict], name: str = "test/mse", horizon=None) -> dict:
-    """``{seed: value}`` of ``name`` (at ``horizon``; ``"avg"``: each seed's mean over the four horizons) of ``rs``."""
+def by_seed(rs: list[dict], name: str = "test/mse", horizon=None, scale=1) -> dict:
+    """``{seed: scale * value}`` of ``name`` (at ``horizon``; ``"avg"``: each seed's mean over the four horizons) of
+    the lines ``rs`` of one seed (a line of a list of seeds records a summary over them)."""
     if horizon == "avg":
-        return {s: v for s in seeds_of(rs) if (v := horizon_average(rs, s, name)) is not None}
-    return {r["seed"]: v for r in rs if (v := metric(r, name, horizon)) is not None}
+        return {s: scale * v for s in seeds_of(rs) if (v := horizon_average(rs, s, name)) is not None}
+    return {r["seed"]: scale * v for r in rs if not isinstance(r["seed"], list)
+            and (v := metric(r, name, horizon)) is not None}
+
+
+def threads(r: dict) -> str:
+    """``, N thread(s)`` where a line's hardware says how many threads it ran on."""
+    th = re.search(r"(\d+) thread", r["hardware"])
+    return f", {th[1]} thread" + "s" * (th[1] != "1") if th else ""
+
+
+def objective(r: dict):
+    """A tuning trial's objective (``val/mae`` unless it names another)."""
+    return r["metrics"].get(r.get("objective", "val/mae"))
+
+
+def best_trial(rs: list[dict]) -> dict | None:
+    """The complete trial of the lowest :func:`objective`."""
+    return min((r for r in rs if r["state"] == "complete" and objective(r) is not None), key=objective, default=None)
+
+
+def spread(r: dict, name: str) -> str:
+    """``mean ± std`` of a line recording a summary over seeds (``metrics_std``), else its value; ``-``."""
+    v, s = r["metrics"].get(name), r.get("metrics_std", {}).get(name)
+    return "-" if v is None else f"{v:.3f}" + ("" if s is None else f" ± {s:.3f}")
 
 
 def at_seeds(values: dict, seeds: list) -> dict | None:
@@ -363,8 +387,10 @@ def helpers(lg: Ledger) -> dict:
         mean_std=mean_std, paired=paired, verdict=verdict, vs=vs, against=against, duration=duration,
         epochs_best=epochs_best, metric=metric, LABELS=LABELS, by_seed=by_seed, at_seeds=at_seeds,
         per_seed_lines=per_seed_lines, horizon_cell=horizon_cell, horizons_mean=horizons_mean,
-        L=lg.sel, f=f, rng=rng, paper=paper, SEEDS5=SEEDS5, col=col, avg=avg, havg=havg, per_model_avg=per_model_avg,
-        versus=versus, judged=judged,
+        threads=threads, objective=objective, best_trial=best_trial, spread=spread, seeds_of=seeds_of,
+        traffic_runs=lambda dataset: traffic_runs(lg, dataset), students=lambda ds, m: student_acc(lg, ds, m),
+        pivot=pivot, shape=FORMATS["shape"], L=lg.sel, f=f, rng=rng, paper=paper, SEEDS5=SEEDS5, col=col, avg=avg,
+        havg=havg, per_model_avg=per_model_avg, versus=versus, judged=judged,
         cell=lambda spec, model, name, h=None: mean_std(list(seedwise(spec, model, name, h).values())),
         mean=lambda spec, name, scale=1: mean(col(spec, name, scale)), hw=lambda spec: hardware_short(lg.sel(spec)),
         walls=lambda spec: " / ".join(duration(r["wall_s"]) for r in lg.sel(spec)),
@@ -390,7 +416,7 @@ def jinja(lg: Ledger):
     if getattr(lg, "env", None) is None:
         lg.env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
         lg.env.globals.update(helpers(lg))
-        lg.env.filters.update({k: v for k, v in lg.env.globals.items() if callable(v)})
+        lg.env.filters.update({k: v for k, v in lg.env.globals.items() if callable(v) and k not in lg.env.filters})
     return lg.env
 
 
@@ -400,33 +426,44 @@ def _env(lg: Ledger):
     return lambda s: env.from_string(s).render() if isinstance(s, str) and "{" in s else s
 
 
-def r_groups(lg: Ledger, columns: dict, groups: dict | None = None, rows=None, each: str | None = None,
-             select=None, let: dict | None = None, keep: str | None = None, **args) -> str:
+def r_groups(lg: Ledger, columns: dict, groups: dict | None = None, each: str | None = None, select=None,
+             rows=(), expand: bool = False, let: dict | None = None, keep: str | None = None, optional=(),
+             notes: list | None = None, source=None, bullets: bool = True, **args) -> str:
     """A table of one row per group of lines, declared as data. The rows: ``groups`` ({label: selector}; the
-    variables ``label`` and ``rs``, its lines), ``each`` (a field: one row per value of it among the lines of
-    ``select``, first appearance first; that field and ``rs``) or ``rows`` (dicts of variables; a list instead is
-    a row of template cells, left out when its first cell renders empty). ``let``: {name: Jinja2 expression}
-    evaluated per row, ``keep``: an expression a row must satisfy. ``columns``: {head: Jinja2 template} over the
-    row's variables, the table's other arguments and :func:`helpers` (a None template: no such column)."""
+    variables ``label`` and ``rs``, its lines; ``expand``: a row per line ``r`` of each), ``each`` (a field: a row
+    per value of it among the lines of ``select``, first appearance first; that field and ``rs``), then ``rows``:
+    dicts of variables, or lists of template cells (left out when the first cell renders empty), or a Jinja2
+    expression giving one row each (the variable ``r``). ``let``: {name: Jinja2 expression} evaluated per row,
+    ``keep``: an expression a row must satisfy. ``columns``: {head: Jinja2 template} over the row's variables, the
+    table's other arguments and :func:`helpers` (a None template: no such column; ``optional``: heads left out when
+    every cell is ``-``). ``notes``, ``source`` (the names of the lines): see :func:`finish`."""
     env, columns = jinja(lg), {head: t for head, t in columns.items() if t is not None}
-    render = lambda template, v: env.from_string(str(template)).render(v)
-    if groups is not None:
-        rows = [{"label": label, "rs": lg.sel(spec)} for label, spec in groups.items()]
-    elif each is not None:
+    render, args = lambda template, v: env.from_string(str(template)).render(v), {**args, "groups": groups}
+    if isinstance(rows, str):
+        rows = [{"r": r} for r in env.compile_expression(rows)(**args)]
+    found = [{"label": label, "rs": lg.sel(spec)} for label, spec in (groups or {}).items()]
+    if each is not None:
         rs = lg.sel(select)
-        rows = [{each: v, "rs": [r for r in rs if r.get(each) == v]} for v in dict.fromkeys(r.get(each) for r in rs)]
-    body = []
-    for row in rows:
+        found += [{each: v, "rs": [r for r in rs if r.get(each) == v]} for v in dict.fromkeys(r.get(each) for r in rs)]
+    found = [{**g, "r": r} for g in found for r in g["rs"]] if expand else found
+    body, shown, lines = [], [], {}
+    for row in [*found, *rows]:
         if isinstance(row, list):
             cells = [render(c, {**args, "rows": body}) for c in row]
             body += [cells] if cells[0] else []
             continue
-        v = {**args, "groups": groups, **row}
+        v = {**args, **row}
         for name, expression in (let or {}).items():
             v[name] = env.compile_expression(expression)(**v)
         if keep is None or env.compile_expression(keep)(**v):
             body.append([render(t, v) for t in columns.values()])
-    return md([render(h, args) for h in columns], body)
+            shown.append(v)
+            lines.update({id(r): r for r in v.get("rs", [v["r"]] if "r" in v else [])})
+    kept = [i for i, head in enumerate(columns) if head not in optional or any(row[i] != "-" for row in body)]
+    table = md([render(h, args) for i, h in enumerate(columns) if i in kept], [[row[i] for i in kept] for row in body])
+    names = [] if not source else [source] if isinstance(source, str) else source
+    return finish(lg, table, lg.sel(select) if select else list(lines.values()), notes, names, bullets,
+                  rows=shown, **args)
 
 
 def r_rows(lg: Ledger, head: list[str], rows: list[list], prefix: str = "", seed_list: bool = False) -> str:
@@ -456,39 +493,6 @@ def r_rows(lg: Ledger, head: list[str], rows: list[list], prefix: str = "", seed
 
 
 # ------------------------------------------------------------------------------------------ comparison tables
-def _ref_head(reference: str, what: str) -> str:
-    return f"{what} − {reference}, paired over seeds (95 % CI)"
-
-
-def paired_cell(label: str, reference: str, by: dict, digits: int = 3) -> str:
-    """``label``'s cell in the column of paired differences against ``reference`` (``by``: {label: {seed: value}})."""
-    return "reference" if label == reference else vs(by[label], by[reference], digits) if reference in by else "-"
-
-
-def r_classification(lg: Ledger, groups: dict, mean_of: list | None = None, paper_row: list | None = None,
-                     reference: str | None = None) -> str:
-    """One row per line of each group (epochs, best validation AUC and its epoch, test AUC / ACC in %, fit); a mean
-    row, the paper's row, and the paired test AUC difference of each group against ``reference`` (same seeds)."""
-    body, auc = [], {}
-    for label, spec in groups.items():
-        for r in lg.sel(spec):
-            val, th = (r.get("best_val") or {}).get("val/auc"), re.search(r"(\d+) thread", r["hardware"])
-            auc.setdefault(label, {})[r["seed"]] = 100 * r["metrics"]["test/auc"]
-            body.append([label, r["seed"], r["epochs"], f"{f(val and 100 * val, 1)} ({r['best_epoch']})",
-                         f(100 * r["metrics"]["test/auc"], 1), f(100 * r["metrics"]["test/acc"], 1),
-                         duration(r["wall_s"]) + (f", {th[1]} thread" + "s" * (th[1] != "1") if th else "")])
-    if mean_of and (rs := lg.sel(groups[mean_of[0]])):
-        body.append([f"**{mean_of[1]}**", ", ".join(map(str, seeds_of(rs))), rs[0]["epochs"], "",
-                     f"**{mean([100 * r['metrics']['test/auc'] for r in rs]):.1f}**",
-                     f"**{mean([100 * r['metrics']['test/acc'] for r in rs]):.1f}**", ""])
-    if paper_row:
-        body.append([paper_row[0], "", "", "", paper(paper_row[1], "auc"), paper(paper_row[1], "acc"), ""])
-    table = md(["model, training", "seed", "epochs", "best val AUC (epoch)", "test AUC", "test ACC", "fit"], body)
-    notes = [f"* Test AUC − {reference}, paired over seeds (95 % CI): " + "; ".join(
-        f"{k}: {vs(v, auc[reference], 1)}" for k, v in auc.items() if k != reference)] if reference in auc else []
-    return "\n".join([table, "", *notes]).rstrip()
-
-
 def r_forecast(lg: Ledger, select: dict, reference: str | None = None, paper_rows: dict | None = None,
                horizons=None) -> str:
     """Test MSE / MAE per model (rows) and horizon (columns), mean ± std over seeds; with all four horizons their
@@ -527,61 +531,6 @@ def r_forecast(lg: Ledger, select: dict, reference: str | None = None, paper_row
     return "\n".join([table, "", f"Paired difference against {LABELS.get(reference, reference)} (same seeds, same test "
                       "windows; mean [95 % CI], Student t over seeds):", "",
                       md(["model", "horizon", "common seeds", "test MSE difference", "test MAE difference"], rows)])
-
-
-TRAFFIC = [("MAE 15m", "test/mae@15m"), ("MAE 30m", "test/mae@30m"), ("MAE 60m", "test/mae@60m"),
-           ("MAE all", "test/mae"), ("MAPE all %", "test/mape"), ("RMSE all", "test/rmse")]
-
-
-def r_traffic(lg: Ledger, dataset: str = "los_loop", reference: str | None = None) -> str:
-    """Traffic test metrics (mph; MAPE in %), mean ± sample std over the seeds, one row per model; the paired MAE
-    (all steps) difference against ``reference``."""
-    runs = traffic_runs(lg, dataset)
-    per = {r["model"]: {ln["seed"]: ln["metrics"]["test/mae"] for ln in r["lines"] if isinstance(ln["seed"], int)}
-           for r in runs}
-    cell = lambda r, k: "-" if (v := r["metrics"].get(k)) is None else f"{v:.3f}" + (
-        "" if (s := r.get("metrics_std", {}).get(k)) is None else f" ± {s:.3f}")
-    body = [[f"`{r['model']}`", r.get("params", "-"), *(cell(r, k) for _, k in TRAFFIC), f(r["wall_s"], 0),
-             ", ".join(map(str, seeds_of([r]))), *[paired_cell(r["model"], reference, per)] * (reference in per)]
-            for r in runs]
-    return md(["model", "params", *(h for h, _ in TRAFFIC), "s/run", "seeds",
-               *[_ref_head(f"`{reference}`", "MAE all")] * (reference in per)], body)
-
-
-def r_text(lg: Ledger, students: dict, reference: str | None = None,
-           datasets=(("TREC test", "trec"), ("SST-2 dev", "sst2"))) -> str:
-    """Test accuracy (%) of the distilled students: mean ± std over seeds, per seed, and the paired difference
-    against the ``reference`` student (same seeds); the teacher's single run."""
-    head, body = ["student"], []
-    for name, _ in datasets:
-        head += [f"{name} acc (%)", f"{name} per seed", *[f"{name}: " + _ref_head(reference, "acc")] * bool(reference)]
-    for label, model in students.items():
-        row = [label]
-        for _, ds in datasets:
-            by = {m: student_acc(lg, ds, m) for m in (model, reference)}
-            a = by[model]
-            row += [mean_std(list(a.values()), 1), " / ".join(f"{v:.1f}" for v in a.values()) +
-                    f" (seeds {', '.join(map(str, a))})", *[paired_cell(model, reference, by, 1)] * bool(reference)]
-        body.append(row)
-    row = ["*teacher (2D, 4 layers)*"]
-    for _, ds in datasets:
-        teacher = lg.sel(task="text", dataset=ds, role="teacher")
-        row += [", ".join(f"*{100 * r['metrics']['test/acc']:.1f}*" for r in teacher) or "-", "",
-                *[""] * bool(reference)]
-    return md(head, body + [row])
-
-
-def r_tune(lg: Ledger, select: dict) -> str:
-    """Per tuning study: trials, pruned trials, the best value of its objective and the best trial's parameters."""
-    body = []
-    for study in dict.fromkeys(r["study"] for r in lg.sel(select)):
-        rs = lg.sel(select, study=study)
-        score = lambda r: r["metrics"].get(r.get("objective", "val/mae"))
-        best = min((r for r in rs if r["state"] == "complete" and score(r) is not None), key=score, default=None)
-        body.append([f"`{study}`", len(rs), sum(r["state"] == "pruned" for r in rs),
-                     f"{score(best):.4f} (trial {best['trial']})" if best else "-",
-                     ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in best["params"].items()) if best else "-"])
-    return md(["study", "trials", "pruned", "best validation objective (trial)", "its parameters"], body)
 
 
 # ------------------------------------------------------------------------------------ benchmarks and analysis
@@ -661,16 +610,19 @@ def pivot(lines: list[dict], row: str, column: str) -> list[dict]:
     return list(out.values())
 
 
-def notes_of(templates: list[str], lines: list[dict], rows: list[dict]) -> list[str] | None:
-    """The sentences under a table: each of ``templates`` (Jinja2 over ``lines``, every selected line, and ``rows``,
-    the table's rows, with :data:`NOTE_HELPERS`) one line, left out when it renders empty (a ``""`` template: a
-    blank line); None when every template rendered empty (the table alone)."""
-    import jinja2
-
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
-    env.globals.update(NOTE_HELPERS, lines=lines, rows=rows)
-    out = [t if t == "" else env.from_string(t).render().strip() for t in templates]
-    return [o for o, t in zip(out, templates) if o or t == ""] if any(o for o in out) else None
+def finish(lg: Ledger, table: str, rs: list[dict], notes: list | None, names, bullets: bool = True, **context) -> str:
+    """``table`` and the sentences under it: each of ``notes`` (Jinja2 over ``lines``, the table's lines, and the
+    ``context``) one line, left out when it renders empty (a ``""`` template: a blank line), then, when ``names`` (the
+    names of the lines), where the lines come from (a bullet when ``bullets``). Without lines, or when every note
+    renders empty: the table alone."""
+    if not rs:
+        return table
+    out = [t if t == "" else jinja(lg).from_string(t).render({"lines": rs, **context}).strip() for t in notes or []]
+    below = [o for o, t in zip(out, notes or []) if o or t == ""]
+    if (notes and not any(out)) or not (below or names):
+        return table
+    source = [f"* {p}" if bullets else p for p in [provenance_note(rs, *names)] if names]
+    return "\n".join([table, "", *below, *source])
 
 
 def r_lines(lg: Ledger, lines: str | None = None, columns: dict | None = None, device: str | list = "",
@@ -686,8 +638,8 @@ def r_lines(lg: Ledger, lines: str | None = None, columns: dict | None = None, d
     Rows keep ledger order within the first appearances of ``group``, the listed values of ``order`` ({field:
     [value, ...]}) and the values of ``sort``. ``columns``: {label: template} (:class:`Cell`; ``ratios``: see
     :func:`with_ratios`); ``bold``: {label: selector} of the lines whose cell there is bold; ``optional``: labels
-    left out when no row has a value. Below the table the sentences of ``notes`` (:func:`notes_of`; without
-    ``notes``: the table alone) and, when ``source``, where the lines come from, as bullets when ``bullets``."""
+    left out when no row has a value. Below the table the sentences of ``notes`` (:func:`finish`, over
+    ``lines``, the lines' values, and ``rows``) and, when ``source``, where the lines come from."""
     devices = [device] if isinstance(device, str) else device
     rs = [r for r in ([r for d in devices for r in bench(lg, lines, d)] if lines else lg.sel(select))
           if matches(r, where or {})]
@@ -709,14 +661,8 @@ def r_lines(lg: Ledger, lines: str | None = None, columns: dict | None = None, d
              for label, template in columns.items() for c in [cell(template, v)]] for v in shown]
     keep = [i for i, label in enumerate(columns) if label not in optional or any(row[i] != "-" for row in body)]
     table = md([list(columns)[i] for i in keep], [[row[i] for i in keep] for row in body])
-    below = (notes_of(notes, every, shown) if notes is not None else []) if rs else None
-    if below is None or not source:
-        return table
-    source = provenance_note(rs, *([lines + d for d in devices] if lines else [select["experiment"]]))
-    return "\n".join([table, "", *below, f"* {source}" if bullets else source])
-
-
-NOTE_HELPERS = {"f": f, "rng": rng, "pivot": pivot, "shape": FORMATS["shape"]}
+    names = ([lines + d for d in devices] if lines else [select["experiment"]]) if source else []
+    return finish(lg, table, rs, notes, names, bullets, lines=every, rows=shown)
 
 
 def r_decode(lg: Ledger, suffix: str = "") -> str:

@@ -21,8 +21,11 @@ REPO = Path(__file__).resolve().parents[1]
 ledger = load_benchmark("ledger")
 lg = lambda rows: ledger.Ledger(rows)
 table_of = lambda rows, name: ledger.tables(rows, [name])[name]  # one table of results/tables.yaml
-# a table of results/tables.yaml with some of its arguments replaced
-declared = lambda rows, name, **args: ledger.render(lg(rows), {**ledger.TABLES[name], **args})
+
+
+def declared(rows: list[dict], name: str, /, **args) -> str:
+    """The table ``name`` of results/tables.yaml rendered from ``rows`` with some of its arguments replaced."""
+    return ledger.render(lg(rows), {**ledger.TABLES[name], **args})
 
 
 GOOD = {"experiment": "e", "task": "forecasting", "dataset": "D", "model": "m", "scale": "cpu", "split": "test",
@@ -684,7 +687,7 @@ def test_traffic_tables_aggregate_per_seed_lines_over_a_summary_line_and_pair_th
     (nt,) = [r for r in ledger.traffic_runs(lg(rows)) if r["model"] == "weaver_NT"]
     assert nt["seed"] == [0, 1, 2] and nt["metrics"]["test/mae@30m"] == 4.0  # seed 1's newest line (4.0), not 9.9
     assert abs(nt["metrics_std"]["test/mae@30m"] - 1.0) < 1e-12 and len(nt["lines"]) == 3
-    table = ledger.r_traffic(lg(rows), reference="weaver_NT")
+    table = declared(rows, "traffic/los_loop", reference="weaver_NT")
     assert re.search(r"\| `weaver_NT` +\| 10 +\| - +\| 4.000 ± 1.000 +\| 5.000 ± 1.000 .*\| reference +\|", table)
     assert re.search(r"\| `alternating` +\| 10 +\| - +\| 5.000 ± 0.100 .*\| - +\|", table) and "9.000" not in table
     assert re.search(rf"\| `hot` .*\| {re.escape(ledger.paired([0.5, 0.6]))} +\|", table)
@@ -698,7 +701,8 @@ def test_text_students_table_pairs_every_student_with_the_reference():
                 "role": "student", "metrics": {"test/acc": acc}, "record": "run"}
 
     rows = [line("hoba", s, a) for s, a in ((0, 0.80), (1, 0.82))] + [line("full2d", s, a) for s, a in ((0, 0.79), (1, 0.80))]
-    table = ledger.r_text(lg(rows), {"HOBA": "hoba", "2D": "full2d"}, reference="full2d")
+    table = declared(rows, "text/students", rows=[{"label": "HOBA", "model": "hoba"}, {"label": "2D", "model": "full2d"}],
+                     reference="full2d")
     assert re.search(rf"\| HOBA +\| 81.0 ± 1.4 +\| 80.0 / 82.0 \(seeds 0, 1\) +\| {re.escape(ledger.paired([1.0, 2.0], 1))} ",
                      table)
     assert re.search(r"\| 2D +\| 79.5 ± 0.7 .*\| reference ", table)
