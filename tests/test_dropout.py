@@ -1,15 +1,21 @@
-"""hoformer's dropout (hoformer.functional.dropout, hoformer.layers.Dropout): the distribution of F.dropout from
-cheaper random bits, reproducible under a seed, the identity in eval mode, and used by every registered model."""
+"""hoformer's dropout (hoformer.functional.dropout, hoformer.layers.Dropout): the distribution of F.dropout from a
+counter-based stream (SplitMix64) fused with its use, the C kernel equal to the stream written out (in torch and in
+NumPy), reproducible under a seed, the same without a C compiler and under torch.compile, the identity in eval mode,
+and used by every registered model."""
 from __future__ import annotations
 
 import math
+import warnings
+
+import numpy as np
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hoformer.functional import dropout, keep_mask
+from hoformer.functional import dropout, keep_mask, keep_mask_reference
+from hoformer.functional import dropout_bits
 from hoformer.layers import Dropout
 from hoformer.models import create_model, list_models
 
@@ -40,7 +46,8 @@ def test_masks_are_independent_within_and_across_draws():
     def corr(u, v):
         return torch.corrcoef(torch.stack([u, v]))[0, 1].item()
 
-    assert abs(corr(a[0::2], a[1::2])) < 4 / math.sqrt(n // 2)  # the halves of one word
+    h = n // 2
+    assert abs(corr(a[:h], a[h:])) < 4 / math.sqrt(h)  # element j and h + j: the halves of one word
     assert abs(corr(a[:-1], a[1:])) < bound  # neighbours
     assert abs(corr(a, b)) < bound  # consecutive masks
     assert not torch.equal(a, b)
@@ -123,3 +130,117 @@ def test_training_forward_draws_from_the_global_generator():
         torch.manual_seed(seed)
         outs.append(model(x))
     assert torch.equal(outs[0], outs[1]) and not torch.equal(outs[0], outs[2])
+
+
+def _splitmix_mask(n: int, p: float, seed: int) -> np.ndarray:
+    """The keep decisions of the module doc written out with NumPy's uint64 (wrapping) arithmetic: word j is
+    SplitMix64's mix(seed + (j + 1) * GAMMA); element j < h = ceil(n / 2) takes its low 32 bits, h + j its high."""
+    h = (n + 1) // 2
+    with np.errstate(over="ignore"):
+        z = np.uint64(seed % 2**64) + np.arange(1, h + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    bits = np.concatenate([z & np.uint64(0xFFFFFFFF), z >> np.uint64(32)])[:n]
+    return bits >= np.uint64(round(p * 2**32))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [1, 2, 7, 1000, 1001, 300_001])
+def test_kernel_is_the_stream_written_out(n, dtype, threads):
+    """The C kernel's output equals x times the mask of the NumPy transcription and of keep_mask_reference, bit for
+    bit, for odd and even sizes, on one thread and split over two (a range of the stream is computed alone)."""
+    if dropout_bits._library() is None:
+        pytest.skip("no C compiler here: the kernel was not built (the torch path is tested on its own)")
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = torch.randn(n, dtype=dtype)
+        seed = torch.tensor(-(2**62) - 12345, dtype=torch.int64)
+        y = dropout_bits._apply(x, seed, 0.3)
+    finally:
+        torch.set_num_threads(old)
+    kept = torch.from_numpy(_splitmix_mask(n, 0.3, int(seed)))
+    scale = torch.tensor(1 / 0.7, dtype=dtype)
+    torch.testing.assert_close(y, torch.where(kept, x * scale, torch.zeros((), dtype=dtype)), rtol=0, atol=0)
+    torch.testing.assert_close(y, x * keep_mask_reference((n,), 0.3, seed, dtype=dtype), rtol=0, atol=0)
+
+
+def test_no_mask_is_kept_for_the_backward_pass_and_the_gradient_is_the_mask():
+    """Autograd keeps the 0-d seed only (F.dropout keeps a mask of x's size); the gradient is g times the same
+    mask, and second derivatives exist (gradcheck, gradgradcheck in float64)."""
+    saved = []
+    x = torch.randn(64, 33, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        torch.manual_seed(2)
+        y = dropout(x, 0.2)
+    assert saved == [1], saved
+    g = torch.randn_like(y)
+    y.backward(g)
+    torch.manual_seed(2)
+    torch.testing.assert_close(x.grad, g * keep_mask(x.shape, 0.2), rtol=0, atol=0)
+    seed = torch.tensor(99)
+    xd = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: dropout_bits._Dropout.apply(t, seed, 0.4), (xd,))
+    assert torch.autograd.gradgradcheck(lambda t: dropout_bits._Dropout.apply(t, seed, 0.4), (xd,))
+
+
+def test_non_contiguous_input_and_inplace():
+    """A transposed input gets the mask of its contiguous copy; ``inplace`` is F.dropout's in-place dropout."""
+    x = torch.randn(40, 30)
+    torch.manual_seed(4)
+    y = dropout(x.t(), 0.5)
+    torch.manual_seed(4)
+    torch.testing.assert_close(y, x.t().contiguous() * keep_mask((30, 40), 0.5), rtol=0, atol=0)
+    z = x.clone()
+    out = dropout(z, 0.5, inplace=True)
+    assert out is z and set((z[z != 0] / x[z != 0]).round(decimals=4).tolist()) == {2.0}
+
+
+def test_without_a_c_compiler_the_masks_are_the_same(monkeypatch, tmp_path):
+    """No kernel (HOFORMER_DROPOUT_KERNEL=0: silently; a compiler that fails: one warning naming it) gives the
+    kernel's masks from the torch transcription."""
+    x = torch.randn(3, 1001)
+    torch.manual_seed(8)
+    want = dropout(x, 0.25)
+    for env, warns in ({"HOFORMER_DROPOUT_KERNEL": "0"}, False), ({"CC": "false", "HOFORMER_CACHE": str(tmp_path)}, True):
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        dropout_bits._library.cache_clear()
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.manual_seed(8)
+                got = dropout(x, 0.25)
+            assert torch.equal(got, want)
+            messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+            assert (len(messages) == 1 and "'false'" in messages[0] and "HOFORMER_DROPOUT_KERNEL=0" in messages[0]
+                    if warns else not messages), messages
+        finally:
+            for k in env:
+                monkeypatch.delenv(k)
+            dropout_bits._library.cache_clear()
+
+
+def test_traced_dropout_draws_the_eager_masks():
+    """Under torch.compile the kernel runs as the opaque op hoformer::dropout_bits (aot_eager here: the same graph
+    Inductor gets, without its C++ build; make test-slow compiles registered models with Inductor): output and
+    gradient equal eager's from the same seed."""
+    import torch._dynamo as dynamo
+
+    def f(t):
+        return dropout(t * 2.0, 0.3).sum(-1)
+
+    x = torch.randn(8, 257, requires_grad=True)
+    torch.manual_seed(6)
+    want = f(x)
+    (gx,) = torch.autograd.grad(want.sum(), x)
+    dynamo.reset()
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    torch.manual_seed(6)
+    got = compiled(x)
+    (gc,) = torch.autograd.grad(got.sum(), x)
+    dynamo.reset()
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(gc, gx, rtol=0, atol=0)

@@ -35,6 +35,7 @@ from .products import (
     _kron_sum_apply_forward,
 )
 from ._traced import LOWERINGS
+from .dropout_bits import _apply as _dropout_bits_apply
 from .scores import _masked_softmax
 from .triplet import _compute_dtype, _triplet_backward, _triplet_forward
 
@@ -102,6 +103,32 @@ def _kron_apply_autograd(ctx, grad):
 
 
 kron_apply_op.register_autograd(_kron_apply_autograd, setup_context=_save_v_factors)
+
+
+# ----------------------------------------------------------------------------------------- dropout_bits
+@torch.library.custom_op("hoformer::dropout_bits", mutates_args=())
+def dropout_bits_op(x: Tensor, seed: Tensor, p: float) -> Tensor:
+    """``x * mask(seed)``, the dropout of :mod:`hoformer.functional.dropout_bits` (its C kernel; opaque to the
+    tracer, whose integer arithmetic would not be SplitMix64's wrapping one)."""
+    return _dropout_bits_apply(x, seed, p)
+
+
+@dropout_bits_op.register_fake
+def _(x, seed, p):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _save_seed(ctx, inputs, output) -> None:
+    ctx.save_for_backward(inputs[1])
+    ctx.p = inputs[2]
+
+
+def _dropout_bits_autograd(ctx, grad):
+    (seed,) = ctx.saved_tensors
+    return dropout_bits_op(grad, seed, ctx.p), None, None
+
+
+dropout_bits_op.register_autograd(_dropout_bits_autograd, setup_context=_save_seed)
 
 
 # --------------------------------------------------------------------------------------- kron_sum_apply

@@ -1,54 +1,212 @@
-"""Dropout with cheaper masks on the CPU: the same distribution as :func:`torch.nn.functional.dropout` (each element
-kept independently with probability ``1 - p`` and scaled by ``1 / (1 - p)``), drawn from raw random bits.
+"""Dropout whose CPU masks are a counter-based random stream, fused with their use: the same distribution as
+:func:`torch.nn.functional.dropout` (each element kept independently with probability ``1 - p``, to within
+``2^-32``, and scaled by ``1 / (1 - p)``) at a fraction of its cost, and no mask kept for the backward pass.
 
 ``F.dropout`` on the CPU fills a float mask with ``bernoulli_`` (a double-precision uniform and a comparison per
-element, the single most expensive operator of a HOT training step), then multiplies twice. :func:`dropout` draws
-``ceil(n / 2)`` 64-bit words of the generator instead (``randint`` over ``[-2^63, 2^63 - 1)``: uniform, independent
-bits, but for the one missing value), reads them as ``n`` 32-bit integers ``r``, and builds the scaled mask ``m = (float(r) >= t) / (1 - p)`` with
-``t = -2^31 + p * 2^32`` in three float passes; the output is ``x * m`` and the backward pass multiplies by the same
-``m``, as ``F.dropout``'s does. An element is kept with probability ``1 - p`` to within ``2^-24`` (the rounding of
-``r`` to a float32: the resolution of a float32 uniform).
+element, the most expensive operator of a HOT training step after the matmuls), multiplies by it and keeps it for
+the backward pass. Here a call draws one 64-bit ``seed`` from the generator, and the mask is a function of it:
 
-* Reproducible: the bits come from the global generator (or ``generator``), so ``torch.manual_seed`` /
+* word ``j`` of the mask is SplitMix64's (Steele, Lea & Flood 2014) ``mix(seed + (j + 1) * GAMMA)``; element
+  ``j < h = ceil(n / 2)`` of the flattened tensor reads its low 32 bits, element ``h + j`` its high 32 bits; an
+  element is kept iff those bits, unsigned, are ``>= round(p * 2^32)``;
+* the output is ``x * m`` with ``m = 1 / (1 - p)`` (in ``x``'s dtype) where kept, else 0, and the backward pass
+  multiplies the gradient by the same mask, recomputed from the seed.
+
+The fast path is a small C kernel (``csrc/dropout_bits.c``: one pass that reads ``x`` and writes ``y``, vectorised,
+split over ``torch.get_num_threads()`` threads with the same result on any number), compiled with the system's C
+compiler (``$CC`` or ``cc``) at first use into ``$HOFORMER_CACHE`` (default ``~/.cache/hoformer``) and called through
+:mod:`ctypes`; traced code (``torch.compile``) calls it as the opaque op ``hoformer::dropout_bits``, so with ATen's
+generator (:class:`hoformer.train.CompileModel`'s CPU default ``fallback_random``) a compiled step draws the eager
+masks. :func:`keep_mask_reference` computes the same mask with torch integer operations, eagerly: the path of
+float16 / bfloat16 inputs and of a machine without a C compiler (a warning says so once;
+``HOFORMER_DROPOUT_KERNEL=0`` chooses it without warning). Every path gives the same masks.
+
+* Reproducible: the seed comes from the global generator (or ``generator``), so ``torch.manual_seed`` /
   ``seed_everything`` and hoformer's per-epoch reseeding fix every mask, and a resumed run draws the masks an
   uninterrupted one draws.
-* Off the CPU (CUDA's fused dropout kernel is already cheap) and for ``p = 0`` or eval mode this is exactly
-  ``F.dropout`` (in eval mode: ``x`` itself). Under ``torch.compile`` on the CPU the same ``randint`` is traced (a random
-  op the compiler neither merges nor reorders); with ATen's generator (:class:`hoformer.train.CompileModel`'s
-  ``fallback_random``, its CPU default) a compiled step draws the masks of the eager one.
+* Off the CPU (CUDA's fused dropout kernel is already cheap) and for ``p = 1``, non-float tensors or ``inplace``,
+  this is ``F.dropout``; for ``p = 0`` or eval mode it returns ``x`` itself.
 
 Axis legend: any shape; the mask has ``x``'s shape.
 """
 from __future__ import annotations
 
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shlex
+import subprocess
+import tempfile
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 
-__all__ = ["dropout", "keep_mask"]
+__all__ = ["dropout", "keep_mask", "keep_mask_reference"]
+
+_SOURCE = Path(__file__).with_name("csrc") / "dropout_bits.c"
+_GAMMA, _M1, _M2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # SplitMix64's constants
+_PARALLEL_MIN = 1 << 18  # fewer elements than this run on the calling thread
+
+
+def _signed(u: int) -> int:
+    """A 64-bit unsigned constant as the int64 of the same bits (torch's integers are signed)."""
+    return u - (1 << 64) if u >= 1 << 63 else u
+
+
+def _threshold(p: float) -> int:
+    return min(round(p * 2**32), 2**32 - 1)
+
+
+def _draw_seed(generator: torch.Generator | None, device=None) -> torch.Tensor:
+    return torch.randint(-2**63, 2**63 - 1, (), dtype=torch.int64, device=device, generator=generator)
+
+
+def _shr(z: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 bits (torch's ``>>`` is arithmetic)."""
+    return (z >> k) & ((1 << (64 - k)) - 1)
+
+
+def keep_mask_reference(shape, p: float, seed: torch.Tensor | int, *, dtype=torch.float32, device=None) -> torch.Tensor:
+    """The scaled mask of ``shape`` for ``seed`` (module doc) in torch integer operations: what the C kernel
+    multiplies by, written out (int64 arithmetic wraps as uint64 does)."""
+    n = 1
+    for size in shape:
+        n *= int(size)
+    h = (n + 1) // 2
+    seed = torch.as_tensor(seed, dtype=torch.int64, device=device)
+    z = torch.arange(1, h + 1, dtype=torch.int64, device=seed.device) * _signed(_GAMMA) + seed
+    z = (z ^ _shr(z, 30)) * _signed(_M1)
+    z = (z ^ _shr(z, 27)) * _signed(_M2)
+    z = z ^ _shr(z, 31)
+    bits = torch.cat([z & 0xFFFFFFFF, _shr(z, 32)])[:n]  # element j: low half of word j; h + j: its high half
+    scale = torch.tensor(1.0 / (1.0 - p), dtype=dtype, device=seed.device)
+    return torch.where(bits >= _threshold(p), scale, torch.zeros((), dtype=dtype, device=seed.device)).view(shape)
+
+
+def _cache_dir() -> Path:
+    if os.environ.get("HOFORMER_CACHE"):
+        return Path(os.environ["HOFORMER_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hoformer"
+
+
+def _compile(source: Path, target: Path, cc: list[str]) -> str | None:
+    """Compile ``source`` into the shared library ``target`` (written atomically); the error text, or None."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    error = ""
+    for extra in (["-DHOFORMER_CLONES"], []):  # per-ISA clones where the toolchain has them (x86-64 glibc), else not
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+        try:
+            run = subprocess.run([*cc, "-O3", "-shared", "-fPIC", *extra, "-o", tmp, str(source)],
+                                 capture_output=True, text=True, timeout=120)
+            if run.returncode == 0:
+                os.replace(tmp, target)
+                return None
+            error = run.stderr.strip() or f"exit status {run.returncode}"
+        except (OSError, subprocess.SubprocessError) as e:
+            error = str(e)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return error
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    """The compiled kernel (built at the first call), or None: ``HOFORMER_DROPOUT_KERNEL=0``, or no C compiler."""
+    if os.environ.get("HOFORMER_DROPOUT_KERNEL", "1") == "0":
+        return None
+    cc = shlex.split(os.environ.get("CC") or "cc")
+    source = _SOURCE.read_bytes()
+    tag = hashlib.sha256(b"\0".join([source, " ".join(cc).encode(), platform.machine().encode()])).hexdigest()[:16]
+    target = _cache_dir() / f"dropout_bits-{tag}.so"
+    error = None if target.exists() else _compile(_SOURCE, target, cc)
+    try:
+        lib = None if error else ctypes.CDLL(str(target))
+    except OSError as e:
+        lib, error = None, str(e)
+    if lib is None:
+        warnings.warn(f"hoformer dropout: could not build the CPU kernel {_SOURCE.name} with {' '.join(cc)!r} "
+                      f"({error.splitlines()[-1] if error else 'no error text'}); dropout uses the same masks in "
+                      "torch operations, slower (set CC to a C compiler, or HOFORMER_DROPOUT_KERNEL=0 to silence "
+                      "this)", RuntimeWarning, stacklevel=3)
+        return None
+    for name, c_type in (("hoformer_dropout_bits_f32", ctypes.c_float), ("hoformer_dropout_bits_f64", ctypes.c_double)):
+        fn = getattr(lib, name)
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint32, c_type,
+                       ctypes.c_int64, ctypes.c_int64]
+        fn.restype = None
+    return lib
+
+
+@functools.cache
+def _pool(threads: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(threads, thread_name_prefix="hoformer-dropout")
+
+
+def _kernel_apply(fn, x: torch.Tensor, seed: int, p: float) -> torch.Tensor:
+    """``x * mask(seed)`` by the C kernel ``fn`` (``x`` contiguous, on the CPU); ctypes releases the GIL, so the
+    word ranges of a large tensor run on torch's number of threads at once."""
+    y = torch.empty_like(x)
+    n, words = x.numel(), (x.numel() + 1) // 2
+    args = (x.data_ptr(), y.data_ptr(), n, seed % 2**64, _threshold(p), 1.0 / (1.0 - p))
+    threads = torch.get_num_threads()
+    if threads == 1 or n < _PARALLEL_MIN:
+        fn(*args, 0, words)
+    else:
+        bounds = [words * i // threads for i in range(threads + 1)]
+        list(_pool(threads).map(lambda i: fn(*args, bounds[i], bounds[i + 1]), range(threads)))
+    return y
+
+
+def _apply(x: torch.Tensor, seed: torch.Tensor, p: float) -> torch.Tensor:
+    lib = _library() if x.dtype in (torch.float32, torch.float64) else None
+    if lib is None:
+        return x * keep_mask_reference(x.shape, p, seed, dtype=x.dtype, device=x.device)
+    fn = lib.hoformer_dropout_bits_f32 if x.dtype == torch.float32 else lib.hoformer_dropout_bits_f64
+    return _kernel_apply(fn, x.contiguous(), int(seed), p)
+
+
+class _Dropout(torch.autograd.Function):
+    """``x * mask(seed)``; the gradient is the incoming one times the same mask (recomputed, not stored)."""
+
+    @staticmethod
+    def forward(ctx, x, seed, p):
+        ctx.save_for_backward(seed)
+        ctx.p = p
+        return _apply(x, seed, p)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (seed,) = ctx.saved_tensors
+        return _Dropout.apply(grad, seed, ctx.p), None, None
 
 
 def keep_mask(shape, p: float, *, dtype=torch.float32, device=None,
               generator: torch.Generator | None = None) -> torch.Tensor:
-    """The scaled dropout mask of ``shape``: each entry ``1 / (1 - p)`` (kept) independently with probability
-    ``1 - p`` (to within ``2^-24``; exactly ``1 - p`` rounded to ``2^-32`` in float64), else 0, from 32-bit random
-    words of ``generator`` (default: the global one), in ``dtype``. ``0 <= p < 1``."""
-    n = 1
-    for size in shape:
-        n *= int(size)
-    words = torch.randint(-2**63, 2**63 - 1, ((n + 1) // 2,), dtype=torch.int64, device=device, generator=generator)
-    # uniform integers in [-2^31, 2^31), compared in float32 (float64 for a float64 mask: exact), scaled in `dtype`
-    work = torch.float64 if dtype == torch.float64 else torch.float32
-    mask = words.view(torch.int32)[:n].view(shape).to(work).ge_(-2.0**31 + p * 2.0**32)
-    return (mask if work == dtype else mask.to(dtype)).mul_(1.0 / (1.0 - p))
+    """The scaled dropout mask of ``shape`` that :func:`dropout` would apply next: each entry ``1 / (1 - p)``
+    (kept) independently with probability ``1 - p`` (to within ``2^-32``), else 0, for a seed drawn from
+    ``generator`` (default: the global one), in ``dtype``. ``0 <= p < 1``."""
+    seed = _draw_seed(generator, device)
+    if torch.device(seed.device).type != "cpu":
+        return keep_mask_reference(shape, p, seed, dtype=dtype, device=device)
+    return _apply(torch.ones(shape, dtype=dtype), seed, p)
 
 
 def dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
-    """:func:`torch.nn.functional.dropout` with the mask of :func:`keep_mask` on a CPU tensor (module doc): the same
-    arguments and the same distribution of the result. ``p`` is checked by the caller (:class:`hoformer.layers.Dropout`
-    checks it at construction)."""
+    """:func:`torch.nn.functional.dropout` with the masks of the module doc on a CPU tensor: the same arguments and
+    the same distribution of the result. ``p`` is checked by the caller (:class:`hoformer.layers.Dropout` checks it
+    at construction)."""
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu" or p >= 1.0 or not x.is_floating_point():
+    if x.device.type != "cpu" or p >= 1.0 or not x.is_floating_point() or inplace:
         return F.dropout(x, p, training, inplace)
-    mask = keep_mask(x.shape, p, dtype=x.dtype, device=x.device)
-    return x.mul_(mask) if inplace else x * mask
+    seed = _draw_seed(None)
+    if torch.compiler.is_compiling():  # the same kernel as an opaque op (hoformer.functional._ops)
+        return torch.ops.hoformer.dropout_bits(x, seed, p)
+    return _Dropout.apply(x, seed, p)

@@ -1,6 +1,6 @@
-"""``Dropout``: :class:`torch.nn.Dropout` whose CPU masks come from raw random bits
+"""``Dropout``: :class:`torch.nn.Dropout` whose CPU masks are a counter-based random stream applied in one fused pass
 (:func:`hoformer.functional.dropout`): the same distribution, the same sites and rates, a fraction of the cost of
-``bernoulli_``. Every hoformer layer and model uses it; it has no parameters or buffers, so a state dict is that of
+``bernoulli_``, and no mask kept for the backward pass. Every hoformer layer and model uses it; it has no parameters or buffers, so a state dict is that of
 ``nn.Dropout``. Eval mode returns the input itself."""
 from __future__ import annotations
 
