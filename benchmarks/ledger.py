@@ -237,6 +237,25 @@ def best_trial(rs: list[dict]) -> dict | None:
     return min((r for r in rs if r["state"] == "complete" and objective(r) is not None), key=objective, default=None)
 
 
+def by_field(rs: list[dict], field: str, name: str) -> dict:
+    """``{value of field: metric name}`` of the lines ``rs`` that have it."""
+    return {r.get(field): r["metrics"][name] for r in rs if name in r["metrics"]}
+
+
+def newest_with(lg: Ledger, prefix: str, suffix: str, name: str) -> list[dict]:
+    """Per benchmark ``prefix*`` on the device ``suffix`` (every line of it, ``history``): its newest line holding
+    the metric ``name``, with ``others``, its other lines on the same hardware, and ``lines``, all of them."""
+    hist = [r for r in lg.history if r["task"] == "benchmark" and r["experiment"].startswith(prefix)
+            and device_of(r) == suffix]
+    out = []
+    for e in dict.fromkeys(r["experiment"] for r in hist):
+        if full := [r for r in hist if r["experiment"] == e and name in r["metrics"]]:
+            last = full[-1]
+            others = [r for r in hist if r["experiment"] == e and r is not last and r["hardware"] == last["hardware"]]
+            out.append(dict(last, others=others, lines=[last, *others]))
+    return out
+
+
 def spread(r: dict, name: str) -> str:
     """``mean ± std`` of a line recording a summary over seeds (``metrics_std``), else its value; ``-``."""
     v, s = r["metrics"].get(name), r.get("metrics_std", {}).get(name)
@@ -389,6 +408,9 @@ def helpers(lg: Ledger) -> dict:
         per_seed_lines=per_seed_lines, horizon_cell=horizon_cell, horizons_mean=horizons_mean,
         threads=threads, objective=objective, best_trial=best_trial, spread=spread, seeds_of=seeds_of,
         traffic_runs=lambda dataset: traffic_runs(lg, dataset), students=lambda ds, m: student_acc(lg, ds, m),
+        by_field=by_field, span=span, **{"from": lambda name, values: values[name]}, sr=sr, short_label=short_label, prod=math.prod, fast_over_naive=fast_over_naive,
+        has=lambda metrics, names: all(n in metrics for n in names), ratio=lambda m, a, b: m[a] / m[b],
+        newest_with=lambda prefix, suffix, name: newest_with(lg, prefix, suffix, name),
         pivot=pivot, shape=FORMATS["shape"], L=lg.sel, f=f, rng=rng, paper=paper, SEEDS5=SEEDS5, col=col, avg=avg,
         havg=havg, per_model_avg=per_model_avg, versus=versus, judged=judged,
         cell=lambda spec, model, name, h=None: mean_std(list(seedwise(spec, model, name, h).values())),
@@ -417,6 +439,7 @@ def jinja(lg: Ledger):
         lg.env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
         lg.env.globals.update(helpers(lg))
         lg.env.filters.update({k: v for k, v in lg.env.globals.items() if callable(v) and k not in lg.env.filters})
+        lg.env.tests["has"] = lg.env.globals["has"]  # selectattr('metrics', 'has', [name, ...])
     return lg.env
 
 
@@ -427,20 +450,25 @@ def _env(lg: Ledger):
 
 
 def r_groups(lg: Ledger, columns: dict, groups: dict | None = None, each: str | None = None, select=None,
-             rows=(), expand: bool = False, let: dict | None = None, keep: str | None = None, optional=(),
-             notes: list | None = None, source=None, bullets: bool = True, **args) -> str:
+             rows=(), expand: bool = False, define: dict | None = None, let: dict | None = None,
+             keep: str | None = None, optional=(), notes: list | None = None, source=None, bullets: bool = True,
+             **args) -> str:
     """A table of one row per group of lines, declared as data. The rows: ``groups`` ({label: selector}; the
     variables ``label`` and ``rs``, its lines; ``expand``: a row per line ``r`` of each), ``each`` (a field: a row
     per value of it among the lines of ``select``, first appearance first; that field and ``rs``), then ``rows``:
     dicts of variables, or lists of template cells (left out when the first cell renders empty), or a Jinja2
-    expression giving one row each (the variable ``r``). ``let``: {name: Jinja2 expression} evaluated per row,
-    ``keep``: an expression a row must satisfy. ``columns``: {head: Jinja2 template} over the row's variables, the
-    table's other arguments and :func:`helpers` (a None template: no such column; ``optional``: heads left out when
-    every cell is ``-``). ``notes``, ``source`` (the names of the lines): see :func:`finish`."""
+    expression giving one row each (``r``; ``rs``: its ``lines``, else itself). ``define``: {name: Jinja2
+    expression} evaluated once, ``let`` per row; ``keep``: an expression a row must satisfy. ``columns``: {head:
+    Jinja2 template} over the row's variables, the table's other arguments and :func:`helpers` (a None template: no
+    such column; ``optional``: heads left out when every cell is ``-`` or empty). ``notes``, ``source`` (the names of the
+    lines, templates): see :func:`finish`; the lines: those of ``select``, else of the rows."""
     env, columns = jinja(lg), {head: t for head, t in columns.items() if t is not None}
-    render, args = lambda template, v: env.from_string(str(template)).render(v), {**args, "groups": groups}
+    render = lambda template, v: env.from_string(str(template)).render(v)
+    args = {**args, "groups": groups, "select": select}
+    for name, expression in (define or {}).items():
+        args[name] = env.compile_expression(expression)(**args)
     if isinstance(rows, str):
-        rows = [{"r": r} for r in env.compile_expression(rows)(**args)]
+        rows = [{"r": r, "rs": r.get("lines", [r])} for r in env.compile_expression(rows)(**args)]
     found = [{"label": label, "rs": lg.sel(spec)} for label, spec in (groups or {}).items()]
     if each is not None:
         rs = lg.sel(select)
@@ -449,8 +477,8 @@ def r_groups(lg: Ledger, columns: dict, groups: dict | None = None, each: str | 
     body, shown, lines = [], [], {}
     for row in [*found, *rows]:
         if isinstance(row, list):
-            cells = [render(c, {**args, "rows": body}) for c in row]
-            body += [cells] if cells[0] else []
+            if first := render(row[0], {**args, "rows": body}):
+                body.append([first, *(render(c, {**args, "rows": body}) for c in row[1:])])
             continue
         v = {**args, **row}
         for name, expression in (let or {}).items():
@@ -459,9 +487,9 @@ def r_groups(lg: Ledger, columns: dict, groups: dict | None = None, each: str | 
             body.append([render(t, v) for t in columns.values()])
             shown.append(v)
             lines.update({id(r): r for r in v.get("rs", [v["r"]] if "r" in v else [])})
-    kept = [i for i, head in enumerate(columns) if head not in optional or any(row[i] != "-" for row in body)]
+    kept = [i for i, head in enumerate(columns) if head not in optional or any(row[i] not in "-" for row in body)]
     table = md([render(h, args) for i, h in enumerate(columns) if i in kept], [[row[i] for i in kept] for row in body])
-    names = [] if not source else [source] if isinstance(source, str) else source
+    names = [render(n, args) for n in ([] if not source else [source] if isinstance(source, str) else source)]
     return finish(lg, table, lg.sel(select) if select else list(lines.values()), notes, names, bullets,
                   rows=shown, **args)
 
@@ -665,93 +693,17 @@ def r_lines(lg: Ledger, lines: str | None = None, columns: dict | None = None, d
     return finish(lg, table, rs, notes, names, bullets, lines=every, rows=shown)
 
 
-def r_decode(lg: Ledger, suffix: str = "") -> str:
-    """Per attention type and past steps: the newest full measurement and the speed-ups of the other runs of that
-    experiment on the same hardware (``history``: every line)."""
-    speed = lambda m: m["full_ms"] / m["step_ms"] if "step_ms" in m else m["speedup"]
-    hist = [r for r in lg.history if r["task"] == "benchmark" and r["experiment"].startswith("bench/decode/")
-            and device_of(r) == suffix]
-    mains = []
-    for e in dict.fromkeys(r["experiment"] for r in hist):
-        runs = [r for r in hist if r["experiment"] == e]
-        if full := [r for r in runs if "step_ms" in r["metrics"]]:
-            mains.append((full[-1], [r for r in runs if r is not full[-1] and r["hardware"] == full[-1]["hardware"]]))
-    mains.sort(key=lambda x: x[0]["past"])
-    head = ["attention", "past steps", "ms / step, min (median)", "full causal forward ms", "speed-up",
-            "speed-up, other runs"]
-    if not mains:
-        return md(head, [])
-    longest = max(r["past"] for r, _ in mains)
-    body = [[f"`{r['model']}`", r["past"], f"{m['step_ms']:.2f} ({m['step_median_ms']:.2f})", f"{m['full_ms']:.0f}",
-             f"**{speed(m):.0f}x**" if r["past"] == longest else f"{speed(m):.0f}x",
-             ", ".join(f"{speed(o['metrics']):.0f}x" for o in others) or "-"]
-            for r, others in mains for m in [r["metrics"]]]
-    steps = [r["metrics"]["step_ms"] for r, _ in mains]
-    slow = max((r for r, _ in mains if r["past"] == longest), key=lambda r: r["metrics"]["full_ms"])
-    return "\n".join([
-        md(head, body), "", f"* **The cached step stays at {min(steps):.0f}-{max(steps):.0f} ms from "
-        f"{min(r['past'] for r, _ in mains)} to {longest} past steps** while the full causal forward grows with the "
-        f"sequence (`{slow['model']}`: {slow['metrics']['full_ms'] / 1e3:.0f} s at {longest} past steps).",
-        f"* {provenance_note([x for m, os in mains for x in (m, *os)], f'bench/decode/*{suffix}')}"])
-
-
-def r_weaver(lg: Ledger) -> str:
-    """P^2-KMV against forming the Kronecker matrix; Weaver's training step against one full attention layer's."""
-    rs = bench(lg, "bench/weaver/*")
-    by = {r["experiment"].removeprefix("bench/weaver/"): r for r in rs}
-    kmv, dense, weaver, full = map(by.get, ("p2_kmv/kmv", "p2_kmv/dense", "step/weaver",
-                                            "step/traffic_full_attention"))
-    body, notes = [], []
-    if kmv and dense:
-        k, d = kmv["metrics"], dense["metrics"]
-        x = lambda key: f"{d[key] / k[key]:.0f}x" if k[key] > 0 else "-"
-        body += [["P^2-KMV (`p2_kmv` = `kron_apply`)", f"**{k['ms']:,.1f} ms**", f"**{k['peak_mib']:,.1f} MiB**"],
-                 ["dense: form `Theta_T (x) Theta_S` + apply", f"{d['ms']:,.0f} ms ({x('ms')})",
-                  f"{d['peak_mib']:,.0f} MiB for a chunk of {dense['dense_chunk']} ({x('peak_mib')})"]]
-        notes += [f"* max |dense - KMV| = {d['max_abs_err']:.1e} in float32."] if "max_abs_err" in d else []
-    if weaver and full:
-        body += [[f"`weaver` training step (Table 3 defaults, {weaver['params']:,} parameters)",
-                  f"**{weaver['metrics']['step_s']:.2f} s**", ""],
-                 ["`traffic_full_attention` training step (one layer, softmax SDPA over the P N tokens, "
-                  f"{full['params']:,} parameters)", f"{full['metrics']['step_s']:.2f} s", ""]]
-        x = full["metrics"]["step_s"] / weaver["metrics"]["step_s"]
-        notes.insert(0, f"* Weaver's step is {x:.1f}x faster" if x >= 1 else f"* Weaver's step is {1 / x:.1f}x slower")
-        notes[0] += " than a *single* full spatiotemporal attention layer's."
-    table = md(["", "time", "peak memory"], body)
-    return "\n".join([table, "", *notes, f"* {provenance_note(rs, 'bench/weaver/*')}"]) if rs else table
-
-
 def fast_over_naive(m: dict, k: str) -> float | None:
     """The triplet kernel's metric ``k`` over Algorithm 1's (the metrics ``fast_k`` / ``naive_k`` of one line)."""
     return m[f"fast_{k}"] / m[f"naive_{k}"] if f"fast_{k}" in m and f"naive_{k}" in m else None
 
 
-def r_triplet_target(lg: Ledger) -> str:
-    """The triplet kernel against Algorithm 1 at the target size, and whether it meets the time and memory goals."""
-    rs = bench(lg, "bench/triplet/target")
-    if not rs:
-        return md(["candidate", "fwd+bwd CPU time (s)", "peak memory (MiB)"], [])
-    m, target = rs[-1]["metrics"], float(paper("triplet/target", "time"))
-    goal = lambda v, t: f"(target <= {t:g}: {'met' if v <= t else 'not met'})"
-    t, mem = fast_over_naive(m, "s"), fast_over_naive(m, "peak_mib")
-    body = [[name, f"{m[f'{k}_s']:.3f}", *(f(m.get(f"{k}_{n}"), 1) for n in ("peak_mib", "saved_mib", "gflop"))]
-            for name, k in (("naive (Algorithm 1)", "naive"), ("fast `triplet_attention`", "fast"))]
-    body.append(["**ratio fast / naive**", f"**{t:.2f}** {goal(t, target)}",
-                 "-" if mem is None else f"**{mem:.2f}** {goal(mem, 0.2)}", f(fast_over_naive(m, "saved_mib"), 3),
-                 f(fast_over_naive(m, "gflop"), 2)])
-    notes = [f"* **Time: {t:.2f}x** the naive algorithm's {goal(t, target)}."]
-    if mem is not None and "naive_saved_mib" in m:
-        notes.insert(0, f"* **Peak memory: {mem:.2f}x** (the naive algorithm keeps every window's score cube, softmax "
-                        f"output and value-pair tensor for the backward, {m['naive_saved_mib']:.0f} MiB; the kernel "
-                        f"keeps {m['fast_saved_mib']:.0f} MiB plus one tile).")
-    return "\n".join([md(["candidate", "fwd+bwd CPU time (s)", "peak memory (MiB)", "saved for backward (MiB)",
-                          "GFLOP (fwd+bwd)"], body), "", *notes, f"* {provenance_note(rs, 'bench/triplet/target')}"])
-
-
 sr = lambda v: "" if v is None else f"{v:.4g}"  # a logged stable rank as recorded (4 significant digits at most)
 
 
-def span(vals, fmt=sr) -> str:
+def span(vals, spec: str | None = None) -> str:
+    """``min-max`` of ``vals`` (one value when they print alike) in the format ``spec`` (None: :data:`sr`)."""
+    fmt = sr if spec is None else lambda v: format(v, spec)
     return fmt(min(vals)) if fmt(min(vals)) == fmt(max(vals)) else f"{fmt(min(vals))}-{fmt(max(vals))}"
 
 
@@ -760,51 +712,6 @@ def short_label(model: str) -> str:
     label = LABELS.get(model, model)
     return {"Transformer (non-factorized)": "full attention", "HOT (product)": "HOT product",
             "HOT (sum)": "HOT sum"}.get(label, label)
-
-
-def r_stable_ranks(lg: Ledger, dataset: str, modes: list[str], val: list[str]) -> str:
-    """Validation metric and stable ranks of ``analysis/stable_rank/DATASET/*``; eq 11 checked from the lines and
-    the Kronecker sum's stable rank against the product's."""
-    rs = lg.sel(experiment=f"analysis/stable_rank/{dataset}/*")
-    heads = {f"val/sr/mode{i}": f"sr {m}" for i, m in enumerate(modes)}
-    every = [*heads, "val/sr/product", "val/sr/sum", "val/sr/full"]
-    cols = [c for c in every if any(c in r["metrics"] for r in rs)] or every
-    table = md(["run", val[1], *(heads.get(c, "sr " + c.rsplit("/", 1)[1]) for c in cols)],
-               [[short_label(r["model"]), f(r["metrics"].get(val[0])), *(sr(r["metrics"].get(c)) for c in cols)]
-                for r in rs])
-    if not rs:
-        return table
-    out, kron = [table, ""], [r["metrics"] | {"model": r["model"]} for r in rs
-                              if {*heads, "val/sr/product"} <= set(r["metrics"])]
-    if kron:
-        out.append("* **Product of the mode-wise stable ranks** (eq 11): " + "; ".join(
-            f"{short_label(m['model'])} {' x '.join(sr(m[c]) for c in heads)} = {math.prod(m[c] for c in heads):.3f} "
-            f"(logged {sr(m['val/sr/product'])})" for m in kron) + ". The logged values are means over batch, "
-            "heads and layers, so the two agree up to that averaging.")
-        if both := [m for m in kron if "val/sr/sum" in m]:
-            full = [r["metrics"]["val/sr/full"] for r in rs if "val/sr/full" in r["metrics"]]
-            out.append(f"* **Kronecker sum against product** (same factors): sum "
-                       f"{span([m['val/sr/sum'] for m in both])}, product {span([m['val/sr/product'] for m in both])}, "
-                       f"i.e. {span([m['val/sr/sum'] / m['val/sr/product'] for m in both], lambda v: f'{v:.1f}')}x"
-                       + (f"; full attention {span(full)}." if full else "."))
-    return "\n".join([*out, f"* {provenance_note(rs, f'analysis/stable_rank/{dataset}/*')}"])
-
-
-def r_heads(lg: Ledger) -> str:
-    """Validation MSE per number of heads and attention of ``analysis/heads/etth1/*``; the range of each row and all."""
-    rs = lg.sel(experiment="analysis/heads/etth1/*")
-    counts, four = sorted({r["heads"] for r in rs}), lambda v: f"{v:.4f}"
-    body = []
-    for model in dict.fromkeys(r["model"] for r in rs):
-        by = {r["heads"]: r["metrics"]["val/mse"] for r in rs if r["model"] == model}
-        body.append([LABELS.get(model, model), *(f(by.get(h), 4) for h in counts), span(list(by.values()), four)])
-    table = md(["attention", *(f"{h} head{'s' * (h != 1)}" for h in counts), "range"], body)
-    if not rs:
-        return table
-    v = [r["metrics"]["val/mse"] for r in rs]
-    return "\n".join([table, "", f"* All {len(rs)} runs: validation MSE {span(v, four)}, a spread of "
-                      f"{max(v) - min(v):.4f} ({100 * (max(v) - min(v)) / mean(v):.1f}% of their mean).",
-                      f"* {provenance_note(rs, 'analysis/heads/etth1/*')}"])
 
 
 GROWTH = (("exp_flops", "analytic FLOPs"), ("exp_fwd", "forward time"), ("exp_fwdbwd", "forward+backward time"),

@@ -534,12 +534,12 @@ def test_decode_lines_keep_the_other_runs_of_the_same_machine(tmp_path, monkeypa
     lines[0]["hardware"] = earlier[-1]["hardware"]  # the same machine as the committed runs
     speed = lambda m: m["full_ms"] / m["step_ms"] if "step_ms" in m else m["speedup"]
     others = ", ".join(f"{speed(r['metrics']):.0f}x" for r in earlier)
-    table = ledger.r_decode(lg(committed + lines))
+    table = table_of(committed + lines, "bench/decode")
     assert re.search(rf"\| `full` +\| 1024 +\| 2.00 \(3.00\) +\| 1000 +\| \*\*500x\*\* +\| {others} +\|", table)
     monkeypatch.setattr(results, "hardware", lambda device, threads: "a GPU (CUDA 13)")
     gpu = _write(decode.ledger_entries(SimpleNamespace(**{**vars(args), "device": "cuda"}), [run("full", 1024, 0.5)]),
                  tmp_path / "l.jsonl", "decode.py", ["--device", "cuda"], device="cuda")
-    assert ledger.r_decode(lg(committed + lines + gpu)) == table  # a GPU line never stands in the CPU table
+    assert table_of(committed + lines + gpu, "bench/decode") == table  # a GPU line never stands in the CPU table
     gpu_table = ledger.tables(committed + lines + gpu)["bench/decode_gpu"]
     assert re.search(r"\| `full` +\| 1024 +\| 0.50 \(3.00\) +\| 1000 +\| \*\*2000x\*\* +\| - +\|", gpu_table)
 
@@ -557,13 +557,13 @@ def test_weaver_and_triplet_lines_supersede_the_committed_ones_and_ratios_come_f
              {"model": "traffic_full_attention", "params": 3, "step_seconds": 4.0}]
     lines = _write(weaver.ledger_entries(a, kmv, dense, steps), tmp_path / "w.jsonl", "weaver.py", ["--reps", "2"])
     assert {r["experiment"] for r in lines} == _names(committed, "bench/weaver/")
-    table = ledger.r_weaver(lg(committed + lines))
+    table = table_of(committed + lines, "bench/weaver")
     assert re.search(r"\| dense: form `Theta_T \(x\) Theta_S` \+ apply +\| 1,000 ms \(10x\) +\| 100 MiB for a chunk of 8 "
                      r"\(10x\) +\|", table)
     assert "Weaver's step is 4.0x faster" in table and "max |dense - KMV| = 1.0e-04" in table
     steps_ = {r["experiment"]: r["metrics"]["step_s"] for r in committed if r["experiment"].startswith("bench/weaver/step/")}
     x = steps_["bench/weaver/step/traffic_full_attention"] / steps_["bench/weaver/step/weaver"]
-    assert f"Weaver's step is {x:.1f}x faster" in ledger.r_weaver(lg(committed))
+    assert f"Weaver's step is {x:.1f}x faster" in table_of(committed, "bench/weaver")
     args = SimpleNamespace(device="cpu", clock="cpu", dtype="float32", block=32, overlap=0.25, dim=64, heads=4,
                            repeats=5, threads=1)
     row = {"naive": {"time_s": 1.0, "peak_mib": 100.0, "saved_mib": 90.0},
@@ -574,7 +574,7 @@ def test_weaver_and_triplet_lines_supersede_the_committed_ones_and_ratios_come_f
                for L in (128, 256, 512, 1024, 2048, 4096)]
     lines = _write([target, *scaling], tmp_path / "t.jsonl", "triplet.py", ["--repeats", "5"])
     assert {r["experiment"] for r in lines} == _names(committed, "bench/triplet/")
-    table = ledger.r_triplet_target(lg(committed + lines))
+    table = table_of(committed + lines, "bench/triplet_target")
     assert re.search(r"\| \*\*ratio fast / naive\*\* +\| \*\*0.25\*\* \(target <= 0.3: met\) +\| \*\*0.10\*\* \(target <= "
                      r"0.2: met\) +\| 0.100 +\| 1.20 +\|", table)
     scaling_table = table_of(committed + lines, "bench/triplet_scaling")
