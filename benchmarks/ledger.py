@@ -256,6 +256,19 @@ def newest_with(lg: Ledger, prefix: str, suffix: str, name: str) -> list[dict]:
     return out
 
 
+def seed_cell(rs: list[dict], horizon, names=("test/mse", "test/mae")) -> str:
+    """``names`` at ``horizon``: mean ± std over the seeds, ``/`` between; ``-`` without the first."""
+    per = [list(by_seed(rs, name, horizon).values()) for name in names]
+    return " / ".join(mean_std(v) for v in per) if per[0] else "-"
+
+
+def seed_average(rs: list[dict], names=("test/mse", "test/mae")) -> str:
+    """The mean over the four horizons of each of ``names`` (a horizon's value: the mean over the seeds), bold;
+    ``-`` unless every horizon has the first."""
+    means = [[mean(list(by_seed(rs, n, h).values())) for n in names] for h in HORIZONS if by_seed(rs, names[0], h)]
+    return "**" + " / ".join(f"{mean(m):.3f}" for m in zip(*means)) + "**" if len(means) == len(HORIZONS) else "-"
+
+
 def spread(r: dict, name: str) -> str:
     """``mean ± std`` of a line recording a summary over seeds (``metrics_std``), else its value; ``-``."""
     v, s = r["metrics"].get(name), r.get("metrics_std", {}).get(name)
@@ -406,7 +419,8 @@ def helpers(lg: Ledger) -> dict:
         mean_std=mean_std, paired=paired, verdict=verdict, vs=vs, against=against, duration=duration,
         epochs_best=epochs_best, metric=metric, LABELS=LABELS, by_seed=by_seed, at_seeds=at_seeds,
         per_seed_lines=per_seed_lines, horizon_cell=horizon_cell, horizons_mean=horizons_mean,
-        threads=threads, objective=objective, best_trial=best_trial, spread=spread, seeds_of=seeds_of,
+        seed_cell=seed_cell, seed_average=seed_average, hardware_short=hardware_short,
+        table=lambda spec: render(lg, spec), threads=threads, objective=objective, best_trial=best_trial, spread=spread, seeds_of=seeds_of,
         traffic_runs=lambda dataset: traffic_runs(lg, dataset), students=lambda ds, m: student_acc(lg, ds, m),
         by_field=by_field, span=span, **{"from": lambda name, values: values[name]}, sr=sr, short_label=short_label, prod=math.prod, fast_over_naive=fast_over_naive,
         has=lambda metrics, names: all(n in metrics for n in names), ratio=lambda m, a, b: m[a] / m[b],
@@ -450,12 +464,13 @@ def _env(lg: Ledger):
 
 
 def r_groups(lg: Ledger, columns: dict, groups: dict | None = None, each: str | None = None, select=None,
-             rows=(), expand: bool = False, define: dict | None = None, let: dict | None = None,
+             rows=(), expand: bool = False, per: dict | None = None, define: dict | None = None, let: dict | None = None,
              keep: str | None = None, optional=(), notes: list | None = None, source=None, bullets: bool = True,
              **args) -> str:
     """A table of one row per group of lines, declared as data. The rows: ``groups`` ({label: selector}; the
     variables ``label`` and ``rs``, its lines; ``expand``: a row per line ``r`` of each), ``each`` (a field: a row
-    per value of it among the lines of ``select``, first appearance first; that field and ``rs``), then ``rows``:
+    per value of it among the lines of ``select``, first appearance first; that field and ``rs``; ``per``: {name:
+    [value, ...]}, a row per value of each), then ``rows``:
     dicts of variables, or lists of template cells (left out when the first cell renders empty), or a Jinja2
     expression giving one row each (``r``; ``rs``: its ``lines``, else itself). ``define``: {name: Jinja2
     expression} evaluated once, ``let`` per row; ``keep``: an expression a row must satisfy. ``columns``: {head:
@@ -474,6 +489,8 @@ def r_groups(lg: Ledger, columns: dict, groups: dict | None = None, each: str | 
         rs = lg.sel(select)
         found += [{each: v, "rs": [r for r in rs if r.get(each) == v]} for v in dict.fromkeys(r.get(each) for r in rs)]
     found = [{**g, "r": r} for g in found for r in g["rs"]] if expand else found
+    for name, values in (per or {}).items():
+        found = [{**g, name: x} for g in found for x in values]
     body, shown, lines = [], [], {}
     for row in [*found, *rows]:
         if isinstance(row, list):
@@ -518,47 +535,6 @@ def r_rows(lg: Ledger, head: list[str], rows: list[list], prefix: str = "", seed
         else:
             body.append(cells)
     return md(head, body)
-
-
-# ------------------------------------------------------------------------------------------ comparison tables
-def r_forecast(lg: Ledger, select: dict, reference: str | None = None, paper_rows: dict | None = None,
-               horizons=None) -> str:
-    """Test MSE / MAE per model (rows) and horizon (columns), mean ± std over seeds; with all four horizons their
-    average; epochs run (best epoch), seeds, hardware; the paper's rows; then each model's paired difference
-    against ``reference`` per horizon (same seeds, same test windows)."""
-    sel = lg.sel(select)
-    horizons = horizons or sorted({r["horizon"] for r in sel if isinstance(r.get("horizon"), int)}) or [96, 720]
-    average, body, by = tuple(horizons) == HORIZONS, [], {}
-    for m in dict.fromkeys(r["model"] for r in sel):
-        rs, cells, means = [r for r in sel if r["model"] == m], [], []
-        for h in horizons:
-            pts = {n: {r["seed"]: v for r in rs if (v := metric(r, f"test/{n}", h)) is not None}
-                   for n in ("mse", "mae")}
-            by[m, h] = pts
-            cells.append(" / ".join(mean_std(list(pts[n].values())) for n in ("mse", "mae")) if pts["mse"] else "-")
-            means += [(mean(list(pts["mse"].values())), mean(list(pts["mae"].values())))] if pts["mse"] else []
-        if average:
-            by[m, "avg"] = {n: {s: mean([by[m, h][n][s] for h in horizons]) for s in by[m, horizons[0]][n]
-                                if all(s in by[m, h][n] for h in horizons)} for n in ("mse", "mae")}
-            cells.append(f"**{mean([a for a, _ in means]):.3f} / {mean([b for _, b in means]):.3f}**"
-                         if len(means) == len(horizons) else "-")
-        epochs = ", ".join(epochs_best(r) for h in horizons for r in rs if r.get("horizon") == h)
-        body.append([LABELS.get(m, m), *cells, epochs, str(len(seeds_of(rs))), hardware_short(rs)])
-    for label, key in (paper_rows or {}).items() if body else ():
-        vals = PAPER[key]["values"]
-        body.append([label, *(paper(key, h) if h in vals else "-" for h in horizons),
-                     *([paper(key, "avg")] if average and "avg" in vals else ["-"] if average else []), "-", "-", "-"])
-    table = md(["model", *(f"{h}: MSE / MAE" for h in horizons), *(["average"] if average else []), "epochs (best)",
-                "seeds", "hardware"], body)
-    models = [m for m in dict.fromkeys(r["model"] for r in sel) if m != reference]
-    if not reference or not models or not any(r["model"] == reference for r in sel):
-        return table
-    rows = [[LABELS.get(m, m), h, str(len(set(by[m, h]["mse"]) & set(by[reference, h]["mse"]))),
-             vs(by[m, h]["mse"], by[reference, h]["mse"]), vs(by[m, h]["mae"], by[reference, h]["mae"])]
-            for m in models for h in [*horizons, *["avg"] * average]]
-    return "\n".join([table, "", f"Paired difference against {LABELS.get(reference, reference)} (same seeds, same test "
-                      "windows; mean [95 % CI], Student t over seeds):", "",
-                      md(["model", "horizon", "common seeds", "test MSE difference", "test MAE difference"], rows)])
 
 
 # ------------------------------------------------------------------------------------ benchmarks and analysis
