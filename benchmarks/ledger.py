@@ -12,8 +12,10 @@ on a stale one. The ledger is loaded once into a pandas DataFrame (:func:`frame`
 experiment and seed** stands for it (a re-measurement supersedes the earlier line); only the run-to-run cells of
 the decoding and growth tables read every line (``history``). Markdown is written by ``DataFrame.to_markdown``.
 
-A table of one row per benchmark line (or per value of a field) is declared as data: ``render: lines`` and its
-columns as templates (:func:`r_lines`); a table of another shape has a renderer ``r_NAME`` of its own.
+Tables are declared as data: ``render: lines``, one row per benchmark line (or per value of a field), columns as
+format templates (:func:`r_lines`); ``render: groups``, one row per group of lines (or per line, per value of a
+field, per listed entry), columns as Jinja2 templates over :func:`helpers` (:func:`r_groups`); ``render: rows``,
+rows of template cells (:func:`r_rows`). Only the growth and FLOP tables keep renderers of their own.
 """
 from __future__ import annotations
 
@@ -419,10 +421,11 @@ def helpers(lg: Ledger) -> dict:
         mean_std=mean_std, paired=paired, verdict=verdict, vs=vs, against=against, duration=duration,
         epochs_best=epochs_best, metric=metric, LABELS=LABELS, by_seed=by_seed, at_seeds=at_seeds,
         per_seed_lines=per_seed_lines, horizon_cell=horizon_cell, horizons_mean=horizons_mean,
-        seed_cell=seed_cell, seed_average=seed_average, hardware_short=hardware_short,
-        table=lambda spec: render(lg, spec), threads=threads, objective=objective, best_trial=best_trial, spread=spread, seeds_of=seeds_of,
+        seed_cell=seed_cell, seed_average=seed_average, hardware_short=hardware_short, seeds_of=seeds_of,
+        threads=threads, objective=objective, best_trial=best_trial, spread=spread, by_field=by_field, span=span,
+        sr=sr, short_label=short_label, prod=math.prod, fast_over_naive=fast_over_naive,
+        table=lambda spec: render(lg, spec), **{"from": lambda name, values: values[name]},  # map('from', dict)
         traffic_runs=lambda dataset: traffic_runs(lg, dataset), students=lambda ds, m: student_acc(lg, ds, m),
-        by_field=by_field, span=span, **{"from": lambda name, values: values[name]}, sr=sr, short_label=short_label, prod=math.prod, fast_over_naive=fast_over_naive,
         has=lambda metrics, names: all(n in metrics for n in names), ratio=lambda m, a, b: m[a] / m[b],
         newest_with=lambda prefix, suffix, name: newest_with(lg, prefix, suffix, name),
         pivot=pivot, shape=FORMATS["shape"], L=lg.sel, f=f, rng=rng, paper=paper, SEEDS5=SEEDS5, col=col, avg=avg,
@@ -464,19 +467,19 @@ def _env(lg: Ledger):
 
 
 def r_groups(lg: Ledger, columns: dict, groups: dict | None = None, each: str | None = None, select=None,
-             rows=(), expand: bool = False, per: dict | None = None, define: dict | None = None, let: dict | None = None,
-             keep: str | None = None, optional=(), notes: list | None = None, source=None, bullets: bool = True,
-             **args) -> str:
+             rows=(), expand: bool = False, per: dict | None = None, define: dict | None = None,
+             let: dict | None = None, keep: str | None = None, optional=(), notes: list | None = None, source=None,
+             bullets: bool = True, **args) -> str:
     """A table of one row per group of lines, declared as data. The rows: ``groups`` ({label: selector}; the
     variables ``label`` and ``rs``, its lines; ``expand``: a row per line ``r`` of each), ``each`` (a field: a row
     per value of it among the lines of ``select``, first appearance first; that field and ``rs``; ``per``: {name:
-    [value, ...]}, a row per value of each), then ``rows``:
-    dicts of variables, or lists of template cells (left out when the first cell renders empty), or a Jinja2
-    expression giving one row each (``r``; ``rs``: its ``lines``, else itself). ``define``: {name: Jinja2
-    expression} evaluated once, ``let`` per row; ``keep``: an expression a row must satisfy. ``columns``: {head:
-    Jinja2 template} over the row's variables, the table's other arguments and :func:`helpers` (a None template: no
-    such column; ``optional``: heads left out when every cell is ``-`` or empty). ``notes``, ``source`` (the names of the
-    lines, templates): see :func:`finish`; the lines: those of ``select``, else of the rows."""
+    [value, ...]}, a row per value of each), then ``rows``: dicts of variables, or lists of template cells (left out
+    when the first cell renders empty), or a Jinja2 expression giving one row each (``r``; ``rs``: its ``lines``,
+    else itself). ``define``: {name: Jinja2 expression} evaluated once, ``let`` per row; ``keep``: an expression a
+    row must satisfy. ``columns``: {head: Jinja2 template} over the row's variables, the table's other arguments and
+    :func:`helpers` (a None template: no such column; ``optional``: heads left out when every cell is ``-`` or
+    empty). ``notes``, ``source`` (the names of the lines, templates): see :func:`finish`; the lines: those of
+    ``select``, else of the rows."""
     env, columns = jinja(lg), {head: t for head, t in columns.items() if t is not None}
     render = lambda template, v: env.from_string(str(template)).render(v)
     args = {**args, "groups": groups, "select": select}
