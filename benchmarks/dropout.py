@@ -8,14 +8,15 @@ Run:  .venv/bin/python benchmarks/dropout.py [--shape 32 21 24 512] [--p 0.1] [-
 Each variant is timed as autograd runs it in a training step: the masked, scaled output (forward) and the gradient
 through it (backward); all variants round-robin, the minimum over ``--reps`` rounds kept (``timing.py``):
 
-* ``bernoulli``: ``torch.nn.functional.dropout`` (a float mask filled by ``bernoulli_``);
-* ``hoformer``: :func:`hoformer.functional.dropout`, the library's (32-bit random words, two per 64-bit draw);
-* ``16bit_exact``: a candidate: 16-bit words (four per 64-bit draw) compared with the threshold's high 16 bits,
-  the ties (one value in 65,536) decided by 16 more bits, so that an element is kept with probability ``1 - p``
-  rounded to ``2^-32``, as with 32-bit words;
-* ``words_32bit`` / ``words_16bit``: as many random 64-bit words as a 32-bit / 16-bit mask needs, alone, no mask
-  (the generator's cost: the floor of any mask built from such words; drawn over the full 64-bit range, which costs
-  what hoformer's ``randint`` over ``[-2^63, 2^63 - 1)`` does to within the noise of this machine);
+* ``bernoulli``: ``torch.nn.functional.dropout`` (a float mask filled by ``bernoulli_``, kept for the backward);
+* ``hoformer``: :func:`hoformer.functional.dropout`, the library's: one fused pass of the C kernel (a counter-based
+  SplitMix64 mask), the backward pass recomputing the mask from its seed;
+* ``hoformer_torch``: the same masks from torch integer operations (``keep_mask_reference``: the path of a machine
+  without a C compiler, ``HOFORMER_DROPOUT_KERNEL=0``), multiplied in;
+* ``mask_32bit_words``: a mask from the generator's 32-bit random words (64-bit ``randint`` words read as two 32-bit
+  integers, compared in float32 with ``-2^31 + p 2^32``, scaled), multiplied in forward and backward;
+* ``words_32bit``: as many random 64-bit words as that mask needs, alone (the generator's cost: the floor of any mask
+  drawn from its words);
 * ``--compiled``: ``torch.compile`` (Inductor, whose generated code draws its own random numbers) of GELU and
   dropout, against the eager GELU and hoformer's dropout (the same two operations; the compile time not counted).
 
@@ -32,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from hoformer.functional import dropout as hoformer_dropout
+from hoformer.functional import keep_mask_reference
 
 import ledger  # benchmarks/: a script's own folder is first on sys.path
 import timing
@@ -42,20 +44,12 @@ def _words(count: int) -> torch.Tensor:
     return torch.empty(count, dtype=torch.int64).random_(-2**63, None)
 
 
-def mask_16bit_exact(shape, p: float) -> torch.Tensor:
-    """The scaled keep mask of ``shape`` from 16-bit random values: kept iff the 32-bit number ``hi * 2^16 + lo``
-    is at least ``round(p * 2^32)``, where ``lo`` is drawn only for the elements whose ``hi`` equals the
-    threshold's high half."""
+def mask_words_32bit(shape, p: float) -> torch.Tensor:
+    """The scaled keep mask of ``shape`` from 32-bit random words: kept iff the word, a signed 32-bit integer, is at
+    least ``-2^31 + p 2^32`` (compared in float32)."""
     n = math.prod(shape)
-    hi_t, lo_t = divmod(round(p * 2**32), 2**16)
-    hi = _words((n + 3) // 4).view(torch.int16)[:n]  # uniform in [-2^15, 2^15): hi - 2^15
-    mask = hi.to(torch.float32)
-    ties = (hi == hi_t - 2**15).nonzero().squeeze(1)
-    mask.ge_(hi_t - 2**15 + 1)
-    if ties.numel():
-        lo = _words((ties.numel() + 3) // 4).view(torch.int16)[:ties.numel()]
-        mask[ties] = (lo >= lo_t - 2**15).to(torch.float32)
-    return mask.mul_(1.0 / (1.0 - p)).view(shape)
+    words = _words((n + 1) // 2).view(torch.int32)[:n].view(shape)
+    return words.to(torch.float32).ge_(-2.0**31 + p * 2.0**32).mul_(1.0 / (1.0 - p))
 
 
 def variants(shape, p: float, compiled: bool) -> dict:
@@ -64,9 +58,9 @@ def variants(shape, p: float, compiled: bool) -> dict:
     out = {
         "bernoulli": lambda x: F.dropout(x, p),
         "hoformer": lambda x: hoformer_dropout(x, p),
-        "16bit_exact": lambda x: x * mask_16bit_exact(shape, p),
+        "hoformer_torch": lambda x: x * keep_mask_reference(shape, p, torch.randint(-2**63, 2**63 - 1, ())),
+        "mask_32bit_words": lambda x: x * mask_words_32bit(shape, p),
         "words_32bit": lambda x: _words((n + 1) // 2),  # no output: timed without a backward pass
-        "words_16bit": lambda x: _words((n + 3) // 4),
     }
     if compiled:
         fused = torch.compile(lambda x: F.dropout(F.gelu(x), p), dynamic=False)

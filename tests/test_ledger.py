@@ -465,34 +465,30 @@ def test_train_step_benchmark_runs_and_writes_its_lines(tmp_path, capsys):
     assert f"**{m['hoformer_ms'] / m['paper_ms']:.2f}**" in table and "| 1.00 " in table
 
 
-def test_dropout_benchmark_times_every_mask_and_checks_its_keep_rate(tmp_path, monkeypatch):
+def test_dropout_benchmark_times_every_mask_and_checks_its_keep_rate(tmp_path):
     """``benchmarks/dropout.py`` times each way of drawing a dropout mask and records a line per variant; every mask
-    keeps ``1 - p`` of a million elements to within 4 standard errors, and the candidate 16-bit mask decides its
-    ties with further bits (its keep probability is ``1 - p`` rounded to ``2^-32``, not to ``2^-16``)."""
+    keeps ``1 - p`` of a million elements to within 4 standard errors; the 32-bit-words mask keeps exactly the words
+    at or above its threshold."""
+    import torch
+
     dropout = load_benchmark("dropout")
     path = tmp_path / "ledger.jsonl"
     assert dropout.main(["--shape", "1000", "1000", "--reps", "1", "--ledger", str(path)]) == 0
     rows = ledger.read_ledger(path)
-    names = ["bernoulli", "hoformer", "16bit_exact", "words_32bit", "words_16bit"]
+    names = ["bernoulli", "hoformer", "hoformer_torch", "mask_32bit_words", "words_32bit"]
     assert [r["experiment"] for r in rows] == [f"bench/dropout/{n}" for n in names]
     for r in rows:
         m = r["metrics"]
         assert m["ms"] > 0 and m["vs_bernoulli"] == pytest.approx(m["ms"] / rows[0]["metrics"]["ms"], rel=0.01)
         assert r["model"].startswith("words") or abs(m["kept_z"]) < 4, r
     assert rows[0]["command"] == "python benchmarks/dropout.py --shape 1000 1000 --reps 1"
-    # every element a tie (its high 16 bits those of the threshold round(p * 2^32)), the low 16 bits taking each of
-    # their 65,536 values once: exactly the low values at or above the threshold's low half are kept
-    import torch
-
-    hi_t, lo_t = divmod(round(0.1 * 2**32), 2**16)
-    assert 0 < lo_t  # p = 0.1 puts the threshold between two 16-bit values
-    draws = iter([torch.full((2**16,), hi_t - 2**15, dtype=torch.int16).view(torch.int64),
-                  torch.arange(-2**15, 2**15, dtype=torch.int16).view(torch.int64)])
-    monkeypatch.setattr(dropout, "_words", lambda count: next(draws)[:count])
-    mask = dropout.mask_16bit_exact((2**16,), 0.1)
-    assert int((mask != 0).sum()) == 2**16 - lo_t and float(mask.max()) == pytest.approx(1 / 0.9)
+    torch.manual_seed(3)
+    words = dropout._words(2**15).view(torch.int32)
+    torch.manual_seed(3)
+    mask = dropout.mask_words_32bit((2**16,), 0.1)
+    assert torch.equal(mask != 0, words >= round(-2**31 + 0.1 * 2**32)) and float(mask.max()) == pytest.approx(1 / 0.9)
     table = table_of(rows, "bench/dropout")
-    assert "| `bernoulli` " in table and "**1.00**" in table and "| `words_16bit` " in table
+    assert "| `bernoulli` " in table and "**1.00**" in table and "| `hoformer_torch` " in table
 
 
 def test_compile_lines_supersede_the_committed_ones_and_ratios_come_from_the_lines(tmp_path):
