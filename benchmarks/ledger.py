@@ -412,6 +412,15 @@ def helpers(lg: Ledger) -> dict:
         diffs = [a[s] - b[s] for s in sorted(set(a) & set(b), key=str)]
         return [paired(diffs), len(diffs) or "-", verdict(diffs, lower_is_better)]
 
+    def picked(spec, only=None):
+        """The lines of ``spec``; with ``only``, those of these seeds."""
+        return [r for r in lg.sel(spec) if only is None or r["seed"] in only]
+
+    def seeds(spec, only=None, listed=False):
+        """How many seeds the lines of ``spec`` (:func:`picked`) have, or (``listed``) which; ``-`` without."""
+        found = [s for s in seeds_of(picked(spec, only)) if s is not None]
+        return "-" if not found else ", ".join(map(str, found)) if listed else str(len(found))
+
     def versus(spec, model, reference, name="test/mse", horizon=None):
         """``model``'s paired difference against ``reference`` on ``name`` (at ``horizon``), with its seeds."""
         diff, n, _ = judged(spec, model, reference, name, horizon)
@@ -431,7 +440,8 @@ def helpers(lg: Ledger) -> dict:
         pivot=pivot, shape=FORMATS["shape"], L=lg.sel, f=f, rng=rng, paper=paper, SEEDS5=SEEDS5, col=col, avg=avg,
         havg=havg, per_model_avg=per_model_avg, versus=versus, judged=judged,
         cell=lambda spec, model, name, h=None: mean_std(list(seedwise(spec, model, name, h).values())),
-        mean=lambda spec, name, scale=1: mean(col(spec, name, scale)), hw=lambda spec: hardware_short(lg.sel(spec)),
+        mean=lambda spec, name, scale=1: mean(col(spec, name, scale)),
+        hw=lambda spec, only=None: hardware_short(picked(spec, only)), seeds=seeds,
         walls=lambda spec: " / ".join(duration(r["wall_s"]) for r in lg.sel(spec)),
         epochs=lambda spec: ", ".join(dict.fromkeys(str(r["epochs"]) for r in lg.sel(spec))) or "-",
         traffic=lambda m, name: traffic[m]["metrics"][name] if m in traffic else None,
@@ -460,12 +470,6 @@ def jinja(lg: Ledger):
     return lg.env
 
 
-def _env(lg: Ledger):
-    """Renders a cell of ``results/tables.yaml`` written as a Jinja2 template over :func:`helpers`."""
-    env = jinja(lg)
-    return lambda s: env.from_string(s).render() if isinstance(s, str) and "{" in s else s
-
-
 def r_groups(lg: Ledger, columns: dict, groups: dict | None = None, each: str | None = None, select=None,
              rows=(), expand: bool = False, per: dict | None = None, define: dict | None = None,
              let: dict | None = None, keep: str | None = None, optional=(), notes: list | None = None, source=None,
@@ -480,6 +484,7 @@ def r_groups(lg: Ledger, columns: dict, groups: dict | None = None, each: str | 
     :func:`helpers` (a None template: no such column; ``optional``: heads left out when every cell is ``-`` or
     empty). ``notes``, ``source`` (the names of the lines, templates): see :func:`finish`; the lines: those of
     ``select``, else of the rows."""
+    columns = dict.fromkeys(columns, "") if isinstance(columns, list) else columns  # heads of list rows
     env, columns = jinja(lg), {head: t for head, t in columns.items() if t is not None}
     render = lambda template, v: env.from_string(str(template)).render(v)
     args = {**args, "groups": groups, "select": select}
@@ -512,32 +517,6 @@ def r_groups(lg: Ledger, columns: dict, groups: dict | None = None, each: str | 
     names = [render(n, args) for n in ([] if not source else [source] if isinstance(source, str) else source)]
     return finish(lg, table, lg.sel(select) if select else list(lines.values()), notes, names, bullets,
                   rows=shown, **args)
-
-
-def r_rows(lg: Ledger, head: list[str], rows: list[list], prefix: str = "", seed_list: bool = False) -> str:
-    """One row per entry: its template cells; a ``{lines, seeds, needs}`` cell gives the seeds (and hardware) of
-    the lines behind the row (no row when a ``needs`` selector has no lines); a last link cell the ``how`` link."""
-    t, body = _env(lg), []
-    for row in rows:
-        cells = []
-        for c in row:
-            if isinstance(c, dict):
-                if any(not lg.sel(n) for n in c.get("needs", [])):
-                    break
-                spec = c.get("lines")
-                rs = [r for r in (lg.sel({k: t(v) for k, v in spec.items()} if isinstance(spec, dict) else spec)
-                                  if spec else []) if r["seed"] in c.get("seeds", [r["seed"]])]
-                seeds = [s for s in seeds_of(rs) if s is not None]
-                cells.append((", ".join(map(str, seeds)) or "-") if seed_list else str(len(seeds)) if seeds else "-")
-                cells += [hardware_short(rs) if rs else "-"] * ("hardware" in head)
-            elif "how" in head and c is row[-1] and len(cells) == len(head) - 1:
-                anchor = c.startswith("#")
-                cells.append(f"[{'details' if anchor else 'command'}]({'' if anchor else prefix}{c})")
-            else:
-                cells.append(t(c))
-        else:
-            body.append(cells)
-    return md(head, body)
 
 
 # ------------------------------------------------------------------------------------ benchmarks and analysis
