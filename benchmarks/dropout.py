@@ -17,6 +17,10 @@ through it (backward); all variants round-robin, the minimum over ``--reps`` rou
   integers, compared in float32 with ``-2^31 + p 2^32``, scaled), multiplied in forward and backward;
 * ``words_32bit``: as many random 64-bit words as that mask needs, alone (the generator's cost: the floor of any mask
   drawn from its words);
+* ``bias_gelu_torch``: the MLP's hidden activation as three operations, ``dropout(gelu(h + b))`` (torch's bias add
+  and GELU, hoformer's dropout): what a training ``Mlp`` ran before the fused pass, and what it runs off the CPU;
+* ``bias_gelu_fused``: :func:`hoformer.functional.bias_gelu_dropout`, the same activation in one pass of the C
+  kernel forward and one backward (the masked GELU derivative kept instead of the GELU's input);
 * ``--compiled``: ``torch.compile`` (Inductor, whose generated code draws its own random numbers) of GELU and
   dropout, against the eager GELU and hoformer's dropout (the same two operations; the compile time not counted).
 
@@ -32,6 +36,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from hoformer.functional import bias_gelu_dropout
 from hoformer.functional import dropout as hoformer_dropout
 from hoformer.functional import keep_mask_reference
 
@@ -55,12 +60,15 @@ def mask_words_32bit(shape, p: float) -> torch.Tensor:
 def variants(shape, p: float, compiled: bool) -> dict:
     """name -> a function of the input (requiring grad) that returns the dropout output."""
     n = math.prod(shape)
+    bias = torch.zeros(shape[-1], requires_grad=True)
     out = {
         "bernoulli": lambda x: F.dropout(x, p),
         "hoformer": lambda x: hoformer_dropout(x, p),
         "hoformer_torch": lambda x: x * keep_mask_reference(shape, p, torch.randint(-2**63, 2**63 - 1, ())),
         "mask_32bit_words": lambda x: x * mask_words_32bit(shape, p),
         "words_32bit": lambda x: _words((n + 1) // 2),  # no output: timed without a backward pass
+        "bias_gelu_torch": lambda x: hoformer_dropout(F.gelu(x + bias), p),
+        "bias_gelu_fused": lambda x: bias_gelu_dropout(x, bias, p),
     }
     if compiled:
         fused = torch.compile(lambda x: F.dropout(F.gelu(x), p), dynamic=False)

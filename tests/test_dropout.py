@@ -244,3 +244,126 @@ def test_traced_dropout_draws_the_eager_masks():
     dynamo.reset()
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     torch.testing.assert_close(gc, gx, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------------------ bias + GELU + dropout, fused
+def _gelu_reference(h, b, mask):
+    """``mask * gelu(h + b)`` in float64 (the erf form) and its inputs as float64 leaves."""
+    hd, bd = h.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    return hd, bd, F.gelu(hd + bd) * mask
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("p", [0.0, 0.1, 0.5])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (2, 5, 33), (700, 384)])
+def test_fused_bias_gelu_dropout_is_the_float64_equation(shape, p, threads):
+    """Forward, input and bias gradients of the fused kernel against ``mask * gelu(h + b)`` in float64 with the mask
+    of the same seed (:func:`keep_mask_reference`), on 1 and 2 threads (700 x 384 is past the size that splits the
+    work); the zeros are exactly the mask's."""
+    torch.manual_seed(0)
+    h, b = (3 * torch.randn(shape)).requires_grad_(), torch.randn(shape[-1]).requires_grad_()
+    seed = torch.tensor(-1234567891011, dtype=torch.int64)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = dropout_bits._BiasGeluDropout.apply(h, b, seed, p)
+        g = torch.randn(shape)
+        y.backward(g)
+    finally:
+        torch.set_num_threads(old)
+    mask = keep_mask_reference(shape, p, seed, dtype=torch.float64)
+    hd, bd, ref = _gelu_reference(h, b, mask)
+    ref.backward(g.double())
+    assert (y[mask == 0] == 0).all()  # dropped where the mask drops (and tiny tails may underflow elsewhere)
+    # the error budget per element: erf's 1.5e-7 (A&S 7.1.26) times |v| / 2, and float32 rounding of v and y
+    bound = 4e-7 * (1 + (hd + bd).detach().abs()) * mask
+    assert ((y.double() - ref).abs() <= bound + 1e-30).all()
+    assert ((h.grad.double() - hd.grad).abs() <= bound * g.double().abs() + 1e-30).all()
+    sums = (bound * g.double().abs()).reshape(-1, shape[-1]).sum(0)
+    assert ((b.grad.double() - bd.grad).abs() <= sums + 1e-6 * bd.grad.abs() + 1e-30).all()
+
+
+def test_fused_gelu_agrees_with_torch_and_keeps_one_tensor():
+    """Against ``F.gelu`` in float32 over a wide range (float rounding only, also in the tails), and autograd keeps
+    one tensor of ``h``'s size (the masked derivative), where the unfused path keeps the GELU's input and more."""
+    h = torch.linspace(-30, 30, 600_000).reshape(-1, 3)
+    b = torch.zeros(3)
+    y = dropout_bits.bias_gelu_dropout(h, b, 0.0)
+    # float rounding at the input's scale (in the far negative tail torch's 1 + erf cancels, the kernel's erfc not)
+    assert ((y - F.gelu(h)).abs() <= 4e-7 * (1 + h.abs())).all()
+    saved = []
+    hr, br = h.clone().requires_grad_(), b.clone().requires_grad_()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        dropout_bits.bias_gelu_dropout(hr, br, 0.2)
+    assert saved == [h.numel()], saved
+
+
+def test_fused_bias_gelu_dropout_draws_the_masks_of_dropout():
+    """The fused op draws one seed from the global generator, as ``dropout(gelu(h + b))`` does, so the same masks
+    and the same generator state follow; ``p = 0`` draws nothing; fallbacks (float64, eval) are the unfused ops."""
+    h, b = torch.randn(64, 48), torch.randn(48)
+    torch.manual_seed(5)
+    fused, after = dropout_bits.bias_gelu_dropout(h, b, 0.3), torch.rand(3)
+    torch.manual_seed(5)
+    plain, after_plain = dropout(F.gelu(h + b), 0.3), torch.rand(3)
+    assert torch.equal(fused == 0, plain == 0) and torch.equal(after, after_plain)
+    assert ((fused - plain).abs() <= 4e-7 * (1 + (h + b).abs()) / 0.7).all()
+    torch.manual_seed(5)
+    dropout_bits.bias_gelu_dropout(h, b, 0.0)
+    state = torch.get_rng_state()
+    dropout_bits.bias_gelu_dropout(h, b, 0.0)
+    assert torch.equal(torch.get_rng_state(), state)
+    hd, bd = h.double(), b.double()
+    torch.manual_seed(5)
+    got = dropout_bits.bias_gelu_dropout(hd, bd, 0.3)
+    torch.manual_seed(5)
+    assert torch.equal(got, dropout(F.gelu(hd + bd), 0.3))
+    assert torch.equal(dropout_bits.bias_gelu_dropout(h, b, 0.3, training=False), F.gelu(h + b))
+
+
+def test_fused_bias_gelu_dropout_refuses_bad_arguments():
+    h = torch.randn(4, 6)
+    with pytest.raises(ValueError, match=r"`p` must be a probability in \[0, 1\], got 1.5"):
+        dropout_bits.bias_gelu_dropout(h, torch.zeros(6), 1.5)
+    with pytest.raises(ValueError, match=r"`bias` must have shape \(6,\).*got \(5,\)"):
+        dropout_bits.bias_gelu_dropout(h, torch.zeros(5), 0.1)
+
+
+def test_mlp_training_uses_the_fused_pass_and_matches_the_modules():
+    """A training ``Mlp`` on float32 CPU input runs the fused op; its output and gradients equal those of its modules
+    run one by one (a forward hook on the GELU forces that path) from the same seed, to float rounding; eval runs
+    the modules themselves."""
+    from hoformer.layers import Mlp
+
+    torch.manual_seed(0)
+    mlp, x = Mlp(16, 64, dropout=0.25).train(), torch.randn(3, 5, 16)
+    calls = []
+    orig = dropout_bits._BiasGeluDropout.apply
+
+    def counting(*a):
+        calls.append(1)
+        return orig(*a)
+
+    dropout_bits._BiasGeluDropout.apply = counting
+    try:
+        torch.manual_seed(1)
+        fused = mlp(x)
+        fused.sum().backward()
+    finally:
+        dropout_bits._BiasGeluDropout.apply = orig
+    grads = [p.grad.clone() for p in mlp.parameters()]
+    mlp.zero_grad()
+    handle = mlp.net[1].register_forward_hook(lambda *a: None)
+    try:
+        torch.manual_seed(1)
+        plain = mlp(x)
+        plain.sum().backward()
+    finally:
+        handle.remove()
+    assert calls == [1]
+    torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-6)
+    for a, p in zip(grads, mlp.parameters()):
+        torch.testing.assert_close(a, p.grad, rtol=1e-5, atol=1e-5)
+    mlp.eval()
+    with torch.no_grad():
+        assert torch.equal(mlp(x), mlp.net(x))

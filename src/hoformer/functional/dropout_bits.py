@@ -46,11 +46,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-__all__ = ["dropout", "keep_mask", "keep_mask_reference"]
+__all__ = ["bias_gelu_dropout", "dropout", "keep_mask", "keep_mask_reference"]
 
 _SOURCE = Path(__file__).with_name("csrc") / "dropout_bits.c"
 _GAMMA, _M1, _M2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # SplitMix64's constants
 _PARALLEL_MIN = 1 << 18  # fewer elements than this run on the calling thread
+# -fno-trapping-math: the kernels' selects may evaluate both sides (what lets the compiler vectorise them)
+_FLAGS = ("-O3", "-fno-trapping-math", "-shared", "-fPIC")
 
 
 def _signed(u: int) -> int:
@@ -102,7 +104,7 @@ def _compile(source: Path, target: Path, cc: list[str]) -> str | None:
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
         try:
-            run = subprocess.run([*cc, "-O3", "-shared", "-fPIC", *extra, "-o", tmp, str(source)],
+            run = subprocess.run([*cc, *_FLAGS, *extra, "-o", tmp, str(source)],
                                  capture_output=True, text=True, timeout=120)
             if run.returncode == 0:
                 os.replace(tmp, target)
@@ -123,7 +125,8 @@ def _library() -> ctypes.CDLL | None:
         return None
     cc = shlex.split(os.environ.get("CC") or "cc")
     source = _SOURCE.read_bytes()
-    tag = hashlib.sha256(b"\0".join([source, " ".join(cc).encode(), platform.machine().encode()])).hexdigest()[:16]
+    tag = hashlib.sha256(b"\0".join([source, " ".join([*cc, *_FLAGS]).encode(), platform.machine().encode()]))
+    tag = tag.hexdigest()[:16]
     target = _cache_dir() / f"dropout_bits-{tag}.so"
     error = None if target.exists() else _compile(_SOURCE, target, cc)
     try:
@@ -141,6 +144,11 @@ def _library() -> ctypes.CDLL | None:
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint32, c_type,
                        ctypes.c_int64, ctypes.c_int64]
         fn.restype = None
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.hoformer_bias_gelu_dropout_f32.argtypes = [p, p, p, p, i64, i64, ctypes.c_uint64, ctypes.c_uint32,
+                                                   ctypes.c_float, i64, i64]
+    lib.hoformer_bias_gelu_dropout_backward_f32.argtypes = [p, p, p, p, i64, i64, i64]
+    lib.hoformer_bias_gelu_dropout_f32.restype = lib.hoformer_bias_gelu_dropout_backward_f32.restype = None
     return lib
 
 
@@ -149,18 +157,28 @@ def _pool(threads: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(threads, thread_name_prefix="hoformer-dropout")
 
 
-def _kernel_apply(fn, x: torch.Tensor, seed: int, p: float) -> torch.Tensor:
-    """``x * mask(seed)`` by the C kernel ``fn`` (``x`` contiguous, on the CPU); ctypes releases the GIL, so the
-    word ranges of a large tensor run on torch's number of threads at once."""
-    y = torch.empty_like(x)
-    n, words = x.numel(), (x.numel() + 1) // 2
-    args = (x.data_ptr(), y.data_ptr(), n, seed % 2**64, _threshold(p), 1.0 / (1.0 - p))
-    threads = torch.get_num_threads()
-    if threads == 1 or n < _PARALLEL_MIN:
-        fn(*args, 0, words)
+def _ranges(n: int) -> list[tuple[int, int]]:
+    """The word ranges of a mask of ``n`` elements, one per thread of ``torch.get_num_threads()`` (one range for a
+    small tensor)."""
+    words, threads = (n + 1) // 2, torch.get_num_threads()
+    threads = 1 if n < _PARALLEL_MIN else threads
+    return [(words * i // threads, words * (i + 1) // threads) for i in range(threads)]
+
+
+def _run(call, n: int) -> None:
+    """``call(i, w0, w1)`` for the word ranges of :func:`_ranges`; ctypes releases the GIL, so they run at once."""
+    ranges = _ranges(n)
+    if len(ranges) == 1:
+        call(0, *ranges[0])
     else:
-        bounds = [words * i // threads for i in range(threads + 1)]
-        list(_pool(threads).map(lambda i: fn(*args, bounds[i], bounds[i + 1]), range(threads)))
+        list(_pool(len(ranges)).map(lambda i: call(i, *ranges[i]), range(len(ranges))))
+
+
+def _kernel_apply(fn, x: torch.Tensor, seed: int, p: float) -> torch.Tensor:
+    """``x * mask(seed)`` by the C kernel ``fn`` (``x`` contiguous, on the CPU)."""
+    y = torch.empty_like(x)
+    args = (x.data_ptr(), y.data_ptr(), x.numel(), seed % 2**64, _threshold(p), 1.0 / (1.0 - p))
+    _run(lambda i, w0, w1: fn(*args, w0, w1), x.numel())
     return y
 
 
@@ -185,6 +203,56 @@ class _Dropout(torch.autograd.Function):
     def backward(ctx, grad):
         (seed,) = ctx.saved_tensors
         return _Dropout.apply(grad, seed, ctx.p), None, None
+
+
+class _BiasGeluDropout(torch.autograd.Function):
+    """``m * gelu(h + b)`` (``m``: the scaled mask of ``seed``) in one pass of the C kernel, which also writes
+    ``d = m * gelu'(h + b)``, the one tensor saved; the backward pass is ``g * d`` and its column sums, one pass.
+    ``h``: float32, contiguous, on the CPU, last dimension ``b``'s."""
+
+    @staticmethod
+    def forward(ctx, h, b, seed, p):
+        fn, y, d = _library().hoformer_bias_gelu_dropout_f32, torch.empty_like(h), torch.empty_like(h)
+        args = (h.data_ptr(), b.data_ptr(), y.data_ptr(), d.data_ptr(), h.numel(), h.shape[-1],
+                int(seed) % 2**64, _threshold(p), 1.0 / (1.0 - p))
+        _run(lambda i, w0, w1: fn(*args, w0, w1), h.numel())
+        ctx.save_for_backward(d)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        (d,) = ctx.saved_tensors
+        grad, cols, n = grad.contiguous(), d.shape[-1], d.numel()
+        gh, ranges = torch.empty_like(d), _ranges(n)
+        partial = torch.zeros(len(ranges), cols, dtype=torch.float64)  # each thread's column sums
+        fn = _library().hoformer_bias_gelu_dropout_backward_f32
+        # element ranges: twice the word ranges (whole words' worth of elements per thread)
+        _run(lambda i, w0, w1: fn(grad.data_ptr(), d.data_ptr(), gh.data_ptr(), partial[i].data_ptr(), cols,
+                                  min(2 * w0, n), min(2 * w1, n)), n)
+        return gh, partial.sum(0).to(d.dtype), None, None
+
+
+def bias_gelu_dropout(h: torch.Tensor, bias: torch.Tensor, p: float = 0.0, training: bool = True) -> torch.Tensor:
+    """``dropout(gelu(h + bias), p, training)`` (the exact, erf GELU; :func:`dropout`'s masks): the hidden activation
+    of an MLP whose first linear map left out its bias. On a float32 CPU tensor in training, one pass of the C
+    kernel forward (the bias add, the GELU, the mask, and the masked GELU derivative, the one tensor kept) and one
+    backward (the product with the gradient and the bias gradient's column sums). Its erf is Abramowitz & Stegun
+    7.1.26, the approximation of ATen's vectorised float erf, so it agrees with :func:`torch.nn.functional.gelu`
+    to float32 rounding (about ``1e-7`` of the value). Elsewhere (eval, other dtypes or devices, traced code, no C
+    compiler) the three
+    operations of torch and :func:`dropout`. ``bias``: ``(h.shape[-1],)``; ``0 <= p <= 1``."""
+    if not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+        raise ValueError(f"bias_gelu_dropout: `p` must be a probability in [0, 1], got {p!r}")
+    if bias.ndim != 1 or bias.shape[0] != h.shape[-1]:
+        raise ValueError(f"bias_gelu_dropout: `bias` must have shape ({h.shape[-1]},) (h's last dimension), got "
+                         f"{tuple(bias.shape)}")
+    fast = (training and p < 1.0 and h.device.type == "cpu" and h.dtype == bias.dtype == torch.float32
+            and not torch.compiler.is_compiling() and _library() is not None)
+    if not fast:
+        return dropout(F.gelu(h + bias), p, training)
+    seed = _draw_seed(None) if p > 0.0 else torch.zeros((), dtype=torch.int64)  # p = 0 draws nothing
+    return _BiasGeluDropout.apply(h.contiguous(), bias.contiguous(), seed, p)
 
 
 def keep_mask(shape, p: float, *, dtype=torch.float32, device=None,

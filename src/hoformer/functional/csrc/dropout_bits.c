@@ -43,3 +43,113 @@ static inline uint64_t mix(uint64_t z) {
 
 DROPOUT_BITS(hoformer_dropout_bits_f32, float)
 DROPOUT_BITS(hoformer_dropout_bits_f64, double)
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * The MLP's hidden activation in one pass: y = m * gelu(h + b) for h (rows, N) and the bias b (N), m the mask of the
+ * dropout above (the same words, elements and threshold) times its scale, and with it d = m * gelu'(h + b), all the
+ * backward pass needs: gh = g * d and the bias gradient's column sums of gh, in one pass too.
+ * gelu(v) = v / 2 * (1 + erf(v / sqrt 2)) (the exact, erf form), gelu'(v) = (1 + erf(v / sqrt 2)) / 2 + v phi(v);
+ * 1 + erf(u) is 2 - erfc(u) for u >= 0 and erfc(-u) otherwise, erfc(z) = t P(t) e^(-z^2), t = 1 / (1 + p z)
+ * (Abramowitz & Stegun 7.1.26, absolute error below 1.5e-7, the approximation of ATen's vectorised float erf),
+ * e^x by Cody-Waite reduction and Cephes' degree-6 polynomial: branch-free float arithmetic that the compiler
+ * vectorises. Float32 only (other dtypes take torch's
+ * operations). */
+#include <string.h>
+
+static inline float exp_neg(float x) { /* e^x for x <= 88; 0 below -87 */
+    float xc = x < -87.0f ? -87.0f : x;
+    float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
+    float r = xc - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float s;
+    memcpy(&s, &bits, sizeof s);
+    return x < -87.0f ? 0.0f : p * s;
+}
+
+#define SQRT1_2 0.70710678118654752f
+#define INV_SQRT_2PI 0.39894228040143268f
+#define TILE 256
+
+/* gelu(v) and gelu'(v) */
+static inline void gelu2(float v, float *y, float *d) {
+    float u = v * SQRT1_2, z = u < 0.0f ? -u : u;
+    float t = 1.0f / (1.0f + 0.3275911f * z);
+    float q = -1.453152027f + t * 1.061405429f;
+    q = 1.421413741f + t * q;
+    q = -0.284496736f + t * q;
+    q = 0.254829592f + t * q;
+    float gauss = exp_neg(-z * z); /* e^(-v^2 / 2) */
+    float e = t * q * gauss;       /* erfc(z) */
+    float cdf2 = u >= 0.0f ? 2.0f - e : e; /* 1 + erf(u) */
+    *y = 0.5f * v * cdf2;
+    *d = 0.5f * cdf2 + v * INV_SQRT_2PI * gauss;
+}
+
+/* the keep bits of words [a, a + m): lo[k] the low half of word a + k, hi[k] its high half */
+static inline void tile_bits(uint64_t seed, int64_t a, int64_t m, uint32_t *lo, uint32_t *hi) {
+    for (int64_t k = 0; k < m; k++) {
+        uint64_t z = mix(seed + (uint64_t)(a + k + 1) * GAMMA);
+        lo[k] = (uint32_t)z;
+        hi[k] = (uint32_t)(z >> 32);
+    }
+}
+
+/* elements [e0, e0 + len) of the (rows, N) tensors, their keep bits bits[0..len) */
+static inline void segment(const float *restrict h, const float *restrict b, float *restrict y, float *restrict d,
+                           const uint32_t *restrict bits, int64_t e0, int64_t len, int64_t N, uint32_t t,
+                           float scale) {
+    int64_t c = e0 % N;
+    for (int64_t k = 0; k < len;) {
+        int64_t m = N - c < len - k ? N - c : len - k;
+        const float *hs = h + e0 + k, *bs = b + c;
+        const uint32_t *ks = bits + k;
+        float *ys = y + e0 + k, *ds = d + e0 + k;
+        for (int64_t i = 0; i < m; i++) {
+            float g, dg, s = ks[i] >= t ? scale : 0.0f;
+            gelu2(hs[i] + bs[i], &g, &dg);
+            ys[i] = g * s;
+            ds[i] = dg * s;
+        }
+        k += m;
+        c = 0;
+    }
+}
+
+/* words [w0, w1) of the n = rows * N elements: y and d */
+CLONES void hoformer_bias_gelu_dropout_f32(const float *h, const float *b, float *y, float *d, int64_t n, int64_t N,
+                                           uint64_t seed, uint32_t t, float scale, int64_t w0, int64_t w1) {
+    uint32_t lo[TILE], hi[TILE];
+    int64_t half = (n + 1) / 2, both = n - half;
+    for (int64_t a = w0; a < w1; a += TILE) {
+        int64_t m = w1 - a < TILE ? w1 - a : TILE;
+        int64_t m_hi = a >= both ? 0 : (both - a < m ? both - a : m);
+        tile_bits(seed, a, m, lo, hi);
+        segment(h, b, y, d, lo, a, m, N, t, scale);
+        segment(h, b, y, d, hi, half + a, m_hi, N, t, scale);
+    }
+}
+
+/* elements [e0, e1) of the backward pass: gh = g * d, gb[c] += gh over the rows (a double per column) */
+CLONES void hoformer_bias_gelu_dropout_backward_f32(const float *restrict g, const float *restrict d,
+                                                    float *restrict gh, double *restrict gb, int64_t N, int64_t e0,
+                                                    int64_t e1) {
+    int64_t c = e0 % N;
+    for (int64_t e = e0; e < e1;) {
+        int64_t m = N - c < e1 - e ? N - c : e1 - e;
+        for (int64_t i = 0; i < m; i++) {
+            float r = g[e + i] * d[e + i];
+            gh[e + i] = r;
+            gb[c + i] += (double)r;
+        }
+        e += m;
+        c = 0;
+    }
+}
