@@ -62,16 +62,20 @@ def test_compiled_training_step_matches_eager(name):
 
 
 def test_fused_adamw_step_equals_the_default_one():
-    """``Optimization(fused=True)`` (PyTorch's one-kernel step, the default on CUDA) updates the weights as the default
-    implementation does; ``fused=None`` picks it only when every parameter is on a CUDA device."""
+    """``Optimization(fused=True)`` (PyTorch's one-kernel step, the default on the CPU and on CUDA) updates the weights
+    as the default implementation does; ``fused=None`` picks it when every parameter is on the CPU (or every one on
+    a CUDA device) unless the task says it may not (mixed precision with clipping), ``fused=False`` never."""
     torch.manual_seed(0)
     a = create_model("hot_forecaster", **SMALL["hot_forecaster"]).double()
     b = create_model("hot_forecaster", **SMALL["hot_forecaster"]).double()
     b.load_state_dict(a.state_dict())
-    auto = configure_optimization(Optimization(lr=1e-2, weight_decay=0.1, schedule="constant"), a, 10)
-    assert not auto.defaults["fused"]  # CPU parameters: not fused
-    fused = configure_optimization(Optimization(lr=1e-2, weight_decay=0.1, schedule="constant", fused=True), b, 10)
-    assert fused.defaults["fused"] is True
+    plain = configure_optimization(Optimization(lr=1e-2, weight_decay=0.1, schedule="constant", fused=False), a, 10)
+    assert not plain.defaults["fused"]
+    auto = configure_optimization(Optimization(lr=1e-2, weight_decay=0.1, schedule="constant"), b, 10)
+    assert auto.defaults["fused"] is True  # CPU parameters: fused
+    refused = configure_optimization(Optimization(schedule="constant"), b, 10, may_fuse=False)
+    assert not refused.defaults["fused"]
+    auto, fused = plain, auto
     args, _ = a.example_inputs(batch_size=2)
     args = [x.double() for x in args]
     for step in range(3):

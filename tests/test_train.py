@@ -822,8 +822,8 @@ def test_out_of_range_labels_name_the_problem():
 @pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
 def test_fit_and_test_in_bf16(tmp_path, precision):
     """Lightning's bf16 precisions (the usual GPU setting; bf16 runs on CPU too): a few training steps and a test
-    epoch of the forecasting and segmentation tasks give finite losses and metrics; mixed precision keeps fp32
-    master weights."""
+    epoch of the forecasting and segmentation tasks give finite losses and metrics, with gradient clipping;
+    mixed precision keeps fp32 master weights."""
     cases = [
         (ForecastingTask(create_model("hot_forecaster", **dict(seq_len=32, pred_len=8, num_variates=7, **TINY_FC)),
                          optim=Optimization(lr=1e-3, weight_decay=0.1), plot_variates=0),
@@ -834,9 +834,12 @@ def test_fit_and_test_in_bf16(tmp_path, precision):
                                  synthetic_size=32, crop_size=None, batch_size=4)),
     ]
     for task, dm in cases:
-        trainer = quiet_trainer(tmp_path, max_steps=3, limit_val_batches=1, precision=precision)
+        trainer = quiet_trainer(tmp_path, max_steps=3, limit_val_batches=1, precision=precision,
+                                gradient_clip_val=1.0)
         trainer.fit(task, dm)
         assert torch.isfinite(trainer.callback_metrics["train/loss"])
+        # Lightning refuses clipping with a fused step under mixed precision: the default then keeps the plain one
+        assert trainer.optimizers[0].defaults["fused"] is (precision != "bf16-mixed")
         (res,) = trainer.test(task, dm, verbose=False)
         assert res and all(np.isfinite(v) for v in res.values()), res
         want = torch.float32 if precision == "bf16-mixed" else torch.bfloat16

@@ -257,8 +257,13 @@ class TaskModule(L.LightningModule):
         return self.shared_step(batch, "test")
 
     def configure_optimizers(self):
+        from lightning.pytorch.plugins.precision import MixedPrecision
+
+        # Lightning refuses gradient clipping with a fused step under mixed precision (it unscales inside the step)
+        clipped_mixed = bool(self.trainer.gradient_clip_val) and isinstance(self.trainer.precision_plugin,
+                                                                            MixedPrecision)
         return configure_optimization(self.optim, self.model, self.trainer.estimated_stepping_batches,
-                                      type(self).__name__)
+                                      type(self).__name__, may_fuse=not clipped_mixed)
 
     def save_pretrained(self, directory):
         return self.model.save_pretrained(directory)

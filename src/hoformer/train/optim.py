@@ -39,8 +39,10 @@ class Optimization:
         min_lr_ratio: floor of the cosine schedule, relative to ``lr``.
         gamma: per-epoch factor of the exponential schedule.
         fused: PyTorch's fused (one-kernel) Adam / AdamW step: ``None`` (default) uses it when every parameter is on
-            a CUDA device, where the per-parameter kernel launches of the default step dominate small models; the
-            arithmetic is the same as the default implementation's up to float rounding.
+            the CPU or every one on a CUDA device (per-parameter loops and kernel launches dominate the default step
+            of small models), except
+            with mixed precision and gradient clipping, which Lightning refuses for a fused step; the arithmetic is
+            the same as the default implementation's up to float rounding.
     """
 
     optimizer: Literal["adamw", "adam"] = "adamw"
@@ -65,7 +67,8 @@ class Optimization:
         if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
             raise ValueError(f"Optimization: `warmup_steps` must be an int >= 0, got {self.warmup_steps!r}")
         if self.fused is not None and not isinstance(self.fused, bool):
-            raise TypeError(f"Optimization: `fused` must be True, False or None (on CUDA), got {self.fused!r}")
+            raise TypeError(f"Optimization: `fused` must be True, False or None (the default's choice), got "
+                            f"{self.fused!r}")
         if isinstance(self.warmup_ratio, bool) or not isinstance(self.warmup_ratio, (int, float)) \
                 or not 0 <= self.warmup_ratio < 1:
             raise ValueError(f"Optimization: `warmup_ratio` must be a fraction in [0, 1) of the run's steps, got "
@@ -76,13 +79,17 @@ class Optimization:
         self.betas = tuple(self.betas)
 
 
-def configure_optimization(opt: Optimization, model: torch.nn.Module, total_steps: float, owner: str = "task"):
+def configure_optimization(opt: Optimization, model: torch.nn.Module, total_steps: float, owner: str = "task",
+                           may_fuse: bool = True):
     """``configure_optimizers`` output for ``model``'s trainable parameters (``None`` without any): the optimiser of
-    ``opt`` and its schedule; ``total_steps``: the run's optimiser steps (``trainer.estimated_stepping_batches``)."""
+    ``opt`` and its schedule; ``total_steps``: the run's optimiser steps (``trainer.estimated_stepping_batches``);
+    ``may_fuse``: whether ``opt.fused=None`` may choose the fused step (False under mixed precision with gradient
+    clipping)."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
         return None
-    fused = all(p.is_cuda for _, p in named) if opt.fused is None else opt.fused
+    devices = {p.device.type for _, p in named}
+    fused = (may_fuse and devices in ({"cpu"}, {"cuda"})) if opt.fused is None else opt.fused
     if opt.optimizer == "adam":
         optimizer = torch.optim.Adam([p for _, p in named], lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay,
                                      fused=fused)
