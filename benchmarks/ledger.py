@@ -24,9 +24,10 @@ import json
 import math
 import re
 import statistics
-import string
 import sys
 from pathlib import Path
+
+import jinja2
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))  # the hoformer of this checkout, whatever is installed
@@ -306,6 +307,34 @@ def horizons_mean(rs: list[dict], metrics: list, horizons=HORIZONS) -> str:
     return " / ".join(f"{mean(m):.3f}" for m in means if len(m) == len(horizons)) or "-"
 
 
+def ratio(m: dict, a: str, b: str, recorded: str | None = None):
+    """``m[a] / m[b]`` of the metrics ``m``; without both, the metric ``recorded`` (a ratio the line recorded itself);
+    else undefined (a ``-`` cell)."""
+    if a in m and m.get(b):
+        return m[a] / m[b]
+    return m[recorded] if recorded in m else jinja2.StrictUndefined(name=f"{a}/{b}")
+
+
+def ordered(rs: list[dict], field: str, values: list) -> list[dict]:
+    """``rs`` sorted (stably) by the position of their ``field`` in ``values``, the unlisted last."""
+    return sorted(rs, key=lambda r: values.index(r.get(field)) if r.get(field) in values else len(values))
+
+
+shape = lambda v: "(" + ",".join(map(str, v)) + ")"  # [16, 16, 16] -> (16,16,16)
+dims = lambda v: ", ".join(map(str, v))  # [16, 16, 16] -> 16, 16, 16
+ms = lambda v: f"{v:.0f}" if v >= 100 else f"{v:.1f}"  # a time: one decimal below 100
+
+
+def scores(m: dict) -> str:
+    """A line's test metrics without the prefix: ``mse 0.4000, mae 0.4200`` (not ``*_orig``, ``*/loss``)."""
+    return ", ".join(f"{k.split('/', 1)[1]} {v:.4f}" for k, v in m.items() if not k.endswith(("_orig", "/loss")))
+
+
+def top_ops(ops: list) -> str:
+    """The profiler's operators and their shares: ``mm`` 43%, ..."""
+    return ", ".join(f"`{op.removeprefix('aten::')}` {share:.0%}" for op, share in ops)
+
+
 def provenance_note(rs: list[dict], *names: str) -> str:
     """Where a table's lines come from: measured (command, commit) or transcribed (file, commit), hardware, torch,
     dates and the ledger ``names``."""
@@ -435,9 +464,10 @@ def helpers(lg: Ledger) -> dict:
         sr=sr, short_label=short_label, prod=math.prod, fast_over_naive=fast_over_naive,
         table=lambda spec: render(lg, spec), **{"from": lambda name, values: values[name]},  # map('from', dict)
         traffic_runs=lambda dataset: traffic_runs(lg, dataset), students=lambda ds, m: student_acc(lg, ds, m),
-        has=lambda metrics, names: all(n in metrics for n in names), ratio=lambda m, a, b: m[a] / m[b],
+        has=lambda metrics, names: all(n in metrics for n in names), ratio=ratio,
         newest_with=lambda prefix, suffix, name: newest_with(lg, prefix, suffix, name),
-        pivot=pivot, shape=FORMATS["shape"], L=lg.sel, f=f, rng=rng, paper=paper, SEEDS5=SEEDS5, col=col, avg=avg,
+        pivot=pivot, ordered=ordered, matches=matches, bench=lambda lines, device="": bench(lg, lines, device),
+        shape=shape, dims=dims, scores=scores, ms=ms, top_ops=top_ops, L=lg.sel, f=f, rng=rng, paper=paper, SEEDS5=SEEDS5, col=col, avg=avg,
         havg=havg, per_model_avg=per_model_avg, versus=versus, judged=judged,
         cell=lambda spec, model, name, h=None: mean_std(list(seedwise(spec, model, name, h).values())),
         mean=lambda spec, name, scale=1: mean(col(spec, name, scale)),
@@ -460,13 +490,12 @@ def helpers(lg: Ledger) -> dict:
 
 def jinja(lg: Ledger):
     """The Jinja2 environment of the templates of ``results/tables.yaml``: :func:`helpers` as globals and filters."""
-    import jinja2
-
     if getattr(lg, "env", None) is None:
-        lg.env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
+        lg.env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False,
+                                    finalize=lambda v: "-" if v is None else v)  # a missing value prints as -
         lg.env.globals.update(helpers(lg))
         lg.env.filters.update({k: v for k, v in lg.env.globals.items() if callable(v) and k not in lg.env.filters})
-        lg.env.tests["has"] = lg.env.globals["has"]  # selectattr('metrics', 'has', [name, ...])
+        lg.env.tests.update(has=lg.env.globals["has"], matches=matches)  # selectattr('metrics', 'has', [name, ...])
     return lg.env
 
 
@@ -487,6 +516,13 @@ def r_groups(lg: Ledger, columns: dict, groups: dict | None = None, each: str | 
     columns = dict.fromkeys(columns, "") if isinstance(columns, list) else columns  # heads of list rows
     env, columns = jinja(lg), {head: t for head, t in columns.items() if t is not None}
     render = lambda template, v: env.from_string(str(template)).render(v)
+
+    def cell(template, v):
+        """A column's cell of the row ``v``: ``-`` where the template reads a value the row lacks."""
+        try:
+            return render(template, v)
+        except jinja2.UndefinedError:
+            return "-"
     args = {**args, "groups": groups, "select": select}
     for name, expression in (define or {}).items():
         args[name] = env.compile_expression(expression)(**args)
@@ -509,13 +545,14 @@ def r_groups(lg: Ledger, columns: dict, groups: dict | None = None, each: str | 
         for name, expression in (let or {}).items():
             v[name] = env.compile_expression(expression)(**v)
         if keep is None or env.compile_expression(keep)(**v):
-            body.append([render(t, v) for t in columns.values()])
+            body.append([cell(t, v) for t in columns.values()])
             shown.append(v)
             lines.update({id(r): r for r in v.get("rs", [v["r"]] if "r" in v else [])})
     kept = [i for i, head in enumerate(columns) if head not in optional or any(row[i] not in "-" for row in body)]
     table = md([render(h, args) for i, h in enumerate(columns) if i in kept], [[row[i] for i in kept] for row in body])
     names = [render(n, args) for n in ([] if not source else [source] if isinstance(source, str) else source)]
-    return finish(lg, table, lg.sel(select) if select else list(lines.values()), notes, names, bullets,
+    rs = args["lines"] if "lines" in args else lg.sel(select) if select else list(lines.values())
+    return finish(lg, table, rs, notes, names, bullets,
                   rows=shown, **args)
 
 
@@ -526,65 +563,11 @@ def device_of(r: dict) -> str:
     return r["experiment"][r["experiment"].find("+"):] if "+" in r["experiment"] else ""
 
 
-def bench(lg: Ledger, lines: str, device: str = "") -> list[dict]:
-    """The benchmark lines of the experiment glob ``lines`` measured on ``device``: a GPU line never stands in a CPU
-    table, nor a CPU line in a GPU one."""
-    return [r for r in lg.sel(task="benchmark", experiment=lines + device) if device_of(r) == device]
-
-
-FORMATS = {  # the named formats of a column template ("{shape:shape}"); any other format is a Python format spec
-    "shape": lambda v: "(" + ",".join(map(str, v)) + ")",  # [16, 16, 16] -> (16,16,16)
-    "dims": lambda v: ", ".join(map(str, v)),  # [16, 16, 16] -> 16, 16, 16
-    "scores": lambda m: ", ".join(f"{k.split('/', 1)[1]} {v:.4f}" for k, v in m.items()  # test/mse -> mse 0.4000
-                                  if not k.endswith(("_orig", "/loss"))),
-    "ms": lambda v: f"{v:.0f}" if v >= 100 else f"{v:.1f}",  # a time: one decimal below 100
-    "last_word": lambda v: v.rsplit("_", 1)[-1],  # kronecker_attention_sum -> sum
-    "setup": lambda v: v.split(", pooled")[0],  # a split without the note on its inputs
-    "precision": lambda v: v.rsplit(", ", 1)[-1],  # "training step, B=32, bf16" -> bf16
-    "top_ops": lambda v: ", ".join(f"`{op.removeprefix('aten::')}` {share:.0%}" for op, share in v),
-}
-
-
-class Cell(string.Formatter):
-    """Fills a column template of ``results/tables.yaml``: ``{NAME:FORMAT}`` is a field, metric or ratio of the line
-    (in a pivot: ``{COLUMN[NAME]}``, of the row's line in that column), FORMAT a name of :data:`FORMATS` or a Python
-    format spec. A cell missing a value is ``-``."""
-
-    def get_value(self, key, args, kwargs):
-        return kwargs[str(key)]  # a pivot column named by a number ({8[val/mse]}) is a name, not a position
-
-    def format_field(self, value, spec: str) -> str:
-        return FORMATS[spec](value) if spec in FORMATS else format(value, spec)
-
-    def __call__(self, template: str, row: dict) -> str:
-        try:
-            return self.vformat(template, (), row)
-        except KeyError:
-            return "-"
-
-
-def values(r: dict) -> dict:
-    """A line's fields and metrics in one dict, without the None ones, and ``epochs (best)``, ``wall``, ``origin``
-    (commit, or where a transcribed number was copied from)."""
-    origin = r["commit"] if r["record"] != "transcribed" else \
-        f"transcribed from {r['source']['file']} at {r['source']['commit']}"
-    return {k: v for k, v in {**r, **r["metrics"]}.items() if v is not None} | {
-        "epochs (best)": epochs_best(r), "wall": duration(r["wall_s"]), "origin": origin}
-
-
-def lookup(v: dict, name: str):
-    """The value ``name`` of a line's :func:`values`, or ``COLUMN[NAME]`` of a pivot row (:func:`pivot`)."""
-    column, _, key = name.partition("[")
-    return (v.get(column) or {}).get(key[:-1]) if key else v.get(name)
-
-
-def with_ratios(v: dict, ratios: dict) -> dict:
-    """``v`` with ``ratios`` ({NAME: [numerator, denominator]}, names for :func:`lookup`) where it has both (else it
-    keeps its own NAME: a ratio the line recorded itself)."""
-    for name, (a, b) in ratios.items():
-        if lookup(v, a) is not None and lookup(v, b):
-            v[name] = lookup(v, a) / lookup(v, b)
-    return v
+def bench(lg: Ledger, lines: str, device: str | list = "") -> list[dict]:
+    """The benchmark lines of the experiment glob ``lines`` measured on ``device`` (or on each of a list): a GPU line
+    never stands in a CPU table, nor a CPU line in a GPU one."""
+    return [r for d in ([device] if isinstance(device, str) else device)
+            for r in lg.sel(task="benchmark", experiment=lines + d) if device_of(r) == d]
 
 
 def pivot(lines: list[dict], row: str, column: str) -> list[dict]:
@@ -609,46 +592,6 @@ def finish(lg: Ledger, table: str, rs: list[dict], notes: list | None, names, bu
         return table
     source = [f"* {p}" if bullets else p for p in [provenance_note(rs, *names)] if names]
     return "\n".join([table, "", *below, *source])
-
-
-def r_lines(lg: Ledger, lines: str | None = None, columns: dict | None = None, device: str | list = "",
-            select: dict | None = None, where: dict | None = None, hide: dict | None = None, by: list | None = None,
-            require=(), group: str | None = None, order: dict | None = None, sort: str | None = None,
-            ratios: dict | None = None, bold: dict | None = None, optional=(), notes: list | None = None,
-            bullets: bool = True, source: bool = True) -> str:
-    """A table declared as data: one row per line of :func:`bench` (``lines`` on ``device``, or on each of a list;
-    or the ledger lines of the selector ``select``), matching the selector ``where``, shown unless it matches
-    ``hide``; with ``by: [ROW, COLUMN]``, one row per value of the field ROW that has a line for each COLUMN value of
-    ``require``.
-
-    Rows keep ledger order within the first appearances of ``group``, the listed values of ``order`` ({field:
-    [value, ...]}) and the values of ``sort``. ``columns``: {label: template} (:class:`Cell`; ``ratios``: see
-    :func:`with_ratios`); ``bold``: {label: selector} of the lines whose cell there is bold; ``optional``: labels
-    left out when no row has a value. Below the table the sentences of ``notes`` (:func:`finish`, over
-    ``lines``, the lines' values, and ``rows``) and, when ``source``, where the lines come from."""
-    devices = [device] if isinstance(device, str) else device
-    rs = [r for r in ([r for d in devices for r in bench(lg, lines, d)] if lines else lg.sel(select))
-          if matches(r, where or {})]
-    every = [with_ratios(values(r), ratios or {}) for r in rs]
-    shown = [v for v in every if not (hide and matches(v, hide))]
-    first: dict = {}
-    for v in shown:
-        first.setdefault(str(v.get(group)), len(first))
-
-    def rank(v: dict) -> tuple:
-        listed = [o.index(v[k]) if v.get(k) in o else len(o) for k, o in (order or {}).items()]
-        return (first[str(v.get(group))], *listed, v[sort] if sort else 0)
-
-    shown.sort(key=rank)
-    if by:
-        shown = [with_ratios(p, ratios or {}) for p in pivot(shown, *by) if all(str(c) in p for c in require)]
-    cell, bold = Cell(), bold or {}
-    body = [[f"**{c}**" if label in bold and c != "-" and matches(v, bold[label]) else c
-             for label, template in columns.items() for c in [cell(template, v)]] for v in shown]
-    keep = [i for i, label in enumerate(columns) if label not in optional or any(row[i] != "-" for row in body)]
-    table = md([list(columns)[i] for i in keep], [[row[i] for i in keep] for row in body])
-    names = ([lines + d for d in devices] if lines else [select["experiment"]]) if source else []
-    return finish(lg, table, rs, notes, names, bullets, lines=every, rows=shown)
 
 
 def fast_over_naive(m: dict, k: str) -> float | None:
@@ -763,7 +706,7 @@ def tables(rows: list[dict], names=None) -> dict:
 
 def render(lg: Ledger, table: dict) -> str:
     """The body of the table declaration ``table`` (an entry of ``results/tables.yaml``)."""
-    return RENDER[table["render"]](lg, **{k: v for k, v in table.items() if k != "render"})
+    return RENDER[table.get("render", "groups")](lg, **{k: v for k, v in table.items() if k != "render"})
 
 
 TABLES = _yaml("tables.yaml")["tables"]

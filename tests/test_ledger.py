@@ -351,50 +351,56 @@ def _write(entries: list[dict], path: Path, script: str, argv: list[str], device
 
 
 def test_a_table_declared_as_data_fills_its_columns_from_the_lines():
-    """``render: lines`` (``r_lines``): one row per benchmark line of the device asked for, each column a template
-    (a named format, a ratio of two metrics, ``-`` for a missing value, bold where a selector says), rows grouped and
-    ordered as declared, an optional column left out when empty; with ``by``, one row per value of a field."""
+    """A benchmark table: one row per line of the device asked for (``bench``), each column a template (a named
+    format, a ratio of two metrics, ``-`` where the row lacks a value, bold where the template says), rows in the
+    declared order within the first appearances of a field, an optional column left out when empty; with ``pivot``,
+    one row per value of a field, kept when it has a line for each value required."""
     def line(name, model, shape, **metrics):
         return {**GOOD, "experiment": f"bench/t/{name}", "task": "benchmark", "record": "benchmark", "model": model,
                 "shape": shape, "metrics": metrics}
 
     rows = [line("a/y", "y", [2, 3], ms=30.0, ref=10.0), line("b/x", "x", [4], ms=200.0, ref=100.0),
             line("a/x", "x", [2, 3], ms=5.0), line("a/x+cuda", "x", [2, 3], ms=1.0, ref=4.0)]
-    columns = {"shape": "{shape:shape}", "model": "{model}", "ms": "{ms:ms}", "ms / ref": "{ms/ref:.2f}",
-               "empty": "{nothing}"}
+    declaration = {
+        "device": "", "define": {"lines": "bench('bench/t/*', device)"}, "source": "bench/t/*{{ device }}",
+        "rows": "lines | ordered('model', ['x', 'y']) | ordered('shape', lines | map(attribute='shape') | list)",
+        "columns": {"shape": "{{ r.shape | shape }}", "model": "{{ r.model }}",
+                    "ms": "{{ ('**%s**' if r.model == 'y' else '%s') % (r.metrics.ms | ms) }}",
+                    "ms / ref": "{{ '%.2f' % ratio(r.metrics, 'ms', 'ref') }}", "empty": "{{ r.nothing }}"}}
     spread = lambda table: [re.sub(r" +", " ", ln) for ln in table.splitlines()]
-    table = spread(ledger.r_lines(lg(rows), "bench/t/*", columns, group="shape", order={"model": ["x", "y"]},
-                                  ratios={"ms/ref": ["ms", "ref"]}, bold={"ms": {"model": "y"}}, optional=["empty"]))
+    table = spread(ledger.render(lg(rows), {**declaration, "optional": ["empty"]}))
     assert table[0] == "| shape | model | ms | ms / ref |"
     assert table[2:5] == ["| (2,3) | x | 5.0 | - |", "| (2,3) | y | **30.0** | 3.00 |", "| (4) | x | 200 | 2.00 |"]
     assert table[5] == "" and table[6].startswith("* Measured with `hoformer fit` at commit abc on CPU")
-    gpu = spread(ledger.r_lines(lg(rows), "bench/t/*", columns, device="+cuda", ratios={"ms/ref": ["ms", "ref"]}))
-    assert gpu[2:4] == ["| (2,3) | x | 1.0 | 0.25 | - |", ""]
-    pivot = {"shape": "{shape:shape}", "y / x": "{y[ms]:.0f} / {x[ms]:.0f}"}
-    assert spread(ledger.r_lines(lg(rows), "bench/t/*", pivot, by=["shape", "model"], require=["x"]))[2:4] == [
-        "| (2,3) | 30 / 5 |", "| (4) | - |"]
-    assert ledger.r_lines(lg(rows), "bench/t/*", pivot, by=["shape", "model"], require=["x", "y"]).count("\n| (") == 1
-    assert ledger.NO_RUNS in ledger.r_lines(lg(rows), "bench/none/*", columns)
+    assert "ledger lines `bench/t/*`" in table[6]
+    gpu = spread(ledger.render(lg(rows), {**declaration, "device": "+cuda"}))
+    assert gpu[2:4] == ["| (2,3) | x | 1.0 | 0.25 | - |", ""] and "ledger lines `bench/t/*+cuda`" in gpu[4]
+    pivot = {"define": {"lines": "bench('bench/t/*')"}, "require": ["x"],
+             "rows": "pivot(lines, 'shape', 'model') | select('has', require)",
+             "columns": {"shape": "{{ r.shape | shape }}", "y / x": "{{ '%.0f / %.0f' % (r.y.metrics.ms, r.x.metrics.ms) }}"}}
+    assert spread(ledger.render(lg(rows), pivot))[2:4] == ["| (2,3) | 30 / 5 |", "| (4) | - |"]
+    assert ledger.render(lg(rows), {**pivot, "require": ["x", "y"]}).count("\n| (") == 1
+    assert ledger.NO_RUNS in ledger.render(lg(rows), {**declaration, "define": {"lines": "bench('bench/none/*')"}})
 
 
 def test_a_declared_table_says_its_notes_and_reads_any_selector():
-    """``notes``: Jinja2 templates over the selected lines and the table's rows, one line each, a template that
-    renders empty left out, ``""`` a blank line; every template empty: the table alone, without provenance;
-    ``select``: lines of any task; a numbered pivot column (``{8[ms]}``) is a name; ``source: false``."""
+    """``notes``: Jinja2 templates over the table's lines and its rows, one line each, a template that renders empty
+    left out, ``""`` a blank line; every template empty: the table alone, without provenance; ``select``: lines of
+    any task; a pivot column named by a number; no ``source``: no provenance."""
     rows = [{**GOOD, "experiment": f"analysis/t/h{h}", "task": "analysis", "model": "m", "heads": h,
              "metrics": {"ms": float(h)}} for h in (1, 8)]
-    columns = {"model": "{model}", "1 head": "{1[ms]:.1f}", "8 heads": "{8[ms]:.1f}"}
-    notes = ["* {{ lines | length }} lines, the slowest {{ f(lines | map(attribute='ms') | max, 1) }} ms.", "",
-             "{% if rows | length > 5 %}never{% endif %}", "{{ rows[0].model }} done"]
-    table = ledger.r_lines(lg(rows), select={"experiment": "analysis/t/*"}, columns=columns, by=["model", "heads"],
-                           notes=notes).splitlines()
+    declaration = {"select": {"experiment": "analysis/t/*"}, "rows": "pivot(L(select), 'model', 'heads')",
+                   "columns": {"model": "{{ r.model }}", "1 head": "{{ '%.1f' % r['1'].metrics.ms }}",
+                               "8 heads": "{{ '%.1f' % r['8'].metrics.ms }}"}, "source": "analysis/t/*"}
+    notes = ["* {{ lines | length }} lines, the slowest {{ f(lines | map(attribute='metrics.ms') | max, 1) }} ms.", "",
+             "{% if rows | length > 5 %}never{% endif %}", "{{ rows[0].r.model }} done"]
+    table = ledger.render(lg(rows), {**declaration, "notes": notes}).splitlines()
     assert [re.sub(r" +", " ", ln) for ln in table[:3:2]] == ["| model | 1 head | 8 heads |", "| m | 1.0 | 8.0 |"]
     assert table[3:7] == ["", "* 2 lines, the slowest 8.0 ms.", "", "m done"]
     assert table[7].startswith("* Measured with") and "ledger lines `analysis/t/*`" in table[7]
-    quiet = ledger.r_lines(lg(rows), select={"experiment": "analysis/t/*"}, columns=columns, notes=["{{ '' }}"])
+    quiet = ledger.render(lg(rows), {**declaration, "notes": ["{{ '' }}"]})
     assert quiet.splitlines()[-1].startswith("| m ") and "Measured" not in quiet
-    assert "Measured" not in ledger.r_lines(lg(rows), select={"experiment": "analysis/t/*"}, columns=columns,
-                                             source=False)
+    assert "Measured" not in ledger.render(lg(rows), {**declaration, "source": None})
 
 
 def test_benchmark_lines_from_attention_py_render_the_kernel_tables(tmp_path, monkeypatch):
