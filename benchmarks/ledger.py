@@ -245,14 +245,16 @@ def by_field(rs: list[dict], field: str, name: str) -> dict:
     return {r.get(field): r["metrics"][name] for r in rs if name in r["metrics"]}
 
 
-def newest_with(lg: Ledger, prefix: str, suffix: str, name: str) -> list[dict]:
+def newest_with(lg: Ledger, prefix: str, suffix: str, names) -> list[dict]:
     """Per benchmark ``prefix*`` on the device ``suffix`` (every line of it, ``history``): its newest line holding
-    the metric ``name``, with ``others``, its other lines on the same hardware, and ``lines``, all of them."""
+    the metric ``names`` (a name or a list of them), with ``others``, its other lines on the same hardware, and
+    ``lines``, all of them."""
+    names = [names] if isinstance(names, str) else names
     hist = [r for r in lg.history if r["task"] == "benchmark" and r["experiment"].startswith(prefix)
             and device_of(r) == suffix]
     out = []
     for e in dict.fromkeys(r["experiment"] for r in hist):
-        if full := [r for r in hist if r["experiment"] == e and name in r["metrics"]]:
+        if full := [r for r in hist if r["experiment"] == e and all(n in r["metrics"] for n in names)]:
             last = full[-1]
             others = [r for r in hist if r["experiment"] == e and r is not last and r["hardware"] == last["hardware"]]
             out.append(dict(last, others=others, lines=[last, *others]))
@@ -465,7 +467,9 @@ def helpers(lg: Ledger) -> dict:
         table=lambda spec: render(lg, spec), **{"from": lambda name, values: values[name]},  # map('from', dict)
         traffic_runs=lambda dataset: traffic_runs(lg, dataset), students=lambda ds, m: student_acc(lg, ds, m),
         has=lambda metrics, names: all(n in metrics for n in names), ratio=ratio,
-        newest_with=lambda prefix, suffix, name: newest_with(lg, prefix, suffix, name),
+        newest_with=lambda prefix, suffix, names: newest_with(lg, prefix, suffix, names), BENCH_ATTN=BENCH_ATTN,
+        every=lambda spec: [r for r in lg.history if matches(r, spec)], run_to_run=run_to_run, by_size=by_size,
+        tokens=tokens, PAPER=PAPER,
         pivot=pivot, ordered=ordered, matches=matches, bench=lambda lines, device="": bench(lg, lines, device),
         shape=shape, dims=dims, scores=scores, ms=ms, top_ops=top_ops, L=lg.sel, f=f, rng=rng, paper=paper, SEEDS5=SEEDS5, col=col, avg=avg,
         havg=havg, per_model_avg=per_model_avg, versus=versus, judged=judged,
@@ -499,7 +503,7 @@ def jinja(lg: Ledger):
     return lg.env
 
 
-def r_groups(lg: Ledger, columns: dict, groups: dict | None = None, each: str | None = None, select=None,
+def declared(lg: Ledger, columns: dict, groups: dict | None = None, each: str | None = None, select=None,
              rows=(), expand: bool = False, per: dict | None = None, define: dict | None = None,
              let: dict | None = None, keep: str | None = None, optional=(), notes: list | None = None, source=None,
              bullets: bool = True, **args) -> str:
@@ -615,87 +619,44 @@ def short_label(model: str) -> str:
             "HOT (sum)": "HOT sum"}.get(label, label)
 
 
-GROWTH = (("exp_flops", "analytic FLOPs"), ("exp_fwd", "forward time"), ("exp_fwdbwd", "forward+backward time"),
-          ("exp_mem", "peak memory"))
 BENCH_ATTN = ("kronecker_product", "kronecker_sum", "kronecker_linear", "full", "axial", "divided")
 
 
-def r_growth(lg: Ledger) -> str:
-    """``hoformer bench``'s growth exponents: per attention type the newest line holding all four exponents; the
-    change between runs of the same command (``history``: every line); the time per sample at the recorded sizes."""
-    lines = [r for r in lg.history if r["task"] == "benchmark" and r["experiment"].startswith("bench/growth/")]
-    full = {r["model"]: r for r in lines if all(k in r["metrics"] for k, _ in GROWTH)}
-    assoc = lambda a: "every factor by associativity" in full[a].get("metrics_note", "")
-    table = md(["attention", *(h for _, h in GROWTH)], [
-        [short_label(a) + (", every factor by associativity (see below)" if assoc(a) else ""),
-         *(f"{full[a]['metrics'][k]:.2f}" for k, _ in GROWTH)]
-        for a in sorted(full, key=lambda a: BENCH_ATTN.index(a) if a in BENCH_ATTN else 99)])
-    if not lines:
-        return table
-    out, runs = [table, ""], {}
-    for r in lines:
-        runs.setdefault((r["commit"], r["date"]), {})[r["model"]] = r["metrics"]
-    runs, keys = list(runs.values()), ("exp_fwd", "exp_fwdbwd")
-    if len(runs) > 1:
-        common = [a for a in BENCH_ATTN if all(a in run and all(k in run[a] for k in keys) for run in runs)]
-        d, who, k = max((max(v) - min(v), short_label(a), k) for a in common for k in keys
-                        for v in [[run[a][k] for run in runs]])
-        same = all(len({tuple(sorted(common, key=lambda a: run[a][k])) for run in runs}) == 1 for k in keys)
-        per_run = "; ".join(f"run {i + 1}: " + ", ".join(
-            f"{run[a]['exp_fwd']:.2f} / {run[a]['exp_fwdbwd']:.2f} ({short_label(a)})" for a in common)
-            for i, run in enumerate(runs))
-        out.append(f"* **Run to run** ({len(runs)} runs of the same command), forward / forward+backward exponents: "
-                   f"{per_run}. The largest change between runs is {d:.2f} ({who}, "
-                   f"{'forward' if k == 'exp_fwd' else 'forward+backward'}); the order of the types by exponent "
-                   f"{'is the same in every run' if same else 'changes between runs'}.")
-    timed: dict = {}
-    for r in lines:
+def run_to_run(rs: list[dict], keys: list) -> dict:
+    """The runs of one command among the lines ``rs`` (a run: its commit and date; ``runs``, ``{model: metrics}``
+    each); ``common``, the types of :data:`BENCH_ATTN` with ``keys`` in every run; ``change``, the largest change
+    between runs (its size, the type's label, the key; None without a common type); ``same``, whether the order of
+    the types by each key is the same in every run."""
+    by: dict = {}
+    for r in rs:
+        by.setdefault((r["commit"], r["date"]), {})[r["model"]] = r["metrics"]
+    runs = list(by.values())
+    common = [a for a in BENCH_ATTN if all(a in run and all(k in run[a] for k in keys) for run in runs)]
+    change = max(((max(v) - min(v), short_label(a), k) for a in common for k in keys
+                  for v in [[run[a][k] for run in runs]]), default=None)
+    same = all(len({tuple(sorted(common, key=lambda a: run[a][k])) for run in runs}) == 1 for k in keys)
+    return dict(runs=runs, common=common, change=change, same=same)
+
+
+def by_size(rs: list[dict], prefix: str) -> list:
+    """``[(N, {model: value}), ...]``, N ascending, of the metrics ``PREFIX@N`` of the lines ``rs`` (a later line
+    replaces an earlier one)."""
+    out: dict = {}
+    for r in rs:
         for k, v in r["metrics"].items():
-            if k.startswith("time_fwdbwd_ms@"):
-                timed.setdefault(int(k.split("@")[1]), {})[r["model"]] = v
-    for tokens, by in sorted(timed.items()):
-        out.append(f"* **At {tokens:,} tokens**, forward+backward per sample: "
-                   f"{' vs '.join(f'{by[a]:.0f} ms ({short_label(a)})' for a in BENCH_ATTN if a in by)}" +
-                   (f": full attention takes {by['full'] / by['kronecker_product']:.0f}x the Kronecker product's time"
-                    if {"full", "kronecker_product"} <= set(by) else "") + ".")
-    return "\n".join([*out, f"* {provenance_note(lines, 'bench/growth/*')}"])
+            if k.startswith(prefix + "@"):
+                out.setdefault(int(k.split("@")[1]), {})[r["model"]] = v
+    return sorted(out.items())
 
 
-def r_flops(lg: Ledger) -> str:
-    """Analytic GFLOPs per sample of ``hot_volume_classifier`` per patch size, with the paper's; then the lower bound
-    of full attention's matmuls, ``4 h e N^2 depth`` (``h e`` = width), from the lines' sizes."""
-    lines = lg.sel(task="benchmark", experiment="bench/flops/*")
-    patches = sorted({r["patch"] for r in lines})
-    tokens = {p: next((r["shape"][0] // p) ** len(r["shape"]) for r in lines if r["patch"] == p) for p in patches}
-    kron_paper = f"{paper('hot/flops_224', 'kronecker')} (Kronecker)"
-    pcell = {"kronecker_product": kron_paper, "kronecker_sum": kron_paper, "full": paper("hot/flops_224", "full"),
-             "divided": paper("hot/flops_224", "divided")}
-    body = [[short_label(a), *(f"{by[p]:,g}" if p in by else "-" for p in patches), pcell.get(a, "-")]
-            for a in BENCH_ATTN for by in [{r["patch"]: r["metrics"]["gflops"] for r in lines if r["model"] == a}]
-            if by]
-    heads = [f"patch {p} ({round(tokens[p] ** (1 / 3))}^3 = {tokens[p]:,} tokens)" for p in patches]
-    table = md(["attention, GFLOPs per sample", *heads, "paper (configuration not stated)"], body)
-    if not lines:
-        return table
-    out = [table, ""]
-    if full := [r for r in lines if r["model"] == "full" and r["patch"] == min(patches)]:
-        r, n = full[0], tokens[full[0]["patch"]]
-        bound = 4 * r["dim"] * n ** 2 * r["depth"]
-        out.append(f"* **Full attention's lower bound** at {n:,} tokens: its attention matmuls alone cost "
-                   f"`4 h e N^2 depth` = 4 x {r['dim']} x {n:,}^2 x {r['depth']} = "
-                   f"{bound / 10 ** (e := len(str(int(bound))) - 1):.1f}e{e} FLOPs ({bound / 1e9:,.0f} GFLOPs); "
-                   f"counted: {r['metrics']['gflops']:,g}.")
-    if kron := [r for r in lines if r["model"] == "kronecker_product" and r["patch"] == min(patches)]:
-        g, ref = kron[0]["metrics"]["gflops"], PAPER["hot/flops_224"]["values"]["kronecker"]
-        out.append(f"* **Kronecker against the paper**: {g:,g} GFLOPs, {g / ref:.2f}x the paper's {ref:g} "
-                   f"({PAPER['hot/flops_224']['source']}).")
-    return "\n".join([*out, f"* {provenance_note(lines, 'bench/flops/*')}"])
+def tokens(rs: list[dict], patch: int) -> int | None:
+    """The tokens of the first line of ``rs`` of patch size ``patch``: its volume's side over the patch, to the
+    power of its dimensions; None without one."""
+    r = next((r for r in rs if r.get("patch") == patch), None)
+    return None if r is None else (r["shape"][0] // patch) ** len(r["shape"])
 
 
 # ---------------------------------------------------------------------------------------------- the pages
-RENDER = {k.removeprefix("r_"): v for k, v in dict(globals()).items() if k.startswith("r_")}
-
-
 def tables(rows: list[dict], names=None) -> dict:
     """``{NAME: body}`` of the tables ``names`` (None: every table) of ``results/tables.yaml`` rendered from the
     ledger lines ``rows``."""
@@ -706,7 +667,7 @@ def tables(rows: list[dict], names=None) -> dict:
 
 def render(lg: Ledger, table: dict) -> str:
     """The body of the table declaration ``table`` (an entry of ``results/tables.yaml``)."""
-    return RENDER[table.get("render", "groups")](lg, **{k: v for k, v in table.items() if k != "render"})
+    return declared(lg, **table)
 
 
 TABLES = _yaml("tables.yaml")["tables"]
