@@ -5,17 +5,16 @@
     ...
     <!-- /ledger -->
 
-whose body the entry NAME of ``results/tables.yaml`` renders (a renderer of :data:`RENDER` and its arguments, with
-selectors of ledger lines); a paper's number in the text sits in ``<!-- paper:KEY:VALUE -->...<!-- /paper -->``
+whose body the entry NAME of ``results/tables.yaml`` renders (:func:`declared`, the one renderer: the entry is its
+arguments); a paper's number in the text sits in ``<!-- paper:KEY:VALUE -->...<!-- /paper -->``
 (``results/paper_numbers.yaml``). ``python benchmarks/campaign.py --tables`` rewrites the blocks, ``--check`` fails
 on a stale one. The ledger is loaded once into a pandas DataFrame (:func:`frame`): **the newest line of each
 experiment and seed** stands for it (a re-measurement supersedes the earlier line); only the run-to-run cells of
 the decoding and growth tables read every line (``history``). Markdown is written by ``DataFrame.to_markdown``.
 
-Tables are declared as data: ``render: lines``, one row per benchmark line (or per value of a field), columns as
-format templates (:func:`r_lines`); ``render: groups``, one row per group of lines (or per line, per value of a
-field, per listed entry), columns as Jinja2 templates over :func:`helpers` (:func:`r_groups`); ``render: rows``,
-rows of template cells (:func:`r_rows`). Only the growth and FLOP tables keep renderers of their own.
+Tables are declared as data, one template language: rows from groups of lines, the values of a field, listed
+entries or an expression giving the lines (a benchmark's, :func:`bench`); columns, notes and the provenance as
+Jinja2 templates over the row's variables and :func:`helpers`.
 """
 from __future__ import annotations
 
@@ -156,9 +155,9 @@ def verdict(diffs: list[float], lower_is_better: bool = True) -> str:
     return "ahead" if (hi < 0) == lower_is_better else "behind"
 
 
-def vs(a: dict, b: dict, digits: int = 3) -> str:
-    """:func:`paired` of two ``{seed: value}`` on their common seeds."""
-    return paired([a[s] - b[s] for s in sorted(set(a) & set(b), key=str)], digits)
+def vs(a: dict, b: dict | None, digits: int = 3) -> str:
+    """:func:`paired` of two ``{seed: value}`` on their common seeds; ``-`` without ``b`` (no reference)."""
+    return "-" if b is None else paired([a[s] - b[s] for s in sorted(set(a) & set(b), key=str)], digits)
 
 
 def duration(s) -> str:
@@ -291,11 +290,6 @@ def per_seed_lines(rs: list[dict], seeds: list) -> list[dict] | None:
     return [o[0] for o in out] if all(len(o) == 1 for o in out) else None
 
 
-def against(values: dict, reference: dict | None, digits: int = 3) -> str:
-    """:func:`vs` of ``values`` against ``reference``; ``-`` without a reference."""
-    return "-" if reference is None else vs(values, reference, digits)
-
-
 def horizon_cell(rs: list[dict], horizon: int, metrics: list) -> str:
     """``metrics`` (each a name or alternative names) at ``horizon``: mean ± std over the lines, ``/`` between."""
     values = [[v for r in rs if (v := metric(r, name, horizon)) is not None] for name in metrics]
@@ -425,21 +419,11 @@ def helpers(lg: Ledger) -> dict:
                                                    ", ".join(f"{h}: {v:.3f}" for h, v in per.items())))
         return "; ".join(parts) or NO_RUNS
 
-    def seedwise(spec, model, name, horizon=None):
-        return {r["seed"]: v for r in lg.sel(spec)
-                if r["model"] == model and (v := metric(r, name, horizon)) is not None}
-
-    def per_seed(spec, model, name, horizon=None):
-        """``{seed: value}`` of ``model``; ``horizon="avg"``: each seed's mean over the four horizons."""
-        if horizon != "avg":
-            return seedwise(spec, model, name, horizon)
-        rs = [r for r in lg.sel(spec) if r["model"] == model]
-        return {s: v for s in seeds_of(rs) if (v := horizon_average(rs, s, name)) is not None}
-
     def judged(spec, model, reference, name="test/mse", horizon=None, lower_is_better=True):
         """``[paired difference, seeds, verdict]`` of ``model`` against ``reference`` (:func:`paired`, :func:`verdict`)
         on their common seeds; ``horizon="avg"``: the four-horizon mean of each seed."""
-        a, b = per_seed(spec, model, name, horizon), per_seed(spec, reference, name, horizon)
+        a = by_seed(lg.sel(spec, model=model), name, horizon)
+        b = by_seed(lg.sel(spec, model=reference), name, horizon)
         diffs = [a[s] - b[s] for s in sorted(set(a) & set(b), key=str)]
         return [paired(diffs), len(diffs) or "-", verdict(diffs, lower_is_better)]
 
@@ -458,7 +442,7 @@ def helpers(lg: Ledger) -> dict:
         return NO_RUNS if n == "-" else diff if n == 1 else f"{diff} ({n} seeds)"  # one seed: said by paired
 
     return dict(
-        mean_std=mean_std, paired=paired, verdict=verdict, vs=vs, against=against, duration=duration,
+        mean_std=mean_std, vs=vs, duration=duration,
         epochs_best=epochs_best, metric=metric, LABELS=LABELS, by_seed=by_seed, at_seeds=at_seeds,
         per_seed_lines=per_seed_lines, horizon_cell=horizon_cell, horizons_mean=horizons_mean,
         seed_cell=seed_cell, seed_average=seed_average, hardware_short=hardware_short, seeds_of=seeds_of,
@@ -471,9 +455,10 @@ def helpers(lg: Ledger) -> dict:
         every=lambda spec: [r for r in lg.history if matches(r, spec)], run_to_run=run_to_run, by_size=by_size,
         tokens=tokens, PAPER=PAPER,
         pivot=pivot, ordered=ordered, matches=matches, bench=lambda lines, device="": bench(lg, lines, device),
-        shape=shape, dims=dims, scores=scores, ms=ms, top_ops=top_ops, L=lg.sel, f=f, rng=rng, paper=paper, SEEDS5=SEEDS5, col=col, avg=avg,
+        shape=shape, dims=dims, scores=scores, ms=ms, top_ops=top_ops,
+        L=lg.sel, f=f, rng=rng, paper=paper, SEEDS5=SEEDS5, col=col, avg=avg,
         havg=havg, per_model_avg=per_model_avg, versus=versus, judged=judged,
-        cell=lambda spec, model, name, h=None: mean_std(list(seedwise(spec, model, name, h).values())),
+        cell=lambda spec, model, name, h=None: mean_std(list(by_seed(lg.sel(spec, model=model), name, h).values())),
         mean=lambda spec, name, scale=1: mean(col(spec, name, scale)),
         hw=lambda spec, only=None: hardware_short(picked(spec, only)), seeds=seeds,
         walls=lambda spec: " / ".join(duration(r["wall_s"]) for r in lg.sel(spec)),
