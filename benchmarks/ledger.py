@@ -365,7 +365,7 @@ def paper(key: str, value: str, index: int | None = None) -> str:
 PAPER = _yaml("paper_numbers.yaml")
 
 
-# ------------------------------------------------------------------------------- template helpers, row tables
+# ------------------------------------------------------------------------------------ the templates' functions
 def traffic_runs(lg: Ledger, dataset: str = "los_loop") -> list[dict]:
     """One summary per traffic model: from its per-seed lines (mean and sample std over the seeds, mean wall time per
     run) when it has any, else its line recording a summary over seeds. ``lines``: the lines behind it."""
@@ -492,15 +492,16 @@ def declared(lg: Ledger, columns: dict, groups: dict | None = None, each: str | 
              rows=(), expand: bool = False, per: dict | None = None, define: dict | None = None,
              let: dict | None = None, keep: str | None = None, optional=(), notes: list | None = None, source=None,
              bullets: bool = True, **args) -> str:
-    """A table of one row per group of lines, declared as data. The rows: ``groups`` ({label: selector}; the
+    """The one renderer: the table an entry of ``results/tables.yaml`` declares (its arguments). The rows: ``groups`` ({label: selector}; the
     variables ``label`` and ``rs``, its lines; ``expand``: a row per line ``r`` of each), ``each`` (a field: a row
     per value of it among the lines of ``select``, first appearance first; that field and ``rs``; ``per``: {name:
     [value, ...]}, a row per value of each), then ``rows``: dicts of variables, or lists of template cells (left out
     when the first cell renders empty), or a Jinja2 expression giving one row each (``r``; ``rs``: its ``lines``,
     else itself). ``define``: {name: Jinja2 expression} evaluated once, ``let`` per row; ``keep``: an expression a
     row must satisfy. ``columns``: {head: Jinja2 template} over the row's variables, the table's other arguments and
-    :func:`helpers` (a None template: no such column; ``optional``: heads left out when every cell is ``-`` or
-    empty). ``notes``, ``source`` (the names of the lines, templates): see :func:`finish`; the lines: those of
+    :func:`helpers` (a cell that reads a value the row lacks: ``-``; a None template: no such column; a list: the
+    heads of list rows; ``optional``: heads left out when every cell is ``-`` or empty). ``notes``, ``source`` (the
+    names of the lines, templates): see :func:`finish`; the table's lines: ``define``'s ``lines``, else those of
     ``select``, else of the rows."""
     columns = dict.fromkeys(columns, "") if isinstance(columns, list) else columns  # heads of list rows
     env, columns = jinja(lg), {head: t for head, t in columns.items() if t is not None}
@@ -512,6 +513,7 @@ def declared(lg: Ledger, columns: dict, groups: dict | None = None, each: str | 
             return render(template, v)
         except jinja2.UndefinedError:
             return "-"
+
     args = {**args, "groups": groups, "select": select}
     for name, expression in (define or {}).items():
         args[name] = env.compile_expression(expression)(**args)
@@ -541,8 +543,7 @@ def declared(lg: Ledger, columns: dict, groups: dict | None = None, each: str | 
     table = md([render(h, args) for i, h in enumerate(columns) if i in kept], [[row[i] for i in kept] for row in body])
     names = [render(n, args) for n in ([] if not source else [source] if isinstance(source, str) else source)]
     rs = args["lines"] if "lines" in args else lg.sel(select) if select else list(lines.values())
-    return finish(lg, table, rs, notes, names, bullets,
-                  rows=shown, **args)
+    return finish(lg, table, rs, notes, names, bullets, rows=shown, **args)
 
 
 # ------------------------------------------------------------------------------------ benchmarks and analysis
