@@ -481,7 +481,8 @@ def test_dropout_benchmark_times_every_mask_and_checks_its_keep_rate(tmp_path):
     path = tmp_path / "ledger.jsonl"
     assert dropout.main(["--shape", "1000", "1000", "--reps", "1", "--ledger", str(path)]) == 0
     rows = ledger.read_ledger(path)
-    names = ["bernoulli", "hoformer", "hoformer_torch", "mask_32bit_words", "words_32bit"]
+    names = ["bernoulli", "hoformer", "hoformer_torch", "mask_32bit_words", "words_32bit", "bias_gelu_torch",
+             "bias_gelu_fused"]
     assert [r["experiment"] for r in rows] == [f"bench/dropout/{n}" for n in names]
     for r in rows:
         m = r["metrics"]
@@ -495,6 +496,7 @@ def test_dropout_benchmark_times_every_mask_and_checks_its_keep_rate(tmp_path):
     assert torch.equal(mask != 0, words >= round(-2**31 + 0.1 * 2**32)) and float(mask.max()) == pytest.approx(1 / 0.9)
     table = table_of(rows, "bench/dropout")
     assert "| `bernoulli` " in table and "**1.00**" in table and "| `hoformer_torch` " in table
+    assert "| `bias_gelu_fused` " in table
 
 
 def test_compile_lines_supersede_the_committed_ones_and_ratios_come_from_the_lines(tmp_path):
