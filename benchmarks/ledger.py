@@ -308,7 +308,7 @@ def ratio(m: dict, a: str, b: str, recorded: str | None = None):
     else undefined (a ``-`` cell)."""
     if a in m and m.get(b):
         return m[a] / m[b]
-    return m[recorded] if recorded in m else jinja2.StrictUndefined(name=f"{a}/{b}")
+    return m[recorded] if recorded in m else jinja2.StrictUndefined(obj=m, name=f"{a}/{b}")
 
 
 def ordered(rs: list[dict], field: str, values: list) -> list[dict]:
@@ -508,10 +508,13 @@ def declared(lg: Ledger, columns: dict, groups: dict | None = None, each: str | 
     render = lambda template, v: env.from_string(str(template)).render(v)
 
     def cell(template, v):
-        """A column's cell of the row ``v``: ``-`` where the template reads a value the row lacks."""
+        """A column's cell of the row ``v``: ``-`` where the template reads a field or key the row's values lack; a
+        name the template does not know at all (a typo) stays an error."""
         try:
             return render(template, v)
-        except jinja2.UndefinedError:
+        except jinja2.UndefinedError as e:
+            if str(e).endswith("is undefined"):  # "'nmae' is undefined": not a missing value
+                raise
             return "-"
 
     args = {**args, "groups": groups, "select": select}
