@@ -488,6 +488,22 @@ def jinja(lg: Ledger):
     return lg.env
 
 
+def template_of(env, source: str):
+    """``env.from_string(source)``, compiled once per environment (a table renders the same cells row after row)."""
+    cache = env.__dict__.setdefault("hoformer_templates", {})
+    if source not in cache:
+        cache[source] = env.from_string(source)
+    return cache[source]
+
+
+def expression_of(env, source: str):
+    """``env.compile_expression(source)``, compiled once per environment."""
+    cache = env.__dict__.setdefault("hoformer_expressions", {})
+    if source not in cache:
+        cache[source] = env.compile_expression(source)
+    return cache[source]
+
+
 def declared(lg: Ledger, columns: dict, groups: dict | None = None, each: str | None = None, select=None,
              rows=(), expand: bool = False, per: dict | None = None, define: dict | None = None,
              let: dict | None = None, keep: str | None = None, optional=(), notes: list | None = None, source=None,
@@ -505,7 +521,7 @@ def declared(lg: Ledger, columns: dict, groups: dict | None = None, each: str | 
     ``select``, else of the rows."""
     columns = dict.fromkeys(columns, "") if isinstance(columns, list) else columns  # heads of list rows
     env, columns = jinja(lg), {head: t for head, t in columns.items() if t is not None}
-    render = lambda template, v: env.from_string(str(template)).render(v)
+    render = lambda template, v: template_of(env, str(template)).render(v)
 
     def cell(template, v):
         """A column's cell of the row ``v``: ``-`` where the template reads a field or key the row's values lack; a
@@ -537,8 +553,8 @@ def declared(lg: Ledger, columns: dict, groups: dict | None = None, each: str | 
             continue
         v = {**args, **row}
         for name, expression in (let or {}).items():
-            v[name] = env.compile_expression(expression)(**v)
-        if keep is None or env.compile_expression(keep)(**v):
+            v[name] = expression_of(env, expression)(**v)
+        if keep is None or expression_of(env, keep)(**v):
             body.append([cell(t, v) for t in columns.values()])
             shown.append(v)
             lines.update({id(r): r for r in v.get("rs", [v["r"]] if "r" in v else [])})
@@ -579,7 +595,7 @@ def finish(lg: Ledger, table: str, rs: list[dict], notes: list | None, names, bu
     renders empty: the table alone."""
     if not rs:
         return table
-    out = [t if t == "" else jinja(lg).from_string(t).render({"lines": rs, **context}).strip() for t in notes or []]
+    out = [t if t == "" else template_of(jinja(lg), t).render({"lines": rs, **context}).strip() for t in notes or []]
     below = [o for o, t in zip(out, notes or []) if o or t == ""]
     if (notes and not any(out)) or not (below or names):
         return table
