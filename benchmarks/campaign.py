@@ -159,8 +159,8 @@ class Experiment:
             d.update(lookback=int(get("seq_len")), horizon=int(get("pred_len")), protocol=self.protocol)
         elif self.task == "classification":
             d["size"] = int(get("size", 28))
-            augment = [n for n, on in (("flips", get("flip_augment") in (True, "true")),
-                                       (f"shift{get('shift_augment', 0)}", int(get("shift_augment", 0)) > 0)) if on]
+            shift = int(get("shift_augment", 0))
+            augment = ["flips"] * (get("flip_augment") in (True, "true")) + [f"shift{shift}"] * (shift > 0)
             if augment:
                 d["augment"] = "+".join(augment)
         return d

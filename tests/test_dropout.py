@@ -331,8 +331,8 @@ def test_fused_bias_gelu_dropout_refuses_bad_arguments():
 
 def test_mlp_training_uses_the_fused_pass_and_matches_the_modules():
     """A training ``Mlp`` on float32 CPU input runs the fused op; its output and gradients equal those of its modules
-    run one by one (a forward hook on the GELU forces that path) from the same seed, to float rounding; eval runs
-    the modules themselves."""
+    run one by one (a forward hook on the GELU forces that path) from the same seed, to float rounding; eval and
+    autocast run the modules themselves."""
     from hoformer.layers import Mlp
 
     torch.manual_seed(0)
@@ -367,3 +367,10 @@ def test_mlp_training_uses_the_fused_pass_and_matches_the_modules():
     mlp.eval()
     with torch.no_grad():
         assert torch.equal(mlp(x), mlp.net(x))
+    mlp.train()  # under autocast the modules run as they are (the kernel is float32 only)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not dropout_bits.fuses_bias_gelu(x)
+        torch.manual_seed(2)
+        got = mlp(x)
+        torch.manual_seed(2)
+        assert torch.equal(got, mlp.net(x))

@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-__all__ = ["bias_gelu_dropout", "dropout", "keep_mask", "keep_mask_reference"]
+__all__ = ["bias_gelu_dropout", "dropout", "fuses_bias_gelu", "keep_mask", "keep_mask_reference"]
 
 _SOURCE = Path(__file__).with_name("csrc") / "dropout_bits.c"
 _GAMMA, _M1, _M2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # SplitMix64's constants
@@ -233,23 +233,28 @@ class _BiasGeluDropout(torch.autograd.Function):
         return gh, partial.sum(0).to(d.dtype), None, None
 
 
+def fuses_bias_gelu(x: torch.Tensor, training: bool = True) -> bool:
+    """Whether :func:`bias_gelu_dropout` runs its C kernel on ``x`` (or on a linear map's output of ``x``): training,
+    float32 on the CPU, outside autocast and traced code, the kernel built."""
+    return (training and x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+            and not torch.compiler.is_compiling() and _library() is not None)
+
+
 def bias_gelu_dropout(h: torch.Tensor, bias: torch.Tensor, p: float = 0.0, training: bool = True) -> torch.Tensor:
     """``dropout(gelu(h + bias), p, training)`` (the exact, erf GELU; :func:`dropout`'s masks): the hidden activation
     of an MLP whose first linear map left out its bias. On a float32 CPU tensor in training, one pass of the C
     kernel forward (the bias add, the GELU, the mask, and the masked GELU derivative, the one tensor kept) and one
     backward (the product with the gradient and the bias gradient's column sums). Its erf is Abramowitz & Stegun
     7.1.26, the approximation of ATen's vectorised float erf, so it agrees with :func:`torch.nn.functional.gelu`
-    to float32 rounding (about ``1e-7`` of the value). Elsewhere (eval, other dtypes or devices, traced code, no C
-    compiler) the three
-    operations of torch and :func:`dropout`. ``bias``: ``(h.shape[-1],)``; ``0 <= p <= 1``."""
+    to float32 rounding (about ``1e-7`` of the value). Elsewhere (eval, other dtypes or devices, autocast, traced
+    code, no C compiler: :func:`fuses_bias_gelu`) the three operations of torch and :func:`dropout`. ``bias``:
+    ``(h.shape[-1],)``; ``0 <= p <= 1``."""
     if not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
         raise ValueError(f"bias_gelu_dropout: `p` must be a probability in [0, 1], got {p!r}")
     if bias.ndim != 1 or bias.shape[0] != h.shape[-1]:
         raise ValueError(f"bias_gelu_dropout: `bias` must have shape ({h.shape[-1]},) (h's last dimension), got "
                          f"{tuple(bias.shape)}")
-    fast = (training and p < 1.0 and h.device.type == "cpu" and h.dtype == bias.dtype == torch.float32
-            and not torch.compiler.is_compiling() and _library() is not None)
-    if not fast:
+    if not (fuses_bias_gelu(h, training) and p < 1.0 and bias.dtype == torch.float32):
         return dropout(F.gelu(h + bias), p, training)
     seed = _draw_seed(None) if p > 0.0 else torch.zeros((), dtype=torch.int64)  # p = 0 draws nothing
     return _BiasGeluDropout.apply(h.contiguous(), bias.contiguous(), seed, p)

@@ -16,7 +16,7 @@ from .attention import build_attention
 from ._common import CheckedMasks
 from .decoding import _check_caches, _check_eval, _check_step_input, _check_max_steps
 from .dropout import Dropout
-from hoformer.functional.dropout_bits import bias_gelu_dropout
+from hoformer.functional.dropout_bits import bias_gelu_dropout, fuses_bias_gelu
 
 __all__ = ["Mlp", "SwiGLU", "RMSNorm", "DropPath", "PatchEmbed", "Block", "Encoder"]
 
@@ -40,10 +40,11 @@ class RMSNorm(nn.Module):
 class Mlp(nn.Module):
     """``Linear -> GELU -> Dropout -> Linear -> Dropout``; ``bias``: biases on both linear maps.
 
-    Training on float32 CPU tensors, the first bias, the GELU and the dropout run as one fused pass
-    (:func:`hoformer.functional.bias_gelu_dropout`, the same masks as :class:`Dropout`; its GELU agrees with
-    :func:`torch.nn.functional.gelu` to within float rounding), unless a hook is registered on one of the three
-    modules; eval mode, other dtypes and devices run the modules one by one."""
+    Training on float32 CPU tensors (:func:`hoformer.functional.fuses_bias_gelu`), the first bias, the GELU and the
+    dropout run as one fused pass (:func:`hoformer.functional.bias_gelu_dropout`, the same masks as
+    :class:`Dropout`; its GELU agrees with :func:`torch.nn.functional.gelu` to within float rounding), unless a hook
+    is registered on one of the three modules; otherwise (eval mode, other dtypes and devices, autocast, traced
+    code) the modules run one by one."""
 
     def __init__(self, dim: int, hidden: int, out: int | None = None, dropout: float = 0.0, bias: bool = True) -> None:
         super().__init__()
@@ -54,8 +55,8 @@ class Mlp(nn.Module):
 
     def forward(self, x):
         fc1, act, drop, fc2, drop2 = self.net
-        if (self.training and fc1.bias is not None and x.device.type == "cpu" and x.dtype == torch.float32
-                and type(act) is nn.GELU and act.approximate == "none" and isinstance(drop, nn.Dropout)
+        if (fuses_bias_gelu(x, self.training) and fc1.bias is not None and type(act) is nn.GELU
+                and act.approximate == "none" and isinstance(drop, nn.Dropout)
                 and not any(m._forward_hooks or m._forward_pre_hooks for m in (fc1, act, drop))
                 and not (nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks)):
             return drop2(fc2(bias_gelu_dropout(F.linear(x, fc1.weight), fc1.bias, drop.p)))

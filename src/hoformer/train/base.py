@@ -21,6 +21,7 @@ import numpy as np
 
 import lightning as L
 import torch
+from lightning.pytorch.plugins.precision import MixedPrecision
 from torch.utils.data import DataLoader, RandomSampler
 
 from hoformer._checks import check_values
@@ -257,8 +258,6 @@ class TaskModule(L.LightningModule):
         return self.shared_step(batch, "test")
 
     def configure_optimizers(self):
-        from lightning.pytorch.plugins.precision import MixedPrecision
-
         # Lightning refuses gradient clipping with a fused step under mixed precision (it unscales inside the step)
         clipped_mixed = bool(self.trainer.gradient_clip_val) and isinstance(self.trainer.precision_plugin,
                                                                             MixedPrecision)

@@ -40,9 +40,8 @@ class Optimization:
         gamma: per-epoch factor of the exponential schedule.
         fused: PyTorch's fused (one-kernel) Adam / AdamW step: ``None`` (default) uses it when every parameter is on
             the CPU or every one on a CUDA device (per-parameter loops and kernel launches dominate the default step
-            of small models), except
-            with mixed precision and gradient clipping, which Lightning refuses for a fused step; the arithmetic is
-            the same as the default implementation's up to float rounding.
+            of small models), except with mixed precision and gradient clipping, which Lightning refuses for a fused
+            step; the arithmetic is the same as the default implementation's up to float rounding.
     """
 
     optimizer: Literal["adamw", "adam"] = "adamw"

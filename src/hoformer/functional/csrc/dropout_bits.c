@@ -52,8 +52,7 @@ DROPOUT_BITS(hoformer_dropout_bits_f64, double)
  * 1 + erf(u) is 2 - erfc(u) for u >= 0 and erfc(-u) otherwise, erfc(z) = t P(t) e^(-z^2), t = 1 / (1 + p z)
  * (Abramowitz & Stegun 7.1.26, absolute error below 1.5e-7, the approximation of ATen's vectorised float erf),
  * e^x by Cody-Waite reduction and Cephes' degree-6 polynomial: branch-free float arithmetic that the compiler
- * vectorises. Float32 only (other dtypes take torch's
- * operations). */
+ * vectorises. Float32 only (other dtypes take torch's operations). */
 #include <string.h>
 
 static inline float exp_neg(float x) { /* e^x for x <= 88; 0 below -87 */
