@@ -216,9 +216,11 @@ def test_plans_follow_the_priority_list(data_root, tmp_path, monkeypatch, capsys
     table6 = [n for n in paper if "adrenal_hot_product_p" in n]
     assert len(table6) == 2 * 4 * 4
     cpu = campaign.cpu_plan()
-    assert [e.name for e in cpu] == [f"hot/ltsf/etth1_96_{h}_{v}+es10" for h in (96, 720, 192, 336)
+    assert [e.name for e in cpu] == [f"hot/ltsf/etth1_96_{h}_{v}+es10" + ("" if s == 2024 else f"+s{s}")
+                                     for s in (2024, 2025, 2026) for h in (96, 720, 192, 336)
                                      for v in ("hot_product", "spatial")]
     assert all(e.patience == 10 and e.scale == "paper" for e in cpu)
+    assert [e.extra for e in cpu[::8]] == [(), ("--seed_everything=2025",), ("--seed_everything=2026",)]
     # the plan the running campaigns use, unchanged
     assert [e.name for e in campaign.protocol_plan()] == [
         f"hot/ltsf_hot/weather_96_{v}+es3" + ("" if s == 2024 else f"+s{s}") for s in (2024, 2025, 2026)
@@ -242,7 +244,7 @@ def test_plans_follow_the_priority_list(data_root, tmp_path, monkeypatch, capsys
 def test_dry_run_smoke_tests_and_prints_a_plan(data_root, monkeypatch, tmp_path, capsys):
     """``--dry-run`` smoke-tests the planned runs for one short epoch on the CPU and plans with the measured step
     times (here the cheapest paper-size ETTh1 run)."""
-    rc = campaign.main(["--dry-run", "--budget-min", "9", "--only", "*96_96_spatial*", "--parallel", "1",
+    rc = campaign.main(["--dry-run", "--budget-min", "9", "--only", "*96_96_spatial+es10", "--parallel", "1",
                         "--out", str(tmp_path / "out"), "--ledger", str(tmp_path / "none.jsonl"), "--new-ledger"],
                        runner=in_process)
     out = capsys.readouterr().out
