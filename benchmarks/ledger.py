@@ -8,13 +8,12 @@
 whose body the entry NAME of ``results/tables.yaml`` renders (:func:`declared`, the one renderer: the entry is its
 arguments); a paper's number in the text sits in ``<!-- paper:KEY:VALUE -->...<!-- /paper -->``
 (``results/paper_numbers.yaml``). ``python benchmarks/campaign.py --tables`` rewrites the blocks, ``--check`` fails
-on a stale one. The ledger is loaded once into a pandas DataFrame (:func:`frame`): **the newest line of each
+on a stale one. The ledger is loaded once into a pandas DataFrame (:class:`Ledger`): **the newest line of each
 experiment and seed** stands for it (a re-measurement supersedes the earlier line); only the run-to-run cells of
 the decoding and growth tables read every line (``history``). Markdown is written by ``DataFrame.to_markdown``.
 
-Tables are declared as data, one template language: rows from groups of lines, the values of a field, listed
-entries or an expression giving the lines (a benchmark's, :func:`bench`); columns, notes and the provenance as
-Jinja2 templates over the row's variables and :func:`helpers`.
+Tables are declared as data, one template language: Jinja2 over the row's variables and :func:`helpers` (this
+module's functions, those reading the ledger, and the macros of ``results/tables.yaml``).
 """
 from __future__ import annotations
 
@@ -27,14 +26,18 @@ import sys
 from pathlib import Path
 
 import jinja2
+import pandas as pd
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))  # the hoformer of this checkout, whatever is installed
 from hoformer.results import (LedgerError, add_ledger_argument, append_benchmarks, append_ledger,  # noqa: E402,F401
-                              benchmark_command, benchmark_line, commit, device_suffix, hardware, provenance)
+                              commit, device_suffix, hardware)
 from hoformer import results  # noqa: E402
 
 LEDGER = ROOT / "results" / "ledger.jsonl"
+SPEC, PAPER = (yaml.safe_load((ROOT / "results" / name).read_text()) for name in ("tables.yaml", "paper_numbers.yaml"))
+TABLES = SPEC["tables"]
 TABLE_RE = re.compile(r"(<!-- ledger:(?P<name>[\w./-]+) -->\n)(?P<body>.*?)(<!-- /ledger -->)", re.S)
 PAPER_RE = re.compile(r"(<!-- paper:(?P<key>[\w./-]+):(?P<value>\w+) -->)(?P<body>.*?)(<!-- /paper -->)")
 MARK_RE = re.compile(r"<!-- (ledger:[\w./-]+|/ledger|paper:[\w./:-]+|/paper) -->")
@@ -44,31 +47,12 @@ LABELS = {"hot_product": "HOT (product)", "hot_sum": "HOT (sum)", "full": "Trans
           "spatial": "Transformer (spatial)", "temporal": "Transformer (temporal)", "hot_causal": "causal HOT product",
           "kronecker_product": "Kronecker product", "kronecker_sum": "Kronecker sum", "axial": "axial",
           "kronecker_linear": "Kronecker linear (FAVOR+)", "divided": "divided", "cnn3d": "3D CNN"}
+SHORT = {**LABELS, "full": "full attention", "hot_product": "HOT product", "hot_sum": "HOT sum"}  # analysis tables
+BENCH_ATTN = ("kronecker_product", "kronecker_sum", "kronecker_linear", "full", "axial", "divided")
+read_ledger = lambda path=LEDGER: results.read_ledger(path)  # every line of the ledger, each checked
 
 
-def read_ledger(path: Path = LEDGER) -> list[dict]:
-    return results.read_ledger(path)
-
-
-def _yaml(name: str) -> dict:
-    import yaml
-
-    return yaml.safe_load((ROOT / "results" / name).read_text())
-
-
-# --------------------------------------------------------------------------------------- frame and selection
-def frame(rows: list[dict]):
-    """The ledger as a DataFrame, one row per line (``line``: the line itself) in ledger order: the newest line of
-    each experiment and seed (a line that records no seed: the newest line of its experiment)."""
-    import pandas as pd
-
-    df = pd.DataFrame({"line": rows, "experiment": [r["experiment"] for r in rows],
-                       "key": [r["experiment"] + "|" + json.dumps(r["seed"]) for r in rows]})
-    df = df.drop_duplicates("key", keep="last")
-    unseeded = df["line"].map(lambda r: r["seed"] is None)  # a line of no recorded seed: superseded by any later one
-    return df[~(unseeded & df.duplicated("experiment", keep="last"))]
-
-
+# --------------------------------------------------------------------------------------- the ledger, selection
 def _match(value, want) -> bool:
     if isinstance(want, list):
         pos, neg = [w for w in want if not str(w).startswith("!")], [w[1:] for w in want if str(w).startswith("!")]
@@ -79,39 +63,140 @@ def _match(value, want) -> bool:
 
 
 def matches(r: dict, spec: dict) -> bool:
-    """Whether the line ``r`` matches the selector ``spec`` ({field: value, glob or list})."""
+    """Whether the line ``r`` matches the selector ``spec`` ({field: value, glob or list; ``!``: not})."""
     return all(_match(r.get(k), v) for k, v in spec.items())
 
 
 class Ledger:
-    """The loaded ledger: :meth:`sel` picks the newest lines matching a selector; ``history``: every line."""
+    """The loaded ledger. ``df``: one row per line (``line``: the line itself) in ledger order, the newest line of
+    each experiment and seed (a line that records no seed: superseded by any later line of its experiment);
+    ``history``: every line. The methods are the templates' functions that read it (a selector: a name of the
+    ``selectors`` of ``results/tables.yaml`` or a dict)."""
 
-    def __init__(self, rows: list[dict], selectors: dict | None = None) -> None:
-        self.history, self.df = rows, frame(rows)
-        self.selectors = selectors if selectors is not None else _yaml("tables.yaml")["selectors"]
+    def __init__(self, rows: list[dict]) -> None:
+        df = pd.DataFrame({"line": rows, "experiment": [r["experiment"] for r in rows],
+                           "seed": [json.dumps(r["seed"]) for r in rows]})
+        df = df.drop_duplicates(["experiment", "seed"], keep="last")
+        self.history, self.df = rows, df[~((df["seed"] == "null") & df.duplicated("experiment", keep="last"))]
+        env = self.env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False,
+                                            finalize=lambda v: "-" if v is None else v)  # a missing value prints as -
+        env.globals.update(helpers(self))
+        env.filters.update({k: v for k, v in env.globals.items() if callable(v) and k not in env.filters})
+        env.tests.update(has=has, matches=matches)  # selectattr('metrics', 'has', [name, ...])
+        macros = env.from_string(SPEC["macros"]).module  # after the functions, which the macros call
+        env.globals.update({k: getattr(macros, k) for k in dir(macros) if not k.startswith("_")})
+        self.compiled: dict = {}
 
     def sel(self, spec=None, **more) -> list[dict]:
-        spec = {**(self.selectors[spec] if isinstance(spec, str) else spec or {}), **more}
-        mask = self.df["line"].map(lambda r: matches(r, spec))
-        return list(self.df["line"][mask])
+        """The newest lines matching the selector ``spec`` and the fields ``more``."""
+        spec = {**(SPEC["selectors"][spec] if isinstance(spec, str) else spec or {}), **more}
+        return [r for r in self.df["line"] if matches(r, spec)]
+
+    def template(self, source: str, expression: bool = False):
+        """The template (or ``expression``) ``source``, compiled once (a table renders the same cells row after row)."""
+        if (source, expression) not in self.compiled:
+            self.compiled[source, expression] = (self.env.compile_expression if expression else self.env.from_string)(
+                source)
+        return self.compiled[source, expression]
+
+    def bench(self, lines: str, device: str | list = "") -> list[dict]:
+        """The benchmark lines of the experiment glob ``lines`` measured on ``device`` (or on each of a list; ``""``:
+        CPU, fp32): a GPU line never stands in a CPU table, nor a CPU line in a GPU one."""
+        return [r for d in ([device] if isinstance(device, str) else device)
+                for r in self.sel(task="benchmark", experiment=lines + d) if device_of(r) == d]
+
+    def newest_with(self, prefix: str, suffix: str, names) -> list[dict]:
+        """Per benchmark ``prefix*`` on the device ``suffix`` (every line of it, ``history``): its newest line holding
+        the metrics ``names`` (a name or a list), with ``others``, its other lines on the same hardware, and
+        ``lines``, all of them."""
+        names = [names] if isinstance(names, str) else names
+        hist = [r for r in self.history if r["task"] == "benchmark" and r["experiment"].startswith(prefix)
+                and device_of(r) == suffix]
+        out = []
+        for e in dict.fromkeys(r["experiment"] for r in hist):
+            if full := [r for r in hist if r["experiment"] == e and has(r["metrics"], names)]:
+                others = [r for r in hist if r["experiment"] == e and r is not full[-1]
+                          and r["hardware"] == full[-1]["hardware"]]
+                out.append(dict(full[-1], others=others, lines=[full[-1], *others]))
+        return out
+
+    def traffic_runs(self, dataset: str = "los_loop") -> list[dict]:
+        """One summary per traffic model: from its per-seed lines (mean and sample std over the seeds, mean wall time
+        per run) when it has any, else its line recording a summary over seeds. ``lines``: the lines behind it."""
+        out = []
+        for model in dict.fromkeys(r["model"] for r in self.sel(task="traffic", dataset=dataset)):
+            mine = self.sel(task="traffic", dataset=dataset, model=model)
+            lines = sorted([r for r in mine if isinstance(r["seed"], int)], key=lambda r: r["seed"])
+            if not lines:
+                out += [dict(r, lines=[r]) for r in mine]
+                continue
+            vals = {k: [r["metrics"][k] for r in lines] for k in lines[0]["metrics"]
+                    if all(k in r["metrics"] for r in lines)}
+            out.append(dict(lines[-1], metrics={k: mean(v) for k, v in vals.items()}, seed=[r["seed"] for r in lines],
+                            metrics_std={k: statistics.stdev(v) for k, v in vals.items()} if len(lines) > 1 else {},
+                            wall_s=mean([r["wall_s"] for r in lines]), lines=lines))
+        return out
+
+    def avg(self, spec, name="test/mse", seeds=None):
+        """The mean over ``seeds`` (None: those of the lines) of each seed's four-horizon mean of ``name`` (or the
+        first of several names a line has); None unless each has one."""
+        rs = self.sel(spec)
+        vals = [horizon_average(rs, s, name) for s in (seeds if seeds is not None else seeds_of(rs))]
+        return None if not vals or None in vals else mean(vals)
+
+    def per_model_avg(self, spec) -> str:
+        """Per model of ``spec``: its four-horizon mean test MSE, else its value per horizon."""
+        rs, parts = self.sel(spec), []
+        for m in dict.fromkeys(r["model"] for r in rs):
+            per = {h: mean([r["metrics"]["test/mse"] for r in rs if r["model"] == m and r["horizon"] == h])
+                   for h in sorted({r["horizon"] for r in rs if r["model"] == m})}
+            parts.append(f"{LABELS.get(m, m)} " + (f"{mean(list(per.values())):.3f}" if tuple(per) == HORIZONS else
+                                                   ", ".join(f"{h}: {v:.3f}" for h, v in per.items())))
+        return "; ".join(parts) or NO_RUNS
+
+    def judged(self, spec, model, reference, name="test/mse", horizon=None, lower_is_better=True) -> list:
+        """``[paired difference, seeds, verdict]`` of ``model`` against ``reference`` (:func:`paired`,
+        :func:`verdict`) on their common seeds; ``horizon="avg"``: the four-horizon mean of each seed."""
+        a, b = (by_seed(self.sel(spec, model=m), name, horizon) for m in (model, reference))
+        diffs = [a[s] - b[s] for s in sorted(set(a) & set(b), key=str)]
+        return [paired(diffs), len(diffs) or "-", verdict(diffs, lower_is_better)]
+
+    def seeds(self, spec, only=None, listed=False) -> str:
+        """How many seeds the lines of ``spec`` (of the seeds ``only``) have, or (``listed``) which; ``-`` without."""
+        found = [s for s in seeds_of(self.sel(spec, seed=only) if only else self.sel(spec)) if s is not None]
+        return "-" if not found else ", ".join(map(str, found)) if listed else str(len(found))
+
+
+def helpers(lg: Ledger) -> dict:
+    """The names the templates of ``results/tables.yaml`` use: this module's functions and constants, the methods of
+    the ledger ``lg`` and a few shorthands."""
+    own = {k: v for k, v in globals().items() if not k.startswith("_") and (k.isupper() or getattr(
+        v, "__module__", None) == __name__)}
+    methods = {k: getattr(lg, k) for k in vars(Ledger) if not k.startswith("_")}
+    return {**own, **methods, "L": lg.sel, "prod": math.prod, "from": lambda name, values: values[name],
+            "every": lambda spec: [r for r in lg.history if matches(r, spec)], "table": lambda t: declared(lg, **t),
+            "col": lambda spec, name, scale=1: [scale * v for r in lg.sel(spec) if (v := metric(r, name)) is not None],
+            "students": lambda ds, m: {r["seed"]: 100 * r["metrics"]["test/acc"] for r in sorted(
+                lg.sel(task="text", dataset=ds, model=m, role="student"), key=lambda r: r["seed"])}}
 
 
 # ------------------------------------------------------------------------------------------------ formatting
 def md(head: list[str], body: list[list]) -> str:
     """A markdown table (tabulate through ``DataFrame.to_markdown``); without rows, one row saying so."""
-    import pandas as pd
-
     body = body or [[NO_RUNS] + [""] * (len(head) - 1)]
     return pd.DataFrame([[str(c) for c in r] for r in body], columns=head).to_markdown(
         index=False, tablefmt="github", disable_numparse=True)
 
 
-def f(v, digits: int = 3) -> str:
-    return "-" if v is None else f"{v:.{digits}f}"
-
-
-def mean(vals):
-    return sum(vals) / len(vals) if vals else None
+f = lambda v, digits=3: "-" if v is None else f"{v:.{digits}f}"  # a value, ``-`` for None
+mean = lambda vals: sum(vals) / len(vals) if vals else None
+rng = lambda vals, digits=2: f"{min(vals):.{digits}f}-{max(vals):.{digits}f}" if vals else "-"
+sr = lambda v: "" if v is None else f"{v:.4g}"  # a logged stable rank as recorded (4 significant digits at most)
+shape = lambda v: "(" + ",".join(map(str, v)) + ")"  # [16, 16, 16] -> (16,16,16)
+ms = lambda v: f"{v:.0f}" if v >= 100 else f"{v:.1f}"  # a time: one decimal below 100
+short_label = lambda model: SHORT.get(model, model)  # an attention type in the analysis tables: ``HOT product``
+has = lambda metrics, names: all(n in metrics for n in names)
+objective = lambda r: r["metrics"].get(r.get("objective", "val/mae"))  # a tuning trial's (``val/mae`` by default)
 
 
 def mean_std(vals: list[float], digits: int = 3) -> str:
@@ -132,10 +217,8 @@ def interval(diffs: list[float]) -> tuple[float, float]:
 
 def paired(diffs: list[float], digits: int = 3) -> str:
     """The paired difference over seeds: mean and its 95 % Student-t interval, ``within noise`` when it covers 0."""
-    if not diffs:
-        return "-"
-    if len(diffs) == 1:
-        return f"{diffs[0]:.{digits}f} (1 seed, no interval)"
+    if len(diffs) < 2:
+        return f"{diffs[0]:.{digits}f} (1 seed, no interval)" if diffs else "-"
     lo, hi = interval(diffs)
     return f"{mean(diffs):.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]" + (" within noise" if lo <= 0 <= hi else "")
 
@@ -145,14 +228,10 @@ def verdict(diffs: list[float], lower_is_better: bool = True) -> str:
     95 % interval excludes 0, ``level (within noise)`` when it covers 0; fewer than :data:`VERDICT_SEEDS` seeds
     give no verdict (two seeds' interval rests on one degree of freedom: two nearly equal differences give a narrow
     interval by chance)."""
-    if not diffs:
-        return "not run yet"
     if len(diffs) < VERDICT_SEEDS:
-        return f"{len(diffs)} seed{'s' * (len(diffs) > 1)}: no verdict"
+        return f"{len(diffs)} seed{'s' * (len(diffs) > 1)}: no verdict" if diffs else "not run yet"
     lo, hi = interval(diffs)
-    if lo <= 0 <= hi:
-        return "level (within noise)"
-    return "ahead" if (hi < 0) == lower_is_better else "behind"
+    return "level (within noise)" if lo <= 0 <= hi else "ahead" if (hi < 0) == lower_is_better else "behind"
 
 
 def vs(a: dict, b: dict | None, digits: int = 3) -> str:
@@ -161,16 +240,10 @@ def vs(a: dict, b: dict | None, digits: int = 3) -> str:
 
 
 def duration(s) -> str:
-    if s is None:
-        return "-"
-    if s < 3600:
-        return f"{s:.0f} s"
+    if s is None or s < 3600:
+        return "-" if s is None else f"{s:.0f} s"
     h, m = divmod(round(s / 60), 60)
     return f"{h} h {m} min" if h else f"{m} min"
-
-
-def rng(vals, digits: int = 2) -> str:
-    return f"{min(vals):.{digits}f}-{max(vals):.{digits}f}" if vals else "-"
 
 
 def seeds_of(rs: list[dict]) -> list:
@@ -188,19 +261,15 @@ def epochs_best(r: dict) -> str:
     if r.get("epochs") is None:
         return "-"
     best = "" if r.get("best_epoch") is None else f" ({r['best_epoch']})"
-    by_hand = (r.get("stopping") or {}).get("stopped_by_hand")
-    return f"{r['epochs']}{best}" + (", stopped by hand" if by_hand else "")
+    return f"{r['epochs']}{best}" + (", stopped by hand" if (r.get("stopping") or {}).get("stopped_by_hand") else "")
 
 
 def metric(r: dict, names, horizon: int | None = None):
     """The first of ``names`` the line has; with ``horizon``: ``NAME@horizon`` or ``NAME`` of a line of that horizon."""
     for name in (names,) if isinstance(names, str) else names:
-        if horizon is None and name in r["metrics"]:
-            return r["metrics"][name]
-        if horizon is not None and f"{name}@{horizon}" in r["metrics"]:
-            return r["metrics"][f"{name}@{horizon}"]
-        if horizon is not None and r.get("horizon") == horizon and name in r["metrics"]:
-            return r["metrics"][name]
+        for key in [name] if horizon is None else [f"{name}@{horizon}", *[name] * (r.get("horizon") == horizon)]:
+            if key in r["metrics"]:
+                return r["metrics"][key]
     return None
 
 
@@ -214,69 +283,13 @@ def horizon_average(rs: list[dict], seed, name: str = "test/mse", horizons=HORIZ
     return whole[0] if len(whole) == 1 and whole[0] is not None else None
 
 
-def by_seed(rs: list[dict], name: str = "test/mse", horizon=None, scale=1) -> dict:
+def by_seed(rs: list[dict], name: str = "test/mse", horizon=None, scale=1, key: str = "seed") -> dict:
     """``{seed: scale * value}`` of ``name`` (at ``horizon``; ``"avg"``: each seed's mean over the four horizons) of
-    the lines ``rs`` of one seed (a line of a list of seeds records a summary over them)."""
+    the lines ``rs`` of one seed (a line of a list of seeds records a summary over them); ``key``: another field."""
     if horizon == "avg":
         return {s: scale * v for s in seeds_of(rs) if (v := horizon_average(rs, s, name)) is not None}
-    return {r["seed"]: scale * v for r in rs if not isinstance(r["seed"], list)
+    return {r.get(key): scale * v for r in rs if not isinstance(r["seed"], list)
             and (v := metric(r, name, horizon)) is not None}
-
-
-def threads(r: dict) -> str:
-    """``, N thread(s)`` where a line's hardware says how many threads it ran on."""
-    th = re.search(r"(\d+) thread", r["hardware"])
-    return f", {th[1]} thread" + "s" * (th[1] != "1") if th else ""
-
-
-def objective(r: dict):
-    """A tuning trial's objective (``val/mae`` unless it names another)."""
-    return r["metrics"].get(r.get("objective", "val/mae"))
-
-
-def best_trial(rs: list[dict]) -> dict | None:
-    """The complete trial of the lowest :func:`objective`."""
-    return min((r for r in rs if r["state"] == "complete" and objective(r) is not None), key=objective, default=None)
-
-
-def by_field(rs: list[dict], field: str, name: str) -> dict:
-    """``{value of field: metric name}`` of the lines ``rs`` that have it."""
-    return {r.get(field): r["metrics"][name] for r in rs if name in r["metrics"]}
-
-
-def newest_with(lg: Ledger, prefix: str, suffix: str, names) -> list[dict]:
-    """Per benchmark ``prefix*`` on the device ``suffix`` (every line of it, ``history``): its newest line holding
-    the metric ``names`` (a name or a list of them), with ``others``, its other lines on the same hardware, and
-    ``lines``, all of them."""
-    names = [names] if isinstance(names, str) else names
-    hist = [r for r in lg.history if r["task"] == "benchmark" and r["experiment"].startswith(prefix)
-            and device_of(r) == suffix]
-    out = []
-    for e in dict.fromkeys(r["experiment"] for r in hist):
-        if full := [r for r in hist if r["experiment"] == e and all(n in r["metrics"] for n in names)]:
-            last = full[-1]
-            others = [r for r in hist if r["experiment"] == e and r is not last and r["hardware"] == last["hardware"]]
-            out.append(dict(last, others=others, lines=[last, *others]))
-    return out
-
-
-def seed_cell(rs: list[dict], horizon, names=("test/mse", "test/mae")) -> str:
-    """``names`` at ``horizon``: mean ± std over the seeds, ``/`` between; ``-`` without the first."""
-    per = [list(by_seed(rs, name, horizon).values()) for name in names]
-    return " / ".join(mean_std(v) for v in per) if per[0] else "-"
-
-
-def seed_average(rs: list[dict], names=("test/mse", "test/mae")) -> str:
-    """The mean over the four horizons of each of ``names`` (a horizon's value: the mean over the seeds), bold;
-    ``-`` unless every horizon has the first."""
-    means = [[mean(list(by_seed(rs, n, h).values())) for n in names] for h in HORIZONS if by_seed(rs, names[0], h)]
-    return "**" + " / ".join(f"{mean(m):.3f}" for m in zip(*means)) + "**" if len(means) == len(HORIZONS) else "-"
-
-
-def spread(r: dict, name: str) -> str:
-    """``mean ± std`` of a line recording a summary over seeds (``metrics_std``), else its value; ``-``."""
-    v, s = r["metrics"].get(name), r.get("metrics_std", {}).get(name)
-    return "-" if v is None else f"{v:.3f}" + ("" if s is None else f" ± {s:.3f}")
 
 
 def at_seeds(values: dict, seeds: list) -> dict | None:
@@ -303,6 +316,12 @@ def horizons_mean(rs: list[dict], metrics: list, horizons=HORIZONS) -> str:
     return " / ".join(f"{mean(m):.3f}" for m in means if len(m) == len(horizons)) or "-"
 
 
+def spread(r: dict, name: str) -> str:
+    """``mean ± std`` of a line recording a summary over seeds (``metrics_std``), else its value; ``-``."""
+    v, s = r["metrics"].get(name), r.get("metrics_std", {}).get(name)
+    return "-" if v is None else f"{v:.3f}" + ("" if s is None else f" ± {s:.3f}")
+
+
 def ratio(m: dict, a: str, b: str, recorded: str | None = None):
     """``m[a] / m[b]`` of the metrics ``m``; without both, the metric ``recorded`` (a ratio the line recorded itself);
     else undefined (a ``-`` cell)."""
@@ -311,272 +330,25 @@ def ratio(m: dict, a: str, b: str, recorded: str | None = None):
     return m[recorded] if recorded in m else jinja2.StrictUndefined(obj=m, name=f"{a}/{b}")
 
 
+def fast_over_naive(m: dict, k: str) -> float | None:
+    """The triplet kernel's metric ``k`` over Algorithm 1's (the metrics ``fast_k`` / ``naive_k`` of one line)."""
+    return m[f"fast_{k}"] / m[f"naive_{k}"] if f"fast_{k}" in m and f"naive_{k}" in m else None
+
+
+def span(vals, spec: str | None = None) -> str:
+    """``min-max`` of ``vals`` (one value when they print alike) in the format ``spec`` (None: :data:`sr`)."""
+    fmt = sr if spec is None else lambda v: format(v, spec)
+    return fmt(min(vals)) if fmt(min(vals)) == fmt(max(vals)) else f"{fmt(min(vals))}-{fmt(max(vals))}"
+
+
+def best_trial(rs: list[dict]) -> dict | None:
+    """The complete tuning trial of the lowest :func:`objective`."""
+    return min((r for r in rs if r["state"] == "complete" and objective(r) is not None), key=objective, default=None)
+
+
 def ordered(rs: list[dict], field: str, values: list) -> list[dict]:
     """``rs`` sorted (stably) by the position of their ``field`` in ``values``, the unlisted last."""
     return sorted(rs, key=lambda r: values.index(r.get(field)) if r.get(field) in values else len(values))
-
-
-shape = lambda v: "(" + ",".join(map(str, v)) + ")"  # [16, 16, 16] -> (16,16,16)
-dims = lambda v: ", ".join(map(str, v))  # [16, 16, 16] -> 16, 16, 16
-ms = lambda v: f"{v:.0f}" if v >= 100 else f"{v:.1f}"  # a time: one decimal below 100
-
-
-def scores(m: dict) -> str:
-    """A line's test metrics without the prefix: ``mse 0.4000, mae 0.4200`` (not ``*_orig``, ``*/loss``)."""
-    return ", ".join(f"{k.split('/', 1)[1]} {v:.4f}" for k, v in m.items() if not k.endswith(("_orig", "/loss")))
-
-
-def top_ops(ops: list) -> str:
-    """The profiler's operators and their shares: ``mm`` 43%, ..."""
-    return ", ".join(f"`{op.removeprefix('aten::')}` {share:.0%}" for op, share in ops)
-
-
-def provenance_note(rs: list[dict], *names: str) -> str:
-    """Where a table's lines come from: measured (command, commit) or transcribed (file, commit), hardware, torch,
-    dates and the ledger ``names``."""
-    if not rs:
-        return ""
-    join = lambda xs: ", ".join(dict.fromkeys(map(str, xs)))
-    parts = []
-    for kind in ("measured", "transcribed"):
-        mine = [r for r in rs if (r["record"] == "transcribed") == (kind == "transcribed")]
-        if not mine:
-            continue
-        cmds = join(f"`{r['command']}`" for r in mine)
-        how = (f"Measured with {cmds} at commit {join(r['commit'] for r in mine)}" if kind == "measured" else
-               f"Transcribed from {join(r['source']['file'] + ' at ' + r['source']['commit'] for r in mine)}, run "
-               f"logs not kept (command{'s' * (len(set(r['command'] for r in mine)) > 1)} reconstructed afterwards: "
-               f"{cmds})")
-        parts.append(f"{how} on {join(r['hardware'] for r in mine)}, torch "
-                     f"{join('not recorded' if r['torch'] is None else r['torch'] for r in mine)} "
-                     f"({join(r['date'] for r in mine)}; ledger lines {', '.join(f'`{n}`' for n in names)}).")
-    return " ".join(parts)
-
-
-def paper(key: str, value: str, index: int | None = None) -> str:
-    """A paper's number of ``results/paper_numbers.yaml`` as printed (a pair: ``a / b``; ``index``: one of them)."""
-    entry = PAPER[key]
-    v = entry["values"][int(value) if str(value).isdigit() else value]
-    fmt = lambda x: f"{x:g}" if entry["digits"] is None else f"{x:.{entry['digits']}f}"
-    v = v if index is None or not isinstance(v, list) else v[index]
-    return " / ".join(map(fmt, v)) if isinstance(v, list) else fmt(v)
-
-
-PAPER = _yaml("paper_numbers.yaml")
-
-
-# ------------------------------------------------------------------------------------ the templates' functions
-def traffic_runs(lg: Ledger, dataset: str = "los_loop") -> list[dict]:
-    """One summary per traffic model: from its per-seed lines (mean and sample std over the seeds, mean wall time per
-    run) when it has any, else its line recording a summary over seeds. ``lines``: the lines behind it."""
-    out = []
-    for model in dict.fromkeys(r["model"] for r in lg.sel(task="traffic", dataset=dataset)):
-        mine = lg.sel(task="traffic", dataset=dataset, model=model)
-        lines = sorted([r for r in mine if isinstance(r["seed"], int)], key=lambda r: r["seed"])
-        if not lines:
-            out += [dict(r, lines=[r]) for r in mine]
-            continue
-        vals = {k: [r["metrics"][k] for r in lines] for k in lines[0]["metrics"]
-                if all(k in r["metrics"] for r in lines)}
-        out.append(dict(lines[-1], metrics={k: mean(v) for k, v in vals.items()}, seed=[r["seed"] for r in lines],
-                        metrics_std={k: statistics.stdev(v) for k, v in vals.items()} if len(lines) > 1 else {},
-                        wall_s=mean([r["wall_s"] for r in lines]), lines=lines))
-    return out
-
-
-def student_acc(lg: Ledger, dataset: str, model: str) -> dict:
-    """``{seed: test accuracy in %}`` of a distilled text student, by seed."""
-    rs = sorted(lg.sel(task="text", dataset=dataset, model=model, role="student"), key=lambda r: r["seed"])
-    return {r["seed"]: 100 * r["metrics"]["test/acc"] for r in rs}
-
-
-def helpers(lg: Ledger) -> dict:
-    """The functions the table templates of ``results/tables.yaml`` call (a selector: a name or a dict)."""
-    col = lambda spec, name, scale=1: [scale * v for r in lg.sel(spec) if (v := metric(r, name)) is not None]
-    text = lambda ds, m: mean(list(student_acc(lg, ds, m).values()))
-    traffic = {r["model"]: r for r in traffic_runs(lg)}
-    base = sorted((r for r in traffic.values() if not r["model"].startswith("weaver")),
-                  key=lambda r: r["metrics"]["test/mae@30m"])
-    attn16 = {r["model"]: r["metrics"]["fwd_bwd_ms"] for r in lg.sel("attention_16")}
-
-    def avg(spec, name="test/mse", seeds=None):
-        rs = lg.sel(spec)
-        vals = [horizon_average(rs, s, name) for s in (seeds if seeds is not None else seeds_of(rs))]
-        return None if not vals or None in vals else mean(vals)
-
-    def havg(spec, name):
-        """The mean of ``name`` (or the first of several names a line has) over the four horizons; None unless the
-        lines give four values, one per horizon."""
-        vals = [v for h in HORIZONS for r in lg.sel(spec) if (v := metric(r, name, h)) is not None]
-        return mean(vals) if len(vals) == len(HORIZONS) else None
-
-    def per_model_avg(spec):
-        rs, parts = lg.sel(spec), []
-        for m in dict.fromkeys(r["model"] for r in rs):
-            per = {h: mean([r["metrics"]["test/mse"] for r in rs if r["model"] == m and r["horizon"] == h])
-                   for h in sorted({r["horizon"] for r in rs if r["model"] == m})}
-            parts.append(f"{LABELS.get(m, m)} " + (f"{mean(list(per.values())):.3f}" if tuple(per) == HORIZONS else
-                                                   ", ".join(f"{h}: {v:.3f}" for h, v in per.items())))
-        return "; ".join(parts) or NO_RUNS
-
-    def judged(spec, model, reference, name="test/mse", horizon=None, lower_is_better=True):
-        """``[paired difference, seeds, verdict]`` of ``model`` against ``reference`` (:func:`paired`, :func:`verdict`)
-        on their common seeds; ``horizon="avg"``: the four-horizon mean of each seed."""
-        a = by_seed(lg.sel(spec, model=model), name, horizon)
-        b = by_seed(lg.sel(spec, model=reference), name, horizon)
-        diffs = [a[s] - b[s] for s in sorted(set(a) & set(b), key=str)]
-        return [paired(diffs), len(diffs) or "-", verdict(diffs, lower_is_better)]
-
-    def picked(spec, only=None):
-        """The lines of ``spec``; with ``only``, those of these seeds."""
-        return [r for r in lg.sel(spec) if only is None or r["seed"] in only]
-
-    def seeds(spec, only=None, listed=False):
-        """How many seeds the lines of ``spec`` (:func:`picked`) have, or (``listed``) which; ``-`` without."""
-        found = [s for s in seeds_of(picked(spec, only)) if s is not None]
-        return "-" if not found else ", ".join(map(str, found)) if listed else str(len(found))
-
-    def versus(spec, model, reference, name="test/mse", horizon=None):
-        """``model``'s paired difference against ``reference`` on ``name`` (at ``horizon``), with its seeds."""
-        diff, n, _ = judged(spec, model, reference, name, horizon)
-        return NO_RUNS if n == "-" else diff if n == 1 else f"{diff} ({n} seeds)"  # one seed: said by paired
-
-    return dict(
-        mean_std=mean_std, vs=vs, duration=duration,
-        epochs_best=epochs_best, metric=metric, LABELS=LABELS, by_seed=by_seed, at_seeds=at_seeds,
-        per_seed_lines=per_seed_lines, horizon_cell=horizon_cell, horizons_mean=horizons_mean,
-        seed_cell=seed_cell, seed_average=seed_average, hardware_short=hardware_short, seeds_of=seeds_of,
-        threads=threads, objective=objective, best_trial=best_trial, spread=spread, by_field=by_field, span=span,
-        sr=sr, short_label=short_label, prod=math.prod, fast_over_naive=fast_over_naive,
-        table=lambda spec: render(lg, spec), **{"from": lambda name, values: values[name]},  # map('from', dict)
-        traffic_runs=lambda dataset: traffic_runs(lg, dataset), students=lambda ds, m: student_acc(lg, ds, m),
-        has=lambda metrics, names: all(n in metrics for n in names), ratio=ratio,
-        newest_with=lambda prefix, suffix, names: newest_with(lg, prefix, suffix, names), BENCH_ATTN=BENCH_ATTN,
-        every=lambda spec: [r for r in lg.history if matches(r, spec)], run_to_run=run_to_run, by_size=by_size,
-        tokens=tokens, PAPER=PAPER,
-        pivot=pivot, ordered=ordered, matches=matches, bench=lambda lines, device="": bench(lg, lines, device),
-        shape=shape, dims=dims, scores=scores, ms=ms, top_ops=top_ops,
-        L=lg.sel, f=f, rng=rng, paper=paper, SEEDS5=SEEDS5, col=col, avg=avg,
-        havg=havg, per_model_avg=per_model_avg, versus=versus, judged=judged,
-        cell=lambda spec, model, name, h=None: mean_std(list(by_seed(lg.sel(spec, model=model), name, h).values())),
-        mean=lambda spec, name, scale=1: mean(col(spec, name, scale)),
-        hw=lambda spec, only=None: hardware_short(picked(spec, only)), seeds=seeds,
-        walls=lambda spec: " / ".join(duration(r["wall_s"]) for r in lg.sel(spec)),
-        epochs=lambda spec: ", ".join(dict.fromkeys(str(r["epochs"]) for r in lg.sel(spec))) or "-",
-        traffic=lambda m, name: traffic[m]["metrics"][name] if m in traffic else None,
-        best_baseline=lambda what=None: "-" if not base else base[0]["model"] if what == "model" else
-        f"{base[0]['metrics']['test/mae@30m']:.2f} / {base[0]['metrics']['test/mae@60m']:.2f}",
-        best_2d=lambda ds: max(filter(None, (text(ds, m) for m in ("block2d", "full2d"))), default=None),
-        text_means=lambda ds: " / ".join(f(text(ds, m), 1) for m in ("hoba", "block2d", "full2d")),
-        full_speedup=lambda: f"{attn16['full'] / attn16['kron_product']:.0f}" if len(attn16) == 2 else "-",
-        triplet=lambda k: f"{fast_over_naive(lg.sel('triplet')[-1]['metrics'], k):.2f}" if lg.sel("triplet") else "-",
-        same_windows=lambda spec: havg(spec, ("test_2161/mse", "test/mse")),
-        avg_cell=lambda spec, seeds=None: " / ".join(f(avg(spec, n, seeds)) for n in ("test/mse", "test/mae")),
-        per_line=lambda spec: " and ".join(
-            f"{100 * r['metrics']['test/auc']:.1f} / {100 * r['metrics']['test/acc']:.1f}" for r in lg.sel(spec)),
-    )
-
-
-def jinja(lg: Ledger):
-    """The Jinja2 environment of the templates of ``results/tables.yaml``: :func:`helpers` as globals and filters."""
-    if getattr(lg, "env", None) is None:
-        lg.env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False,
-                                    finalize=lambda v: "-" if v is None else v)  # a missing value prints as -
-        lg.env.globals.update(helpers(lg))
-        lg.env.filters.update({k: v for k, v in lg.env.globals.items() if callable(v) and k not in lg.env.filters})
-        lg.env.tests.update(has=lg.env.globals["has"], matches=matches)  # selectattr('metrics', 'has', [name, ...])
-    return lg.env
-
-
-def template_of(env, source: str):
-    """``env.from_string(source)``, compiled once per environment (a table renders the same cells row after row)."""
-    cache = env.__dict__.setdefault("hoformer_templates", {})
-    if source not in cache:
-        cache[source] = env.from_string(source)
-    return cache[source]
-
-
-def expression_of(env, source: str):
-    """``env.compile_expression(source)``, compiled once per environment."""
-    cache = env.__dict__.setdefault("hoformer_expressions", {})
-    if source not in cache:
-        cache[source] = env.compile_expression(source)
-    return cache[source]
-
-
-def declared(lg: Ledger, columns: dict, groups: dict | None = None, each: str | None = None, select=None,
-             rows=(), expand: bool = False, per: dict | None = None, define: dict | None = None,
-             let: dict | None = None, keep: str | None = None, optional=(), notes: list | None = None, source=None,
-             bullets: bool = True, **args) -> str:
-    """The one renderer: the table an entry of ``results/tables.yaml`` declares (its arguments). The rows: ``groups`` ({label: selector}; the
-    variables ``label`` and ``rs``, its lines; ``expand``: a row per line ``r`` of each), ``each`` (a field: a row
-    per value of it among the lines of ``select``, first appearance first; that field and ``rs``; ``per``: {name:
-    [value, ...]}, a row per value of each), then ``rows``: dicts of variables, or lists of template cells (left out
-    when the first cell renders empty), or a Jinja2 expression giving one row each (``r``; ``rs``: its ``lines``,
-    else itself). ``define``: {name: Jinja2 expression} evaluated once, ``let`` per row; ``keep``: an expression a
-    row must satisfy. ``columns``: {head: Jinja2 template} over the row's variables, the table's other arguments and
-    :func:`helpers` (a cell that reads a value the row lacks: ``-``; a None template: no such column; a list: the
-    heads of list rows; ``optional``: heads left out when every cell is ``-`` or empty). ``notes``, ``source`` (the
-    names of the lines, templates): see :func:`finish`; the table's lines: ``define``'s ``lines``, else those of
-    ``select``, else of the rows."""
-    columns = dict.fromkeys(columns, "") if isinstance(columns, list) else columns  # heads of list rows
-    env, columns = jinja(lg), {head: t for head, t in columns.items() if t is not None}
-    render = lambda template, v: template_of(env, str(template)).render(v)
-
-    def cell(template, v):
-        """A column's cell of the row ``v``: ``-`` where the template reads a field or key the row's values lack; a
-        name the template does not know at all (a typo) stays an error."""
-        try:
-            return render(template, v)
-        except jinja2.UndefinedError as e:
-            if str(e).endswith("is undefined"):  # "'nmae' is undefined": not a missing value
-                raise
-            return "-"
-
-    args = {**args, "groups": groups, "select": select}
-    for name, expression in (define or {}).items():
-        args[name] = env.compile_expression(expression)(**args)
-    if isinstance(rows, str):
-        rows = [{"r": r, "rs": r.get("lines", [r])} for r in env.compile_expression(rows)(**args)]
-    found = [{"label": label, "rs": lg.sel(spec)} for label, spec in (groups or {}).items()]
-    if each is not None:
-        rs = lg.sel(select)
-        found += [{each: v, "rs": [r for r in rs if r.get(each) == v]} for v in dict.fromkeys(r.get(each) for r in rs)]
-    found = [{**g, "r": r} for g in found for r in g["rs"]] if expand else found
-    for name, values in (per or {}).items():
-        found = [{**g, name: x} for g in found for x in values]
-    body, shown, lines = [], [], {}
-    for row in [*found, *rows]:
-        if isinstance(row, list):
-            if first := render(row[0], {**args, "rows": body}):
-                body.append([first, *(render(c, {**args, "rows": body}) for c in row[1:])])
-            continue
-        v = {**args, **row}
-        for name, expression in (let or {}).items():
-            v[name] = expression_of(env, expression)(**v)
-        if keep is None or expression_of(env, keep)(**v):
-            body.append([cell(t, v) for t in columns.values()])
-            shown.append(v)
-            lines.update({id(r): r for r in v.get("rs", [v["r"]] if "r" in v else [])})
-    kept = [i for i, head in enumerate(columns) if head not in optional or any(row[i] not in "-" for row in body)]
-    table = md([render(h, args) for i, h in enumerate(columns) if i in kept], [[row[i] for i in kept] for row in body])
-    names = [render(n, args) for n in ([] if not source else [source] if isinstance(source, str) else source)]
-    rs = args["lines"] if "lines" in args else lg.sel(select) if select else list(lines.values())
-    return finish(lg, table, rs, notes, names, bullets, rows=shown, **args)
-
-
-# ------------------------------------------------------------------------------------ benchmarks and analysis
-def device_of(r: dict) -> str:
-    """What a benchmark line was measured on: its name from the first ``+`` (``+cuda``, ``+cuda-bf16``; ``""``:
-    CPU, fp32)."""
-    return r["experiment"][r["experiment"].find("+"):] if "+" in r["experiment"] else ""
-
-
-def bench(lg: Ledger, lines: str, device: str | list = "") -> list[dict]:
-    """The benchmark lines of the experiment glob ``lines`` measured on ``device`` (or on each of a list): a GPU line
-    never stands in a CPU table, nor a CPU line in a GPU one."""
-    return [r for d in ([device] if isinstance(device, str) else device)
-            for r in lg.sel(task="benchmark", experiment=lines + d) if device_of(r) == d]
 
 
 def pivot(lines: list[dict], row: str, column: str) -> list[dict]:
@@ -588,43 +360,9 @@ def pivot(lines: list[dict], row: str, column: str) -> list[dict]:
     return list(out.values())
 
 
-def finish(lg: Ledger, table: str, rs: list[dict], notes: list | None, names, bullets: bool = True, **context) -> str:
-    """``table`` and the sentences under it: each of ``notes`` (Jinja2 over ``lines``, the table's lines, and the
-    ``context``) one line, left out when it renders empty (a ``""`` template: a blank line), then, when ``names`` (the
-    names of the lines), where the lines come from (a bullet when ``bullets``). Without lines, or when every note
-    renders empty: the table alone."""
-    if not rs:
-        return table
-    out = [t if t == "" else template_of(jinja(lg), t).render({"lines": rs, **context}).strip() for t in notes or []]
-    below = [o for o, t in zip(out, notes or []) if o or t == ""]
-    if (notes and not any(out)) or not (below or names):
-        return table
-    source = [f"* {p}" if bullets else p for p in [provenance_note(rs, *names)] if names]
-    return "\n".join([table, "", *below, *source])
-
-
-def fast_over_naive(m: dict, k: str) -> float | None:
-    """The triplet kernel's metric ``k`` over Algorithm 1's (the metrics ``fast_k`` / ``naive_k`` of one line)."""
-    return m[f"fast_{k}"] / m[f"naive_{k}"] if f"fast_{k}" in m and f"naive_{k}" in m else None
-
-
-sr = lambda v: "" if v is None else f"{v:.4g}"  # a logged stable rank as recorded (4 significant digits at most)
-
-
-def span(vals, spec: str | None = None) -> str:
-    """``min-max`` of ``vals`` (one value when they print alike) in the format ``spec`` (None: :data:`sr`)."""
-    fmt = sr if spec is None else lambda v: format(v, spec)
-    return fmt(min(vals)) if fmt(min(vals)) == fmt(max(vals)) else f"{fmt(min(vals))}-{fmt(max(vals))}"
-
-
-def short_label(model: str) -> str:
-    """The name of an attention type in the analysis tables: ``HOT product``, ``full attention``, ..."""
-    label = LABELS.get(model, model)
-    return {"Transformer (non-factorized)": "full attention", "HOT (product)": "HOT product",
-            "HOT (sum)": "HOT sum"}.get(label, label)
-
-
-BENCH_ATTN = ("kronecker_product", "kronecker_sum", "kronecker_linear", "full", "axial", "divided")
+def device_of(r: dict) -> str:
+    """What a benchmark line was measured on: its name from the first ``+`` (``+cuda``; ``""``: CPU, fp32)."""
+    return r["experiment"][r["experiment"].find("+"):] if "+" in r["experiment"] else ""
 
 
 def run_to_run(rs: list[dict], keys: list) -> dict:
@@ -636,7 +374,7 @@ def run_to_run(rs: list[dict], keys: list) -> dict:
     for r in rs:
         by.setdefault((r["commit"], r["date"]), {})[r["model"]] = r["metrics"]
     runs = list(by.values())
-    common = [a for a in BENCH_ATTN if all(a in run and all(k in run[a] for k in keys) for run in runs)]
+    common = [a for a in BENCH_ATTN if all(a in run and has(run[a], keys) for run in runs)]
     change = max(((max(v) - min(v), short_label(a), k) for a in common for k in keys
                   for v in [[run[a][k] for run in runs]]), default=None)
     same = all(len({tuple(sorted(common, key=lambda a: run[a][k])) for run in runs}) == 1 for k in keys)
@@ -655,27 +393,115 @@ def by_size(rs: list[dict], prefix: str) -> list:
 
 
 def tokens(rs: list[dict], patch: int) -> int | None:
-    """The tokens of the first line of ``rs`` of patch size ``patch``: its volume's side over the patch, to the
-    power of its dimensions; None without one."""
+    """The tokens of the first line of ``rs`` of patch size ``patch`` (its volume's side over the patch, to the power
+    of its dimensions); None without one."""
     r = next((r for r in rs if r.get("patch") == patch), None)
     return None if r is None else (r["shape"][0] // patch) ** len(r["shape"])
+
+
+def provenance_note(rs: list[dict], *names: str) -> str:
+    """Where a table's lines come from: measured (command, commit) or transcribed (file, commit), hardware, torch,
+    dates and the ledger ``names``."""
+    join = lambda xs: ", ".join(dict.fromkeys(map(str, xs)))
+    parts = []
+    for transcribed in (False, True):
+        if not (mine := [r for r in rs if (r["record"] == "transcribed") == transcribed]):
+            continue
+        cmds = join(f"`{r['command']}`" for r in mine)
+        how = (f"Transcribed from {join(r['source']['file'] + ' at ' + r['source']['commit'] for r in mine)}, run "
+               f"logs not kept (command{'s' * (len(set(r['command'] for r in mine)) > 1)} reconstructed afterwards: "
+               f"{cmds})" if transcribed else f"Measured with {cmds} at commit {join(r['commit'] for r in mine)}")
+        parts.append(f"{how} on {join(r['hardware'] for r in mine)}, torch "
+                     f"{join('not recorded' if r['torch'] is None else r['torch'] for r in mine)} "
+                     f"({join(r['date'] for r in mine)}; ledger lines {', '.join(f'`{n}`' for n in names)}).")
+    return " ".join(parts)
+
+
+def paper(key: str, value: str, index: int | None = None) -> str:
+    """A paper's number of ``results/paper_numbers.yaml`` as printed (a pair: ``a / b``; ``index``: one of them)."""
+    entry = PAPER[key]
+    v = entry["values"][int(value) if str(value).isdigit() else value]
+    fmt = lambda x: f"{x:g}" if entry["digits"] is None else f"{x:.{entry['digits']}f}"
+    v = v if index is None or not isinstance(v, list) else v[index]
+    return " / ".join(map(fmt, v)) if isinstance(v, list) else fmt(v)
+
+
+# ------------------------------------------------------------------------------------------------ the renderer
+def declared(lg: Ledger, columns: dict, groups: dict | None = None, each: str | None = None, select=None,
+             rows=(), expand: bool = False, per: dict | None = None, define: dict | None = None,
+             let: dict | None = None, keep: str | None = None, optional=(), notes: list | None = None, source=None,
+             bullets: bool = True, **args) -> str:
+    """The one renderer: the table an entry of ``results/tables.yaml`` declares (its arguments). The rows: ``groups``
+    ({label: selector}; the variables ``label`` and ``rs``, its lines; ``expand``: a row per line ``r`` of each),
+    ``each`` (a field: a row per value of it among the lines of ``select``, first appearance first; that field and
+    ``rs``; ``per``: {name: [value, ...]}, a row per value of each), then ``rows``: dicts of variables, or lists of
+    template cells (left out when the first cell renders empty), or a Jinja2 expression giving one row each (``r``;
+    ``rs``: its ``lines``, else itself). ``define``: {name: Jinja2 expression} evaluated once, ``let`` per row;
+    ``keep``: an expression a row must satisfy. ``columns``: {head: Jinja2 template} over the row's variables, the
+    table's other arguments and :func:`helpers` (a cell that reads a value the row lacks: ``-``; a None template: no
+    such column; a list: the heads of list rows; ``optional``: heads left out when every cell is ``-`` or empty).
+    The table's lines: ``define``'s ``lines``, else those of ``select``, else of the rows. Under the table, each of
+    ``notes`` (Jinja2 over ``lines`` and the arguments) one line, left out when it renders empty (a ``""`` template:
+    a blank line), then, given ``source`` (the names of the lines, templates), where the lines come from (a bullet
+    when ``bullets``). Without lines, or when every note renders empty: the table alone."""
+    columns = dict.fromkeys(columns, "") if isinstance(columns, list) else columns  # heads of list rows
+    columns = {head: t for head, t in columns.items() if t is not None}
+    render = lambda template, v: lg.template(str(template)).render(v)
+
+    def cell(template, v):
+        """A column's cell of the row ``v``: ``-`` where the template reads a field or key the row's values lack; a
+        name the template does not know at all (a typo) stays an error."""
+        try:
+            return render(template, v)
+        except jinja2.UndefinedError as e:
+            if str(e).endswith("is undefined"):  # "'nmae' is undefined": not a missing value
+                raise
+            return "-"
+
+    args = {**args, "groups": groups, "select": select}
+    for name, expression in (define or {}).items():
+        args[name] = lg.template(expression, True)(**args)
+    if isinstance(rows, str):
+        rows = [{"r": r, "rs": r.get("lines", [r])} for r in lg.template(rows, True)(**args)]
+    found = [{"label": label, "rs": lg.sel(spec)} for label, spec in (groups or {}).items()]
+    if each is not None:
+        rs = lg.sel(select)
+        found += [{each: v, "rs": [r for r in rs if r.get(each) == v]} for v in dict.fromkeys(r.get(each) for r in rs)]
+    found = [{**g, "r": r} for g in found for r in g["rs"]] if expand else found
+    for name, values in (per or {}).items():
+        found = [{**g, name: x} for g in found for x in values]
+    body, shown, lines = [], [], {}
+    for row in [*found, *rows]:
+        if isinstance(row, list):
+            if first := render(row[0], {**args, "rows": body}):
+                body.append([first, *(render(c, {**args, "rows": body}) for c in row[1:])])
+            continue
+        v = {**args, **row}
+        for name, expression in (let or {}).items():
+            v[name] = lg.template(expression, True)(**v)
+        if keep is None or lg.template(keep, True)(**v):
+            body.append([cell(t, v) for t in columns.values()])
+            shown.append(v)
+            lines.update({id(r): r for r in v.get("rs", [v["r"]] if "r" in v else [])})
+    kept = [i for i, head in enumerate(columns) if head not in optional or any(row[i] not in "-" for row in body)]
+    table = md([render(h, args) for i, h in enumerate(columns) if i in kept], [[row[i] for i in kept] for row in body])
+    names = [render(n, args) for n in ([] if not source else [source] if isinstance(source, str) else source)]
+    rs = args["lines"] if "lines" in args else lg.sel(select) if select else list(lines.values())
+    if not rs:
+        return table
+    out = [t if t == "" else render(t, {**args, "lines": rs, "rows": shown}).strip() for t in notes or []]
+    below = [o for o, t in zip(out, notes or []) if o or t == ""]
+    if (notes and not any(out)) or not (below or names):
+        return table
+    return "\n".join([table, "", *below, *[f"* {p}" if bullets else p for p in [provenance_note(rs, *names)] if names]])
 
 
 # ---------------------------------------------------------------------------------------------- the pages
 def tables(rows: list[dict], names=None) -> dict:
     """``{NAME: body}`` of the tables ``names`` (None: every table) of ``results/tables.yaml`` rendered from the
     ledger lines ``rows``."""
-    spec = _yaml("tables.yaml")
-    lg = Ledger(rows, spec["selectors"])
-    return {name: render(lg, t) for name, t in spec["tables"].items() if names is None or name in names}
-
-
-def render(lg: Ledger, table: dict) -> str:
-    """The body of the table declaration ``table`` (an entry of ``results/tables.yaml``)."""
-    return declared(lg, **table)
-
-
-TABLES = _yaml("tables.yaml")["tables"]
+    lg = Ledger(rows)
+    return {name: declared(lg, **t) for name, t in TABLES.items() if names is None or name in names}
 
 
 def check_markers(page: Path, text: str) -> None:

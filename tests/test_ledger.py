@@ -25,7 +25,7 @@ table_of = lambda rows, name: ledger.tables(rows, [name])[name]  # one table of 
 
 def declared(rows: list[dict], name: str, /, **args) -> str:
     """The table ``name`` of results/tables.yaml rendered from ``rows`` with some of its arguments replaced."""
-    return ledger.render(lg(rows), {**ledger.TABLES[name], **args})
+    return ledger.declared(lg(rows), **{**ledger.TABLES[name], **args})
 
 
 GOOD = {"experiment": "e", "task": "forecasting", "dataset": "D", "model": "m", "scale": "cpu", "split": "test",
@@ -368,19 +368,19 @@ def test_a_table_declared_as_data_fills_its_columns_from_the_lines():
                     "ms": "{{ ('**%s**' if r.model == 'y' else '%s') % (r.metrics.ms | ms) }}",
                     "ms / ref": "{{ '%.2f' % ratio(r.metrics, 'ms', 'ref') }}", "empty": "{{ r.nothing }}"}}
     spread = lambda table: [re.sub(r" +", " ", ln) for ln in table.splitlines()]
-    table = spread(ledger.render(lg(rows), {**declaration, "optional": ["empty"]}))
+    table = spread(ledger.declared(lg(rows), **{**declaration, "optional": ["empty"]}))
     assert table[0] == "| shape | model | ms | ms / ref |"
     assert table[2:5] == ["| (2,3) | x | 5.0 | - |", "| (2,3) | y | **30.0** | 3.00 |", "| (4) | x | 200 | 2.00 |"]
     assert table[5] == "" and table[6].startswith("* Measured with `hoformer fit` at commit abc on CPU")
     assert "ledger lines `bench/t/*`" in table[6]
-    gpu = spread(ledger.render(lg(rows), {**declaration, "device": "+cuda"}))
+    gpu = spread(ledger.declared(lg(rows), **{**declaration, "device": "+cuda"}))
     assert gpu[2:4] == ["| (2,3) | x | 1.0 | 0.25 | - |", ""] and "ledger lines `bench/t/*+cuda`" in gpu[4]
     pivot = {"define": {"lines": "bench('bench/t/*')"}, "require": ["x"],
              "rows": "pivot(lines, 'shape', 'model') | select('has', require)",
              "columns": {"shape": "{{ r.shape | shape }}", "y / x": "{{ '%.0f / %.0f' % (r.y.metrics.ms, r.x.metrics.ms) }}"}}
-    assert spread(ledger.render(lg(rows), pivot))[2:4] == ["| (2,3) | 30 / 5 |", "| (4) | - |"]
-    assert ledger.render(lg(rows), {**pivot, "require": ["x", "y"]}).count("\n| (") == 1
-    assert ledger.NO_RUNS in ledger.render(lg(rows), {**declaration, "define": {"lines": "bench('bench/none/*')"}})
+    assert spread(ledger.declared(lg(rows), **pivot))[2:4] == ["| (2,3) | 30 / 5 |", "| (4) | - |"]
+    assert ledger.declared(lg(rows), **{**pivot, "require": ["x", "y"]}).count("\n| (") == 1
+    assert ledger.NO_RUNS in ledger.declared(lg(rows), **{**declaration, "define": {"lines": "bench('bench/none/*')"}})
 
 
 def test_a_declared_table_says_its_notes_and_reads_any_selector():
@@ -394,13 +394,13 @@ def test_a_declared_table_says_its_notes_and_reads_any_selector():
                                "8 heads": "{{ '%.1f' % r['8'].metrics.ms }}"}, "source": "analysis/t/*"}
     notes = ["* {{ lines | length }} lines, the slowest {{ f(lines | map(attribute='metrics.ms') | max, 1) }} ms.", "",
              "{% if rows | length > 5 %}never{% endif %}", "{{ rows[0].r.model }} done"]
-    table = ledger.render(lg(rows), {**declaration, "notes": notes}).splitlines()
+    table = ledger.declared(lg(rows), **{**declaration, "notes": notes}).splitlines()
     assert [re.sub(r" +", " ", ln) for ln in table[:3:2]] == ["| model | 1 head | 8 heads |", "| m | 1.0 | 8.0 |"]
     assert table[3:7] == ["", "* 2 lines, the slowest 8.0 ms.", "", "m done"]
     assert table[7].startswith("* Measured with") and "ledger lines `analysis/t/*`" in table[7]
-    quiet = ledger.render(lg(rows), {**declaration, "notes": ["{{ '' }}"]})
+    quiet = ledger.declared(lg(rows), **{**declaration, "notes": ["{{ '' }}"]})
     assert quiet.splitlines()[-1].startswith("| m ") and "Measured" not in quiet
-    assert "Measured" not in ledger.render(lg(rows), {**declaration, "source": None})
+    assert "Measured" not in ledger.declared(lg(rows), **{**declaration, "source": None})
 
 
 def test_benchmark_lines_from_attention_py_render_the_kernel_tables(tmp_path, monkeypatch):
@@ -688,7 +688,7 @@ def test_traffic_tables_aggregate_per_seed_lines_over_a_summary_line_and_pair_th
             line("alternating", [0, 1, 2], 5.0, metrics_std={"test/mae@30m": 0.1}),
             line("weaver_NT", 0, 3.0), line("weaver_NT", 1, 9.9), line("weaver_NT", 1, 4.0), line("weaver_NT", 2, 5.0),
             line("hot", 0, 3.5), line("hot", 1, 4.6)]
-    (nt,) = [r for r in ledger.traffic_runs(lg(rows)) if r["model"] == "weaver_NT"]
+    (nt,) = [r for r in lg(rows).traffic_runs() if r["model"] == "weaver_NT"]
     assert nt["seed"] == [0, 1, 2] and nt["metrics"]["test/mae@30m"] == 4.0  # seed 1's newest line (4.0), not 9.9
     assert abs(nt["metrics_std"]["test/mae@30m"] - 1.0) < 1e-12 and len(nt["lines"]) == 3
     table = declared(rows, "traffic/los_loop", reference="weaver_NT")
