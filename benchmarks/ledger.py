@@ -6,18 +6,17 @@
     <!-- /ledger -->
 
 whose body the entry NAME of ``results/tables.yaml`` renders (:func:`declared`, the one renderer: the entry is its
-arguments); a paper's number in the text sits in ``<!-- paper:KEY:VALUE -->...<!-- /paper -->``
-(``results/paper_numbers.yaml``). ``python benchmarks/campaign.py --tables`` rewrites the blocks, ``--check`` fails
-on a stale one. The ledger is loaded once into a pandas DataFrame (:class:`Ledger`): **the newest line of each
-experiment and seed** stands for it (a re-measurement supersedes the earlier line); only the run-to-run cells of
-the decoding and growth tables read every line (``history``). Markdown is written by ``DataFrame.to_markdown``.
-
-Tables are declared as data, one template language: Jinja2 over the row's variables and :func:`helpers` (this
-module's functions, those reading the ledger, and the macros of ``results/tables.yaml``).
+arguments, Jinja2 templates over this module's functions, the :class:`Ledger`'s methods and the file's macros); a
+paper's number in the text sits in ``<!-- paper:KEY:VALUE -->...<!-- /paper -->`` (``results/paper_numbers.yaml``).
+``python benchmarks/campaign.py --tables`` rewrites the blocks, ``--check`` fails on a stale one. The ledger is
+loaded once into a pandas DataFrame (:class:`Ledger`): **the newest line of each experiment and seed** stands for it
+(a re-measurement supersedes the earlier line); only the run-to-run cells of the decoding and growth tables read
+every line (``history``). Markdown is written by ``DataFrame.to_markdown``.
 """
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 import math
 import re
@@ -80,24 +79,28 @@ class Ledger:
         self.history, self.df = rows, df[~((df["seed"] == "null") & df.duplicated("experiment", keep="last"))]
         env = self.env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False,
                                             finalize=lambda v: "-" if v is None else v)  # a missing value prints as -
-        env.globals.update(helpers(self))
+        # the templates' names: this module's functions and constants, the methods below, a few shorthands
+        env.globals.update({k: v for k, v in globals().items() if not k.startswith("_") and (
+            k.isupper() or getattr(v, "__module__", None) == __name__)})
+        env.globals.update({k: getattr(self, k) for k in vars(Ledger) if not k.startswith("_")})
+        env.globals.update({
+            "L": self.sel, "prod": math.prod, "from": lambda name, values: values[name],  # map('from', dict)
+            "every": lambda spec: [r for r in rows if matches(r, spec)], "table": lambda t: declared(self, **t),
+            "col": lambda spec, name, scale=1: [  # the values of a metric
+                scale * v for r in self.sel(spec) if (v := metric(r, name)) is not None],
+            "students": lambda ds, m: {r["seed"]: 100 * r["metrics"]["test/acc"] for r in sorted(
+                self.sel(task="text", dataset=ds, model=m, role="student"), key=lambda r: r["seed"])}})
         env.filters.update({k: v for k, v in env.globals.items() if callable(v) and k not in env.filters})
         env.tests.update(has=has, matches=matches)  # selectattr('metrics', 'has', [name, ...])
         macros = env.from_string(SPEC["macros"]).module  # after the functions, which the macros call
         env.globals.update({k: getattr(macros, k) for k in dir(macros) if not k.startswith("_")})
-        self.compiled: dict = {}
+        # each template and expression compiled once (a table renders the same cells row after row)
+        self.template, self.expression = functools.cache(env.from_string), functools.cache(env.compile_expression)
 
     def sel(self, spec=None, **more) -> list[dict]:
         """The newest lines matching the selector ``spec`` and the fields ``more``."""
         spec = {**(SPEC["selectors"][spec] if isinstance(spec, str) else spec or {}), **more}
         return [r for r in self.df["line"] if matches(r, spec)]
-
-    def template(self, source: str, expression: bool = False):
-        """The template (or ``expression``) ``source``, compiled once (a table renders the same cells row after row)."""
-        if (source, expression) not in self.compiled:
-            self.compiled[source, expression] = (self.env.compile_expression if expression else self.env.from_string)(
-                source)
-        return self.compiled[source, expression]
 
     def bench(self, lines: str, device: str | list = "") -> list[dict]:
         """The benchmark lines of the experiment glob ``lines`` measured on ``device`` (or on each of a list; ``""``:
@@ -137,47 +140,12 @@ class Ledger:
                             wall_s=mean([r["wall_s"] for r in lines]), lines=lines))
         return out
 
-    def avg(self, spec, name="test/mse", seeds=None):
-        """The mean over ``seeds`` (None: those of the lines) of each seed's four-horizon mean of ``name`` (or the
-        first of several names a line has); None unless each has one."""
-        rs = self.sel(spec)
-        vals = [horizon_average(rs, s, name) for s in (seeds if seeds is not None else seeds_of(rs))]
-        return None if not vals or None in vals else mean(vals)
-
-    def per_model_avg(self, spec) -> str:
-        """Per model of ``spec``: its four-horizon mean test MSE, else its value per horizon."""
-        rs, parts = self.sel(spec), []
-        for m in dict.fromkeys(r["model"] for r in rs):
-            per = {h: mean([r["metrics"]["test/mse"] for r in rs if r["model"] == m and r["horizon"] == h])
-                   for h in sorted({r["horizon"] for r in rs if r["model"] == m})}
-            parts.append(f"{LABELS.get(m, m)} " + (f"{mean(list(per.values())):.3f}" if tuple(per) == HORIZONS else
-                                                   ", ".join(f"{h}: {v:.3f}" for h, v in per.items())))
-        return "; ".join(parts) or NO_RUNS
-
     def judged(self, spec, model, reference, name="test/mse", horizon=None, lower_is_better=True) -> list:
         """``[paired difference, seeds, verdict]`` of ``model`` against ``reference`` (:func:`paired`,
         :func:`verdict`) on their common seeds; ``horizon="avg"``: the four-horizon mean of each seed."""
         a, b = (by_seed(self.sel(spec, model=m), name, horizon) for m in (model, reference))
         diffs = [a[s] - b[s] for s in sorted(set(a) & set(b), key=str)]
         return [paired(diffs), len(diffs) or "-", verdict(diffs, lower_is_better)]
-
-    def seeds(self, spec, only=None, listed=False) -> str:
-        """How many seeds the lines of ``spec`` (of the seeds ``only``) have, or (``listed``) which; ``-`` without."""
-        found = [s for s in seeds_of(self.sel(spec, seed=only) if only else self.sel(spec)) if s is not None]
-        return "-" if not found else ", ".join(map(str, found)) if listed else str(len(found))
-
-
-def helpers(lg: Ledger) -> dict:
-    """The names the templates of ``results/tables.yaml`` use: this module's functions and constants, the methods of
-    the ledger ``lg`` and a few shorthands."""
-    own = {k: v for k, v in globals().items() if not k.startswith("_") and (k.isupper() or getattr(
-        v, "__module__", None) == __name__)}
-    methods = {k: getattr(lg, k) for k in vars(Ledger) if not k.startswith("_")}
-    return {**own, **methods, "L": lg.sel, "prod": math.prod, "from": lambda name, values: values[name],
-            "every": lambda spec: [r for r in lg.history if matches(r, spec)], "table": lambda t: declared(lg, **t),
-            "col": lambda spec, name, scale=1: [scale * v for r in lg.sel(spec) if (v := metric(r, name)) is not None],
-            "students": lambda ds, m: {r["seed"]: 100 * r["metrics"]["test/acc"] for r in sorted(
-                lg.sel(task="text", dataset=ds, model=m, role="student"), key=lambda r: r["seed"])}}
 
 
 # ------------------------------------------------------------------------------------------------ formatting
@@ -197,6 +165,21 @@ ms = lambda v: f"{v:.0f}" if v >= 100 else f"{v:.1f}"  # a time: one decimal bel
 short_label = lambda model: SHORT.get(model, model)  # an attention type in the analysis tables: ``HOT product``
 has = lambda metrics, names: all(n in metrics for n in names)
 objective = lambda r: r["metrics"].get(r.get("objective", "val/mae"))  # a tuning trial's (``val/mae`` by default)
+best_trial = lambda rs: min((r for r in rs if r["state"] == "complete" and objective(r) is not None), key=objective,
+                            default=None)  # the complete tuning trial of the lowest objective
+seeds_of = lambda rs: sorted({s for r in rs for s in (r["seed"] if isinstance(r["seed"], list) else [r["seed"]])},
+                             key=str)  # the seeds of the lines, a line of a list of seeds: each
+at_seeds = lambda values, seeds: {s: values[s] for s in seeds} if all(s in values for s in seeds) else None  # or None
+ordered = lambda rs, field, values: sorted(rs, key=lambda r: values.index(r.get(field)) if r.get(field) in values else
+                                           len(values))  # sorted (stably) by the position of ``field`` in ``values``
+# the triplet kernel's metric ``k`` over Algorithm 1's (the metrics ``fast_k`` / ``naive_k`` of one line)
+fast_over_naive = lambda m, k: m[f"fast_{k}"] / m[f"naive_{k}"] if f"fast_{k}" in m and f"naive_{k}" in m else None
+# what a benchmark line was measured on: its name from the first ``+`` (``+cuda``; ``""``: CPU, fp32)
+device_of = lambda r: r["experiment"][r["experiment"].find("+"):] if "+" in r["experiment"] else ""
+# the tokens of the first line of ``rs`` of patch size ``patch``: its volume's side over the patch, to the power of
+# its dimensions; None without one
+tokens = lambda rs, patch: next(((r["shape"][0] // patch) ** len(r["shape"]) for r in rs if r.get("patch") == patch),
+                                None)
 
 
 def mean_std(vals: list[float], digits: int = 3) -> str:
@@ -223,6 +206,11 @@ def paired(diffs: list[float], digits: int = 3) -> str:
     return f"{mean(diffs):.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]" + (" within noise" if lo <= 0 <= hi else "")
 
 
+def vs(a: dict, b: dict | None, digits: int = 3) -> str:
+    """:func:`paired` of two ``{seed: value}`` on their common seeds; ``-`` without ``b`` (no reference)."""
+    return "-" if b is None else paired([a[s] - b[s] for s in sorted(set(a) & set(b), key=str)], digits)
+
+
 def verdict(diffs: list[float], lower_is_better: bool = True) -> str:
     """In words, from the paired differences (model minus reference) over seeds: ``ahead`` / ``behind`` when the
     95 % interval excludes 0, ``level (within noise)`` when it covers 0; fewer than :data:`VERDICT_SEEDS` seeds
@@ -234,20 +222,11 @@ def verdict(diffs: list[float], lower_is_better: bool = True) -> str:
     return "level (within noise)" if lo <= 0 <= hi else "ahead" if (hi < 0) == lower_is_better else "behind"
 
 
-def vs(a: dict, b: dict | None, digits: int = 3) -> str:
-    """:func:`paired` of two ``{seed: value}`` on their common seeds; ``-`` without ``b`` (no reference)."""
-    return "-" if b is None else paired([a[s] - b[s] for s in sorted(set(a) & set(b), key=str)], digits)
-
-
 def duration(s) -> str:
     if s is None or s < 3600:
         return "-" if s is None else f"{s:.0f} s"
     h, m = divmod(round(s / 60), 60)
     return f"{h} h {m} min" if h else f"{m} min"
-
-
-def seeds_of(rs: list[dict]) -> list:
-    return sorted({s for r in rs for s in (r["seed"] if isinstance(r["seed"], list) else [r["seed"]])}, key=str)
 
 
 def hardware_short(rs: list[dict]) -> str:
@@ -292,11 +271,6 @@ def by_seed(rs: list[dict], name: str = "test/mse", horizon=None, scale=1, key: 
             and (v := metric(r, name, horizon)) is not None}
 
 
-def at_seeds(values: dict, seeds: list) -> dict | None:
-    """``values`` ({seed: value}) at ``seeds``; None unless it has every one of them."""
-    return {s: values[s] for s in seeds} if all(s in values for s in seeds) else None
-
-
 def per_seed_lines(rs: list[dict], seeds: list) -> list[dict] | None:
     """The line of each of ``seeds``; None unless each has exactly one."""
     out = [[r for r in rs if r["seed"] == s] for s in seeds]
@@ -330,25 +304,10 @@ def ratio(m: dict, a: str, b: str, recorded: str | None = None):
     return m[recorded] if recorded in m else jinja2.StrictUndefined(obj=m, name=f"{a}/{b}")
 
 
-def fast_over_naive(m: dict, k: str) -> float | None:
-    """The triplet kernel's metric ``k`` over Algorithm 1's (the metrics ``fast_k`` / ``naive_k`` of one line)."""
-    return m[f"fast_{k}"] / m[f"naive_{k}"] if f"fast_{k}" in m and f"naive_{k}" in m else None
-
-
 def span(vals, spec: str | None = None) -> str:
     """``min-max`` of ``vals`` (one value when they print alike) in the format ``spec`` (None: :data:`sr`)."""
     fmt = sr if spec is None else lambda v: format(v, spec)
     return fmt(min(vals)) if fmt(min(vals)) == fmt(max(vals)) else f"{fmt(min(vals))}-{fmt(max(vals))}"
-
-
-def best_trial(rs: list[dict]) -> dict | None:
-    """The complete tuning trial of the lowest :func:`objective`."""
-    return min((r for r in rs if r["state"] == "complete" and objective(r) is not None), key=objective, default=None)
-
-
-def ordered(rs: list[dict], field: str, values: list) -> list[dict]:
-    """``rs`` sorted (stably) by the position of their ``field`` in ``values``, the unlisted last."""
-    return sorted(rs, key=lambda r: values.index(r.get(field)) if r.get(field) in values else len(values))
 
 
 def pivot(lines: list[dict], row: str, column: str) -> list[dict]:
@@ -358,11 +317,6 @@ def pivot(lines: list[dict], row: str, column: str) -> list[dict]:
     for v in lines:
         out.setdefault(str(v[row]), {row: v[row]})[str(v[column])] = v
     return list(out.values())
-
-
-def device_of(r: dict) -> str:
-    """What a benchmark line was measured on: its name from the first ``+`` (``+cuda``; ``""``: CPU, fp32)."""
-    return r["experiment"][r["experiment"].find("+"):] if "+" in r["experiment"] else ""
 
 
 def run_to_run(rs: list[dict], keys: list) -> dict:
@@ -390,13 +344,6 @@ def by_size(rs: list[dict], prefix: str) -> list:
             if k.startswith(prefix + "@"):
                 out.setdefault(int(k.split("@")[1]), {})[r["model"]] = v
     return sorted(out.items())
-
-
-def tokens(rs: list[dict], patch: int) -> int | None:
-    """The tokens of the first line of ``rs`` of patch size ``patch`` (its volume's side over the patch, to the power
-    of its dimensions); None without one."""
-    r = next((r for r in rs if r.get("patch") == patch), None)
-    return None if r is None else (r["shape"][0] // patch) ** len(r["shape"])
 
 
 def provenance_note(rs: list[dict], *names: str) -> str:
@@ -431,19 +378,13 @@ def declared(lg: Ledger, columns: dict, groups: dict | None = None, each: str | 
              rows=(), expand: bool = False, per: dict | None = None, define: dict | None = None,
              let: dict | None = None, keep: str | None = None, optional=(), notes: list | None = None, source=None,
              bullets: bool = True, **args) -> str:
-    """The one renderer: the table an entry of ``results/tables.yaml`` declares (its arguments). The rows: ``groups``
-    ({label: selector}; the variables ``label`` and ``rs``, its lines; ``expand``: a row per line ``r`` of each),
-    ``each`` (a field: a row per value of it among the lines of ``select``, first appearance first; that field and
-    ``rs``; ``per``: {name: [value, ...]}, a row per value of each), then ``rows``: dicts of variables, or lists of
-    template cells (left out when the first cell renders empty), or a Jinja2 expression giving one row each (``r``;
-    ``rs``: its ``lines``, else itself). ``define``: {name: Jinja2 expression} evaluated once, ``let`` per row;
-    ``keep``: an expression a row must satisfy. ``columns``: {head: Jinja2 template} over the row's variables, the
-    table's other arguments and :func:`helpers` (a cell that reads a value the row lacks: ``-``; a None template: no
-    such column; a list: the heads of list rows; ``optional``: heads left out when every cell is ``-`` or empty).
-    The table's lines: ``define``'s ``lines``, else those of ``select``, else of the rows. Under the table, each of
-    ``notes`` (Jinja2 over ``lines`` and the arguments) one line, left out when it renders empty (a ``""`` template:
-    a blank line), then, given ``source`` (the names of the lines, templates), where the lines come from (a bullet
-    when ``bullets``). Without lines, or when every note renders empty: the table alone."""
+    """The one renderer: the table an entry of ``results/tables.yaml`` declares (its arguments, described at the top
+    of that file): its rows (``groups``, ``each``, ``per``, ``rows``; a list row is left out when its first cell
+    renders empty; ``rs``: a row's lines), their cells (``columns``; a cell reading a value the row lacks: ``-``; a
+    None template: no such column; ``optional`` heads left out when every cell is ``-`` or empty), then each of
+    ``notes`` that renders non-empty (``""``: a blank line) and where the table's lines come from (``source``; a
+    bullet when ``bullets``). The table's lines: ``define``'s ``lines``, else those of ``select``, else of the rows;
+    without lines, or when every note renders empty: the table alone."""
     columns = dict.fromkeys(columns, "") if isinstance(columns, list) else columns  # heads of list rows
     columns = {head: t for head, t in columns.items() if t is not None}
     render = lambda template, v: lg.template(str(template)).render(v)
@@ -460,9 +401,9 @@ def declared(lg: Ledger, columns: dict, groups: dict | None = None, each: str | 
 
     args = {**args, "groups": groups, "select": select}
     for name, expression in (define or {}).items():
-        args[name] = lg.template(expression, True)(**args)
+        args[name] = lg.expression(expression)(**args)
     if isinstance(rows, str):
-        rows = [{"r": r, "rs": r.get("lines", [r])} for r in lg.template(rows, True)(**args)]
+        rows = [{"r": r, "rs": r.get("lines", [r])} for r in lg.expression(rows)(**args)]
     found = [{"label": label, "rs": lg.sel(spec)} for label, spec in (groups or {}).items()]
     if each is not None:
         rs = lg.sel(select)
@@ -478,8 +419,8 @@ def declared(lg: Ledger, columns: dict, groups: dict | None = None, each: str | 
             continue
         v = {**args, **row}
         for name, expression in (let or {}).items():
-            v[name] = lg.template(expression, True)(**v)
-        if keep is None or lg.template(keep, True)(**v):
+            v[name] = lg.expression(expression)(**v)
+        if keep is None or lg.expression(keep)(**v):
             body.append([cell(t, v) for t in columns.values()])
             shown.append(v)
             lines.update({id(r): r for r in v.get("rs", [v["r"]] if "r" in v else [])})
@@ -507,21 +448,17 @@ def tables(rows: list[dict], names=None) -> dict:
 def check_markers(page: Path, text: str) -> None:
     """Every ``<!-- ledger:NAME -->`` / ``<!-- paper:... -->`` opening closed by its end marker before the next
     opening; else a :class:`LedgerError` naming the file and the line."""
-    open_ = None
-    for m in MARK_RE.finditer(text):
-        line, tag = text.count("\n", 0, m.start()) + 1, m.group(1)
-        if tag.startswith(("ledger:", "paper:")):
-            if open_:
-                raise LedgerError(f"{page}:{open_[0]}: <!-- {open_[1]} --> has no end marker before line {line}")
-            open_ = (line, tag)
-        elif not open_ or open_[1].split(":")[0] != tag[1:]:
+    open_ = None  # the open block's line and tag
+    for m in [*MARK_RE.finditer(text), None]:  # None: the end of the page
+        line, tag = (text.count("\n", 0, m.start()) + 1, m.group(1)) if m else (0, "")
+        opens = tag.startswith(("ledger:", "paper:"))
+        if open_ and (opens or not m):
+            raise LedgerError(f"{page}:{open_[0]}: <!-- {open_[1]} --> has no end marker"
+                              + (f" before line {line}" if m else f" (<!-- /{open_[1].split(':')[0]} -->)"))
+        if m and not opens and (not open_ or open_[1].split(":")[0] != tag[1:]):
             raise LedgerError(f"{page}:{line}: <!-- {tag} --> closes no open block"
                               + (f" (line {open_[0]} opened <!-- {open_[1]} -->)" if open_ else ""))
-        else:
-            open_ = None
-    if open_:
-        end = open_[1].split(":")[0]
-        raise LedgerError(f"{page}:{open_[0]}: <!-- {open_[1]} --> has no end marker (<!-- /{end} -->)")
+        open_ = (line, tag) if opens else None
 
 
 def render_tables(files: list[Path], rows: list[dict], write: bool) -> list[Path]:
@@ -544,5 +481,4 @@ def render_tables(files: list[Path], rows: list[dict], write: bool) -> list[Path
     return changed
 
 
-def doc_files() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+doc_files = lambda: [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # the pages of generated tables
