@@ -140,13 +140,6 @@ class Ledger:
                             wall_s=mean([r["wall_s"] for r in lines]), lines=lines))
         return out
 
-    def judged(self, spec, model, reference, name="test/mse", horizon=None, lower_is_better=True) -> list:
-        """``[paired difference, seeds, verdict]`` of ``model`` against ``reference`` (:func:`paired`,
-        :func:`verdict`) on their common seeds; ``horizon="avg"``: the four-horizon mean of each seed."""
-        a, b = (by_seed(self.sel(spec, model=m), name, horizon) for m in (model, reference))
-        diffs = [a[s] - b[s] for s in sorted(set(a) & set(b), key=str)]
-        return [paired(diffs), len(diffs) or "-", verdict(diffs, lower_is_better)]
-
 
 # ------------------------------------------------------------------------------------------------ formatting
 def md(head: list[str], body: list[list]) -> str:
@@ -172,6 +165,8 @@ seeds_of = lambda rs: sorted({s for r in rs for s in (r["seed"] if isinstance(r[
 at_seeds = lambda values, seeds: {s: values[s] for s in seeds} if all(s in values for s in seeds) else None  # or None
 ordered = lambda rs, field, values: sorted(rs, key=lambda r: values.index(r.get(field)) if r.get(field) in values else
                                            len(values))  # sorted (stably) by the position of ``field`` in ``values``
+diffs = lambda a, b: [a[s] - b[s] for s in sorted(set(a) & set(b), key=str)]  # of two {seed: value}, common seeds
+vs = lambda a, b, digits=3: "-" if b is None else paired(diffs(a, b), digits)  # ``-`` without ``b`` (no reference)
 # the triplet kernel's metric ``k`` over Algorithm 1's (the metrics ``fast_k`` / ``naive_k`` of one line)
 fast_over_naive = lambda m, k: m[f"fast_{k}"] / m[f"naive_{k}"] if f"fast_{k}" in m and f"naive_{k}" in m else None
 # what a benchmark line was measured on: its name from the first ``+`` (``+cuda``; ``""``: CPU, fp32)
@@ -204,11 +199,6 @@ def paired(diffs: list[float], digits: int = 3) -> str:
         return f"{diffs[0]:.{digits}f} (1 seed, no interval)" if diffs else "-"
     lo, hi = interval(diffs)
     return f"{mean(diffs):.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]" + (" within noise" if lo <= 0 <= hi else "")
-
-
-def vs(a: dict, b: dict | None, digits: int = 3) -> str:
-    """:func:`paired` of two ``{seed: value}`` on their common seeds; ``-`` without ``b`` (no reference)."""
-    return "-" if b is None else paired([a[s] - b[s] for s in sorted(set(a) & set(b), key=str)], digits)
 
 
 def verdict(diffs: list[float], lower_is_better: bool = True) -> str:
@@ -271,12 +261,6 @@ def by_seed(rs: list[dict], name: str = "test/mse", horizon=None, scale=1, key: 
             and (v := metric(r, name, horizon)) is not None}
 
 
-def per_seed_lines(rs: list[dict], seeds: list) -> list[dict] | None:
-    """The line of each of ``seeds``; None unless each has exactly one."""
-    out = [[r for r in rs if r["seed"] == s] for s in seeds]
-    return [o[0] for o in out] if all(len(o) == 1 for o in out) else None
-
-
 def horizon_cell(rs: list[dict], horizon: int, metrics: list) -> str:
     """``metrics`` (each a name or alternative names) at ``horizon``: mean ± std over the lines, ``/`` between."""
     values = [[v for r in rs if (v := metric(r, name, horizon)) is not None] for name in metrics]
@@ -288,12 +272,6 @@ def horizons_mean(rs: list[dict], metrics: list, horizons=HORIZONS) -> str:
     means = [[mean(vals) for h in horizons if (vals := [v for r in rs if (v := metric(r, name, h)) is not None])]
              for name in metrics]
     return " / ".join(f"{mean(m):.3f}" for m in means if len(m) == len(horizons)) or "-"
-
-
-def spread(r: dict, name: str) -> str:
-    """``mean ± std`` of a line recording a summary over seeds (``metrics_std``), else its value; ``-``."""
-    v, s = r["metrics"].get(name), r.get("metrics_std", {}).get(name)
-    return "-" if v is None else f"{v:.3f}" + ("" if s is None else f" ± {s:.3f}")
 
 
 def ratio(m: dict, a: str, b: str, recorded: str | None = None):
