@@ -18,7 +18,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import json
-import math
+import math  # noqa: F401 (math.prod in the templates)
 import re
 import statistics
 import sys
@@ -42,11 +42,8 @@ PAPER_RE = re.compile(r"(<!-- paper:(?P<key>[\w./-]+):(?P<value>\w+) -->)(?P<bod
 MARK_RE = re.compile(r"<!-- (ledger:[\w./-]+|/ledger|paper:[\w./:-]+|/paper) -->")
 HORIZONS, SEEDS5, NO_RUNS = (96, 192, 336, 720), [2024, 2025, 2026, 2027, 2028], "no runs yet"
 VERDICT_SEEDS = 3  # the fewest seeds a verdict is drawn from
-LABELS = {"hot_product": "HOT (product)", "hot_sum": "HOT (sum)", "full": "Transformer (non-factorized)",
-          "spatial": "Transformer (spatial)", "temporal": "Transformer (temporal)", "hot_causal": "causal HOT product",
-          "kronecker_product": "Kronecker product", "kronecker_sum": "Kronecker sum", "axial": "axial",
-          "kronecker_linear": "Kronecker linear (FAVOR+)", "divided": "divided", "cnn3d": "3D CNN"}
-SHORT = {**LABELS, "full": "full attention", "hot_product": "HOT product", "hot_sum": "HOT sum"}  # analysis tables
+LABELS = SPEC["labels"]  # the models' display names; the analysis tables' shorter ones:
+SHORT = {**LABELS, **SPEC["short_labels"]}
 BENCH_ATTN = ("kronecker_product", "kronecker_sum", "kronecker_linear", "full", "axial", "divided")
 read_ledger = lambda path=LEDGER: results.read_ledger(path)  # every line of the ledger, each checked
 
@@ -61,16 +58,14 @@ def _match(value, want) -> bool:
     return value == want
 
 
-def matches(r: dict, spec: dict) -> bool:
-    """Whether the line ``r`` matches the selector ``spec`` ({field: value, glob or list; ``!``: not})."""
-    return all(_match(r.get(k), v) for k, v in spec.items())
+# whether the line ``r`` matches the selector ``spec`` ({field: value, glob or list; ``!``: not})
+matches = lambda r, spec: all(_match(r.get(k), v) for k, v in spec.items())
 
 
 class Ledger:
-    """The loaded ledger. ``df``: one row per line (``line``: the line itself) in ledger order, the newest line of
-    each experiment and seed (a line that records no seed: superseded by any later line of its experiment);
-    ``history``: every line. The methods are the templates' functions that read it (a selector: a name of the
-    ``selectors`` of ``results/tables.yaml`` or a dict)."""
+    """The loaded ledger: ``df``, the newest line (``line``) of each experiment and seed in ledger order (a line of no
+    seed: superseded by any later line of its experiment); ``history``, every line. Its methods are the templates'
+    functions that read it (a selector: a name of the ``selectors`` of ``results/tables.yaml``, or a dict)."""
 
     def __init__(self, rows: list[dict]) -> None:
         df = pd.DataFrame({"line": rows, "experiment": [r["experiment"] for r in rows],
@@ -79,17 +74,16 @@ class Ledger:
         self.history, self.df = rows, df[~((df["seed"] == "null") & df.duplicated("experiment", keep="last"))]
         env = self.env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False,
                                             finalize=lambda v: "-" if v is None else v)  # a missing value prints as -
-        # the templates' names: this module's functions and constants, the methods below, a few shorthands
-        env.globals.update({k: v for k, v in globals().items() if not k.startswith("_") and (
-            k.isupper() or getattr(v, "__module__", None) == __name__)})
+        # the templates' names: this module's (functions, constants, modules), the methods below, a few shorthands
+        env.globals.update({k: v for k, v in globals().items() if not k.startswith("_")})
         env.globals.update({k: getattr(self, k) for k in vars(Ledger) if not k.startswith("_")})
         env.globals.update({
-            "L": self.sel, "prod": math.prod, "from": lambda name, values: values[name],  # map('from', dict)
+            "L": self.sel, "from": lambda name, values: values[name],  # map('from', dict)
             "every": lambda spec: [r for r in rows if matches(r, spec)], "table": lambda t: declared(self, **t),
             "col": lambda spec, name, scale=1: [  # the values of a metric
                 scale * v for r in self.sel(spec) if (v := metric(r, name)) is not None],
-            "students": lambda ds, m: {r["seed"]: 100 * r["metrics"]["test/acc"] for r in sorted(
-                self.sel(task="text", dataset=ds, model=m, role="student"), key=lambda r: r["seed"])}})
+            "students": lambda ds, m: by_seed(sorted(self.sel(task="text", dataset=ds, model=m, role="student"),
+                                                     key=lambda r: r["seed"]), "test/acc", scale=100)})
         env.filters.update({k: v for k, v in env.globals.items() if callable(v) and k not in env.filters})
         env.tests.update(has=has, matches=matches)  # selectattr('metrics', 'has', [name, ...])
         macros = env.from_string(SPEC["macros"]).module  # after the functions, which the macros call
@@ -103,15 +97,13 @@ class Ledger:
         return [r for r in self.df["line"] if matches(r, spec)]
 
     def bench(self, lines: str, device: str | list = "") -> list[dict]:
-        """The benchmark lines of the experiment glob ``lines`` measured on ``device`` (or on each of a list; ``""``:
-        CPU, fp32): a GPU line never stands in a CPU table, nor a CPU line in a GPU one."""
+        """The benchmark lines of the glob ``lines`` measured on ``device`` alone (a list: each; ``""``: CPU, fp32)."""
         return [r for d in ([device] if isinstance(device, str) else device)
                 for r in self.sel(task="benchmark", experiment=lines + d) if device_of(r) == d]
 
     def newest_with(self, prefix: str, suffix: str, names) -> list[dict]:
-        """Per benchmark ``prefix*`` on the device ``suffix`` (every line of it, ``history``): its newest line holding
-        the metrics ``names`` (a name or a list), with ``others``, its other lines on the same hardware, and
-        ``lines``, all of them."""
+        """Per benchmark ``prefix*`` on the device ``suffix`` (every line, ``history``): its newest line holding the
+        metrics ``names`` (a name or a list), with ``others``, its other lines on the same hardware (``lines``: all)."""
         names = [names] if isinstance(names, str) else names
         hist = [r for r in self.history if r["task"] == "benchmark" and r["experiment"].startswith(prefix)
                 and device_of(r) == suffix]
@@ -129,8 +121,7 @@ class Ledger:
         out = []
         for model in dict.fromkeys(r["model"] for r in self.sel(task="traffic", dataset=dataset)):
             mine = self.sel(task="traffic", dataset=dataset, model=model)
-            lines = sorted([r for r in mine if isinstance(r["seed"], int)], key=lambda r: r["seed"])
-            if not lines:
+            if not (lines := sorted([r for r in mine if isinstance(r["seed"], int)], key=lambda r: r["seed"])):
                 out += [dict(r, lines=[r]) for r in mine]
                 continue
             vals = {k: [r["metrics"][k] for r in lines] for k in lines[0]["metrics"]
@@ -142,19 +133,17 @@ class Ledger:
 
 
 # ------------------------------------------------------------------------------------------------ formatting
-def md(head: list[str], body: list[list]) -> str:
-    """A markdown table (tabulate through ``DataFrame.to_markdown``); without rows, one row saying so."""
-    body = body or [[NO_RUNS] + [""] * (len(head) - 1)]
-    return pd.DataFrame([[str(c) for c in r] for r in body], columns=head).to_markdown(
-        index=False, tablefmt="github", disable_numparse=True)
-
-
 f = lambda v, digits=3: "-" if v is None else f"{v:.{digits}f}"  # a value, ``-`` for None
 mean = lambda vals: sum(vals) / len(vals) if vals else None
 rng = lambda vals, digits=2: f"{min(vals):.{digits}f}-{max(vals):.{digits}f}" if vals else "-"
 sr = lambda v: "" if v is None else f"{v:.4g}"  # a logged stable rank as recorded (4 significant digits at most)
 shape = lambda v: "(" + ",".join(map(str, v)) + ")"  # [16, 16, 16] -> (16,16,16)
 ms = lambda v: f"{v:.0f}" if v >= 100 else f"{v:.1f}"  # a time: one decimal below 100
+# a wall-clock time: seconds below an hour, else hours and minutes
+duration = lambda s: "-" if s is None else f"{s:.0f} s" if s < 3600 else "%d h %d min" % divmod(round(s / 60), 60)
+# ``min-max`` of ``vals`` (one value when they print alike) in the format ``spec`` (None: :data:`sr`)
+span = lambda vals, spec=None: "-".join(dict.fromkeys(sr(v) if spec is None else format(v, spec)
+                                                      for v in (min(vals), max(vals))))
 short_label = lambda model: SHORT.get(model, model)  # an attention type in the analysis tables: ``HOT product``
 has = lambda metrics, names: all(n in metrics for n in names)
 objective = lambda r: r["metrics"].get(r.get("objective", "val/mae"))  # a tuning trial's (``val/mae`` by default)
@@ -187,8 +176,7 @@ def mean_std(vals: list[float], digits: int = 3) -> str:
 
 def interval(diffs: list[float]) -> tuple[float, float]:
     """The 95 % Student-t interval of the mean of ``diffs`` (two or more; a zero spread: the mean itself)."""
-    from scipy import stats
-
+    from scipy import stats  # slow to import: only where an interval is drawn
     ci = stats.ttest_1samp(diffs, 0.0).confidence_interval(0.95)
     return (float(ci.low), float(ci.high)) if statistics.pstdev(diffs) else (mean(diffs), mean(diffs))
 
@@ -203,20 +191,12 @@ def paired(diffs: list[float], digits: int = 3) -> str:
 
 def verdict(diffs: list[float], lower_is_better: bool = True) -> str:
     """In words, from the paired differences (model minus reference) over seeds: ``ahead`` / ``behind`` when the
-    95 % interval excludes 0, ``level (within noise)`` when it covers 0; fewer than :data:`VERDICT_SEEDS` seeds
-    give no verdict (two seeds' interval rests on one degree of freedom: two nearly equal differences give a narrow
-    interval by chance)."""
+    95 % interval excludes 0, ``level (within noise)`` when it covers 0; fewer than :data:`VERDICT_SEEDS` seeds give
+    none (two seeds' interval rests on one degree of freedom: two nearly equal differences are narrow by chance)."""
     if len(diffs) < VERDICT_SEEDS:
         return f"{len(diffs)} seed{'s' * (len(diffs) > 1)}: no verdict" if diffs else "not run yet"
     lo, hi = interval(diffs)
     return "level (within noise)" if lo <= 0 <= hi else "ahead" if (hi < 0) == lower_is_better else "behind"
-
-
-def duration(s) -> str:
-    if s is None or s < 3600:
-        return "-" if s is None else f"{s:.0f} s"
-    h, m = divmod(round(s / 60), 60)
-    return f"{h} h {m} min" if h else f"{m} min"
 
 
 def hardware_short(rs: list[dict]) -> str:
@@ -227,6 +207,7 @@ def hardware_short(rs: list[dict]) -> str:
 
 
 def epochs_best(r: dict) -> str:
+    """``epochs (best epoch)`` of a line, and whether it was stopped by hand; ``-``."""
     if r.get("epochs") is None:
         return "-"
     best = "" if r.get("best_epoch") is None else f" ({r['best_epoch']})"
@@ -275,22 +256,15 @@ def horizons_mean(rs: list[dict], metrics: list, horizons=HORIZONS) -> str:
 
 
 def ratio(m: dict, a: str, b: str, recorded: str | None = None):
-    """``m[a] / m[b]`` of the metrics ``m``; without both, the metric ``recorded`` (a ratio the line recorded itself);
-    else undefined (a ``-`` cell)."""
+    """``m[a] / m[b]``; without both, the metric ``recorded`` (the line's own ratio), else undefined (a ``-`` cell)."""
     if a in m and m.get(b):
         return m[a] / m[b]
     return m[recorded] if recorded in m else jinja2.StrictUndefined(obj=m, name=f"{a}/{b}")
 
 
-def span(vals, spec: str | None = None) -> str:
-    """``min-max`` of ``vals`` (one value when they print alike) in the format ``spec`` (None: :data:`sr`)."""
-    fmt = sr if spec is None else lambda v: format(v, spec)
-    return fmt(min(vals)) if fmt(min(vals)) == fmt(max(vals)) else f"{fmt(min(vals))}-{fmt(max(vals))}"
-
-
 def pivot(lines: list[dict], row: str, column: str) -> list[dict]:
-    """One dict per value of the field ``row`` (in order of first appearance): ``{row: value, COLUMN VALUE: its
-    line, ...}`` (the last line of each; a column value as text)."""
+    """One dict per value of the field ``row``, first appearance first: ``{row: value, COLUMN VALUE (text): its last
+    line, ...}``."""
     out: dict = {}
     for v in lines:
         out.setdefault(str(v[row]), {row: v[row]})[str(v[column])] = v
@@ -314,8 +288,7 @@ def run_to_run(rs: list[dict], keys: list) -> dict:
 
 
 def by_size(rs: list[dict], prefix: str) -> list:
-    """``[(N, {model: value}), ...]``, N ascending, of the metrics ``PREFIX@N`` of the lines ``rs`` (a later line
-    replaces an earlier one)."""
+    """``[(N, {model: value}), ...]``, N ascending, of the metrics ``PREFIX@N`` of the lines ``rs`` (the last wins)."""
     out: dict = {}
     for r in rs:
         for k, v in r["metrics"].items():
@@ -325,8 +298,7 @@ def by_size(rs: list[dict], prefix: str) -> list:
 
 
 def provenance_note(rs: list[dict], *names: str) -> str:
-    """Where a table's lines come from: measured (command, commit) or transcribed (file, commit), hardware, torch,
-    dates and the ledger ``names``."""
+    """Where the lines come from: measured (command, commit) or transcribed (file, commit), hardware, torch, dates."""
     join = lambda xs: ", ".join(dict.fromkeys(map(str, xs)))
     parts = []
     for transcribed in (False, True):
@@ -363,13 +335,11 @@ def declared(lg: Ledger, columns: dict, groups: dict | None = None, each: str | 
     ``notes`` that renders non-empty (``""``: a blank line) and where the table's lines come from (``source``; a
     bullet when ``bullets``). The table's lines: ``define``'s ``lines``, else those of ``select``, else of the rows;
     without lines, or when every note renders empty: the table alone."""
-    columns = dict.fromkeys(columns, "") if isinstance(columns, list) else columns  # heads of list rows
-    columns = {head: t for head, t in columns.items() if t is not None}
+    columns = {h: t for h, t in (dict.fromkeys(columns, "") if isinstance(columns, list) else columns).items()
+               if t is not None}  # a list: the heads of list rows
     render = lambda template, v: lg.template(str(template)).render(v)
 
-    def cell(template, v):
-        """A column's cell of the row ``v``: ``-`` where the template reads a field or key the row's values lack; a
-        name the template does not know at all (a typo) stays an error."""
+    def cell(template, v):  # ``-`` where the template reads a field or key the row lacks; an unknown name raises
         try:
             return render(template, v)
         except jinja2.UndefinedError as e:
@@ -403,7 +373,9 @@ def declared(lg: Ledger, columns: dict, groups: dict | None = None, each: str | 
             shown.append(v)
             lines.update({id(r): r for r in v.get("rs", [v["r"]] if "r" in v else [])})
     kept = [i for i, head in enumerate(columns) if head not in optional or any(row[i] not in "-" for row in body)]
-    table = md([render(h, args) for i, h in enumerate(columns) if i in kept], [[row[i] for i in kept] for row in body])
+    body = [[row[i] for i in kept] for row in body] or [[NO_RUNS] + [""] * (len(kept) - 1)]  # no rows: one saying so
+    table = pd.DataFrame(body, columns=[render(h, args) for i, h in enumerate(columns) if i in kept]).to_markdown(
+        index=False, tablefmt="github", disable_numparse=True)  # tabulate
     names = [render(n, args) for n in ([] if not source else [source] if isinstance(source, str) else source)]
     rs = args["lines"] if "lines" in args else lg.sel(select) if select else list(lines.values())
     if not rs:
@@ -417,35 +389,29 @@ def declared(lg: Ledger, columns: dict, groups: dict | None = None, each: str | 
 
 # ---------------------------------------------------------------------------------------------- the pages
 def tables(rows: list[dict], names=None) -> dict:
-    """``{NAME: body}`` of the tables ``names`` (None: every table) of ``results/tables.yaml`` rendered from the
-    ledger lines ``rows``."""
+    """``{NAME: body}`` of the tables ``names`` (None: all) of ``results/tables.yaml`` from the ledger ``rows``."""
     lg = Ledger(rows)
     return {name: declared(lg, **t) for name, t in TABLES.items() if names is None or name in names}
 
 
-def check_markers(page: Path, text: str) -> None:
-    """Every ``<!-- ledger:NAME -->`` / ``<!-- paper:... -->`` opening closed by its end marker before the next
-    opening; else a :class:`LedgerError` naming the file and the line."""
-    open_ = None  # the open block's line and tag
-    for m in [*MARK_RE.finditer(text), None]:  # None: the end of the page
-        line, tag = (text.count("\n", 0, m.start()) + 1, m.group(1)) if m else (0, "")
-        opens = tag.startswith(("ledger:", "paper:"))
-        if open_ and (opens or not m):
-            raise LedgerError(f"{page}:{open_[0]}: <!-- {open_[1]} --> has no end marker"
-                              + (f" before line {line}" if m else f" (<!-- /{open_[1].split(':')[0]} -->)"))
-        if m and not opens and (not open_ or open_[1].split(":")[0] != tag[1:]):
-            raise LedgerError(f"{page}:{line}: <!-- {tag} --> closes no open block"
-                              + (f" (line {open_[0]} opened <!-- {open_[1]} -->)" if open_ else ""))
-        open_ = (line, tag) if opens else None
-
-
 def render_tables(files: list[Path], rows: list[dict], write: bool) -> list[Path]:
     """Replace the body of every ledger block and inline paper reference of ``files`` by what the ledger and the
-    paper numbers give. Returns the files whose content differs (written when ``write``)."""
+    paper numbers give; a marker without its end (before the next opening), an end without its opening or an unknown
+    table is a :class:`LedgerError` naming the file and the line. Returns the files whose content differs (written
+    when ``write``)."""
     bodies, changed = tables(rows), []
     for page in files:
-        text = page.read_text()
-        check_markers(page, text)
+        text, open_ = page.read_text(), None  # the open block's line and tag
+        for m in [*MARK_RE.finditer(text), None]:  # None: the end of the page
+            line, tag = (text.count("\n", 0, m.start()) + 1, m.group(1)) if m else (0, "")
+            opens = tag.startswith(("ledger:", "paper:"))
+            if open_ and (opens or not m):
+                raise LedgerError(f"{page}:{open_[0]}: <!-- {open_[1]} --> has no end marker"
+                                  + (f" before line {line}" if m else f" (<!-- /{open_[1].split(':')[0]} -->)"))
+            if m and not opens and (not open_ or open_[1].split(":")[0] != tag[1:]):
+                raise LedgerError(f"{page}:{line}: <!-- {tag} --> closes no open block"
+                                  + (f" (line {open_[0]} opened <!-- {open_[1]} -->)" if open_ else ""))
+            open_ = (line, tag) if opens else None
         for m in TABLE_RE.finditer(text):
             if m.group("name") not in bodies:
                 raise LedgerError(f"{page}:{text.count(chr(10), 0, m.start()) + 1}: unknown ledger table "
