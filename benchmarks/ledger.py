@@ -5,13 +5,11 @@
     ...
     <!-- /ledger -->
 
-whose body the entry NAME of ``results/tables.yaml`` renders (:func:`declared`, the one renderer: the entry is its
-arguments, Jinja2 templates over this module's functions, the :class:`Ledger`'s methods and the file's macros); a
-paper's number in the text sits in ``<!-- paper:KEY:VALUE -->...<!-- /paper -->`` (``results/paper_numbers.yaml``).
-``python benchmarks/campaign.py --tables`` rewrites the blocks, ``--check`` fails on a stale one. The ledger is
-loaded once into a pandas DataFrame (:class:`Ledger`): **the newest line of each experiment and seed** stands for it
-(a re-measurement supersedes the earlier line); only the run-to-run cells of the decoding and growth tables read
-every line (``history``). Markdown is written by ``DataFrame.to_markdown``.
+whose body the entry NAME of ``results/tables.yaml`` renders (:func:`declared`: the entry is its arguments, Jinja2
+over this module's functions, the :class:`Ledger`'s methods and the file's macros; ``DataFrame.to_markdown`` writes
+it); a paper's number sits in ``<!-- paper:KEY:VALUE -->...<!-- /paper -->`` (``results/paper_numbers.yaml``).
+``python benchmarks/campaign.py --tables`` rewrites the blocks, ``--check`` fails on a stale one. Of each experiment
+and seed **the newest line** counts (:class:`Ledger`: a re-measurement supersedes; run-to-run cells read every line).
 """
 from __future__ import annotations
 
@@ -42,8 +40,7 @@ PAPER_RE = re.compile(r"(<!-- paper:(?P<key>[\w./-]+):(?P<value>\w+) -->)(?P<bod
 MARK_RE = re.compile(r"<!-- (ledger:[\w./-]+|/ledger|paper:[\w./:-]+|/paper) -->")
 HORIZONS, SEEDS5, NO_RUNS = (96, 192, 336, 720), [2024, 2025, 2026, 2027, 2028], "no runs yet"
 VERDICT_SEEDS = 3  # the fewest seeds a verdict is drawn from
-LABELS = SPEC["labels"]  # the models' display names; the analysis tables' shorter ones:
-SHORT = {**LABELS, **SPEC["short_labels"]}
+LABELS, SHORT = SPEC["labels"], {**SPEC["labels"], **SPEC["short_labels"]}  # the models' names, shorter ones
 BENCH_ATTN = ("kronecker_product", "kronecker_sum", "kronecker_linear", "full", "axial", "divided")
 read_ledger = lambda path=LEDGER: results.read_ledger(path)  # every line of the ledger, each checked
 
@@ -68,22 +65,20 @@ class Ledger:
     functions that read it (a selector: a name of the ``selectors`` of ``results/tables.yaml``, or a dict)."""
 
     def __init__(self, rows: list[dict]) -> None:
-        df = pd.DataFrame({"line": rows, "experiment": [r["experiment"] for r in rows],
-                           "seed": [json.dumps(r["seed"]) for r in rows]})
-        df = df.drop_duplicates(["experiment", "seed"], keep="last")
+        df = pd.DataFrame({"line": rows, "experiment": [r["experiment"] for r in rows], "seed": [
+            json.dumps(r["seed"]) for r in rows]}).drop_duplicates(["experiment", "seed"], keep="last")
         self.history, self.df = rows, df[~((df["seed"] == "null") & df.duplicated("experiment", keep="last"))]
         env = self.env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False,
                                             finalize=lambda v: "-" if v is None else v)  # a missing value prints as -
         # the templates' names: this module's (functions, constants, modules), the methods below, a few shorthands
         env.globals.update({k: v for k, v in globals().items() if not k.startswith("_")})
         env.globals.update({k: getattr(self, k) for k in vars(Ledger) if not k.startswith("_")})
-        env.globals.update({
-            "L": self.sel, "from": lambda name, values: values[name],  # map('from', dict)
-            "every": lambda spec: [r for r in rows if matches(r, spec)], "table": lambda t: declared(self, **t),
-            "col": lambda spec, name, scale=1: [  # the values of a metric
-                scale * v for r in self.sel(spec) if (v := metric(r, name)) is not None],
-            "students": lambda ds, m: by_seed(sorted(self.sel(task="text", dataset=ds, model=m, role="student"),
-                                                     key=lambda r: r["seed"]), "test/acc", scale=100)})
+        env.globals.update(
+            L=self.sel, table=lambda t: declared(self, **t), every=lambda spec: [r for r in rows if matches(r, spec)],
+            col=lambda spec, name, scale=1: [scale * v for r in self.sel(spec) if (v := metric(r, name)) is not None],
+            students=lambda ds, m: by_seed(sorted(self.sel(task="text", dataset=ds, model=m, role="student"),
+                                                  key=lambda r: r["seed"]), "test/acc", scale=100))
+        env.globals["from"] = lambda name, values: values[name]  # map('from', dict): the values of keys
         env.filters.update({k: v for k, v in env.globals.items() if callable(v) and k not in env.filters})
         env.tests.update(has=has, matches=matches)  # selectattr('metrics', 'has', [name, ...])
         macros = env.from_string(SPEC["macros"]).module  # after the functions, which the macros call
@@ -103,8 +98,7 @@ class Ledger:
 
     def newest_with(self, prefix: str, suffix: str, names) -> list[dict]:
         """Per benchmark ``prefix*`` on the device ``suffix`` (every line, ``history``): its newest line holding the
-        metrics ``names`` (a name or a list), with ``others``, its other lines on the same hardware (``lines``: all)."""
-        names = [names] if isinstance(names, str) else names
+        metrics ``names``, with ``others``, its other lines on the same hardware (``lines``: all of them)."""
         hist = [r for r in self.history if r["task"] == "benchmark" and r["experiment"].startswith(prefix)
                 and device_of(r) == suffix]
         out = []
@@ -156,12 +150,15 @@ ordered = lambda rs, field, values: sorted(rs, key=lambda r: values.index(r.get(
                                            len(values))  # sorted (stably) by the position of ``field`` in ``values``
 diffs = lambda a, b: [a[s] - b[s] for s in sorted(set(a) & set(b), key=str)]  # of two {seed: value}, common seeds
 vs = lambda a, b, digits=3: "-" if b is None else paired(diffs(a, b), digits)  # ``-`` without ``b`` (no reference)
+# ``epochs (best epoch)`` of a line, and whether it was stopped by hand; ``-``
+epochs_best = lambda r: "-" if r.get("epochs") is None else str(r["epochs"]) + (
+    "" if r.get("best_epoch") is None else f" ({r['best_epoch']})") + (
+    ", stopped by hand" if (r.get("stopping") or {}).get("stopped_by_hand") else "")
 # the triplet kernel's metric ``k`` over Algorithm 1's (the metrics ``fast_k`` / ``naive_k`` of one line)
 fast_over_naive = lambda m, k: m[f"fast_{k}"] / m[f"naive_{k}"] if f"fast_{k}" in m and f"naive_{k}" in m else None
 # what a benchmark line was measured on: its name from the first ``+`` (``+cuda``; ``""``: CPU, fp32)
 device_of = lambda r: r["experiment"][r["experiment"].find("+"):] if "+" in r["experiment"] else ""
-# the tokens of the first line of ``rs`` of patch size ``patch``: its volume's side over the patch, to the power of
-# its dimensions; None without one
+# the tokens of the first line of patch size ``patch``: (its volume's side / patch) ** its dimensions; None without
 tokens = lambda rs, patch: next(((r["shape"][0] // patch) ** len(r["shape"]) for r in rs if r.get("patch") == patch),
                                 None)
 
@@ -191,8 +188,8 @@ def paired(diffs: list[float], digits: int = 3) -> str:
 
 def verdict(diffs: list[float], lower_is_better: bool = True) -> str:
     """In words, from the paired differences (model minus reference) over seeds: ``ahead`` / ``behind`` when the
-    95 % interval excludes 0, ``level (within noise)`` when it covers 0; fewer than :data:`VERDICT_SEEDS` seeds give
-    none (two seeds' interval rests on one degree of freedom: two nearly equal differences are narrow by chance)."""
+    95 % interval excludes 0, else ``level (within noise)``; none under :data:`VERDICT_SEEDS` seeds (two seeds'
+    interval rests on one degree of freedom: two nearly equal differences make it narrow by chance)."""
     if len(diffs) < VERDICT_SEEDS:
         return f"{len(diffs)} seed{'s' * (len(diffs) > 1)}: no verdict" if diffs else "not run yet"
     lo, hi = interval(diffs)
@@ -206,60 +203,45 @@ def hardware_short(rs: list[dict]) -> str:
     return ", ".join(dict.fromkeys(out)) or "-"
 
 
-def epochs_best(r: dict) -> str:
-    """``epochs (best epoch)`` of a line, and whether it was stopped by hand; ``-``."""
-    if r.get("epochs") is None:
-        return "-"
-    best = "" if r.get("best_epoch") is None else f" ({r['best_epoch']})"
-    return f"{r['epochs']}{best}" + (", stopped by hand" if (r.get("stopping") or {}).get("stopped_by_hand") else "")
-
-
 def metric(r: dict, names, horizon: int | None = None):
     """The first of ``names`` the line has; with ``horizon``: ``NAME@horizon`` or ``NAME`` of a line of that horizon."""
-    for name in (names,) if isinstance(names, str) else names:
-        for key in [name] if horizon is None else [f"{name}@{horizon}", *[name] * (r.get("horizon") == horizon)]:
-            if key in r["metrics"]:
-                return r["metrics"][key]
-    return None
-
-
-def horizon_average(rs: list[dict], seed, name: str = "test/mse", horizons=HORIZONS):
-    """One seed's mean over ``horizons``: from its per-horizon values, or from a line that records only that average
-    (``horizon``: the list of horizons)."""
-    per = [[v for r in rs if r["seed"] == seed and (v := metric(r, name, h)) is not None] for h in horizons]
-    if all(len(p) == 1 for p in per):
-        return mean([p[0] for p in per])
-    whole = [metric(r, name) for r in rs if r["seed"] == seed and r.get("horizon") == list(horizons)]
-    return whole[0] if len(whole) == 1 and whole[0] is not None else None
+    keys = [k for name in ((names,) if isinstance(names, str) else names)
+            for k in ([name] if horizon is None else [f"{name}@{horizon}", *[name] * (r.get("horizon") == horizon)])]
+    return next((r["metrics"][k] for k in keys if k in r["metrics"]), None)
 
 
 def by_seed(rs: list[dict], name: str = "test/mse", horizon=None, scale=1, key: str = "seed") -> dict:
-    """``{seed: scale * value}`` of ``name`` (at ``horizon``; ``"avg"``: each seed's mean over the four horizons) of
-    the lines ``rs`` of one seed (a line of a list of seeds records a summary over them); ``key``: another field."""
+    """``{seed: scale * value}`` of ``name`` (at ``horizon``) of the lines ``rs`` of one seed (a line of a list of seeds
+    records a summary over them; ``key``: another field than the seed). ``horizon="avg"``: each seed's mean over the
+    four horizons, from its per-horizon values, or from a line recording only that average (``horizon``: a list)."""
+    if horizon != "avg":
+        return {r.get(key): scale * v for r in rs if not isinstance(r["seed"], list)
+                and (v := metric(r, name, horizon)) is not None}
+    out = {}
+    for s in seeds_of(rs):
+        per = [[v for r in rs if r["seed"] == s and (v := metric(r, name, h)) is not None] for h in HORIZONS]
+        whole = [metric(r, name) for r in rs if r["seed"] == s and r.get("horizon") == list(HORIZONS)]
+        if (v := mean([p[0] for p in per]) if all(len(p) == 1 for p in per) else
+                whole[0] if len(whole) == 1 else None) is not None:
+            out[s] = scale * v
+    return out
+
+
+def horizon_cell(rs: list[dict], horizon, metrics: list) -> str:
+    """``metrics`` (each a name or alternative names) at ``horizon``: mean ± std over the lines, ``/`` between;
+    ``horizon="avg"``: the mean over the four horizons (of the mean over the lines) of each metric every one has."""
     if horizon == "avg":
-        return {s: scale * v for s in seeds_of(rs) if (v := horizon_average(rs, s, name)) is not None}
-    return {r.get(key): scale * v for r in rs if not isinstance(r["seed"], list)
-            and (v := metric(r, name, horizon)) is not None}
-
-
-def horizon_cell(rs: list[dict], horizon: int, metrics: list) -> str:
-    """``metrics`` (each a name or alternative names) at ``horizon``: mean ± std over the lines, ``/`` between."""
+        means = [[mean(vals) for h in HORIZONS if (vals := [v for r in rs if (v := metric(r, name, h)) is not None])]
+                 for name in metrics]
+        return " / ".join(f"{mean(m):.3f}" for m in means if len(m) == len(HORIZONS)) or "-"
     values = [[v for r in rs if (v := metric(r, name, horizon)) is not None] for name in metrics]
     return " / ".join(mean_std(vals) for vals in values if vals) or "-"
 
 
-def horizons_mean(rs: list[dict], metrics: list, horizons=HORIZONS) -> str:
-    """The mean over ``horizons`` of each of ``metrics`` that every horizon has."""
-    means = [[mean(vals) for h in horizons if (vals := [v for r in rs if (v := metric(r, name, h)) is not None])]
-             for name in metrics]
-    return " / ".join(f"{mean(m):.3f}" for m in means if len(m) == len(horizons)) or "-"
-
-
 def ratio(m: dict, a: str, b: str, recorded: str | None = None):
     """``m[a] / m[b]``; without both, the metric ``recorded`` (the line's own ratio), else undefined (a ``-`` cell)."""
-    if a in m and m.get(b):
-        return m[a] / m[b]
-    return m[recorded] if recorded in m else jinja2.StrictUndefined(obj=m, name=f"{a}/{b}")
+    return m[a] / m[b] if a in m and m.get(b) else m[recorded] if recorded in m else jinja2.StrictUndefined(
+        obj=m, name=f"{a}/{b}")
 
 
 def pivot(lines: list[dict], row: str, column: str) -> list[dict]:
@@ -272,14 +254,11 @@ def pivot(lines: list[dict], row: str, column: str) -> list[dict]:
 
 
 def run_to_run(rs: list[dict], keys: list) -> dict:
-    """The runs of one command among the lines ``rs`` (a run: its commit and date; ``runs``, ``{model: metrics}``
-    each); ``common``, the types of :data:`BENCH_ATTN` with ``keys`` in every run; ``change``, the largest change
-    between runs (its size, the type's label, the key; None without a common type); ``same``, whether the order of
-    the types by each key is the same in every run."""
-    by: dict = {}
-    for r in rs:
-        by.setdefault((r["commit"], r["date"]), {})[r["model"]] = r["metrics"]
-    runs = list(by.values())
+    """The runs (a commit and date) of one command among the lines ``rs``: ``runs``, ``{model: metrics}`` each;
+    ``common``, the types of :data:`BENCH_ATTN` with ``keys`` in every run; ``change``, the largest change between
+    runs (size, label, key; None without a common type); ``same``, whether each key orders the types alike in all."""
+    runs = [{r["model"]: r["metrics"] for r in rs if (r["commit"], r["date"]) == run}
+            for run in dict.fromkeys((r["commit"], r["date"]) for r in rs)]
     common = [a for a in BENCH_ATTN if all(a in run and has(run[a], keys) for run in runs)]
     change = max(((max(v) - min(v), short_label(a), k) for a in common for k in keys
                   for v in [[run[a][k] for run in runs]]), default=None)
@@ -289,12 +268,9 @@ def run_to_run(rs: list[dict], keys: list) -> dict:
 
 def by_size(rs: list[dict], prefix: str) -> list:
     """``[(N, {model: value}), ...]``, N ascending, of the metrics ``PREFIX@N`` of the lines ``rs`` (the last wins)."""
-    out: dict = {}
-    for r in rs:
-        for k, v in r["metrics"].items():
-            if k.startswith(prefix + "@"):
-                out.setdefault(int(k.split("@")[1]), {})[r["model"]] = v
-    return sorted(out.items())
+    sizes = sorted({int(k.split("@")[1]) for r in rs for k in r["metrics"] if k.startswith(prefix + "@")})
+    return [(n, {r["model"]: r["metrics"][f"{prefix}@{n}"] for r in rs if f"{prefix}@{n}" in r["metrics"]})
+            for n in sizes]
 
 
 def provenance_note(rs: list[dict], *names: str) -> str:
@@ -318,9 +294,8 @@ def paper(key: str, value: str, index: int | None = None) -> str:
     """A paper's number of ``results/paper_numbers.yaml`` as printed (a pair: ``a / b``; ``index``: one of them)."""
     entry = PAPER[key]
     v = entry["values"][int(value) if str(value).isdigit() else value]
-    fmt = lambda x: f"{x:g}" if entry["digits"] is None else f"{x:.{entry['digits']}f}"
-    v = v if index is None or not isinstance(v, list) else v[index]
-    return " / ".join(map(fmt, v)) if isinstance(v, list) else fmt(v)
+    v = [v] if not isinstance(v, list) else v if index is None else [v[index]]
+    return " / ".join(f"{x:g}" if entry["digits"] is None else f"{x:.{entry['digits']}f}" for x in v)
 
 
 # ------------------------------------------------------------------------------------------------ the renderer
@@ -329,12 +304,10 @@ def declared(lg: Ledger, columns: dict, groups: dict | None = None, each: str | 
              let: dict | None = None, keep: str | None = None, optional=(), notes: list | None = None, source=None,
              bullets: bool = True, **args) -> str:
     """The one renderer: the table an entry of ``results/tables.yaml`` declares (its arguments, described at the top
-    of that file): its rows (``groups``, ``each``, ``per``, ``rows``; a list row is left out when its first cell
-    renders empty; ``rs``: a row's lines), their cells (``columns``; a cell reading a value the row lacks: ``-``; a
-    None template: no such column; ``optional`` heads left out when every cell is ``-`` or empty), then each of
-    ``notes`` that renders non-empty (``""``: a blank line) and where the table's lines come from (``source``; a
-    bullet when ``bullets``). The table's lines: ``define``'s ``lines``, else those of ``select``, else of the rows;
-    without lines, or when every note renders empty: the table alone."""
+    of that file; a list row is left out when its first cell renders empty, a None column template is no column),
+    then each of ``notes`` that renders non-empty (``""``: a blank line) and where the lines come from (``source``).
+    The table's lines: ``define``'s ``lines``, else those of ``select``, else of the rows; without lines, or when
+    every note renders empty: the table alone."""
     columns = {h: t for h, t in (dict.fromkeys(columns, "") if isinstance(columns, list) else columns).items()
                if t is not None}  # a list: the heads of list rows
     render = lambda template, v: lg.template(str(template)).render(v)
@@ -412,10 +385,9 @@ def render_tables(files: list[Path], rows: list[dict], write: bool) -> list[Path
                 raise LedgerError(f"{page}:{line}: <!-- {tag} --> closes no open block"
                                   + (f" (line {open_[0]} opened <!-- {open_[1]} -->)" if open_ else ""))
             open_ = (line, tag) if opens else None
-        for m in TABLE_RE.finditer(text):
-            if m.group("name") not in bodies:
-                raise LedgerError(f"{page}:{text.count(chr(10), 0, m.start()) + 1}: unknown ledger table "
-                                  f"{m.group('name')!r} (results/tables.yaml has {sorted(bodies)})")
+        if unknown := [m for m in TABLE_RE.finditer(text) if m.group("name") not in bodies]:
+            raise LedgerError(f"{page}:{text.count(chr(10), 0, unknown[0].start()) + 1}: unknown ledger table "
+                              f"{unknown[0].group('name')!r} (results/tables.yaml has {sorted(bodies)})")
         new = TABLE_RE.sub(lambda m: m.group(1) + bodies[m.group("name")].rstrip("\n") + "\n" + m.group(4), text)
         new = PAPER_RE.sub(lambda m: m.group(1) + paper(m.group("key"), m.group("value")) + m.group(5), new)
         if new != text:
