@@ -216,11 +216,16 @@ def test_plans_follow_the_priority_list(data_root, tmp_path, monkeypatch, capsys
     table6 = [n for n in paper if "adrenal_hot_product_p" in n]
     assert len(table6) == 2 * 4 * 4
     cpu = campaign.cpu_plan()
-    assert [e.name for e in cpu] == [f"hot/ltsf/etth1_96_{h}_{v}+es10" + ("" if s == 2024 else f"+s{s}")
-                                     for s in (2024, 2025, 2026) for h in (96, 720, 192, 336)
-                                     for v in ("hot_product", "spatial")]
-    assert all(e.patience == 10 and e.scale == "paper" for e in cpu)
-    assert [e.extra for e in cpu[::8]] == [(), ("--seed_everything=2025",), ("--seed_everything=2026",)]
+    runs = [(h, v) for h in (96, 720, 192, 336) for v in ("hot_product", "spatial")]
+    assert [e.name for e in cpu] == (
+        [f"hot/ltsf/etth1_96_{h}_{v}+mean+es10" + ("" if s == 2024 else f"+s{s}") for s in (2025, 2026, 2024)
+         for h, v in runs]
+        + [f"hot/ltsf/etth1_96_{h}_{v}+es10" + ("" if s == 2024 else f"+s{s}") for s in (2024, 2025, 2026)
+           for h, v in runs])
+    assert all(e.patience == 10 and e.scale == "paper" and e.base == e.name.split("+")[0] for e in cpu)
+    flat = "--model.model.init_args.head=flatten"
+    assert [e.extra for e in cpu[::8]] == [("--seed_everything=2025",), ("--seed_everything=2026",), (),
+                                           (flat,), (flat, "--seed_everything=2025"), (flat, "--seed_everything=2026")]
     # the plan the running campaigns use, unchanged
     assert [e.name for e in campaign.protocol_plan()] == [
         f"hot/ltsf_hot/weather_96_{v}+es3" + ("" if s == 2024 else f"+s{s}") for s in (2024, 2025, 2026)
