@@ -60,9 +60,9 @@ matches = lambda r, spec: all(_match(r.get(k), v) for k, v in spec.items())
 
 
 class Ledger:
-    """The loaded ledger: ``df``, the newest line (``line``) of each experiment and seed in ledger order (a line of no
-    seed: superseded by any later line of its experiment); ``history``, every line. Its methods are the templates'
-    functions that read it (a selector: a name of the ``selectors`` of ``results/tables.yaml``, or a dict)."""
+    """The loaded ledger: ``df``, the newest line (``line``) of each experiment and seed (one of no seed gives way to
+    any later line of its experiment); ``history``, every line. Its methods: the templates' functions reading it (a
+    selector: a dict or a name of the ``selectors`` of ``results/tables.yaml``)."""
 
     def __init__(self, rows: list[dict]) -> None:
         df = pd.DataFrame({"line": rows, "experiment": [r["experiment"] for r in rows], "seed": [
@@ -141,15 +141,20 @@ span = lambda vals, spec=None: "-".join(dict.fromkeys(sr(v) if spec is None else
 short_label = lambda model: SHORT.get(model, model)  # an attention type in the analysis tables: ``HOT product``
 has = lambda metrics, names: all(n in metrics for n in names)
 objective = lambda r: r["metrics"].get(r.get("objective", "val/mae"))  # a tuning trial's (``val/mae`` by default)
-best_trial = lambda rs: min((r for r in rs if r["state"] == "complete" and objective(r) is not None), key=objective,
-                            default=None)  # the complete tuning trial of the lowest objective
+# the complete tuning trial of the lowest objective
+best_trial = lambda rs: min([r for r in rs if r["state"] == "complete" and objective(r) is not None], key=objective,
+                            default=None)
 seeds_of = lambda rs: sorted({s for r in rs for s in (r["seed"] if isinstance(r["seed"], list) else [r["seed"]])},
-                             key=str)  # the seeds of the lines, a line of a list of seeds: each
+                             key=str)  # the seeds of the lines (a line of a list of seeds: each of them)
 at_seeds = lambda values, seeds: {s: values[s] for s in seeds} if all(s in values for s in seeds) else None  # or None
-ordered = lambda rs, field, values: sorted(rs, key=lambda r: values.index(r.get(field)) if r.get(field) in values else
-                                           len(values))  # sorted (stably) by the position of ``field`` in ``values``
+# ``rs`` sorted (stably) by the position of their ``field`` in ``values``, the unlisted last
+ordered = lambda rs, field, values: sorted(rs, key=lambda r: [*values, r.get(field)].index(r.get(field)))
 diffs = lambda a, b: [a[s] - b[s] for s in sorted(set(a) & set(b), key=str)]  # of two {seed: value}, common seeds
 vs = lambda a, b, digits=3: "-" if b is None else paired(diffs(a, b), digits)  # ``-`` without ``b`` (no reference)
+# ``2 CPU cores`` / the GPU's name, for the lines of one cell
+hardware_short = lambda rs: ", ".join(dict.fromkeys(
+    f"{c[1]} CPU cores" if (c := re.search(r"(\d+) cores", r["hardware"])) else r["hardware"].split(" (CUDA")[0]
+    for r in rs)) or "-"
 # ``epochs (best epoch)`` of a line, and whether it was stopped by hand; ``-``
 epochs_best = lambda r: "-" if r.get("epochs") is None else str(r["epochs"]) + (
     "" if r.get("best_epoch") is None else f" ({r['best_epoch']})") + (
@@ -158,9 +163,8 @@ epochs_best = lambda r: "-" if r.get("epochs") is None else str(r["epochs"]) + (
 fast_over_naive = lambda m, k: m[f"fast_{k}"] / m[f"naive_{k}"] if f"fast_{k}" in m and f"naive_{k}" in m else None
 # what a benchmark line was measured on: its name from the first ``+`` (``+cuda``; ``""``: CPU, fp32)
 device_of = lambda r: r["experiment"][r["experiment"].find("+"):] if "+" in r["experiment"] else ""
-# the tokens of the first line of patch size ``patch``: (its volume's side / patch) ** its dimensions; None without
-tokens = lambda rs, patch: next(((r["shape"][0] // patch) ** len(r["shape"]) for r in rs if r.get("patch") == patch),
-                                None)
+# the tokens of the first line of patch size ``p``: (its volume's side / p) ** its dimensions; None without one
+tokens = lambda rs, p: next(((r["shape"][0] // p) ** len(r["shape"]) for r in rs if r.get("patch") == p), None)
 
 
 def mean_std(vals: list[float], digits: int = 3) -> str:
@@ -196,13 +200,6 @@ def verdict(diffs: list[float], lower_is_better: bool = True) -> str:
     return "level (within noise)" if lo <= 0 <= hi else "ahead" if (hi < 0) == lower_is_better else "behind"
 
 
-def hardware_short(rs: list[dict]) -> str:
-    """``2 CPU cores`` / the GPU's name, for the lines of one cell."""
-    out = [f"{c.group(1)} CPU cores" if (c := re.search(r"(\d+) cores", r["hardware"])) else
-           r["hardware"].split(" (CUDA")[0] for r in rs]
-    return ", ".join(dict.fromkeys(out)) or "-"
-
-
 def metric(r: dict, names, horizon: int | None = None):
     """The first of ``names`` the line has; with ``horizon``: ``NAME@horizon`` or ``NAME`` of a line of that horizon."""
     keys = [k for name in ((names,) if isinstance(names, str) else names)
@@ -221,8 +218,8 @@ def by_seed(rs: list[dict], name: str = "test/mse", horizon=None, scale=1, key: 
     for s in seeds_of(rs):
         per = [[v for r in rs if r["seed"] == s and (v := metric(r, name, h)) is not None] for h in HORIZONS]
         whole = [metric(r, name) for r in rs if r["seed"] == s and r.get("horizon") == list(HORIZONS)]
-        if (v := mean([p[0] for p in per]) if all(len(p) == 1 for p in per) else
-                whole[0] if len(whole) == 1 else None) is not None:
+        v = mean([p[0] for p in per]) if all(len(p) == 1 for p in per) else whole[0] if len(whole) == 1 else None
+        if v is not None:
             out[s] = scale * v
     return out
 
@@ -368,13 +365,13 @@ def tables(rows: list[dict], names=None) -> dict:
 
 
 def render_tables(files: list[Path], rows: list[dict], write: bool) -> list[Path]:
-    """Replace the body of every ledger block and inline paper reference of ``files`` by what the ledger and the
-    paper numbers give; a marker without its end (before the next opening), an end without its opening or an unknown
-    table is a :class:`LedgerError` naming the file and the line. Returns the files whose content differs (written
-    when ``write``)."""
+    """Replace the body of every ledger block and inline paper reference of ``files`` by what the ledger and the paper
+    numbers give (a marker without its end before the next opening, an end without an opening, an unknown table: a
+    :class:`LedgerError` naming the file and the line). Returns the files that differ (written when ``write``)."""
     bodies, changed = tables(rows), []
     for page in files:
-        text, open_ = page.read_text(), None  # the open block's line and tag
+        text = page.read_text()
+        open_ = None  # the open block's line and tag
         for m in [*MARK_RE.finditer(text), None]:  # None: the end of the page
             line, tag = (text.count("\n", 0, m.start()) + 1, m.group(1)) if m else (0, "")
             opens = tag.startswith(("ledger:", "paper:"))
