@@ -419,7 +419,7 @@ def _best_epoch(root: Path) -> int | None:
 @dataclass
 class RunState:
     """``<run>/campaign.json``: every attempt (start, fit wall seconds, hardware, commit, epochs after it, exit status,
-    ``stopped_by`` a signal), whether the fit has ended by itself (``fitted``: max_epochs or early stopping), the
+    ``stopped_by`` a signal, the experiment's arguments: a folder is resumed only by the arguments that started it), whether the fit has ended by itself (``fitted``: max_epochs or early stopping), the
     test's wall seconds (``test_s``) and whether the run is done (tested, in the ledger)."""
 
     path: Path
@@ -544,6 +544,13 @@ class Campaign:
         root = self.out / exp.name
         root.mkdir(parents=True, exist_ok=True)
         state = RunState.load(root)
+        args = list(exp.args())
+        ran = [a["args"] for a in state.attempts if "args" in a]  # (attempts before args were recorded: unchecked)
+        if any(a != args for a in ran):
+            other = next(a for a in ran if a != args)
+            self.log(f"  {exp.name}: {root} holds a run of other arguments ({' '.join(other)}), not this "
+                     f"experiment's ({' '.join(args)}); it is neither resumed nor recorded: move that folder away")
+            return "failed"
         if state.done:
             return "done"
         if STOP.is_set():
@@ -558,7 +565,8 @@ class Campaign:
             state.attempts.append({"start": dt.datetime.fromtimestamp(t0, dt.timezone.utc).isoformat(
                 timespec="seconds"), "wall_s": round(time.time() - t0, 1), "hardware": hardware(self.device,
                                                                                                 self.threads),
-                "commit": commit(), "epochs_after": _ckpt_epochs(root), "rc": rc, "epoch_s": report.get("epoch_s", [])})
+                "commit": commit(), "epochs_after": _ckpt_epochs(root), "rc": rc, "epoch_s": report.get("epoch_s", []),
+                "args": args})
             if STOP.is_set():  # whatever the fit's exit status, it did not end by itself
                 state.attempts[-1]["stopped_by"] = STOP.signal
                 state.save()

@@ -98,6 +98,26 @@ def test_early_stopping_is_in_the_command_and_the_ledger(tiny, tmp_path):
     assert len(campaign.read_ledger(tmp_path / "l.jsonl")) == 1
 
 
+def test_a_run_folder_is_resumed_and_recorded_only_by_the_arguments_that_started_it(tiny, tmp_path):
+    """An experiment whose arguments changed under the same name (a plan edited between two calls) finds the
+    folder of the earlier arguments: it is refused, not resumed nor tested as this experiment, and nothing is
+    recorded; the experiment of the folder's own arguments still finds it done."""
+    ledger = tmp_path / "l.jsonl"
+    c = campaign.Campaign(tmp_path / "out", ledger, "cpu", 1, time.time() + 3600, runner=in_process)
+    assert c.run(tiny, test_reserve=0) == "done"
+    state = json.loads((tmp_path / "out" / "test" / "tiny" / "campaign.json").read_text())
+    assert state["attempts"][0]["args"] == tiny.args()
+    changed = campaign.Experiment("test/tiny", "test/tiny", ("--model.model.init_args.head=flatten",), scale="cpu",
+                                  family="forecasting")
+    logged = []
+    c2 = campaign.Campaign(tmp_path / "out", ledger, "cpu", 1, time.time() + 3600, log=logged.append,
+                           runner=in_process)
+    assert c2.run(changed, test_reserve=0) == "failed"
+    assert "holds a run of other arguments" in logged[0] and "head=flatten" in logged[0]
+    assert len(campaign.read_ledger(ledger)) == 1
+    assert c2.run(tiny, test_reserve=0) == "done"
+
+
 def test_a_run_that_early_stopping_and_the_deadline_end_together_is_finished_not_paused(tiny, tmp_path, monkeypatch,
                                                                                         capsys):
     """min_delta 1000: the validation MAE never improves after epoch 0, so patience 1 stops after epoch 1, the epoch
