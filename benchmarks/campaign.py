@@ -419,8 +419,9 @@ def _best_epoch(root: Path) -> int | None:
 @dataclass
 class RunState:
     """``<run>/campaign.json``: every attempt (start, fit wall seconds, hardware, commit, epochs after it, exit status,
-    ``stopped_by`` a signal, the experiment's arguments: a folder is resumed only by the arguments that started it), whether the fit has ended by itself (``fitted``: max_epochs or early stopping), the
-    test's wall seconds (``test_s``) and whether the run is done (tested, in the ledger)."""
+    ``stopped_by`` a signal, the experiment's ``args``: a folder is resumed only by the arguments that started it),
+    whether the fit has ended by itself (``fitted``: max_epochs or early stopping), the test's wall seconds
+    (``test_s``) and whether the run is done (tested, in the ledger)."""
 
     path: Path
     attempts: list[dict] = field(default_factory=list)
@@ -446,6 +447,11 @@ class RunState:
     @property
     def wall_s(self) -> float:
         return sum(a.get("wall_s", 0.0) for a in self.attempts)
+
+    def other_args(self, args: list[str]) -> list[str] | None:
+        """The arguments of an earlier attempt that are not ``args`` (None: no recorded attempt differs; attempts
+        made before arguments were recorded are not checked)."""
+        return next((a["args"] for a in self.attempts if a.get("args", args) != args), None)
 
     def epoch_s(self) -> float | None:
         """The slowest measured epoch of this run (seconds), from its attempts."""
@@ -545,9 +551,8 @@ class Campaign:
         root.mkdir(parents=True, exist_ok=True)
         state = RunState.load(root)
         args = list(exp.args())
-        ran = [a["args"] for a in state.attempts if "args" in a]  # (attempts before args were recorded: unchecked)
-        if any(a != args for a in ran):
-            other = next(a for a in ran if a != args)
+        other = state.other_args(args)
+        if other is not None:
             self.log(f"  {exp.name}: {root} holds a run of other arguments ({' '.join(other)}), not this "
                      f"experiment's ({' '.join(args)}); it is neither resumed nor recorded: move that folder away")
             return "failed"
