@@ -4,7 +4,7 @@ unfinished ones exactly, and record every finished run as one line of the result
     python benchmarks/campaign.py --budget-min 9 --device cuda            # a GPU window: the paper recipe
     python benchmarks/campaign.py --budget-min 170 --device cpu           # a CPU: ETTh1 at paper size, early-stopped
     python benchmarks/campaign.py --budget-min 9 --dry-run                # the plan, estimates, a one-step smoke test
-    python benchmarks/campaign.py --status                                # done / in progress / pending
+    python benchmarks/campaign.py --status                                # done / in progress / pending / refused
     python benchmarks/campaign.py --tables [--check]                      # regenerate the ledger tables in the docs
 
 * **Priority list** (:func:`paper_plan`, first to last): HOT Weather 96->{96,192,336,720} product, sum and the spatial
@@ -627,10 +627,19 @@ class Campaign:
 
 
 # -------------------------------------------------------------------------------------------------- planning
+def _own_state(exp: Experiment, root: Path) -> RunState | None:
+    """``exp``'s state in its run folder ``root``, or None when the folder holds a run of other arguments, which
+    :meth:`Campaign.run` refuses: it is not this experiment's, neither its progress nor its epoch times."""
+    state = RunState.load(root)
+    return None if state.other_args(list(exp.args())) is not None else state
+
+
 def _status(exp: Experiment, out: Path, done: set[str]) -> str:
     if exp.name in done:
         return "done"
     root = out / exp.name
+    if _own_state(exp, root) is None:
+        return "refused: its folder holds a run of other arguments"
     return "in progress" if (root / "checkpoints" / "last.ckpt").exists() else "pending"
 
 
@@ -679,9 +688,11 @@ def estimate_s(exp: Experiment, out: Path, history: list[dict], step_s: dict[str
     line, its ``--dry-run`` smoke test, else its closest relative's epochs (:func:`sibling_epoch_s`); infinite when
     none of these exists."""
     root = out / exp.name
-    state = RunState.load(root)
+    state = _own_state(exp, root)
+    own = state is not None  # else a folder of other arguments: this run has not started (refused until moved away)
+    state = state or RunState(root / "campaign.json")
     max_epochs = int(exp.value("max_epochs", 100) or 100)
-    done_epochs = _ckpt_epochs(root) if (root / "checkpoints" / "last.ckpt").exists() else 0
+    done_epochs = _ckpt_epochs(root) if own and (root / "checkpoints" / "last.ckpt").exists() else 0
     # epochs to expect: the full recipe, or (early stopping) the best epoch of finished runs of the same task + patience
     if exp.patience is None:
         epochs = max_epochs
@@ -899,6 +910,8 @@ def _campaign(a: argparse.Namespace, plan: list[Experiment], history: list[dict]
     threads = a.threads or (4 if cuda else max(1, (os.cpu_count() or 1) // parallel))
     done = measured(history)
     pending = [e for e in plan if e.name not in done]
+    refused = {e.name for e in pending if _own_state(e, a.out / e.name) is None}  # Campaign.run would refuse them
+    pending = [e for e in pending if e.name not in refused]
     budget_s = a.budget_min * 60
     t_start = time.time()
 
@@ -918,7 +931,10 @@ def _campaign(a: argparse.Namespace, plan: list[Experiment], history: list[dict]
                if "CPU smoke test" in v[2] else v for k, v in est.items()}
     slots = pack(pending, est, budget_s, parallel)
     print(f"plan: {len(plan)} experiments, {len(done & {e.name for e in plan})} done, {len(pending)} pending; "
-          f"budget {a.budget_min:g} min on {a.device}, {parallel} at once, {threads} thread(s) each")
+          f"budget {a.budget_min:g} min on {a.device}, {parallel} at once, {threads} thread(s) each"
+          + (f"; {len(refused)} refused" if refused else ""))
+    for name in sorted(refused):
+        print(f"  refused: {name}: {a.out / name} holds a run of other arguments; move that folder away to run it")
     for i, slot in enumerate(slots):
         for e, run in slot:
             total, epoch, src = est[e.name]

@@ -116,6 +116,12 @@ def test_a_run_folder_is_resumed_and_recorded_only_by_the_arguments_that_started
     assert "holds a run of other arguments" in logged[0] and "head=flatten" in logged[0]
     assert len(campaign.read_ledger(ledger)) == 1
     assert c2.run(tiny, test_reserve=0) == "done"
+    # the plan and --status say the same: the folder is not the changed experiment's progress nor its epoch times
+    out = tmp_path / "out"
+    assert campaign._status(changed, out, set()).startswith("refused")
+    assert campaign._status(tiny, out, set()) == "in progress"  # its checkpoint (not in this empty ledger set)
+    assert campaign.estimate_s(changed, out, [], {})[2].startswith("unknown")
+    assert campaign.estimate_s(tiny, out, [], {})[2] == "this run's epochs"
 
 
 def test_a_run_that_early_stopping_and_the_deadline_end_together_is_finished_not_paused(tiny, tmp_path, monkeypatch,
