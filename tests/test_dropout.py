@@ -146,7 +146,7 @@ def _splitmix_mask(n: int, p: float, seed: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("n", [1, 2, 7, 1000, 1001, 300_001])
 def test_kernel_is_the_stream_written_out(n, dtype, threads):
     """The C kernel's output equals x times the mask of the NumPy transcription and of keep_mask_reference, bit for
@@ -165,6 +165,25 @@ def test_kernel_is_the_stream_written_out(n, dtype, threads):
     scale = torch.tensor(1 / 0.7, dtype=dtype)
     torch.testing.assert_close(y, torch.where(kept, x * scale, torch.zeros((), dtype=dtype)), rtol=0, atol=0)
     torch.testing.assert_close(y, x * keep_mask_reference((n,), 0.3, seed, dtype=dtype), rtol=0, atol=0)
+
+
+def test_bf16_kernel_rounds_every_value_as_torch_does():
+    """On all 65,536 bfloat16 bit patterns (subnormals, the largest finite values that overflow when scaled, infinities,
+    NaNs) the kept elements are torch's bfloat16 product ``x * bf16(1 / (1 - p))`` bit for bit (NaN stays NaN) and
+    the dropped ones are zero (as in the float32 kernel, also for a dropped NaN): the kernel's round-to-nearest-even
+    is torch's."""
+    if dropout_bits._library() is None:
+        pytest.skip("no C compiler here: the kernel was not built (the torch path is tested on its own)")
+    x = torch.arange(-2**15, 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    seed = torch.tensor(987654321, dtype=torch.int64)
+    for p in (0.1, 0.3):
+        y = dropout_bits._apply(x, seed, p)
+        ref = x * keep_mask_reference(x.shape, p, seed, dtype=torch.bfloat16)
+        kept = torch.from_numpy(_splitmix_mask(x.numel(), p, int(seed)))
+        assert (y[~kept] == 0).all() and 0.5 < kept.float().mean() < 0.95
+        nan = ref.isnan()
+        assert torch.equal(y[kept].isnan(), nan[kept])
+        assert torch.equal(y[~nan & kept].view(torch.int16), ref[~nan & kept].view(torch.int16))
 
 
 def test_no_mask_is_kept_for_the_backward_pass_and_the_gradient_is_the_mask():

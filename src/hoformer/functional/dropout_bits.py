@@ -17,8 +17,9 @@ split over ``torch.get_num_threads()`` threads with the same result on any numbe
 compiler (``$CC`` or ``cc``) at first use into ``$HOFORMER_CACHE`` (default ``~/.cache/hoformer``) and called through
 :mod:`ctypes`; traced code (``torch.compile``) calls it as the opaque op ``hoformer::dropout_bits``, so with ATen's
 generator (:class:`hoformer.train.CompileModel`'s CPU default ``fallback_random``) a compiled step draws the eager
-masks. :func:`keep_mask_reference` computes the same mask with torch integer operations, eagerly: the path of
-float16 / bfloat16 inputs and of a machine without a C compiler (a warning says so once;
+masks. The kernel takes float32, float64 and bfloat16 (CPU autocast's dtype: a bfloat16 product rounded as torch
+rounds it). :func:`keep_mask_reference` computes the same mask with torch integer operations, eagerly: the path of
+float16 inputs and of a machine without a C compiler (a warning says so once;
 ``HOFORMER_DROPOUT_KERNEL=0`` chooses it without warning). Every path gives the same masks.
 
 * Reproducible: the seed comes from the global generator (or ``generator``), so ``torch.manual_seed`` /
@@ -145,6 +146,8 @@ def _library() -> ctypes.CDLL | None:
                        ctypes.c_int64, ctypes.c_int64]
         fn.restype = None
     p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.hoformer_dropout_bits_bf16.argtypes = [p, p, i64, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_float, i64, i64]
+    lib.hoformer_dropout_bits_bf16.restype = None
     lib.hoformer_bias_gelu_dropout_f32.argtypes = [p, p, p, p, i64, i64, ctypes.c_uint64, ctypes.c_uint32,
                                                    ctypes.c_float, i64, i64]
     lib.hoformer_bias_gelu_dropout_backward_f32.argtypes = [p, p, p, p, i64, i64, i64]
@@ -174,20 +177,26 @@ def _run(call, n: int) -> None:
         list(_pool(len(ranges)).map(lambda i: call(i, *ranges[i]), range(len(ranges))))
 
 
+#: the dtypes of the C kernel: ``{dtype: its function's name}``
+_KERNELS = {torch.float32: "hoformer_dropout_bits_f32", torch.float64: "hoformer_dropout_bits_f64",
+            torch.bfloat16: "hoformer_dropout_bits_bf16"}
+
+
 def _kernel_apply(fn, x: torch.Tensor, seed: int, p: float) -> torch.Tensor:
-    """``x * mask(seed)`` by the C kernel ``fn`` (``x`` contiguous, on the CPU)."""
+    """``x * mask(seed)`` by the C kernel ``fn`` (``x`` contiguous, on the CPU). The scale is the mask's value in
+    ``x``'s dtype (for bfloat16 its rounding, widened), what the torch path multiplies by."""
     y = torch.empty_like(x)
-    args = (x.data_ptr(), y.data_ptr(), x.numel(), seed % 2**64, _threshold(p), 1.0 / (1.0 - p))
+    scale = torch.tensor(1.0 / (1.0 - p), dtype=x.dtype).item()
+    args = (x.data_ptr(), y.data_ptr(), x.numel(), seed % 2**64, _threshold(p), scale)
     _run(lambda i, w0, w1: fn(*args, w0, w1), x.numel())
     return y
 
 
 def _apply(x: torch.Tensor, seed: torch.Tensor, p: float) -> torch.Tensor:
-    lib = _library() if x.dtype in (torch.float32, torch.float64) else None
+    lib = _library() if x.dtype in _KERNELS else None
     if lib is None:
         return x * keep_mask_reference(x.shape, p, seed, dtype=x.dtype, device=x.device)
-    fn = lib.hoformer_dropout_bits_f32 if x.dtype == torch.float32 else lib.hoformer_dropout_bits_f64
-    return _kernel_apply(fn, x.contiguous(), int(seed), p)
+    return _kernel_apply(getattr(lib, _KERNELS[x.dtype]), x.contiguous(), int(seed), p)
 
 
 class _Dropout(torch.autograd.Function):

@@ -8,6 +8,7 @@
  * hoformer.functional.dropout_bits holds the same definition in torch operations (the portable path and the
  * reference the tests compare with). This file is compiled at first use (no Python headers: called with ctypes). */
 #include <stdint.h>
+#include <string.h>
 
 #define GAMMA 0x9E3779B97F4A7C15ULL
 
@@ -44,6 +45,35 @@ static inline uint64_t mix(uint64_t z) {
 DROPOUT_BITS(hoformer_dropout_bits_f32, float)
 DROPOUT_BITS(hoformer_dropout_bits_f64, double)
 
+/* bfloat16 (the bits as uint16): y = bf16(float(x) * scale), rounded to nearest even as torch's bfloat16 product
+ * (c10::BFloat16) rounds, NaN to 0x7FC0; scale is the mask's value in bfloat16, widened (what the torch path multiplies
+ * by), so both paths give the same bits */
+static inline uint16_t bf16_scaled(uint16_t x, float scale) {
+    uint32_t u = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    f *= scale;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u)
+        return 0x7FC0;
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+CLONES void hoformer_dropout_bits_bf16(const uint16_t *x, uint16_t *y, int64_t n, uint64_t seed, uint32_t t,
+                                       float scale, int64_t w0, int64_t w1) {
+    int64_t h = (n + 1) / 2, both = n - h;
+    int64_t end = w1 < both ? w1 : both;
+    for (int64_t j = w0; j < end; j++) {
+        uint64_t z = mix(seed + (uint64_t)(j + 1) * GAMMA);
+        y[j] = (uint32_t)z >= t ? bf16_scaled(x[j], scale) : 0;
+        y[h + j] = (uint32_t)(z >> 32) >= t ? bf16_scaled(x[h + j], scale) : 0;
+    }
+    for (int64_t j = end > w0 ? end : w0; j < w1; j++) {
+        uint64_t z = mix(seed + (uint64_t)(j + 1) * GAMMA);
+        y[j] = (uint32_t)z >= t ? bf16_scaled(x[j], scale) : 0;
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------------------------
  * The MLP's hidden activation in one pass: y = m * gelu(h + b) for h (rows, N) and the bias b (N), m the mask of the
  * dropout above (the same words, elements and threshold) times its scale, and with it d = m * gelu'(h + b), all the
@@ -53,7 +83,6 @@ DROPOUT_BITS(hoformer_dropout_bits_f64, double)
  * (Abramowitz & Stegun 7.1.26, absolute error below 1.5e-7, the approximation of ATen's vectorised float erf),
  * e^x by Cody-Waite reduction and Cephes' degree-6 polynomial: branch-free float arithmetic that the compiler
  * vectorises. Float32 only (other dtypes take torch's operations). */
-#include <string.h>
 
 static inline float exp_neg(float x) { /* e^x for x <= 88; 0 below -87 */
     float xc = x < -87.0f ? -87.0f : x;
