@@ -13,7 +13,8 @@ baseline (iTransformer: one token per variate); ``configs/hot/medmnist3d.yaml``:
 * **Ceiling** (every case, eager): the step's floating-point operations counted by
   ``torch.utils.flop_counter.FlopCounterMode`` (matmuls, convolutions and attention products: what it counts), the
   step's GFLOP/s, the matmul ceiling measured in the same process right before (``benchmarks/attention.py``'s
-  ``matmul_fn``: one 2048^3 fp32 product on the CPU; on a GPU 4096^3 products in fp32 and in bf16) and their ratio;
+  ``matmul_fn``: one 2048^3 fp32 product on the CPU; on a GPU 4096^3 products in fp32 and in bf16; with
+  ``--precision bf16`` the bf16 product too, on a CPU as well, and the step is measured against it) and their ratio;
   the step's counted operators alone (:func:`counted_ops_replay`: the same products at the same shapes, nothing
   else) and the **bound** they set: the fraction of the ceiling the step would reach if all its other work were
   free, i.e. what the model's own matmul shapes allow; the top operators' shares of self CPU time
@@ -201,7 +202,7 @@ def ceiling_case(case: str, step, device, a, batch: int) -> dict:
     _, _, _, steps_per_epoch = CASES[case]
     flops = count_flops(step)
     ceilings = {"fp32": attention_bench.matmul_fn(device, torch.float32)}
-    if device.type == "cuda":
+    if device.type == "cuda" or a.precision == "bf16":  # a CPU's bf16 product: AMX where the CPU has it
         ceilings["bf16"] = attention_bench.matmul_fn(device, torch.bfloat16)
     replay, replay_flops = counted_ops_replay(step)
     fns = {"step": step, "counted ops": replay, **{f"mm {k}": v[0] for k, v in ceilings.items()}}

@@ -465,7 +465,13 @@ def test_test_best_without_checkpoint_is_clear(tmp_path, monkeypatch):
     cfg = str(REPO / "configs" / "hot" / "ltsf" / "etth1_96_96_hot_sum.yaml")
     with pytest.raises(FileNotFoundError, match="best"):
         cli.main(["test", "--config", cfg, "--data.init_args.synthetic=true", "--ckpt_path", "best"])
-    # a config whose only ModelCheckpoint monitors nothing (CPU-budget HOBA: last epoch) has no "best" at all
+
+
+def test_test_best_of_a_config_that_monitors_nothing_is_clear(tmp_path, monkeypatch, data_root):
+    """A config whose only ModelCheckpoint monitors nothing (CPU-budget HOBA: last epoch) has no "best" at all (the
+    text data module reads TREC through HOFORMER_DATA)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOFORMER_DATA", str(data_root))
     with pytest.raises(ValueError, match="monitors no metric.*checkpoints/last.ckpt"):
         cli.main(["test", "--config", str(REPO / "configs" / "hoba" / "cpu_trec_teacher.yaml"), "--ckpt_path", "best",
                   "--data.train_limit=300"])

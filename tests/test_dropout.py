@@ -302,6 +302,40 @@ def test_fused_bias_gelu_dropout_is_the_float64_equation(shape, p, threads):
     assert ((b.grad.double() - bd.grad).abs() <= sums + 1e-6 * bd.grad.abs() + 1e-30).all()
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", [(3, 7), (700, 384)])
+def test_fused_bias_gelu_dropout_in_bf16_is_the_float64_equation_rounded_once(shape, threads):
+    """bfloat16 ``h`` (what a linear map gives under CPU autocast) with a float32 bias: the output and the input
+    gradient are the float64 equation rounded to bfloat16 once (within one bf16 unit, 2^-8 relative, plus the float32
+    budget), the saved derivative is bfloat16 (the gradient is ``g * d`` rounded), the bias gradient float32, and the
+    zeros are the mask's."""
+    torch.manual_seed(0)
+    h = (3 * torch.randn(shape)).bfloat16().requires_grad_()
+    b = torch.randn(shape[-1]).requires_grad_()
+    seed, p = torch.tensor(-1234567891011, dtype=torch.int64), 0.1
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = dropout_bits._BiasGeluDropout.apply(h, b, seed, p)
+        g = torch.randn(shape).bfloat16()
+        y.backward(g)
+    finally:
+        torch.set_num_threads(old)
+    assert y.dtype == h.grad.dtype == torch.bfloat16 and b.grad.dtype == torch.float32
+    mask = keep_mask_reference(shape, p, seed, dtype=torch.float64)
+    hd, bd, ref = _gelu_reference(h, b, mask)
+    ref.backward(g.double())
+    assert (y[mask == 0] == 0).all()
+    ulp = 2.0 ** -8
+    bound = (ulp * ref.detach().abs() + 4e-7 * (1 + (hd + bd).detach().abs()) * mask) + 1e-30
+    assert ((y.double() - ref).abs() <= bound).all()
+    # gh = bf16(g * bf16(d)): two roundings of d's and the product's
+    gbound = (3 * ulp * hd.grad.abs() + 4e-7 * (1 + (hd + bd).detach().abs()) * mask * g.double().abs()) + 1e-30
+    assert ((h.grad.double() - hd.grad).abs() <= gbound).all()
+    sums = gbound.reshape(-1, shape[-1]).sum(0)
+    assert ((b.grad.double() - bd.grad).abs() <= sums + 1e-6 * bd.grad.abs() + 1e-30).all()
+
+
 def test_fused_gelu_agrees_with_torch_and_keeps_one_tensor():
     """Against ``F.gelu`` in float32 over a wide range (float rounding only, also in the tails), and autograd keeps
     one tensor of ``h``'s size (the masked derivative), where the unfused path keeps the GELU's input and more."""
@@ -386,8 +420,16 @@ def test_mlp_training_uses_the_fused_pass_and_matches_the_modules():
     mlp.eval()
     with torch.no_grad():
         assert torch.equal(mlp(x), mlp.net(x))
-    mlp.train()  # under autocast the modules run as they are (the kernel is float32 only)
+    mlp.train()  # under bf16 autocast the fused pass runs on the linear map's bf16 output, the same masks
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert dropout_bits.fuses_bias_gelu(x)
+        torch.manual_seed(2)
+        got = mlp(x)
+        torch.manual_seed(2)
+        ref = mlp.net(x)
+    assert got.dtype == ref.dtype == torch.bfloat16 and torch.equal(got == 0, ref == 0)
+    torch.testing.assert_close(got, ref, rtol=3e-2, atol=3e-2)  # bf16 rounding (the modules round three times)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):  # float16: the modules as they are
         assert not dropout_bits.fuses_bias_gelu(x)
         torch.manual_seed(2)
         got = mlp(x)

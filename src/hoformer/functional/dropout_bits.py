@@ -148,10 +148,11 @@ def _library() -> ctypes.CDLL | None:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.hoformer_dropout_bits_bf16.argtypes = [p, p, i64, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_float, i64, i64]
     lib.hoformer_dropout_bits_bf16.restype = None
-    lib.hoformer_bias_gelu_dropout_f32.argtypes = [p, p, p, p, i64, i64, ctypes.c_uint64, ctypes.c_uint32,
-                                                   ctypes.c_float, i64, i64]
-    lib.hoformer_bias_gelu_dropout_backward_f32.argtypes = [p, p, p, p, i64, i64, i64]
-    lib.hoformer_bias_gelu_dropout_f32.restype = lib.hoformer_bias_gelu_dropout_backward_f32.restype = None
+    for t in ("f32", "bf16"):
+        fwd, bwd = getattr(lib, f"hoformer_bias_gelu_dropout_{t}"), getattr(lib, f"hoformer_bias_gelu_dropout_backward_{t}")
+        fwd.argtypes = [p, p, p, p, i64, i64, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_float, i64, i64]
+        bwd.argtypes = [p, p, p, p, i64, i64, i64]
+        fwd.restype = bwd.restype = None
     return lib
 
 
@@ -214,56 +215,68 @@ class _Dropout(torch.autograd.Function):
         return _Dropout.apply(grad, seed, ctx.p), None, None
 
 
+#: the storage dtypes of the fused kernel (its arithmetic is float32): ``{dtype: its functions' suffix}``
+_FUSED = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+
 class _BiasGeluDropout(torch.autograd.Function):
     """``m * gelu(h + b)`` (``m``: the scaled mask of ``seed``) in one pass of the C kernel, which also writes
     ``d = m * gelu'(h + b)``, the one tensor saved; the backward pass is ``g * d`` and its column sums, one pass.
-    ``h``: float32, contiguous, on the CPU, last dimension ``b``'s."""
+    ``h``: float32 or bfloat16 (``y``, ``d`` and the gradient in its dtype, each value rounded once), contiguous, on
+    the CPU, last dimension ``b``'s; ``b``: float32."""
 
     @staticmethod
     def forward(ctx, h, b, seed, p):
-        fn, y, d = _library().hoformer_bias_gelu_dropout_f32, torch.empty_like(h), torch.empty_like(h)
+        kind = _FUSED[h.dtype]
+        fn, y, d = getattr(_library(), f"hoformer_bias_gelu_dropout_{kind}"), torch.empty_like(h), torch.empty_like(h)
         args = (h.data_ptr(), b.data_ptr(), y.data_ptr(), d.data_ptr(), h.numel(), h.shape[-1],
                 int(seed) % 2**64, _threshold(p), 1.0 / (1.0 - p))
         _run(lambda i, w0, w1: fn(*args, w0, w1), h.numel())
         ctx.save_for_backward(d)
+        ctx.kind, ctx.bias_dtype = kind, b.dtype
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
         (d,) = ctx.saved_tensors
-        grad, cols, n = grad.contiguous(), d.shape[-1], d.numel()
+        grad, cols, n = grad.to(d.dtype).contiguous(), d.shape[-1], d.numel()
         gh, ranges = torch.empty_like(d), _ranges(n)
         partial = torch.zeros(len(ranges), cols, dtype=torch.float64)  # each thread's column sums
-        fn = _library().hoformer_bias_gelu_dropout_backward_f32
+        fn = getattr(_library(), f"hoformer_bias_gelu_dropout_backward_{ctx.kind}")
         # element ranges: twice the word ranges (whole words' worth of elements per thread)
         _run(lambda i, w0, w1: fn(grad.data_ptr(), d.data_ptr(), gh.data_ptr(), partial[i].data_ptr(), cols,
                                   min(2 * w0, n), min(2 * w1, n)), n)
-        return gh, partial.sum(0).to(d.dtype), None, None
+        return gh, partial.sum(0).to(ctx.bias_dtype), None, None
 
 
 def fuses_bias_gelu(x: torch.Tensor, training: bool = True) -> bool:
     """Whether :func:`bias_gelu_dropout` runs its C kernel on ``x`` (or on a linear map's output of ``x``): training,
-    float32 on the CPU, outside autocast and traced code, the kernel built."""
-    return (training and x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
-            and not torch.compiler.is_compiling() and _library() is not None)
+    on the CPU, float32 outside autocast or under bfloat16 CPU autocast (the linear map's output is then bfloat16),
+    outside traced code, the kernel built."""
+    if not (training and x.device.type == "cpu" and not torch.compiler.is_compiling() and _library() is not None):
+        return False
+    if torch.is_autocast_enabled("cpu"):
+        return torch.get_autocast_dtype("cpu") == torch.bfloat16 and x.dtype in _FUSED
+    return x.dtype == torch.float32
 
 
 def bias_gelu_dropout(h: torch.Tensor, bias: torch.Tensor, p: float = 0.0, training: bool = True) -> torch.Tensor:
     """``dropout(gelu(h + bias), p, training)`` (the exact, erf GELU; :func:`dropout`'s masks): the hidden activation
-    of an MLP whose first linear map left out its bias. On a float32 CPU tensor in training, one pass of the C
-    kernel forward (the bias add, the GELU, the mask, and the masked GELU derivative, the one tensor kept) and one
-    backward (the product with the gradient and the bias gradient's column sums). Its erf is Abramowitz & Stegun
+    of an MLP whose first linear map left out its bias. On a float32 or bfloat16 CPU tensor in training, one pass of
+    the C kernel forward (the bias add, the GELU, the mask, and the masked GELU derivative, the one tensor kept) and
+    one backward (the product with the gradient and the bias gradient's column sums), in float32 arithmetic, each
+    bfloat16 result rounded once (torch's three operations round three times). Its erf is Abramowitz & Stegun
     7.1.26, the approximation of ATen's vectorised float erf, so it agrees with :func:`torch.nn.functional.gelu`
-    to float32 rounding (about ``1e-7`` of the value). Elsewhere (eval, other dtypes or devices, autocast, traced
-    code, no C compiler: :func:`fuses_bias_gelu`) the three operations of torch and :func:`dropout`. ``bias``:
-    ``(h.shape[-1],)``; ``0 <= p <= 1``."""
+    to float32 rounding (about ``1e-7`` of the value). Elsewhere (eval, other dtypes or devices, autocast to another
+    dtype, traced code, no C compiler: :func:`fuses_bias_gelu`) the three operations of torch and :func:`dropout`.
+    ``bias``: ``(h.shape[-1],)``; ``0 <= p <= 1``."""
     if not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
         raise ValueError(f"bias_gelu_dropout: `p` must be a probability in [0, 1], got {p!r}")
     if bias.ndim != 1 or bias.shape[0] != h.shape[-1]:
         raise ValueError(f"bias_gelu_dropout: `bias` must have shape ({h.shape[-1]},) (h's last dimension), got "
                          f"{tuple(bias.shape)}")
-    if not (fuses_bias_gelu(h, training) and p < 1.0 and bias.dtype == torch.float32):
+    if not (fuses_bias_gelu(h, training) and h.dtype in _FUSED and p < 1.0 and bias.dtype == torch.float32):
         return dropout(F.gelu(h + bias), p, training)
     seed = _draw_seed(None) if p > 0.0 else torch.zeros((), dtype=torch.int64)  # p = 0 draws nothing
     return _BiasGeluDropout.apply(h.contiguous(), bias.contiguous(), seed, p)

@@ -48,16 +48,22 @@ DROPOUT_BITS(hoformer_dropout_bits_f64, double)
 /* bfloat16 (the bits as uint16): y = bf16(float(x) * scale), rounded to nearest even as torch's bfloat16 product
  * (c10::BFloat16) rounds, NaN to 0x7FC0; scale is the mask's value in bfloat16, widened (what the torch path multiplies
  * by), so both paths give the same bits */
-static inline uint16_t bf16_scaled(uint16_t x, float scale) {
+static inline float bf16_f32(uint16_t x) {
     uint32_t u = (uint32_t)x << 16;
     float f;
     memcpy(&f, &u, sizeof f);
-    f *= scale;
+    return f;
+}
+
+static inline uint16_t f32_bf16(float f) {
+    uint32_t u;
     memcpy(&u, &f, sizeof u);
     if ((u & 0x7FFFFFFFu) > 0x7F800000u)
         return 0x7FC0;
     return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
+
+static inline uint16_t bf16_scaled(uint16_t x, float scale) { return f32_bf16(bf16_f32(x) * scale); }
 
 CLONES void hoformer_dropout_bits_bf16(const uint16_t *x, uint16_t *y, int64_t n, uint64_t seed, uint32_t t,
                                        float scale, int64_t w0, int64_t w1) {
@@ -82,7 +88,8 @@ CLONES void hoformer_dropout_bits_bf16(const uint16_t *x, uint16_t *y, int64_t n
  * 1 + erf(u) is 2 - erfc(u) for u >= 0 and erfc(-u) otherwise, erfc(z) = t P(t) e^(-z^2), t = 1 / (1 + p z)
  * (Abramowitz & Stegun 7.1.26, absolute error below 1.5e-7, the approximation of ATen's vectorised float erf),
  * e^x by Cody-Waite reduction and Cephes' degree-6 polynomial: branch-free float arithmetic that the compiler
- * vectorises. Float32 only (other dtypes take torch's operations). */
+ * vectorises. Float32 and bfloat16 storage (bfloat16 rounded to nearest even), float32 arithmetic in both; other dtypes
+ * take torch's operations. */
 
 static inline float exp_neg(float x) { /* e^x for x <= 88; 0 below -87 */
     float xc = x < -87.0f ? -87.0f : x;
@@ -130,54 +137,69 @@ static inline void tile_bits(uint64_t seed, int64_t a, int64_t m, uint32_t *lo, 
     }
 }
 
-/* elements [e0, e0 + len) of the (rows, N) tensors, their keep bits bits[0..len) */
-static inline void segment(const float *restrict h, const float *restrict b, float *restrict y, float *restrict d,
-                           const uint32_t *restrict bits, int64_t e0, int64_t len, int64_t N, uint32_t t,
-                           float scale) {
-    int64_t c = e0 % N;
-    for (int64_t k = 0; k < len;) {
-        int64_t m = N - c < len - k ? N - c : len - k;
-        const float *hs = h + e0 + k, *bs = b + c;
-        const uint32_t *ks = bits + k;
-        float *ys = y + e0 + k, *ds = d + e0 + k;
-        for (int64_t i = 0; i < m; i++) {
-            float g, dg, s = ks[i] >= t ? scale : 0.0f;
-            gelu2(hs[i] + bs[i], &g, &dg);
-            ys[i] = g * s;
-            ds[i] = dg * s;
-        }
-        k += m;
-        c = 0;
+/* elements [e0, e0 + len) of the (rows, N) tensors, their keep bits bits[0..len); LOAD / STORE convert the storage
+ * type T (float, or bfloat16 as uint16) to and from float: the arithmetic is float32 in both */
+#define LOAD_F32(v) (v)
+#define STORE_F32(v) (v)
+#define LOAD_BF16(v) bf16_f32(v)
+#define STORE_BF16(v) f32_bf16(v)
+#define SEGMENT(NAME, T, LOAD, STORE)                                                                             \
+    static inline void NAME(const T *restrict h, const float *restrict b, T *restrict y, T *restrict d,          \
+                            const uint32_t *restrict bits, int64_t e0, int64_t len, int64_t N, uint32_t t,        \
+                            float scale) {                                                                        \
+        int64_t c = e0 % N;                                                                                       \
+        for (int64_t k = 0; k < len;) {                                                                           \
+            int64_t m = N - c < len - k ? N - c : len - k;                                                        \
+            const T *hs = h + e0 + k;                                                                             \
+            const float *bs = b + c;                                                                              \
+            const uint32_t *ks = bits + k;                                                                        \
+            T *ys = y + e0 + k, *ds = d + e0 + k;                                                                 \
+            for (int64_t i = 0; i < m; i++) {                                                                     \
+                float g, dg, s = ks[i] >= t ? scale : 0.0f;                                                       \
+                gelu2(LOAD(hs[i]) + bs[i], &g, &dg);                                                              \
+                ys[i] = STORE(g * s);                                                                             \
+                ds[i] = STORE(dg * s);                                                                            \
+            }                                                                                                     \
+            k += m;                                                                                               \
+            c = 0;                                                                                                \
+        }                                                                                                         \
     }
-}
 
-/* words [w0, w1) of the n = rows * N elements: y and d */
-CLONES void hoformer_bias_gelu_dropout_f32(const float *h, const float *b, float *y, float *d, int64_t n, int64_t N,
-                                           uint64_t seed, uint32_t t, float scale, int64_t w0, int64_t w1) {
-    uint32_t lo[TILE], hi[TILE];
-    int64_t half = (n + 1) / 2, both = n - half;
-    for (int64_t a = w0; a < w1; a += TILE) {
-        int64_t m = w1 - a < TILE ? w1 - a : TILE;
-        int64_t m_hi = a >= both ? 0 : (both - a < m ? both - a : m);
-        tile_bits(seed, a, m, lo, hi);
-        segment(h, b, y, d, lo, a, m, N, t, scale);
-        segment(h, b, y, d, hi, half + a, m_hi, N, t, scale);
+/* words [w0, w1) of the n = rows * N elements: y and d (h, y, d of type T, the bias float32) */
+#define BIAS_GELU_DROPOUT(NAME, SEG, T)                                                                           \
+    CLONES void NAME(const T *h, const float *b, T *y, T *d, int64_t n, int64_t N, uint64_t seed, uint32_t t,     \
+                     float scale, int64_t w0, int64_t w1) {                                                       \
+        uint32_t lo[TILE], hi[TILE];                                                                              \
+        int64_t half = (n + 1) / 2, both = n - half;                                                              \
+        for (int64_t a = w0; a < w1; a += TILE) {                                                                 \
+            int64_t m = w1 - a < TILE ? w1 - a : TILE;                                                            \
+            int64_t m_hi = a >= both ? 0 : (both - a < m ? both - a : m);                                         \
+            tile_bits(seed, a, m, lo, hi);                                                                        \
+            SEG(h, b, y, d, lo, a, m, N, t, scale);                                                               \
+            SEG(h, b, y, d, hi, half + a, m_hi, N, t, scale);                                                     \
+        }                                                                                                         \
     }
-}
 
 /* elements [e0, e1) of the backward pass: gh = g * d, gb[c] += gh over the rows (a double per column) */
-CLONES void hoformer_bias_gelu_dropout_backward_f32(const float *restrict g, const float *restrict d,
-                                                    float *restrict gh, double *restrict gb, int64_t N, int64_t e0,
-                                                    int64_t e1) {
-    int64_t c = e0 % N;
-    for (int64_t e = e0; e < e1;) {
-        int64_t m = N - c < e1 - e ? N - c : e1 - e;
-        for (int64_t i = 0; i < m; i++) {
-            float r = g[e + i] * d[e + i];
-            gh[e + i] = r;
-            gb[c + i] += (double)r;
-        }
-        e += m;
-        c = 0;
+#define BIAS_GELU_DROPOUT_BACKWARD(NAME, T, LOAD, STORE)                                                          \
+    CLONES void NAME(const T *restrict g, const T *restrict d, T *restrict gh, double *restrict gb, int64_t N,     \
+                     int64_t e0, int64_t e1) {                                                                    \
+        int64_t c = e0 % N;                                                                                       \
+        for (int64_t e = e0; e < e1;) {                                                                           \
+            int64_t m = N - c < e1 - e ? N - c : e1 - e;                                                          \
+            for (int64_t i = 0; i < m; i++) {                                                                     \
+                T r = STORE(LOAD(g[e + i]) * LOAD(d[e + i]));                                                     \
+                gh[e + i] = r;                                                                                    \
+                gb[c + i] += (double)LOAD(r);                                                                     \
+            }                                                                                                     \
+            e += m;                                                                                               \
+            c = 0;                                                                                                \
+        }                                                                                                         \
     }
-}
+
+SEGMENT(segment_f32, float, LOAD_F32, STORE_F32)
+SEGMENT(segment_bf16, uint16_t, LOAD_BF16, STORE_BF16)
+BIAS_GELU_DROPOUT(hoformer_bias_gelu_dropout_f32, segment_f32, float)
+BIAS_GELU_DROPOUT(hoformer_bias_gelu_dropout_bf16, segment_bf16, uint16_t)
+BIAS_GELU_DROPOUT_BACKWARD(hoformer_bias_gelu_dropout_backward_f32, float, LOAD_F32, STORE_F32)
+BIAS_GELU_DROPOUT_BACKWARD(hoformer_bias_gelu_dropout_backward_bf16, uint16_t, LOAD_BF16, STORE_BF16)
