@@ -233,6 +233,31 @@ def test_attn_dropout_is_separate_from_output_dropout(name):
     assert inherited and all(p == 0.3 for p in inherited)  # default: attn_dropout = dropout
 
 
+@pytest.mark.parametrize("ndim, chans, patch, size", [(1, 1, 4, (96,)), (1, 3, 96, (96,)), (2, 2, (2, 4), (6, 8)),
+                                                      (3, 1, 4, (8, 8, 12)), (3, 2, (1, 2, 4), (3, 4, 8))])
+def test_patch_embed_is_its_conv(ndim, chans, patch, size):
+    """The patch matmul is the conv with kernel = stride = patch (its own ``proj``), forward and gradients of input,
+    weight and bias in float64, channels last and contiguous; gradcheck on a small one."""
+    torch.manual_seed(0)
+    emb = PatchEmbed(chans, 8, patch, ndim=ndim, act="relu").double()
+    x = torch.randn(2, chans, *size, dtype=torch.float64, requires_grad=True)
+    xr = x.detach().clone().requires_grad_()
+    y = emb(x)
+    ref = torch.relu(emb.proj(xr).movedim(1, -1))
+    assert y.is_contiguous() and y.shape == ref.shape
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(y)
+    y.backward(g)
+    grads = [x.grad, emb.proj.weight.grad.clone(), emb.proj.bias.grad.clone()]
+    emb.zero_grad()
+    ref.backward(g)
+    for a, b in zip(grads, [xr.grad, emb.proj.weight.grad, emb.proj.bias.grad]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    if ndim == 1 and chans == 1:
+        small = PatchEmbed(1, 3, 4, ndim=1).double()
+        assert torch.autograd.gradcheck(small, (torch.randn(2, 1, 8, dtype=torch.float64, requires_grad=True),))
+
+
 def test_blocks_patch_embed_positional():
     emb = PatchEmbed(2, 16, (2, 4, 4), ndim=3, act="relu")
     x = emb(torch.randn(2, 2, 4, 8, 8))

@@ -8,6 +8,7 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 from torch import nn
 
 from hoformer._checks import check_finite_output, check_fraction, check_int
@@ -103,6 +104,12 @@ class PatchEmbed(nn.Module):
     """Non-overlapping patch embedding for 1-D/2-D/3-D inputs (conv with kernel = stride = patch).
 
     ``(B, C, S1..Sn) -> (B, S1/p1, .., Sn/pn, D)`` (channels last). ``act="relu"`` follows the conv as in HOT.
+    The parameters are the conv's (``proj``, so checkpoints are a conv's); a conv whose kernel is its stride is one
+    matrix product of the flattened patches, and that is how it is computed: the output comes out channels last
+    with no copy, and its backward is two matmuls, where a CPU's conv backward (strided, one input channel) ran at a
+    few GFLOP/s and was a third of a bf16 spatial training step (``benchmarks/train_step.py --precision bf16``).
+
+    Axis legend: ``c`` input channels, ``gi`` patches along spatial axis ``i``, ``pi`` the patch size along it.
     """
 
     def __init__(self, in_chans: int, dim: int, patch_size: int | Sequence[int], ndim: int = 2,
@@ -116,6 +123,9 @@ class PatchEmbed(nn.Module):
         conv = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}[ndim]
         self.in_chans, self.ndim, self.patch_size = in_chans, ndim, ps
         self.proj = conv(in_chans, dim, kernel_size=ps, stride=ps, bias=bias)
+        g, p = [f"g{i}" for i in range(ndim)], [f"p{i}" for i in range(ndim)]  # e.g. b c (g0 p0) (g1 p1) -> b g0 g1 (c p0 p1)
+        self._patches = (f"b c {' '.join(f'({a} {b})' for a, b in zip(g, p))} -> b {' '.join(g)} (c {' '.join(p)})",
+                         dict(zip(p, ps)))
         if act not in (None, "relu", "gelu"):
             raise ValueError(f"PatchEmbed: `act` must be None, 'relu' or 'gelu', got {act!r}")
         self.act = {None: nn.Identity(), "relu": nn.ReLU(), "gelu": nn.GELU()}[act]
@@ -128,9 +138,10 @@ class PatchEmbed(nn.Module):
         bad = [s for s, p in zip(x.shape[2:], self.patch_size) if s % p]
         if bad:
             raise ValueError(f"PatchEmbed: spatial sizes {tuple(x.shape[2:])} must be divisible by patch {self.patch_size}")
-        # channels last in memory too, not a movedim view of the conv's channels-first output (see Block.forward);
-        # the activation after the copy, so that its backward runs on contiguous gradients (the same values)
-        return self.act(self.proj(x).movedim(1, -1).contiguous())
+        # the conv as the matmul of its patches (class doc): the conv weight (D, c, p0 ..) flattened is the matrix
+        pattern, sizes = self._patches
+        patches = rearrange(x, pattern, **sizes)
+        return self.act(F.linear(patches, self.proj.weight.flatten(1), self.proj.bias))
 
 
 def _norm(kind: str, dim: int) -> nn.Module:
