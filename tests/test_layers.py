@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from hoformer.functional import kron_apply, kron_sum_apply
 from hoformer.layers import (
@@ -613,3 +614,28 @@ def test_layers_validate_their_inputs_once(name, causal, monkeypatch):
     with record_attention(layer) as maps:
         layer(x)
     assert maps
+
+
+@pytest.mark.parametrize("shape", [(5, 3, 8), (7, 8)])
+@pytest.mark.parametrize("out", [4, 16])
+def test_linear_t_is_linear_with_its_gradients(shape, out):
+    """``functional._linear.linear_t`` is ``F.linear`` without bias: output and both gradients in float64 (the
+    transposed weight-gradient layout when out > in, the plain one otherwise), gradcheck, and only the gradients
+    asked for."""
+    from hoformer.functional._linear import linear_t
+
+    torch.manual_seed(0)
+    x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(out, shape[-1], dtype=torch.float64, requires_grad=True)
+    y = linear_t(x, w)
+    ref = F.linear(x, w)
+    torch.testing.assert_close(y, ref, rtol=1e-13, atol=1e-13)
+    g = torch.randn_like(y)
+    got = torch.autograd.grad(y, (x, w), g)
+    want = torch.autograd.grad(ref, (x, w), g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(linear_t, (x[..., :3, :] if x.ndim == 3 else x[:3], w))
+    frozen = torch.randn(out, shape[-1], dtype=torch.float64)
+    (gx,) = torch.autograd.grad(linear_t(x, frozen), (x,), torch.randn(*shape[:-1], out, dtype=torch.float64))
+    assert gx.shape == x.shape

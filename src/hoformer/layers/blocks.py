@@ -17,6 +17,7 @@ from .attention import build_attention
 from ._common import CheckedMasks
 from .decoding import _check_caches, _check_eval, _check_step_input, _check_max_steps
 from .dropout import Dropout
+from hoformer.functional._linear import linear_t
 from hoformer.functional.dropout_bits import bias_gelu_dropout, fuses_bias_gelu
 
 __all__ = ["Mlp", "SwiGLU", "RMSNorm", "DropPath", "PatchEmbed", "Block", "Encoder"]
@@ -60,7 +61,9 @@ class Mlp(nn.Module):
                 and act.approximate == "none" and isinstance(drop, nn.Dropout)
                 and not any(m._forward_hooks or m._forward_pre_hooks for m in (fc1, act, drop))
                 and not (nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks)):
-            return drop2(fc2(bias_gelu_dropout(F.linear(x, fc1.weight), fc1.bias, drop.p)))
+            # float32: the weight gradient in its faster layout (functional._linear); under bf16 autocast F.linear
+            h = F.linear(x, fc1.weight) if torch.is_autocast_enabled("cpu") else linear_t(x, fc1.weight)
+            return drop2(fc2(bias_gelu_dropout(h, fc1.bias, drop.p)))
         return self.net(x)
 
 
