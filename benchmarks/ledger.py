@@ -42,7 +42,11 @@ HORIZONS, SEEDS5, NO_RUNS = (96, 192, 336, 720), [2024, 2025, 2026, 2027, 2028],
 VERDICT_SEEDS = 3  # the fewest seeds a verdict is drawn from
 LABELS, SHORT = SPEC["labels"], {**SPEC["labels"], **SPEC["short_labels"]}  # the models' names, shorter ones
 BENCH_ATTN = ("kronecker_product", "kronecker_sum", "kronecker_linear", "full", "axial", "divided")
-read_ledger = lambda path=LEDGER: results.read_ledger(path)  # every line of the ledger, each checked
+
+
+def read_ledger(path=LEDGER):
+    """Every line of the ledger, each checked."""
+    return results.read_ledger(path)
 
 
 # --------------------------------------------------------------------------------------- the ledger, selection
@@ -55,8 +59,9 @@ def _match(value, want) -> bool:
     return value == want
 
 
-# whether the line ``r`` matches the selector ``spec`` ({field: value, glob or list; ``!``: not})
-matches = lambda r, spec: all(_match(r.get(k), v) for k, v in spec.items())
+def matches(r, spec):
+    """Whether the line ``r`` matches the selector ``spec`` ({field: value, glob or list; ``!``: not})."""
+    return all(_match(r.get(k), v) for k, v in spec.items())
 
 
 class Ledger:
@@ -127,44 +132,118 @@ class Ledger:
 
 
 # ------------------------------------------------------------------------------------------------ formatting
-f = lambda v, digits=3: "-" if v is None else f"{v:.{digits}f}"  # a value, ``-`` for None
-mean = lambda vals: sum(vals) / len(vals) if vals else None
-rng = lambda vals, digits=2: f"{min(vals):.{digits}f}-{max(vals):.{digits}f}" if vals else "-"
-sr = lambda v: "" if v is None else f"{v:.4g}"  # a logged stable rank as recorded (4 significant digits at most)
-shape = lambda v: "(" + ",".join(map(str, v)) + ")"  # [16, 16, 16] -> (16,16,16)
-ms = lambda v: f"{v:.0f}" if v >= 100 else f"{v:.1f}"  # a time: one decimal below 100
-# a wall-clock time: seconds below an hour, else hours and minutes
-duration = lambda s: "-" if s is None else f"{s:.0f} s" if s < 3600 else "%d h %d min" % divmod(round(s / 60), 60)
-# ``min-max`` of ``vals`` (one value when they print alike) in the format ``spec`` (None: :data:`sr`)
-span = lambda vals, spec=None: "-".join(dict.fromkeys(sr(v) if spec is None else format(v, spec)
-                                                      for v in (min(vals), max(vals))))
-short_label = lambda model: SHORT.get(model, model)  # an attention type in the analysis tables: ``HOT product``
-has = lambda metrics, names: all(n in metrics for n in names)
-objective = lambda r: r["metrics"].get(r.get("objective", "val/mae"))  # a tuning trial's (``val/mae`` by default)
-# the complete tuning trial of the lowest objective
-best_trial = lambda rs: min([r for r in rs if r["state"] == "complete" and objective(r) is not None], key=objective,
-                            default=None)
-seeds_of = lambda rs: sorted({s for r in rs for s in (r["seed"] if isinstance(r["seed"], list) else [r["seed"]])},
-                             key=str)  # the seeds of the lines (a line of a list of seeds: each of them)
-at_seeds = lambda values, seeds: {s: values[s] for s in seeds} if all(s in values for s in seeds) else None  # or None
-# ``rs`` sorted (stably) by the position of their ``field`` in ``values``, the unlisted last
-ordered = lambda rs, field, values: sorted(rs, key=lambda r: [*values, r.get(field)].index(r.get(field)))
-diffs = lambda a, b: [a[s] - b[s] for s in sorted(set(a) & set(b), key=str)]  # of two {seed: value}, common seeds
-vs = lambda a, b, digits=3: "-" if b is None else paired(diffs(a, b), digits)  # ``-`` without ``b`` (no reference)
-# ``2 CPU cores`` / the GPU's name, for the lines of one cell
-hardware_short = lambda rs: ", ".join(dict.fromkeys(
-    f"{c[1]} CPU cores" if (c := re.search(r"(\d+) cores", r["hardware"])) else r["hardware"].split(" (CUDA")[0]
-    for r in rs)) or "-"
-# ``epochs (best epoch)`` of a line, and whether it was stopped by hand; ``-``
-epochs_best = lambda r: "-" if r.get("epochs") is None else str(r["epochs"]) + (
-    "" if r.get("best_epoch") is None else f" ({r['best_epoch']})") + (
-    ", stopped by hand" if (r.get("stopping") or {}).get("stopped_by_hand") else "")
-# the triplet kernel's metric ``k`` over Algorithm 1's (the metrics ``fast_k`` / ``naive_k`` of one line)
-fast_over_naive = lambda m, k: m[f"fast_{k}"] / m[f"naive_{k}"] if f"fast_{k}" in m and f"naive_{k}" in m else None
-# what a benchmark line was measured on: its name from the first ``+`` (``+cuda``; ``""``: CPU, fp32)
-device_of = lambda r: r["experiment"][r["experiment"].find("+"):] if "+" in r["experiment"] else ""
-# the tokens of the first line of patch size ``p``: (its volume's side / p) ** its dimensions; None without one
-tokens = lambda rs, p: next(((r["shape"][0] // p) ** len(r["shape"]) for r in rs if r.get("patch") == p), None)
+def f(v, digits=3):
+    """A value with ``digits`` decimals, ``-`` for None."""
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def mean(vals):
+    """The mean of ``vals``; None when there are none."""
+    return sum(vals) / len(vals) if vals else None
+
+
+def rng(vals, digits=2):
+    """``min-max`` of ``vals`` with ``digits`` decimals; ``-`` when there are none."""
+    return f"{min(vals):.{digits}f}-{max(vals):.{digits}f}" if vals else "-"
+
+
+def sr(v):
+    """A logged stable rank as recorded (4 significant digits at most); empty for None."""
+    return "" if v is None else f"{v:.4g}"
+
+
+def shape(v):
+    """A shape as printed: [16, 16, 16] -> (16,16,16)."""
+    return "(" + ",".join(map(str, v)) + ")"
+
+
+def ms(v):
+    """A time: one decimal below 100."""
+    return f"{v:.0f}" if v >= 100 else f"{v:.1f}"
+
+
+def duration(s):
+    """A wall-clock time: seconds below an hour, else hours and minutes; ``-`` for None."""
+    return "-" if s is None else f"{s:.0f} s" if s < 3600 else "%d h %d min" % divmod(round(s / 60), 60)
+
+
+def span(vals, spec=None):
+    """``min-max`` of ``vals`` (one value when they print alike) in the format ``spec`` (None: :func:`sr`)."""
+    return "-".join(dict.fromkeys(sr(v) if spec is None else format(v, spec) for v in (min(vals), max(vals))))
+
+
+def short_label(model):
+    """An attention type in the analysis tables: ``HOT product``."""
+    return SHORT.get(model, model)
+
+
+def has(metrics, names):
+    """Whether ``metrics`` holds every one of ``names``."""
+    return all(n in metrics for n in names)
+
+
+def objective(r):
+    """A tuning trial's objective (``val/mae`` by default)."""
+    return r["metrics"].get(r.get("objective", "val/mae"))
+
+
+def best_trial(rs):
+    """The complete tuning trial of the lowest objective (None without one)."""
+    return min([r for r in rs if r["state"] == "complete" and objective(r) is not None], key=objective, default=None)
+
+
+def seeds_of(rs):
+    """The seeds of the lines (a line of a list of seeds: each of them)."""
+    return sorted({s for r in rs for s in (r["seed"] if isinstance(r["seed"], list) else [r["seed"]])}, key=str)
+
+
+def at_seeds(values, seeds):
+    """``{seed: value}`` of ``values`` at ``seeds``, or None when one of them is missing."""
+    return {s: values[s] for s in seeds} if all(s in values for s in seeds) else None
+
+
+def ordered(rs, field, values):
+    """``rs`` sorted (stably) by the position of their ``field`` in ``values``, the unlisted last."""
+    return sorted(rs, key=lambda r: [*values, r.get(field)].index(r.get(field)))
+
+
+def diffs(a, b):
+    """The differences of two {seed: value}, at their common seeds."""
+    return [a[s] - b[s] for s in sorted(set(a) & set(b), key=str)]
+
+
+def vs(a, b, digits=3):
+    """The paired difference of ``a`` over ``b`` (:func:`paired`); ``-`` without ``b`` (no reference)."""
+    return "-" if b is None else paired(diffs(a, b), digits)
+
+
+def hardware_short(rs):
+    """``2 CPU cores`` / the GPU's name, for the lines of one cell."""
+    return ", ".join(dict.fromkeys(
+        f"{c[1]} CPU cores" if (c := re.search(r"(\d+) cores", r["hardware"])) else r["hardware"].split(" (CUDA")[0]
+        for r in rs)) or "-"
+
+
+def epochs_best(r):
+    """``epochs (best epoch)`` of a line, and whether it was stopped by hand; ``-``."""
+    return "-" if r.get("epochs") is None else str(r["epochs"]) + (
+        "" if r.get("best_epoch") is None else f" ({r['best_epoch']})") + (
+        ", stopped by hand" if (r.get("stopping") or {}).get("stopped_by_hand") else "")
+
+
+def fast_over_naive(m, k):
+    """The triplet kernel's metric ``k`` over Algorithm 1's (the metrics ``fast_k`` / ``naive_k`` of one line)."""
+    return m[f"fast_{k}"] / m[f"naive_{k}"] if f"fast_{k}" in m and f"naive_{k}" in m else None
+
+
+def device_of(r):
+    """What a benchmark line was measured on: its name from the first ``+`` (``+cuda``; ``""``: CPU, fp32)."""
+    return r["experiment"][r["experiment"].find("+"):] if "+" in r["experiment"] else ""
+
+
+def tokens(rs, p):
+    """The tokens of the first line of patch size ``p``: (its volume's side / p) ** its dimensions; None without one."""
+    return next(((r["shape"][0] // p) ** len(r["shape"]) for r in rs if r.get("patch") == p), None)
 
 
 def mean_std(vals: list[float], digits: int = 3) -> str:
@@ -394,4 +473,6 @@ def render_tables(files: list[Path], rows: list[dict], write: bool) -> list[Path
     return changed
 
 
-doc_files = lambda: [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # the pages of generated tables
+def doc_files():
+    """The pages of generated tables."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
