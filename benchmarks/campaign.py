@@ -48,6 +48,7 @@ import csv
 import datetime as dt
 import difflib
 import fnmatch
+import functools
 import json
 import math
 import os
@@ -653,19 +654,39 @@ def _on(device: str, line: dict) -> bool:
     return str(line.get("device") or "cpu").split(":")[0] == device.split(":")[0]
 
 
+def _machine(hardware_text: str) -> str:
+    """The processor or GPU of a ``hardware`` text (``AMD EPYC, 2 cores, ...`` -> ``AMD EPYC``)."""
+    return str(hardware_text).split(" (CUDA")[0].split(",")[0]
+
+
+@functools.cache
+def _this_machine(device: str) -> str:
+    """This machine's processor, or its GPU for a CUDA ``device`` (``""`` where that GPU is not here: planning only)."""
+    try:
+        return _machine(hardware(device, 1))
+    except (RuntimeError, AssertionError):  # torch without CUDA, or no GPU
+        return ""
+
+
+def _here(line: dict, device: str) -> bool:
+    """Whether a ledger line was measured on this machine's processor (or GPU): another machine's epoch times can be
+    ten times these (seen: 462 s per epoch on one CPU where this one takes 48)."""
+    return _machine(line.get("hardware", "")) == _this_machine(device)
+
+
 def sibling_epoch_s(exp: Experiment, out: Path, history: list[dict], device: str = "cpu") -> tuple[float, str] | None:
-    """``(seconds per epoch, which run)`` of ``exp``'s closest measured relative, or None: first a run of the same paper
-    experiment (the name before its first ``+``: the same model, data and horizon) in ``out`` or in the ledger, then a
-    ledger run of the same model on the same data, task, scale and protocol (another horizon); among those the one
-    sharing most of ``exp``'s overrides (seeds aside), then the slowest. Ledger lines count only from ``device``'s
-    kind."""
+    """``(seconds per epoch, which run)`` of ``exp``'s closest measured relative, or None: first a run on this machine
+    (a folder in ``out``, or a ledger line of this processor or GPU), then a run of the same paper experiment (the
+    name before its first ``+``: the same model, data and horizon) in ``out`` or in the ledger, then a ledger run of
+    the same model on the same data, task, scale and protocol (another horizon); among those the one sharing most of
+    ``exp``'s overrides (seeds aside), then the slowest. Ledger lines count only from ``device``'s kind."""
     head, mine = exp.name.split("+")[0], _overrides(exp.name)
-    cands: list[tuple[int, int, float, str]] = []  # (same paper experiment, shared overrides, epoch s, name)
+    cands: list[tuple[int, int, int, float, str]] = []  # (this machine, same paper experiment, shared overrides, s, name)
     for folder in out.glob(head + "*"):
         name = folder.relative_to(out).as_posix()
         epoch = RunState.load(folder).epoch_s() if name.split("+")[0] == head and name != exp.name else None
         if epoch is not None:
-            cands.append((1, len(mine & _overrides(name)), epoch, name))
+            cands.append((1, 1, len(mine & _overrides(name)), epoch, name))
     me = exp.describe()
     keys = ("task", "model", "dataset", "scale", "protocol")
     for r in history:
@@ -675,11 +696,11 @@ def sibling_epoch_s(exp: Experiment, out: Path, history: list[dict], device: str
             continue
         same = name.split("+")[0] == head
         if same or all(r.get(k) == me.get(k) for k in keys):
-            cands.append((int(same), len(mine & _overrides(name)), wall / r["epochs"], name))
+            cands.append((int(_here(r, device)), int(same), len(mine & _overrides(name)), wall / r["epochs"], name))
     if not cands:
         return None
     best = max(cands)
-    return best[2], best[3]
+    return best[3], best[4]
 
 
 def estimate_s(exp: Experiment, out: Path, history: list[dict], step_s: dict[str, dict],
@@ -704,6 +725,7 @@ def estimate_s(exp: Experiment, out: Path, history: list[dict], step_s: dict[str
     epoch, source = state.epoch_s(), "this run's epochs"
     if epoch is None:
         same = [r for r in history if r.get("experiment") == exp.name and r.get("epochs") and _on(device, r)]
+        same.sort(key=lambda r: _here(r, device))  # stable: the newest line of this machine, else the newest
         if same:
             epoch, source = same[-1]["wall_s"] / same[-1]["epochs"], "ledger"
     if epoch is None and exp.name in step_s:

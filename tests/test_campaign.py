@@ -229,6 +229,14 @@ def test_an_epoch_time_comes_from_the_closest_measured_relative(tiny, tmp_path):
     assert campaign.sibling_epoch_s(exp, out, history) == (5.0, "test/tiny+tuned+s2025")
     total, epoch, src = campaign.estimate_s(exp, out, history, {})
     assert epoch == 5.0 and src == "the epochs of test/tiny+tuned+s2025" and total == 3 * 5.0 + 2.5
+    # a ledger line of this machine's processor wins over a closer relative measured on another machine
+    here = campaign.hardware("cpu", 1).replace("1 thread(s)", "2 thread(s)")
+    other = [{**line, "experiment": "test/tiny", "fit_s": 400.0, "hardware": "Other CPU, 2 cores, 1 thread(s) per run"},
+             {**line, "experiment": "test/other", "fit_s": 20.0, "hardware": here}]
+    assert campaign.sibling_epoch_s(exp, tmp_path / "empty", other) == (5.0, "test/other")
+    own = [{**line, "experiment": exp.name, "wall_s": 8.0, "hardware": here},
+           {**line, "experiment": exp.name, "wall_s": 400.0, "hardware": "Other CPU, 2 cores, 1 thread(s) per run"}]
+    assert campaign.estimate_s(exp, tmp_path / "empty", own, {})[1:] == (2.0, "ledger")
 
 
 def test_plans_follow_the_priority_list(data_root, tmp_path, monkeypatch, capsys):
