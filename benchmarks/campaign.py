@@ -681,7 +681,8 @@ def sibling_epoch_s(exp: Experiment, out: Path, history: list[dict], device: str
     the same model on the same data, task, scale and protocol (another horizon); among those the one sharing most of
     ``exp``'s overrides (seeds aside), then the slowest. Ledger lines count only from ``device``'s kind."""
     head, mine = exp.name.split("+")[0], _overrides(exp.name)
-    cands: list[tuple[int, int, int, float, str]] = []  # (this machine, same paper experiment, shared overrides, s, name)
+    # (this machine, same paper experiment, shared overrides, seconds per epoch, name)
+    cands: list[tuple[int, int, int, float, str]] = []
     for folder in out.glob(head + "*"):
         name = folder.relative_to(out).as_posix()
         epoch = RunState.load(folder).epoch_s() if name.split("+")[0] == head and name != exp.name else None

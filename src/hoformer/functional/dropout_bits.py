@@ -149,7 +149,8 @@ def _library() -> ctypes.CDLL | None:
     lib.hoformer_dropout_bits_bf16.argtypes = [p, p, i64, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_float, i64, i64]
     lib.hoformer_dropout_bits_bf16.restype = None
     for t in ("f32", "bf16"):
-        fwd, bwd = getattr(lib, f"hoformer_bias_gelu_dropout_{t}"), getattr(lib, f"hoformer_bias_gelu_dropout_backward_{t}")
+        fwd = getattr(lib, f"hoformer_bias_gelu_dropout_{t}")
+        bwd = getattr(lib, f"hoformer_bias_gelu_dropout_backward_{t}")
         fwd.argtypes = [p, p, p, p, i64, i64, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_float, i64, i64]
         bwd.argtypes = [p, p, p, p, i64, i64, i64]
         fwd.restype = bwd.restype = None

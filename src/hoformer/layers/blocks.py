@@ -126,7 +126,8 @@ class PatchEmbed(nn.Module):
         conv = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}[ndim]
         self.in_chans, self.ndim, self.patch_size = in_chans, ndim, ps
         self.proj = conv(in_chans, dim, kernel_size=ps, stride=ps, bias=bias)
-        g, p = [f"g{i}" for i in range(ndim)], [f"p{i}" for i in range(ndim)]  # e.g. b c (g0 p0) (g1 p1) -> b g0 g1 (c p0 p1)
+        # e.g. "b c (g0 p0) (g1 p1) -> b g0 g1 (c p0 p1)": the conv weight's (c, p0, p1) order last
+        g, p = [f"g{i}" for i in range(ndim)], [f"p{i}" for i in range(ndim)]
         self._patches = (f"b c {' '.join(f'({a} {b})' for a, b in zip(g, p))} -> b {' '.join(g)} (c {' '.join(p)})",
                          dict(zip(p, ps)))
         if act not in (None, "relu", "gelu"):
