@@ -14,7 +14,8 @@ baseline (iTransformer: one token per variate); ``configs/hot/medmnist3d.yaml``:
   ``torch.utils.flop_counter.FlopCounterMode`` (matmuls, convolutions and attention products: what it counts), the
   step's GFLOP/s, the matmul ceiling measured in the same process right before (``benchmarks/attention.py``'s
   ``matmul_fn``: one 2048^3 fp32 product on the CPU; on a GPU 4096^3 products in fp32 and in bf16; with
-  ``--precision bf16`` the bf16 product too, on a CPU as well, and the step is measured against it) and their ratio;
+  ``--precision bf16`` the bf16 product too, on a CPU as well, and the step is measured against it, and the float32
+  step of the same model in the same rounds for the ``bf16/fp32`` step ratio) and their ratio;
   the step's counted operators alone (:func:`counted_ops_replay`: the same products at the same shapes, nothing
   else) and the **bound** they set: the fraction of the ceiling the step would reach if all its other work were
   free, i.e. what the model's own matmul shapes allow; the top operators' shares of self CPU time
@@ -197,15 +198,17 @@ def top_operators(step, n: int = 6, steps: int = 3, passes: int = 5) -> list[tup
     return [(e.key, round(e.self_cpu_time_total / total, 4)) for e in rows[:n]]
 
 
-def ceiling_case(case: str, step, device, a, batch: int) -> dict:
-    """The ceiling measurement of one case (module doc): a ledger entry, and its table row printed."""
+def ceiling_case(case: str, step, device, a, batch: int, fp32_step=None) -> dict:
+    """The ceiling measurement of one case (module doc): a ledger entry, and its table row printed. ``fp32_step``
+    (bf16 runs): the float32 step of the same model, timed in the same rounds, for the ``bf16/fp32`` step ratio."""
     _, _, _, steps_per_epoch = CASES[case]
     flops = count_flops(step)
     ceilings = {"fp32": attention_bench.matmul_fn(device, torch.float32)}
     if device.type == "cuda" or a.precision == "bf16":  # a CPU's bf16 product: AMX where the CPU has it
         ceilings["bf16"] = attention_bench.matmul_fn(device, torch.bfloat16)
     replay, replay_flops = counted_ops_replay(step)
-    fns = {"step": step, "counted ops": replay, **{f"mm {k}": v[0] for k, v in ceilings.items()}}
+    fns = {"step": step, "counted ops": replay, **{f"mm {k}": v[0] for k, v in ceilings.items()},
+           **({"fp32 step": fp32_step} if fp32_step is not None else {})}
     best = timing.interleaved_times(fns, device, a.reps, warmup=1)
     step_s, ops_s = best["step"], best["counted ops"]
     peak = {k: v[1] / best[f"mm {k}"] / 1e9 for k, v in ceilings.items()}
@@ -222,6 +225,10 @@ def ceiling_case(case: str, step, device, a, batch: int) -> dict:
          "counted_ops_ms": round(ops_s * 1e3, 2), "counted_ops_flop_ratio": round(replay_flops / flops, 4),
          "bound_fraction": round(bound, 4),
          "steps_per_epoch": steps_per_epoch, "projected_run_h": round(run_h, 3)}
+    if fp32_step is not None:
+        m |= {"fp32_step_ms": round(best["fp32 step"] * 1e3, 2), "bf16/fp32": round(step_s / best["fp32 step"], 3)}
+        print(f"| {case} | bf16 step / fp32 step of the same model, same rounds: **{m['bf16/fp32']:.2f}** "
+              f"({m['fp32_step_ms']:.1f} ms in fp32) |", flush=True)
     prec = "bf16" if a.precision == "bf16" else "fp32"
     return dict(experiment=f"bench/train_step/{case}/ceiling{ledger.device_suffix(str(device), prec)}",
                 model=CASES[case][0], split=f"training step, B={batch}, {prec}", metrics=m, case=case,
@@ -322,7 +329,9 @@ def main(argv=None) -> int:
         args = [x.to(device) if isinstance(x, torch.Tensor) else x for x in args]
         kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
         models[case] = (ours, args, kwargs, batch)
-        entries.append(ceiling_case(case, make_step(ours, args, kwargs, device, a.precision), device, a, batch))
+        fp32_step = (make_step(copy.deepcopy(ours), args, kwargs, device, "32") if a.precision == "bf16" else None)
+        entries.append(ceiling_case(case, make_step(ours, args, kwargs, device, a.precision), device, a, batch,
+                                    fp32_step))
     paper = [c for c in a.cases if not a.no_paper and CASES[c][1].get("attention", "kronecker_product")
              .startswith("kronecker")]
     if paper:

@@ -471,6 +471,25 @@ def test_train_step_benchmark_runs_and_writes_its_lines(tmp_path, capsys):
     assert f"**{m['hoformer_ms'] / m['paper_ms']:.2f}**" in table and "| 1.00 " in table
 
 
+def test_train_step_bf16_is_measured_against_the_bf16_ceiling_beside_its_fp32_step(tmp_path):
+    """``--precision bf16`` on a CPU: the step under bf16 autocast against the bf16 matmul ceiling of the same
+    process, and the float32 step of the same model timed in the same rounds (the ``bf16/fp32`` ratio); its line is
+    ``+bf16`` and lands in the bf16 table, not the fp32 one."""
+    train_step = load_benchmark("train_step")
+    path = tmp_path / "ledger.jsonl"
+    argv = ["--cases", "etth1_spatial", "--reps", "1", "--no-paper", "--batch", "2", "--precision", "bf16",
+            "--ledger", str(path)]
+    assert train_step.main(argv) == 0
+    (row,) = ledger.read_ledger(path)
+    m = row["metrics"]
+    assert row["experiment"] == "bench/train_step/etth1_spatial/ceiling+bf16" and row["split"].endswith("bf16")
+    assert m["ceiling_gflops_bf16"] > 0 and m["ceiling_gflops_fp32"] > 0
+    assert m["fraction_of_ceiling"] == pytest.approx(m["gflops"] / m["ceiling_gflops_bf16"], rel=0.02, abs=1e-3)
+    assert m["fp32_step_ms"] > 0 and m["bf16/fp32"] == pytest.approx(m["step_ms"] / m["fp32_step_ms"], rel=0.02)
+    assert f"**{m['bf16/fp32']:.2f}**" in table_of([row], "bench/train_step_ceiling_bf16")
+    assert "etth1_spatial" not in table_of([row], "bench/train_step_ceiling")
+
+
 def test_dropout_benchmark_times_every_mask_and_checks_its_keep_rate(tmp_path):
     """``benchmarks/dropout.py`` times each way of drawing a dropout mask and records a line per variant; every mask
     keeps ``1 - p`` of a million elements to within 4 standard errors; the 32-bit-words mask keeps exactly the words
