@@ -22,7 +22,9 @@ through it (backward); all variants round-robin, the minimum over ``--reps`` rou
 * ``bias_gelu_fused``: :func:`hoformer.functional.bias_gelu_dropout`, the same activation in one pass of the C
   kernel forward and one backward (the masked GELU derivative kept instead of the GELU's input);
 * ``--compiled``: ``torch.compile`` (Inductor, whose generated code draws its own random numbers) of GELU and
-  dropout, against the eager GELU and hoformer's dropout (the same two operations; the compile time not counted).
+  dropout, against the eager GELU and hoformer's dropout (the same two operations; the compile time not counted);
+* ``*_bf16``: ``bernoulli``, ``hoformer``, ``hoformer_torch`` and ``bias_gelu_fused`` on a bfloat16 input (what CPU
+  bf16 autocast gives a dropout: the kernel's bf16 path, against the torch-op masks it replaced there).
 
 The table prints each variant's time and its ratio to ``bernoulli``, and the fraction of elements the mask kept (a
 check of the distribution: within 4 standard errors of ``1 - p``).
@@ -57,8 +59,12 @@ def mask_words_32bit(shape, p: float) -> torch.Tensor:
     return words.to(torch.float32).ge_(-2.0**31 + p * 2.0**32).mul_(1.0 / (1.0 - p))
 
 
+#: the variants that take a bfloat16 input (the others float32)
+BF16 = ("bernoulli_bf16", "hoformer_bf16", "hoformer_torch_bf16", "bias_gelu_fused_bf16")
+
+
 def variants(shape, p: float, compiled: bool) -> dict:
-    """name -> a function of the input (requiring grad) that returns the dropout output."""
+    """name -> a function of the input (requiring grad; bfloat16 for :data:`BF16`) that returns the dropout output."""
     n = math.prod(shape)
     bias = torch.zeros(shape[-1], requires_grad=True)
     out = {
@@ -69,12 +75,24 @@ def variants(shape, p: float, compiled: bool) -> dict:
         "words_32bit": lambda x: _words((n + 1) // 2),  # no output: timed without a backward pass
         "bias_gelu_torch": lambda x: hoformer_dropout(F.gelu(x + bias), p),
         "bias_gelu_fused": lambda x: bias_gelu_dropout(x, bias, p),
+        "bernoulli_bf16": lambda x: F.dropout(x, p),
+        "hoformer_bf16": lambda x: hoformer_dropout(x, p),
+        "hoformer_torch_bf16": lambda x: x * keep_mask_reference(shape, p, torch.randint(-2**63, 2**63 - 1, ()),
+                                                                 dtype=torch.bfloat16),
+        # under bf16 autocast, where a training MLP's bf16 hidden activation meets the fused pass
+        "bias_gelu_fused_bf16": lambda x: _autocast(bias_gelu_dropout, x, bias, p),
     }
     if compiled:
         fused = torch.compile(lambda x: F.dropout(F.gelu(x), p), dynamic=False)
         out["gelu_hoformer"] = lambda x: hoformer_dropout(F.gelu(x), p)
         out["gelu_compiled"] = fused
     return out
+
+
+def _autocast(fn, *args):
+    """``fn(*args)`` under CPU bf16 autocast (where a training MLP's bf16 hidden activation meets the fused pass)."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return fn(*args)
 
 
 def main(argv=None) -> int:
@@ -96,16 +114,20 @@ def main(argv=None) -> int:
     x0, grad = torch.randn(shape), torch.randn(shape)
     fns = variants(shape, a.p, a.compiled)
 
+    inputs = {torch.float32: (x0, grad), torch.bfloat16: (x0.bfloat16(), grad.bfloat16())}
+
     def step(name, fn):
+        x1, g = inputs[torch.bfloat16 if name in BF16 else torch.float32]
+
         def run():
-            x = x0.detach().requires_grad_()
+            x = x1.detach().requires_grad_()
             y = fn(x)
             if not name.startswith("words"):
-                y.backward(grad)
+                y.backward(g)
         return run
 
     best = timing.interleaved_times({k: step(k, f) for k, f in fns.items()}, reps=a.reps)
-    ones = torch.ones(shape)
+    ones = {False: torch.ones(shape), True: torch.ones(shape, dtype=torch.bfloat16)}
     n = math.prod(shape)
     se = math.sqrt(a.p * (1 - a.p) / n)
     print(f"CPU, threads {torch.get_num_threads()}, shape {list(shape)} ({n / 1e6:.1f} M values), p {a.p}, "
@@ -119,7 +141,7 @@ def main(argv=None) -> int:
         kept = z = None
         if not name.startswith("words"):
             with torch.no_grad():
-                kept = float((fn(ones) != 0).double().mean())
+                kept = float((fn(ones[name in BF16]) != 0).double().mean())
             z = (kept - (1 - a.p)) / se
             metrics.update(kept=round(kept, 6), kept_z=round(z, 2))
         print(f"| {name} | {ms:.1f} | {ratio:.2f} | {'-' if kept is None else f'{kept:.5f}'} | "

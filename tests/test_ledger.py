@@ -501,7 +501,7 @@ def test_dropout_benchmark_times_every_mask_and_checks_its_keep_rate(tmp_path):
     assert dropout.main(["--shape", "1000", "1000", "--reps", "1", "--ledger", str(path)]) == 0
     rows = ledger.read_ledger(path)
     names = ["bernoulli", "hoformer", "hoformer_torch", "mask_32bit_words", "words_32bit", "bias_gelu_torch",
-             "bias_gelu_fused"]
+             "bias_gelu_fused", "bernoulli_bf16", "hoformer_bf16", "hoformer_torch_bf16", "bias_gelu_fused_bf16"]
     assert [r["experiment"] for r in rows] == [f"bench/dropout/{n}" for n in names]
     for r in rows:
         m = r["metrics"]
