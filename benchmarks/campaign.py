@@ -620,7 +620,9 @@ class Campaign:
         return {**exp.describe(_resolved(root, "data", "init_args") or {}), "split": "test", "metrics": _test_metrics(root),
                 "best_val": {k: v for k, v in best.items() if k.startswith("val/")},
                 "seed": int(SEED if seed is None else seed), "epochs": _ckpt_epochs(root),
-                "best_epoch": _best_epoch(root), "stopping": stopping_rule(root), "wall_s": round(state.wall_s, 1),
+                "best_epoch": _best_epoch(root), "stopping": stopping_rule(root),
+                # the trainer's precision as the run resolved it (Lightning's default: 32-true)
+                "precision": str(_resolved(root, "trainer", "precision") or "32-true"), "wall_s": round(state.wall_s, 1),
                 "fit_s": round(state.wall_s, 1), "test_s": state.test_s, "attempts": len(state.attempts),
                 "hardware": " + ".join(hw), "device": self.device, "torch": torch.__version__.split("+")[0],
                 "commit": " + ".join(commits), "date": dt.date.today().isoformat(), "record": "run",

@@ -107,6 +107,7 @@ def test_a_run_folder_is_resumed_and_recorded_only_by_the_arguments_that_started
     assert c.run(tiny, test_reserve=0) == "done"
     state = json.loads((tmp_path / "out" / "test" / "tiny" / "campaign.json").read_text())
     assert state["attempts"][0]["args"] == tiny.args()
+    assert campaign.read_ledger(ledger)[0]["precision"] == "32-true"  # the trainer's, as the run resolved it
     changed = campaign.Experiment("test/tiny", "test/tiny", ("--model.model.init_args.head=flatten",), scale="cpu",
                                   family="forecasting")
     logged = []
