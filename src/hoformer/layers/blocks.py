@@ -109,8 +109,8 @@ class PatchEmbed(nn.Module):
     ``(B, C, S1..Sn) -> (B, S1/p1, .., Sn/pn, D)`` (channels last). ``act="relu"`` follows the conv as in HOT.
     The parameters are the conv's (``proj``, so checkpoints are a conv's); a conv whose kernel is its stride is one
     matrix product of the flattened patches, and that is how it is computed: the output comes out channels last
-    with no copy, and its backward is two matmuls, where a CPU's conv backward (strided, one input channel) ran at a
-    few GFLOP/s and was a third of a bf16 spatial training step (``benchmarks/train_step.py --precision bf16``).
+    with no copy, and its backward is two matmuls, where a CPU's conv backward for this shape (strided, few input
+    channels) runs far below the matmul rate, in bf16 most of all (``benchmarks/train_step.py --precision bf16``).
 
     Axis legend: ``c`` input channels, ``gi`` patches along spatial axis ``i``, ``pi`` the patch size along it.
     """
