@@ -24,7 +24,8 @@ through it (backward); all variants round-robin, the minimum over ``--reps`` rou
 * ``--compiled``: ``torch.compile`` (Inductor, whose generated code draws its own random numbers) of GELU and
   dropout, against the eager GELU and hoformer's dropout (the same two operations; the compile time not counted);
 * ``*_bf16``: ``bernoulli``, ``hoformer``, ``hoformer_torch`` and ``bias_gelu_fused`` on a bfloat16 input (what CPU
-  bf16 autocast gives a dropout: the kernel's bf16 path, against the torch-op masks it replaced there).
+  bf16 autocast gives a dropout: the kernel's bf16 path, against the torch-op masks of a machine without the
+  kernel).
 
 The table prints each variant's time and its ratio to ``bernoulli``, and the fraction of elements the mask kept (a
 check of the distribution: within 4 standard errors of ``1 - p``).
@@ -114,10 +115,13 @@ def main(argv=None) -> int:
     x0, grad = torch.randn(shape), torch.randn(shape)
     fns = variants(shape, a.p, a.compiled)
 
-    inputs = {torch.float32: (x0, grad), torch.bfloat16: (x0.bfloat16(), grad.bfloat16())}
+    def dtype(name):
+        return torch.bfloat16 if name in BF16 else torch.float32
+
+    inputs = {d: (x0.to(d), grad.to(d)) for d in (torch.float32, torch.bfloat16)}
 
     def step(name, fn):
-        x1, g = inputs[torch.bfloat16 if name in BF16 else torch.float32]
+        x1, g = inputs[dtype(name)]
 
         def run():
             x = x1.detach().requires_grad_()
@@ -127,7 +131,7 @@ def main(argv=None) -> int:
         return run
 
     best = timing.interleaved_times({k: step(k, f) for k, f in fns.items()}, reps=a.reps)
-    ones = {False: torch.ones(shape), True: torch.ones(shape, dtype=torch.bfloat16)}
+    ones = {d: torch.ones(shape, dtype=d) for d in inputs}
     n = math.prod(shape)
     se = math.sqrt(a.p * (1 - a.p) / n)
     print(f"CPU, threads {torch.get_num_threads()}, shape {list(shape)} ({n / 1e6:.1f} M values), p {a.p}, "
@@ -141,7 +145,7 @@ def main(argv=None) -> int:
         kept = z = None
         if not name.startswith("words"):
             with torch.no_grad():
-                kept = float((fn(ones[name in BF16]) != 0).double().mean())
+                kept = float((fn(ones[dtype(name)]) != 0).double().mean())
             z = (kept - (1 - a.p)) / se
             metrics.update(kept=round(kept, 6), kept_z=round(z, 2))
         print(f"| {name} | {ms:.1f} | {ratio:.2f} | {'-' if kept is None else f'{kept:.5f}'} | "

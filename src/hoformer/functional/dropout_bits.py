@@ -119,6 +119,11 @@ def _compile(source: Path, target: Path, cc: list[str]) -> str | None:
     return error
 
 
+#: the dtypes of the C kernel: ``{dtype: its function's name}``
+_KERNELS = {torch.float32: "hoformer_dropout_bits_f32", torch.float64: "hoformer_dropout_bits_f64",
+            torch.bfloat16: "hoformer_dropout_bits_bf16"}
+
+
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     """The compiled kernel (built at the first call), or None: ``HOFORMER_DROPOUT_KERNEL=0``, or no C compiler."""
@@ -140,14 +145,12 @@ def _library() -> ctypes.CDLL | None:
                       "torch operations, slower (set CC to a C compiler, or HOFORMER_DROPOUT_KERNEL=0 to silence "
                       "this)", RuntimeWarning, stacklevel=3)
         return None
-    for name, c_type in (("hoformer_dropout_bits_f32", ctypes.c_float), ("hoformer_dropout_bits_f64", ctypes.c_double)):
-        fn = getattr(lib, name)
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint32, c_type,
-                       ctypes.c_int64, ctypes.c_int64]
-        fn.restype = None
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.hoformer_dropout_bits_bf16.argtypes = [p, p, i64, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_float, i64, i64]
-    lib.hoformer_dropout_bits_bf16.restype = None
+    for dtype, name in _KERNELS.items():  # the scale is a double for float64, else a float (bfloat16's widened)
+        fn = getattr(lib, name)
+        fn.argtypes = [p, p, i64, ctypes.c_uint64, ctypes.c_uint32,
+                       ctypes.c_double if dtype == torch.float64 else ctypes.c_float, i64, i64]
+        fn.restype = None
     for t in ("f32", "bf16"):
         fwd = getattr(lib, f"hoformer_bias_gelu_dropout_{t}")
         bwd = getattr(lib, f"hoformer_bias_gelu_dropout_backward_{t}")
@@ -177,11 +180,6 @@ def _run(call, n: int) -> None:
         call(0, *ranges[0])
     else:
         list(_pool(len(ranges)).map(lambda i: call(i, *ranges[i]), range(len(ranges))))
-
-
-#: the dtypes of the C kernel: ``{dtype: its function's name}``
-_KERNELS = {torch.float32: "hoformer_dropout_bits_f32", torch.float64: "hoformer_dropout_bits_f64",
-            torch.bfloat16: "hoformer_dropout_bits_bf16"}
 
 
 def _kernel_apply(fn, x: torch.Tensor, seed: int, p: float) -> torch.Tensor:
@@ -277,7 +275,7 @@ def bias_gelu_dropout(h: torch.Tensor, bias: torch.Tensor, p: float = 0.0, train
     if bias.ndim != 1 or bias.shape[0] != h.shape[-1]:
         raise ValueError(f"bias_gelu_dropout: `bias` must have shape ({h.shape[-1]},) (h's last dimension), got "
                          f"{tuple(bias.shape)}")
-    if not (fuses_bias_gelu(h, training) and h.dtype in _FUSED and p < 1.0 and bias.dtype == torch.float32):
+    if not (fuses_bias_gelu(h, training) and p < 1.0 and bias.dtype == torch.float32):  # h: a dtype of _FUSED
         return dropout(F.gelu(h + bias), p, training)
     seed = _draw_seed(None) if p > 0.0 else torch.zeros((), dtype=torch.int64)  # p = 0 draws nothing
     return _BiasGeluDropout.apply(h.contiguous(), bias.contiguous(), seed, p)

@@ -24,30 +24,8 @@ static inline uint64_t mix(uint64_t z) {
 #define CLONES
 #endif
 
-/* words [w0, w1) of the mask of n elements applied to x, written to y (x == y allowed: each output reads only its
- * own input element) */
-#define DROPOUT_BITS(NAME, T)                                                                            \
-    CLONES void NAME(const T *x, T *y, int64_t n, uint64_t seed, uint32_t t, T scale, int64_t w0,         \
-                     int64_t w1) {                                                                        \
-        int64_t h = (n + 1) / 2, both = n - h; /* words j < both have two elements, word h - 1 may have one */ \
-        int64_t end = w1 < both ? w1 : both;                                                              \
-        for (int64_t j = w0; j < end; j++) {                                                              \
-            uint64_t z = mix(seed + (uint64_t)(j + 1) * GAMMA);                                           \
-            y[j] = (uint32_t)z >= t ? x[j] * scale : (T)0;                                                \
-            y[h + j] = (uint32_t)(z >> 32) >= t ? x[h + j] * scale : (T)0;                                \
-        }                                                                                                 \
-        for (int64_t j = end > w0 ? end : w0; j < w1; j++) {                                              \
-            uint64_t z = mix(seed + (uint64_t)(j + 1) * GAMMA);                                           \
-            y[j] = (uint32_t)z >= t ? x[j] * scale : (T)0;                                                \
-        }                                                                                                 \
-    }
-
-DROPOUT_BITS(hoformer_dropout_bits_f32, float)
-DROPOUT_BITS(hoformer_dropout_bits_f64, double)
-
-/* bfloat16 (the bits as uint16): y = bf16(float(x) * scale), rounded to nearest even as torch's bfloat16 product
- * (c10::BFloat16) rounds, NaN to 0x7FC0; scale is the mask's value in bfloat16, widened (what the torch path multiplies
- * by), so both paths give the same bits */
+/* bfloat16 (the bits as uint16) to and from float: rounded to nearest even as torch's bfloat16 (c10::BFloat16)
+ * rounds, NaN to 0x7FC0 */
 static inline float bf16_f32(uint16_t x) {
     uint32_t u = (uint32_t)x << 16;
     float f;
@@ -63,22 +41,33 @@ static inline uint16_t f32_bf16(float f) {
     return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
-static inline uint16_t bf16_scaled(uint16_t x, float scale) { return f32_bf16(bf16_f32(x) * scale); }
+/* x * scale in the storage type T: a plain product for float and double; for bfloat16 the product of the widened
+ * values rounded once, torch's bfloat16 product (scale: the mask's value in bfloat16, widened, what the torch path
+ * multiplies by), so both paths give the same bits */
+#define SCALED(x, scale) ((x) * (scale))
+#define SCALED_BF16(x, scale) f32_bf16(bf16_f32(x) * (scale))
 
-CLONES void hoformer_dropout_bits_bf16(const uint16_t *x, uint16_t *y, int64_t n, uint64_t seed, uint32_t t,
-                                       float scale, int64_t w0, int64_t w1) {
-    int64_t h = (n + 1) / 2, both = n - h;
-    int64_t end = w1 < both ? w1 : both;
-    for (int64_t j = w0; j < end; j++) {
-        uint64_t z = mix(seed + (uint64_t)(j + 1) * GAMMA);
-        y[j] = (uint32_t)z >= t ? bf16_scaled(x[j], scale) : 0;
-        y[h + j] = (uint32_t)(z >> 32) >= t ? bf16_scaled(x[h + j], scale) : 0;
+/* words [w0, w1) of the mask of n elements applied to x, written to y (x == y allowed: each output reads only its
+ * own input element); T the storage type, S the scale's */
+#define DROPOUT_BITS(NAME, T, S, MUL)                                                                    \
+    CLONES void NAME(const T *x, T *y, int64_t n, uint64_t seed, uint32_t t, S scale, int64_t w0,         \
+                     int64_t w1) {                                                                        \
+        int64_t h = (n + 1) / 2, both = n - h; /* words j < both have two elements, word h - 1 may have one */ \
+        int64_t end = w1 < both ? w1 : both;                                                              \
+        for (int64_t j = w0; j < end; j++) {                                                              \
+            uint64_t z = mix(seed + (uint64_t)(j + 1) * GAMMA);                                           \
+            y[j] = (uint32_t)z >= t ? MUL(x[j], scale) : (T)0;                                            \
+            y[h + j] = (uint32_t)(z >> 32) >= t ? MUL(x[h + j], scale) : (T)0;                            \
+        }                                                                                                 \
+        for (int64_t j = end > w0 ? end : w0; j < w1; j++) {                                              \
+            uint64_t z = mix(seed + (uint64_t)(j + 1) * GAMMA);                                           \
+            y[j] = (uint32_t)z >= t ? MUL(x[j], scale) : (T)0;                                            \
+        }                                                                                                 \
     }
-    for (int64_t j = end > w0 ? end : w0; j < w1; j++) {
-        uint64_t z = mix(seed + (uint64_t)(j + 1) * GAMMA);
-        y[j] = (uint32_t)z >= t ? bf16_scaled(x[j], scale) : 0;
-    }
-}
+
+DROPOUT_BITS(hoformer_dropout_bits_f32, float, float, SCALED)
+DROPOUT_BITS(hoformer_dropout_bits_f64, double, double, SCALED)
+DROPOUT_BITS(hoformer_dropout_bits_bf16, uint16_t, float, SCALED_BF16)
 
 /* ---------------------------------------------------------------------------------------------------------------
  * The MLP's hidden activation in one pass: y = m * gelu(h + b) for h (rows, N) and the bias b (N), m the mask of the
